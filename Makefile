@@ -1,0 +1,46 @@
+# Set-up and checks. `make demo` and `make test` build everything they need from scratch.
+PYTHON ?= python3
+VENV := .venv
+ORACLE := .venv-oracle
+BIN := $(VENV)/bin
+PIP_QUIET := --quiet --disable-pip-version-check
+# The oracle: MXNet 1.9.1 runs only beside numpy<1.24; it is never a runtime dependency.
+ORACLE_PACKAGES := mxnet==1.9.1 "numpy<1.24" "opencv-python-headless<4.11"
+
+.PHONY: all venv oracle test test-fast demo lint bench clean
+
+all: test
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install $(PIP_QUIET) -e '.[test]'
+	touch $@
+
+$(ORACLE)/.installed:
+	$(PYTHON) -m venv $(ORACLE)
+	$(ORACLE)/bin/pip install $(PIP_QUIET) $(ORACLE_PACKAGES)
+	touch $@
+
+venv: $(VENV)/.installed
+
+oracle: $(ORACLE)/.installed
+
+test: $(VENV)/.installed $(ORACLE)/.installed
+	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(BIN)/python -m pytest -q
+
+# Everything but the MXNet oracle tests (they fail loudly without the oracle venv).
+test-fast: $(VENV)/.installed
+	$(BIN)/python -m pytest -q -m 'not oracle'
+
+demo: $(VENV)/.installed
+	$(BIN)/python -m rectool.demo demo-out
+
+lint: $(VENV)/.installed
+	$(BIN)/ruff check rectool tests
+	$(BIN)/ruff format --check rectool tests
+
+bench: $(VENV)/.installed $(ORACLE)/.installed
+	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(BIN)/python tests/benchmarks/run_all.py
+
+clean:
+	rm -rf $(VENV) $(ORACLE) demo-out .pytest_cache .ruff_cache .hypothesis *.egg-info
