@@ -15,13 +15,12 @@ from .reader import (
     CFLAG_FIRST,
     CFLAG_LAST,
     CFLAG_MIDDLE,
-    CFLAG_WHOLE,
     IMAGE_HEADER,
     LENGTH_BITS,
+    MAGIC,
     MAGIC_BYTES,
     MAX_RECORD_BYTES,
     PART_HEADER,
-    MAGIC,
 )
 
 _PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")

@@ -1,0 +1,147 @@
+"""The .lst file im2rec reads and writes, and the label map rectool keeps beside it.
+
+A list line is `index \\t label [\\t label ...] \\t relative/path \\n`, UTF-8, paths with `/`.
+The label map is `PREFIX.labels.tsv` beside `PREFIX.lst`: one `label \\t identity \\n` line per
+identity, in label order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+
+from .errors import RectoolError
+
+LIST_SUFFIX = ".lst"
+LABEL_MAP_SUFFIX = ".labels.tsv"
+# Characters that would break a tab-separated line.
+UNWRITABLE_CHARACTERS = ("\t", "\n", "\r")
+_SPLIT_SUFFIX = re.compile(r"_(?:train|val|test|\d+)$")
+
+
+class ListFormatError(RectoolError):
+    """A .lst or label map line cannot be parsed: names the file and line."""
+
+    def __init__(self, message, path, line):
+        self.path, self.line = os.fspath(path), line
+        super().__init__(f"{self.path}: line {line}: {message}")
+
+
+@dataclass(frozen=True)
+class ListItem:
+    """One line of a .lst: the record index, its labels and the image path relative to the root."""
+
+    index: int
+    labels: tuple
+    path: str
+    line: int = 0
+
+    @property
+    def label(self):
+        """Return the single label, or the tuple when there are several."""
+        return self.labels[0] if len(self.labels) == 1 else self.labels
+
+
+def format_label(value):
+    """Return a label as text: integral values without a fraction, others as `repr`."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def format_list_line(index, labels, path):
+    """Return one .lst line; `labels` is a number or a sequence of numbers."""
+    if isinstance(labels, (int, float)):
+        labels = (labels,)
+    return "\t".join([str(index), *map(format_label, labels), path]) + "\n"
+
+
+def parse_list_line(text, path="<list>", line=0):
+    """Parse one .lst line (without its newline) into a `ListItem`."""
+    fields = text.split("\t")
+    if len(fields) < 3:
+        raise ListFormatError(
+            f"expected 'index<TAB>label<TAB>path', got {text[:120]!r}", path, line
+        )
+    try:
+        index = int(fields[0])
+    except ValueError:
+        try:
+            as_float = float(fields[0])
+        except ValueError:
+            as_float = math.nan
+        if not as_float.is_integer():
+            raise ListFormatError(f"index {fields[0]!r} is not an integer", path, line) from None
+        index = int(as_float)
+    if index < 0:
+        raise ListFormatError(f"index {index} is negative", path, line)
+    try:
+        labels = tuple(float(x) for x in fields[1:-1])
+    except ValueError:
+        raise ListFormatError(f"labels {fields[1:-1]!r} are not numbers", path, line) from None
+    if not all(math.isfinite(x) for x in labels):
+        raise ListFormatError(f"labels {fields[1:-1]!r} are not finite", path, line)
+    if not fields[-1]:
+        raise ListFormatError("the image path is empty", path, line)
+    return ListItem(index, labels, fields[-1], line)
+
+
+def iter_list(stream, path="<list>"):
+    """Yield `ListItem`s from a text stream of .lst lines; blank lines are errors."""
+    for number, text in enumerate(stream, start=1):
+        text = text.rstrip("\n").rstrip("\r")
+        yield parse_list_line(text, path, number)
+
+
+def read_list(path):
+    """Read a whole .lst file into a list of `ListItem`s."""
+    try:
+        with open(path, encoding="utf-8", newline="\n") as f:
+            return list(iter_list(f, os.fspath(path)))
+    except FileNotFoundError:
+        raise RectoolError(f"{os.fspath(path)}: list file not found") from None
+    except UnicodeDecodeError as exc:
+        raise RectoolError(
+            f"{os.fspath(path)}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
+
+
+def label_map_path(list_path):
+    """Return where the label map of a .lst lives: `PREFIX.labels.tsv` for `PREFIX.lst`."""
+    list_path = os.fspath(list_path)
+    stem = list_path[: -len(LIST_SUFFIX)] if list_path.endswith(LIST_SUFFIX) else list_path
+    return stem + LABEL_MAP_SUFFIX
+
+
+def find_label_map(list_path):
+    """Return the label map that belongs to a .lst (also for `_train`/`_val`/`_test`/`_N` lists)."""
+    candidate = label_map_path(list_path)
+    if os.path.exists(candidate):
+        return candidate
+    stem = candidate[: -len(LABEL_MAP_SUFFIX)]
+    shorter = _SPLIT_SUFFIX.sub("", stem)
+    if shorter != stem and os.path.exists(shorter + LABEL_MAP_SUFFIX):
+        return shorter + LABEL_MAP_SUFFIX
+    return None
+
+
+def write_label_map(path, identities):
+    """Write `identities` (label -> identity name) as a label map file."""
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for label in sorted(identities):
+            f.write(f"{label}\t{identities[label]}\n")
+
+
+def read_label_map(path):
+    """Read a label map file into a dict label (int) -> identity name."""
+    identities = {}
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for number, text in enumerate(f, start=1):
+            label, sep, name = text.rstrip("\n").partition("\t")
+            if not sep or not label.isdigit():
+                raise ListFormatError(
+                    f"expected 'label<TAB>identity', got {text[:120]!r}", path, number
+                )
+            identities[int(label)] = name
+    return identities

@@ -1,0 +1,69 @@
+"""Run code under the real MXNet 1.9.1 in its own virtual environment, through a subprocess.
+
+MXNet needs numpy<1.24 and so cannot share the test environment; `make test` builds
+`.venv-oracle` and points RECTOOL_ORACLE_PYTHON at it. Data crosses the boundary as pickles
+of plain Python values (bytes, ints, floats, lists).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def oracle_python():
+    """Return the oracle interpreter's path, or None when it has not been built."""
+    configured = os.environ.get("RECTOOL_ORACLE_PYTHON")
+    path = Path(configured) if configured else REPO / ".venv-oracle" / "bin" / "python"
+    return path if path.exists() else None
+
+
+def run_mxnet(code, data=None, timeout=600, cwd=None):
+    """Run `code` with MXNet importable; pass `data` as `DATA`, return what it gives to `emit()`.
+
+    The code sees `DATA` (the unpickled argument) and calls `emit(value)` once with a
+    picklable result. A failing script raises AssertionError carrying its stderr.
+    """
+    python = oracle_python()
+    if python is None:
+        raise AssertionError(
+            "the MXNet oracle environment is missing: run `make oracle` (or `make test`)"
+        )
+    prelude = textwrap.dedent(
+        """
+        import pickle, sys
+        DATA = pickle.loads(sys.stdin.buffer.read())
+        def emit(value):
+            sys.stdout.buffer.write(pickle.dumps(value, protocol=4))
+        """
+    )
+    proc = subprocess.run(
+        [str(python), "-c", prelude + textwrap.dedent(code)],
+        input=pickle.dumps(data, protocol=4),
+        capture_output=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "MXNET_SUBGRAPH_VERBOSE": "0"},
+    )
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"MXNet oracle script failed (exit {proc.returncode}):\n"
+            f"{proc.stderr.decode(errors='replace')[-4000:]}"
+        )
+    return pickle.loads(proc.stdout) if proc.stdout else None
+
+
+def im2rec_path():
+    """Return the path of `im2rec.py` inside the oracle's MXNet wheel."""
+    return run_mxnet(
+        "import os, mxnet\n"
+        "emit(os.path.join(os.path.dirname(mxnet.__file__), 'tools', 'im2rec.py'))"
+    )
+
+
+__all__ = ["im2rec_path", "oracle_python", "run_mxnet"]
