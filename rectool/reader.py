@@ -85,7 +85,8 @@ def unpack_header(record, path=None, offset=None):
     """
     if len(record) < IMAGE_HEADER_SIZE:
         raise RecordFormatError(
-            f"record of {len(record)} bytes is shorter than the {IMAGE_HEADER_SIZE}-byte image header",
+            f"record of {len(record)} bytes is shorter than the "
+            f"{IMAGE_HEADER_SIZE}-byte image header",
             path,
             offset,
         )
