@@ -1,0 +1,536 @@
+"""The packing pipeline: a .lst and an image tree in, sound .rec/.idx shards and a manifest out.
+
+Worker threads read, check and (optionally) re-encode images; OpenCV releases the GIL, so they
+run in parallel. One writer consumes their results strictly in list order, so the bytes never
+depend on `workers` or timing, and at most a bounded window of images is in flight.
+"""
+
+from __future__ import annotations
+
+import collections
+import glob
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import cv2
+import numpy as np
+
+from . import __version__
+from .errors import RecordTooLargeError, RectoolError, UsageError
+from .images import ImageRefused, Transform, check_image, reencode_image
+from .listfile import ListFormatError, find_label_map, iter_list, read_label_map
+from .reader import MAX_RECORD_BYTES, unpack_header
+from .shards import (
+    MANIFEST_FORMAT,
+    MANIFEST_VERSION,
+    PARTIAL_SUFFIX,
+    ShardWriter,
+    manifest_path,
+    write_json_atomic,
+)
+from .writer import frame_record, pack_image_record
+
+LAYOUTS = ("images", "insightface")
+FAILURES_SUFFIX = ".failures.jsonl"
+STATE_SUFFIX = ".pack-state.json"
+STDIN_COPY_SUFFIX = ".stdin.lst"
+FLOAT32_EXACT = 2**24  # float32 holds every integer up to here, and no further exactly
+
+
+@dataclass(frozen=True)
+class PackOptions:
+    """How to pack; every field but `workers` can change the bytes written."""
+
+    transform: Transform | None = None  # None: pass the original bytes through
+    check: bool = True
+    pack_label: bool = False
+    shard_bytes: int | None = None
+    shard_records: int | None = None
+    layout: str = "images"
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    max_failures: int = 0
+
+    def byte_options(self):
+        """Return the options that determine the output bytes (compared on --resume)."""
+        doc = asdict(self)
+        doc.pop("workers")
+        doc.pop("max_failures")
+        return doc
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An image that was not packed: its list line, index, path and why."""
+
+    line: int
+    index: int
+    path: str
+    reason: str
+
+    def to_json(self):
+        return {"line": self.line, "index": self.index, "path": self.path, "reason": self.reason}
+
+
+@dataclass
+class PackResult:
+    """What `pack_images` did."""
+
+    manifest_path: str
+    manifest: dict
+    images: int
+    failures: int
+    failures_path: str
+    refused: list  # the first refusals, as `Refusal`s
+    resumed_from: int = 0
+
+    @property
+    def accepted(self):
+        """Return True when no more images were refused than `max_failures` allows."""
+        return self.failures <= self.manifest["options"]["max_failures"]
+
+
+def output_files(prefix):
+    """Return every file a pack to `prefix` may have written (existing ones only)."""
+    prefix = os.fspath(prefix)
+    names = [
+        prefix + suffix
+        for suffix in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
+    ]
+    names.append(prefix + ".manifest.json")
+    escaped = glob.escape(prefix)
+    for pattern in ("-[0-9][0-9][0-9][0-9][0-9].rec", "-[0-9][0-9][0-9][0-9][0-9].idx"):
+        names += glob.glob(escaped + pattern)
+        names += glob.glob(escaped + pattern + ".rtc")
+    names += [n + PARTIAL_SUFFIX for n in list(names)]
+    return sorted({n for n in names if os.path.exists(n)})
+
+
+def pack_images(
+    list_path,
+    root,
+    prefix,
+    options=None,
+    resume=False,
+    overwrite=False,
+    label_map=None,
+    progress=None,
+    list_stream=None,
+):
+    """Pack the images of a .lst under `root` into shards at `prefix`; return a `PackResult`.
+
+    `list_path` may be "-" with the text given as `list_stream` (it is copied beside the
+    output so the run can be resumed). `progress(done, total, refused)` is called as items
+    finish. Refused images are recorded, never written.
+    """
+    options = options or PackOptions()
+    prefix = os.fspath(prefix)
+    root = os.fspath(root)
+    _check_options(options)
+    out_dir = os.path.dirname(prefix) or "."
+    os.makedirs(out_dir, exist_ok=True)
+    _prepare_outputs(prefix, resume, overwrite)
+
+    if list_path == "-":
+        list_path = _copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
+    list_path = os.fspath(list_path)
+    list_digest, total = _validate_list(list_path, options.layout)
+    state = {
+        "list_sha256": list_digest,
+        "root": os.path.abspath(root),
+        "options": options.byte_options(),
+    }
+    state_path = prefix + STATE_SUFFIX
+    if resume and os.path.exists(state_path):
+        _check_resume_state(state_path, state)
+    else:
+        write_json_atomic(state_path, state)
+
+    identities = _load_identities(list_path, label_map)
+    run = _PackRun(list_path, root, prefix, options, total, progress)
+    run.execute(resume)
+
+    manifest = _manifest(run, options, list_path, identities, label_map)
+    final_failures = prefix + FAILURES_SUFFIX
+    os.replace(run.failures_partial, final_failures)
+    if options.layout == "insightface":
+        _write_property(prefix, run, identities)
+    write_json_atomic(manifest_path(prefix), manifest)
+    os.unlink(state_path)
+    if os.path.exists(prefix + STDIN_COPY_SUFFIX):
+        os.unlink(prefix + STDIN_COPY_SUFFIX)
+    return PackResult(
+        manifest_path(prefix),
+        manifest,
+        run.images,
+        run.failures,
+        final_failures,
+        run.first_refusals,
+        run.resumed_from,
+    )
+
+
+def _check_options(options):
+    if options.layout not in LAYOUTS:
+        raise UsageError(f"unknown layout {options.layout!r}; choose from {', '.join(LAYOUTS)}")
+    if options.layout == "insightface" and (options.shard_bytes or options.shard_records):
+        raise UsageError(
+            "--layout insightface writes one .rec (its readers expect one file); "
+            "drop --shard-size/--shard-records"
+        )
+    if options.layout == "insightface" and options.pack_label:
+        raise UsageError("--layout insightface stores one class label per image; drop --pack-label")
+    if options.workers < 1:
+        raise UsageError("--workers must be at least 1")
+
+
+def _prepare_outputs(prefix, resume, overwrite):
+    existing = output_files(prefix)
+    if not existing:
+        return
+    if overwrite:
+        for name in existing:
+            os.unlink(name)
+        return
+    if resume:
+        if os.path.exists(manifest_path(prefix)):
+            raise RectoolError(
+                f"{manifest_path(prefix)}: this pack is already complete; "
+                "nothing to resume (use --overwrite to pack again)"
+            )
+        if not os.path.exists(prefix + STATE_SUFFIX):
+            raise RectoolError(
+                f"{prefix}: files exist but no {STATE_SUFFIX} records how they were made; "
+                "cannot resume safely (use --overwrite to start again)"
+            )
+        return
+    partial = [n for n in existing if n.endswith(PARTIAL_SUFFIX) or n.endswith(STATE_SUFFIX)]
+    if partial:
+        raise RectoolError(
+            f"{partial[0]}: an interrupted pack left files here; "
+            "use --resume to continue it or --overwrite to start again"
+        )
+    raise RectoolError(f"{existing[0]}: output exists; use --overwrite to replace it")
+
+
+def _copy_stream(stream, prefix):
+    target = prefix + STDIN_COPY_SUFFIX
+    tmp = target + PARTIAL_SUFFIX
+    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        shutil.copyfileobj(stream, f)
+    os.replace(tmp, target)
+    return target
+
+
+def _validate_list(path, layout):
+    """Parse every line once before packing; return (sha256 of the file, number of items).
+
+    A bad line or a repeated index stops the run here, before anything is written.
+    """
+    h = hashlib.sha256()
+    keys = _KeyRegistry()
+    count = 0
+    try:
+        with open(path, encoding="utf-8", newline="\n") as f:
+            for item in iter_list(_hashing(f, h), path):
+                if not keys.add(item.index):
+                    raise ListFormatError(f"index {item.index} appears twice", path, item.line)
+                if layout == "insightface":
+                    _check_class_label(item, path)
+                count += 1
+    except FileNotFoundError:
+        raise RectoolError(f"{path}: list file not found") from None
+    except UnicodeDecodeError as exc:
+        raise RectoolError(f"{path}: not valid UTF-8 ({exc.reason})") from None
+    return h.hexdigest(), count
+
+
+def _hashing(lines, h):
+    for line in lines:
+        h.update(line.encode("utf-8", "surrogateescape"))
+        yield line
+
+
+def _check_class_label(item, path):
+    label = item.labels[0]
+    if len(item.labels) != 1 or not label.is_integer() or label < 0:
+        raise ListFormatError(
+            f"--layout insightface needs one non-negative integer label, got {list(item.labels)}",
+            path,
+            item.line,
+        )
+
+
+def _check_resume_state(state_path, state):
+    with open(state_path, encoding="utf-8") as f:
+        saved = json.load(f)
+    differences = [k for k in state if saved.get(k) != state[k]]
+    if differences:
+        raise RectoolError(
+            f"{state_path}: cannot resume: the interrupted pack used a different "
+            f"{', '.join(differences)} (start again with --overwrite)"
+        )
+
+
+def _load_identities(list_path, label_map):
+    path = os.fspath(label_map) if label_map else find_label_map(list_path)
+    if path is None:
+        return None
+    try:
+        return read_label_map(path)
+    except FileNotFoundError:
+        raise RectoolError(f"{path}: label map not found") from None
+
+
+class _KeyRegistry:
+    """Detect a repeated list index with a bitmap: memory grows with the largest index, not N."""
+
+    def __init__(self):
+        self._bits = bytearray()
+        self._large = set()
+
+    def add(self, key):
+        if key >= 1 << 33:
+            if key in self._large:
+                return False
+            self._large.add(key)
+            return True
+        byte, bit = key >> 3, 1 << (key & 7)
+        if byte >= len(self._bits):
+            self._bits.extend(bytes(max(byte + 1 - len(self._bits), len(self._bits))))
+        if self._bits[byte] & bit:
+            return False
+        self._bits[byte] |= bit
+        return True
+
+
+class _PackRun:
+    """One execution of the pipeline; holds the counters the manifest reports."""
+
+    def __init__(self, list_path, root, prefix, options, total, progress):
+        self.list_path, self.root, self.prefix = list_path, root, prefix
+        self.options, self.total, self.progress = options, total, progress
+        self.writer = ShardWriter(prefix, options.shard_bytes, options.shard_records)
+        self.failures_partial = prefix + FAILURES_SUFFIX + PARTIAL_SUFFIX
+        self.images = 0
+        self.failures = 0
+        self.first_refusals = []
+        self.resumed_from = 0
+        self.label_counts = collections.Counter()  # insightface: images per class
+        self.max_label = -1
+        self.image_size = None
+
+    # -- items ------------------------------------------------------------------------------
+    def _items(self):
+        with open(self.list_path, encoding="utf-8", newline="\n") as f:
+            items = iter_list(f, self.list_path)
+            if self.options.layout == "insightface":
+                # Each identity's images must get contiguous keys: group by label (stable).
+                items = sorted(items, key=lambda item: item.labels[0])
+            yield from items
+
+    # -- resume -----------------------------------------------------------------------------
+    def _resume(self):
+        # Identity and header records (flag 2) follow every image in the insightface layout;
+        # a run killed while writing them writes them again.
+        drop = _is_identity_record if self.options.layout == "insightface" else None
+        written = self.writer.resume(drop_tail=drop)
+        refused_lines = set()
+        if os.path.exists(self.failures_partial):
+            with open(self.failures_partial, "rb") as f:
+                data = f.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            os.truncate(self.failures_partial, len(complete))
+            for raw in complete.splitlines():
+                entry = json.loads(raw)
+                refused_lines.add(entry["line"])
+                if len(self.first_refusals) < 100:
+                    self.first_refusals.append(Refusal(**entry))
+        self.failures = len(refused_lines)
+        self.images = written
+        self.resumed_from = written + self.failures
+        return refused_lines
+
+    # -- the pipeline -----------------------------------------------------------------------
+    def execute(self, resume):
+        refused_lines = self._resume() if resume else set()
+        skip = self.resumed_from
+        self._failures_file = open(self.failures_partial, "ab" if resume else "wb", buffering=0)
+        try:
+            items = self._items()
+            for item in itertools.islice(items, skip):
+                if item.line not in refused_lines:
+                    self._count_label(item)
+            self._report(skip)
+            self._process(items, skip)
+            self._finish()
+        except BaseException:
+            self.writer.abort()
+            raise
+        finally:
+            self._failures_file.close()
+
+    def _process(self, items, done):
+        options = self.options
+        window = collections.deque()
+        limit = options.workers * 16
+        key = self.images + 1  # insightface keys
+        with ThreadPoolExecutor(options.workers, thread_name_prefix="rectool-pack") as pool:
+            prepare = self._prepare
+            for item in items:
+                window.append((item, pool.submit(prepare, item)))
+                if len(window) >= limit:
+                    key = self._consume(*window.popleft(), key)
+                    done += 1
+                    self._report(done)
+            while window:
+                key = self._consume(*window.popleft(), key)
+                done += 1
+                self._report(done)
+
+    def _prepare(self, item):
+        """Read and check or re-encode one image (in a worker thread); return bytes or a reason."""
+        path = os.path.join(self.root, item.path)
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return ImageRefused("file not found")
+        except IsADirectoryError:
+            return ImageRefused("is a directory, not an image file")
+        except OSError as exc:
+            return ImageRefused(f"cannot read ({exc.strerror or exc})")
+        try:
+            if self.options.transform is not None:
+                data = reencode_image(data, self.options.transform)
+            elif not data:
+                raise ImageRefused("empty file")
+            elif self.options.check:
+                check_image(data)
+        except ImageRefused as refusal:
+            return refusal
+        if len(data) > MAX_RECORD_BYTES:
+            return ImageRefused(
+                f"image of {len(data)} bytes exceeds the RecordIO record limit of "
+                f"{MAX_RECORD_BYTES} bytes"
+            )
+        return data
+
+    def _consume(self, item, future, key):
+        result = future.result()
+        if isinstance(result, ImageRefused):
+            self._refuse(item, result.reason)
+            return key
+        options = self.options
+        if options.layout == "insightface":
+            record_key, label = key, item.labels[0]
+        else:
+            record_key = item.index
+            label = list(item.labels) if options.pack_label else item.labels[0]
+        try:
+            framed = frame_record(pack_image_record(result, label, record_key), item.path)
+        except RecordTooLargeError:
+            self._refuse(item, f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes")
+            return key
+        self.writer.add(record_key, framed)
+        self.images += 1
+        self._count_label(item)
+        if self.image_size is None and options.layout == "insightface":
+            self.image_size = _image_size(result)
+        return key + 1
+
+    def _count_label(self, item):
+        if self.options.layout == "insightface":
+            label = int(item.labels[0])
+            self.label_counts[label] += 1
+            self.max_label = max(self.max_label, label)
+
+    def _refuse(self, item, reason):
+        refusal = Refusal(item.line, item.index, item.path, reason)
+        # Records before this one must reach the file first, so that what a kill leaves is a
+        # prefix of the list's outcomes (see ShardWriter.resume).
+        self.writer.flush()
+        line = json.dumps(refusal.to_json(), ensure_ascii=False) + "\n"
+        self._failures_file.write(line.encode("utf-8"))
+        self.failures += 1
+        if len(self.first_refusals) < 100:
+            self.first_refusals.append(refusal)
+
+    def _report(self, done):
+        if self.progress is not None:
+            self.progress(done, self.total, self.failures)
+
+    def _finish(self):
+        if self.options.layout == "insightface":
+            self._write_identity_records()
+        self.writer.close()
+
+    def _write_identity_records(self):
+        n = self.images
+        classes = self.max_label + 1
+        last_key = n + classes + 1
+        if last_key >= FLOAT32_EXACT:
+            raise RectoolError(
+                f"--layout insightface stores record keys as float32 labels, exact only up to "
+                f"{FLOAT32_EXACT}; {n} images + {classes} identities need {last_key}. "
+                "Use the default layout (images only), which has no such limit"
+            )
+        start = 1
+        for label in range(classes):
+            end = start + self.label_counts.get(label, 0)
+            record = pack_image_record(b"", [float(start), float(end)], n + 1 + label, 0)
+            self.writer.add(n + 1 + label, frame_record(record))
+            start = end
+        header = pack_image_record(b"", [float(n + 1), float(n + 1 + classes)], 0, 1)
+        self.writer.add(0, frame_record(header))
+
+
+def _is_identity_record(record):
+    return unpack_header(record)[0].flag == 2
+
+
+def _image_size(data):
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    return None if image is None else (int(image.shape[0]), int(image.shape[1]))
+
+
+def _write_property(prefix, run, identities):
+    height, width = run.image_size or (112, 112)
+    path = os.path.join(os.path.dirname(prefix) or ".", "property")
+    with open(path, "w", encoding="ascii") as f:
+        f.write(f"{run.max_label + 1},{height},{width}\n")
+
+
+def _manifest(run, options, list_path, identities, label_map):
+    shards = [s.to_json() for s in run.writer.finished]
+    return {
+        "format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "rectool_version": __version__,
+        "layout": options.layout,
+        "options": {
+            **options.byte_options(),
+            "transform": asdict(options.transform) if options.transform else None,
+            "workers": options.workers,
+            "max_failures": options.max_failures,
+        },
+        "list": os.path.basename(list_path),
+        "shards": shards,
+        "totals": {
+            "shards": len(shards),
+            "records": sum(s["records"] for s in shards),
+            "images": run.images,
+            "rec_bytes": sum(s["rec_bytes"] for s in shards),
+            "failures": run.failures,
+        },
+        "failures_file": os.path.basename(run.prefix + FAILURES_SUFFIX),
+        "classes": (run.max_label + 1)
+        if options.layout == "insightface"
+        else (len(identities) if identities is not None else None),
+        "identities": {str(k): v for k, v in sorted(identities.items())} if identities else None,
+    }

@@ -1,0 +1,383 @@
+"""Shards and the manifest: file names, rollover, atomic finishing, and the pack manifest.
+
+A shard is an independent `.rec` + `.idx` pair. One shard is `PREFIX.rec`/`PREFIX.idx`; with a
+size or count limit shards are `PREFIX-00000.rec`, `PREFIX-00001.rec`, ... While a shard is being
+written its files carry a `.partial` suffix; they get their final names only once complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import RectoolError
+from .reader import (
+    INDEX_CACHE_MIN_RECORDS,
+    RecordFile,
+    load_index,
+    parse_index,
+    write_index_cache,
+)
+from .writer import format_index_line
+
+PARTIAL_SUFFIX = ".partial"
+MANIFEST_SUFFIX = ".manifest.json"
+MANIFEST_FORMAT = "rectool-manifest"
+MANIFEST_VERSION = 1
+SHARD_DIGITS = 5
+# Records are buffered and written in batches; kill -9 can then only cut between two writes.
+FLUSH_BYTES = 4 << 20
+
+
+def shard_paths(prefix, number, numbered):
+    """Return the final (rec, idx) paths of shard `number`."""
+    stem = f"{prefix}-{number:0{SHARD_DIGITS}d}" if numbered else os.fspath(prefix)
+    return stem + ".rec", stem + ".idx"
+
+
+def manifest_path(prefix):
+    """Return the manifest path of a pack written to `prefix`."""
+    return os.fspath(prefix) + MANIFEST_SUFFIX
+
+
+def parse_size(text):
+    """Parse a byte size such as `512MB`, `2GiB`, `1.5G` or `1000000` into an int."""
+    units = {
+        "": 1, "B": 1,
+        "K": 1000, "KB": 1000, "M": 1000**2, "MB": 1000**2, "G": 1000**3, "GB": 1000**3,
+        "T": 1000**4, "TB": 1000**4,
+        "KIB": 1024, "MIB": 1024**2, "GIB": 1024**3, "TIB": 1024**4,
+    }  # fmt: skip
+    s = str(text).strip().upper().replace("_", "")
+    number = s.rstrip("KMGTIB")
+    unit = s[len(number) :]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0:
+        raise ValueError(f"{text!r} is not a size (examples: 512MB, 2GiB, 1000000)")
+    return int(value * units[unit])
+
+
+@dataclass
+class ShardInfo:
+    """What the manifest says about one finished shard."""
+
+    rec: str
+    idx: str
+    records: int
+    rec_bytes: int
+    idx_bytes: int
+    rec_sha256: str
+    idx_sha256: str
+    first_key: int | None
+    last_key: int | None
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+def sha256_file(path, chunk=8 << 20):
+    """Return the hex SHA-256 of a file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+@dataclass
+class _OpenShard:
+    number: int
+    rec_path: str
+    idx_path: str
+    rec_fd: int
+    idx_fd: int
+    rec_hash: object
+    idx_hash: object
+    records: int = 0
+    rec_bytes: int = 0
+    idx_bytes: int = 0
+    first_key: int | None = None
+    last_key: int | None = None
+    keys: list = field(default_factory=list)
+    offsets: list = field(default_factory=list)
+
+
+class ShardWriter:
+    """Write framed records into shards that roll over by bytes and/or record count.
+
+    Records are buffered and written with `os.write`, .rec bytes before their .idx lines, so
+    whatever a kill -9 leaves behind is a prefix of complete records (see `resume`).
+    """
+
+    def __init__(self, prefix, shard_bytes=None, shard_records=None):
+        self.prefix = os.fspath(prefix)
+        self.shard_bytes = shard_bytes
+        self.shard_records = shard_records
+        self.numbered = bool(shard_bytes or shard_records)
+        self.finished: list[ShardInfo] = []
+        self._shard: _OpenShard | None = None
+        self._rec_buf: list[bytes] = []
+        self._idx_buf: list[bytes] = []
+        self._buffered = 0
+
+    # -- state ------------------------------------------------------------------------------
+    @property
+    def records_written(self):
+        """Return the records in finished shards plus the open one."""
+        return sum(s.records for s in self.finished) + (self._shard.records if self._shard else 0)
+
+    def paths(self, number):
+        """Return the final (rec, idx) paths of shard `number`."""
+        return shard_paths(self.prefix, number, self.numbered)
+
+    # -- writing ----------------------------------------------------------------------------
+    def add(self, key, framed):
+        """Append one framed record under `key`, starting a new shard first if the limit says so."""
+        shard = self._shard
+        if shard is not None and shard.records and self._full(shard, len(framed)):
+            self.finish_shard()
+            shard = None
+        if shard is None:
+            shard = self._start(len(self.finished))
+        offset = shard.rec_bytes
+        line = format_index_line(key, offset).encode("ascii")
+        self._rec_buf.append(framed)
+        self._idx_buf.append(line)
+        self._buffered += len(framed)
+        shard.records += 1
+        shard.rec_bytes += len(framed)
+        shard.idx_bytes += len(line)
+        shard.keys.append(key)
+        shard.offsets.append(offset)
+        if shard.first_key is None:
+            shard.first_key = key
+        shard.last_key = key
+        if self._buffered >= FLUSH_BYTES:
+            self.flush()
+        return offset
+
+    def _full(self, shard, incoming):
+        if self.shard_records and shard.records >= self.shard_records:
+            return True
+        return bool(self.shard_bytes) and shard.rec_bytes + incoming > self.shard_bytes
+
+    def _start(self, number, resume_state=None):
+        rec, idx = self.paths(number)
+        rec_p, idx_p = rec + PARTIAL_SUFFIX, idx + PARTIAL_SUFFIX
+        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if resume_state else os.O_TRUNC)
+        shard = _OpenShard(
+            number,
+            rec,
+            idx,
+            os.open(rec_p, flags, 0o644),
+            os.open(idx_p, flags, 0o644),
+            hashlib.sha256(),
+            hashlib.sha256(),
+        )
+        if resume_state:
+            for name, value in resume_state.items():
+                setattr(shard, name, value)
+        self._shard = shard
+        return shard
+
+    def flush(self):
+        """Write buffered records: all their .rec bytes first, then their .idx lines."""
+        shard = self._shard
+        if shard is None or not self._rec_buf:
+            return
+        rec_data = b"".join(self._rec_buf)
+        idx_data = b"".join(self._idx_buf)
+        _write_all(shard.rec_fd, rec_data)
+        _write_all(shard.idx_fd, idx_data)
+        shard.rec_hash.update(rec_data)
+        shard.idx_hash.update(idx_data)
+        self._rec_buf.clear()
+        self._idx_buf.clear()
+        self._buffered = 0
+
+    def finish_shard(self):
+        """Flush, fsync and give the open shard its final names; write its .idx cache."""
+        shard = self._shard
+        if shard is None:
+            return None
+        self.flush()
+        for fd in (shard.rec_fd, shard.idx_fd):
+            os.fsync(fd)
+            os.close(fd)
+        os.replace(shard.idx_path + PARTIAL_SUFFIX, shard.idx_path)
+        os.replace(shard.rec_path + PARTIAL_SUFFIX, shard.rec_path)
+        if len(shard.keys) >= INDEX_CACHE_MIN_RECORDS:
+            write_index_cache(
+                shard.idx_path, np.array(shard.keys, np.int64), np.array(shard.offsets, np.int64)
+            )
+        info = ShardInfo(
+            os.path.basename(shard.rec_path),
+            os.path.basename(shard.idx_path),
+            shard.records,
+            shard.rec_bytes,
+            shard.idx_bytes,
+            shard.rec_hash.hexdigest(),
+            shard.idx_hash.hexdigest(),
+            shard.first_key,
+            shard.last_key,
+        )
+        self.finished.append(info)
+        self._shard = None
+        return info
+
+    def close(self):
+        """Finish the open shard (an empty pack still gets one empty shard)."""
+        if self._shard is None and not self.finished:
+            self._start(0)
+        self.finish_shard()
+
+    def abort(self):
+        """Write what is buffered and close the descriptors, leaving `.partial` files to resume."""
+        shard = self._shard
+        if shard is None:
+            return
+        try:
+            self.flush()
+        finally:
+            os.close(shard.rec_fd)
+            os.close(shard.idx_fd)
+            self._shard = None
+
+    # -- resuming ---------------------------------------------------------------------------
+    def resume(self, drop_tail=None):
+        """Adopt what an interrupted run left; return the number of records already written.
+
+        Finished shards are taken as they are (re-hashed for the manifest). In the partial
+        shard every complete .idx line points at a complete record, because .rec bytes are
+        written first; the files are cut back to the last such record, and further back past
+        trailing records for which `drop_tail(record)` is true.
+        """
+        number = 0
+        while True:
+            rec, idx = self.paths(number)
+            if (
+                os.path.exists(rec)
+                and os.path.exists(idx)
+                and not os.path.exists(rec + PARTIAL_SUFFIX)
+            ):
+                self.finished.append(_describe_finished(rec, idx))
+                number += 1
+                continue
+            break
+        rec_p, idx_p = rec + PARTIAL_SUFFIX, idx + PARTIAL_SUFFIX
+        if not os.path.exists(rec_p):
+            return self.records_written
+        if not os.path.exists(idx_p):
+            # The shard was renamed half-way (.idx already final): take that .idx back.
+            if os.path.exists(idx):
+                os.replace(idx, idx_p)
+            else:
+                open(idx_p, "wb").close()
+        with open(idx_p, "rb") as f:
+            data = f.read()
+        complete = data[: data.rfind(b"\n") + 1]
+        keys, offsets = parse_index(complete, idx_p)
+        with RecordFile(rec_p) as records:
+            end = records.next_offset(int(offsets[-1]), int(keys[-1])) if len(keys) else 0
+            if records.size < end:
+                raise RectoolError(f"{rec_p}: shorter than its index says; cannot resume")
+            keep = len(keys)
+            while drop_tail and keep and drop_tail(records.read_at(int(offsets[keep - 1]))):
+                keep -= 1
+        if keep < len(keys):
+            end = int(offsets[keep])
+            complete = complete[: _line_start(complete, keep)]
+            keys, offsets = keys[:keep], offsets[:keep]
+        os.truncate(rec_p, end)
+        os.truncate(idx_p, len(complete))
+        state = {
+            "records": len(keys),
+            "rec_bytes": end,
+            "idx_bytes": len(complete),
+            "first_key": int(keys[0]) if len(keys) else None,
+            "last_key": int(keys[-1]) if len(keys) else None,
+            "keys": keys.tolist(),
+            "offsets": offsets.tolist(),
+            "rec_hash": _hash_prefix(rec_p, end),
+            "idx_hash": hashlib.sha256(complete),
+        }
+        self._start(number, state)
+        return self.records_written
+
+
+def _line_start(data, n):
+    """Return the byte position where line `n` (0-based) of `data` starts."""
+    pos = 0
+    for _ in range(n):
+        pos = data.index(b"\n", pos) + 1
+    return pos
+
+
+def _hash_prefix(path, size):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        left = size
+        while left:
+            block = f.read(min(left, 8 << 20))
+            h.update(block)
+            left -= len(block)
+    return h
+
+
+def _describe_finished(rec, idx):
+    keys, _ = load_index(idx, cache=False)
+    return ShardInfo(
+        os.path.basename(rec),
+        os.path.basename(idx),
+        len(keys),
+        os.path.getsize(rec),
+        os.path.getsize(idx),
+        sha256_file(rec),
+        sha256_file(idx),
+        int(keys[0]) if len(keys) else None,
+        int(keys[-1]) if len(keys) else None,
+    )
+
+
+def _write_all(fd, data):
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def write_json_atomic(path, document):
+    """Write JSON to `path` through a temporary file and a rename, so it is whole or absent."""
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(document, f, indent=2, ensure_ascii=False, sort_keys=False)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def read_manifest(path):
+    """Read and check a pack manifest; raise `RectoolError` naming the file when it is not one."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            document = json.load(f)
+    except FileNotFoundError:
+        raise RectoolError(f"{path}: manifest not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RectoolError(f"{path}: not a JSON manifest ({exc})") from None
+    if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
+        raise RectoolError(f'{path}: not a rectool manifest (no "format": "{MANIFEST_FORMAT}")')
+    if document.get("format_version", 0) > MANIFEST_VERSION:
+        raise RectoolError(
+            f"{path}: manifest format version {document['format_version']} is newer than this "
+            f"rectool understands ({MANIFEST_VERSION}); upgrade rectool"
+        )
+    return document
