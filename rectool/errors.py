@@ -10,11 +10,17 @@ from .reader import IndexFormatError, RecordFormatError, RectoolError
 
 __all__ = [
     "IndexFormatError",
+    "ListingError",
     "RecordFormatError",
     "RecordTooLargeError",
     "RectoolError",
     "UsageError",
 ]
+
+
+class ListingError(RectoolError):
+    """A tree cannot be listed: its root cannot be read, nothing in it is an image, or a list
+    file cannot be written."""
 
 
 class RecordTooLargeError(RectoolError):

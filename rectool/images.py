@@ -14,6 +14,9 @@ import numpy as np
 
 from .errors import RectoolError
 
+# A refused image is reported once, by rectool; OpenCV's own warnings would only add noise.
+cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+
 # Decoding at 1/8 scale still runs libjpeg's entropy decoder over the whole file, so a corrupt or
 # truncated image fails, at a fraction of the cost of a full decode.
 _CHECK_FLAG = cv2.IMREAD_REDUCED_GRAYSCALE_8

@@ -18,7 +18,10 @@ LIST_SUFFIX = ".lst"
 LABEL_MAP_SUFFIX = ".labels.tsv"
 # Characters that would break a tab-separated line.
 UNWRITABLE_CHARACTERS = ("\t", "\n", "\r")
-_SPLIT_SUFFIX = re.compile(r"_(?:train|val|test|\d+)$")
+_SPLIT_SUFFIX = re.compile(r"(?:_\d+)?(?:_(?:train|val|test))?$")
+# A path field must survive a line split on tabs and newlines, UTF-8 encoding (no lone
+# surrogates, which is how os.fsdecode keeps undecodable bytes) and im2rec's strip().
+_UNWRITABLE = re.compile("[" + re.escape("".join(UNWRITABLE_CHARACTERS)) + "\ud800-\udfff]")
 
 
 class ListFormatError(RectoolError):
@@ -55,6 +58,23 @@ def format_list_line(index, labels, path):
     if isinstance(labels, (int, float)):
         labels = (labels,)
     return "\t".join([str(index), *map(format_label, labels), path]) + "\n"
+
+
+def format_list_lines(rows):
+    """Return the .lst text of `(index, label, path)` rows, each with one integer label.
+
+    The same text as `format_list_line` per row, built faster for whole lists.
+    """
+    return "".join([f"{index:d}\t{label:d}\t{path}\n" for index, label, path in rows])
+
+
+def is_writable_path(path):
+    """Return whether `path` can be a .lst path field that every reader gets back unchanged.
+
+    It must encode as UTF-8, hold no tab, newline or CR, and neither start nor end with
+    whitespace (im2rec strips every field).
+    """
+    return _UNWRITABLE.search(path) is None and path == path.strip()
 
 
 def parse_list_line(text, path="<list>", line=0):

@@ -32,6 +32,7 @@ from .shards import (
     PARTIAL_SUFFIX,
     ShardWriter,
     manifest_path,
+    read_manifest,
     write_json_atomic,
 )
 from .writer import frame_record, pack_image_record
@@ -134,6 +135,8 @@ def pack_images(
     _check_options(options)
     out_dir = os.path.dirname(prefix) or "."
     os.makedirs(out_dir, exist_ok=True)
+    if resume and _is_complete(prefix):
+        return _completed_result(prefix)
     _prepare_outputs(prefix, resume, overwrite)
 
     if list_path == "-":
@@ -198,11 +201,6 @@ def _prepare_outputs(prefix, resume, overwrite):
             os.unlink(name)
         return
     if resume:
-        if os.path.exists(manifest_path(prefix)):
-            raise RectoolError(
-                f"{manifest_path(prefix)}: this pack is already complete; "
-                "nothing to resume (use --overwrite to pack again)"
-            )
         if not os.path.exists(prefix + STATE_SUFFIX):
             raise RectoolError(
                 f"{prefix}: files exist but no {STATE_SUFFIX} records how they were made; "
@@ -216,6 +214,28 @@ def _prepare_outputs(prefix, resume, overwrite):
             "use --resume to continue it or --overwrite to start again"
         )
     raise RectoolError(f"{existing[0]}: output exists; use --overwrite to replace it")
+
+
+def _is_complete(prefix):
+    return os.path.exists(manifest_path(prefix)) and not os.path.exists(prefix + STATE_SUFFIX)
+
+
+def _completed_result(prefix):
+    """Describe a pack that is already complete (so `--resume` can be run again safely)."""
+    manifest = read_manifest(manifest_path(prefix))
+    failures_path = os.path.join(os.path.dirname(prefix), manifest["failures_file"])
+    with open(failures_path, encoding="utf-8") as f:
+        refused = [Refusal(**json.loads(line)) for line in itertools.islice(f, 100)]
+    totals = manifest["totals"]
+    return PackResult(
+        manifest_path(prefix),
+        manifest,
+        totals["images"],
+        totals["failures"],
+        failures_path,
+        refused,
+        totals["images"] + totals["failures"],
+    )
 
 
 def _copy_stream(stream, prefix):

@@ -119,10 +119,11 @@ def parse_index(data, path=None):
         return np.empty(0, np.int64), np.empty(0, np.int64)
     if not data.endswith(b"\n"):
         data += b"\n"
-    lines = data.count(b"\n")
     # Deleting the digits must leave exactly one tab and one newline per line; only then is the
     # whitespace-blind numpy parser below guaranteed to pair each key with its own offset.
-    if data.translate(None, b"0123456789") == b"\t\n" * lines:
+    skeleton = data.translate(None, b"0123456789")
+    lines = len(skeleton) // 2
+    if skeleton == b"\t\n" * lines:
         try:
             values = np.fromstring(data, dtype=np.int64, sep=" ")
         except ValueError:
@@ -295,7 +296,8 @@ class RecordFile:
             return self._read_parts(offset, key)[0]
         magic, lrec = PART_HEADER.unpack_from(mm, offset)
         end = offset + 8 + (lrec & LENGTH_MASK)
-        if magic == MAGIC and lrec >> LENGTH_BITS == CFLAG_WHOLE and end <= self._size:
+        # The padding must be there too: dmlc reads it and fails on a file cut inside it.
+        if magic == MAGIC and lrec >> LENGTH_BITS == CFLAG_WHOLE and ((end + 3) & ~3) <= self._size:
             return mm[offset + 8 : end]
         return self._read_parts(offset, key)[0]
 

@@ -44,12 +44,14 @@ def frame_record(payload, item=None):
     dmlc's writer ends a part before every 4-byte-aligned occurrence of the magic in the payload
     and drops those 4 bytes; readers put them back. `item` names the record in errors.
     """
-    n = len(payload)
+    n = memoryview(payload).nbytes  # in bytes, whatever the item size of a buffer
     if n > MAX_RECORD_BYTES:
         raise RecordTooLargeError(
             f"{item if item is not None else 'record'}: {n} bytes exceeds the RecordIO limit "
             f"of {MAX_RECORD_BYTES} bytes (2**29 - 1)"
         )
+    if not isinstance(payload, (bytes, bytearray)):
+        payload = bytes(payload)  # memoryviews and numpy buffers have no .find
     splits = _aligned_magic_positions(payload)
     if not splits:
         return PART_HEADER.pack(MAGIC, n) + bytes(payload) + _PADDING[n & 3]
