@@ -1,4 +1,4 @@
-"""kill -9 at random points, then `rectool pack --resume`: the result equals an uninterrupted run."""
+"""kill -9 at random points, then `rectool pack --resume`: identical to an uninterrupted run."""
 
 from __future__ import annotations
 

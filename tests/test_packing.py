@@ -151,6 +151,9 @@ def test_large_jpeg_is_decoded_at_reduced_scale(tmp_path):
     assert np.abs(decoded.astype(int) - area.astype(int)).mean() < 4
 
 
+PNG_END = b"IEND\xaeB`\x82"
+
+
 @pytest.fixture
 def bad_tree(tmp_path):
     root = tmp_path / "tree"
@@ -160,7 +163,7 @@ def bad_tree(tmp_path):
         ("bob/truncated.jpg", good[: len(good) // 2], 1),
         ("bob/notes.jpg", b"this is a text file, not an image\n", 1),
         ("bob/missing.jpg", None, 1),
-        ("bob/corrupt.png", encode(image_array(8), ".png")[:60] + b"\0" * 200 + b"IEND\xaeB`\x82", 1),
+        ("bob/corrupt.png", encode(image_array(8), ".png")[:60] + bytes(200) + PNG_END, 1),
         ("bob/ünïcødé 名前.jpg", good, 1),
     ]  # fmt: skip
     items = write_pack_tree(root, ["alice", "bob"], 2, extra=extra)
