@@ -1,4 +1,4 @@
-"""Packs read by the real MXNet 1.9.1: ImageRecordIter, gluon ImageRecordDataset, im2rec, arcface."""
+"""Packs read by the real MXNet 1.9.1: ImageRecordIter, gluon, im2rec and arcface's reader."""
 
 from __future__ import annotations
 
