@@ -10,6 +10,7 @@ import functools
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import click
@@ -18,6 +19,7 @@ from tqdm import tqdm
 from . import __version__
 from .errors import RectoolError, UsageError
 from .images import ENCODINGS, Transform
+from .listing import DEFAULT_EXTENSIONS, SKIP_REASONS, default_threads, display_path, list_images
 from .packing import LAYOUTS, PackOptions, pack_images
 from .shards import parse_size
 
@@ -260,13 +262,191 @@ def render_pack_summary(result, shown=10):
     if result.resumed_from:
         lines.append(f"Resumed after {result.resumed_from:,} list items done earlier.")
     if result.failures:
-        lines.append(f"Refused {result.failures:,} images (all listed in {result.failures_path}):")
+        noun = "image" if result.failures == 1 else "images"
+        lines.append(f"Refused {result.failures:,} {noun} (all listed in {result.failures_path}):")
         lines += [f"  line {r.line}: {r.path}: {r.reason}" for r in result.refused[:shown]]
         if result.failures > shown:
             lines.append(f"  ... and {result.failures - shown:,} more")
         if not result.accepted:
             allowed = result.manifest["options"]["max_failures"]
             lines.append(f"More than --max-failures {allowed} refused: exit status 3.")
+    return "\n".join(lines)
+
+
+def parse_extensions(ctx, param, value):
+    """Return `--exts` values (comma-separated and/or repeated) as one tuple."""
+    if not value:
+        return DEFAULT_EXTENSIONS
+    exts = tuple(e.strip() for text in value for e in text.split(","))
+    if not all(e.strip(".") for e in exts):
+        raise click.BadParameter(f"empty extension in {','.join(value)!r}")
+    return exts
+
+
+@cli.command("list")
+@click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
+@click.option(
+    "--recursive/--no-recursive",
+    default=True,
+    show_default=True,
+    help="Also list images in subfolders of an identity folder, with its label. "
+    "--no-recursive skips (and counts) such subfolders.",
+)
+@click.option(
+    "--exts",
+    multiple=True,
+    callback=parse_extensions,
+    metavar="EXT[,EXT...]",
+    help="Image extensions, case-insensitive, comma-separated or repeated.  "
+    f"[default: {','.join(e.lstrip('.') for e in DEFAULT_EXTENSIONS)}]",
+)
+@click.option("--shuffle", is_flag=True, help="Shuffle the images (default: in order).")
+@click.option(
+    "--seed",
+    type=click.IntRange(min=0),
+    help="Seed of --shuffle (default: a random one, shown in the summary).",
+)
+@click.option(
+    "--chunks",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Cut the images into N lists PREFIX_0.lst ... of nearly equal length.",
+)
+@click.option(
+    "--train-ratio",
+    type=click.FloatRange(0, 1),
+    help="Fraction written to PREFIX_train.lst (default: what val and test leave).",
+)
+@click.option(
+    "--val-ratio",
+    type=click.FloatRange(0, 1),
+    help="Fraction written to PREFIX_val.lst (default: what train and test leave).",
+)
+@click.option(
+    "--test-ratio", type=click.FloatRange(0, 1), help="Fraction written to PREFIX_test.lst."
+)
+@click.option(
+    "--split-by",
+    type=click.Choice(["image", "identity"]),
+    default="image",
+    show_default=True,
+    help="image: cut runs of images, as im2rec. identity: whole identities, so nobody is "
+    "in two splits (the ratios then count identities).",
+)
+@click.option(
+    "--min-per-id",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Skip identities with fewer images.",
+)
+@click.option(
+    "--max-per-id",
+    type=click.IntRange(min=1),
+    help="Keep at most N images per identity (the first in path order).",
+)
+@click.option(
+    "--threads",
+    "-j",
+    type=click.IntRange(1, 256),
+    default=default_threads(),
+    show_default="4 per CPU, at most 32",
+    help="Folders read at once (helps most on network file systems).",
+)
+@click.option(
+    "--labels",
+    "labels",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the label map here. Default: PREFIX.labels.tsv beside OUT; "
+    "with OUT - it is written only if this is given.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the summary as JSON: on stdout, or on stderr when OUT is -.",
+)
+@library_errors
+def list_command(root, out, labels, quiet, as_json, exts, recursive, threads, **options):
+    """List the images under ROOT, one identity per folder, into OUT (.lst, or - for stdout).
+
+    Each first-level folder of ROOT is an identity. Labels 0, 1, ... go to identities in
+    sorted folder-name order, so the same tree always gets the same labels. Lines are
+    im2rec's `index<TAB>label<TAB>identity/file`, UTF-8, by identity then path unless
+    --shuffle; indices run 0..N-1 in that order before any split, so they are unique across
+    PREFIX_train/_val/_test.lst and PREFIX_0.lst ... chunks. The label map,
+    `label<TAB>identity` per line, goes to PREFIX.labels.tsv beside OUT (see --labels).
+
+    Passed over, counted by reason and summarised on stderr: files without an image
+    extension, hidden files and folders (.name), files directly in ROOT, empty identity
+    folders, unreadable folders, names a .lst line cannot hold (tab, newline, CR, not UTF-8,
+    leading or trailing whitespace), broken links and special files, symlink loops.
+
+    Symbolic links are followed, to files and to folders; a linked folder that leads back to
+    one of its own ancestors is a loop, skipped and counted, so a scan always ends.
+
+    \b
+    Example:
+        rectool list faces/ faces.lst
+        rectool list faces/ faces.lst --shuffle --seed 1 --val-ratio 0.05 --split-by identity
+    """
+    to_stdout = str(out) == "-"
+    if options["seed"] is not None and not options["shuffle"]:
+        raise click.BadParameter("--seed needs --shuffle", param_hint="--seed")
+    if options["max_per_id"] is not None and options["max_per_id"] < options["min_per_id"]:
+        raise click.BadParameter("is below --min-per-id", param_hint="--max-per-id")
+    split = any(options[f"{s}_ratio"] is not None for s in ("train", "val", "test"))
+    if options["split_by"] == "identity" and not split:
+        raise click.BadParameter("needs --train-ratio, --val-ratio or --test-ratio")
+    if to_stdout and (split or options["chunks"] > 1):
+        raise click.BadParameter(
+            "OUT - (stdout) takes a single list: no --chunks or ratios", param_hint="OUT"
+        )
+    update, close = progress_bar(quiet or as_json, "folder")
+    start = time.perf_counter()
+    try:
+        listing = list_images(
+            root,
+            click.get_binary_stream("stdout") if to_stdout else out,
+            labels=labels,
+            exts=exts,
+            recursive=recursive,
+            threads=threads,
+            progress=update and (lambda folders, images: update(folders, None, 0)),
+            **options,
+        )
+    finally:
+        close()
+    summary = {**listing.summary(), "seconds": round(time.perf_counter() - start, 3)}
+    if as_json:
+        click.echo(json.dumps(summary, ensure_ascii=False, indent=2), err=to_stdout)
+    elif not quiet:
+        click.echo(render_list_summary(listing, summary["seconds"]), err=True)
+
+
+def render_list_summary(listing, seconds, shown=3):
+    """Return the human summary of a listing."""
+    lines = [
+        f"Listed {listing.image_count:,} images of {len(listing.identities):,} identities "
+        f"({listing.folders:,} folders read in {seconds:.2f} s)."
+    ]
+    for suffix, path in listing.written.items():
+        name = "stdout" if path == "-" else path
+        lines.append(f"Wrote {name}: {len(listing.lists[suffix]):,} images.")
+    if listing.label_map:
+        lines.append(f"Wrote the label map {listing.label_map}.")
+    if listing.seed is not None:
+        lines.append(f"Shuffled with --seed {listing.seed}.")
+    skipped = [(r, paths) for r, paths in listing.skipped.items() if paths]
+    if skipped:
+        lines.append("Passed over:")
+    for reason, paths in skipped:
+        examples = ", ".join(display_path(p) for p in paths[:shown])
+        more = ", ..." if len(paths) > shown else ""
+        lines.append(f"  {len(paths):,} {SKIP_REASONS[reason]}: {examples}{more}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,132 @@
+"""`rectool pack` at the command line: options, exit codes, summaries."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from imagefiles import write_list, write_pack_tree
+
+from rectool.cli import cli
+from rectool.reader import IndexedRecordFile, unpack_header
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "tree"
+    items = write_pack_tree(root, ["alice", "bob"], 3, extra=[("bob/empty.jpg", b"", 1)])
+    return root, write_list(tmp_path / "faces.lst", items), items
+
+
+def invoke(*args, input=None):
+    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
+
+
+def test_exit_3_when_refusals_exceed_max_failures(tree, tmp_path):
+    root, lst, _ = tree
+    result = invoke("pack", lst, root, tmp_path / "out" / "f")
+    assert result.exit_code == 3
+    assert result.stderr.splitlines() == [
+        "Packed 6 images into 1 shard (0.0 MB); manifest "
+        + str(tmp_path / "out" / "f.manifest.json"),
+        "Refused 1 image (all listed in " + str(tmp_path / "out" / "f.failures.jsonl") + "):",
+        "  line 7: bob/empty.jpg: empty file",
+        "More than --max-failures 0 refused: exit status 3.",
+    ]
+
+
+def test_exit_0_within_max_failures_and_json_summary(tree, tmp_path):
+    root, lst, _ = tree
+    result = invoke("pack", lst, root, tmp_path / "f", "--max-failures", "1", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["images"] == 6
+    assert summary["failures"] == 1
+    assert summary["accepted"] is True
+    assert summary["refused"] == [
+        {"line": 7, "index": 6, "path": "bob/empty.jpg", "reason": "empty file"}
+    ]
+    assert summary["shards"] == ["f.rec"]
+
+
+def test_list_from_stdin(tree, tmp_path):
+    root, lst, items = tree
+    result = invoke("pack", "-", root, tmp_path / "s", "-q", "--max-failures", "1",
+                    input=lst.read_text(encoding="utf-8"))  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert result.output == ""
+    with IndexedRecordFile(tmp_path / "s.rec") as f:
+        assert f.keys.tolist() == [i for i, _, _ in items[:-1]]
+    assert not (tmp_path / "s.stdin.lst").exists()
+
+
+def test_shard_size_accepts_units(tree, tmp_path):
+    root, lst, _ = tree
+    result = invoke(
+        "pack", lst, root, tmp_path / "u", "--shard-size", "3KB", "-q", "--max-failures", "1"
+    )
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.glob("u-*.rec"))[0] == "u-00000.rec"
+    assert len(list(tmp_path.glob("u-*.rec"))) >= 2
+
+
+def test_pack_label_and_resize_options(tree, tmp_path):
+    root, lst, _ = tree
+    result = invoke("pack", lst, root, tmp_path / "r", "--resize", "16", "--pack-label", "-q",
+                    "--max-failures", "1")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    with IndexedRecordFile(tmp_path / "r.rec") as f:
+        header, _ = unpack_header(f.read(3))
+    assert (header.flag, header.label.tolist()) == (1, [1.0])
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--shard-size", "lots"], "'lots' is not a size"),
+        (["--quality", "50", "--encoding", ".png"], "PNG compression must be 0-9"),
+        (["--quality", "0"], "JPEG quality must be 1-100"),
+        (["--workers", "0"], "0 is not in the range x>=1"),
+        (["--color", "2"], "'2' is not one of '-1', '0', '1'"),
+        (
+            ["--layout", "insightface", "--shard-records", "2"],
+            "--layout insightface writes one .rec",
+        ),
+    ],
+)
+def test_usage_errors_exit_2(tree, tmp_path, args, message):
+    root, lst, _ = tree
+    result = invoke("pack", lst, root, tmp_path / "x", *args)
+    assert result.exit_code == 2
+    assert message in result.stderr
+
+
+def test_missing_root_and_list(tree, tmp_path):
+    root, lst, _ = tree
+    result = invoke("pack", lst, tmp_path / "nope", tmp_path / "x")
+    assert result.exit_code == 2
+    assert "does not exist" in result.stderr
+    result = invoke("pack", tmp_path / "none.lst", root, tmp_path / "x")
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {tmp_path / 'none.lst'}: list file not found\n"
+
+
+def test_bad_list_line_names_file_and_line(tree, tmp_path):
+    root, _, _ = tree
+    bad = tmp_path / "bad.lst"
+    bad.write_text("0\t0\talice/000.jpg\nthis line is wrong\n", encoding="utf-8")
+    result = invoke("pack", bad, root, tmp_path / "x")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {bad}: line 2: expected 'index<TAB>label<TAB>path', got 'this line is wrong'\n"
+    )
+
+
+def test_existing_output_and_overwrite(tree, tmp_path):
+    root, lst, _ = tree
+    assert invoke("pack", lst, root, tmp_path / "o", "-q").exit_code == 3
+    again = invoke("pack", lst, root, tmp_path / "o", "-q")
+    assert again.exit_code == 1
+    assert "output exists; use --overwrite to replace it" in again.stderr
+    assert invoke("pack", lst, root, tmp_path / "o", "-q", "--overwrite").exit_code == 3
