@@ -25,14 +25,17 @@ from . import __version__
 from .errors import RecordTooLargeError, RectoolError, UsageError
 from .images import ImageRefused, Transform, check_image, reencode_image
 from .listfile import ListFormatError, find_label_map, iter_list, read_label_map
-from .reader import MAX_RECORD_BYTES, unpack_header
-from .shards import (
+from .reader import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
+    MAX_RECORD_BYTES,
+    read_manifest,
+    unpack_header,
+)
+from .shards import (
     PARTIAL_SUFFIX,
     ShardWriter,
     manifest_path,
-    read_manifest,
     write_json_atomic,
 )
 from .writer import frame_record, pack_image_record

@@ -7,6 +7,8 @@ copies it verbatim into training code; rectool itself reads every record through
 
 from __future__ import annotations
 
+import glob
+import json
 import mmap
 import os
 import struct
@@ -35,6 +37,11 @@ INDEX_CACHE_MAGIC = b"RTIDXC01"
 INDEX_CACHE_HEADER = struct.Struct("<8sQqQ")  # magic, idx size, idx mtime_ns, record count
 # Parsing a small index is instant; caching it would only litter the dataset folder.
 INDEX_CACHE_MIN_RECORDS = 100_000
+
+# --- the pack manifest (JSON) written by `rectool pack` --------------------------------------
+MANIFEST_SUFFIX = ".manifest.json"
+MANIFEST_FORMAT = "rectool-manifest"
+MANIFEST_VERSION = 1
 
 _INT64_MAX = np.iinfo(np.int64).max
 
@@ -409,8 +416,9 @@ class IndexedRecordFile:
 
     def _offset_of(self, key):
         if self._lookup is None:
-            keys = self.keys
-            if len(keys) and (keys == np.arange(keys[0], keys[0] + len(keys))).all():
+            keys, n = self.keys, len(self.keys)
+            # Python ints for the bound check: int64 arithmetic would wrap near 2**63.
+            if n and int(keys[0]) + n - 1 <= _INT64_MAX and (keys == keys[0] + np.arange(n)).all():
                 self._lookup = int(keys[0])  # keys run first, first+1, ...: no table needed
             else:
                 self._lookup = dict(zip(self.keys.tolist(), self.offsets.tolist()))
@@ -430,3 +438,76 @@ class IndexedRecordFile:
     def read_at_position(self, i):
         """Return the record of the i-th line of the index (bytes)."""
         return self.rec.read_at(int(self.offsets[i]), int(self.keys[i]))
+
+
+# --- finding a dataset's shards -------------------------------------------------------------
+
+
+def read_manifest(path):
+    """Read and check a pack manifest; raise `RectoolError` naming the file when it is not one."""
+    path = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as f:
+            document = json.load(f)
+    except FileNotFoundError:
+        raise RectoolError(f"{path}: manifest not found") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RectoolError(f"{path}: not a JSON manifest ({exc})") from None
+    if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
+        raise RectoolError(f'{path}: not a rectool manifest (no "format": "{MANIFEST_FORMAT}")')
+    if document.get("format_version", 0) > MANIFEST_VERSION:
+        raise RectoolError(
+            f"{path}: manifest format version {document['format_version']} is newer than this "
+            f"reader understands ({MANIFEST_VERSION}); upgrade rectool"
+        )
+    return document
+
+
+def _idx_beside(rec_path):
+    return os.path.splitext(rec_path)[0] + ".idx"
+
+
+def resolve_source(source):
+    """Find the shards of a dataset; return (manifest or None, manifest path or None, shards).
+
+    `source` is a manifest (.json), a .rec file, a pack prefix (`PREFIX.manifest.json`,
+    `PREFIX.rec` or `PREFIX-00000.rec`...), a folder holding `train.rec` (insightface), or a
+    list of .rec paths. `shards` is a list of (rec path, idx path) pairs in order.
+    """
+    if isinstance(source, (list, tuple)):
+        if not source:
+            raise RectoolError("no shard paths given")
+        return None, None, [(os.fspath(p), _idx_beside(os.fspath(p))) for p in source]
+    source = os.fspath(source)
+    if os.path.isdir(source):
+        if os.path.exists(os.path.join(source, "train.rec")):
+            return resolve_source(os.path.join(source, "train.rec"))
+        raise RectoolError(f"{source}: a folder without train.rec; give a manifest, .rec or prefix")
+    if source.endswith(".json"):
+        manifest = read_manifest(source)
+        folder = os.path.dirname(source)
+        shards = [
+            (os.path.join(folder, s["rec"]), os.path.join(folder, s["idx"]))
+            for s in manifest["shards"]
+        ]
+        return manifest, source, shards
+    if source.endswith(".rec"):
+        prefix = source[: -len(".rec")]
+        if os.path.exists(prefix + MANIFEST_SUFFIX):
+            manifest, path, shards = resolve_source(prefix + MANIFEST_SUFFIX)
+            if len(shards) == 1 and os.path.samefile(shards[0][0], source):
+                return manifest, path, shards
+        if not os.path.exists(source):
+            raise RectoolError(f"{source}: record file not found")
+        return None, None, [(source, _idx_beside(source))]
+    if os.path.exists(source + MANIFEST_SUFFIX):
+        return resolve_source(source + MANIFEST_SUFFIX)
+    if os.path.exists(source + ".rec"):
+        return resolve_source(source + ".rec")
+    numbered = sorted(glob.glob(glob.escape(source) + "-[0-9][0-9][0-9][0-9][0-9].rec"))
+    if numbered:
+        return None, None, [(p, _idx_beside(p)) for p in numbered]
+    raise RectoolError(
+        f"{source}: no dataset here (looked for {source}{MANIFEST_SUFFIX}, {source}.rec, "
+        f"{source}-00000.rec)"
+    )

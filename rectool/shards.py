@@ -17,6 +17,7 @@ import numpy as np
 from .errors import RectoolError
 from .reader import (
     INDEX_CACHE_MIN_RECORDS,
+    MANIFEST_SUFFIX,
     RecordFile,
     load_index,
     parse_index,
@@ -25,9 +26,6 @@ from .reader import (
 from .writer import format_index_line
 
 PARTIAL_SUFFIX = ".partial"
-MANIFEST_SUFFIX = ".manifest.json"
-MANIFEST_FORMAT = "rectool-manifest"
-MANIFEST_VERSION = 1
 SHARD_DIGITS = 5
 # Records are buffered and written in batches; kill -9 can then only cut between two writes.
 FLUSH_BYTES = 4 << 20
@@ -361,23 +359,3 @@ def write_json_atomic(path, document):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-
-
-def read_manifest(path):
-    """Read and check a pack manifest; raise `RectoolError` naming the file when it is not one."""
-    path = os.fspath(path)
-    try:
-        with open(path, encoding="utf-8") as f:
-            document = json.load(f)
-    except FileNotFoundError:
-        raise RectoolError(f"{path}: manifest not found") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RectoolError(f"{path}: not a JSON manifest ({exc})") from None
-    if not isinstance(document, dict) or document.get("format") != MANIFEST_FORMAT:
-        raise RectoolError(f'{path}: not a rectool manifest (no "format": "{MANIFEST_FORMAT}")')
-    if document.get("format_version", 0) > MANIFEST_VERSION:
-        raise RectoolError(
-            f"{path}: manifest format version {document['format_version']} is newer than this "
-            f"rectool understands ({MANIFEST_VERSION}); upgrade rectool"
-        )
-    return document
