@@ -1,0 +1,176 @@
+"""Time opening a 6,000,000-line .idx: rectool's `load_index` (cold, and with its sidecar) vs MXNet.
+
+The issue's limit: parsing a 6M-line .idx must take under 0.5 s on this machine (MXNet's
+`MXIndexedRecordIO` takes about 6 s, and again in every forked DataLoader worker). The .idx is
+built once and kept under `.bench-cache/index/`. "Cold" means no sidecar cache is read or
+written; the .idx text itself is in the OS page cache for every contender, MXNet included.
+
+    python tests/benchmarks/bench_index.py [--lines N] [--mxnet-runs N] [--no-mxnet]
+
+Exits 1 when the sidecar load exceeds the limit. `run()` returns the figures for run_all.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from rectool.reader import index_cache_path, load_index, read_index_cache
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE_DIR = REPO / ".bench-cache" / "index"
+LINES = 6_000_000
+LIMIT_S = 0.5
+OUR_REPEATS = 3
+
+# Only the constructor is timed; importing MXNet takes seconds of its own.
+MXNET_OPEN = """
+import sys, time
+from mxnet import recordio
+idx, rec = sys.argv[1], sys.argv[2]
+start = time.perf_counter()
+r = recordio.MXIndexedRecordIO(idx, rec, "r")
+elapsed = time.perf_counter() - start
+print(elapsed, len(r.keys))
+r.close()
+"""
+
+
+def oracle_python():
+    """Return the MXNet interpreter: $RECTOOL_ORACLE_PYTHON, else .venv-oracle; None if absent."""
+    configured = os.environ.get("RECTOOL_ORACLE_PYTHON")
+    path = Path(configured) if configured else REPO / ".venv-oracle" / "bin" / "python"
+    return path if path.exists() else None
+
+
+def build_index(lines=LINES, folder=CACHE_DIR):
+    """Return (idx, rec) paths of a `lines`-line .idx, building it once; the .rec is empty."""
+    folder.mkdir(parents=True, exist_ok=True)
+    idx = folder / f"bench-{lines}.idx"
+    rec = folder / f"bench-{lines}.rec"
+    if not idx.exists():
+        # Keys 0..N-1 and the offsets of records of 4 KB to 60 KB, as a real face dataset has.
+        rng = np.random.default_rng(6)
+        sizes = 8 + 24 + (rng.integers(4_000, 60_000, lines, dtype=np.int64) + 3) // 4 * 4
+        offsets = np.concatenate(([0], np.cumsum(sizes[:-1])))
+        text = "".join(f"{k}\t{o}\n" for k, o in zip(range(lines), offsets.tolist()))
+        tmp = idx.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(text, encoding="ascii", newline="\n")
+        os.replace(tmp, idx)
+    rec.touch()
+    return idx, rec
+
+
+def best_of(repeats, fn):
+    """Return (best wall time in seconds, last result) of calling `fn` `repeats` times."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
+def time_mxnet(idx, rec, runs):
+    """Return MXNet's best open time in seconds and its key count, or (None, None) without MXNet."""
+    python = oracle_python()
+    if python is None or runs < 1:
+        return None, None
+    best, count = float("inf"), None
+    for _ in range(runs):
+        proc = subprocess.run(
+            [str(python), "-c", MXNET_OPEN, str(idx), str(rec)],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+        elapsed, count = proc.stdout.split()[-2:]
+        best = min(best, float(elapsed))
+    return best, int(count)
+
+
+def run(lines=LINES, mxnet_runs=1, repeats=OUR_REPEATS):
+    """Build (or reuse) the .idx, time every contender and return the figures as a dict."""
+    idx, rec = build_index(lines)
+    cold_s, (keys, offsets) = best_of(repeats, lambda: load_index(idx, cache=False))
+    if len(keys) != lines or keys[-1] != lines - 1 or not (np.diff(offsets) > 0).all():
+        raise RuntimeError(f"{idx}: parsed {len(keys)} keys, expected 0..{lines - 1}")
+
+    load_index(idx)  # writes the sidecar when it is missing or stale
+    if read_index_cache(idx) is None:
+        raise RuntimeError(f"{index_cache_path(idx)}: sidecar cache was not written")
+    cached_s, (cached_keys, cached_offsets) = best_of(repeats, lambda: load_index(idx))
+    if not (np.array_equal(cached_keys, keys) and np.array_equal(cached_offsets, offsets)):
+        raise RuntimeError(f"{index_cache_path(idx)}: sidecar disagrees with the .idx")
+
+    mxnet_s, mxnet_count = time_mxnet(idx, rec, mxnet_runs)
+    if mxnet_count is not None and mxnet_count != lines:
+        raise RuntimeError(f"MXNet read {mxnet_count} keys from {idx}, expected {lines}")
+
+    return {
+        "benchmark": "index",
+        "lines": lines,
+        "idx_bytes": idx.stat().st_size,
+        "idx": str(idx),
+        "cold_s": cold_s,
+        "cached_s": cached_s,
+        "mxnet_s": mxnet_s,
+        "mxnet_over_cold": None if mxnet_s is None else mxnet_s / cold_s,
+        "mxnet_over_cached": None if mxnet_s is None else mxnet_s / cached_s,
+        "limit_s": LIMIT_S,
+        "ok": cached_s < LIMIT_S,
+    }
+
+
+def render(result):
+    """Return the result as a small text table."""
+
+    def ratio(seconds):
+        if result["mxnet_s"] is None:
+            return "n/a"
+        return f"{result['mxnet_s'] / seconds:.1f}x"
+
+    mxnet = "not run" if result["mxnet_s"] is None else f"{result['mxnet_s']:.3f} s"
+    rows = [
+        (
+            "rectool load_index, cold (no sidecar)",
+            f"{result['cold_s']:.3f} s",
+            ratio(result["cold_s"]),
+        ),
+        (
+            "rectool load_index, sidecar cache",
+            f"{result['cached_s']:.3f} s",
+            ratio(result["cached_s"]),
+        ),
+        ("mxnet MXIndexedRecordIO(idx, rec, 'r')", mxnet, "1.0x" if result["mxnet_s"] else ""),
+    ]
+    lines = [
+        f".idx: {result['lines']:,} lines, {result['idx_bytes'] / 1e6:.1f} MB ({result['idx']})",
+        f"{'':40} {'time':>10} {'mxnet/ours':>11}",
+        *(f"{name:40} {t:>10} {r:>11}" for name, t, r in rows),
+        f"limit: sidecar load < {result['limit_s']} s: {'PASS' if result['ok'] else 'FAIL'}"
+        f" (cold parse: {'under' if result['cold_s'] < result['limit_s'] else 'OVER'} the limit)",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=LINES)
+    parser.add_argument("--mxnet-runs", type=int, default=1)
+    parser.add_argument("--no-mxnet", action="store_true")
+    args = parser.parse_args(argv)
+    result = run(args.lines, mxnet_runs=0 if args.no_mxnet else args.mxnet_runs)
+    print(render(result))
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

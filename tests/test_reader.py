@@ -1,0 +1,638 @@
+"""rectool.reader: .idx parsing and its sidecar cache, RecordFile errors, IndexedRecordFile lookups.
+
+Every .rec here is assembled by hand from FORMAT-NOTES §1 (`part()` below), never by rectool's
+writer, so a reader bug cannot be hidden by the same bug in the writer.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+
+import numpy as np
+import pytest
+
+from rectool import errors, reader
+from rectool.reader import (
+    IndexedRecordFile,
+    IndexFormatError,
+    RecordFile,
+    RecordFormatError,
+    RectoolError,
+    load_index,
+    parse_index,
+    unpack_header,
+)
+
+MAGIC = b"\x0a\x23\xd7\xce"  # 0xced7230a, little-endian
+
+
+def part(cflag, data, length=None):
+    """Return one framed part: magic, lrec = cflag << 29 | len, data, zero padding to 4 bytes."""
+    length = len(data) if length is None else length
+    return MAGIC + struct.pack("<I", (cflag << 29) | length) + data + b"\0" * (-len(data) % 4)
+
+
+def write(path, data):
+    path.write_bytes(data)
+    return path
+
+
+def as_lists(pair):
+    keys, offsets = pair
+    assert keys.dtype == np.int64 and offsets.dtype == np.int64
+    return keys.tolist(), offsets.tolist()
+
+
+# --- parse_index ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "keys", "offsets"),
+    [
+        (b"0\t0\n1\t40\n2\t96\n", [0, 1, 2], [0, 40, 96]),
+        (b"0\t0\n1\t40\n2\t96", [0, 1, 2], [0, 40, 96]),
+        (b"", [], []),
+        (b"7\t123456789012\n", [7], [123456789012]),
+        (b"5\t0\n5\t16\n3\t32\n", [5, 5, 3], [0, 16, 32]),
+        (b"0\t0\r\n1\t40\r\n", [0, 1], [0, 40]),
+        (b"0\t0\textra\n1\t40\t7\t8\n", [0, 1], [0, 40]),
+        (b"-3\t8\n+4\t12\n", [-3, 4], [8, 12]),
+        (b" 1 \t 2 \n", [1], [2]),
+        (b"9223372036854775807\t9223372036854775807\n", [2**63 - 1], [2**63 - 1]),
+        (b"-9223372036854775808\t0\n", [-(2**63)], [0]),
+    ],
+    ids=[
+        "normal",
+        "no trailing newline",
+        "empty",
+        "offset beyond 32 bits",
+        "duplicate keys kept in file order",
+        "CRLF",
+        "extra columns ignored, as MXNet does",
+        "signed keys",
+        "spaces around fields, as int() allows",
+        "int64 max",
+        "int64 min key",
+    ],
+)
+def test_parse_index(text, keys, offsets):
+    assert as_lists(parse_index(text)) == (keys, offsets)
+
+
+def test_parse_index_large_contiguous():
+    expected_offsets = [k * 1000 + 8 for k in range(250_000)]
+    text = "".join(f"{k}\t{o}\n" for k, o in enumerate(expected_offsets)).encode()
+    keys, offsets = parse_index(text)
+    assert keys.tolist() == list(range(250_000))
+    assert offsets.tolist() == expected_offsets
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "reason"),
+    [
+        (b"0\t0\n1\t40\nabc\t8\n3\t12\n", 3, "key and offset must be integers, got b'abc\\t8'"),
+        (b"0\t0\n1\t4x\n", 2, "key and offset must be integers, got b'1\\t4x'"),
+        # A whitespace-blind parser would pair these as (1, 2) and (3, 4).
+        (b"1\t2\t3\n4\n", 2, "expected 'key<TAB>offset', got b'4'"),
+        (b"0\t0\n\n1\t8\n", 2, "expected 'key<TAB>offset', got b''"),
+        (b"0 0\n", 1, "expected 'key<TAB>offset', got b'0 0'"),
+        (b"0\t\n", 1, "expected 'key<TAB>offset', got b'0\\t'"),
+        (b"0\t0\n1\t-8\n", 2, "number out of range in b'1\\t-8'"),
+        (b"9223372036854775808\t0\n", 1, "number out of range in b'9223372036854775808\\t0'"),
+        (b"1\t9223372036854775808\n", 1, "number out of range in b'1\\t9223372036854775808'"),
+        (
+            b"1\t99999999999999999999999\n",
+            1,
+            "number out of range in b'1\\t99999999999999999999999'",
+        ),
+    ],
+    ids=[
+        "non-numeric key",
+        "non-numeric offset",
+        "1 tab 2 tab 3 / 4",
+        "blank line",
+        "space instead of tab",
+        "missing offset",
+        "negative offset",
+        "key over int64",
+        "offset over int64",
+        "offset far over int64",
+    ],
+)
+def test_parse_index_rejects_bad_lines(text, line, reason):
+    with pytest.raises(IndexFormatError) as caught:
+        parse_index(text, path="data/train.idx")
+    assert caught.value.line == line
+    assert caught.value.path == "data/train.idx"
+    assert str(caught.value) == f"data/train.idx: line {line}: {reason}"
+
+
+def test_parse_index_names_the_bad_line_deep_in_a_large_index():
+    lines = [f"{k}\t{k * 64}\n" for k in range(200_000)]
+    lines[123_456] = "123456\t7,9\n"
+    with pytest.raises(IndexFormatError) as caught:
+        parse_index("".join(lines).encode())
+    assert caught.value.line == 123_457
+    assert str(caught.value) == "line 123457: key and offset must be integers, got b'123456\\t7,9'"
+
+
+def test_index_errors_are_rectool_errors():
+    assert issubclass(IndexFormatError, RecordFormatError)
+    assert issubclass(RecordFormatError, RectoolError)
+    assert errors.IndexFormatError is IndexFormatError
+    assert errors.RecordFormatError is RecordFormatError
+    assert errors.RectoolError is RectoolError
+
+
+# --- load_index and the sidecar cache -------------------------------------------------------------
+
+IDX_TEXT = b"0\t0\n1\t16\n2\t40\n"
+
+
+def cache_of(idx):
+    return idx.parent / (idx.name + ".rtc")
+
+
+def read_cache(idx):
+    """Decode a sidecar by hand: magic, .idx size, .idx mtime_ns, count, then keys and offsets."""
+    data = cache_of(idx).read_bytes()
+    magic, size, mtime_ns, count = struct.unpack_from("<8sQqQ", data)
+    body = struct.unpack_from(f"<{2 * count}q", data, 32)
+    assert len(data) == 32 + 16 * count
+    return magic, size, mtime_ns, list(body[:count]), list(body[count:])
+
+
+def fake_cache(idx, keys, offsets, size=None, mtime_ns=None):
+    st = os.stat(idx)
+    size = st.st_size if size is None else size
+    mtime_ns = st.st_mtime_ns if mtime_ns is None else mtime_ns
+    head = struct.pack("<8sQqQ", b"RTIDXC01", size, mtime_ns, len(keys))
+    cache_of(idx).write_bytes(head + struct.pack(f"<{2 * len(keys)}q", *keys, *offsets))
+
+
+@pytest.fixture
+def small_cache_threshold(monkeypatch):
+    monkeypatch.setattr(reader, "INDEX_CACHE_MIN_RECORDS", 2)
+
+
+def test_load_index_writes_the_sidecar_for_a_large_index(tmp_path, small_cache_threshold):
+    idx = write(tmp_path / "a.idx", IDX_TEXT)
+    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+    st = os.stat(idx)
+    assert read_cache(idx) == (b"RTIDXC01", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.idx", "a.idx.rtc"]
+
+
+def test_load_index_leaves_small_indexes_uncached(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader, "INDEX_CACHE_MIN_RECORDS", 4)
+    idx = write(tmp_path / "a.idx", IDX_TEXT)
+    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+    assert not cache_of(idx).exists()
+
+
+def test_load_index_without_cache_neither_reads_nor_writes_it(tmp_path, small_cache_threshold):
+    idx = write(tmp_path / "a.idx", IDX_TEXT)
+    fake_cache(idx, [9, 9, 9], [4, 4, 4])
+    before = cache_of(idx).read_bytes()
+    assert as_lists(load_index(idx, cache=False)) == ([0, 1, 2], [0, 16, 40])
+    assert cache_of(idx).read_bytes() == before
+
+
+def test_load_index_uses_a_fresh_sidecar_without_parsing(
+    tmp_path, small_cache_threshold, monkeypatch
+):
+    idx = write(tmp_path / "a.idx", IDX_TEXT)
+    fake_cache(idx, [7, 8, 9], [4, 8, 12])  # deliberately not what the .idx says
+
+    def no_parsing(*args, **kwargs):
+        raise AssertionError("parse_index called although the sidecar is fresh")
+
+    monkeypatch.setattr(reader, "parse_index", no_parsing)
+    assert as_lists(load_index(idx)) == ([7, 8, 9], [4, 8, 12])
+
+
+@pytest.mark.parametrize("change", ["mtime", "size, same mtime"])
+def test_load_index_rebuilds_a_stale_sidecar(tmp_path, small_cache_threshold, change):
+    idx = write(tmp_path / "a.idx", IDX_TEXT)
+    os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+    if change == "mtime":
+        # Same size, new mtime: as after rewriting the .idx with other offsets of equal width.
+        idx.write_bytes(b"0\t0\n1\t24\n2\t48\n")
+        os.utime(idx, ns=(1_600_000_000_000_000_001, 1_600_000_000_000_000_001))
+        expected = ([0, 1, 2], [0, 24, 48])
+    else:
+        idx.write_bytes(IDX_TEXT + b"3\t64\n")
+        os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+        expected = ([0, 1, 2, 3], [0, 16, 40, 64])
+    assert as_lists(load_index(idx)) == expected
+    st = os.stat(idx)
+    assert read_cache(idx) == (b"RTIDXC01", st.st_size, st.st_mtime_ns, *expected)
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda data: data[:20],  # header cut short
+        lambda data: data[:-8],  # body cut short
+        lambda data: b"NOTRTIDX" + data[8:],  # wrong magic
+        lambda data: b"",
+    ],
+    ids=["short header", "short body", "wrong magic", "empty"],
+)
+def test_load_index_ignores_a_damaged_sidecar(tmp_path, small_cache_threshold, damage):
+    idx = write(tmp_path / "a.idx", IDX_TEXT)
+    fake_cache(idx, [7, 8, 9], [4, 8, 12])
+    cache_of(idx).write_bytes(damage(cache_of(idx).read_bytes()))
+    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+
+
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes into read-only folders"
+)
+def test_load_index_in_a_read_only_folder(tmp_path, small_cache_threshold):
+    folder = tmp_path / "dataset"
+    folder.mkdir()
+    idx = write(folder / "a.idx", IDX_TEXT)
+    folder.chmod(0o555)
+    try:
+        assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+        assert os.listdir(folder) == ["a.idx"]
+    finally:
+        folder.chmod(0o755)
+
+
+def test_load_index_when_the_sidecar_cannot_be_written(
+    tmp_path, small_cache_threshold, monkeypatch
+):
+    # What a read-only folder does to every writer, simulated so that it also holds as root.
+    idx = write(tmp_path / "a.idx", IDX_TEXT)
+    fake_cache(idx, [7, 8, 9], [4, 8, 12], mtime_ns=1)  # stale, and cannot be replaced
+    stale = cache_of(idx).read_bytes()
+
+    def read_only_open(file, mode="r", *args, **kwargs):
+        if any(c in mode for c in "wax+"):
+            raise PermissionError(13, "Permission denied", os.fspath(file))
+        return open(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(reader, "open", read_only_open, raising=False)
+    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+    assert sorted(os.listdir(tmp_path)) == ["a.idx", "a.idx.rtc"]
+    assert cache_of(idx).read_bytes() == stale
+
+
+def test_load_index_missing_file(tmp_path):
+    with pytest.raises(RectoolError) as caught:
+        load_index(tmp_path / "nope.idx")
+    assert str(caught.value) == f"{tmp_path / 'nope.idx'}: index file not found"
+
+
+def test_load_index_reports_the_path_of_a_bad_line(tmp_path):
+    idx = write(tmp_path / "a.idx", b"0\t0\nx\t1\n")
+    with pytest.raises(IndexFormatError) as caught:
+        load_index(idx)
+    assert (caught.value.path, caught.value.line) == (str(idx), 2)
+    assert str(caught.value) == f"{idx}: line 2: key and offset must be integers, got b'x\\t1'"
+
+
+# --- RecordFile: reading --------------------------------------------------------------------------
+
+SPLIT = part(1, b"abcd") + part(2, b"efgh") + part(3, b"ij")  # "abcd" M "efgh" M "ij"
+
+
+@pytest.fixture
+def rec(tmp_path):
+    """Records at 0 ("hello"), 16 (empty), 24 (split in three) and 60 ("xyzw")."""
+    return write(tmp_path / "a.rec", part(0, b"hello") + part(0, b"") + SPLIT + part(0, b"xyzw"))
+
+
+def test_read_at(rec):
+    with RecordFile(rec) as f:
+        assert f.size == 72
+        assert f.read_at(0) == b"hello"
+        assert f.read_at(16) == b""
+        assert f.read_at(24) == b"abcd" + MAGIC + b"efgh" + MAGIC + b"ij"
+        assert f.read_at(60) == b"xyzw"
+        assert [f.next_offset(o) for o in (0, 16, 24, 60)] == [16, 24, 60, 72]
+
+
+def test_scan(rec):
+    with RecordFile(rec) as f:
+        assert list(f.scan()) == [
+            (0, b"hello"),
+            (16, b""),
+            (24, b"abcd" + MAGIC + b"efgh" + MAGIC + b"ij"),
+            (60, b"xyzw"),
+        ]
+        assert [offset for offset, _ in f.scan(24)] == [24, 60]
+
+
+def test_empty_rec_scans_to_nothing(tmp_path):
+    with RecordFile(write(tmp_path / "empty.rec", b"")) as f:
+        assert f.size == 0
+        assert list(f.scan()) == []
+
+
+# --- RecordFile: errors ---------------------------------------------------------------------------
+
+
+def assert_format_error(caught, path, offset, reason, key=None):
+    error = caught.value
+    assert type(error) is RecordFormatError
+    assert (error.path, error.offset, error.key, error.reason) == (str(path), offset, key, reason)
+    where = (
+        f"{path}, key {key}, byte offset {offset}"
+        if key is not None
+        else f"{path}, byte offset {offset}"
+    )
+    assert str(error) == f"{where}: {reason}"
+
+
+def check_error(path, offset, reason, start=None, readers=None):
+    """Assert that reading at `start` (default `offset`), and a scan from 0, fail at `offset`."""
+    start = offset if start is None else start
+    for read in readers or [lambda f: f.read_at(start), lambda f: list(f.scan())]:
+        with RecordFile(path) as f, pytest.raises(RecordFormatError) as caught:
+            read(f)
+        assert_format_error(caught, path, offset, reason)
+
+
+def test_bad_magic(tmp_path):
+    path = write(tmp_path / "a.rec", part(0, b"abcd") + b"\xde\xad\xbe\xef" + part(0, b"x")[4:])
+    check_error(path, 12, "bad magic 0xefbeadde (expected 0xced7230a): not a record start")
+
+
+def test_truncated_part_header(tmp_path):
+    path = write(tmp_path / "a.rec", part(0, b"abcd") + MAGIC + b"\x04\x00")
+    check_error(
+        path,
+        12,
+        "expected a record part header, found in a truncated part header (file is 18 bytes)",
+    )
+
+
+def test_length_running_past_end_of_file(tmp_path):
+    path = write(tmp_path / "a.rec", part(0, b"abcd") + part(0, b"0123456789", length=100))
+    check_error(path, 12, "part of 100 bytes runs past end of file (32 bytes)")
+
+
+def test_last_record_without_its_padding(tmp_path):
+    # dmlc reads a part with its padding and fails when the file ends first; so do both our paths.
+    path = write(tmp_path / "a.rec", part(0, b"abcd") + part(0, b"hello")[:-3])
+    check_error(path, 12, "part of 5 bytes runs past end of file (25 bytes)")
+
+
+def test_length_past_end_of_file_in_a_later_part(tmp_path):
+    path = write(tmp_path / "a.rec", part(1, b"abcd") + part(3, b"xy", length=64))
+    check_error(path, 12, "part of 64 bytes runs past end of file (24 bytes)", start=0)
+
+
+def test_split_record_cut_after_its_first_part(tmp_path):
+    path = write(tmp_path / "a.rec", part(1, b"abcd"))
+    check_error(
+        path,
+        12,
+        "expected a record part header, found at end of file (file is 12 bytes)",
+        start=0,
+    )
+
+
+def test_split_record_continued_by_a_new_record(tmp_path):
+    path = write(tmp_path / "a.rec", part(1, b"abcd") + part(0, b"efgh"))
+    check_error(path, 12, "split record continues with flag 0, expected 2 or 3", start=0)
+
+
+@pytest.mark.parametrize("offset", [1, 2, 3, 14])
+def test_offset_not_aligned(rec, offset):
+    check_error(
+        rec,
+        offset,
+        "offset is not a record start (not 4-byte aligned)",
+        readers=[lambda f: f.read_at(offset), lambda f: f.next_offset(offset)],
+    )
+
+
+@pytest.mark.parametrize(("offset", "cflag"), [(36, 2), (48, 3)])
+def test_offset_inside_a_split_record(rec, offset, cflag):
+    check_error(
+        rec,
+        offset,
+        f"part has continuation flag {cflag}: not a record start",
+        readers=[lambda f: f.read_at(offset), lambda f: list(f.scan(offset))],
+    )
+
+
+@pytest.mark.parametrize("offset", [4, 20, 28])
+def test_offset_inside_a_record(rec, offset):
+    with RecordFile(rec) as f, pytest.raises(RecordFormatError) as caught:
+        f.read_at(offset)
+    assert caught.value.offset == offset
+    assert caught.value.reason.startswith("bad magic 0x")
+
+
+def test_offset_at_end_of_file(rec):
+    check_error(
+        rec,
+        72,
+        "expected a record part header, found at end of file (file is 72 bytes)",
+        readers=[lambda f: f.read_at(72)],
+    )
+
+
+def test_missing_record_file(tmp_path):
+    with pytest.raises(RectoolError) as caught:
+        RecordFile(tmp_path / "nope.rec").read_at(0)
+    assert str(caught.value) == f"{tmp_path / 'nope.rec'}: record file not found"
+
+
+# --- unpack_header --------------------------------------------------------------------------------
+
+
+def test_unpack_header_scalar():
+    record = struct.pack("<IfQQ", 0, 2.5, 7, 2**64 - 1) + b"JPEG"
+    header, image = unpack_header(record)
+    assert header == (0, 2.5, 7, 2**64 - 1)
+    assert image == b"JPEG"
+
+
+def test_unpack_header_vector():
+    record = struct.pack("<IfQQ3f", 3, 0.0, 1, 2, 1.0, -2.5, 1e20) + b"img"
+    header, image = unpack_header(record)
+    assert (header.flag, header.id, header.id2) == (3, 1, 2)
+    assert header.label.dtype == np.float32
+    assert header.label.tolist() == [1.0, -2.5, float(np.float32(1e20))]
+    assert image == b"img"
+
+
+def test_unpack_header_too_short():
+    with pytest.raises(RecordFormatError) as caught:
+        unpack_header(b"\0" * 23, path="a.rec", offset=96)
+    assert str(caught.value) == (
+        "a.rec, byte offset 96: record of 23 bytes is shorter than the 24-byte image header"
+    )
+
+
+def test_unpack_header_labels_past_the_end():
+    record = struct.pack("<IfQQ", 3, 0.0, 0, 0) + b"\0" * 11
+    with pytest.raises(RecordFormatError) as caught:
+        unpack_header(record, path="a.rec", offset=8)
+    assert str(caught.value) == (
+        "a.rec, byte offset 8: header announces 3 float32 labels but the record has only "
+        "11 bytes after the header"
+    )
+
+
+# --- IndexedRecordFile ----------------------------------------------------------------------------
+
+
+def indexed(tmp_path, records, idx_lines, name="a"):
+    """Write `records` back to back and an .idx of `idx_lines` (key, record number) pairs."""
+    data, offsets = b"", []
+    for payload in records:
+        offsets.append(len(data))
+        data += part(0, payload)
+    rec = write(tmp_path / f"{name}.rec", data)
+    text = "".join(f"{key}\t{offsets[i]}\n" for key, i in idx_lines)
+    idx = write(tmp_path / f"{name}.idx", text.encode())
+    return rec, idx
+
+
+def test_read_contiguous_keys(tmp_path):
+    rec, idx = indexed(tmp_path, [b"r10", b"r11", b"r12"], [(10, 0), (11, 1), (12, 2)])
+    with IndexedRecordFile(rec) as f:  # the .idx is found next to the .rec
+        assert f.idx_path == str(idx)
+        assert len(f) == 3
+        assert [f.read(k) for k in (12, 10, 11)] == [b"r12", b"r10", b"r11"]
+        assert f.read(np.int64(11)) == b"r11"
+        assert [f.read_at_position(i) for i in range(3)] == [b"r10", b"r11", b"r12"]
+        for key in (9, 13, -1):
+            with pytest.raises(RectoolError) as caught:
+                f.read(key)
+            assert str(caught.value) == f"{idx}: key {key} is not in the index"
+
+
+def test_read_sparse_keys(tmp_path):
+    rec, idx = indexed(tmp_path, [b"a", b"b", b"c"], [(17, 1), (3, 0), (1000000, 2)])
+    with IndexedRecordFile(rec, idx) as f:
+        assert f.keys.tolist() == [17, 3, 1000000]
+        assert [f.read(3), f.read(17), f.read(1000000)] == [b"a", b"b", b"c"]
+        assert f.read_at_position(0) == b"b"
+        with pytest.raises(RectoolError) as caught:
+            f.read(4)
+        assert str(caught.value) == f"{idx}: key 4 is not in the index"
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        [2**63 - 1, -(2**63)],  # would look contiguous in wrapping int64 arithmetic
+        [2**63 - 2, 2**63 - 1, -(2**63)],
+        [2**63 - 1, 5],
+        [2**63 - 2, 2**63 - 1],  # contiguous, up to the last int64
+        [-(2**63), -(2**63) + 1],
+    ],
+)
+def test_keys_at_the_ends_of_int64(tmp_path, keys):
+    rec, idx = indexed(tmp_path, [b"r0", b"r1", b"r2"][: len(keys)], list(zip(keys, range(3))))
+    with IndexedRecordFile(rec, idx) as f:
+        assert [f.read(k) for k in keys] == [b"r0", b"r1", b"r2"][: len(keys)]
+        with pytest.raises(RectoolError):
+            f.read(0)
+
+
+def test_duplicate_keys_take_the_last_offset(tmp_path):
+    rec, idx = indexed(tmp_path, [b"first", b"second", b"other"], [(5, 0), (6, 2), (5, 1)])
+    with IndexedRecordFile(rec, idx) as f:
+        assert len(f) == 3
+        assert f.read(5) == b"second"
+        assert f.read(6) == b"other"
+
+
+def test_index_offset_that_is_not_a_record_start(tmp_path):
+    rec = write(tmp_path / "a.rec", part(0, b"hello") + part(0, b"world"))
+    idx = write(tmp_path / "a.idx", b"0\t0\n1\t8\n2\t18\n")
+    with IndexedRecordFile(rec, idx) as f:
+        assert f.read(0) == b"hello"
+        with pytest.raises(RecordFormatError) as caught:
+            f.read(1)
+        assert_format_error(
+            caught, rec, 8, "bad magic 0x6c6c6568 (expected 0xced7230a): not a record start", key=1
+        )
+        with pytest.raises(RecordFormatError) as caught:
+            f.read_at_position(2)
+        assert_format_error(
+            caught, rec, 18, "offset is not a record start (not 4-byte aligned)", key=2
+        )
+
+
+# --- processes and file descriptors ---------------------------------------------------------------
+
+
+def test_pickled_record_file_reads_after_unpickling(rec):
+    with RecordFile(rec) as f:
+        assert f.read_at(0) == b"hello"  # mapped before pickling
+        clone = pickle.loads(pickle.dumps(f))
+    with clone:
+        assert clone.path == str(rec)
+        assert clone.read_at(60) == b"xyzw"
+
+
+def test_pickled_indexed_record_file_reads_after_unpickling(tmp_path):
+    rec, idx = indexed(tmp_path, [b"a", b"b", b"c"], [(17, 1), (3, 0), (9, 2)])
+    with IndexedRecordFile(rec, idx) as f:
+        assert f.read(3) == b"a"  # mapping open and lookup table built before pickling
+        blob = pickle.dumps(f)
+    idx.unlink()  # the index travels inside the pickle
+    with pickle.loads(blob) as clone:
+        assert [clone.read(9), clone.read(17), clone.read(3)] == [b"c", b"b", b"a"]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_forked_child_reads(tmp_path):
+    rec, idx = indexed(tmp_path, [b"zero", b"one", b"two"], [(0, 0), (1, 1), (2, 2)])
+    with IndexedRecordFile(rec, idx) as f:
+        assert f.read(0) == b"zero"  # the parent's mapping exists before the fork
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: report through the pipe, never return into pytest
+            status = 1
+            try:
+                os.close(read_end)
+                got = [f.read(2), f.read(1), f.read(0)]
+                os.write(write_end, repr(got).encode())
+                f.close()
+                status = 0
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            reported = pipe.read()
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert reported == repr([b"two", b"one", b"zero"]).encode()
+        assert f.read(1) == b"one"  # the child closing its copy left the parent's intact
+
+
+def open_fds():
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_no_descriptor_leaks(tmp_path):
+    rec, idx = indexed(tmp_path, [b"a", b"b"], [(0, 0), (1, 1)])
+    before = open_fds()
+    for _ in range(20):
+        with IndexedRecordFile(rec, idx) as f:
+            assert f.read(1) == b"b"
+            assert open_fds() > before
+        assert open_fds() == before
+        f = RecordFile(rec)
+        assert list(f.scan()) == [(0, b"a"), (12, b"b")]
+        f.close()
+        f.close()  # closing twice is harmless
+        assert open_fds() == before
+        assert f.read_at(12) == b"b"  # a closed file reopens on the next read
+        f.close()
+        assert open_fds() == before
