@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from . import __version__
 from .errors import RectoolError, UsageError
-from .images import ENCODINGS, Transform
+from .images import CHECK_MODES, ENCODINGS, Transform
 from .listing import DEFAULT_EXTENSIONS, SKIP_REASONS, default_threads, display_path, list_images
 from .packing import LAYOUTS, PackOptions, pack_images
 from .shards import parse_size
@@ -94,8 +94,15 @@ def progress_bar(quiet, unit):
     help="Store every list label as a float32 vector (flag > 0), as im2rec.",
 )
 @click.option(
-    "--no-check", is_flag=True, help="Pass-through without checking that each image decodes."
+    "--check",
+    type=click.Choice(CHECK_MODES),
+    default="structure",
+    show_default=True,
+    help="Pass-through check of each image. structure: walk the JPEG markers to the scan and "
+    "the end marker, every PNG chunk and CRC (other formats are decoded). decode: also decode "
+    "every image with OpenCV (slower). none: only refuse missing and empty files.",
 )
+@click.option("--no-check", is_flag=True, help="Same as --check none.")
 @click.option(
     "--resize",
     type=click.IntRange(min=1),
@@ -160,6 +167,7 @@ def progress_bar(quiet, unit):
 @library_errors
 def pack_command(
     list_file,
+    check,
     root,
     prefix,
     resize,
@@ -202,7 +210,7 @@ def pack_command(
         transform = Transform(resize or 0, center_crop, quality, encoding, int(color or 1))
     options = PackOptions(
         transform=transform,
-        check=not no_check,
+        check="none" if no_check else check,
         pack_label=shared["pack_label"],
         shard_bytes=shared["shard_size"],
         shard_records=shared["shard_records"],
@@ -410,7 +418,7 @@ def list_command(root, out, labels, quiet, as_json, exts, recursive, threads, **
     try:
         listing = list_images(
             root,
-            click.get_binary_stream("stdout") if to_stdout else out,
+            click.open_file("-", "wb") if to_stdout else out,
             labels=labels,
             exts=exts,
             recursive=recursive,
@@ -428,25 +436,30 @@ def list_command(root, out, labels, quiet, as_json, exts, recursive, threads, **
 
 
 def render_list_summary(listing, seconds, shown=3):
-    """Return the human summary of a listing."""
+    """Return the human summary of a listing: what was listed and written, what passed over."""
+
+    def count(n, noun):
+        return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
     lines = [
-        f"Listed {listing.image_count:,} images of {len(listing.identities):,} identities "
-        f"({listing.folders:,} folders read in {seconds:.2f} s)."
+        f"Listed {count(listing.image_count, 'image')} of "
+        f"{count(len(listing.identities), 'identity').replace('ys', 'ies')} "
+        f"({count(listing.folders, 'folder')} read in {seconds:.2f} s)."
     ]
     for suffix, path in listing.written.items():
-        name = "stdout" if path == "-" else path
-        lines.append(f"Wrote {name}: {len(listing.lists[suffix]):,} images.")
+        where = "stdout" if path == "-" else path
+        lines.append(f"Wrote {where}: {count(len(listing.lists[suffix]), 'image')}.")
     if listing.label_map:
         lines.append(f"Wrote the label map {listing.label_map}.")
     if listing.seed is not None:
         lines.append(f"Shuffled with --seed {listing.seed}.")
-    skipped = [(r, paths) for r, paths in listing.skipped.items() if paths]
+    skipped = [(reason, paths) for reason, paths in listing.skipped.items() if paths]
     if skipped:
         lines.append("Passed over:")
     for reason, paths in skipped:
         examples = ", ".join(display_path(p) for p in paths[:shown])
         more = ", ..." if len(paths) > shown else ""
-        lines.append(f"  {len(paths):,} {SKIP_REASONS[reason]}: {examples}{more}")
+        lines.append(f"  {SKIP_REASONS[reason]}: {len(paths):,} ({examples}{more})")
     return "\n".join(lines)
 
 

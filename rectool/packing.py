@@ -23,7 +23,7 @@ import numpy as np
 
 from . import __version__
 from .errors import RecordTooLargeError, RectoolError, UsageError
-from .images import ImageRefused, Transform, check_image, reencode_image
+from .images import CHECK_MODES, ImageRefused, Transform, check_image, reencode_image
 from .listfile import ListFormatError, find_label_map, iter_list, read_label_map
 from .reader import (
     MANIFEST_FORMAT,
@@ -44,7 +44,9 @@ LAYOUTS = ("images", "insightface")
 FAILURES_SUFFIX = ".failures.jsonl"
 STATE_SUFFIX = ".pack-state.json"
 STDIN_COPY_SUFFIX = ".stdin.lst"
-FLOAT32_EXACT = 2**24  # float32 holds every integer up to here, and no further exactly
+FLOAT32_EXACT = 2**24
+# Items go to worker threads in chunks: one future per image would cost more than a check.
+CHUNK_ITEMS = 32  # float32 holds every integer up to here, and no further exactly
 
 
 @dataclass(frozen=True)
@@ -52,7 +54,7 @@ class PackOptions:
     """How to pack; every field but `workers` can change the bytes written."""
 
     transform: Transform | None = None  # None: pass the original bytes through
-    check: bool = True
+    check: str = "structure"  # pass-through check: one of images.CHECK_MODES
     pack_label: bool = False
     shard_bytes: int | None = None
     shard_records: int | None = None
@@ -191,6 +193,8 @@ def _check_options(options):
         )
     if options.layout == "insightface" and options.pack_label:
         raise UsageError("--layout insightface stores one class label per image; drop --pack-label")
+    if options.check not in CHECK_MODES:
+        raise UsageError(f"unknown check {options.check!r}; choose from {', '.join(CHECK_MODES)}")
     if options.workers < 1:
         raise UsageError("--workers must be at least 1")
 
@@ -399,25 +403,29 @@ class _PackRun:
             self._failures_file.close()
 
     def _process(self, items, done):
-        options = self.options
         window = collections.deque()
-        limit = options.workers * 16
-        key = self.images + 1  # insightface keys
-        with ThreadPoolExecutor(options.workers, thread_name_prefix="rectool-pack") as pool:
-            prepare = self._prepare
-            for item in items:
-                window.append((item, pool.submit(prepare, item)))
+        limit = 4 * self.options.workers
+        frame_in_worker = self.options.layout != "insightface"
+        with ThreadPoolExecutor(self.options.workers, thread_name_prefix="rectool-pack") as pool:
+            for chunk in _chunks(items, CHUNK_ITEMS):
+                window.append((chunk, pool.submit(self._prepare_chunk, chunk, frame_in_worker)))
                 if len(window) >= limit:
-                    key = self._consume(*window.popleft(), key)
-                    done += 1
-                    self._report(done)
+                    done = self._consume(*window.popleft(), done)
             while window:
-                key = self._consume(*window.popleft(), key)
-                done += 1
-                self._report(done)
+                done = self._consume(*window.popleft(), done)
+
+    def _prepare_chunk(self, chunk, frame):
+        """Run in a worker thread: read, check or re-encode, and (mostly) frame each image."""
+        results = []
+        for item in chunk:
+            data = self._prepare(item)
+            if frame and not isinstance(data, ImageRefused):
+                data = self._frame(item, data, item.index)
+            results.append(data)
+        return results
 
     def _prepare(self, item):
-        """Read and check or re-encode one image (in a worker thread); return bytes or a reason."""
+        """Read and check or re-encode one image; return its bytes or an `ImageRefused`."""
         path = os.path.join(self.root, item.path)
         try:
             with open(path, "rb") as f:
@@ -430,42 +438,43 @@ class _PackRun:
             return ImageRefused(f"cannot read ({exc.strerror or exc})")
         try:
             if self.options.transform is not None:
-                data = reencode_image(data, self.options.transform)
-            elif not data:
+                return reencode_image(data, self.options.transform)
+            if not data:
                 raise ImageRefused("empty file")
-            elif self.options.check:
-                check_image(data)
+            if self.options.check != "none":
+                check_image(data, self.options.check)
         except ImageRefused as refusal:
             return refusal
-        if len(data) > MAX_RECORD_BYTES:
-            return ImageRefused(
-                f"image of {len(data)} bytes exceeds the RecordIO record limit of "
-                f"{MAX_RECORD_BYTES} bytes"
-            )
         return data
 
-    def _consume(self, item, future, key):
-        result = future.result()
-        if isinstance(result, ImageRefused):
-            self._refuse(item, result.reason)
-            return key
-        options = self.options
-        if options.layout == "insightface":
-            record_key, label = key, item.labels[0]
+    def _frame(self, item, image, key):
+        """Return the framed record of one image, or an `ImageRefused` when it is too large."""
+        if self.options.layout == "insightface":
+            label = item.labels[0]
         else:
-            record_key = item.index
-            label = list(item.labels) if options.pack_label else item.labels[0]
+            label = list(item.labels) if self.options.pack_label else item.labels[0]
         try:
-            framed = frame_record(pack_image_record(result, label, record_key), item.path)
+            return frame_record(pack_image_record(image, label, key), item.path)
         except RecordTooLargeError:
-            self._refuse(item, f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes")
-            return key
-        self.writer.add(record_key, framed)
-        self.images += 1
-        self._count_label(item)
-        if self.image_size is None and options.layout == "insightface":
-            self.image_size = _image_size(result)
-        return key + 1
+            return ImageRefused(f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes")
+
+    def _consume(self, chunk, future, done):
+        """Write one chunk's results in list order; return the new count of items done."""
+        insightface = self.options.layout == "insightface"
+        for item, result in zip(chunk, future.result()):
+            if insightface and not isinstance(result, ImageRefused):
+                if self.image_size is None:
+                    self.image_size = _image_size(result)
+                result = self._frame(item, result, self.images + 1)
+            if isinstance(result, ImageRefused):
+                self._refuse(item, result.reason)
+            else:
+                self.writer.add(self.images + 1 if insightface else item.index, result)
+                self.images += 1
+                self._count_label(item)
+        done += len(chunk)
+        self._report(done)
+        return done
 
     def _count_label(self, item):
         if self.options.layout == "insightface":
@@ -511,6 +520,17 @@ class _PackRun:
             start = end
         header = pack_image_record(b"", [float(n + 1), float(n + 1 + classes)], 0, 1)
         self.writer.add(0, frame_record(header))
+
+
+def _chunks(items, size):
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _is_identity_record(record):

@@ -176,10 +176,10 @@ def test_refusals_are_recorded_and_never_written(bad_tree, tmp_path):
     reasons = {r.path: r.reason for r in result.refused}
     assert reasons == {
         "bob/zero.jpg": "empty file",
-        "bob/truncated.jpg": "truncated JPEG (no end-of-image marker)",
+        "bob/truncated.jpg": "truncated JPEG (ends inside its headers)",
         "bob/notes.jpg": "not an image (unknown file signature)",
         "bob/missing.jpg": "file not found",
-        "bob/corrupt.png": "cannot decode: not an image OpenCV reads, or corrupt/truncated",
+        "bob/corrupt.png": "truncated PNG (chunk 'IDAT' runs past the end)",
     }
     assert result.failures == 5 and not result.accepted
     lines = (tmp_path / "p.failures.jsonl").read_text(encoding="utf-8").splitlines()
@@ -198,7 +198,7 @@ def test_refusals_are_recorded_and_never_written(bad_tree, tmp_path):
 
 def test_no_check_passes_undecodable_bytes_but_never_empty_files(bad_tree, tmp_path):
     root, lst, _ = bad_tree
-    result = pack_images(lst, root, tmp_path / "n", PackOptions(check=False))
+    result = pack_images(lst, root, tmp_path / "n", PackOptions(check="none"))
     assert {r.path: r.reason for r in result.refused} == {
         "bob/zero.jpg": "empty file",
         "bob/missing.jpg": "file not found",

@@ -1,0 +1,66 @@
+"""Shared pieces of the side-by-side benchmarks: paths, the oracle, timing, tables."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE = REPO / ".bench-cache"
+RECTOOL = [sys.executable, "-m", "rectool"]
+
+
+def oracle_python():
+    """Return the MXNet 1.9.1 interpreter (`RECTOOL_ORACLE_PYTHON` or `.venv-oracle`)."""
+    configured = os.environ.get("RECTOOL_ORACLE_PYTHON")
+    path = Path(configured) if configured else REPO / ".venv-oracle" / "bin" / "python"
+    if not path.exists():
+        sys.exit(f"MXNet oracle missing at {path}: run `make oracle` first")
+    return str(path)
+
+
+def im2rec_script():
+    """Return the path of im2rec.py inside the oracle's MXNet wheel."""
+    out = subprocess.run(
+        [oracle_python(), "-c", "import mxnet, os; print(os.path.dirname(mxnet.__file__))"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return os.path.join(out.stdout.strip().splitlines()[-1], "tools", "im2rec.py")
+
+
+def timed(cmd, cwd=None, env=None, prepare=None):
+    """Run a command; return (seconds, peak RSS of that child in MiB). `prepare()` runs untimed."""
+    if prepare:
+        prepare()
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode not in (0, 3):
+            err.seek(0)
+            raise RuntimeError(
+                f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n"
+                f"{err.read().decode(errors='replace')[-3000:]}"
+            )
+    return seconds, usage.ru_maxrss / 1024
+
+
+def best_of(runs, fn):
+    """Return the smallest of `runs` results of `fn()` (the least disturbed by a noisy machine)."""
+    return min(fn() for _ in range(runs))
+
+
+def ratio_line(name, ours, peer, peer_name, target=None, better="lower"):
+    """Return one table row: times and ratio, with PASS/FAIL against `target` when given."""
+    ratio = peer / ours if better == "lower" else ours / peer
+    verdict = ""
+    if target is not None:
+        verdict = "PASS" if ratio >= target else "FAIL"
+        verdict = f"  (target >= {target:g}x: {verdict})"
+    return f"{name:<44} ours {ours:8.2f}s  {peer_name} {peer:8.2f}s  ratio {ratio:6.2f}x{verdict}"
