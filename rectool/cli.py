@@ -403,15 +403,17 @@ def list_command(root, out, labels, quiet, as_json, exts, recursive, threads, **
     """
     to_stdout = str(out) == "-"
     if options["seed"] is not None and not options["shuffle"]:
-        raise click.BadParameter("--seed needs --shuffle", param_hint="--seed")
+        raise click.BadParameter("needs --shuffle", param_hint="'--seed'")
     if options["max_per_id"] is not None and options["max_per_id"] < options["min_per_id"]:
-        raise click.BadParameter("is below --min-per-id", param_hint="--max-per-id")
+        raise click.BadParameter("is below --min-per-id", param_hint="'--max-per-id'")
     split = any(options[f"{s}_ratio"] is not None for s in ("train", "val", "test"))
     if options["split_by"] == "identity" and not split:
-        raise click.BadParameter("needs --train-ratio, --val-ratio or --test-ratio")
+        raise click.BadParameter(
+            "identity needs --train-ratio, --val-ratio or --test-ratio", param_hint="'--split-by'"
+        )
     if to_stdout and (split or options["chunks"] > 1):
         raise click.BadParameter(
-            "OUT - (stdout) takes a single list: no --chunks or ratios", param_hint="OUT"
+            "- (stdout) takes a single list: no --chunks or ratios", param_hint="'OUT'"
         )
     update, close = progress_bar(quiet or as_json, "folder")
     start = time.perf_counter()

@@ -63,9 +63,10 @@ def format_list_line(index, labels, path):
 def format_list_lines(rows):
     """Return the .lst text of `(index, label, path)` rows, each with one integer label.
 
-    The same text as `format_list_line` per row, built faster for whole lists.
+    The same text as `format_list_line` per row for `int` indices and labels (the caller's
+    duty: they are not checked), built several times faster for whole lists.
     """
-    return "".join([f"{index:d}\t{label:d}\t{path}\n" for index, label, path in rows])
+    return "".join([f"{index}\t{label}\t{path}\n" for index, label, path in rows])
 
 
 def is_writable_path(path):
@@ -75,6 +76,18 @@ def is_writable_path(path):
     whitespace (im2rec strips every field).
     """
     return _UNWRITABLE.search(path) is None and path == path.strip()
+
+
+def unwritable_paths(paths):
+    """Return those of `paths` that `is_writable_path` rejects, in order.
+
+    Fast for a whole folder's names in the usual case: text that is printable (no control,
+    separator or surrogate character) and holds no space has no whitespace at all.
+    """
+    joined = "".join(paths)
+    if joined.isprintable() and " " not in joined:
+        return []
+    return [path for path in paths if not is_writable_path(path)]
 
 
 def parse_list_line(text, path="<list>", line=0):

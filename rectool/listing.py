@@ -17,13 +17,13 @@ so a scan always ends. A folder reached through several links is listed once per
 
 from __future__ import annotations
 
-import itertools
 import os
 import queue
 import random
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from pathlib import Path
 
 from .errors import ListingError, UsageError
@@ -32,6 +32,7 @@ from .listfile import (
     format_list_lines,
     is_writable_path,
     label_map_path,
+    unwritable_paths,
     write_label_map,
 )
 
@@ -146,8 +147,8 @@ class _Scanner:
 
     def scan(self, folder):
         result = _FolderScan(folder)
-        images, skipped = result.images, result.skipped
-        exts, rel = self.exts, folder.rel
+        skipped, exts, rel = result.skipped, self.exts, folder.rel
+        names = []
         try:
             with os.scandir(folder.path) as entries:
                 for entry in entries:
@@ -155,25 +156,33 @@ class _Scanner:
                     if name[0] == ".":
                         skipped.append(("hidden", f"{rel}/{name}"))
                         continue
+                    # One question per entry in the usual case, answered from the entry's
+                    # type (no stat) unless it is a symbolic link.
                     try:
-                        is_dir = entry.is_dir()
+                        dot = name.rfind(".")
+                        if dot > 0 and name[dot:].lower() in exts:
+                            if entry.is_file():
+                                names.append(name)
+                            elif entry.is_dir():
+                                self._add_subfolder(result, entry)
+                            else:
+                                skipped.append(("not_regular", f"{rel}/{name}"))
+                        elif entry.is_dir():
+                            self._add_subfolder(result, entry)
+                        else:
+                            skipped.append(("not_image", f"{rel}/{name}"))
                     except OSError:
                         skipped.append(("not_regular", f"{rel}/{name}"))
-                        continue
-                    if is_dir:
-                        self._add_subfolder(result, entry)
-                        continue
-                    dot = name.rfind(".")
-                    if dot <= 0 or name[dot:].lower() not in exts:
-                        skipped.append(("not_image", f"{rel}/{name}"))
-                    elif not _is_file(entry):
-                        skipped.append(("not_regular", f"{rel}/{name}"))
-                    elif not is_writable_path(name):
-                        skipped.append(("unwritable_name", f"{rel}/{name}"))
-                    else:
-                        images.append(f"{rel}/{name}")
         except OSError as exc:
-            result.error = exc
+            # A folder that cannot be read to the end contributes nothing but its error.
+            return _FolderScan(folder, error=exc)
+        bad = unwritable_paths(names)
+        if bad:
+            skipped.extend(("unwritable_name", f"{rel}/{name}") for name in bad)
+            bad = set(bad)
+            names = [name for name in names if name not in bad]
+        prefix = rel + "/"
+        result.images = [prefix + name for name in names]
         return result
 
     def _add_subfolder(self, result, entry):
@@ -188,13 +197,6 @@ class _Scanner:
             result.subfolders.append(
                 _Folder(folder.identity, entry.path, rel, folder.ancestors + (entry.path,))
             )
-
-
-def _is_file(entry):
-    try:
-        return entry.is_file()
-    except OSError:
-        return False
 
 
 def _path_key(path):
@@ -397,6 +399,7 @@ def resolve_ratios(train=None, val=None, test=None):
         val = 1 - train - (test or 0)
     elif test is None:
         test = 1 - train - val
+    val, test = val or 0.0, test or 0.0
     if min(train, val, test) < -1e-9 or abs(train + val + test - 1) > 1e-6:
         raise UsageError(
             f"the train, val and test ratios must add up to 1, got {train:g} + {val:g} + {test:g}"
@@ -452,18 +455,21 @@ def make_listing(
             skipped["above_max_per_id"].extend(paths[max_per_id:])
             paths = paths[:max_per_id]
         kept.append((identity.name, paths))
-    rows = [(label, path) for label, (_, paths) in enumerate(kept) for path in paths]
-    rng = None
+    labels = list(chain.from_iterable(repeat(label, len(p)) for label, (_, p) in enumerate(kept)))
+    paths = list(chain.from_iterable(p for _, p in kept))
     if shuffle:
         if seed is None:
             seed = random.SystemRandom().randrange(2**32)
         rng = random.Random(seed)
         # Drawn first, so that the identity split does not change with the number of images.
         identity_order = rng.sample(range(len(kept)), len(kept))
-        rng.shuffle(rows)
+        order = list(range(len(paths)))
+        rng.shuffle(order)
+        labels = [labels[i] for i in order]
+        paths = [paths[i] for i in order]
     else:
         identity_order = range(len(kept))
-    rows = [(index, label, path) for index, (label, path) in enumerate(rows)]
+    rows = list(zip(range(len(paths)), labels, paths))
     split_of = None
     if ratios is not None and split_by == "identity":
         ends = _cut(len(kept), ratios)
@@ -540,6 +546,7 @@ def write_lists(listing, out, labels=None):
     is_stream = hasattr(out, "write")
     if is_stream and set(listing.lists) != {""}:
         raise UsageError("split or chunked lists need a file name, not standard output")
+    where = "standard output" if is_stream else os.fspath(out)
     try:
         if is_stream:
             _write_rows(out, listing.lists[""])
@@ -547,16 +554,16 @@ def write_lists(listing, out, labels=None):
             listing.written = {"": "-"}
         else:
             paths = list_paths(out, listing.lists)
-            for suffix, path in paths.items():
-                _write_file_atomically(path, listing.lists[suffix])
+            for suffix, where in paths.items():
+                _write_file_atomically(where, listing.lists[suffix])
             listing.written = paths
             if labels is None:
                 labels = label_map_path(out)
         if labels is not None:
+            where = os.fspath(labels)
             write_label_map(labels, listing.identities)
-            listing.label_map = os.fspath(labels)
+            listing.label_map = where
     except OSError as exc:
-        where = exc.filename or out
         raise ListingError(f"cannot write {where}: {exc.strerror or exc}") from exc
     return listing
 
