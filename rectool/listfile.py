@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .errors import RectoolError
 
@@ -32,8 +32,7 @@ class ListFormatError(RectoolError):
         super().__init__(f"{self.path}: line {line}: {message}")
 
 
-@dataclass(frozen=True)
-class ListItem:
+class ListItem(NamedTuple):
     """One line of a .lst: the record index, its labels and the image path relative to the root."""
 
     index: int
@@ -93,6 +92,14 @@ def unwritable_paths(paths):
 def parse_list_line(text, path="<list>", line=0):
     """Parse one .lst line (without its newline) into a `ListItem`."""
     fields = text.split("\t")
+    # The common line, `index<TAB>label<TAB>path`, without the general path's checks.
+    if len(fields) == 3 and fields[0].isascii() and fields[0].isdigit() and fields[2]:
+        try:
+            label = float(fields[1])
+        except ValueError:
+            label = math.nan
+        if label - label == 0.0:  # finite
+            return ListItem(int(fields[0]), (label,), fields[2], line)
     if len(fields) < 3:
         raise ListFormatError(
             f"expected 'index<TAB>label<TAB>path', got {text[:120]!r}", path, line

@@ -7,9 +7,12 @@ written its files carry a `.partial` suffix; they get their final names only onc
 
 from __future__ import annotations
 
+import array
 import hashlib
 import json
 import os
+import queue
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -103,8 +106,60 @@ class _OpenShard:
     idx_bytes: int = 0
     first_key: int | None = None
     last_key: int | None = None
-    keys: list = field(default_factory=list)
-    offsets: list = field(default_factory=list)
+    # 16 bytes a record, for the shard's .idx cache; nothing else grows with the dataset.
+    keys: array.array = field(default_factory=lambda: array.array("q"))
+    offsets: array.array = field(default_factory=lambda: array.array("q"))
+
+
+class _OrderedWriter:
+    """One background thread that runs writes in submission order, so writing overlaps work.
+
+    A bounded queue keeps memory flat; an error in the thread is raised in the caller at its
+    next `submit` or `drain`.
+    """
+
+    def __init__(self, depth=4):
+        self._queue = queue.Queue(maxsize=depth)
+        self._error = None
+        self._thread = threading.Thread(target=self._run, name="rectool-writer", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while True:
+            job = self._queue.get()
+            try:
+                if job is None:
+                    return
+                if self._error is None:
+                    fd, data, digest = job
+                    _write_all(fd, data)
+                    if digest is not None:
+                        digest.update(data)
+            except BaseException as exc:  # re-raised in the submitting thread
+                self._error = exc
+            finally:
+                self._queue.task_done()
+
+    def _raise(self):
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def submit(self, fd, data, digest=None):
+        """Queue `data` to be written to `fd` (and fed to `digest`) after everything before."""
+        self._raise()
+        self._queue.put((fd, data, digest))
+
+    def drain(self):
+        """Wait until every queued write is done."""
+        self._queue.join()
+        self._raise()
+
+    def close(self):
+        """Finish the queued writes and stop the thread."""
+        self._queue.put(None)
+        self._thread.join()
+        self._raise()
 
 
 class ShardWriter:
@@ -124,6 +179,7 @@ class ShardWriter:
         self._rec_buf: list[bytes] = []
         self._idx_buf: list[bytes] = []
         self._buffered = 0
+        self._io = _OrderedWriter()
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -190,15 +246,16 @@ class ShardWriter:
         shard = self._shard
         if shard is None or not self._rec_buf:
             return
-        rec_data = b"".join(self._rec_buf)
-        idx_data = b"".join(self._idx_buf)
-        _write_all(shard.rec_fd, rec_data)
-        _write_all(shard.idx_fd, idx_data)
-        shard.rec_hash.update(rec_data)
-        shard.idx_hash.update(idx_data)
+        self._io.submit(shard.rec_fd, b"".join(self._rec_buf), shard.rec_hash)
+        self._io.submit(shard.idx_fd, b"".join(self._idx_buf), shard.idx_hash)
         self._rec_buf.clear()
         self._idx_buf.clear()
         self._buffered = 0
+
+    def write_after(self, fd, data):
+        """Write `data` to another file once every record added so far is written."""
+        self.flush()
+        self._io.submit(fd, data)
 
     def finish_shard(self):
         """Flush, fsync and give the open shard its final names; write its .idx cache."""
@@ -206,6 +263,7 @@ class ShardWriter:
         if shard is None:
             return None
         self.flush()
+        self._io.drain()
         for fd in (shard.rec_fd, shard.idx_fd):
             os.fsync(fd)
             os.close(fd)
@@ -213,7 +271,9 @@ class ShardWriter:
         os.replace(shard.rec_path + PARTIAL_SUFFIX, shard.rec_path)
         if len(shard.keys) >= INDEX_CACHE_MIN_RECORDS:
             write_index_cache(
-                shard.idx_path, np.array(shard.keys, np.int64), np.array(shard.offsets, np.int64)
+                shard.idx_path,
+                np.frombuffer(shard.keys, np.int64),
+                np.frombuffer(shard.offsets, np.int64),
             )
         info = ShardInfo(
             os.path.basename(shard.rec_path),
@@ -235,18 +295,20 @@ class ShardWriter:
         if self._shard is None and not self.finished:
             self._start(0)
         self.finish_shard()
+        self._io.close()
 
     def abort(self):
         """Write what is buffered and close the descriptors, leaving `.partial` files to resume."""
         shard = self._shard
-        if shard is None:
-            return
         try:
-            self.flush()
+            if shard is not None:
+                self.flush()
         finally:
-            os.close(shard.rec_fd)
-            os.close(shard.idx_fd)
-            self._shard = None
+            self._io.close()
+            if shard is not None:
+                os.close(shard.rec_fd)
+                os.close(shard.idx_fd)
+                self._shard = None
 
     # -- resuming ---------------------------------------------------------------------------
     def resume(self, drop_tail=None):
@@ -301,8 +363,8 @@ class ShardWriter:
             "idx_bytes": len(complete),
             "first_key": int(keys[0]) if len(keys) else None,
             "last_key": int(keys[-1]) if len(keys) else None,
-            "keys": keys.tolist(),
-            "offsets": offsets.tolist(),
+            "keys": array.array("q", keys.tobytes()),
+            "offsets": array.array("q", offsets.tobytes()),
             "rec_hash": _hash_prefix(rec_p, end),
             "idx_hash": hashlib.sha256(complete),
         }

@@ -32,7 +32,7 @@ def pack_image_record(image, label, id=0, id2=0):
     A number gives flag 0 and the label in the header; a sequence or array gives
     flag = its length and float32 labels before the image, as `mxnet.recordio.pack` does.
     """
-    if isinstance(label, numbers.Number):
+    if type(label) is float or isinstance(label, numbers.Number):
         return IMAGE_HEADER.pack(0, label, id, id2) + bytes(image)
     labels = np.asarray(label, dtype="<f4").ravel()
     return IMAGE_HEADER.pack(labels.size, 0.0, id, id2) + labels.tobytes() + bytes(image)
