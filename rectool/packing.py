@@ -404,67 +404,31 @@ class _PackRun:
             os.close(self._failures_fd)
 
     def _process(self, items, done):
+        worker = _ImageWorker(self.root, self.options)
+        if self.options.workers == 1:
+            for chunk in _chunks(items, CHUNK_ITEMS):
+                done = self._consume(chunk, worker.prepare_chunk(chunk), done)
+            return
         window = collections.deque()
         limit = 4 * self.options.workers
-        frame_in_worker = self.options.layout != "insightface"
         with ThreadPoolExecutor(self.options.workers, thread_name_prefix="rectool-pack") as pool:
             for chunk in _chunks(items, CHUNK_ITEMS):
-                window.append((chunk, pool.submit(self._prepare_chunk, chunk, frame_in_worker)))
+                window.append((chunk, pool.submit(worker.prepare_chunk, chunk)))
                 if len(window) >= limit:
-                    done = self._consume(*window.popleft(), done)
+                    chunk, pending = window.popleft()
+                    done = self._consume(chunk, pending.result(), done)
             while window:
-                done = self._consume(*window.popleft(), done)
+                chunk, pending = window.popleft()
+                done = self._consume(chunk, pending.result(), done)
 
-    def _prepare_chunk(self, chunk, frame):
-        """Run in a worker thread: read, check or re-encode, and (mostly) frame each image."""
-        results = []
-        for item in chunk:
-            data = self._prepare(item)
-            if frame and not isinstance(data, ImageRefused):
-                data = self._frame(item, data, item.index)
-            results.append(data)
-        return results
-
-    def _prepare(self, item):
-        """Read and check or re-encode one image; return its bytes or an `ImageRefused`."""
-        try:
-            data = _read_file(os.path.join(self.root, item.path))
-        except FileNotFoundError:
-            return ImageRefused("file not found")
-        except IsADirectoryError:
-            return ImageRefused("is a directory, not an image file")
-        except OSError as exc:
-            return ImageRefused(f"cannot read ({exc.strerror or exc})")
-        try:
-            if self.options.transform is not None:
-                return reencode_image(data, self.options.transform)
-            if not data:
-                raise ImageRefused("empty file")
-            if self.options.check != "none":
-                check_image(data, self.options.check)
-        except ImageRefused as refusal:
-            return refusal
-        return data
-
-    def _frame(self, item, image, key):
-        """Return the framed record of one image, or an `ImageRefused` when it is too large."""
-        if self.options.layout == "insightface":
-            label = item.labels[0]
-        else:
-            label = list(item.labels) if self.options.pack_label else item.labels[0]
-        try:
-            return frame_record(pack_image_record(image, label, key), item.path)
-        except RecordTooLargeError:
-            return ImageRefused(f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes")
-
-    def _consume(self, chunk, future, done):
+    def _consume(self, chunk, results, done):
         """Write one chunk's results in list order; return the new count of items done."""
         insightface = self.options.layout == "insightface"
-        for item, result in zip(chunk, future.result()):
+        for item, result in zip(chunk, results):
             if insightface and not isinstance(result, ImageRefused):
                 if self.image_size is None:
                     self.image_size = _image_size(result)
-                result = self._frame(item, result, self.images + 1)
+                result = frame_image(item, result, self.images + 1, False)
             if isinstance(result, ImageRefused):
                 self._refuse(item, result.reason)
             else:
@@ -518,6 +482,59 @@ class _PackRun:
             start = end
         header = pack_image_record(b"", [float(n + 1), float(n + 1 + classes)], 0, 1)
         self.writer.add(0, frame_record(header))
+
+
+class _ImageWorker:
+    """Reads, checks or re-encodes, and frames images, in worker threads.
+
+    OpenCV and file reads release the GIL; measured here, processes cost more CPU in pickling
+    and pipes than they save (see docs/benchmarks.md).
+    """
+
+    def __init__(self, root, options):
+        self.root, self.options = root, options
+        # The insightface layout numbers images as they are written, so the writer frames them.
+        self.frame = options.layout != "insightface"
+
+    def prepare_chunk(self, chunk):
+        """Return, per item, its framed record (or image bytes) or an `ImageRefused`."""
+        results = []
+        for item in chunk:
+            data = self.prepare(item)
+            if self.frame and not isinstance(data, ImageRefused):
+                data = frame_image(item, data, item.index, self.options.pack_label)
+            results.append(data)
+        return results
+
+    def prepare(self, item):
+        """Read and check or re-encode one image; return its bytes or an `ImageRefused`."""
+        try:
+            data = _read_file(os.path.join(self.root, item.path))
+        except FileNotFoundError:
+            return ImageRefused("file not found")
+        except IsADirectoryError:
+            return ImageRefused("is a directory, not an image file")
+        except OSError as exc:
+            return ImageRefused(f"cannot read ({exc.strerror or exc})")
+        try:
+            if self.options.transform is not None:
+                return reencode_image(data, self.options.transform)
+            if not data:
+                raise ImageRefused("empty file")
+            if self.options.check != "none":
+                check_image(data, self.options.check)
+        except ImageRefused as refusal:
+            return refusal
+        return data
+
+
+def frame_image(item, image, key, pack_label):
+    """Return the framed record of one image, or an `ImageRefused` when it is too large."""
+    label = list(item.labels) if pack_label else item.labels[0]
+    try:
+        return frame_record(pack_image_record(image, label, key), item.path)
+    except RecordTooLargeError:
+        return ImageRefused(f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes")
 
 
 def _read_file(path):

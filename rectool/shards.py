@@ -121,8 +121,13 @@ class _OrderedWriter:
     def __init__(self, depth=4):
         self._queue = queue.Queue(maxsize=depth)
         self._error = None
-        self._thread = threading.Thread(target=self._run, name="rectool-writer", daemon=True)
-        self._thread.start()
+        self._thread = None  # started on first use, so a process pool can fork before it
+
+    def _started(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rectool-writer", daemon=True)
+            self._thread.start()
+        return self._queue
 
     def _run(self):
         while True:
@@ -148,7 +153,7 @@ class _OrderedWriter:
     def submit(self, fd, data, digest=None):
         """Queue `data` to be written to `fd` (and fed to `digest`) after everything before."""
         self._raise()
-        self._queue.put((fd, data, digest))
+        self._started().put((fd, data, digest))
 
     def drain(self):
         """Wait until every queued write is done."""
@@ -157,8 +162,10 @@ class _OrderedWriter:
 
     def close(self):
         """Finish the queued writes and stop the thread."""
-        self._queue.put(None)
-        self._thread.join()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
         self._raise()
 
 
