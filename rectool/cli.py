@@ -465,6 +465,321 @@ def render_list_summary(listing, seconds, shown=3):
     return "\n".join(lines)
 
 
+class ImageSize(click.ParamType):
+    """An image size written as HEIGHTxWIDTH (`112x112`), or one number for a square."""
+
+    name = "HxW"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, tuple):
+            return value
+        parts = str(value).lower().split("x")
+        if len(parts) == 1:
+            parts = parts * 2
+        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+            self.fail(f"{value!r} is not HEIGHTxWIDTH (example: 112x112)", param, ctx)
+        return int(parts[0]), int(parts[1])
+
+
+def phase_progress(quiet):
+    """Return (callback(phase, done, total), close): one tqdm bar per phase on stderr."""
+    if quiet or not sys.stderr.isatty():
+        return None, lambda: None
+    bars = {}
+
+    def update(phase, done, total):
+        bar = bars.get(phase)
+        if bar is None:
+            unit = "B" if phase == "bytes" else "img"
+            bar = bars[phase] = tqdm(
+                desc=phase, unit=unit, unit_scale=True, file=sys.stderr, position=len(bars)
+            )
+        bar.total = total
+        bar.update(done - bar.n)
+
+    def close():
+        for bar in bars.values():
+            bar.close()
+
+    return update, close
+
+
+@cli.command("verify")
+@click.argument("targets", metavar="TARGET...", nargs=-1, required=True)
+@click.option("--decode", is_flag=True, help="Also decode every image, on all cores.")
+@click.option(
+    "--size",
+    type=ImageSize(),
+    help="With --decode: every image must be HEIGHTxWIDTH pixels (e.g. 112x112).",
+)
+@click.option(
+    "--channels", type=click.IntRange(1, 4), help="With --decode: every image's channel count."
+)
+@click.option(
+    "--workers",
+    "-j",
+    type=click.IntRange(min=1),
+    default=os.cpu_count() or 1,
+    show_default="all cores",
+    help="Threads decoding images (--decode).",
+)
+@click.option(
+    "--max-problems",
+    type=click.IntRange(min=0),
+    default=20,
+    show_default=True,
+    help="Problems listed one by one in the summary; the rest are counted.",
+)
+@click.option("--quiet", "-q", is_flag=True, help="Print nothing; only the exit status tells.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+def verify_command(targets, decode, size, channels, workers, max_problems, quiet, as_json):
+    """Check that each TARGET (manifest, prefix, .rec files or train.rec folder) is sound.
+
+    Checks the framing of every .rec from first byte to last (magic, lengths, continuation
+    flags, zero padding, trailing bytes); the .idx against it (every offset a record start,
+    every record indexed, unique keys); every image header (flag, labels integral and below
+    the class count when it is known); the manifest's sizes, counts and SHA-256 checksums when
+    there is one; the insightface layout when record 0 announces it. --decode also decodes
+    every image. Each problem is named with its file, record key and byte offset.
+
+    Exit status: 0 sound, 1 problems found, 2 unreadable input or usage error.
+
+    \b
+    Example:
+        rectool verify out/faces.manifest.json
+        rectool verify faces_emore/train.rec --decode --size 112x112 --channels 3
+        rectool verify out/faces --json > report.json
+    """
+    from .verify import DecodeOptions, verify_dataset
+
+    if (size or channels) and not decode:
+        raise click.BadParameter("needs --decode", param_hint="--size/--channels")
+    options = DecodeOptions(size, channels) if decode else None
+    update, close = phase_progress(quiet or as_json)
+    try:
+        report = verify_dataset(targets, decode=options, workers=workers, progress=update)
+    except UsageError as exc:
+        raise click.UsageError(str(exc)) from exc
+    except RectoolError as exc:
+        # The input cannot be read at all: that is not a verdict on the data, so not 1.
+        error = click.ClickException(str(exc))
+        error.exit_code = 2
+        raise error from exc
+    finally:
+        close()
+    if as_json:
+        click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
+    elif not quiet:
+        click.echo(render_verify_report(report, max_problems))
+    sys.exit(0 if report.sound else 1)
+
+
+def render_verify_report(report, shown):
+    """Return the human summary of a verification: one line of totals, then the problems."""
+    shards = len(report.shards)
+    line = (
+        f"Verified {', '.join(report.targets)}: {report.records:,} records "
+        f"({report.images:,} images) in {shards} shard{'' if shards == 1 else 's'}, "
+        f"{report.rec_bytes / 1e6:,.1f} MB, layout {', '.join(report.layouts)}"
+    )
+    if report.checksums:
+        line += f"; {report.checksums} checksums compared"
+    if report.decoded:
+        line += f"; {report.decoded:,} images decoded"
+    lines = [f"{line} ({report.seconds:.2f} s)."]
+    if report.sound:
+        lines.append("Sound: no problems found.")
+        return "\n".join(lines)
+    counts = ", ".join(f"{kind} {n:,}" for kind, n in sorted(report.counts.items()))
+    noun = "problem" if report.problem_count == 1 else "problems"
+    lines.append(f"Found {report.problem_count:,} {noun} ({counts}):")
+    listed = report.problems[:shown]
+    lines += [f"  {problem}" for problem in listed]
+    if report.problem_count > len(listed):
+        lines.append(f"  ... and {report.problem_count - len(listed):,} more")
+    return "\n".join(lines)
+
+
+@cli.command("reindex")
+@click.argument("rec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option(
+    "--output",
+    "-o",
+    "idx",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Where to write the .idx (default: beside REC, same name).",
+)
+@click.option(
+    "--keys",
+    type=click.Choice(["header", "position"]),
+    default="header",
+    show_default=True,
+    help="header: each record's header id (what rectool, im2rec and insightface write); "
+    "position: 0, 1, 2, ... in file order.",
+)
+@click.option("--overwrite", is_flag=True, help="Replace an existing .idx.")
+@click.option("--quiet", "-q", is_flag=True, help="No summary; only the exit status tells.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@library_errors
+def reindex_command(rec, idx, keys, overwrite, quiet, as_json):
+    """Rebuild the .idx of REC by walking its records from first byte to last.
+
+    Where REC is damaged the walk skips to the next record start (an aligned magic followed
+    by continuation flag 0 or 1) and reports each skipped byte range; the .idx then lists
+    every record that could be read. It is written to a temporary file and renamed.
+
+    Exit status: 0 REC was sound, 1 damage was skipped (the .idx is still written) or an
+    error, 2 usage error.
+
+    \b
+    Example:
+        rectool reindex faces_emore/train.rec --overwrite
+        rectool reindex broken.rec -o recovered.idx
+    """
+    from .reindex import reindex
+
+    result = reindex(rec, idx, keys=keys, overwrite=overwrite)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    elif not quiet:
+        click.echo(render_reindex_result(result))
+    sys.exit(0 if result.sound else 1)
+
+
+def render_reindex_result(result, shown=20):
+    """Return the human summary of a reindex."""
+    source = "record headers" if result.keys_from == "header" else "record positions"
+    lines = [f"Wrote {result.idx_path}: {result.records:,} records, keys from {source}."]
+    if result.skipped:
+        total = sum(d.end - d.start for d in result.skipped)
+        n = len(result.skipped)
+        lines.append(f"Skipped {n:,} damaged byte range{'' if n == 1 else 's'} ({total:,} bytes):")
+        for d in result.skipped[:shown]:
+            lines.append(
+                f"  bytes {d.start}..{d.end} ({d.end - d.start:,} bytes): {d.kind}: {d.reason}"
+            )
+        if n > shown:
+            lines.append(f"  ... and {n - shown:,} more")
+    if result.unkeyed:
+        n = len(result.unkeyed)
+        lines.append(f"Left out {n:,} record{'' if n == 1 else 's'} without a key:")
+        lines += [f"  byte offset {offset}: {reason}" for offset, reason in result.unkeyed[:shown]]
+    if result.duplicates:
+        n = len(result.duplicates)
+        examples = ", ".join(f"{k} ({c} times)" for k, c in sorted(result.duplicates.items())[:5])
+        lines.append(
+            f"{n:,} key{'' if n == 1 else 's'} appear more than once: {examples}; "
+            "readers keep the last (try --keys position)."
+        )
+    return "\n".join(lines)
+
+
+@cli.command("info")
+@click.argument("target")
+@click.option(
+    "--sample",
+    type=click.IntRange(min=0),
+    default=200,
+    show_default=True,
+    help="Images decoded, spread over the dataset, for their dimensions.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON on stdout.")
+@library_errors
+def info_command(target, sample, as_json):
+    """Describe TARGET (manifest, prefix, .rec or train.rec folder).
+
+    Records, images, identities and images per identity (min / median / max and a small
+    histogram), image payload sizes, encodings, dimensions of a sample, and the layout:
+    plain, insightface (record 0 with flag 2) or multi-label (label vectors).
+
+    \b
+    Example:
+        rectool info out/faces
+        rectool info faces_emore/train.rec --json
+    """
+    from .info import dataset_info
+
+    info = dataset_info(target, sample=sample)
+    if as_json:
+        click.echo(json.dumps(info, ensure_ascii=False, indent=2))
+    else:
+        click.echo(render_info(info))
+
+
+def render_info(info, width=40):
+    """Return the human description of a dataset."""
+    shards = info["shards"]
+    lines = [
+        f"{info['target']}: layout {info['layout']}, {shards} shard{'' if shards == 1 else 's'}, "
+        f"{info['records']:,} records, {info['images']:,} images, "
+        f"{info['rec_bytes'] / 1e6:,.1f} MB"
+    ]
+    per = info.get("images_per_identity")
+    if info.get("identities") is None:
+        lines.append("Identities: labels are not integral class ids")
+    else:
+        classes = info.get("classes")
+        of = f" (of {classes} classes)" if classes is not None else ""
+        lines.append(f"Identities: {info['identities']:,}{of}")
+    if per:
+        lines.append(
+            f"Images per identity: min {per['min']:,}, median {per['median']:g}, max {per['max']:,}"
+        )
+        most = max(row["identities"] for row in per["histogram"])
+        for row in per["histogram"]:
+            bar = "#" * max(1, round(width * row["identities"] / most))
+            lines.append(f"  {row['images']:>9} images: {row['identities']:>9,} {bar}")
+    sizes = info["image_bytes"]
+    if sizes:
+        lines.append(
+            f"Image bytes: min {sizes['min']:,}, median {sizes['median']:,.0f}, "
+            f"mean {sizes['mean']:,.1f}, max {sizes['max']:,}"
+        )
+    if info["encodings"]:
+        lines.append("Encodings: " + ", ".join(f"{k} {n:,}" for k, n in info["encodings"].items()))
+    dims = info["dimensions"]
+    if dims["sampled"]:
+        counts = ", ".join(f"{k} {n:,}" for k, n in dims["counts"].items())
+        lines.append(f"Dimensions (HxWxC, sample of {dims['sampled']:,}): {counts}")
+    return "\n".join(lines)
+
+
+@cli.command("unpack")
+@click.argument("target")
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@library_errors
+def unpack_command(target, out_dir, quiet, as_json):
+    """Write the images of TARGET back as an identity-per-folder tree under OUT_DIR.
+
+    Each image becomes OUT_DIR/IDENTITY/KEY.EXT: IDENTITY is the folder name the manifest's
+    label map gives the label (else the label), KEY the record's key, EXT from the image's
+    signature (.bin when unknown). Bytes are written as stored, so a pass-through pack
+    unpacks to identical files. Existing files are never overwritten.
+
+    \b
+    Example:
+        rectool unpack out/faces.manifest.json faces-again/
+    """
+    from .unpack import unpack_dataset
+
+    update, close = progress_bar(quiet or as_json, "img")
+    try:
+        result = unpack_dataset(
+            target, out_dir, progress=update and (lambda done, total: update(done, total, 0))
+        )
+    finally:
+        close()
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    elif not quiet:
+        click.echo(
+            f"Unpacked {result.images:,} images of {result.identities:,} identities "
+            f"({result.bytes / 1e6:,.1f} MB) into {result.out_dir}."
+        )
+
+
 def main():
     """Run the command line (the `rectool` console script)."""
     cli(prog_name="rectool")

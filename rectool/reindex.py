@@ -1,0 +1,142 @@
+"""Rebuild a lost or damaged .idx by walking its .rec, resynchronising past damage.
+
+Keys come from the record headers' id field (rectool, im2rec and insightface all write the key
+there), or from the record's position with `keys="position"`. Damaged byte ranges are skipped
+and reported, never guessed at.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import RectoolError, UsageError
+from .reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
+from .scan import mapped, read_headers, scan_framing
+from .writer import format_index_line
+
+KEY_SOURCES = ("header", "position")
+_INT64_MAX = 2**63 - 1
+
+
+@dataclass
+class ReindexResult:
+    """What `reindex` wrote and what it had to leave out.
+
+    `skipped` lists the damaged byte ranges (`scan.Damage`); `unkeyed` the (offset, reason) of
+    readable records that could not be given a key; `duplicates` maps each key written more
+    than once to its count.
+    """
+
+    rec_path: str
+    idx_path: str
+    keys_from: str
+    records: int = 0
+    rec_bytes: int = 0
+    skipped: list = field(default_factory=list)
+    unkeyed: list = field(default_factory=list)
+    duplicates: dict = field(default_factory=dict)
+
+    @property
+    def sound(self):
+        """Return True when every byte of the .rec was a record and every key is unique."""
+        return not (self.skipped or self.unkeyed or self.duplicates)
+
+    def to_json(self):
+        return {
+            "rec": self.rec_path,
+            "idx": self.idx_path,
+            "keys_from": self.keys_from,
+            "records": self.records,
+            "rec_bytes": self.rec_bytes,
+            "sound": self.sound,
+            "skipped": [
+                {
+                    "start": d.start,
+                    "end": d.end,
+                    "bytes": d.end - d.start,
+                    "part": d.part,
+                    "kind": d.kind,
+                    "reason": d.reason,
+                }
+                for d in self.skipped
+            ],
+            "unkeyed": [{"offset": o, "reason": r} for o, r in self.unkeyed],
+            "duplicates": {str(k): n for k, n in sorted(self.duplicates.items())},
+        }
+
+
+def reindex(rec_path, idx_path=None, keys="header", overwrite=False):
+    """Write an .idx for `rec_path` (default: beside it) from a walk over the .rec.
+
+    Returns a `ReindexResult`. Refuses to replace an existing .idx unless `overwrite`; a
+    replaced .idx loses its stale `.rtc` sidecar cache. The .idx is written to a temporary
+    file and renamed, so it is whole or absent.
+    """
+    if keys not in KEY_SOURCES:
+        raise UsageError(f"unknown key source {keys!r}; choose from {', '.join(KEY_SOURCES)}")
+    rec_path = os.fspath(rec_path)
+    if idx_path is None:
+        idx_path = os.path.splitext(rec_path)[0] + ".idx"
+    idx_path = os.fspath(idx_path)
+    if os.path.exists(idx_path) and not overwrite:
+        raise RectoolError(f"{idx_path}: exists; use --overwrite to replace it")
+    result = ReindexResult(rec_path, idx_path, keys)
+    with mapped(rec_path) as (buf, size), RecordFile(rec_path) as records:
+        framing = scan_framing(buf, size)
+        result.rec_bytes = size
+        result.skipped = list(framing.damage)
+        starts = framing.starts
+        if keys == "position":
+            chosen = np.arange(len(starts), dtype=np.int64)
+            keep = np.ones(len(starts), bool)
+        else:
+            headers = read_headers(
+                buf, size, starts, framing.lengths, framing.split, records.read_at
+            )
+            short = framing.lengths < IMAGE_HEADER_SIZE
+            huge = headers.id > np.uint64(_INT64_MAX)
+            keep = ~short & ~huge
+            for j in np.flatnonzero(short).tolist():
+                result.unkeyed.append(
+                    (
+                        int(starts[j]),
+                        f"a record of {int(framing.lengths[j])} bytes has no image header to "
+                        "take a key from",
+                    )
+                )
+            for j in np.flatnonzero(huge).tolist():
+                result.unkeyed.append(
+                    (int(starts[j]), f"header id {int(headers.id[j])} does not fit an .idx key")
+                )
+            chosen = headers.id.astype(np.int64)
+    kept_keys, kept_offsets = chosen[keep].tolist(), starts[keep].tolist()
+    counts = Counter(kept_keys)
+    result.duplicates = {k: n for k, n in counts.items() if n > 1}
+    result.records = len(kept_keys)
+    text = "".join(map(format_index_line, kept_keys, kept_offsets)).encode("ascii")
+    _write_atomic(idx_path, text)
+    try:
+        os.unlink(index_cache_path(idx_path))
+    except FileNotFoundError:
+        pass
+    return result
+
+
+def _write_atomic(path, data):
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise RectoolError(f"{path}: cannot write ({exc.strerror or exc})") from None

@@ -1,0 +1,137 @@
+"""Write a dataset's images back out as an identity-per-folder tree.
+
+Each image becomes `OUT_DIR/<identity>/<key>.<ext>`: the identity is the name the manifest's
+label map gives the label (else the label itself), the key is the record's .idx key and the
+extension comes from the image's signature. The bytes are the stored bytes, so unpacking a
+pass-through pack gives back the original files byte for byte; only their names are new (the
+.rec does not store them).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import RectoolError
+from .images import sniff_format
+from .reader import IndexedRecordFile, resolve_source, unpack_header
+
+EXTENSIONS = {
+    "jpeg": ".jpg",
+    "png": ".png",
+    "bmp": ".bmp",
+    "gif": ".gif",
+    "webp": ".webp",
+    "tiff": ".tif",
+    None: ".bin",
+}
+
+
+@dataclass
+class UnpackResult:
+    """What `unpack_dataset` wrote."""
+
+    out_dir: str
+    images: int = 0
+    identities: int = 0
+    bytes: int = 0
+    unknown_format: int = 0  # images written as .bin: no known image signature
+
+    def to_json(self):
+        return dict(self.__dict__)
+
+
+def unpack_dataset(target, out_dir, progress=None):
+    """Write every image of the dataset at `target` under `out_dir`; return an `UnpackResult`.
+
+    Only image records are written (the insightface layout's header and identity records are
+    not images). A key repeated in an .idx is written once, from its last line, as readers
+    resolve it. Existing files are never overwritten. `progress(done, total)` is called as
+    images are written.
+    """
+    manifest, _, shards = resolve_source(target)
+    names = (manifest or {}).get("identities") or {}
+    out_dir = os.fspath(out_dir)
+    result = UnpackResult(out_dir)
+    folders = {}
+    opened = [IndexedRecordFile(rec, idx) for rec, idx in shards]
+    try:
+        plans = [_plan(f) for f in opened]
+        total = sum(len(keys) for keys, _ in plans)
+        done = 0
+        for records, (keys, offsets) in zip(opened, plans):
+            for key, offset in zip(keys.tolist(), offsets.tolist()):
+                header, image = unpack_header(records.rec.read_at(offset, key), records.rec.path)
+                label = header.label if header.flag == 0 else header.label[0]
+                folder = folders.get(float(label))
+                if folder is None:
+                    folder = os.path.join(out_dir, _folder_name(label, names))
+                    os.makedirs(folder, exist_ok=True)
+                    folders[float(label)] = folder
+                kind = sniff_format(image[:16])
+                result.unknown_format += kind is None
+                _write_new(os.path.join(folder, f"{key}{EXTENSIONS[kind]}"), image)
+                result.images += 1
+                result.bytes += len(image)
+                done += 1
+                if progress is not None and (done % 256 == 0 or done == total):
+                    progress(done, total)
+    finally:
+        for f in opened:
+            f.close()
+    result.identities = len(folders)
+    return result
+
+
+def _plan(records):
+    """Return the (keys, offsets) of the image records to write, one per key, in file order."""
+    keys, offsets = records.keys, records.offsets
+    _, last = np.unique(keys[::-1], return_index=True)
+    keep = np.sort(len(keys) - 1 - last)
+    keys, offsets = keys[keep], offsets[keep]
+    first_meta = _insightface_images_end(records, keys, offsets)
+    if first_meta is not None:
+        # insightface: images are keys 1..N, record 0's label is [N+1, N+1+K].
+        images = (keys >= 1) & (keys < first_meta)
+        return keys[images], offsets[images]
+    return keys, offsets
+
+
+def _insightface_images_end(records, keys, offsets):
+    """Return N+1 when the records follow the insightface layout (see scan.insightface_header)."""
+    where = {int(k): int(o) for k, o in zip(keys.tolist(), offsets.tolist()) if k in (0, 1)}
+    if 0 not in where:
+        return None
+    header, _ = unpack_header(records.rec.read_at(where[0], 0))
+    if header.flag != 2:
+        return None
+    a, b = float(header.label[0]), float(header.label[1])
+    if not (a.is_integer() and b.is_integer() and 1 <= a <= b):
+        return None
+    if a == b == 1:
+        return 1  # an empty dataset
+    if 1 not in where or unpack_header(records.rec.read_at(where[1], 1))[0].flag != 0:
+        return None
+    return int(a)
+
+
+def _folder_name(label, names):
+    label = float(label)
+    text = str(int(label)) if label.is_integer() else repr(label)
+    name = names.get(text) if label.is_integer() else None
+    # A label map names folders that `rectool list` read; anything else cannot be one.
+    if not name or name in (".", "..") or "/" in name or "\0" in name or os.sep in name:
+        return text
+    return name
+
+
+def _write_new(path, data):
+    try:
+        with open(path, "xb") as f:
+            f.write(data)
+    except FileExistsError:
+        raise RectoolError(f"{path}: exists; unpack into an empty folder") from None
+    except OSError as exc:
+        raise RectoolError(f"{path}: cannot write ({exc.strerror or exc})") from None
