@@ -17,10 +17,11 @@ import click
 from tqdm import tqdm
 
 from . import __version__
+from .distributed import pack_on_dask
 from .errors import RectoolError, UsageError
 from .images import CHECK_MODES, ENCODINGS, Transform
 from .listing import DEFAULT_EXTENSIONS, SKIP_REASONS, default_threads, display_path, list_images
-from .packing import LAYOUTS, PackOptions, pack_images
+from .packing import LAYOUTS, PackOptions, finalize_pack, pack_images, plan_list
 from .shards import parse_size
 
 
@@ -162,6 +163,32 @@ def progress_bar(quiet, unit):
 )
 @click.option("--resume", is_flag=True, help="Continue an interrupted pack where it stopped.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at OUT_PREFIX.")
+@click.option(
+    "--only-shard",
+    type=click.IntRange(min=0),
+    metavar="K",
+    help="Pack only shard K of the plan (needs --shard-records): one job-array task per shard.",
+)
+@click.option(
+    "--finalize",
+    is_flag=True,
+    help="After --only-shard runs: check every shard and write the failures file and manifest.",
+)
+@click.option(
+    "--plan", "show_plan", is_flag=True, help="Print the shard plan (count, list lines) and exit."
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "dask"]),
+    default="local",
+    show_default=True,
+    help="dask: one task per shard on a Dask cluster (pip install 'rectool[dask]').",
+)
+@click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    help="Dask scheduler address (tcp://host:8786); default: a local cluster.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @library_errors
@@ -218,26 +245,96 @@ def pack_command(
         workers=shared["workers"],
         max_failures=shared["max_failures"],
     )
+    distributed = shared["only_shard"] is not None or shared["finalize"] or shared["show_plan"]
+    if shared["executor"] == "dask" or distributed:
+        if not shared["shard_records"] or shared["shard_size"]:
+            raise click.BadParameter(
+                "packing shard by shard needs a plan: give --shard-records N (not --shard-size)",
+                param_hint="--shard-records",
+            )
+        if sum([shared["only_shard"] is not None, shared["finalize"], shared["show_plan"],
+                shared["executor"] == "dask"]) > 1:  # fmt: skip
+            raise click.UsageError(
+                "use one of --only-shard, --finalize, --plan, --executor dask at a time"
+            )
+    if shared["scheduler"] and shared["executor"] != "dask":
+        raise click.BadParameter("--scheduler needs --executor dask", param_hint="--scheduler")
+    if shared["show_plan"]:
+        plan = shard_plan(list_file, options)
+        if as_json:
+            click.echo(json.dumps(plan, indent=2))
+        else:
+            click.echo(f"{len(plan['shards'])} shards of {plan['items']:,} list lines:")
+            for number, (first, last) in enumerate(plan["shards"]):
+                click.echo(f"  shard {number}: lines {first + 1}-{last}")
+        return
     update, close = progress_bar(quiet or as_json, "img")
     try:
-        result = pack_images(
-            list_file,
-            root,
-            prefix,
-            options,
-            resume=resume,
-            overwrite=overwrite,
-            label_map=label_map,
-            progress=update,
-        )
+        if shared["only_shard"] is not None:
+            shard = pack_images(
+                list_file, root, prefix, options, resume=resume, overwrite=overwrite,
+                progress=update, only_shard=shared["only_shard"],
+            )  # fmt: skip
+        elif shared["finalize"]:
+            result = finalize_pack(list_file, root, prefix, options, label_map=label_map)
+        elif shared["executor"] == "dask":
+            result = pack_on_dask(
+                list_file, root, prefix, options, scheduler=shared["scheduler"], resume=resume,
+                overwrite=overwrite, label_map=label_map, progress=update,
+            )  # fmt: skip
+        else:
+            result = pack_images(
+                list_file, root, prefix, options, resume=resume, overwrite=overwrite,
+                label_map=label_map, progress=update,
+            )  # fmt: skip
     finally:
         close()
+    if shared["only_shard"] is not None:
+        render_shard_result(shard, as_json, quiet)
+        return
     if as_json:
         click.echo(json.dumps(pack_summary(result), ensure_ascii=False, indent=2))
     elif not quiet:
         click.echo(render_pack_summary(result), err=True)
     if not result.accepted:
         sys.exit(3)
+
+
+def shard_plan(list_file, options):
+    """Return the shard plan of a list as JSON-ready data (list lines are 1-based)."""
+    plan = plan_list(list_file, options)
+    return {
+        "items": sum(len(r) for r in plan),
+        "shard_records": options.shard_records,
+        "shards": [[r.start, r.stop] for r in plan],
+    }
+
+
+def render_shard_result(shard, as_json, quiet):
+    """Print what packing one shard did."""
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "shard": shard.shard,
+                    "shards": shard.shards,
+                    "rec": shard.info.rec,
+                    "records": shard.info.records,
+                    "failures": shard.failures,
+                    "failures_file": shard.failures_path,
+                    "refused": [r.to_json() for r in shard.refused],
+                },
+                ensure_ascii=False,
+                indent=2,
+            )
+        )
+    elif not quiet:
+        click.echo(
+            f"Packed shard {shard.shard} of {shard.shards}: {shard.info.records:,} images in "
+            f"{shard.info.rec}, {shard.failures:,} refused ({shard.failures_path}). "
+            "Run --finalize once every shard is packed.",
+            err=True,
+        )
 
 
 def pack_summary(result):
@@ -668,7 +765,7 @@ def render_reindex_result(result, shown=20):
         n = len(result.duplicates)
         examples = ", ".join(f"{k} ({c} times)" for k, c in sorted(result.duplicates.items())[:5])
         lines.append(
-            f"{n:,} key{'' if n == 1 else 's'} appear more than once: {examples}; "
+            f"{n:,} {'key appears' if n == 1 else 'keys appear'} more than once: {examples}; "
             "readers keep the last (try --keys position)."
         )
     return "\n".join(lines)
@@ -778,6 +875,37 @@ def unpack_command(target, out_dir, quiet, as_json):
             f"Unpacked {result.images:,} images of {result.identities:,} identities "
             f"({result.bytes / 1e6:,.1f} MB) into {result.out_dir}."
         )
+
+
+@cli.command("reader")
+@click.option(
+    "--output",
+    "-o",
+    default="-",
+    show_default=True,
+    type=click.Path(dir_okay=False, allow_dash=True),
+    help="Where to write the module (- for stdout).",
+)
+@library_errors
+def reader_command(output):
+    """Write the standalone reader module for training code (standard library + numpy).
+
+    It is rectool's own reader (rectool/reader.py) copied verbatim under a header naming the
+    rectool and format versions: open_dataset(), RecordDataset, RankSampler, prefetch().
+    OpenCV or Pillow are imported only to decode images. See docs/training.md.
+
+    \b
+    Example:
+        rectool reader -o train/rectool_reader.py
+        python -c "import rectool_reader as r; print(len(r.open_dataset('out/faces')))"
+    """
+    from .emit import emit_reader, reader_source
+
+    if output == "-":
+        click.echo(reader_source(), nl=False)
+        return
+    path = emit_reader(output)
+    click.echo(f"Wrote the reader module {path}.", err=True)
 
 
 def main():

@@ -1,14 +1,21 @@
-"""Read and damage .rec/.idx files by hand, for the verify, reindex, info and unpack tests.
+"""Build, read and damage .rec/.idx files by hand, for the verify, reindex, info and unpack tests.
 
-Everything here works from the raw bytes and the .idx text, never through rectool's reader,
-so that expected keys and offsets are computed independently of the code under test.
+Expected values are read from the raw bytes and the .idx text, never through rectool's reader,
+so that keys and offsets are computed independently of the code under test.
 """
 
 from __future__ import annotations
 
 import struct
+from types import SimpleNamespace
+
+from imagefiles import write_list, write_pack_tree
+
+from rectool.listfile import write_label_map
+from rectool.packing import PackOptions, pack_images
 
 MAGIC = b"\x0a\x23\xd7\xce"
+NAMES = ["alice", "bob", "carol"]
 
 
 def idx_lines(path):
@@ -74,3 +81,29 @@ def write_records(rec, idx, records):
     rec.write_bytes(data)
     write_idx_lines(idx, [(k, o) for (k, _), o in zip(records, offsets)])
     return offsets
+
+
+def make_pack(tmp_path, layout="images", per_identity=4, name="faces", **options):
+    """Pack NAMES x `per_identity` JPEGs with a label map; describe the result by hand."""
+    root = tmp_path / "tree"
+    items = write_pack_tree(root, NAMES, per_identity)
+    lst = write_list(tmp_path / f"{name}.lst", items)
+    labels = tmp_path / f"{name}.labels.tsv"
+    write_label_map(labels, dict(enumerate(NAMES)))
+    out = tmp_path / "out"
+    pack_images(lst, root, out / name, PackOptions(layout=layout, **options), label_map=labels)
+    rec, idx = out / f"{name}.rec", out / f"{name}.idx"
+    if not rec.exists():  # sharded: describe the first shard
+        rec, idx = out / f"{name}-00000.rec", out / f"{name}-00000.idx"
+    return SimpleNamespace(
+        root=root,
+        items=items,
+        rec=rec,
+        idx=idx,
+        manifest=out / f"{name}.manifest.json",
+        lines=idx_lines(idx),
+        size=rec.stat().st_size,
+        lengths=[part_length(rec, o)[1] for _, o in idx_lines(idx)],
+        r=str(rec),
+        i=str(idx),
+    )

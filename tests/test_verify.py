@@ -10,16 +10,16 @@ import json
 import os
 import shutil
 import struct
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from imagefiles import encode, image_array, jpeg_bytes, write_list, write_pack_tree
+from imagefiles import encode, image_array, jpeg_bytes
 from recfiles import (
     idx_lines,
     image_payload,
     label_vector_payload,
+    make_pack,
     part_length,
     set_bytes,
     write_idx_lines,
@@ -29,13 +29,9 @@ from recfiles import (
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.listfile import write_label_map
-from rectool.packing import PackOptions, pack_images
 from rectool.reader import write_index_cache
 from rectool.verify import DecodeOptions, verify_dataset
 from rectool.writer import IndexedRecordWriter, pack_image_record
-
-NAMES = ["alice", "bob", "carol"]
 
 
 def invoke(*args):
@@ -45,31 +41,6 @@ def invoke(*args):
 def found(report):
     """Return the problems as (kind, path, key, offset) tuples, in the order reported."""
     return [(p.kind, p.path, p.key, p.offset) for p in report.problems]
-
-
-def make_pack(tmp_path, layout="images", per_identity=4, name="faces", **options):
-    root = tmp_path / "tree"
-    items = write_pack_tree(root, NAMES, per_identity)
-    lst = write_list(tmp_path / f"{name}.lst", items)
-    labels = tmp_path / f"{name}.labels.tsv"
-    write_label_map(labels, dict(enumerate(NAMES)))
-    out = tmp_path / "out"
-    pack_images(lst, root, out / name, PackOptions(layout=layout, **options), label_map=labels)
-    rec, idx = out / f"{name}.rec", out / f"{name}.idx"
-    if not rec.exists():  # sharded: describe the first shard
-        rec, idx = out / f"{name}-00000.rec", out / f"{name}-00000.idx"
-    return SimpleNamespace(
-        root=root,
-        items=items,
-        rec=rec,
-        idx=idx,
-        manifest=out / f"{name}.manifest.json",
-        lines=idx_lines(idx),
-        size=rec.stat().st_size,
-        lengths=[part_length(rec, o)[1] for _, o in idx_lines(idx)],
-        r=str(rec),
-        i=str(idx),
-    )
 
 
 @pytest.fixture

@@ -1,0 +1,166 @@
+"""`rectool info`: counts, images per identity, payload sizes, encodings, dimensions, layout."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from click.testing import CliRunner
+from imagefiles import encode, image_array, jpeg_bytes, write_list
+from recfiles import image_payload, make_pack, write_records
+
+from rectool.cli import cli
+from rectool.errors import RectoolError
+from rectool.info import dataset_info
+from rectool.listfile import write_label_map
+from rectool.packing import pack_images
+
+COUNTS = {"ann": 2, "ben": 3, "cyd": 7}
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def uneven(tmp_path):
+    """A pack of 2 + 3 + 7 images (one PNG among them); return (prefix, source file sizes)."""
+    root, items, index = tmp_path / "tree", [], 0
+    for label, (name, count) in enumerate(COUNTS.items()):
+        (root / name).mkdir(parents=True)
+        for n in range(count):
+            if (label, n) == (2, 6):
+                rel, data = f"{name}/{n}.png", encode(image_array(index, 40, 32), ".png")
+            else:
+                rel, data = f"{name}/{n}.jpg", jpeg_bytes(index, 40, 32)
+            (root / rel).write_bytes(data)
+            items.append((index, label, rel))
+            index += 1
+    lst = write_list(tmp_path / "u.lst", items)
+    write_label_map(tmp_path / "u.labels.tsv", dict(enumerate(COUNTS)))
+    pack_images(lst, root, tmp_path / "u")
+    return tmp_path / "u", [(root / rel).stat().st_size for _, _, rel in items]
+
+
+def test_counts_and_identity_statistics(uneven):
+    prefix, sizes = uneven
+    info = dataset_info(prefix)
+    assert info["layout"] == "plain"
+    assert (info["shards"], info["records"], info["images"]) == (1, 12, 12)
+    assert (info["identities"], info["classes"], info["named_identities"]) == (3, 3, 3)
+    assert info["identities_without_images"] == 0
+    assert info["images_per_identity"] == {
+        "min": 2,
+        "median": 3.0,
+        "mean": 4.0,
+        "max": 7,
+        "total": 12,
+        "histogram": [
+            {"images": "2", "identities": 1},
+            {"images": "3-5", "identities": 1},
+            {"images": "6-10", "identities": 1},
+        ],
+    }
+    assert info["image_bytes"] == {
+        "min": min(sizes),
+        "median": float(statistics.median(sizes)),
+        "mean": round(sum(sizes) / len(sizes), 1),
+        "max": max(sizes),
+        "total": sum(sizes),
+    }
+    assert info["encodings"] == {"jpeg": 11, "png": 1}
+    assert info["dimensions"] == {"sampled": 12, "counts": {"40x32x3": 12}}
+    assert info["label_flags"] == {"0": 12}
+
+
+def test_same_figures_without_the_idx_or_manifest(uneven):
+    prefix, _ = uneven
+    with_index = dataset_info(prefix)
+    prefix.with_suffix(".idx").unlink()
+    (prefix.parent / "u.manifest.json").unlink()
+    info = dataset_info(prefix.with_suffix(".rec"))
+    for field in ("records", "images", "identities", "images_per_identity", "image_bytes"):
+        assert info[field] == with_index[field], field
+    assert info["classes"] is None
+
+
+def test_sample_size(uneven):
+    prefix, _ = uneven
+    assert dataset_info(prefix, sample=3)["dimensions"] == {"sampled": 3, "counts": {"40x32x3": 3}}
+    assert dataset_info(prefix, sample=0)["dimensions"] == {"sampled": 0, "counts": {}}
+
+
+def test_insightface_layout(tmp_path):
+    pack = make_pack(tmp_path, layout="insightface")
+    info = dataset_info(pack.manifest)
+    assert info["layout"] == "insightface"
+    assert (info["records"], info["images"], info["identities"], info["classes"]) == (16, 12, 3, 3)
+    assert info["images_per_identity"]["histogram"] == [{"images": "3-5", "identities": 3}]
+
+
+def test_multi_label_layout(tmp_path):
+    pack = make_pack(tmp_path, pack_label=True)
+    info = dataset_info(pack.manifest)
+    assert info["layout"] == "multi-label"
+    assert info["label_flags"] == {"1": 12}
+    assert info["identities"] == 3
+
+
+def test_labels_that_are_not_class_ids(tmp_path):
+    rec = tmp_path / "r.rec"
+    write_records(
+        rec,
+        tmp_path / "r.idx",
+        [(k, image_payload(jpeg_bytes(k), 0.25 * k, k)) for k in range(3)],
+    )
+    info = dataset_info(rec)
+    assert info["labels_integral"] is False
+    assert info["identities"] is None
+    assert info["images_per_identity"] is None
+
+
+def test_damage_is_an_error_that_points_to_verify(tmp_path):
+    pack = make_pack(tmp_path)
+    data = bytearray(pack.rec.read_bytes())
+    data[pack.lines[3][1]] ^= 1
+    pack.rec.write_bytes(bytes(data))
+    with pytest.raises(RectoolError, match=f"key {pack.lines[3][0]}, byte offset"):
+        dataset_info(pack.manifest)
+
+
+def test_cli_human_output(uneven):
+    prefix, sizes = uneven
+    result = invoke("info", prefix)
+    assert result.exit_code == 0, result.output
+    bar = "#" * 40
+    median = statistics.median(sizes)
+    assert result.stdout.splitlines() == [
+        f"{prefix}: layout plain, 1 shard, 12 records, 12 images, "
+        f"{prefix.with_suffix('.rec').stat().st_size / 1e6:,.1f} MB",
+        "Identities: 3 (of 3 classes)",
+        "Images per identity: min 2, median 3, max 7",
+        f"          2 images:         1 {bar}",
+        f"        3-5 images:         1 {bar}",
+        f"       6-10 images:         1 {bar}",
+        f"Image bytes: min {min(sizes):,}, median {median:,.0f}, "
+        f"mean {sum(sizes) / len(sizes):,.1f}, max {max(sizes):,}",
+        "Encodings: jpeg 11, png 1",
+        "Dimensions (HxWxC, sample of 12): 40x32x3 12",
+    ]
+
+
+def test_cli_json_and_errors(uneven, tmp_path):
+    prefix, _ = uneven
+    result = invoke("info", prefix, "--json")
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["images"] == 12
+    result = invoke("info", tmp_path / "nothing")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(f"Error: {tmp_path / 'nothing'}: no dataset here")
+
+
+def test_sharded_pack_is_one_dataset(tmp_path):
+    pack = make_pack(tmp_path, shard_records=5, name="s")
+    info = dataset_info(pack.manifest)
+    assert (info["shards"], info["records"], info["identities"]) == (3, 12, 3)

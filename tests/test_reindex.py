@@ -1,0 +1,234 @@
+"""`rectool reindex`: an .idx rebuilt from the .rec alone, resynchronising past damage."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from recfiles import (
+    MAGIC,
+    idx_lines,
+    image_payload,
+    make_pack,
+    set_bytes,
+    write_records,
+    xor_byte,
+)
+
+from rectool.cli import cli
+from rectool.errors import RectoolError
+from rectool.reader import index_cache_path, write_index_cache
+from rectool.reindex import reindex
+from rectool.verify import verify_dataset
+from rectool.writer import IndexedRecordWriter, pack_image_record
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def pack(tmp_path):
+    return make_pack(tmp_path)
+
+
+def rebuilt(pack, **kwargs):
+    """Reindex into a new file beside the pack; return (result, its lines)."""
+    out = pack.rec.with_name("rebuilt.idx")
+    result = reindex(pack.rec, out, **kwargs)
+    return result, idx_lines(out)
+
+
+def test_sound_pack_gives_an_identical_idx(pack):
+    original = pack.idx.read_bytes()
+    pack.idx.unlink()
+    result = reindex(pack.rec)
+    assert result.sound
+    assert (result.records, result.skipped, result.unkeyed) == (12, [], [])
+    assert pack.idx.read_bytes() == original
+
+
+def test_insightface_pack_gives_an_identical_idx(tmp_path):
+    pack = make_pack(tmp_path, layout="insightface")
+    original = pack.idx.read_bytes()
+    assert idx_lines(pack.idx)[-1][0] == 0  # record 0 last: keys are not in file order
+    result = reindex(pack.rec, pack.idx, overwrite=True)
+    assert result.sound
+    assert pack.idx.read_bytes() == original
+
+
+def test_split_records_are_indexed_once(tmp_path):
+    rec, idx = tmp_path / "s.rec", tmp_path / "s.idx"
+    with IndexedRecordWriter(rec, idx) as w:
+        for key in (5, 9, 2):
+            w.write(key, pack_image_record(MAGIC * 3 + bytes(range(key)), 1.0, key))
+    original = idx.read_bytes()
+    result = reindex(rec, tmp_path / "r.idx")
+    assert result.sound
+    assert (tmp_path / "r.idx").read_bytes() == original
+
+
+def test_refuses_to_replace_an_existing_idx(pack):
+    with pytest.raises(RectoolError, match="exists; use --overwrite"):
+        reindex(pack.rec)
+
+
+def test_overwrite_removes_the_stale_sidecar_cache(pack):
+    keys = np.array([k for k, _ in pack.lines], np.int64)
+    write_index_cache(pack.idx, keys, np.array([o for _, o in pack.lines], np.int64))
+    assert os.path.exists(index_cache_path(pack.idx))
+    reindex(pack.rec, overwrite=True)
+    assert not os.path.exists(index_cache_path(pack.idx))
+    assert idx_lines(pack.idx) == pack.lines
+
+
+def test_bad_magic_is_skipped_up_to_the_next_record(pack):
+    _, start = pack.lines[4]
+    end = pack.lines[5][1]
+    xor_byte(pack.rec, start, 0x01)
+    result, lines = rebuilt(pack)
+    assert [(d.start, d.end, d.kind) for d in result.skipped] == [(start, end, "bad-magic")]
+    assert lines == pack.lines[:4] + pack.lines[5:]
+    assert not result.sound
+
+
+def test_garbage_inserted_between_records(pack):
+    _, at = pack.lines[7]
+    data = pack.rec.read_bytes()
+    pack.rec.write_bytes(data[:at] + b"not a record" + data[at:])  # 12 bytes keep alignment
+    result, lines = rebuilt(pack)
+    assert [(d.start, d.end, d.kind) for d in result.skipped] == [(at, at + 12, "bad-magic")]
+    assert lines == pack.lines[:7] + [(k, o + 12) for k, o in pack.lines[7:]]
+
+
+def test_truncated_tail(pack):
+    _, start = pack.lines[-1]
+    os.truncate(pack.rec, start + 30)
+    result, lines = rebuilt(pack)
+    assert [(d.start, d.end, d.kind) for d in result.skipped] == [(start, start + 30, "truncated")]
+    assert lines == pack.lines[:-1]
+
+
+def test_a_rebuilt_index_leaves_only_the_damage_to_verify(pack):
+    key, start = pack.lines[2]
+    xor_byte(pack.rec, start, 0x01)
+    pack.manifest.unlink()
+    reindex(pack.rec, overwrite=True)
+    report = verify_dataset(pack.rec)
+    assert [(p.kind, p.key, p.offset) for p in report.problems] == [("bad-magic", None, start)]
+
+
+def test_keys_by_position(pack):
+    result, lines = rebuilt(pack, keys="position")
+    assert result.sound
+    assert lines == [(i, o) for i, (_, o) in enumerate(pack.lines)]
+
+
+def test_duplicate_and_missing_header_ids(tmp_path):
+    rec = tmp_path / "x.rec"
+    offsets = write_records(
+        rec,
+        tmp_path / "x.idx",
+        [
+            (0, image_payload(b"\xff\xd8\xffa", 0.0, 0)),
+            (1, image_payload(b"\xff\xd8\xffb", 0.0, 0)),  # the same id: a careless writer
+            (2, b"tiny"),
+        ],
+    )
+    result = reindex(rec, tmp_path / "r.idx")
+    assert result.duplicates == {0: 2}
+    assert result.unkeyed == [
+        (offsets[2], "a record of 4 bytes has no image header to take a key from")
+    ]
+    assert idx_lines(tmp_path / "r.idx") == [(0, offsets[0]), (0, offsets[1])]
+
+
+# -- property: any sound file written by the writer reindexes to its own .idx -----------------
+
+
+payloads = st.lists(
+    st.tuples(
+        st.integers(0, 2**40),
+        st.lists(st.sampled_from([MAGIC, b"\xff\xd8\xff\xe0", b"abcd", b"\0"]), max_size=12),
+    ),
+    max_size=8,
+    unique_by=lambda item: item[0],
+)
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(records=payloads)
+def test_property_reindex_reproduces_the_writer_idx(tmp_path, records):
+    folder = tmp_path / f"p{abs(hash(str(records)))}"
+    folder.mkdir()
+    rec, idx = folder / "p.rec", folder / "p.idx"
+    with IndexedRecordWriter(rec, idx) as w:
+        for key, pieces in records:
+            w.write(key, pack_image_record(b"".join(pieces), 3.0, key))
+    result = reindex(rec, folder / "r.idx")
+    assert result.sound
+    assert (folder / "r.idx").read_bytes() == idx.read_bytes()
+    shutil.rmtree(folder)
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def test_cli_sound_exit_0(pack):
+    original = pack.idx.read_bytes()
+    result = invoke("reindex", pack.rec, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"Wrote {pack.idx}: 12 records, keys from record headers.\n"
+    assert pack.idx.read_bytes() == original
+
+
+def test_cli_existing_idx_is_an_error(pack):
+    result = invoke("reindex", pack.rec)
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {pack.idx}: exists; use --overwrite to replace it\n"
+
+
+def test_cli_damage_exit_1_lists_the_skipped_ranges(pack):
+    _, start = pack.lines[4]
+    end = pack.lines[5][1]
+    set_bytes(pack.rec, start, b"XXXX")
+    out = pack.rec.with_name("new.idx")
+    result = invoke("reindex", pack.rec, "-o", out)
+    assert result.exit_code == 1
+    assert result.stdout.splitlines() == [
+        f"Wrote {out}: 11 records, keys from record headers.",
+        f"Skipped 1 damaged byte range ({end - start:,} bytes):",
+        f"  bytes {start}..{end} ({end - start:,} bytes): bad-magic: bad magic 0x58585858 "
+        "(expected 0xced7230a)",
+    ]
+    assert idx_lines(out) == pack.lines[:4] + pack.lines[5:]
+
+
+def test_cli_json_and_duplicates(tmp_path):
+    rec = tmp_path / "x.rec"
+    write_records(
+        rec,
+        tmp_path / "x.idx",
+        [(k, image_payload(b"\xff\xd8\xff" + bytes([k]), 0.0, 7)) for k in range(3)],
+    )
+    result = invoke("reindex", rec, "--overwrite")
+    assert result.exit_code == 1
+    assert result.stdout.splitlines()[1] == (
+        "1 key appears more than once: 7 (3 times); readers keep the last (try --keys position)."
+    )
+    result = invoke("reindex", rec, "--overwrite", "--keys", "position", "--json")
+    assert result.exit_code == 0
+    assert '"duplicates": {}' in result.stdout
+    assert [k for k, _ in idx_lines(tmp_path / "x.idx")] == [0, 1, 2]
+
+
+def test_cli_usage_errors(tmp_path, pack):
+    assert invoke("reindex", tmp_path / "missing.rec").exit_code == 2
+    assert invoke("reindex", pack.rec, "--keys", "bogus").exit_code == 2
