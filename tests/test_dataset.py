@@ -1,0 +1,788 @@
+"""The dataset API of the reader: open_dataset, RecordDataset, RankSampler, prefetch.
+
+Runs against `rectool.reader`, and through tests/test_emit.py against the emitted standalone
+copy in a process where rectool cannot be imported (see reader_module.py). Datasets are
+written by hand (handmade.py), never by rectool.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+import subprocess
+import sys
+import threading
+import time
+
+import cv2
+import numpy as np
+import pytest
+from handmade import MAGIC, image_record, write_insightface, write_manifest, write_pack, write_shard
+from imagefiles import jpeg_bytes
+from reader_module import EMITTED, rd
+
+
+def images(n, start=0):
+    return [jpeg_bytes(start + k, 24, 20) for k in range(n)]
+
+
+@pytest.fixture
+def pack(tmp_path):
+    """Three shards of 4, 3 and 5 JPEGs with keys out of order; labels 0.0 .. 11.0."""
+    data = images(12)
+    keys = [40, 3, 17, 8, 100, 5, 6, 7, 1, 0, 9, 2]
+    items = [(key, image, float(n)) for n, (key, image) in enumerate(zip(keys, data))]
+    samples = write_pack(tmp_path / "faces", [items[:4], items[4:7], items[7:]])
+    return tmp_path / "faces", samples
+
+
+def as_pairs(ds):
+    return [(image, label) for image, label in ds]
+
+
+def expected_pairs(samples):
+    return [(s.image, s.label) for s in samples]
+
+
+# --- opening ----------------------------------------------------------------------------------
+
+
+def test_open_by_prefix_manifest_rec_and_shard_list(pack):
+    prefix, samples = pack
+    shards = [f"{prefix}-{n:05d}.rec" for n in range(3)]
+    for source in (prefix, f"{prefix}.manifest.json", shards, [os.fspath(p) for p in shards]):
+        ds = rd.open_dataset(source)
+        assert len(ds) == 12
+        assert as_pairs(ds) == expected_pairs(samples)
+        assert ds.layout == "images"
+    one = rd.open_dataset(shards[1])
+    assert as_pairs(one) == expected_pairs(samples[4:7])
+
+
+def test_samples_follow_shards_then_index_lines(pack):
+    prefix, samples = pack
+    ds = rd.open_dataset(prefix)
+    assert ds.keys.tolist() == [s.key for s in samples]
+    for i, s in enumerate(samples):
+        assert ds.location(i) == (s.rec, s.offset, s.key)
+        assert ds[i] == (s.image, s.label)
+        assert type(ds[i][1]) is float and type(ds[i][0]) is bytes
+
+
+def test_negative_and_numpy_indices(pack):
+    prefix, samples = pack
+    ds = rd.open_dataset(prefix)
+    assert ds[-1] == (samples[-1].image, samples[-1].label)
+    assert ds[-12] == ds[0]
+    assert ds[np.int64(5)] == ds[5]
+
+
+@pytest.mark.parametrize("index", [12, 13, -13, 10**12])
+def test_out_of_range_index(pack, index):
+    ds = rd.open_dataset(pack[0])
+    with pytest.raises(rd.SampleIndexError) as caught:
+        ds[index]
+    assert isinstance(caught.value, IndexError) and isinstance(caught.value, rd.RectoolError)
+    assert str(caught.value) == f"sample {index} is out of range: the dataset has 12 samples"
+
+
+def test_non_integer_index(pack):
+    ds = rd.open_dataset(pack[0])
+    with pytest.raises(TypeError):
+        ds[1.0]
+
+
+def test_empty_dataset(tmp_path):
+    write_pack(tmp_path / "empty", [[]])
+    ds = rd.open_dataset(tmp_path / "empty")
+    assert len(ds) == 0 and list(ds) == []
+    assert ds.labels.shape == (0,)
+
+
+# --- labels -----------------------------------------------------------------------------------
+
+
+def test_labels_scalar(pack):
+    ds = rd.open_dataset(pack[0])
+    assert ds.labels.dtype == np.float32
+    assert ds.labels.tolist() == [float(n) for n in range(12)]
+    assert ds.labels is ds.labels  # read once
+    with pytest.raises(ValueError):
+        ds.labels[0] = 5
+
+
+def test_labels_never_read_image_bytes(pack, monkeypatch):
+    ds = rd.open_dataset(pack[0])
+
+    def no_reads(*args, **kwargs):
+        raise AssertionError("a whole record was read")
+
+    monkeypatch.setattr(rd.RecordFile, "read_at", no_reads)
+    monkeypatch.setattr(rd.RecordFile, "_read_parts", no_reads)
+    assert ds.labels.tolist() == [float(n) for n in range(12)]
+
+
+def test_multi_label_records(tmp_path):
+    data = images(5)
+    items = [(k, data[k], [k, 0.5, -2.0]) for k in range(5)]
+    write_pack(tmp_path / "m", [items])
+    ds = rd.open_dataset(tmp_path / "m")
+    assert ds.labels.dtype == np.float32 and ds.labels.shape == (5, 3)
+    for k in range(5):
+        image, label = ds[k]
+        assert image == data[k]
+        assert label.dtype == np.float32 and label.tolist() == [k, 0.5, -2.0]
+        assert label.flags.writeable
+        assert ds.labels[k].tolist() == [k, 0.5, -2.0]
+        assert ds.header(k).flag == 3
+
+
+def test_mixed_label_widths_give_an_object_array(tmp_path):
+    data = images(3)
+    write_pack(tmp_path / "x", [[(0, data[0], 1.0), (1, data[1], [2.0, 3.0]), (2, data[2], [4.0])]])
+    labels = rd.open_dataset(tmp_path / "x").labels
+    assert labels.dtype == object
+    assert labels[0] == 1.0
+    assert labels[1].tolist() == [2.0, 3.0] and labels[2].tolist() == [4.0]
+
+
+def test_split_records_read_whole(tmp_path):
+    """Payloads with the magic at aligned offsets are split into parts (FORMAT-NOTES §1)."""
+    # IRHeader is 24 bytes, so image offset 0 is record offset 24: aligned.
+    tricky = [MAGIC + b"abcd" + MAGIC + MAGIC, b"xy" + MAGIC + b"zz", b"abcd" + MAGIC, MAGIC]
+    items = [(k, image, float(k)) for k, image in enumerate(tricky)]
+    items.append((9, b"plain", [MAGIC_FLOAT, 7.0]))  # the magic inside the label vector
+    write_pack(tmp_path / "s", [items])
+    ds = rd.open_dataset(tmp_path / "s")
+    assert [image for image, _ in ds] == [*tricky, b"plain"]
+    assert ds.labels.dtype == object
+    assert ds.labels[:4].tolist() == [0.0, 1.0, 2.0, 3.0]
+    assert ds[4][1].view("<u4")[0] == 0xCED7230A
+
+
+MAGIC_FLOAT = float(np.frombuffer(MAGIC, "<f4")[0])
+
+
+# --- decoding ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mode", "flag", "convert"),
+    [
+        ("bgr", cv2.IMREAD_COLOR, None),
+        ("rgb", cv2.IMREAD_COLOR, cv2.COLOR_BGR2RGB),
+        ("gray", cv2.IMREAD_GRAYSCALE, None),
+    ],
+)
+def test_decode(pack, mode, flag, convert):
+    prefix, samples = pack
+    ds = rd.open_dataset(prefix, decode=mode)
+    for i, s in enumerate(samples):
+        image, label = ds[i]
+        expected = cv2.imdecode(np.frombuffer(s.image, np.uint8), flag)
+        if convert is not None:
+            expected = cv2.cvtColor(expected, convert)
+        if mode == "gray":
+            expected = expected[:, :, None]
+        assert image.dtype == np.uint8 and image.shape == expected.shape
+        assert image.shape[:2] == (24, 20)
+        assert np.array_equal(image, expected)
+        assert label == s.label
+
+
+def test_decode_with_a_function(pack):
+    ds = rd.open_dataset(pack[0], decode=len)
+    assert [image for image, _ in ds] == [len(s.image) for s in pack[1]]
+
+
+def test_decode_mode_is_checked(pack):
+    with pytest.raises(ValueError, match="decode must be None"):
+        rd.open_dataset(pack[0], decode="bgra")
+
+
+def test_undecodable_image_names_file_offset_and_key(tmp_path):
+    data = images(2)
+    samples = write_pack(tmp_path / "x", [[(0, data[0], 0.0), (7, b"not a jpeg", 1.0)]])
+    ds = rd.open_dataset(tmp_path / "x", decode="rgb")
+    with pytest.raises(rd.RecordFormatError) as caught:
+        ds[1]
+    assert (caught.value.path, caught.value.offset, caught.value.key) == (
+        samples[1].rec,
+        samples[1].offset,
+        7,
+    )
+    assert "the 10 image bytes cannot be decoded (they start with b'not a jp')" in str(caught.value)
+
+
+def test_pillow_is_used_without_opencv(pack, monkeypatch):
+    pytest.importorskip("PIL")
+    with_cv2 = {mode: rd.open_dataset(pack[0], decode=mode)[0][0] for mode in rd.DECODE_MODES}
+    monkeypatch.setitem(sys.modules, "cv2", None)
+    monkeypatch.setattr(rd, "_DECODERS", {})
+    for mode in rd.DECODE_MODES:
+        image, _ = rd.open_dataset(pack[0], decode=mode)[0]
+        assert image.dtype == np.uint8 and image.shape == with_cv2[mode].shape
+        # Two JPEG decoders may round differently, never by much.
+        assert np.abs(image.astype(int) - with_cv2[mode]).mean() < 2
+    with pytest.raises(rd.RecordFormatError, match="cannot be decoded"):
+        rd.open_dataset(pack[0], decode="rgb")._decode(b"junk", 0, 0)
+
+
+# --- the insightface layout -------------------------------------------------------------------
+
+
+def face(key):
+    return jpeg_bytes(key, 16, 16)
+
+
+@pytest.mark.parametrize("header_last", [True, False])
+def test_insightface_layout_detected_from_record_0(tmp_path, header_last):
+    samples, ranges = write_insightface(
+        tmp_path / "train.rec", tmp_path / "train.idx", [3, 1, 4], face, header_last
+    )
+    for source in (tmp_path / "train.rec", tmp_path):
+        ds = rd.open_dataset(source)
+        assert ds.layout == "insightface"
+        assert len(ds) == 8
+        assert as_pairs(ds) == expected_pairs(samples)
+        assert ds.keys.tolist() == list(range(1, 9))
+        assert ds.labels.tolist() == [0, 0, 0, 1, 2, 2, 2, 2]
+        assert ds.identity_ranges.tolist() == [[0, 3], [3, 4], [4, 8]] == [list(r) for r in ranges]
+
+
+def test_insightface_layout_from_the_manifest(tmp_path):
+    write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 2], face)
+    entries = [{"rec": "f.rec", "idx": "f.idx", "records": 7}]
+    write_manifest(tmp_path / "f", entries, "insightface")
+    ds = rd.open_dataset(tmp_path / "f")
+    assert (ds.layout, len(ds), ds.identity_ranges.tolist()) == ("insightface", 4, [[0, 2], [2, 4]])
+
+
+def test_layout_can_be_forced(tmp_path):
+    write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 2], face)
+    everything = rd.open_dataset(tmp_path / "f.rec", layout="images")
+    assert len(everything) == 7 and everything.identity_ranges is None
+    with pytest.raises(ValueError, match="layout must be one of"):
+        rd.open_dataset(tmp_path / "f.rec", layout="faces")
+
+
+def test_insightface_layout_refused_without_a_header(pack):
+    with pytest.raises(rd.RecordFormatError, match="record 0 is not an insightface header"):
+        rd.open_dataset(pack[0], layout="insightface")
+
+
+def test_im2rec_pack_label_record_0_is_an_image_not_a_header(tmp_path):
+    # im2rec --pack-label: key 0 is an ordinary image with a label vector (flag 2).
+    data = images(3)
+    items = [(k, data[k], [float(k), 1.0]) for k in range(3)]
+    write_pack(tmp_path / "im2rec", [items], manifest=False)
+    ds = rd.open_dataset(tmp_path / "im2rec.rec")
+    assert ds.layout == "images" and len(ds) == 3
+    assert [image for image, _ in ds] == data
+
+
+def test_insightface_missing_image_key(tmp_path):
+    write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 2], face)
+    lines = (tmp_path / "f.idx").read_text().splitlines(keepends=True)
+    (tmp_path / "f.idx").write_text("".join(lines[:2] + lines[3:]))  # drops key 3
+    with pytest.raises(rd.RectoolError, match="key 3 is not in the index"):
+        rd.open_dataset(tmp_path / "f.rec")
+
+
+def test_insightface_images_across_shards(tmp_path):
+    # Keys 1..N spread over two files, header in the second: still one dataset in key order.
+    images_ = {k: face(k) for k in range(1, 6)}
+    write_shard(
+        tmp_path / "a.rec",
+        tmp_path / "a.idx",
+        [(k, image_record(images_[k], float(k > 2), k)) for k in (1, 2, 3)],
+    )
+    write_shard(
+        tmp_path / "b.rec",
+        tmp_path / "b.idx",
+        [
+            (5, image_record(images_[5], 1.0, 5)),
+            (4, image_record(images_[4], 1.0, 4)),
+            (6, image_record(b"", [1.0, 3.0], 6)),
+            (7, image_record(b"", [3.0, 6.0], 7)),
+            (0, image_record(b"", [6.0, 8.0], 0, 1)),
+        ],
+    )
+    ds = rd.open_dataset([tmp_path / "a.rec", tmp_path / "b.rec"])
+    assert [image for image, _ in ds] == [images_[k] for k in range(1, 6)]
+    assert ds.keys.tolist() == [1, 2, 3, 4, 5]
+    assert ds.labels.tolist() == [0, 0, 1, 1, 1]
+    assert ds.identity_ranges.tolist() == [[0, 2], [2, 5]]
+    assert pickle.loads(pickle.dumps(ds))[3] == ds[3] == (images_[4], 1.0)
+
+
+# --- errors -----------------------------------------------------------------------------------
+
+
+def test_missing_rec(pack):
+    prefix, _ = pack
+    os.unlink(f"{prefix}-00001.rec")
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(prefix)
+    assert str(caught.value) == f"{prefix}-00001.rec: record file not found"
+
+
+def test_missing_idx(pack):
+    prefix, _ = pack
+    os.unlink(f"{prefix}-00002.idx")
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(prefix)
+    assert str(caught.value) == f"{prefix}-00002.idx: index file not found"
+
+
+def test_missing_dataset(tmp_path):
+    with pytest.raises(rd.RectoolError, match="no dataset here"):
+        rd.open_dataset(tmp_path / "nothing")
+
+
+def test_idx_pointing_past_the_end_of_the_rec(tmp_path):
+    data = images(3)
+    write_pack(tmp_path / "a", [[(k, data[k], 0.0) for k in range(3)]], manifest=False)
+    size = os.path.getsize(tmp_path / "a.rec")
+    with open(tmp_path / "a.idx", "a") as f:
+        f.write(f"3\t{size + 64}\n")
+    with pytest.raises(rd.RecordFormatError) as caught:
+        rd.open_dataset(tmp_path / "a.rec")
+    error = caught.value
+    assert (error.path, error.offset, error.key) == (str(tmp_path / "a.rec"), size + 64, 3)
+    assert f"the index {tmp_path / 'a.idx'} is stale or belongs to another .rec" in str(error)
+
+
+def test_idx_of_another_file(tmp_path):
+    data = images(4)
+    write_pack(tmp_path / "a", [[(k, data[k], 0.0) for k in range(2)]], manifest=False)
+    write_pack(tmp_path / "b", [[(k, image, 0.0) for k, image in enumerate(data)]], manifest=False)
+    os.replace(tmp_path / "b.idx", tmp_path / "a.idx")
+    with pytest.raises(rd.RecordFormatError) as caught:
+        rd.open_dataset(tmp_path / "a.rec")
+    assert caught.value.path == str(tmp_path / "a.rec")
+    assert "is stale or belongs to another .rec (rebuild it from the .rec)" in str(caught.value)
+
+
+def test_stale_idx_against_the_manifest(pack):
+    prefix, _ = pack
+    idx = f"{prefix}-00001.idx"
+    with open(idx) as f:
+        lines = f.readlines()
+    with open(idx, "w") as f:
+        f.writelines(lines[:2])
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(prefix)
+    assert str(caught.value) == (
+        f"{idx}: 2 index lines, but the manifest {prefix}.manifest.json lists 3 records for "
+        "this shard: the .idx or the manifest is stale"
+    )
+
+
+def test_rec_changed_after_packing(pack):
+    prefix, _ = pack
+    with open(f"{prefix}-00000.rec", "ab") as f:
+        f.write(b"\0" * 8)
+    with pytest.raises(
+        rd.RectoolError, match="bytes, but the manifest .* lists .*: the file changed"
+    ):
+        rd.open_dataset(prefix)
+
+
+def test_corrupt_record_names_file_offset_and_key(tmp_path):
+    data = images(5)
+    samples = write_pack(
+        tmp_path / "c", [[(k + 10, data[k], 0.0) for k in range(5)]], manifest=False
+    )
+    # Record 1 is none of the records checked at open (first, middle, last, farthest).
+    with open(tmp_path / "c.rec", "r+b") as f:
+        f.seek(samples[1].offset)
+        f.write(b"\xde\xad\xbe\xef")
+    ds = rd.open_dataset(tmp_path / "c.rec")
+    assert ds[0] == (data[0], 0.0)
+    for read in (lambda: ds[1], lambda: ds.labels):
+        with pytest.raises(rd.RecordFormatError) as caught:
+            read()
+        error = caught.value
+        assert (error.path, error.offset, error.key) == (samples[1].rec, samples[1].offset, 11)
+        assert str(error) == (
+            f"{samples[1].rec}, key 11, byte offset {samples[1].offset}: "
+            "bad magic 0xefbeadde (expected 0xced7230a): not a record start"
+        )
+
+
+def test_record_too_short_for_its_header(tmp_path):
+    write_shard(tmp_path / "t.rec", tmp_path / "t.idx", [(0, b"\0" * 24), (1, b"short")])
+    ds = rd.open_dataset(tmp_path / "t.rec")
+    with pytest.raises(rd.RecordFormatError) as caught:
+        ds[1]
+    assert (caught.value.key, caught.value.offset) == (1, 32)
+    assert "shorter than the 24-byte image header" in str(caught.value)
+
+
+# --- processes, pickling, file descriptors ------------------------------------------------------
+
+
+def rec_descriptors():
+    """Return the paths of .rec files this process holds open (mmap descriptors included)."""
+    paths = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(".rec"):
+            paths.append(target)
+    return sorted(paths)
+
+
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+
+
+@needs_proc
+def test_files_open_lazily_one_descriptor_per_shard(pack):
+    prefix, samples = pack
+    gc.collect()  # datasets of earlier tests, kept alive by their tracebacks
+    before = rec_descriptors()
+    ds = rd.open_dataset(prefix)
+    assert rec_descriptors() == before  # nothing held after opening
+    ds[0]
+    assert rec_descriptors() == sorted(before + [samples[0].rec])
+    list(ds)
+    assert rec_descriptors() == sorted(
+        before + [s.rec for s in (samples[0], samples[4], samples[7])]
+    )
+    ds.close()
+    assert rec_descriptors() == before
+    assert ds[11] == (samples[11].image, samples[11].label)  # reopens
+    del ds
+    gc.collect()
+    assert rec_descriptors() == before
+
+
+def test_pickle_round_trip_without_open_files(pack):
+    prefix, samples = pack
+    ds = rd.open_dataset(prefix, decode=None)
+    assert len(ds.labels) == 12
+    list(ds)
+    blob = pickle.dumps(ds)
+    copy = pickle.loads(blob)
+    assert as_pairs(copy) == expected_pairs(samples)
+    assert copy.labels.tolist() == ds.labels.tolist()
+    assert copy._maps == [None, None, None] or all(m is not None for m in copy._maps)
+    # The parsed index travels; the file contents never do.
+    assert len(blob) < sum(os.path.getsize(s.rec) for s in samples[:1])
+
+
+@needs_proc
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_forked_child_maps_its_own_files(pack):
+    prefix, samples = pack
+    ds = rd.open_dataset(prefix)
+    list(ds)  # the parent holds all three shards
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # child: report what it reads and holds, then leave without cleanup
+        try:
+            ok = as_pairs(ds) == expected_pairs(samples)
+            report = pickle.dumps((ok, rec_descriptors()))
+        except BaseException as exc:  # noqa: BLE001 - the parent reports it
+            report = pickle.dumps((repr(exc), []))
+        os.write(write, report)
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as f:
+        ok, held = pickle.loads(f.read())
+    os.waitpid(pid, 0)
+    assert ok is True
+    # Three descriptors, not six: the inherited mappings were released before remapping.
+    assert held == sorted(s.rec for s in (samples[0], samples[4], samples[7]))
+    assert ds[3] == (samples[3].image, samples[3].label)  # the parent's mapping still works
+
+
+def test_threads_read_one_dataset(pack):
+    prefix, samples = pack
+    ds = rd.open_dataset(prefix)
+    results, errors = {}, []
+
+    def read(t):
+        try:
+            results[t] = [ds[i] for i in range(len(ds))[::-1] for _ in range(20)]
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=read, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    expected = [(s.image, s.label) for s in samples[::-1] for _ in range(20)]
+    assert all(r == expected for r in results.values())
+
+
+def test_module_imports_only_the_standard_library_and_numpy():
+    code = (
+        "import importlib.util, sys\n"
+        "sys.modules['rectool'] = None\n"
+        "before = set(sys.modules)\n"
+        f"spec = importlib.util.spec_from_file_location('standalone_reader', {rd.__file__!r})\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "new = {name.split('.')[0] for name in set(sys.modules) - before}\n"
+        "print(sorted(new - set(sys.stdlib_module_names) - {'numpy'}))\n"
+    )
+    out = subprocess.run([sys.executable, "-I", "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.skipif(not EMITTED, reason="only when testing the emitted reader")
+def test_the_emitted_reader_runs_without_rectool():
+    with pytest.raises(ImportError):
+        import rectool  # noqa: F401
+    assert os.path.samefile(rd.__file__, EMITTED)
+    assert rd.RecordDataset.__module__ == rd.__name__ != "rectool.reader"
+
+
+# --- RankSampler and epoch_order --------------------------------------------------------------
+
+
+def test_epoch_order_is_a_seeded_permutation():
+    order = rd.epoch_order(1000, epoch=3, seed=7)
+    assert order.dtype == np.int64 and sorted(order.tolist()) == list(range(1000))
+    assert np.array_equal(order, rd.epoch_order(1000, epoch=3, seed=7))
+    assert not np.array_equal(order, rd.epoch_order(1000, epoch=4, seed=7))
+    assert not np.array_equal(order, rd.epoch_order(1000, epoch=3, seed=8))
+    assert rd.epoch_order(5, shuffle=False).tolist() == [0, 1, 2, 3, 4]
+    # Pinned, so that a numpy upgrade or another platform cannot silently change the order.
+    assert rd.epoch_order(10, epoch=0, seed=0).tolist() == EPOCH_0_SEED_0
+
+
+EPOCH_0_SEED_0 = [3, 2, 1, 8, 6, 0, 7, 4, 5, 9]
+
+
+@pytest.mark.parametrize("size", [1, 7, 23, 64])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_rank_views_cover_the_dataset_with_equal_counts(size, drop_last):
+    for world in range(1, 9):
+        views = [
+            list(rd.RankSampler(size, rank, world, seed=5, drop_last=drop_last))
+            for rank in range(world)
+        ]
+        counts = {len(v) for v in views}
+        assert len(counts) == 1, (world, counts)
+        count = counts.pop()
+        assert len(rd.RankSampler(size, 0, world, drop_last=drop_last)) == count
+        seen = [i for v in views for i in v]
+        if drop_last:
+            assert count == size // world
+            assert len(set(seen)) == len(seen)
+        else:
+            assert count == -(-size // world)
+            assert set(seen) == set(range(size))
+            # Padding repeats as few samples as possible, each at most once more.
+            assert len(seen) - size < world
+        # Interleaving the ranks gives back the one global order, whatever the world size.
+        order = rd.epoch_order(size, 0, 5)
+        merged = [views[p % world][p // world] for p in range(world * count)]
+        assert merged == np.resize(order, world * count).tolist()
+
+
+def test_rank_sampler_epochs():
+    sampler = rd.RankSampler(50, 1, 2, seed=3)
+    first = list(sampler)
+    assert list(sampler) == first  # same epoch, same order
+    sampler.set_epoch(1)
+    second = list(sampler)
+    assert second != first and sorted(second) != sorted(first) or second != first
+    unshuffled = rd.RankSampler(6, 1, 2, shuffle=False)
+    assert list(unshuffled) == [1, 3, 5]
+
+
+def test_rank_sampler_accepts_a_dataset(pack):
+    ds = rd.open_dataset(pack[0])
+    assert len(rd.RankSampler(ds, 0, 5)) == 3
+
+
+def test_rank_sampler_arguments_are_checked():
+    with pytest.raises(ValueError, match="need 0 <= rank < world_size"):
+        rd.RankSampler(10, 2, 2)
+    with pytest.raises(ValueError):
+        rd.RankSampler(10, 0, 0)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("stop", [0, 1, 5, 9])
+def test_resume_mid_epoch_reproduces_the_rest(stop, drop_last):
+    world = 3
+    samplers = [rd.RankSampler(29, r, world, seed=11, drop_last=drop_last) for r in range(world)]
+    for s in samplers:
+        s.set_epoch(4)
+    full = [list(s) for s in samplers]
+    states = []
+    for s in samplers:
+        it = iter(s)
+        for _ in range(stop):
+            next(it)
+        states.append(s.state_dict())
+    assert {st["position"] for st in states} == {stop * world}
+    assert states[0]["epoch"] == 4
+    for rank, state in enumerate(states):
+        resumed = rd.RankSampler(29, rank, world, seed=11, drop_last=drop_last)
+        resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
+        assert len(resumed) == len(full[rank]) - stop
+        assert list(resumed) == full[rank][stop:]
+    # The explicit count of samples trained on gives the same state.
+    assert samplers[0].state_dict(consumed=stop) == states[0]
+
+
+def test_resume_on_another_number_of_ranks_reads_each_remaining_sample_once():
+    order = rd.epoch_order(40, 2, 1).tolist()
+    four = [rd.RankSampler(40, r, 4, seed=1) for r in range(4)]
+    for s in four:
+        s.set_epoch(2)
+    state = four[0].state_dict(consumed=3)  # 12 samples of the global order done
+    three = []
+    for r in range(3):
+        s = rd.RankSampler(40, r, 3, seed=1)
+        s.load_state_dict(state)
+        three.append(list(s))
+    rest = [i for view in three for i in view]
+    # 28 left, padded to 30 with the start of the order, as on three ranks from the start.
+    assert sorted(rest) == sorted(order[12:] + order[:2])
+
+
+def test_resume_refuses_another_dataset_or_seed():
+    state = rd.RankSampler(10, seed=1).state_dict()
+    with pytest.raises(ValueError, match="state was saved with seed=1"):
+        rd.RankSampler(10, seed=2).load_state_dict(state)
+    with pytest.raises(ValueError, match="state was saved with size=10"):
+        rd.RankSampler(11, seed=1).load_state_dict(state)
+
+
+def test_a_finished_epoch_resumes_to_nothing():
+    s = rd.RankSampler(10, 0, 2)
+    list(s)
+    s2 = rd.RankSampler(10, 0, 2)
+    s2.load_state_dict(s.state_dict())
+    assert len(s2) == 0 and list(s2) == []
+
+
+# --- prefetch ---------------------------------------------------------------------------------
+
+
+def prefetch_threads():
+    return [t for t in threading.enumerate() if t.name == "rectool-prefetch"]
+
+
+def test_prefetch_yields_everything_in_order():
+    assert list(rd.prefetch(range(100), depth=3)) == list(range(100))
+    assert list(rd.prefetch([], depth=1)) == []
+    assert prefetch_threads() == []
+
+
+def test_prefetch_applies_fn_on_the_background_thread():
+    names = list(rd.prefetch(range(3), fn=lambda x: (x, threading.current_thread().name)))
+    assert names == [(0, "rectool-prefetch"), (1, "rectool-prefetch"), (2, "rectool-prefetch")]
+
+
+def test_prefetch_stays_within_depth():
+    produced = []
+
+    def source():
+        for i in range(50):
+            produced.append(i)
+            yield i
+
+    it = rd.prefetch(source(), depth=4)
+    assert next(it) == 0
+    time.sleep(0.2)
+    # One handed over, four queued, and at most one more waiting to be queued.
+    assert len(produced) <= 6
+    it.close()
+
+
+def test_prefetch_reraises_the_sources_exception_in_the_consumer():
+    def source():
+        yield 1
+        yield 2
+        raise KeyError("broken batch")
+
+    it = rd.prefetch(source(), depth=2)
+    got = []
+    with pytest.raises(KeyError, match="broken batch") as caught:
+        for item in it:
+            got.append(item)
+    assert got == [1, 2]
+    assert "source" in [frame.name for frame in caught.traceback]
+    assert list(it) == []  # finished for good
+    assert prefetch_threads() == []
+
+
+def test_prefetch_reraises_an_exception_of_fn():
+    def fn(x):
+        if x == 3:
+            raise ValueError("cannot move batch 3")
+        return x
+
+    with pytest.raises(ValueError, match="cannot move batch 3"):
+        list(rd.prefetch(range(10), fn=fn))
+
+
+def test_prefetch_break_stops_the_thread_and_closes_the_source():
+    closed = threading.Event()
+
+    def source():
+        try:
+            yield from range(10**9)
+        finally:
+            closed.set()
+
+    for i in rd.prefetch(source(), depth=2):
+        if i == 5:
+            break
+    # The abandoned prefetcher is collected at once (CPython) and stops its thread.
+    assert closed.wait(5)
+    deadline = time.monotonic() + 5
+    while prefetch_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert prefetch_threads() == []
+
+
+def test_prefetch_close_and_with():
+    closed = threading.Event()
+
+    def source():
+        try:
+            yield from range(100)
+        finally:
+            closed.set()
+
+    with rd.prefetch(source(), depth=1) as it:
+        assert next(it) == 0
+    assert closed.is_set() and prefetch_threads() == []
+    it.close()  # again: harmless
+    with pytest.raises(StopIteration):
+        next(it)
+
+
+def test_prefetch_consumer_exception_shuts_down():
+    def train():
+        for i in rd.prefetch(range(1000), depth=2):
+            if i == 3:
+                raise RuntimeError("loss is nan")
+
+    with pytest.raises(RuntimeError, match="loss is nan"):
+        train()
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while prefetch_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert prefetch_threads() == []
+
+
+def test_prefetch_depth_is_checked():
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        rd.prefetch(range(3), depth=0)
