@@ -35,7 +35,10 @@ from .reader import (
 from .shards import (
     PARTIAL_SUFFIX,
     ShardWriter,
+    describe_shard,
     manifest_path,
+    plan_shards,
+    shard_stem,
     write_json_atomic,
 )
 from .writer import frame_record, pack_image_record
@@ -114,7 +117,18 @@ def output_files(prefix):
         names += glob.glob(escaped + pattern)
         names += glob.glob(escaped + pattern + ".rtc")
     names += [n + PARTIAL_SUFFIX for n in list(names)]
+    names += _stale_temporaries(prefix)
     return sorted({n for n in names if os.path.exists(n)})
+
+
+def _stale_temporaries(prefix):
+    """Return temporary files (`NAME.tmpPID`) that a killed run of this pack left behind."""
+    return glob.glob(glob.escape(os.fspath(prefix)) + "*.tmp[0-9]*")
+
+
+def _remove_stale_temporaries(prefix):
+    for name in _stale_temporaries(prefix):
+        os.unlink(name)
 
 
 def pack_images(
@@ -127,12 +141,15 @@ def pack_images(
     label_map=None,
     progress=None,
     list_stream=None,
+    only_shard=None,
 ):
     """Pack the images of a .lst under `root` into shards at `prefix`; return a `PackResult`.
 
     `list_path` may be "-" with the text given as `list_stream` (it is copied beside the
     output so the run can be resumed). `progress(done, total, refused)` is called as items
-    finish. Refused images are recorded, never written.
+    finish. Refused images are recorded, never written. With `only_shard=K` (which needs a
+    shard plan: `shard_records` without `shard_bytes`) only shard K is packed, with its own
+    failures file, and no manifest: `finalize_pack` writes it once every shard is done.
     """
     options = options or PackOptions()
     prefix = os.fspath(prefix)
@@ -140,6 +157,10 @@ def pack_images(
     _check_options(options)
     out_dir = os.path.dirname(prefix) or "."
     os.makedirs(out_dir, exist_ok=True)
+    if only_shard is not None:
+        return _pack_shard(
+            list_path, root, prefix, options, only_shard, resume, overwrite, progress
+        )
     if resume and _is_complete(prefix):
         return _completed_result(prefix)
     _prepare_outputs(prefix, resume, overwrite)
@@ -163,11 +184,16 @@ def pack_images(
     run = _PackRun(list_path, root, prefix, options, total, progress)
     run.execute(resume)
 
-    manifest = _manifest(run, options, list_path, identities, label_map)
+    classes = run.max_label + 1 if options.layout == "insightface" else None
+    manifest = _manifest(
+        options, list_path, prefix, run.writer.finished, run.images, run.failures, classes,
+        identities,
+    )  # fmt: skip
     final_failures = prefix + FAILURES_SUFFIX
     os.replace(run.failures_partial, final_failures)
     if options.layout == "insightface":
         _write_property(prefix, run, identities)
+    _remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
     os.unlink(state_path)
     if os.path.exists(prefix + STDIN_COPY_SUFFIX):
@@ -181,6 +207,126 @@ def pack_images(
         run.first_refusals,
         run.resumed_from,
     )
+
+
+@dataclass
+class ShardResult:
+    """What packing one shard of a plan did (`pack_images(..., only_shard=K)`)."""
+
+    shard: int
+    shards: int  # in the plan
+    info: object  # shards.ShardInfo
+    failures: int
+    failures_path: str
+    refused: list
+    resumed_from: int = 0
+
+
+def _shard_files(stem):
+    names = [stem + s for s in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX)]
+    names += [n + PARTIAL_SUFFIX for n in names]
+    return [n for n in names if os.path.exists(n)]
+
+
+def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, progress):
+    if list_path == "-":
+        raise UsageError("--only-shard needs the list as a file that every task can read, not -")
+    list_path = os.fspath(list_path)
+    digest, total = _validate_list(list_path, options.layout)
+    plan = plan_shards(total, options.shard_bytes, options.shard_records)
+    if not 0 <= number < len(plan):
+        raise UsageError(f"--only-shard {number}: the plan has shards 0..{len(plan) - 1}")
+    stem = shard_stem(prefix, number)
+    state_path = stem + STATE_SUFFIX
+    existing = _shard_files(stem)
+    done = os.path.exists(stem + FAILURES_SUFFIX) and not os.path.exists(state_path)
+    if existing and overwrite:
+        for name in existing:
+            os.unlink(name)
+    elif existing and not resume:
+        raise RectoolError(f"{existing[0]}: shard output exists; use --resume or --overwrite")
+    state = {
+        "list_sha256": digest,
+        "root": os.path.abspath(root),
+        "options": options.byte_options(),
+    }
+    if resume and os.path.exists(state_path):
+        _check_resume_state(state_path, state)
+    elif not (resume and done):
+        write_json_atomic(state_path, state)
+    run = _PackRun(
+        list_path, root, prefix, options, len(plan[number]), progress, (number, plan[number])
+    )
+    if resume and done:
+        run.writer.resume()  # already complete: describe it, change nothing
+        refused = _read_refusals(stem + FAILURES_SUFFIX)
+        info = run.writer.finished[0]
+        return ShardResult(number, len(plan), info, len(refused), stem + FAILURES_SUFFIX,
+                           refused[:100], info.records + len(refused))  # fmt: skip
+    run.execute(resume)
+    os.replace(run.failures_partial, stem + FAILURES_SUFFIX)
+    os.unlink(state_path)
+    return ShardResult(
+        number, len(plan), run.writer.finished[0], run.failures, stem + FAILURES_SUFFIX,
+        run.first_refusals, run.resumed_from,
+    )  # fmt: skip
+
+
+def _read_refusals(path):
+    with open(path, encoding="utf-8") as f:
+        return [Refusal(**json.loads(line)) for line in f]
+
+
+def plan_list(list_path, options):
+    """Return the shard plan of a list file: one range of list positions per shard."""
+    _, total = _validate_list(os.fspath(list_path), options.layout)
+    return plan_shards(total, options.shard_bytes, options.shard_records)
+
+
+def finalize_pack(list_path, root, prefix, options=None, label_map=None):
+    """Check that every shard of the plan was packed, then write the failures file and manifest.
+
+    For shards packed one by one (`only_shard`), e.g. by a job array or a cluster; the result
+    is the same as one `pack_images` run over the whole list.
+    """
+    options = options or PackOptions()
+    prefix = os.fspath(prefix)
+    _check_options(options)
+    if _is_complete(prefix):
+        return _completed_result(prefix)
+    list_path = os.fspath(list_path)
+    _, total = _validate_list(list_path, options.layout)
+    plan = plan_shards(total, options.shard_bytes, options.shard_records)
+    infos, refused = [], []
+    for number in range(len(plan)):
+        stem = shard_stem(prefix, number)
+        rec, idx, failures = stem + ".rec", stem + ".idx", stem + FAILURES_SUFFIX
+        unfinished = [p for p in (rec, idx, failures) if not os.path.exists(p)]
+        unfinished += [p for p in _shard_files(stem) if p.endswith((PARTIAL_SUFFIX, STATE_SUFFIX))]
+        if unfinished:
+            raise RectoolError(
+                f"{unfinished[0]}: shard {number} of {len(plan)} is missing or unfinished; "
+                f"pack it with --only-shard {number} (add --resume to continue it)"
+            )
+        infos.append(describe_shard(rec, idx))
+        refused += _read_refusals(failures)
+    final_failures = prefix + FAILURES_SUFFIX
+    with open(final_failures + PARTIAL_SUFFIX, "wb") as out:
+        for number in range(len(plan)):
+            with open(shard_stem(prefix, number) + FAILURES_SUFFIX, "rb") as f:
+                shutil.copyfileobj(f, out)
+    os.replace(final_failures + PARTIAL_SUFFIX, final_failures)
+    for number in range(len(plan)):
+        os.unlink(shard_stem(prefix, number) + FAILURES_SUFFIX)
+    images = sum(info.records for info in infos)
+    identities = _load_identities(list_path, label_map)
+    manifest = _manifest(options, list_path, prefix, infos, images, len(refused), None, identities)
+    _remove_stale_temporaries(prefix)
+    write_json_atomic(manifest_path(prefix), manifest)
+    return PackResult(
+        manifest_path(prefix), manifest, images, len(refused), final_failures, refused[:100],
+        images + len(refused),
+    )  # fmt: skip
 
 
 def _check_options(options):
@@ -339,11 +485,20 @@ class _KeyRegistry:
 class _PackRun:
     """One execution of the pipeline; holds the counters the manifest reports."""
 
-    def __init__(self, list_path, root, prefix, options, total, progress):
+    def __init__(self, list_path, root, prefix, options, total, progress, part=None):
         self.list_path, self.root, self.prefix = list_path, root, prefix
         self.options, self.total, self.progress = options, total, progress
-        self.writer = ShardWriter(prefix, options.shard_bytes, options.shard_records)
-        self.failures_partial = prefix + FAILURES_SUFFIX + PARTIAL_SUFFIX
+        # `part`: (shard number, its list positions) when packing one shard of a plan.
+        self.positions = part[1] if part else range(total)
+        first, last = (part[0], part[0]) if part else (0, None)
+        if part is None and options.shard_records and not options.shard_bytes:
+            last = len(plan_shards(total, None, options.shard_records)) - 1
+        self.last_shard = last
+        self.writer = ShardWriter(
+            prefix, options.shard_bytes, options.shard_records, first_shard=first, last_shard=last
+        )
+        stem = shard_stem(prefix, part[0]) if part else prefix
+        self.failures_partial = stem + FAILURES_SUFFIX + PARTIAL_SUFFIX
         self.images = 0
         self.failures = 0
         self.first_refusals = []
@@ -390,10 +545,11 @@ class _PackRun:
         flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if resume else os.O_TRUNC)
         self._failures_fd = os.open(self.failures_partial, flags, 0o644)
         try:
-            items = self._items()
+            items = itertools.islice(self._items(), self.positions.start, self.positions.stop)
             for item in itertools.islice(items, skip):
                 if item.line not in refused_lines:
                     self._count_label(item)
+            self._position = self.positions.start + skip
             self._report(skip)
             self._process(items, skip)
             self._finish()
@@ -432,9 +588,11 @@ class _PackRun:
             if isinstance(result, ImageRefused):
                 self._refuse(item, result.reason)
             else:
-                self.writer.add(self.images + 1 if insightface else item.index, result)
+                key = self.images + 1 if insightface else item.index
+                self.writer.add(key, result, self._position)
                 self.images += 1
                 self._count_label(item)
+            self._position += 1
         done += len(chunk)
         self._report(done)
         return done
@@ -462,7 +620,7 @@ class _PackRun:
     def _finish(self):
         if self.options.layout == "insightface":
             self._write_identity_records()
-        self.writer.close()
+        self.writer.close(self.last_shard)
 
     def _write_identity_records(self):
         n = self.images
@@ -580,8 +738,10 @@ def _write_property(prefix, run, identities):
         f.write(f"{run.max_label + 1},{height},{width}\n")
 
 
-def _manifest(run, options, list_path, identities, label_map):
-    shards = [s.to_json() for s in run.writer.finished]
+def _manifest(options, list_path, prefix, shards, images, failures, classes, identities):
+    shards = [s.to_json() for s in shards]
+    if classes is None and identities is not None:
+        classes = len(identities)
     return {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
@@ -598,13 +758,11 @@ def _manifest(run, options, list_path, identities, label_map):
         "totals": {
             "shards": len(shards),
             "records": sum(s["records"] for s in shards),
-            "images": run.images,
+            "images": images,
             "rec_bytes": sum(s["rec_bytes"] for s in shards),
-            "failures": run.failures,
+            "failures": failures,
         },
-        "failures_file": os.path.basename(run.prefix + FAILURES_SUFFIX),
-        "classes": (run.max_label + 1)
-        if options.layout == "insightface"
-        else (len(identities) if identities is not None else None),
+        "failures_file": os.path.basename(prefix + FAILURES_SUFFIX),
+        "classes": classes,
         "identities": {str(k): v for k, v in sorted(identities.items())} if identities else None,
     }

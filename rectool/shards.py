@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import RectoolError
+from .errors import RectoolError, UsageError
 from .reader import (
     INDEX_CACHE_MIN_RECORDS,
     MANIFEST_SUFFIX,
@@ -36,8 +36,29 @@ FLUSH_BYTES = 4 << 20
 
 def shard_paths(prefix, number, numbered):
     """Return the final (rec, idx) paths of shard `number`."""
-    stem = f"{prefix}-{number:0{SHARD_DIGITS}d}" if numbered else os.fspath(prefix)
+    stem = shard_stem(prefix, number) if numbered else os.fspath(prefix)
     return stem + ".rec", stem + ".idx"
+
+
+def shard_stem(prefix, number):
+    """Return the name stem of numbered shard `number` (`PREFIX-00003`)."""
+    return f"{prefix}-{number:0{SHARD_DIGITS}d}"
+
+
+def plan_shards(total, shard_bytes=None, shard_records=None):
+    """Return the list positions of each shard, as ranges: a pure function of the list length.
+
+    Only a record count makes a plan: shard k holds list lines k*N .. k*N+N-1 (less the refused
+    ones). With a byte limit, shards end where the written bytes say, known only while packing.
+    """
+    if shard_bytes:
+        raise UsageError(
+            "shards cut by --shard-size depend on the packed bytes and cannot be planned; "
+            "use --shard-records N to pack shards separately"
+        )
+    if not shard_records:
+        return [range(total)]
+    return [range(k, min(k + shard_records, total)) for k in range(0, max(total, 1), shard_records)]
 
 
 def manifest_path(prefix):
@@ -176,11 +197,16 @@ class ShardWriter:
     whatever a kill -9 leaves behind is a prefix of complete records (see `resume`).
     """
 
-    def __init__(self, prefix, shard_bytes=None, shard_records=None):
+    def __init__(
+        self, prefix, shard_bytes=None, shard_records=None, first_shard=0, last_shard=None
+    ):
         self.prefix = os.fspath(prefix)
         self.shard_bytes = shard_bytes
         self.shard_records = shard_records
         self.numbered = bool(shard_bytes or shard_records)
+        # With a record count alone, shard k holds list positions k*N..k*N+N-1 (see plan_shards).
+        self.planned = bool(shard_records) and not shard_bytes
+        self.first_shard, self.last_shard = first_shard, last_shard
         self.finished: list[ShardInfo] = []
         self._shard: _OpenShard | None = None
         self._rec_buf: list[bytes] = []
@@ -199,14 +225,18 @@ class ShardWriter:
         return shard_paths(self.prefix, number, self.numbered)
 
     # -- writing ----------------------------------------------------------------------------
-    def add(self, key, framed):
-        """Append one framed record under `key`, starting a new shard first if the limit says so."""
-        shard = self._shard
-        if shard is not None and shard.records and self._full(shard, len(framed)):
+    def _number(self):
+        """Return the number of the open shard, or of the next one to open."""
+        return self.first_shard + len(self.finished)
+
+    def add(self, key, framed, position=0):
+        """Append one framed record under `key` (list position `position`), rolling over first
+        when the shard limits say so."""
+        if self.planned:
+            self.open_through(position // self.shard_records)
+        elif self._shard and self._shard.records and self._full(self._shard, len(framed)):
             self.finish_shard()
-            shard = None
-        if shard is None:
-            shard = self._start(len(self.finished))
+        shard = self._shard or self._start(self._number())
         offset = shard.rec_bytes
         line = format_index_line(key, offset).encode("ascii")
         self._rec_buf.append(framed)
@@ -223,6 +253,20 @@ class ShardWriter:
         if self._buffered >= FLUSH_BYTES:
             self.flush()
         return offset
+
+    def open_through(self, number):
+        """Finish shards, empty ones included, until shard `number` is the open one.
+
+        Does nothing when shard `number` is already finished (a resumed run that was killed
+        after renaming its last shard): it must never be opened, and so emptied, again.
+        """
+        while self._shard is None or self._shard.number < number:
+            if self._shard is not None:
+                self.finish_shard()
+            elif self._number() > number:
+                return
+            else:
+                self._start(self._number())
 
     def _full(self, shard, incoming):
         if self.shard_records and shard.records >= self.shard_records:
@@ -297,10 +341,15 @@ class ShardWriter:
         self._shard = None
         return info
 
-    def close(self):
-        """Finish the open shard (an empty pack still gets one empty shard)."""
-        if self._shard is None and not self.finished:
-            self._start(0)
+    def close(self, last_shard=None):
+        """Finish the open shard, and empty ones up to `last_shard` (a planned pack's last).
+
+        An empty pack still gets one empty shard.
+        """
+        if last_shard is not None:
+            self.open_through(last_shard)
+        elif self._shard is None and not self.finished:
+            self._start(self._number())
         self.finish_shard()
         self._io.close()
 
@@ -326,18 +375,20 @@ class ShardWriter:
         written first; the files are cut back to the last such record, and further back past
         trailing records for which `drop_tail(record)` is true.
         """
-        number = 0
-        while True:
+        number = self.first_shard
+        while self.last_shard is None or number <= self.last_shard:
             rec, idx = self.paths(number)
             if (
                 os.path.exists(rec)
                 and os.path.exists(idx)
                 and not os.path.exists(rec + PARTIAL_SUFFIX)
             ):
-                self.finished.append(_describe_finished(rec, idx))
+                self.finished.append(describe_shard(rec, idx))
                 number += 1
                 continue
             break
+        else:
+            return self.records_written  # every shard of this run is already finished
         rec_p, idx_p = rec + PARTIAL_SUFFIX, idx + PARTIAL_SUFFIX
         if not os.path.exists(rec_p):
             return self.records_written
@@ -398,7 +449,7 @@ def _hash_prefix(path, size):
     return h
 
 
-def _describe_finished(rec, idx):
+def describe_shard(rec, idx):
     keys, _ = load_index(idx, cache=False)
     return ShardInfo(
         os.path.basename(rec),

@@ -1,0 +1,101 @@
+"""Pack on a Dask cluster: one task per planned shard, then the manifest on the client.
+
+Each task is `pack_images(..., only_shard=K, resume=True)` on whichever worker runs it, so
+the cluster uses the same packing code path as a local run. A task that is retried after its
+worker died continues the shard from its `.partial` files; a shard gets its final name only
+when complete, and the manifest is written only when every shard is.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import RectoolError, UsageError
+from .packing import (
+    PackOptions,
+    _check_options,
+    _completed_result,
+    _is_complete,
+    _validate_list,
+    finalize_pack,
+    output_files,
+    pack_images,
+)
+from .shards import plan_shards
+
+INSTALL_HINT = "--executor dask needs Dask: pip install 'rectool[dask]'"
+
+
+def _client_for(scheduler, workers):
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise UsageError(INSTALL_HINT) from None
+    if scheduler:
+        try:
+            return Client(scheduler, timeout="30s"), None
+        except OSError as exc:
+            raise RectoolError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True)
+    return Client(cluster), cluster
+
+
+def _pack_task(list_path, root, prefix, options, number):
+    return pack_images(list_path, root, prefix, options, resume=True, only_shard=number)
+
+
+def pack_on_dask(
+    list_path,
+    root,
+    prefix,
+    options=None,
+    scheduler=None,
+    resume=False,
+    overwrite=False,
+    label_map=None,
+    progress=None,
+    local_workers=None,
+):
+    """Pack every shard of the plan as a task on a Dask cluster; return `finalize_pack`'s result.
+
+    `scheduler` is the address of a running `dask.distributed` scheduler; None starts a local
+    cluster of `local_workers` processes. Workers must see `list_path`, `root` and `prefix` at
+    the same paths (a shared file system). Within a task, `options.workers` threads are used.
+    """
+    options = options or PackOptions()
+    if list_path == "-":
+        raise UsageError("--executor dask needs the list as a file that every worker can read")
+    list_path, root, prefix = (os.path.abspath(os.fspath(p)) for p in (list_path, root, prefix))
+    _check_options(options)
+    _, total = _validate_list(list_path, options.layout)
+    plan = plan_shards(total, options.shard_bytes, options.shard_records)
+    os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    if resume and _is_complete(prefix):
+        return _completed_result(prefix)
+    existing = output_files(prefix)
+    if existing and overwrite:
+        for name in existing:
+            os.unlink(name)
+    elif existing and not resume:
+        raise RectoolError(f"{existing[0]}: output exists; use --resume or --overwrite")
+
+    client, cluster = _client_for(scheduler, local_workers or os.cpu_count() or 1)
+    try:
+        from dask.distributed import as_completed
+
+        futures = [
+            client.submit(_pack_task, list_path, root, prefix, options, k, pure=False, retries=2)
+            for k in range(len(plan))
+        ]
+        done = refused = 0
+        for future in as_completed(futures):
+            shard = future.result()  # re-raises a task's error here, on the client
+            done += len(plan[shard.shard])
+            refused += shard.failures
+            if progress is not None:
+                progress(done, total, refused)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    return finalize_pack(list_path, root, prefix, options, label_map)
