@@ -164,11 +164,17 @@ def _follow_parts(buf, size, offset):
         first = False
 
 
-def scan_framing(buf, size):
+def scan_framing(buf, size, hint=None):
     """Walk every part of a mapped .rec from byte 0 to `size`; return a `Framing`.
 
     Never raises on bad bytes: damage is skipped up to the next record start and recorded.
+    `hint`, the offsets an .idx gives, lets a sound file be confirmed with numpy instead of
+    part by part; the result is the same as the walk's, which runs whenever the hint fails.
     """
+    if hint is not None:
+        framing = _confirm_chain(buf, size, hint)
+        if framing is not None:
+            return framing
     unpack = PART_HEADER.unpack_from
     starts, ends, lengths, split_at = [], [], [], []
     damage, bad_padding = [], []
@@ -216,6 +222,51 @@ def scan_framing(buf, size):
         damage,
         bad_padding,
     )
+
+
+def _confirm_chain(buf, size, hint):
+    """Return the `Framing` of a file whose records are exactly `hint`, back to back, or None.
+
+    Checks at once what the walk checks one record at a time: the first record at byte 0,
+    each a magic and a whole-record length word (split records are followed part by part),
+    each ending, padding included, where the next begins and the last at the end of the
+    file, and zero padding.
+    """
+    starts = np.unique(np.asarray(hint, np.int64))
+    n = len(starts)
+    if not n or starts[0] != 0 or (starts & 3).any() or starts[-1] + 8 > size:
+        return None
+    words = np.frombuffer(buf, _WORD, size // 4)
+    try:
+        w = starts // 4
+        magic, lrec = words[w], words[w + 1]
+        if (magic != MAGIC).any():
+            return None
+        cflag = lrec >> LENGTH_BITS
+        lengths = (lrec & LENGTH_MASK).astype(np.int64)
+        ends = starts + 8 + ((lengths + 3) & ~3)
+        whole = cflag == CFLAG_WHOLE
+        if not (whole | (cflag == CFLAG_FIRST)).all():
+            return None
+        tail = whole & (ends <= size) & (lengths & 3 != 0)
+        last_word = words[np.minimum(ends[tail], size & ~3) // 4 - 1]
+        pad_bits = (8 * (lengths[tail] & 3)).astype(np.uint32)
+        # Little-endian: the record's last bytes are the low ones, padding the high ones.
+        padding_ok = (last_word >> pad_bits) == 0
+    finally:
+        del words
+    bad_padding = [(int(o), int(o)) for o in starts[tail][~padding_ok].tolist()]
+    split = ~whole
+    for i in np.flatnonzero(split).tolist():
+        result = _follow_parts(buf, size, int(starts[i]))
+        if not result[0]:
+            return None
+        _, ends[i], lengths[i], padding = result
+        bad_padding.extend((int(starts[i]), part) for part in padding)
+    if ends[-1] != size or (ends[:-1] != starts[1:]).any():
+        return None
+    bad_padding.sort()
+    return Framing(size, starts, ends, lengths, split, [], bad_padding)
 
 
 @dataclass

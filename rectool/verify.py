@@ -366,8 +366,8 @@ class _ShardCheck:
             return None
         with mapped(rec) as (buf, size), RecordFile(rec) as records:
             self.size = size
-            self.framing = scan_framing(buf, size)
             self.index = self._read_index()
+            self.framing = scan_framing(buf, size, None if self.index is None else self.index[1])
             f = self.framing
             self.headers = read_headers(buf, size, f.starts, f.lengths, f.split, records.read_at)
             self.keys = self._record_keys()
