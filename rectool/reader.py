@@ -816,6 +816,11 @@ class RecordDataset:
         return self._keys
 
     @property
+    def offsets(self):
+        """Return the byte offset of every sample in its .rec (read-only int64 array)."""
+        return self._offsets
+
+    @property
     def labels(self):
         """Return every sample's label, read from the record headers only (no image bytes).
 
@@ -1072,6 +1077,33 @@ def _make_decoder(mode):
         return np.ascontiguousarray(array[:, :, ::-1]) if mode == "bgr" else array
 
     return decode_pil
+
+
+def write_dali_index(source, path):
+    """Write the one .idx that NVIDIA DALI's `fn.readers.mxnet` needs for a dataset's shards.
+
+    DALI reads its list of .rec files as one stream, so its index holds offsets counted from
+    the start of the first file (keys are ignored). Returns the .rec paths to pass as `path`,
+    in the same order. DALI treats every record as a sample, so the insightface layout is
+    refused: pack for DALI with the images layout.
+    """
+    ds = RecordDataset(source)
+    if ds.layout != "images":
+        raise RectoolError(
+            f"{ds.shards[0][0]}: DALI reads every record as a sample, including the header and "
+            "identity records of the insightface layout; pack with --layout images for DALI"
+        )
+    base = np.zeros(len(ds), np.int64)
+    start = 0
+    for s, (rec, _) in enumerate(ds.shards):
+        base[ds._bounds[s] : ds._bounds[s + 1]] = start
+        start += os.path.getsize(rec)
+    pairs = zip(ds.keys.tolist(), (ds.offsets + base).tolist())
+    tmp = f"{os.fspath(path)}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="ascii", newline="\n") as f:
+        f.write("".join(f"{key}\t{offset}\n" for key, offset in pairs))
+    os.replace(tmp, path)
+    return [rec for rec, _ in ds.shards]
 
 
 # --- sampling: epochs, ranks, resuming ---------------------------------------------------------

@@ -786,3 +786,27 @@ def test_prefetch_consumer_exception_shuts_down():
 def test_prefetch_depth_is_checked():
     with pytest.raises(ValueError, match="depth must be >= 1"):
         rd.prefetch(range(3), depth=0)
+
+
+# --- write_dali_index -------------------------------------------------------------------------
+
+
+def test_dali_index_counts_offsets_across_the_shards(pack, tmp_path):
+    prefix, samples = pack
+    recs = rd.write_dali_index(prefix, tmp_path / "all.idx")
+    assert recs == [f"{prefix}-{n:05d}.rec" for n in range(3)]
+    sizes = [os.path.getsize(r) for r in recs]
+    base = {recs[0]: 0, recs[1]: sizes[0], recs[2]: sizes[0] + sizes[1]}
+    expected = "".join(f"{s.key}\t{base[s.rec] + s.offset}\n" for s in samples)
+    assert (tmp_path / "all.idx").read_text() == expected
+    # The concatenated files hold each record where the index says.
+    blob = b"".join(open(r, "rb").read() for r in recs)
+    for line in expected.splitlines():
+        assert blob[int(line.split("\t")[1]) :].startswith(MAGIC)
+
+
+def test_dali_index_refuses_the_insightface_layout(tmp_path):
+    write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2], face)
+    with pytest.raises(rd.RectoolError, match="pack with --layout images for DALI"):
+        rd.write_dali_index(tmp_path / "f.rec", tmp_path / "dali.idx")
+    assert not (tmp_path / "dali.idx").exists()
