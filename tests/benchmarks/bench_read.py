@@ -1,0 +1,298 @@
+"""Time the reader on the 100k benchmark pack against MXNet and a bare mmap loop.
+
+The issue's targets, each measured in one run on a warm page cache:
+
+- random-order raw reads (`ds[i]`: image bytes and label) at least 5x MXNet's
+  `MXIndexedRecordIO.read_idx` + `recordio.unpack`, and at least half the rate of a bare
+  `mmap` + `struct` loop over the same offsets;
+- decoded reads in one process (`decode="bgr"`) at least 3x gluon's `ImageRecordDataset`
+  (each image waited for with `wait_to_read()`);
+- decoded images/s through `torch.utils.data.DataLoader` with 2 workers at least 2x MXNet's
+  `ImageRecordIter` with `preprocess_threads=2` (both shuffled, batches of 128, timed after
+  the first batch so that neither side's start-up counts).
+
+MXNet runs in the oracle interpreter (`RECTOOL_ORACLE_PYTHON` or `.venv-oracle`) and times
+itself inside its subprocess. The pack is built once from `tree.py`'s tree and kept under
+`.bench-cache/read/`.
+
+    python tests/benchmarks/bench_read.py [--raw N] [--decoded N] [--loader N] [--no-mxnet]
+
+Exits 1 when a target is missed. `run()` returns the figures for run_all.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tree import ensure_tree  # noqa: E402
+
+from rectool.reader import RankSampler, open_dataset  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+CACHE_DIR = REPO / ".bench-cache" / "read"
+BATCH = 128
+TARGETS = {"raw_vs_mxnet": 5.0, "raw_vs_bare": 0.5, "decoded_vs_gluon": 3.0, "loader_vs_iter": 2.0}
+
+MXNET_SIDE = """
+import json, sys, time
+import numpy as np
+import mxnet as mx
+from mxnet import recordio
+from mxnet.gluon.data.vision import ImageRecordDataset
+
+rec, idx, order_path, raw_n, decoded_n, loader_n, batch, repeats = sys.argv[1:9]
+order = np.load(order_path)
+raw_n, decoded_n, loader_n, batch, repeats = map(int, (raw_n, decoded_n, loader_n, batch, repeats))
+out = {}
+
+r = recordio.MXIndexedRecordIO(idx, rec, "r")
+keys = [r.keys[i] for i in order[:raw_n].tolist()]
+best = float("inf")
+for _ in range(repeats):
+    start = time.perf_counter()
+    for key in keys:
+        header, image = recordio.unpack(r.read_idx(key))
+    best = min(best, time.perf_counter() - start)
+out["raw_per_s"] = raw_n / best
+r.close()
+
+ds = ImageRecordDataset(rec)
+positions = order[:decoded_n].tolist()
+for i in positions[:200]:
+    ds[i][0].wait_to_read()
+start = time.perf_counter()
+for i in positions:
+    image, label = ds[i]
+    image.wait_to_read()
+out["decoded_per_s"] = decoded_n / (time.perf_counter() - start)
+
+it = mx.io.ImageRecordIter(
+    path_imgrec=rec, path_imgidx=idx, data_shape=(3, 112, 112), batch_size=batch,
+    shuffle=True, preprocess_threads=2, seed=0,
+)
+first = next(it)
+first.data[0].wait_to_read()
+done = 0
+start = time.perf_counter()
+while done < loader_n:
+    try:
+        b = next(it)
+    except StopIteration:
+        it.reset()
+        continue
+    b.data[0].wait_to_read()
+    done += batch - b.pad
+out["loader_per_s"] = done / (time.perf_counter() - start)
+print(json.dumps(out))
+"""
+
+
+def oracle_python():
+    """Return the MXNet interpreter: $RECTOOL_ORACLE_PYTHON, else .venv-oracle; None if absent."""
+    configured = os.environ.get("RECTOOL_ORACLE_PYTHON")
+    path = Path(configured) if configured else REPO / ".venv-oracle" / "bin" / "python"
+    return path if path.exists() else None
+
+
+def ensure_pack(log=print):
+    """Return the prefix of the pass-through pack of the benchmark tree, packing it once."""
+    root = ensure_tree(log=log)
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    prefix = CACHE_DIR / "faces"
+    if Path(f"{prefix}.manifest.json").exists():
+        return prefix
+    lst = CACHE_DIR / "tree.lst"
+    log(f"packing {root} into {prefix} ...")
+    python = sys.executable
+    subprocess.run([python, "-m", "rectool", "list", str(root), str(lst), "-q"], check=True)
+    subprocess.run(
+        [python, "-m", "rectool", "pack", str(lst), str(root), str(prefix), "-q", "--overwrite"],
+        check=True,
+    )
+    return prefix
+
+
+def warm(path):
+    """Read a file once so that every contender finds it in the page cache."""
+    with open(path, "rb") as f:
+        while f.read(16 << 20):
+            pass
+
+
+def best_rate(repeats, count, fn):
+    """Return the best items/s of `repeats` timed calls of `fn()` that each handle `count`."""
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return count / best
+
+
+def raw_reads(ds, order):
+    for i in order:
+        ds[i]
+
+
+def bare_loop(path, offsets):
+    """The floor: mmap, one struct unpack and one slice per record, nothing checked."""
+    head = struct.Struct("<IIIf")
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def loop():
+        for o in offsets:
+            magic, lrec, flag, label = head.unpack_from(mm, o)
+            image = mm[o + 32 : o + 8 + (lrec & 0x1FFFFFFF)]  # noqa: F841 - what ds[i] returns
+
+    return loop
+
+
+def collate(batch):
+    """Stack a batch with one numpy call (torch's default_collate converts item by item)."""
+    import torch
+
+    images, labels = zip(*batch)
+    return torch.from_numpy(np.stack(images)), torch.tensor(labels)
+
+
+def loader_rate(prefix, count, collate_fn):
+    """Return decoded images/s through a 2-worker DataLoader, timed after the first batch."""
+    import torch
+
+    ds = open_dataset(prefix, decode="bgr")
+    sampler = RankSampler(ds, seed=0)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=BATCH, sampler=sampler, num_workers=2, collate_fn=collate_fn
+    )
+    done, epoch = 0, 0
+    start = None
+    while done < count:
+        sampler.set_epoch(epoch)
+        for images, _ in loader:
+            if start is None:
+                start = time.perf_counter()
+                continue
+            done += len(images)
+            if done >= count:
+                break
+        epoch += 1
+    return done / (time.perf_counter() - start)
+
+
+def run(raw=100_000, decoded=20_000, loader=60_000, repeats=3, mxnet=True, log=print):
+    """Run every side; return the figures (rates in items per second) and the ratios."""
+    prefix = ensure_pack(log)
+    ds = open_dataset(prefix)
+    (rec, idx) = ds.shards[0]
+    warm(rec)
+    order = np.random.default_rng(0).permutation(len(ds))
+    figures = {"samples": len(ds), "rec_bytes": os.path.getsize(rec)}
+
+    positions = order[:raw].tolist()
+    raw_reads(ds, positions[:1000])
+    figures["raw_per_s"] = best_rate(repeats, len(positions), lambda: raw_reads(ds, positions))
+    offsets = ds.offsets[positions].tolist()
+    figures["bare_per_s"] = best_rate(repeats, len(offsets), bare_loop(rec, offsets))
+
+    dsd = open_dataset(prefix, decode="bgr")
+    some = order[:decoded].tolist()
+    raw_reads(dsd, some[:200])
+    figures["decoded_per_s"] = best_rate(1, len(some), lambda: raw_reads(dsd, some))
+
+    figures["loader_per_s"] = loader_rate(prefix, loader, collate)
+    figures["loader_default_collate_per_s"] = loader_rate(prefix, loader // 2, None)
+
+    if mxnet:
+        python = oracle_python()
+        if python is None:
+            sys.exit("MXNet oracle missing: run `make oracle`, or pass --no-mxnet")
+        order_path = CACHE_DIR / "order.npy"
+        np.save(order_path, order)
+        args = [rec, idx, order_path, raw, decoded // 2, loader, BATCH, max(1, repeats - 1)]
+        proc = subprocess.run(
+            [str(python), "-c", MXNET_SIDE, *map(str, args)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        )
+        if proc.returncode:
+            raise RuntimeError(f"MXNet side failed:\n{proc.stderr[-3000:]}")
+        mx = json.loads(proc.stdout.strip().splitlines()[-1])
+        figures.update({f"mxnet_{name}": value for name, value in mx.items()})
+        threads = [line for line in proc.stderr.splitlines() if "threads for decoding" in line]
+        figures["mxnet_decode_threads_note"] = threads[-1].split(": ", 1)[-1] if threads else ""
+        figures["raw_vs_mxnet"] = figures["raw_per_s"] / mx["raw_per_s"]
+        figures["decoded_vs_gluon"] = figures["decoded_per_s"] / mx["decoded_per_s"]
+        figures["loader_vs_iter"] = figures["loader_per_s"] / mx["loader_per_s"]
+    figures["raw_vs_bare"] = figures["raw_per_s"] / figures["bare_per_s"]
+    return figures
+
+
+def report(figures):
+    """Return the table printed by `main`, one line per comparison."""
+
+    def row(name, ours, peer, peer_name, key):
+        ratio = figures.get(key)
+        if peer is None or ratio is None:
+            return f"{name:<36} ours {ours:>10,.0f}/s"
+        verdict = "PASS" if ratio >= TARGETS[key] else "FAIL"
+        return (
+            f"{name:<36} ours {ours:>10,.0f}/s  {peer_name} {peer:>10,.0f}/s  "
+            f"ratio {ratio:5.2f}x  (target >= {TARGETS[key]:g}x: {verdict})"
+        )
+
+    f = figures
+    lines = [
+        f"{f['samples']:,} samples, {f['rec_bytes'] / 1e6:,.0f} MB, warm page cache",
+        row("raw reads, random order", f["raw_per_s"], f.get("mxnet_raw_per_s"), "mxnet",
+            "raw_vs_mxnet"),
+        row("raw reads vs bare mmap+struct loop", f["raw_per_s"], f["bare_per_s"], "bare",
+            "raw_vs_bare"),
+        row("decoded, one process", f["decoded_per_s"], f.get("mxnet_decoded_per_s"), "gluon",
+            "decoded_vs_gluon"),
+        row("DataLoader 2 workers, decoded", f["loader_per_s"], f.get("mxnet_loader_per_s"),
+            "ImageRecordIter", "loader_vs_iter"),
+        f"  (same DataLoader with torch's default_collate: "
+        f"{f['loader_default_collate_per_s']:,.0f}/s)",
+    ]  # fmt: skip
+    if f.get("mxnet_decode_threads_note"):
+        lines.append(f"  (ImageRecordIter said: {f['mxnet_decode_threads_note']})")
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--raw", type=int, default=100_000, help="raw reads per timed run")
+    parser.add_argument("--decoded", type=int, default=20_000, help="decoded reads, one process")
+    parser.add_argument("--loader", type=int, default=60_000, help="images through each loader")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--no-mxnet", action="store_true", help="skip the MXNet side")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args(argv)
+    figures = run(
+        args.raw,
+        args.decoded,
+        args.loader,
+        args.repeats,
+        mxnet=not args.no_mxnet,
+        log=lambda text: print(text, file=sys.stderr),
+    )
+    print(json.dumps(figures, indent=2) if args.json else report(figures))
+    missed = [key for key, target in TARGETS.items() if key in figures and figures[key] < target]
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
