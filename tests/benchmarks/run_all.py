@@ -1,0 +1,151 @@
+"""Run every side-by-side benchmark and write the table to docs/benchmarks.md (`make bench`).
+
+Each `bench_*.py` module has `run(...) -> dict` and `TARGETS`: (key, what, "<=" or ">=",
+limit) rows naming the ratios it promises. The table shows ratios, not absolute times: this
+machine is shared and noisy, so only figures measured side by side in one run mean anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import REPO, oracle_python  # noqa: E402
+from tree import ensure_tree  # noqa: E402
+
+BENCHMARKS = {
+    "list": lambda log: _module("bench_list").run(ensure_tree(log=log), log=log),
+    "index": lambda log: _module("bench_index").run(),
+    "pack": lambda log: _module("bench_pack").run(log=log),
+    "verify": lambda log: _module("bench_verify").run(log=log),
+    "read": lambda log: _module("bench_read").run(log=log),
+}
+
+
+def _module(name):
+    return importlib.import_module(name)
+
+
+def versions():
+    """Return the versions that matter for the figures."""
+    import cv2
+    import numpy
+
+    mxnet = subprocess.run(
+        [oracle_python(), "-c", "import mxnet; print(mxnet.__version__)"],
+        capture_output=True, text=True, check=False,
+    ).stdout.strip().splitlines()  # fmt: skip
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    import rectool
+
+    return {
+        "rectool": rectool.__version__,
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "opencv": cv2.__version__,
+        "torch": torch_version,
+        "mxnet (oracle)": mxnet[-1] if mxnet else "unknown",
+    }
+
+
+def machine():
+    """Return a one-line description of this machine."""
+    model = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{os.cpu_count()} cores ({model}), {memory:.0f} GiB, {platform.system()} {platform.release()}"
+
+
+def table(results):
+    """Return the Markdown rows of every target of every benchmark that ran."""
+    rows = ["| benchmark | ratio | measured | target | verdict |", "|---|---|---|---|---|"]
+    for name, result in results.items():
+        if "error" in result:
+            rows.append(f"| {name} | (failed: {result['error']}) | | | |")
+            continue
+        for key, what, op, limit in getattr(_module(f"bench_{name}"), "TARGETS", []):
+            if key not in result:
+                continue
+            value = result[key]
+            ok = value >= limit if op == ">=" else value <= limit
+            rows.append(
+                f"| {name} | {what} | {value:.2f} | {op} {limit:g} | {'met' if ok else 'MISSED'} |"
+            )
+    return rows
+
+
+def write_markdown(results, path, command):
+    lines = [
+        "# Benchmarks",
+        "",
+        f"Written by `{command}` on {datetime.date.today().isoformat()}; every figure below comes "
+        "from that one run, each comparison measured side by side with its peer.",
+        "",
+        f"Machine: {machine()}.",
+        "",
+        "Versions: " + ", ".join(f"{k} {v}" for k, v in versions().items()) + ".",
+        "",
+        "This machine is shared and noisy: absolute times drift between runs, so the table "
+        "promises ratios (ours / peer or peer / ours as labelled), not seconds.",
+        "",
+        *table(results),
+        "",
+        "## Raw results",
+        "",
+        "```json",
+        json.dumps(results, indent=2, default=str),
+        "```",
+        "",
+    ]
+    Path(path).write_text("\n".join(lines), encoding="utf-8")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), help="run only these")
+    parser.add_argument("--output", default=str(REPO / "docs" / "benchmarks.md"))
+    args = parser.parse_args(argv)
+
+    def log(message):
+        print(message, file=sys.stderr, flush=True)
+
+    results = {}
+    for name in args.only or BENCHMARKS:
+        log(f"== {name}")
+        try:
+            results[name] = BENCHMARKS[name](log)
+        except Exception as exc:  # one failing benchmark must not hide the others' figures
+            results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        log(json.dumps(results[name], default=str))
+    command = (
+        "make bench"
+        if not args.only
+        else f"python tests/benchmarks/run_all.py --only {' '.join(args.only)}"
+    )
+    write_markdown(results, args.output, command)
+    print("\n".join(table(results)))
+    print(f"written to {args.output}")
+
+
+if __name__ == "__main__":
+    main()
