@@ -73,7 +73,8 @@ def machine():
     except OSError:
         pass
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{os.cpu_count()} cores ({model}), {memory:.0f} GiB, {platform.system()} {platform.release()}"
+    system = f"{platform.system()} {platform.release()}"
+    return f"{os.cpu_count()} cores ({model}), {memory:.0f} GiB, {system}"
 
 
 def table(results):
