@@ -36,6 +36,11 @@ CACHE_DIR = REPO / ".bench-cache" / "verify"
 STRUCTURE_LIMIT_MBS = 500.0
 DECODE_LIMIT_RATIO = 1.2
 BATCH = 256
+# (key in run()'s result, what it is, "<=" or ">=", limit): read by run_all.py.
+TARGETS = [
+    ("verify_mb_s", "structure + SHA-256 checksums: MB/s, warm cache", ">=", STRUCTURE_LIMIT_MBS),
+    ("decode_ratio", "--decode: ours / bare OpenCV decode loop", "<=", DECODE_LIMIT_RATIO),
+]
 
 
 def ensure_pack(log=print):
