@@ -602,8 +602,11 @@ class RecordDataset:
     def _build(self, indexes, layout):
         counts = [len(keys) for keys, _ in indexes]
         line_bounds = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)])
-        all_keys = np.concatenate([k for k, _ in indexes]) if indexes else np.empty(0, np.int64)
-        all_offsets = np.concatenate([o for _, o in indexes]) if indexes else all_keys
+        if len(indexes) == 1:  # no copy: 6M lines would take 0.1 s and 96 MB more
+            all_keys, all_offsets = indexes[0]
+        else:
+            all_keys = np.concatenate([k for k, _ in indexes] or [np.empty(0, np.int64)])
+            all_offsets = np.concatenate([o for _, o in indexes] or [np.empty(0, np.int64)])
         header = self._insightface_header(all_keys, all_offsets, line_bounds, layout)
         self.layout = "insightface" if header is not None else "images"
         self._identity_lines = None
