@@ -14,15 +14,17 @@ import time
 from pathlib import Path
 
 import click
-from tqdm import tqdm
 
 from . import __version__
-from .distributed import pack_on_dask
 from .errors import RectoolError, UsageError
-from .images import CHECK_MODES, ENCODINGS, Transform
 from .listing import DEFAULT_EXTENSIONS, SKIP_REASONS, default_threads, display_path, list_images
-from .packing import LAYOUTS, PackOptions, finalize_pack, pack_images, plan_list
-from .shards import parse_size
+
+# Commands import their library modules when they run: `rectool list` need not pay for OpenCV,
+# tqdm and the packing pipeline at start-up. The choices below are the library's own constants
+# (images.CHECK_MODES, images.ENCODINGS, packing.LAYOUTS); tests/test_cli.py keeps them equal.
+CHECK_MODES = ("structure", "decode", "none")
+ENCODINGS = (".jpg", ".png")
+LAYOUTS = ("images", "insightface")
 
 
 def library_errors(func):
@@ -61,6 +63,8 @@ class ByteSize(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
+        from .shards import parse_size
+
         try:
             return parse_size(value)
         except ValueError as exc:
@@ -71,6 +75,8 @@ def progress_bar(quiet, unit):
     """Return (callback, close) drawing a tqdm bar on stderr, or no-ops when quiet/not a tty."""
     if quiet or not sys.stderr.isatty():
         return None, lambda: None
+    from tqdm import tqdm
+
     bar = tqdm(unit=unit, unit_scale=True, file=sys.stderr, dynamic_ncols=True)
     state = {"done": 0}
 
@@ -225,6 +231,10 @@ def pack_command(
         rectool pack faces.lst faces/ out/faces --shard-size 2GiB
         rectool pack faces.lst faces/ out/faces112 --resize 112 --quality 95
     """
+    from .distributed import pack_on_dask
+    from .images import Transform
+    from .packing import PackOptions, finalize_pack, pack_images
+
     transform = None
     if resize or center_crop or quality is not None or encoding or color is not None:
         encoding = encoding or ".jpg"
@@ -302,6 +312,8 @@ def pack_command(
 
 def shard_plan(list_file, options):
     """Return the shard plan of a list as JSON-ready data (list lines are 1-based)."""
+    from .packing import plan_list
+
     plan = plan_list(list_file, options)
     return {
         "items": sum(len(r) for r in plan),
@@ -582,6 +594,8 @@ def phase_progress(quiet):
     """Return (callback(phase, done, total), close): one tqdm bar per phase on stderr."""
     if quiet or not sys.stderr.isatty():
         return None, lambda: None
+    from tqdm import tqdm
+
     bars = {}
 
     def update(phase, done, total):

@@ -1,0 +1,46 @@
+"""The `rectool` group: version, help, errors, and what start-up imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from click.testing import CliRunner
+
+from rectool import __version__
+from rectool import cli as cli_module
+from rectool.cli import cli
+from rectool.images import CHECK_MODES, ENCODINGS
+from rectool.packing import LAYOUTS
+
+
+def test_version_and_help():
+    runner = CliRunner()
+    version = runner.invoke(cli, ["--version"])
+    assert (version.exit_code, version.output) == (0, f"rectool, version {__version__}\n")
+    helped = runner.invoke(cli, ["--help"])
+    assert helped.exit_code == 0
+    for command in ("list", "pack", "verify", "reindex", "info", "unpack", "reader"):
+        assert f"  {command} " in helped.output
+
+
+def test_unknown_command_is_a_usage_error():
+    result = CliRunner().invoke(cli, ["frobnicate"])
+    assert result.exit_code == 2
+    assert "No such command 'frobnicate'" in result.stderr
+
+
+def test_cli_choices_are_the_library_constants():
+    assert cli_module.CHECK_MODES == CHECK_MODES
+    assert cli_module.ENCODINGS == ENCODINGS
+    assert cli_module.LAYOUTS == LAYOUTS
+
+
+def test_start_up_does_not_import_opencv_tqdm_or_the_pipeline():
+    probe = (
+        "import sys, rectool.cli; "
+        "print(sorted(m for m in ('cv2', 'tqdm', 'rectool.packing', 'rectool.images') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
