@@ -14,7 +14,9 @@ The issue's targets, each measured in one run on a warm page cache:
   `ImageRecordIter` with `preprocess_threads=2` (both shuffled, batches of 128, timed after
   the first batch so that neither side's start-up counts).
 
-MXNet runs in the oracle interpreter (`RECTOOL_ORACLE_PYTHON` or `.venv-oracle`) and times
+Every rate is the best of `--repeats` timed runs (for the loaders: consecutive windows of
+`--loader` images), on each side, because the machine is shared and noisy. MXNet runs in the
+oracle interpreter (`RECTOOL_ORACLE_PYTHON` or `.venv-oracle`) and times
 itself inside its subprocess. The pack is built once from `tree.py`'s tree and kept under
 `.bench-cache/read/`.
 
@@ -26,6 +28,7 @@ Exits 1 when a target is missed. `run()` returns the figures for run_all.py.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import mmap
 import os
@@ -76,33 +79,44 @@ ds = ImageRecordDataset(rec)
 positions = order[:decoded_n].tolist()
 for i in positions[:200]:
     ds[i][0].wait_to_read()
-start = time.perf_counter()
-for i in positions:
-    image, label = ds[i]
-    image.wait_to_read()
-out["decoded_per_s"] = decoded_n / (time.perf_counter() - start)
+best = float("inf")
+for _ in range(repeats):
+    start = time.perf_counter()
+    for i in positions:
+        image, label = ds[i]
+        image.wait_to_read()
+    best = min(best, time.perf_counter() - start)
+out["decoded_per_s"] = decoded_n / best
 
 it = mx.io.ImageRecordIter(
     path_imgrec=rec, path_imgidx=idx, data_shape=(3, 112, 112), batch_size=batch,
     shuffle=True, preprocess_threads=2, seed=0,
 )
-first = next(it)
-first.data[0].wait_to_read()
-done = 0
-cpu = resource.getrusage(resource.RUSAGE_SELF)
-start = time.perf_counter()
-while done < loader_n:
-    try:
-        b = next(it)
-    except StopIteration:
-        it.reset()
-        continue
-    b.data[0].wait_to_read()
-    done += batch - b.pad
-out["loader_per_s"] = done / (time.perf_counter() - start)
-end = resource.getrusage(resource.RUSAGE_SELF)
-cpu_s = end.ru_utime - cpu.ru_utime + end.ru_stime - cpu.ru_stime
-out["loader_cpu_us"] = cpu_s / done * 1e6
+def batches():
+    while True:
+        try:
+            b = next(it)
+        except StopIteration:
+            it.reset()
+            continue
+        b.data[0].wait_to_read()
+        yield batch - b.pad
+
+next(batches())
+stream = batches()
+out["loader_per_s"] = 0.0
+for _ in range(repeats):
+    done = 0
+    cpu = resource.getrusage(resource.RUSAGE_SELF)
+    start = time.perf_counter()
+    while done < loader_n:
+        done += next(stream)
+    rate = done / (time.perf_counter() - start)
+    end = resource.getrusage(resource.RUSAGE_SELF)
+    if rate > out["loader_per_s"]:
+        out["loader_per_s"] = rate
+        cpu_s = end.ru_utime - cpu.ru_utime + end.ru_stime - cpu.ru_stime
+        out["loader_cpu_us"] = cpu_s / done * 1e6
 print(json.dumps(out))
 """
 
@@ -221,10 +235,11 @@ def cpu_seconds(pids):
     return sum(process_cpu_seconds(pid) for pid in pids)
 
 
-def loader_rate(prefix, count, collate_fn):
-    """Return (images/s, CPU s per image) through a 2-worker DataLoader, after the first batch.
+def loader_rate(prefix, count, collate_fn, windows=1):
+    """Return (images/s, CPU s per image) through a 2-worker DataLoader: the best of `windows`.
 
-    CPU counts the main process and both workers, so that the figure does not depend on what
+    Each window times `count` images, the first one after the first batch (start-up does not
+    count). CPU counts the main process and both workers, so that it does not depend on what
     else the machine runs; the wall-clock rate does.
     """
     import torch
@@ -239,25 +254,30 @@ def loader_rate(prefix, count, collate_fn):
         collate_fn=collate_fn,
         persistent_workers=True,
     )
-    done, epoch = 0, 0
-    start = pids = None
-    while done < count:
-        sampler.set_epoch(epoch)
-        batches = iter(loader)
-        for images, _ in batches:
-            if start is None:
-                pids = [os.getpid(), *(w.pid for w in batches._workers)]
-                start, cpu = time.perf_counter(), cpu_seconds(pids)
-                continue
-            done += len(images)
-            if done >= count:
-                break
-        epoch += 1
-    elapsed, cpu = time.perf_counter() - start, cpu_seconds(pids) - cpu
-    return done / elapsed, cpu / done
+    workers = []
+
+    def batches():
+        for epoch in itertools.count():
+            sampler.set_epoch(epoch)
+            it = iter(loader)
+            workers[:] = [w.pid for w in it._workers]
+            yield from it
+
+    stream = batches()
+    next(stream)
+    pids = [os.getpid(), *workers]
+    best = (0.0, 0.0)
+    for _ in range(windows):
+        done, start, cpu = 0, time.perf_counter(), cpu_seconds(pids)
+        while done < count:
+            done += len(next(stream)[0])
+        rate = done / (time.perf_counter() - start)
+        if rate > best[0]:
+            best = (rate, (cpu_seconds(pids) - cpu) / done)
+    return best
 
 
-def run(raw=100_000, decoded=20_000, loader=60_000, repeats=3, mxnet=True, log=print):
+def run(raw=100_000, decoded=10_000, loader=20_000, repeats=3, mxnet=True, log=print):
     """Run every side; return the figures (rates in items per second) and the ratios."""
     prefix = ensure_pack(log)
     ds = open_dataset(prefix)
@@ -276,11 +296,11 @@ def run(raw=100_000, decoded=20_000, loader=60_000, repeats=3, mxnet=True, log=p
     dsd = open_dataset(prefix, decode="bgr")
     some = order[:decoded].tolist()
     raw_reads(dsd, some[:200])
-    figures["decoded_per_s"] = best_rate(1, len(some), lambda: raw_reads(dsd, some))
+    figures["decoded_per_s"] = best_rate(repeats, len(some), lambda: raw_reads(dsd, some))
 
-    figures["loader_per_s"], figures["loader_cpu_us"] = loader_rate(prefix, loader, collate)
-    figures["loader_cpu_us"] *= 1e6
-    figures["loader_default_collate_per_s"] = loader_rate(prefix, loader // 2, None)[0]
+    rate, cpu = loader_rate(prefix, loader, collate, windows=repeats)
+    figures["loader_per_s"], figures["loader_cpu_us"] = rate, cpu * 1e6
+    figures["loader_default_collate_per_s"] = loader_rate(prefix, loader, None)[0]
 
     if mxnet:
         python = oracle_python()
@@ -288,7 +308,7 @@ def run(raw=100_000, decoded=20_000, loader=60_000, repeats=3, mxnet=True, log=p
             sys.exit("MXNet oracle missing: run `make oracle`, or pass --no-mxnet")
         order_path = CACHE_DIR / "order.npy"
         np.save(order_path, order)
-        args = [rec, idx, order_path, raw, decoded // 2, loader, BATCH, max(1, repeats - 1)]
+        args = [rec, idx, order_path, raw, decoded // 2, loader, BATCH, repeats]
         proc = subprocess.run(
             [str(python), "-c", MXNET_SIDE, *map(str, args)],
             capture_output=True,
@@ -350,8 +370,8 @@ def report(figures):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--raw", type=int, default=100_000, help="raw reads per timed run")
-    parser.add_argument("--decoded", type=int, default=20_000, help="decoded reads, one process")
-    parser.add_argument("--loader", type=int, default=60_000, help="images through each loader")
+    parser.add_argument("--decoded", type=int, default=10_000, help="decoded reads per timed run")
+    parser.add_argument("--loader", type=int, default=20_000, help="images per timed window")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-mxnet", action="store_true", help="skip the MXNet side")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
