@@ -1,0 +1,112 @@
+"""The dataset API against the real MXNet 1.9.1: im2rec's files and the insightface layout.
+
+MXNet reads the same files through `MXIndexedRecordIO` + `recordio.unpack` (and arcface's
+`MXFaceDataset` logic); the reader must give the same samples, in the same order.
+"""
+
+from __future__ import annotations
+
+import random
+import subprocess
+
+import numpy as np
+import pytest
+from imagefiles import write_list, write_pack_tree
+from oracle import im2rec_path, oracle_python, run_mxnet
+
+from rectool.packing import PackOptions, pack_images
+from rectool.reader import open_dataset
+
+pytestmark = pytest.mark.oracle
+
+# Every record in .idx order, as MXNet's own reader returns it.
+MX_READ_ALL = """
+import numbers
+import mxnet as mx
+rec = mx.recordio.MXIndexedRecordIO(DATA["idx"], DATA["rec"], "r")
+out = []
+for key in rec.keys:
+    header, image = mx.recordio.unpack(rec.read_idx(key))
+    label = header.label
+    label = float(label) if isinstance(label, numbers.Number) else [float(x) for x in label]
+    rgb = mx.image.imdecode(image).asnumpy() if DATA["decode"] else None
+    out.append((key, image, label, rgb))
+emit(out)
+"""
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "tree"
+    items = write_pack_tree(root, ["ann", "bob", "cyd", "dan"], 4, height=36, width=28)
+    random.Random(5).shuffle(items)  # im2rec keeps the list's order
+    return root, items
+
+
+@pytest.mark.parametrize("pack_label", [False, True], ids=["scalar", "pack-label"])
+def test_reads_im2rec_files_as_mxnet_does(tree, tmp_path, pack_label):
+    root, items = tree
+    if pack_label:
+        items = [(index, [label, index / 4], rel) for index, label, rel in items]
+    write_list(tmp_path / "faces.lst", items)
+    args = ["--pack-label"] if pack_label else []
+    subprocess.run(
+        [str(oracle_python()), im2rec_path(), str(tmp_path / "faces"), str(root), "--num-thread",
+         "1", "--quality", "90", *args],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    rec, idx = tmp_path / "faces.rec", tmp_path / "faces.idx"
+    expected = run_mxnet(MX_READ_ALL, {"rec": str(rec), "idx": str(idx), "decode": True})
+    ds = open_dataset(rec)
+    rgb = open_dataset(rec, decode="rgb")
+    assert ds.layout == "images"
+    assert ds.keys.tolist() == [key for key, *_ in expected] == [i for i, _, _ in items]
+    for n, (_, image, label, mx_rgb) in enumerate(expected):
+        ours_image, ours_label = ds[n]
+        assert ours_image == image
+        if pack_label:
+            assert ours_label.tolist() == label
+            assert ds.labels[n].tolist() == label
+        else:
+            assert ours_label == label == ds.labels[n]
+        decoded = rgb[n][0]
+        assert decoded.shape == mx_rgb.shape == (36, 28, 3)
+        # MXNet bundles its own OpenCV; two builds may round a pixel differently.
+        assert np.abs(decoded.astype(int) - mx_rgb).mean() < 1
+
+
+# arcface_torch's MXFaceDataset, with MXNet doing the reading.
+MX_FACE_DATASET = """
+import numbers
+import numpy as np
+import mxnet as mx
+rec = mx.recordio.MXIndexedRecordIO(DATA["idx"], DATA["rec"], "r")
+header, _ = mx.recordio.unpack(rec.read_idx(0))
+samples = []
+for idx in np.array(range(1, int(header.label[0]))):
+    h, image = mx.recordio.unpack(rec.read_idx(int(idx)))
+    label = h.label if isinstance(h.label, numbers.Number) else h.label[0]
+    samples.append((int(idx), image, float(label)))
+ranges = []
+for key in range(int(header.label[0]), int(header.label[1])):
+    h, _ = mx.recordio.unpack(rec.read_idx(key))
+    ranges.append([int(h.label[0]) - 1, int(h.label[1]) - 1])
+emit((samples, ranges))
+"""
+
+
+def test_insightface_layout_as_mxface_dataset_reads_it(tree, tmp_path):
+    root, items = tree
+    write_list(tmp_path / "faces.lst", items)
+    options = PackOptions(layout="insightface")
+    pack_images(tmp_path / "faces.lst", root, tmp_path / "ins" / "train", options)
+    rec = tmp_path / "ins" / "train.rec"
+    samples, ranges = run_mxnet(
+        MX_FACE_DATASET, {"rec": str(rec), "idx": str(tmp_path / "ins" / "train.idx")}
+    )
+    for source in (rec, tmp_path / "ins" / "train", tmp_path / "ins"):
+        ds = open_dataset(source)
+        assert ds.layout == "insightface"
+        assert [(int(k), *ds[n]) for n, k in enumerate(ds.keys)] == samples
+        assert ds.labels.tolist() == [label for _, _, label in samples]
+        assert ds.identity_ranges.tolist() == ranges == [[0, 4], [4, 8], [8, 12], [12, 16]]
