@@ -694,6 +694,8 @@ class RecordDataset:
         self._reset_handles()
 
     def _after_fork(self):
+        # A lock that a parent thread held at the fork stays locked in the child: replace it.
+        self._lock = threading.Lock()
         with self._lock:
             if self._generation != _fork_generation[0]:
                 self._forget_inherited()
