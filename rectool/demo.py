@@ -71,7 +71,8 @@ def main(argv=None):
     step("info", out / "packed" / "faces.manifest.json")
     step("reader", "-o", out / "rectool_reader.py")
     print(f"\n$ python (import {out / 'rectool_reader.py'}, read every image)", flush=True)
-    # -I: isolated, so the rectool package is not importable; only the emitted file is.
+    # The script imports the emitted file by path; -I keeps the working folder and PYTHON*
+    # variables out of the way, so what runs is that file, not the package next to it.
     code = textwrap.dedent(READ_BACK)
     manifest = out / "packed" / "faces.manifest.json"
     status = subprocess.run([sys.executable, "-I", "-c", code, str(out.resolve()), str(manifest)])
