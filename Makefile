@@ -7,7 +7,7 @@ PIP_QUIET := --quiet --disable-pip-version-check
 # The oracle: MXNet 1.9.1 runs only beside numpy<1.24; it is never a runtime dependency.
 ORACLE_PACKAGES := mxnet==1.9.1 "numpy<1.24" "opencv-python-headless<4.11"
 
-.PHONY: all venv oracle test test-fast demo lint bench clean
+.PHONY: all venv oracle test test-fast demo lint docs bench clean
 
 all: test
 
@@ -38,6 +38,10 @@ demo: $(VENV)/.installed
 lint: $(VENV)/.installed
 	$(BIN)/ruff check rectool tests
 	$(BIN)/ruff format --check rectool tests
+
+# Regenerate docs/cli.md from the real --help output (tests/test_docs.py checks it).
+docs: $(VENV)/.installed
+	$(BIN)/cog -r docs/cli.md
 
 bench: $(VENV)/.installed $(ORACLE)/.installed
 	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(BIN)/python tests/benchmarks/run_all.py

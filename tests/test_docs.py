@@ -1,0 +1,30 @@
+"""The documentation cannot drift from the command line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rectool.cli import cli
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def test_cli_reference_matches_the_real_help():
+    check = subprocess.run(
+        [sys.executable, "-m", "cogapp", "--check", "--diff", str(DOCS / "cli.md")],
+        capture_output=True,
+        text=True,
+    )
+    assert check.returncode == 0, f"docs/cli.md is stale: run `make docs`\n{check.stdout}"
+
+
+@pytest.mark.parametrize("command", sorted(cli.commands))
+def test_every_command_help_has_an_example(command):
+    result = CliRunner().invoke(cli, [command, "--help"], terminal_width=100)
+    assert result.exit_code == 0
+    assert "Example:\n      rectool " + command in result.output
