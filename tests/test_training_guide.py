@@ -49,6 +49,7 @@ def train(workdir, *args, ranks=1):
     launcher = [sys.executable]
     if ranks > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks talk over the loopback interface only
     proc = subprocess.run(
         [*launcher, "train.py", "out/faces", "--batch-size", "4", *map(str, args)],
         cwd=workdir,
