@@ -333,3 +333,28 @@ def test_insightface_layout_refuses_numbers_float32_cannot_hold(tree, tmp_path, 
     monkeypatch.setattr(rectool.packing, "FLOAT32_EXACT", 16)
     with pytest.raises(RectoolError, match="exact only up to 16; 12 images \\+ 3 identities"):
         pack_images(lst, root, tmp_path / "z", PackOptions(layout="insightface"))
+
+
+def test_list_that_is_not_utf8_names_the_line(tree, tmp_path):
+    root, _, _ = tree
+    bad = tmp_path / "latin1.lst"
+    bad.write_bytes(b"0\t0\talice/000.jpg\n1\t0\talice/caf\xe9.jpg\n")
+    with pytest.raises(RectoolError, match=r"latin1.lst: line 2: not valid UTF-8"):
+        pack_images(bad, root, tmp_path / "u")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0\t0\ta.jpg\n1\tnan\tb.jpg\n", r"line 2: labels \['nan'\] are not finite"),
+        ("0\t0\ta.jpg\n\n", "line 2: expected 'index<TAB>label<TAB>path', got ''"),
+        ("5\t0\ta.jpg\n2\t1\tb.jpg\n5\t1\tc.jpg\n", "line 3: index 5 appears twice"),
+        ("0\t0\ta.jpg\n-1\t0\tb.jpg\n", "line 2: index -1 is negative"),
+    ],
+)
+def test_unusual_lists_are_checked_line_by_line(tree, tmp_path, text, message):
+    root, _, _ = tree
+    lst = tmp_path / "odd.lst"
+    lst.write_text(text, encoding="utf-8")
+    with pytest.raises(RectoolError, match=message):
+        pack_images(lst, root, tmp_path / "o")
