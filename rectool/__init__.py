@@ -1,33 +1,56 @@
-"""rectool: pack image trees into MXNet RecordIO shards, verify them, read them without MXNet."""
+"""rectool: pack image trees into MXNet RecordIO shards, verify them, read them without MXNet.
+
+The names below are imported from their modules on first use (PEP 562), so that a command
+such as `rectool list` does not load numpy or OpenCV it never needs.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 __version__ = "0.1.0"
 
-from .errors import (
-    IndexFormatError,
-    RecordFormatError,
-    RecordTooLargeError,
-    RectoolError,
-    UsageError,
-)
-from .reader import Header, IndexedRecordFile, RecordFile, load_index, unpack_header
-from .writer import IndexedRecordWriter, RecordWriter, frame_record, pack_image_record
+_EXPORTS = {
+    # errors
+    "RectoolError": "errors",
+    "IndexFormatError": "errors",
+    "RecordFormatError": "errors",
+    "RecordTooLargeError": "errors",
+    "UsageError": "errors",
+    # reading (the module `rectool reader` emits)
+    "Header": "reader",
+    "IndexedRecordFile": "reader",
+    "RankSampler": "reader",
+    "RecordDataset": "reader",
+    "RecordFile": "reader",
+    "load_index": "reader",
+    "open_dataset": "reader",
+    "prefetch": "reader",
+    "unpack_header": "reader",
+    # writing
+    "IndexedRecordWriter": "writer",
+    "RecordWriter": "writer",
+    "frame_record": "writer",
+    "pack_image_record": "writer",
+    # pipelines
+    "PackOptions": "packing",
+    "pack_images": "packing",
+    "finalize_pack": "packing",
+    "list_images": "listing",
+    "verify_dataset": "verify",
+}
 
-__all__ = [
-    "Header",
-    "IndexFormatError",
-    "IndexedRecordFile",
-    "IndexedRecordWriter",
-    "RecordFile",
-    "RecordFormatError",
-    "RecordTooLargeError",
-    "RecordWriter",
-    "RectoolError",
-    "UsageError",
-    "__version__",
-    "frame_record",
-    "load_index",
-    "pack_image_record",
-    "unpack_header",
-]
+__all__ = ["__version__", *sorted(_EXPORTS)]
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rectool' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -17,7 +17,7 @@ import click
 
 from . import __version__
 from .errors import RectoolError, UsageError
-from .listing import DEFAULT_EXTENSIONS, SKIP_REASONS, default_threads, display_path, list_images
+from .listing import DEFAULT_EXTENSIONS, SKIP_REASONS, display_path, list_images
 
 # Commands import their library modules when they run: `rectool list` need not pay for OpenCV,
 # tqdm and the packing pipeline at start-up. The choices below are the library's own constants
@@ -468,9 +468,9 @@ def parse_extensions(ctx, param, value):
     "--threads",
     "-j",
     type=click.IntRange(1, 256),
-    default=default_threads(),
-    show_default="4 per CPU, at most 32",
-    help="Folders read at once (helps most on network file systems).",
+    default=None,
+    help="Folders read at once. Default: one at a time while folders list fast (a local or "
+    "cached disk), 4 per CPU (at most 32) once they prove slow (a network file system).",
 )
 @click.option(
     "--labels",

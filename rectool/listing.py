@@ -21,6 +21,7 @@ import os
 import queue
 import random
 import tempfile
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain, repeat
@@ -219,12 +220,16 @@ def scan_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progr
 
     `exts` are the image extensions (case-insensitive). With `recursive`, images in subfolders
     of an identity folder belong to it; without, such subfolders are skipped and counted.
-    `threads` folders are read at once (default `default_threads()`). `progress`, if given, is
+    `threads` folders are read at once. By default (`threads=None`) folders are read on the
+    calling thread while listings are fast (a local or cached disk, where threads only contend
+    for the GIL) and on `default_threads()` threads once they prove slow (a network file
+    system, where latency dominates). `progress`, if given, is
     called from the calling thread as `progress(folders_scanned, images_found)`.
 
     Raises `ListingError` when the root itself cannot be read.
     """
     root = Path(root)
+    adaptive = threads is None
     threads = default_threads() if threads is None else threads
     if threads < 1:
         raise UsageError(f"threads must be at least 1, got {threads}")
@@ -274,7 +279,11 @@ def scan_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progr
             skipped[reason].append(path)
 
     if folders:
-        _run(scanner, folders, threads, merge, lambda: progress and progress(scanned, found))
+        report = lambda: progress and progress(scanned, found)  # noqa: E731
+        if adaptive and threads > 1:
+            folders = _run_while_fast(scanner, folders, merge, report)
+        if folders:
+            _run(scanner, folders, threads, merge, report)
     identities = []
     for i, name in enumerate(names):
         paths = images[i]
@@ -294,6 +303,32 @@ def _is_dir(entry):
         return entry.is_dir()
     except OSError:
         return False
+
+
+# A cached local folder of face crops lists in about 0.1 ms; a network file system takes a
+# millisecond or more, and then reading folders on many threads pays.
+SLOW_LISTING_SECONDS = 0.0005
+_PROBE_FOLDERS = 16
+
+
+def _run_while_fast(scanner, folders, merge, report):
+    """Scan identity folders on this thread while they list fast; return those left to scan."""
+    pending = list(reversed(folders))
+    spent = 0.0
+    done = 0
+    while pending:
+        started = time.perf_counter()
+        result = scanner.scan(pending.pop())
+        spent += time.perf_counter() - started
+        done += 1
+        merge(result)
+        pending.extend(reversed(result.subfolders))
+        report()
+        if done % _PROBE_FOLDERS == 0:
+            if spent / _PROBE_FOLDERS > SLOW_LISTING_SECONDS:
+                return list(reversed(pending))
+            spent = 0.0
+    return []
 
 
 def _run(scanner, folders, threads, merge, report):

@@ -27,9 +27,27 @@ import os
 import queue
 import struct
 import threading
+import zlib
 from collections import namedtuple
 
-import numpy as np
+
+class _LazyNumpy:
+    """numpy, imported on first use.
+
+    Commands such as `rectool list` load this module only for its error classes and should
+    not pay for numpy; the first attribute looked up imports it and puts the real module in
+    place of this stand-in.
+    """
+
+    def __getattr__(self, name):
+        global np
+        import numpy
+
+        np = numpy
+        return getattr(numpy, name)
+
+
+np = _LazyNumpy()
 
 FORMAT_VERSION = 1
 
@@ -48,8 +66,10 @@ IMAGE_HEADER_SIZE = IMAGE_HEADER.size  # 24
 
 # --- binary sidecar cache of a parsed .idx ----------------------------------------------------
 INDEX_CACHE_SUFFIX = ".rtc"
-INDEX_CACHE_MAGIC = b"RTIDXC01"
-INDEX_CACHE_HEADER = struct.Struct("<8sQqQ")  # magic, idx size, idx mtime_ns, record count
+INDEX_CACHE_MAGIC = b"RTIDXC02"
+# magic, .idx size, .idx mtime_ns, record count, CRC-32 of the .idx bytes, padding to 8 bytes.
+# The CRC catches an .idx replaced by one of the same size and mtime (cp -p, rsync -a).
+INDEX_CACHE_HEADER = struct.Struct("<8sQqQI4x")
 # Parsing a small index is instant; caching it would only litter the dataset folder.
 INDEX_CACHE_MIN_RECORDS = 100_000
 
@@ -58,7 +78,7 @@ MANIFEST_SUFFIX = ".manifest.json"
 MANIFEST_FORMAT = "rectool-manifest"
 MANIFEST_VERSION = 1
 
-_INT64_MAX = np.iinfo(np.int64).max
+_INT64_MAX = 2**63 - 1
 
 Header = namedtuple("Header", "flag label id id2")
 Header.__doc__ = "The image record header: flag, label (float or float32 vector), id, id2."
@@ -184,8 +204,9 @@ def index_cache_path(idx_path):
 def load_index(idx_path, cache=True):
     """Read an .idx file into int64 arrays (keys, offsets), in file order.
 
-    With `cache=True` a binary sidecar (`<idx>.rtc`) is used when its recorded size and mtime
-    match the .idx, and written after parsing a large index when the folder is writable.
+    With `cache=True` a binary sidecar (`<idx>.rtc`) is used when its recorded size, mtime
+    and CRC-32 match the .idx, and written after parsing a large index when the folder is
+    writable.
     """
     idx_path = os.fspath(idx_path)
     try:
@@ -200,7 +221,7 @@ def load_index(idx_path, cache=True):
         data = f.read()
     keys, offsets = parse_index(data, idx_path)
     if cache and len(keys) >= INDEX_CACHE_MIN_RECORDS:
-        write_index_cache(idx_path, keys, offsets, st)
+        write_index_cache(idx_path, keys, offsets, st, data)
     return keys, offsets
 
 
@@ -212,23 +233,37 @@ def read_index_cache(idx_path, st=None):
             head = f.read(INDEX_CACHE_HEADER.size)
             if len(head) != INDEX_CACHE_HEADER.size:
                 return None
-            magic, size, mtime_ns, count = INDEX_CACHE_HEADER.unpack(head)
+            magic, size, mtime_ns, count, crc = INDEX_CACHE_HEADER.unpack(head)
             if (magic, size, mtime_ns) != (INDEX_CACHE_MAGIC, st.st_size, st.st_mtime_ns):
                 return None
             body = np.fromfile(f, np.int64)
     except FileNotFoundError:
         return None
-    if body.size != 2 * count:
+    if body.size != 2 * count or _file_crc32(idx_path) != crc:
         return None
     return body[:count], body[count:]
 
 
-def write_index_cache(idx_path, keys, offsets, st=None):
-    """Write the sidecar cache for an .idx; return False when the folder is not writable."""
+def _file_crc32(path, data=None):
+    if data is not None:
+        return zlib.crc32(data)
+    crc = 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def write_index_cache(idx_path, keys, offsets, st=None, data=None):
+    """Write the sidecar cache for an .idx; return False when the folder is not writable.
+
+    `data`, the .idx bytes when the caller has them, saves reading the file for its CRC.
+    """
     st = st or os.stat(idx_path)
     final = index_cache_path(idx_path)
     tmp = f"{final}.tmp{os.getpid()}"
-    head = INDEX_CACHE_HEADER.pack(INDEX_CACHE_MAGIC, st.st_size, st.st_mtime_ns, len(keys))
+    crc = _file_crc32(idx_path, data)
+    head = INDEX_CACHE_HEADER.pack(INDEX_CACHE_MAGIC, st.st_size, st.st_mtime_ns, len(keys), crc)
     try:
         with open(tmp, "wb") as f:
             f.write(head)

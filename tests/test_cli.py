@@ -36,11 +36,19 @@ def test_cli_choices_are_the_library_constants():
     assert cli_module.LAYOUTS == LAYOUTS
 
 
-def test_start_up_does_not_import_opencv_tqdm_or_the_pipeline():
+def test_start_up_does_not_import_numpy_opencv_tqdm_or_the_pipeline():
     probe = (
         "import sys, rectool.cli; "
-        "print(sorted(m for m in ('cv2', 'tqdm', 'rectool.packing', 'rectool.images') "
+        "print(sorted(m for m in ('numpy', 'cv2', 'tqdm', 'rectool.packing', 'rectool.images') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_package_exports_resolve():
+    import rectool
+
+    for name in rectool.__all__:
+        assert getattr(rectool, name) is not None
+    assert rectool.open_dataset.__module__ == "rectool.reader"

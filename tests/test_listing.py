@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import string
+import time
 import unicodedata
 
 import pytest
@@ -611,3 +612,34 @@ def test_printable_ascii_file_names_round_trip_through_the_list(tmp_path):
     out = tmp_path / "x.lst"
     list_images(tmp_path / "faces", out)
     assert [item.path for item in read_list(out)] == sorted("id/" + n for n in names)
+
+
+def scan_with_latency(monkeypatch, root, seconds, **options):
+    """Scan with every folder listing under `root` delayed; return (result, folders pooled)."""
+    real_scandir = os.scandir
+    pooled = []
+    real_run = listing_module._run
+
+    def slow_scandir(path="."):
+        if os.fspath(path) != os.fspath(root):
+            time.sleep(seconds)
+        return real_scandir(path)
+
+    def spy_run(scanner, folders, threads, merge, report):
+        pooled.append((len(folders), threads))
+        return real_run(scanner, folders, threads, merge, report)
+
+    monkeypatch.setattr(listing_module.os, "scandir", slow_scandir)
+    monkeypatch.setattr(listing_module, "_run", spy_run)
+    return scan_tree(root, **options), pooled
+
+
+def test_default_threads_start_when_folders_list_slowly(tmp_path, monkeypatch):
+    face_tree(tmp_path, identities=40, per_identity=1)
+    fast, fast_pool = scan_with_latency(monkeypatch, tmp_path, 0.0)
+    assert fast_pool == []  # a fast disk: all on the calling thread
+    slow, slow_pool = scan_with_latency(monkeypatch, tmp_path, 0.002)
+    assert slow_pool == [(40 - 16, listing_module.default_threads())]
+    assert slow.identities == fast.identities
+    _, forced = scan_with_latency(monkeypatch, tmp_path, 0.0, threads=3)
+    assert forced == [(40, 3)]

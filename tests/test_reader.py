@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import pickle
 import struct
+import zlib
 
 import numpy as np
 import pytest
@@ -156,11 +157,12 @@ def cache_of(idx):
 
 
 def read_cache(idx):
-    """Decode a sidecar by hand: magic, .idx size, .idx mtime_ns, count, then keys and offsets."""
+    """Decode a sidecar by hand: magic, .idx size, mtime_ns, count, CRC, keys and offsets."""
     data = cache_of(idx).read_bytes()
-    magic, size, mtime_ns, count = struct.unpack_from("<8sQqQ", data)
-    body = struct.unpack_from(f"<{2 * count}q", data, 32)
-    assert len(data) == 32 + 16 * count
+    magic, size, mtime_ns, count, crc = struct.unpack_from("<8sQqQI4x", data)
+    assert crc == zlib.crc32(idx.read_bytes())
+    body = struct.unpack_from(f"<{2 * count}q", data, 40)
+    assert len(data) == 40 + 16 * count
     return magic, size, mtime_ns, list(body[:count]), list(body[count:])
 
 
@@ -168,7 +170,8 @@ def fake_cache(idx, keys, offsets, size=None, mtime_ns=None):
     st = os.stat(idx)
     size = st.st_size if size is None else size
     mtime_ns = st.st_mtime_ns if mtime_ns is None else mtime_ns
-    head = struct.pack("<8sQqQ", b"RTIDXC01", size, mtime_ns, len(keys))
+    crc = zlib.crc32(idx.read_bytes())
+    head = struct.pack("<8sQqQI4x", b"RTIDXC02", size, mtime_ns, len(keys), crc)
     cache_of(idx).write_bytes(head + struct.pack(f"<{2 * len(keys)}q", *keys, *offsets))
 
 
@@ -181,7 +184,7 @@ def test_load_index_writes_the_sidecar_for_a_large_index(tmp_path, small_cache_t
     idx = write(tmp_path / "a.idx", IDX_TEXT)
     assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
     st = os.stat(idx)
-    assert read_cache(idx) == (b"RTIDXC01", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
+    assert read_cache(idx) == (b"RTIDXC02", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.idx", "a.idx.rtc"]
 
 
@@ -213,6 +216,18 @@ def test_load_index_uses_a_fresh_sidecar_without_parsing(
     assert as_lists(load_index(idx)) == ([7, 8, 9], [4, 8, 12])
 
 
+def test_load_index_rebuilds_a_sidecar_whose_idx_changed_under_the_same_size_and_mtime(
+    tmp_path, small_cache_threshold
+):
+    idx = write(tmp_path / "a.idx", IDX_TEXT)
+    os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+    # As `cp -p` or `rsync -a` would leave it: other offsets, same size, same mtime.
+    idx.write_bytes(b"0\t0\n1\t24\n2\t48\n")
+    os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
+    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 24, 48])
+
+
 @pytest.mark.parametrize("change", ["mtime", "size, same mtime"])
 def test_load_index_rebuilds_a_stale_sidecar(tmp_path, small_cache_threshold, change):
     idx = write(tmp_path / "a.idx", IDX_TEXT)
@@ -229,7 +244,7 @@ def test_load_index_rebuilds_a_stale_sidecar(tmp_path, small_cache_threshold, ch
         expected = ([0, 1, 2, 3], [0, 16, 40, 64])
     assert as_lists(load_index(idx)) == expected
     st = os.stat(idx)
-    assert read_cache(idx) == (b"RTIDXC01", st.st_size, st.st_mtime_ns, *expected)
+    assert read_cache(idx) == (b"RTIDXC02", st.st_size, st.st_mtime_ns, *expected)
 
 
 @pytest.mark.parametrize(
