@@ -6,6 +6,9 @@ BIN := $(VENV)/bin
 PIP_QUIET := --quiet --disable-pip-version-check
 # The oracle: MXNet 1.9.1 runs only beside numpy<1.24; it is never a runtime dependency.
 ORACLE_PACKAGES := mxnet==1.9.1 "numpy<1.24" "opencv-python-headless<4.11"
+# NVIDIA DALI (CPU-only here) runs the training guide's fn.readers.mxnet recipe in tests.
+DALI := .venv-dali
+DALI_PACKAGES := nvidia-dali-cuda120==2.4.0 numpy
 
 .PHONY: all venv oracle test test-fast demo lint docs bench clean
 
@@ -21,12 +24,18 @@ $(ORACLE)/.installed:
 	$(ORACLE)/bin/pip install $(PIP_QUIET) $(ORACLE_PACKAGES)
 	touch $@
 
+$(DALI)/.installed:
+	$(PYTHON) -m venv $(DALI)
+	$(DALI)/bin/pip install $(PIP_QUIET) $(DALI_PACKAGES)
+	touch $@
+
 venv: $(VENV)/.installed
 
 oracle: $(ORACLE)/.installed
 
-test: $(VENV)/.installed $(ORACLE)/.installed
-	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(BIN)/python -m pytest -q
+test: $(VENV)/.installed $(ORACLE)/.installed $(DALI)/.installed
+	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python \
+	RECTOOL_DALI_PYTHON=$(CURDIR)/$(DALI)/bin/python $(BIN)/python -m pytest -q
 
 # Everything but the MXNet oracle tests (they fail loudly without the oracle venv).
 test-fast: $(VENV)/.installed
@@ -47,4 +56,4 @@ bench: $(VENV)/.installed $(ORACLE)/.installed
 	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(BIN)/python tests/benchmarks/run_all.py
 
 clean:
-	rm -rf $(VENV) $(ORACLE) demo-out .pytest_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(ORACLE) $(DALI) demo-out .pytest_cache .ruff_cache .hypothesis *.egg-info
