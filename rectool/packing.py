@@ -17,6 +17,7 @@ import os
 import re
 import shutil
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -51,7 +52,11 @@ STATE_SUFFIX = ".pack-state.json"
 STDIN_COPY_SUFFIX = ".stdin.lst"
 FLOAT32_EXACT = 2**24
 # Items go to worker threads in chunks: one future per image would cost more than a check.
-CHUNK_ITEMS = 32  # float32 holds every integer up to here, and no further exactly
+CHUNK_ITEMS = 32
+# Pass-through from a fast disk takes about 15 us an image, all Python; a network file system
+# takes a millisecond, waiting. Over this average, worker threads take over.
+SLOW_ITEM_SECONDS = 0.0001
+SWITCH_WINDOW = 256  # float32 holds every integer up to here, and no further exactly
 
 
 @dataclass(frozen=True)
@@ -574,14 +579,17 @@ class _PackRun:
 
     def _process(self, items, done):
         worker = _ImageWorker(self.root, self.options)
-        if self.options.workers == 1:
-            for chunk in _chunks(items, CHUNK_ITEMS):
-                done = self._consume(chunk, worker.prepare_chunk(chunk), done)
-            return
+        chunks = _chunks(items, CHUNK_ITEMS)
+        if self.options.workers == 1 or _io_bound(self.options):
+            # Passing bytes through from a fast disk costs Python time, not waiting: worker
+            # threads would only contend for the GIL. Threads start if reads prove slow.
+            done, finished = self._process_inline(worker, chunks, done, self.options.workers > 1)
+            if finished:
+                return
         window = collections.deque()
         limit = 4 * self.options.workers
         with ThreadPoolExecutor(self.options.workers, thread_name_prefix="rectool-pack") as pool:
-            for chunk in _chunks(items, CHUNK_ITEMS):
+            for chunk in chunks:
                 window.append((chunk, pool.submit(worker.prepare_chunk, chunk)))
                 if len(window) >= limit:
                     chunk, pending = window.popleft()
@@ -589,6 +597,21 @@ class _PackRun:
             while window:
                 chunk, pending = window.popleft()
                 done = self._consume(chunk, pending.result(), done)
+
+    def _process_inline(self, worker, chunks, done, may_switch):
+        """Prepare chunks on this thread; return (done, finished), stopping when reads are slow."""
+        spent = items = 0
+        for chunk in chunks:
+            started = time.perf_counter()
+            results = worker.prepare_chunk(chunk)
+            spent += time.perf_counter() - started
+            items += len(chunk)
+            done = self._consume(chunk, results, done)
+            if may_switch and items >= SWITCH_WINDOW:
+                if spent / items > SLOW_ITEM_SECONDS:
+                    return done, False
+                spent = items = 0
+        return done, True
 
     def _consume(self, chunk, results, done):
         """Write one chunk's results in list order; return the new count of items done."""
@@ -707,6 +730,11 @@ def frame_image(item, image, key, pack_label):
         return frame_record(pack_image_record(image, label, key), item.path)
     except RecordTooLargeError:
         return ImageRefused(f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes")
+
+
+def _io_bound(options):
+    """Return True when preparing an image is reading it, not decoding or encoding it."""
+    return options.transform is None and options.check != "decode"
 
 
 def _read_file(path):

@@ -358,3 +358,33 @@ def test_unusual_lists_are_checked_line_by_line(tree, tmp_path, text, message):
     lst.write_text(text, encoding="utf-8")
     with pytest.raises(RectoolError, match=message):
         pack_images(lst, root, tmp_path / "o")
+
+
+def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
+    import time
+
+    import rectool.packing as packing
+
+    root = tmp_path / "tree"
+    items = write_pack_tree(root, [f"id{i}" for i in range(10)], 60)
+    lst = write_list(tmp_path / "slow.lst", items)
+    pools = []
+    real_pool, real_read = packing.ThreadPoolExecutor, packing._read_file
+
+    def counting_pool(*args, **kwargs):
+        pools.append(args)
+        return real_pool(*args, **kwargs)
+
+    monkeypatch.setattr(packing, "ThreadPoolExecutor", counting_pool)
+    pack_images(lst, root, tmp_path / "fast", PackOptions(workers=2))
+    assert pools == []  # fast local reads: all on the calling thread
+
+    def slow_read(path):
+        time.sleep(0.0005)  # as on a network file system
+        return real_read(path)
+
+    monkeypatch.setattr(packing, "_read_file", slow_read)
+    pack_images(lst, root, tmp_path / "slow", PackOptions(workers=2))
+    assert pools == [(2,)]
+    assert (tmp_path / "slow.rec").read_bytes() == (tmp_path / "fast.rec").read_bytes()
+    assert (tmp_path / "slow.idx").read_bytes() == (tmp_path / "fast.idx").read_bytes()
