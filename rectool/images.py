@@ -245,7 +245,8 @@ def apply_transform(image, transform):
             size = (transform.resize, h * transform.resize // w)
         else:
             size = (w * transform.resize // h, transform.resize)
-        image = cv2.resize(image, size)
+        if size != (w, h):  # a reduced decode can land on the target already
+            image = cv2.resize(image, size)
     return image
 
 

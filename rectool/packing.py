@@ -44,7 +44,7 @@ from .shards import (
     shard_stem,
     write_json_atomic,
 )
-from .writer import frame_record, pack_image_record
+from .writer import frame_image_record, frame_record, pack_image_record
 
 LAYOUTS = ("images", "insightface")
 FAILURES_SUFFIX = ".failures.jsonl"
@@ -727,7 +727,7 @@ def frame_image(item, image, key, pack_label):
     """Return the framed record of one image, or an `ImageRefused` when it is too large."""
     label = list(item.labels) if pack_label else item.labels[0]
     try:
-        return frame_record(pack_image_record(image, label, key), item.path)
+        return frame_image_record(image, label, key, 0, item.path)
     except RecordTooLargeError:
         return ImageRefused(f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes")
 

@@ -68,6 +68,22 @@ def frame_record(payload, item=None):
     return b"".join(out)
 
 
+def frame_image_record(image, label, id=0, id2=0, item=None):
+    """Return `frame_record(pack_image_record(image, label, id, id2), item)`.
+
+    The common record (a float label, image bytes, no magic word anywhere) is built with a
+    single copy of the image; anything else takes the general path.
+    """
+    if type(label) is float and type(image) is bytes:
+        n = IMAGE_HEADER.size + len(image)
+        head = IMAGE_HEADER.pack(0, label, id, id2)
+        # No aligned word straddles the header's end (24 is a multiple of 4), so checking the
+        # header and the image apart finds every magic word that could split the record.
+        if n <= MAX_RECORD_BYTES and MAGIC_BYTES not in head and MAGIC_BYTES not in image:
+            return b"".join((PART_HEADER.pack(MAGIC, n), head, image, _PADDING[n & 3]))
+    return frame_record(pack_image_record(image, label, id, id2), item)
+
+
 def _aligned_magic_positions(payload):
     positions = []
     limit = len(payload) & ~3  # dmlc only looks at whole aligned words

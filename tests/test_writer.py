@@ -6,6 +6,8 @@ import struct
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rectool import writer
 from rectool.errors import RecordTooLargeError, RectoolError
@@ -13,6 +15,7 @@ from rectool.writer import (
     IndexedRecordWriter,
     RecordWriter,
     format_index_line,
+    frame_image_record,
     frame_record,
     pack_image_record,
 )
@@ -296,3 +299,22 @@ def test_indexed_writer_idx_lines(tmp_path):
 )
 def test_format_index_line(key, offset, line):
     assert format_index_line(key, offset) == line
+
+
+@given(
+    image=st.binary(max_size=64).map(lambda b: b.replace(b"X", M)),
+    label=st.one_of(
+        st.floats(width=32, allow_nan=False), st.lists(st.floats(width=32), max_size=3)
+    ),
+    key=st.integers(0, 2**64 - 1),
+)
+def test_frame_image_record_equals_the_general_path(image, label, key):
+    assert frame_image_record(image, label, key) == frame_record(
+        pack_image_record(image, label, key)
+    )
+
+
+def test_frame_image_record_splits_like_the_general_path():
+    image = b"abcd" + M + b"ef"
+    assert frame_image_record(image, 1.0, 7) == frame_record(pack_image_record(image, 1.0, 7))
+    assert frame_image_record(image, 1.0, 7).count(M) == 2  # two parts

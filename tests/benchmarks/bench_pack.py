@@ -21,7 +21,7 @@ from common import CACHE, RECTOOL, best_of, im2rec_script, oracle_python, timed 
 from tree import ensure_tree  # noqa: E402
 
 WORK = CACHE / "pack-bench"
-LARGE_IMAGES = 4000
+LARGE_IMAGES = 12000
 WORKERS = 2
 
 # The peer loop of the re-encode targets: read, decode, resize the shorter side, encode.
