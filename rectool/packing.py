@@ -10,7 +10,6 @@ from __future__ import annotations
 import collections
 import glob
 import hashlib
-import io
 import itertools
 import json
 import os
@@ -27,7 +26,7 @@ import numpy as np
 from . import __version__
 from .errors import RecordTooLargeError, RectoolError, UsageError
 from .images import CHECK_MODES, ImageRefused, Transform, check_image, reencode_image
-from .listfile import ListFormatError, find_label_map, iter_list, read_label_map
+from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
 from .reader import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
@@ -407,44 +406,79 @@ def _copy_stream(stream, prefix):
     return target
 
 
-# A whole list of ordinary lines (`index<TAB>finite number...<TAB>path`), matched at C speed.
-_NUMBER = r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
-_PLAIN_LIST = re.compile(rf"(?:[0-9]+(?:\t{_NUMBER})+\t[^\t\n]+\n)*")
+# Ordinary lines (`index<TAB>finite number...<TAB>path`), matched a block at a time at C speed.
+_NUMBER = rb"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+_PLAIN_LINES = re.compile(rb"(?:[0-9]+(?:\t" + _NUMBER + rb")+\t[^\t\n]+\n)*")
+_LINE_INDEX = re.compile(rb"^([0-9]+)\t", re.M)
+_LIST_BLOCK = 1 << 20
 
 
 def _validate_list(path, layout):
     """Parse every line once before packing; return (sha256 of the file, number of items).
 
-    A bad line or a repeated index stops the run here, before anything is written.
+    A bad line or a repeated index stops the run here, before anything is written. The file is
+    read a block at a time, so memory does not grow with the list (but for 8 bytes an index
+    when the indices are not in increasing order).
     """
+    digest = hashlib.sha256()
+    count, last, unordered = 0, -1, []
     try:
         with open(path, "rb") as f:
-            data = f.read()
+            rest = b""
+            while True:
+                block = f.read(_LIST_BLOCK)
+                digest.update(block)
+                data = rest + block
+                if not block:
+                    if data and not data.endswith(b"\n"):
+                        data += b"\n"
+                    rest = b""
+                else:
+                    cut = data.rfind(b"\n") + 1
+                    data, rest = data[:cut], data[cut:]
+                if layout == "insightface" or not _PLAIN_LINES.fullmatch(data):
+                    return _validate_list_slowly(path, layout)
+                if data:
+                    data.decode("utf-8")  # raises for invalid UTF-8, reported slowly below
+                    found = np.array(_LINE_INDEX.findall(data)).astype(np.int64)
+                    count += len(found)
+                    if unordered or found[0] <= last or (found[1:] <= found[:-1]).any():
+                        unordered.append(found)
+                    last = int(found[-1])
+                if not block:
+                    break
     except FileNotFoundError:
         raise RectoolError(f"{path}: list file not found") from None
-    digest = hashlib.sha256(data).hexdigest()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise RectoolError(f"{path}: line {line}: not valid UTF-8 ({exc.reason})") from None
-    if text and not text.endswith("\n"):
-        text += "\n"
-    if layout != "insightface" and _PLAIN_LIST.fullmatch(text):
-        values = np.array([int(line[: line.index("\t")]) for line in text.splitlines()], np.int64)
-        ordered = len(values) < 2 or bool((values[1:] > values[:-1]).all())
-        if ordered or len(np.unique(values)) == len(values):
-            return digest, len(values)
-    # Something unusual: parse line by line to name the first bad line.
+    except (UnicodeDecodeError, OverflowError, ValueError):
+        return _validate_list_slowly(path, layout)
+    if unordered:
+        everything = np.concatenate(unordered)
+        if len(np.unique(everything)) != len(everything):
+            return _validate_list_slowly(path, layout)  # names the repeated index
+    return digest.hexdigest(), count
+
+
+def _validate_list_slowly(path, layout):
+    """Parse line by line, naming the first bad line or repeated index."""
+    digest = hashlib.sha256()
     keys = _KeyRegistry()
     count = 0
-    for item in iter_list(io.StringIO(text, newline="\n"), path):
-        if not keys.add(item.index):
-            raise ListFormatError(f"index {item.index} appears twice", path, item.line)
-        if layout == "insightface":
-            _check_class_label(item, path)
-        count += 1
-    return digest, count
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            digest.update(raw)
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RectoolError(
+                    f"{path}: line {number}: not valid UTF-8 ({exc.reason})"
+                ) from None
+            item = parse_list_line(text.rstrip("\n").rstrip("\r"), path, number)
+            if not keys.add(item.index):
+                raise ListFormatError(f"index {item.index} appears twice", path, item.line)
+            if layout == "insightface":
+                _check_class_label(item, path)
+            count += 1
+    return digest.hexdigest(), count
 
 
 def _check_class_label(item, path):
