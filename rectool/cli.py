@@ -42,6 +42,31 @@ def library_errors(func):
     return wrapper
 
 
+# Options several commands share, defined once (as pip-tools does).
+
+
+def workers_option(help):
+    """--workers/-j N, default all cores; `help` says what the workers do."""
+    return click.option(
+        "--workers",
+        "-j",
+        type=click.IntRange(min=1),
+        default=os.cpu_count() or 1,
+        show_default="all cores",
+        help=help,
+    )
+
+
+def quiet_option(help="No progress bar and no summary."):
+    """--quiet/-q."""
+    return click.option("--quiet", "-q", is_flag=True, help=help)
+
+
+def json_option(help="Print the summary as JSON on stdout."):
+    """--json, passed to the command as `as_json`."""
+    return click.option("--json", "as_json", is_flag=True, help=help)
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rectool")
 def cli():
@@ -145,14 +170,7 @@ def progress_bar(quiet, unit):
     help="images: keys as in the list. insightface: the face-dataset layout "
     "(header record 0, identity ranges, property file).",
 )
-@click.option(
-    "--workers",
-    "-j",
-    type=click.IntRange(min=1),
-    default=os.cpu_count() or 1,
-    show_default="all cores",
-    help="Worker threads reading, checking and encoding images.",
-)
+@workers_option("Worker threads reading, checking and encoding images.")
 @click.option(
     "--max-failures",
     type=click.IntRange(min=0),
@@ -195,8 +213,8 @@ def progress_bar(quiet, unit):
     metavar="ADDRESS",
     help="Dask scheduler address (tcp://host:8786); default: a local cluster.",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@quiet_option("No progress bar and no summary.")
+@json_option("Print the summary as JSON on stdout.")
 @library_errors
 def pack_command(
     list_file,
@@ -479,13 +497,8 @@ def parse_extensions(ctx, param, value):
     help="Write the label map here. Default: PREFIX.labels.tsv beside OUT; "
     "with OUT - it is written only if this is given.",
 )
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
-@click.option(
-    "--json",
-    "as_json",
-    is_flag=True,
-    help="Print the summary as JSON: on stdout, or on stderr when OUT is -.",
-)
+@quiet_option("No progress bar and no summary.")
+@json_option("Print the summary as JSON: on stdout, or on stderr when OUT is -.")
 @library_errors
 def list_command(root, out, labels, quiet, as_json, exts, recursive, threads, **options):
     """List the images under ROOT, one identity per folder, into OUT (.lst, or - for stdout).
@@ -626,14 +639,7 @@ def phase_progress(quiet):
 @click.option(
     "--channels", type=click.IntRange(1, 4), help="With --decode: every image's channel count."
 )
-@click.option(
-    "--workers",
-    "-j",
-    type=click.IntRange(min=1),
-    default=os.cpu_count() or 1,
-    show_default="all cores",
-    help="Threads decoding images (--decode).",
-)
+@workers_option("Threads decoding images (--decode).")
 @click.option(
     "--max-problems",
     type=click.IntRange(min=0),
@@ -641,8 +647,8 @@ def phase_progress(quiet):
     show_default=True,
     help="Problems listed one by one in the summary; the rest are counted.",
 )
-@click.option("--quiet", "-q", is_flag=True, help="Print nothing; only the exit status tells.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON on stdout.")
+@quiet_option("Print nothing; only the exit status tells.")
+@json_option("Print the report as JSON on stdout.")
 def verify_command(targets, decode, size, channels, workers, max_problems, quiet, as_json):
     """Check that each TARGET (manifest, prefix, .rec files or train.rec folder) is sound.
 
@@ -729,8 +735,8 @@ def render_verify_report(report, shown):
     "position: 0, 1, 2, ... in file order.",
 )
 @click.option("--overwrite", is_flag=True, help="Replace an existing .idx.")
-@click.option("--quiet", "-q", is_flag=True, help="No summary; only the exit status tells.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON on stdout.")
+@quiet_option("No summary; only the exit status tells.")
+@json_option("Print the result as JSON on stdout.")
 @library_errors
 def reindex_command(rec, idx, keys, overwrite, quiet, as_json):
     """Rebuild the .idx of REC by walking its records from first byte to last.
@@ -794,7 +800,7 @@ def render_reindex_result(result, shown=20):
     show_default=True,
     help="Images decoded, spread over the dataset, for their dimensions.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the description as JSON on stdout.")
+@json_option("Print the description as JSON on stdout.")
 @library_errors
 def info_command(target, sample, as_json):
     """Describe TARGET (manifest, prefix, .rec or train.rec folder).
@@ -858,8 +864,8 @@ def render_info(info, width=40):
 @cli.command("unpack")
 @click.argument("target")
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--quiet", "-q", is_flag=True, help="No progress bar and no summary.")
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@quiet_option("No progress bar and no summary.")
+@json_option("Print the summary as JSON on stdout.")
 @library_errors
 def unpack_command(target, out_dir, quiet, as_json):
     """Write the images of TARGET back as an identity-per-folder tree under OUT_DIR.
@@ -938,14 +944,7 @@ def reader_command(output):
     show_default=True,
     help="Time limit of each phase.",
 )
-@click.option(
-    "--workers",
-    "-j",
-    type=click.IntRange(min=1),
-    default=os.cpu_count() or 1,
-    show_default="all cores",
-    help="Processes decoding in parallel in the last phase.",
-)
+@workers_option("Processes decoding in parallel in the last phase.")
 @click.option(
     "--decode",
     type=click.Choice(["rgb", "bgr", "gray"]),
@@ -953,7 +952,7 @@ def reader_command(output):
     show_default=True,
     help="Decoded format, as the reader's open_dataset(decode=...).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option("Print the report as JSON.")
 @library_errors
 def bench_command(target, samples, seconds, workers, decode, as_json):
     """Measure how fast TARGET reads, the way training will read it.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from . import __version__, reader
+from .atomic import write_atomic
 from .errors import RectoolError, UsageError
 
 HEADER = """\
@@ -37,15 +38,8 @@ def emit_reader(path):
     path = os.fspath(path)
     if os.path.exists(path) and os.path.samefile(path, reader_path()):
         raise UsageError(f"{path} is rectool's own reader.py; choose another output path")
-    tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-            f.write(reader_source())
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise RectoolError(f"{path}: cannot write the reader ({exc.strerror or exc})") from None
+        write_atomic(path, reader_source())
+    except RectoolError as exc:
+        raise RectoolError(f"{exc} (the reader module)") from None
     return path

@@ -24,6 +24,7 @@ import cv2
 import numpy as np
 
 from . import __version__
+from .atomic import write_json_atomic
 from .errors import RecordTooLargeError, RectoolError, UsageError
 from .images import CHECK_MODES, ImageRefused, Transform, check_image, reencode_image
 from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
@@ -41,7 +42,6 @@ from .shards import (
     manifest_path,
     plan_shards,
     shard_stem,
-    write_json_atomic,
 )
 from .writer import frame_image_record, frame_record, pack_image_record
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .atomic import write_atomic
 from .errors import RectoolError, UsageError
 from .reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
 from .scan import mapped, read_headers, scan_framing
@@ -118,25 +119,9 @@ def reindex(rec_path, idx_path=None, keys="header", overwrite=False):
     result.duplicates = {k: n for k, n in counts.items() if n > 1}
     result.records = len(kept_keys)
     text = "".join(map(format_index_line, kept_keys, kept_offsets)).encode("ascii")
-    _write_atomic(idx_path, text)
+    write_atomic(idx_path, text)
     try:
         os.unlink(index_cache_path(idx_path))
     except FileNotFoundError:
         pass
     return result
-
-
-def _write_atomic(path, data):
-    tmp = f"{path}.tmp{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise RectoolError(f"{path}: cannot write ({exc.strerror or exc})") from None

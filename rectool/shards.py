@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import array
 import hashlib
-import json
 import os
 import queue
 import threading
@@ -468,14 +467,3 @@ def _write_all(fd, data):
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
-
-
-def write_json_atomic(path, document):
-    """Write JSON to `path` through a temporary file and a rename, so it is whole or absent."""
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(document, f, indent=2, ensure_ascii=False, sort_keys=False)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
