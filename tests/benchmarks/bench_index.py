@@ -16,15 +16,17 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
-from rectool.reader import index_cache_path, load_index, read_index_cache
+sys.path.insert(0, str(Path(__file__).parent))
+from common import CACHE, best_time  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-CACHE_DIR = REPO / ".bench-cache" / "index"
+from rectool.reader import index_cache_path, load_index, read_index_cache  # noqa: E402
+
+CACHE_DIR = CACHE / "index"
+REPO_ORACLE = CACHE.parent / ".venv-oracle" / "bin" / "python"
 LINES = 6_000_000
 LIMIT_S = 0.5
 OUR_REPEATS = 3
@@ -43,9 +45,9 @@ r.close()
 
 
 def oracle_python():
-    """Return the MXNet interpreter: $RECTOOL_ORACLE_PYTHON, else .venv-oracle; None if absent."""
+    """Return the MXNet interpreter, or None when it is not built (MXNet is then skipped)."""
     configured = os.environ.get("RECTOOL_ORACLE_PYTHON")
-    path = Path(configured) if configured else REPO / ".venv-oracle" / "bin" / "python"
+    path = Path(configured) if configured else REPO_ORACLE
     return path if path.exists() else None
 
 
@@ -65,16 +67,6 @@ def build_index(lines=LINES, folder=CACHE_DIR):
         os.replace(tmp, idx)
     rec.touch()
     return idx, rec
-
-
-def best_of(repeats, fn):
-    """Return (best wall time in seconds, last result) of calling `fn` `repeats` times."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def time_mxnet(idx, rec, runs):
@@ -99,14 +91,14 @@ def time_mxnet(idx, rec, runs):
 def run(lines=LINES, mxnet_runs=1, repeats=OUR_REPEATS):
     """Build (or reuse) the .idx, time every contender and return the figures as a dict."""
     idx, rec = build_index(lines)
-    cold_s, (keys, offsets) = best_of(repeats, lambda: load_index(idx, cache=False))
+    cold_s, (keys, offsets) = best_time(repeats, lambda: load_index(idx, cache=False))
     if len(keys) != lines or keys[-1] != lines - 1 or not (np.diff(offsets) > 0).all():
         raise RuntimeError(f"{idx}: parsed {len(keys)} keys, expected 0..{lines - 1}")
 
     load_index(idx)  # writes the sidecar when it is missing or stale
     if read_index_cache(idx) is None:
         raise RuntimeError(f"{index_cache_path(idx)}: sidecar cache was not written")
-    cached_s, (cached_keys, cached_offsets) = best_of(repeats, lambda: load_index(idx))
+    cached_s, (cached_keys, cached_offsets) = best_time(repeats, lambda: load_index(idx))
     if not (np.array_equal(cached_keys, keys) and np.array_equal(cached_offsets, offsets)):
         raise RuntimeError(f"{index_cache_path(idx)}: sidecar disagrees with the .idx")
 

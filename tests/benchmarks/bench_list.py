@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tree import DEFAULT_IDENTITIES, DEFAULT_IMAGES, REPO, ensure_tree  # noqa: E402
+from common import oracle_python  # noqa: E402
+from tree import DEFAULT_IDENTITIES, DEFAULT_IMAGES, ensure_tree  # noqa: E402
 
 from rectool import listing as listing_module  # noqa: E402
 from rectool.listfile import read_list  # noqa: E402
@@ -36,15 +37,6 @@ from rectool.listing import default_threads, list_images  # noqa: E402
 
 IM2REC_FASTER_BY = 5.0
 WITHIN_FIND = 5.0
-
-
-def oracle_python():
-    """Return the MXNet 1.9.1 interpreter: `RECTOOL_ORACLE_PYTHON`, else `.venv-oracle`."""
-    configured = os.environ.get("RECTOOL_ORACLE_PYTHON")
-    path = Path(configured) if configured else REPO / ".venv-oracle" / "bin" / "python"
-    if not path.exists():
-        sys.exit(f"the MXNet oracle is missing at {path}: run `make oracle`")
-    return str(path)
 
 
 def rectool_command():

@@ -26,6 +26,7 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from common import best_time  # noqa: E402
 from tree import ensure_tree  # noqa: E402
 
 from rectool.reader import IndexedRecordFile, unpack_header  # noqa: E402
@@ -62,16 +63,6 @@ def ensure_pack(log=print):
     return manifest
 
 
-def best_of(repeats, fn):
-    """Return (best wall time in seconds, last result) of `repeats` calls of `fn`."""
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = fn()
-        best = min(best, time.perf_counter() - start)
-    return best, result
-
-
 def time_cat(path, repeats):
     """Return the best time of `cat path > /dev/null` (the warm-cache reading ceiling)."""
 
@@ -79,7 +70,7 @@ def time_cat(path, repeats):
         with open(os.devnull, "wb") as null:
             subprocess.run(["cat", str(path)], stdout=null, check=True)
 
-    return best_of(repeats, cat)[0]
+    return best_time(repeats, cat)[0]
 
 
 def bare_decode_loop(rec, idx, workers):
@@ -109,7 +100,7 @@ def run(repeats=3, decode=True, log=print):
     idx = Path(report.shards[0]["idx"])
     size = sum(s["rec_bytes"] for s in report.shards)
     cat_s = time_cat(rec, repeats)
-    verify_s, report = best_of(repeats, lambda: verify_dataset(manifest))
+    verify_s, report = best_time(repeats, lambda: verify_dataset(manifest))
     workers = os.cpu_count() or 1
     figures = {
         "records": report.records,

@@ -69,6 +69,16 @@ def _vm_hwm_kib(status):
     return 0
 
 
+def best_time(repeats, fn):
+    """Return (best wall time in seconds, last result) of `repeats` calls of `fn`."""
+    best, result = float("inf"), None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        best = min(best, time.perf_counter() - start)
+    return best, result
+
+
 def best_of(runs, fn):
     """Return the smallest of `runs` results of `fn()` (the least disturbed by a noisy machine)."""
     return min(fn() for _ in range(runs))

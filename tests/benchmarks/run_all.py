@@ -46,18 +46,8 @@ TARGETS = {
         ("mxnet_over_cached", "MXNet .idx open time / ours, with the cache", ">=", 1),
         ("mxnet_over_cold", "MXNet .idx open time / ours, parsing the text", ">=", 1),
     ],
-    "pack": [
-        ("speedup_pass_through_vs_im2rec", "pass-through: im2rec time / ours", ">=", 4),
-        ("ratio_pass_through_vs_tar", "pass-through: ours / `tar cf`", "<=", 1.5),
-        ("speedup_reencode_vs_im2rec", "re-encode: im2rec time / ours", ">=", 1),
-        ("ratio_reencode_vs_bare", "re-encode: ours / bare OpenCV loop", "<=", 1.1),
-        ("speedup_large_vs_bare", "4x-larger sources: bare loop time / ours", ">=", 2),
-        ("rss_growth", "peak RSS at 400k images / at 100k", "<=", 1.25),
-    ],
-    "verify": [
-        ("verify_mb_s", "verify structure + SHA-256, MB/s (warm cache)", ">=", 500),
-        ("decode_ratio", "verify --decode: ours / bare OpenCV decode loop", "<=", 1.2),
-    ],
+    "pack": _module("bench_pack").TARGETS,
+    "verify": _module("bench_verify").TARGETS,
     "read": [
         ("raw_vs_mxnet", "random raw reads: ours / MXNet read_idx + unpack", ">=", 5),
         ("raw_vs_bare", "random raw reads: ours / bare mmap + struct loop", ">=", 0.5),
