@@ -388,3 +388,37 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
     assert pools == [(2,)]
     assert (tmp_path / "slow.rec").read_bytes() == (tmp_path / "fast.rec").read_bytes()
     assert (tmp_path / "slow.idx").read_bytes() == (tmp_path / "fast.idx").read_bytes()
+
+
+def test_a_record_over_the_recordio_limit_is_refused(tree, tmp_path, monkeypatch):
+    import rectool.writer
+
+    root, lst, items = tree
+    sizes = sorted((root / rel).stat().st_size for _, _, rel in items)
+    # Pretend the 2**29 - 1 limit sits between the second-largest and the largest record.
+    monkeypatch.setattr(rectool.writer, "MAX_RECORD_BYTES", 24 + sizes[-2])
+    result = pack_images(lst, root, tmp_path / "big")
+    largest = max(items, key=lambda item: (root / item[2]).stat().st_size)
+    assert [(r.path, r.reason) for r in result.refused] == [
+        (largest[2], "record exceeds the RecordIO limit of 536870911 bytes")
+    ]
+    assert largest[0] not in read_pack(tmp_path / "big.rec")
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [("512MB", 512_000_000), ("2GiB", 2 * 1024**3), ("1.5G", 1_500_000_000), ("1000", 1000),
+     ("64kib", 65536), ("3_000", 3000)],
+)  # fmt: skip
+def test_parse_size_units(text, size):
+    from rectool.shards import parse_size
+
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "MB", "-5MB", "2XB", "lots", "0"])
+def test_parse_size_rejects(text):
+    from rectool.shards import parse_size
+
+    with pytest.raises(ValueError, match="is not a size"):
+        parse_size(text)
