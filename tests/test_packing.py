@@ -394,15 +394,16 @@ def test_a_record_over_the_recordio_limit_is_refused(tree, tmp_path, monkeypatch
     import rectool.writer
 
     root, lst, items = tree
-    sizes = sorted((root / rel).stat().st_size for _, _, rel in items)
-    # Pretend the 2**29 - 1 limit sits between the second-largest and the largest record.
-    monkeypatch.setattr(rectool.writer, "MAX_RECORD_BYTES", 24 + sizes[-2])
+    largest = max((root / rel).stat().st_size for _, _, rel in items)
+    # Pretend the 2**29 - 1 limit is one byte short of the largest record (header + image).
+    monkeypatch.setattr(rectool.writer, "MAX_RECORD_BYTES", 24 + largest - 1)
     result = pack_images(lst, root, tmp_path / "big")
-    largest = max(items, key=lambda item: (root / item[2]).stat().st_size)
+    too_big = [(i, rel) for i, _, rel in items if (root / rel).stat().st_size == largest]
     assert [(r.path, r.reason) for r in result.refused] == [
-        (largest[2], "record exceeds the RecordIO limit of 536870911 bytes")
+        (rel, "record exceeds the RecordIO limit of 536870911 bytes") for _, rel in too_big
     ]
-    assert largest[0] not in read_pack(tmp_path / "big.rec")
+    assert not {i for i, _ in too_big} & set(read_pack(tmp_path / "big.rec"))
+    assert len(read_pack(tmp_path / "big.rec")) == len(items) - len(too_big)
 
 
 @pytest.mark.parametrize(
