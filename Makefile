@@ -14,8 +14,13 @@ DALI_PACKAGES := nvidia-dali-cuda120==2.4.0 numpy
 
 all: test
 
+# The package alone (enough for the demo), then the test tools on top.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install $(PIP_QUIET) -e .
+	touch $@
+
+$(VENV)/.test-installed: $(VENV)/.installed
 	$(BIN)/pip install $(PIP_QUIET) -e '.[test]'
 	touch $@
 
@@ -33,26 +38,26 @@ venv: $(VENV)/.installed
 
 oracle: $(ORACLE)/.installed
 
-test: $(VENV)/.installed $(ORACLE)/.installed $(DALI)/.installed
+test: $(VENV)/.test-installed $(ORACLE)/.installed $(DALI)/.installed
 	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python \
 	RECTOOL_DALI_PYTHON=$(CURDIR)/$(DALI)/bin/python $(BIN)/python -m pytest -q
 
 # Everything but the MXNet oracle tests (they fail loudly without the oracle venv).
-test-fast: $(VENV)/.installed
+test-fast: $(VENV)/.test-installed
 	$(BIN)/python -m pytest -q -m 'not oracle'
 
 demo: $(VENV)/.installed
 	$(BIN)/python -m rectool.demo demo-out
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.test-installed
 	$(BIN)/ruff check rectool tests
 	$(BIN)/ruff format --check rectool tests
 
 # Regenerate docs/cli.md from the real --help output (tests/test_docs.py checks it).
-docs: $(VENV)/.installed
+docs: $(VENV)/.test-installed
 	$(BIN)/cog -r docs/cli.md
 
-bench: $(VENV)/.installed $(ORACLE)/.installed
+bench: $(VENV)/.test-installed $(ORACLE)/.installed
 	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(BIN)/python tests/benchmarks/run_all.py
 
 clean:
