@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 
 from . import __version__
-from .atomic import write_json_atomic
+from .atomic import write_atomic, write_json_atomic
 from .errors import RecordTooLargeError, RectoolError, UsageError
 from .images import CHECK_MODES, ImageRefused, Transform, check_image, reencode_image
 from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
@@ -32,6 +32,7 @@ from .reader import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
     MAX_RECORD_BYTES,
+    IndexedRecordFile,
     read_manifest,
     unpack_header,
 )
@@ -812,10 +813,16 @@ def _image_size(data):
 
 
 def _write_property(prefix, run, identities):
-    height, width = run.image_size or (112, 112)
-    path = os.path.join(os.path.dirname(prefix) or ".", "property")
-    with open(path, "w", encoding="ascii") as f:
-        f.write(f"{run.max_label + 1},{height},{width}\n")
+    size = run.image_size
+    if size is None and run.images:
+        # A resumed run may have written no image itself: take the size from key 1.
+        with IndexedRecordFile(prefix + ".rec", prefix + ".idx") as records:
+            size = _image_size(unpack_header(records.read(1))[1])
+    height, width = size or (112, 112)
+    write_atomic(
+        os.path.join(os.path.dirname(prefix) or ".", "property"),
+        f"{run.max_label + 1},{height},{width}\n",
+    )
 
 
 def _manifest(options, list_path, prefix, shards, images, failures, classes, identities):

@@ -118,3 +118,40 @@ def test_resume_refuses_a_different_list_or_options(big_tree, tmp_path):
     assert "cannot resume: the interrupted pack used a different list_sha256" in changed.stderr
     with pytest.raises(Exception, match="used a different options"):
         pack_images(lst, root, prefix, PackOptions(shard_records=50), resume=True)
+
+
+def test_insightface_resume_rewrites_identity_records_cut_by_a_kill(tmp_path):
+    import json
+
+    from imagefiles import write_pack_tree
+
+    from rectool.packing import STATE_SUFFIX, _validate_list
+
+    root = tmp_path / "tree"
+    items = write_pack_tree(root, ["a", "b", "c"], 4)
+    lst = write_list(tmp_path / "i.lst", items)
+    options = PackOptions(layout="insightface")
+    pack_images(lst, root, tmp_path / "ref" / "train", options)
+    reference = {p.name: p.read_bytes() for p in (tmp_path / "ref").iterdir()}
+
+    # As if killed after the 12 images and 2 of the 3 identity records were written.
+    out = tmp_path / "out"
+    out.mkdir()
+    idx_lines = reference["train.idx"].splitlines(keepends=True)[:14]
+    cut = int(reference["train.idx"].splitlines()[14].split(b"\t")[1])
+    (out / "train.idx.partial").write_bytes(b"".join(idx_lines))
+    (out / "train.rec.partial").write_bytes(reference["train.rec"][:cut])
+    (out / "train.failures.jsonl.partial").write_bytes(b"")
+    digest, _ = _validate_list(str(lst), "insightface")
+    state = {
+        "list_sha256": digest,
+        "root": os.path.abspath(root),
+        "options": options.byte_options(),
+    }
+    (out / ("train" + STATE_SUFFIX)).write_text(json.dumps(state))
+
+    result = pack_images(lst, root, out / "train", options, resume=True)
+    assert result.resumed_from == 12
+    got = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert sorted(got) == sorted(reference)
+    assert [name for name in reference if got[name] != reference[name]] == []
