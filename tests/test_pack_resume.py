@@ -45,9 +45,9 @@ def output_bytes(prefix):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-def start_pack(lst, root, prefix, *extra):
+def start_pack(lst, root, prefix, *extra, args=ARGS):
     return subprocess.Popen(
-        [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(prefix), *ARGS, *extra],
+        [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(prefix), *args, *extra],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
@@ -155,3 +155,28 @@ def test_insightface_resume_rewrites_identity_records_cut_by_a_kill(tmp_path):
     got = {p.name: p.read_bytes() for p in out.iterdir()}
     assert sorted(got) == sorted(reference)
     assert [name for name in reference if got[name] != reference[name]] == []
+
+
+# Pass-through bytes (checked by decoding, to give the kill time to land) in shards cut by
+# bytes, not by a plan.
+BYTES_ARGS = ["--shard-size", "300KB", "--check", "decode", "--workers", "2", "--quiet"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_kill_then_resume_with_byte_sized_shards(big_tree, tmp_path, seed):
+    root, lst, _, _ = big_tree
+    reference = tmp_path / "ref" / "big"
+    done = start_pack(lst, root, reference, args=BYTES_ARGS)
+    while not any(reference.parent.glob("*.partial")) and done.poll() is None:
+        time.sleep(0.002)
+    started = time.monotonic()
+    done.wait()
+    duration = time.monotonic() - started
+    prefix = tmp_path / "out" / "big"
+    proc = start_pack(lst, root, prefix, args=BYTES_ARGS)
+    kill_when_writing(proc, prefix, random.Random(seed).uniform(0.0, 0.5 * duration))
+    resumed = start_pack(lst, root, prefix, "--resume", args=BYTES_ARGS)
+    _, err = resumed.communicate(timeout=300)
+    assert resumed.returncode == 3, err.decode()
+    assert len(list(prefix.parent.glob("big-*.rec"))) > 3
+    assert output_bytes(prefix) == output_bytes(reference)
