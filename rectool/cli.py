@@ -38,6 +38,11 @@ def library_errors(func):
             raise click.UsageError(str(exc)) from exc
         except RectoolError as exc:
             raise click.ClickException(str(exc)) from exc
+        except OSError as exc:
+            # The library names its files in its own errors; this is the net for the rest
+            # (a read-only output folder, a full disk): a message, never a traceback.
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise click.ClickException(f"{where}{exc.strerror or exc}") from exc
 
     return wrapper
 

@@ -597,6 +597,7 @@ class _PackRun:
         skip = self.resumed_from
         flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if resume else os.O_TRUNC)
         self._failures_fd = os.open(self.failures_partial, flags, 0o644)
+        self.writer.register(self._failures_fd, self.failures_partial)
         try:
             items = itertools.islice(self._items(), self.positions.start, self.positions.stop)
             for item in itertools.islice(items, skip):

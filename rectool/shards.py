@@ -143,6 +143,7 @@ class _OrderedWriter:
         self._queue = queue.Queue(maxsize=depth)
         self._error = None
         self._thread = None  # started on first use, so a process pool can fork before it
+        self.names = {}  # fd -> file name, for error messages
 
     def _started(self):
         if self._thread is None:
@@ -161,6 +162,9 @@ class _OrderedWriter:
                     _write_all(fd, data)
                     if digest is not None:
                         digest.update(data)
+            except OSError as exc:  # a full disk, say: re-raised in the submitting thread
+                name = self.names.get(job[0], f"file descriptor {job[0]}")
+                self._error = RectoolError(f"{name}: cannot write ({exc.strerror or exc})")
             except BaseException as exc:  # re-raised in the submitting thread
                 self._error = exc
             finally:
@@ -281,11 +285,12 @@ class ShardWriter:
             number,
             rec,
             idx,
-            os.open(rec_p, flags, 0o644),
-            os.open(idx_p, flags, 0o644),
+            _open_for_writing(rec_p, flags),
+            _open_for_writing(idx_p, flags),
             hashlib.sha256(),
             hashlib.sha256(),
         )
+        self._io.names[shard.rec_fd], self._io.names[shard.idx_fd] = rec_p, idx_p
         if resume_state:
             for name, value in resume_state.items():
                 setattr(shard, name, value)
@@ -302,6 +307,10 @@ class ShardWriter:
         self._rec_buf.clear()
         self._idx_buf.clear()
         self._buffered = 0
+
+    def register(self, fd, name):
+        """Name another file written through `write_after`, for error messages."""
+        self._io.names[fd] = name
 
     def write_after(self, fd, data):
         """Write `data` to another file once every record added so far is written."""
@@ -462,6 +471,13 @@ def describe_shard(rec, idx):
         int(keys[0]) if len(keys) else None,
         int(keys[-1]) if len(keys) else None,
     )
+
+
+def _open_for_writing(path, flags):
+    try:
+        return os.open(path, flags, 0o644)
+    except OSError as exc:
+        raise RectoolError(f"{path}: cannot create ({exc.strerror or exc})") from None
 
 
 def _write_all(fd, data):

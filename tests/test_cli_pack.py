@@ -130,3 +130,36 @@ def test_existing_output_and_overwrite(tree, tmp_path):
     assert again.exit_code == 1
     assert "output exists; use --overwrite to replace it" in again.stderr
     assert invoke("pack", lst, root, tmp_path / "o", "-q", "--overwrite").exit_code == 3
+
+
+def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(tree, tmp_path, monkeypatch):
+    import errno
+
+    import rectool.shards
+
+    root, lst, _ = tree
+    real_write = rectool.shards._write_all
+
+    def full_disk(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(rectool.shards, "_write_all", full_disk)
+    result = invoke("pack", lst, root, tmp_path / "d", "-q", "--max-failures", "1")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {tmp_path / 'd.rec.partial'}: cannot write (No space left on device)\n"
+    )
+    monkeypatch.setattr(rectool.shards, "_write_all", real_write)
+    again = invoke("pack", lst, root, tmp_path / "d", "-q", "--max-failures", "1", "--resume")
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "d.manifest.json").exists()
+
+
+def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tree, tmp_path):
+    root, lst, _ = tree
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    result = invoke("pack", lst, root, blocker / "out" / "d")
+    assert result.exit_code == 1
+    assert result.stderr.startswith("Error: ")
+    assert "Traceback" not in result.output
