@@ -258,6 +258,8 @@ def pack_command(
     from .images import Transform
     from .packing import PackOptions, finalize_pack, pack_images
 
+    if no_check and check != "structure":
+        raise click.BadParameter(f"--no-check contradicts --check {check}", param_hint="--no-check")
     transform = None
     if resize or center_crop or quality is not None or encoding or color is not None:
         encoding = encoding or ".jpg"
