@@ -93,6 +93,7 @@ def test_pack_label_and_resize_options(tree, tmp_path):
             ["--layout", "insightface", "--shard-records", "2"],
             "--layout insightface writes one .rec",
         ),
+        (["--no-check", "--check", "decode"], "--no-check contradicts --check decode"),
     ],
 )
 def test_usage_errors_exit_2(tree, tmp_path, args, message):
