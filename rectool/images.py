@@ -10,28 +10,44 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-import cv2
 import numpy as np
 
 from .errors import RectoolError
 
-# A refused image is reported once, by rectool; OpenCV's own warnings would only add noise.
-cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+
+class _LazyOpenCV:
+    """OpenCV, imported on first use: passing JPEG and PNG bytes through needs none of it.
+
+    The first attribute looked up imports `cv2`, quiets its logging (a refused image is
+    reported once, by rectool; OpenCV's own warnings would only add noise) and puts the real
+    module in place of this stand-in.
+    """
+
+    def __getattr__(self, name):
+        global cv2
+        import cv2 as module
+
+        module.utils.logging.setLogLevel(module.utils.logging.LOG_LEVEL_ERROR)
+        cv2 = module
+        return getattr(module, name)
+
+
+cv2 = _LazyOpenCV()
 
 # Decoding at 1/8 scale still runs libjpeg's entropy decoder over the whole file, so a corrupt or
-# truncated image fails, at a fraction of the cost of a full decode.
-_CHECK_FLAG = cv2.IMREAD_REDUCED_GRAYSCALE_8
+# truncated image fails, at a fraction of the cost of a full decode. (Names of cv2 flags.)
+_CHECK_FLAG = "IMREAD_REDUCED_GRAYSCALE_8"
 _REDUCED_COLOR = {
-    2: cv2.IMREAD_REDUCED_COLOR_2,
-    4: cv2.IMREAD_REDUCED_COLOR_4,
-    8: cv2.IMREAD_REDUCED_COLOR_8,
+    2: "IMREAD_REDUCED_COLOR_2",
+    4: "IMREAD_REDUCED_COLOR_4",
+    8: "IMREAD_REDUCED_COLOR_8",
 }
 _REDUCED_GRAY = {
-    2: cv2.IMREAD_REDUCED_GRAYSCALE_2,
-    4: cv2.IMREAD_REDUCED_GRAYSCALE_4,
-    8: cv2.IMREAD_REDUCED_GRAYSCALE_8,
+    2: "IMREAD_REDUCED_GRAYSCALE_2",
+    4: "IMREAD_REDUCED_GRAYSCALE_4",
+    8: "IMREAD_REDUCED_GRAYSCALE_8",
 }
-_COLOR_FLAGS = {1: cv2.IMREAD_COLOR, 0: cv2.IMREAD_GRAYSCALE, -1: cv2.IMREAD_UNCHANGED}
+_COLOR_FLAGS = {1: "IMREAD_COLOR", 0: "IMREAD_GRAYSCALE", -1: "IMREAD_UNCHANGED"}
 ENCODINGS = (".jpg", ".png")
 
 
@@ -105,10 +121,10 @@ def _decode(data, flag):
 
 
 CHECK_MODES = ("structure", "decode", "none")
-_JPEG_FRAME_MARKERS = frozenset(
+JPEG_FRAME_MARKERS = frozenset(
     (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
 )
-_JPEG_STANDALONE_MARKERS = frozenset((0x01, *range(0xD0, 0xD8)))
+JPEG_STANDALONE_MARKERS = frozenset((0x01, *range(0xD0, 0xD8)))
 
 
 def check_image(data, mode="structure"):
@@ -122,7 +138,7 @@ def check_image(data, mode="structure"):
     kind = check_container(data)
     if kind == "jpeg":
         if mode == "decode":
-            _decode(data, _CHECK_FLAG)
+            _decode(data, getattr(cv2, _CHECK_FLAG))
     elif kind == "png":
         if mode == "decode":
             _decode(data, cv2.IMREAD_UNCHANGED)
@@ -156,7 +172,7 @@ def _check_jpeg_structure(data):
         if marker == 0xFF:
             i += 1
             continue
-        if marker in _JPEG_STANDALONE_MARKERS:
+        if marker in JPEG_STANDALONE_MARKERS:
             i += 2
             continue
         if marker == 0xD9:
@@ -164,7 +180,7 @@ def _check_jpeg_structure(data):
         length = (data[i + 2] << 8) | data[i + 3]
         if length < 2:
             raise ImageRefused(f"corrupt JPEG (segment length {length} at byte {i})")
-        if marker in _JPEG_FRAME_MARKERS:
+        if marker in JPEG_FRAME_MARKERS:
             if i + 10 > n:
                 raise ImageRefused("truncated JPEG (ends inside its frame header)")
             width, components = (data[i + 7] << 8) | data[i + 8], data[i + 9]
@@ -225,8 +241,8 @@ def decode_image(data, transform):
     factor = _reduction(data, transform)
     if factor > 1:
         table = _REDUCED_COLOR if transform.color == 1 else _REDUCED_GRAY
-        return _decode(data, table[factor])
-    return _decode(data, _COLOR_FLAGS[transform.color])
+        return _decode(data, getattr(cv2, table[factor]))
+    return _decode(data, getattr(cv2, _COLOR_FLAGS[transform.color]))
 
 
 def apply_transform(image, transform):

@@ -20,18 +20,24 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-import cv2
 import numpy as np
 
 from . import __version__
 from .atomic import write_atomic, write_json_atomic
 from .errors import RecordTooLargeError, RectoolError, UsageError
-from .images import CHECK_MODES, ImageRefused, Transform, check_image, reencode_image
+from .images import (
+    CHECK_MODES,
+    ImageRefused,
+    Transform,
+    check_image,
+    decode_image,
+    reencode_image,
+)
 from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
+from .passthrough import TOO_LARGE, PassThroughPacker
 from .reader import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
-    MAX_RECORD_BYTES,
     IndexedRecordFile,
     read_manifest,
     unpack_header,
@@ -56,7 +62,9 @@ CHUNK_ITEMS = 32
 # Pass-through from a fast disk takes about 15 us an image, all Python; a network file system
 # takes a millisecond, waiting. Over this average, worker threads take over.
 SLOW_ITEM_SECONDS = 0.0001
-SWITCH_WINDOW = 256  # float32 holds every integer up to here, and no further exactly
+# Pass-through blocks end at this many items, so reads that prove slow are noticed early.
+BLOCK_ITEMS = 4096
+SWITCH_WINDOW = 256  # items timed before deciding whether reads are slow
 
 
 @dataclass(frozen=True)
@@ -614,6 +622,11 @@ class _PackRun:
             os.close(self._failures_fd)
 
     def _process(self, items, done):
+        may_switch = self.options.workers > 1
+        if _io_bound(self.options) and self.options.layout != "insightface":
+            done, finished = self._process_blocks(items, done, may_switch)
+            if finished:
+                return
         worker = _ImageWorker(self.root, self.options)
         chunks = _chunks(items, CHUNK_ITEMS)
         if self.options.workers == 1 or _io_bound(self.options):
@@ -633,6 +646,43 @@ class _PackRun:
             while window:
                 chunk, pending = window.popleft()
                 done = self._consume(chunk, pending.result(), done)
+
+    def _process_blocks(self, items, done, may_switch):
+        """Pass images through a block at a time on this thread; return (done, finished),
+        stopping when reads are slow (see `_process_inline`)."""
+        packer = PassThroughPacker(self.root, self.options.check, self.options.pack_label)
+        spent = count = 0
+        size = SWITCH_WINDOW if may_switch else BLOCK_ITEMS  # small blocks until decided
+        while True:
+            started = time.perf_counter()
+            block = packer.fill(items, size)
+            if block is None:
+                return done, True
+            spent += time.perf_counter() - started
+            count += len(block.items)
+            done = self._consume_block(block, done)
+            if may_switch and count >= SWITCH_WINDOW:
+                if spent / count > SLOW_ITEM_SECONDS:
+                    return done, False
+                spent = count = 0
+                size = BLOCK_ITEMS
+
+    def _consume_block(self, block, done):
+        """Write one block's records and refusals in list order; return the new count done."""
+        for run in block.runs():
+            if len(run) == 2:
+                self._refuse(*run)
+                self._position += 1
+                continue
+            items, data, starts = run
+            count = len(items)
+            positions = range(self._position, self._position + count)
+            self.writer.add_run(data, [item.index for item in items], starts, positions)
+            self.images += count
+            self._position += count
+        done += len(block.items)
+        self._report(done)
+        return done
 
     def _process_inline(self, worker, chunks, done, may_switch):
         """Prepare chunks on this thread; return (done, finished), stopping when reads are slow."""
@@ -765,7 +815,7 @@ def frame_image(item, image, key, pack_label):
     try:
         return frame_image_record(image, label, key, 0, item.path)
     except RecordTooLargeError:
-        return ImageRefused(f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes")
+        return ImageRefused(TOO_LARGE)
 
 
 def _io_bound(options):
@@ -809,8 +859,11 @@ def _is_identity_record(record):
 
 
 def _image_size(data):
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
-    return None if image is None else (int(image.shape[0]), int(image.shape[1]))
+    try:
+        image = decode_image(data, Transform(color=-1))
+    except ImageRefused:
+        return None
+    return int(image.shape[0]), int(image.shape[1])
 
 
 def _write_property(prefix, run, identities):

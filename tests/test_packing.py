@@ -361,6 +361,7 @@ def test_unusual_lists_are_checked_line_by_line(tree, tmp_path, text, message):
 
 
 def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
+    import os
     import time
 
     import rectool.packing as packing
@@ -383,7 +384,13 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
         time.sleep(0.0005)  # as on a network file system
         return real_read(path)
 
+    def slow_readv(fd, buffers):
+        time.sleep(0.0005)
+        return real_readv(fd, buffers)
+
+    real_readv = os.readv
     monkeypatch.setattr(packing, "_read_file", slow_read)
+    monkeypatch.setattr(os, "readv", slow_readv)  # pass-through blocks read with readv
     pack_images(lst, root, tmp_path / "slow", PackOptions(workers=2))
     assert pools == [(2,)]
     assert (tmp_path / "slow.rec").read_bytes() == (tmp_path / "fast.rec").read_bytes()
@@ -391,12 +398,14 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
 
 
 def test_a_record_over_the_recordio_limit_is_refused(tree, tmp_path, monkeypatch):
+    import rectool.passthrough
     import rectool.writer
 
     root, lst, items = tree
     largest = max((root / rel).stat().st_size for _, _, rel in items)
     # Pretend the 2**29 - 1 limit is one byte short of the largest record (header + image).
     monkeypatch.setattr(rectool.writer, "MAX_RECORD_BYTES", 24 + largest - 1)
+    monkeypatch.setattr(rectool.passthrough, "MAX_RECORD_BYTES", 24 + largest - 1)
     result = pack_images(lst, root, tmp_path / "big")
     too_big = [(i, rel) for i, _, rel in items if (root / rel).stat().st_size == largest]
     assert [(r.path, r.reason) for r in result.refused] == [

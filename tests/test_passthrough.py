@@ -1,0 +1,192 @@
+"""Pass-through blocks: the same records and refusals as framing and checking image by image.
+
+Expected bytes come from `tests/handmade.py` (dmlc framing written from FORMAT-NOTES, not from
+rectool), and expected refusals from `check_image` run on each file alone: the block code must
+agree with both, whatever the block boundaries.
+"""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from handmade import frame, image_record
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from imagefiles import encode, image_array, jpeg_bytes
+
+from rectool.images import ImageRefused, check_image
+from rectool.listfile import ListItem
+from rectool.passthrough import PassThroughPacker, _walk_jpegs
+
+MAGIC = struct.pack("<I", 0xCED7230A)
+
+
+def jpeg_with_magic_words(seed):
+    """Return a JPEG with the magic word at 4-byte-aligned offsets of the record payload."""
+    data = jpeg_bytes(seed)
+    # A COM segment right after SOI: its body lands at image offset 6 (+ 24 header bytes).
+    body = b"xx" + MAGIC + MAGIC + b"yy" + MAGIC
+    return data[:2] + b"\xff\xfe" + struct.pack(">H", len(body) + 2) + body + data[2:]
+
+
+def odd_files(big):
+    """Return (name, bytes or None) of every kind of file pass-through must handle."""
+    good = jpeg_bytes(7)
+    sos = good.index(b"\xff\xda")
+    png = encode(image_array(3), ".png")
+    return [
+        ("plain.jpg", good),
+        ("empty.jpg", b""),
+        ("truncated.jpg", good[: len(good) // 2]),
+        ("no-eoi.jpg", good[:-2]),
+        ("eoi-inside.jpg", good[:-2] + b"\xff\xd9" + b"\0" * 70),
+        ("trailing-zeros.jpg", good + b"\0" * 10),
+        ("bad-marker.jpg", good[:2] + b"\x00" + good[3:]),
+        ("zero-length.jpg", good[:4] + b"\x00\x00" + good[6:]),
+        ("fill-bytes.jpg", good[:2] + b"\xff\xff" + good[2:]),
+        ("scan-first.jpg", good[:2] + good[sos:]),
+        ("magic.jpg", jpeg_with_magic_words(5)),
+        ("odd-size.jpg", good + b"\0"),
+        ("image.png", png),
+        ("broken.png", png[:-20]),
+        ("text.jpg", b"hello, not an image\n"),
+        ("big.jpg", big),
+        ("folder", None),
+        ("missing.jpg", "missing"),
+    ]
+
+
+def expected_outcome(path, item):
+    """Return ('record', framed bytes) or ('refused', reason), image by image."""
+    if not path.exists():
+        return "refused", "file not found"
+    if path.is_dir():
+        return "refused", "is a directory, not an image file"
+    data = path.read_bytes()
+    if not data:
+        return "refused", "empty file"
+    try:
+        check_image(data, "structure")
+    except ImageRefused as refusal:
+        return "refused", refusal.reason
+    return "record", frame(image_record(data, item.labels[0], item.index))
+
+
+def block_outcomes(packer, items):
+    """Return ('record', bytes) / ('refused', reason) per item, from blocks."""
+    outcomes, source = [], iter(items)
+    while (block := packer.fill(source, 1000)) is not None:
+        for run in block.runs():
+            if len(run) == 2:
+                outcomes.append(("refused", run[1]))
+                continue
+            run_items, data, starts = run
+            ends = [*starts[1:], len(data)]
+            outcomes += [("record", data[s:e]) for s, e in zip(starts, ends)]
+    return outcomes
+
+
+@pytest.mark.parametrize("block_bytes", [8 << 20, 64 << 10, 20 << 10])
+def test_blocks_agree_with_framing_image_by_image(tmp_path, block_bytes):
+    root = tmp_path / "tree"
+    root.mkdir()
+    big = jpeg_bytes(11, 300, 280)  # longer than a 20 KiB block: read and framed alone
+    assert len(big) > 20 << 10
+    items = []
+    for n in range(3):
+        for name, data in odd_files(big):
+            rel = f"{n}-{name}"
+            if data is None:
+                (root / rel).mkdir()
+            elif data != "missing":
+                (root / rel).write_bytes(data)
+            items.append(ListItem(len(items) * 3 + 1, (float(n) + 0.5,), rel, len(items) + 1))
+    expected = [expected_outcome(root / item.path, item) for item in items]
+    assert sum(kind == "refused" for kind, _ in expected) == 3 * 11  # the odd ones, each time
+    packer = PassThroughPacker(root, "structure", block_bytes=block_bytes)
+    assert block_outcomes(packer, items) == expected
+
+
+def test_magic_words_split_records_exactly_as_dmlc_does(tmp_path):
+    (tmp_path / "m.jpg").write_bytes(jpeg_with_magic_words(1))
+    item = ListItem(4, (2.0,), "m.jpg", 1)
+    [(kind, framed)] = block_outcomes(PassThroughPacker(tmp_path), [item])
+    assert framed == frame(image_record((tmp_path / "m.jpg").read_bytes(), 2.0, 4))
+    assert framed.count(MAGIC) == 4  # three words dropped, four parts
+
+
+def test_packed_labels_go_before_the_image(tmp_path):
+    for n in range(5):
+        (tmp_path / f"{n}.jpg").write_bytes(jpeg_bytes(n))
+    items = [ListItem(n, (float(n), 1.5, -2.0)[: n % 3 + 1], f"{n}.jpg", n + 1) for n in range(5)]
+    outcomes = block_outcomes(PassThroughPacker(tmp_path, pack_label=True), items)
+    assert outcomes == [
+        ("record", frame(image_record((tmp_path / i.path).read_bytes(), list(i.labels), i.index)))
+        for i in items
+    ]
+
+
+def test_check_none_still_refuses_empty_and_missing_files(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(b"not checked")
+    (tmp_path / "b.jpg").write_bytes(b"")
+    items = [ListItem(0, (0.0,), "a.jpg", 1), ListItem(1, (0.0,), "b.jpg", 2),
+             ListItem(2, (0.0,), "c.jpg", 3)]  # fmt: skip
+    outcomes = block_outcomes(PassThroughPacker(tmp_path, "none"), items)
+    assert outcomes == [
+        ("record", frame(image_record(b"not checked", 0.0, 0))),
+        ("refused", "empty file"),
+        ("refused", "file not found"),
+    ]
+
+
+def test_fill_takes_no_item_it_does_not_place(tmp_path):
+    for n in range(10):
+        (tmp_path / f"{n}.jpg").write_bytes(jpeg_bytes(n))
+    source = iter([ListItem(n, (0.0,), f"{n}.jpg", n + 1) for n in range(10)])
+    packer = PassThroughPacker(tmp_path)
+    assert len(packer.fill(source, 4).items) == 4
+    assert len(packer.fill(source, 4).items) == 4
+    assert [item.index for item in packer.fill(source, 4).items] == [8, 9]
+    assert packer.fill(source, 4) is None
+
+
+def walk(images):
+    """Run the block walk over images laid out one after another; return its verdicts."""
+    buffer = bytearray()
+    heads, ends = [], []
+    for data in images:
+        heads.append(len(buffer))
+        buffer += data
+        ends.append(len(buffer))
+        buffer += b"\0" * (-len(buffer) % 4 + 16)
+    buffer += b"\0" * 64
+    u8 = np.frombuffer(bytes(buffer), np.uint8)
+    return _walk_jpegs(u8, np.array(heads, np.int64), np.array(ends, np.int64)).tolist()
+
+
+def test_the_walk_passes_ordinary_jpegs():
+    # Otherwise every image would take the slow path and the blocks would only be slower.
+    images = [jpeg_bytes(n, 20 + n, 30 + 2 * n) for n in range(20)]
+    images.append(encode(image_array(1, channels=1), ".jpg"))
+    assert walk(images) == [True] * len(images)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    seed=st.integers(0, 50),
+    edits=st.lists(st.tuples(st.integers(0, 700), st.integers(0, 255)), max_size=4),
+    cut=st.integers(0, 800),
+)
+def test_the_walk_never_passes_what_check_image_refuses(seed, edits, cut):
+    data = bytearray(jpeg_bytes(seed))
+    for pos, value in edits:
+        if pos < len(data):
+            data[pos] = value  # mostly in the headers, where the walk looks
+    data = bytes(data[: len(data) - cut] if cut < 400 else data)
+    others = [jpeg_bytes(100), bytes(data), jpeg_bytes(101)]
+    verdicts = walk(others)
+    assert verdicts[0] and verdicts[2]
+    if verdicts[1]:
+        check_image(data, "structure")  # must not raise
