@@ -129,13 +129,31 @@ def parse_list_line(text, path="<list>", line=0):
 
 def iter_list(stream, path="<list>"):
     """Yield `ListItem`s from a text stream of .lst lines; blank lines are errors."""
+    number = 0
+    rest = ""
+    while True:
+        # A block at a time, split at C speed: packing reads millions of lines.
+        block = stream.read(_READ_CHARS)
+        if not block:
+            if rest:
+                yield parse_list_line(rest.rstrip("\r"), path, number + 1)
+            return
+        lines = (rest + block).split("\n")
+        rest = lines.pop()  # the start of a line that the next block ends
+        yield from _parse_lines(lines, path, number)
+        number += len(lines)
+
+
+def _parse_lines(lines, path, number):
     make = tuple.__new__  # ListItem(...) without the keyword handling of its __new__
-    for number, text in enumerate(stream, start=1):
-        # The common line, as in `parse_list_line`, inlined: packing reads millions of them.
+    for text in lines:
+        number += 1
+        # The common line, as in `parse_list_line`, inlined.
         fields = text.split("\t")
         if len(fields) == 3:
             index, label, name = fields
-            name = name.rstrip("\n").rstrip("\r")
+            if name.endswith("\r"):
+                name = name.rstrip("\r")
             if index.isascii() and index.isdigit() and name:
                 try:
                     value = float(label)
@@ -144,7 +162,10 @@ def iter_list(stream, path="<list>"):
                 if value - value == 0.0:  # finite
                     yield make(ListItem, (int(index), (value,), name, number))
                     continue
-        yield parse_list_line(text.rstrip("\n").rstrip("\r"), path, number)
+        yield parse_list_line(text.rstrip("\r"), path, number)
+
+
+_READ_CHARS = 1 << 20
 
 
 def read_list(path):

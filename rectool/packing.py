@@ -59,12 +59,13 @@ STDIN_COPY_SUFFIX = ".stdin.lst"
 FLOAT32_EXACT = 2**24
 # Items go to worker threads in chunks: one future per image would cost more than a check.
 CHUNK_ITEMS = 32
-# Pass-through from a fast disk takes about 15 us an image, all Python; a network file system
-# takes a millisecond, waiting. Over this average, worker threads take over.
+# Pass-through from a fast disk takes about 10 us an image, all Python; a network file system
+# takes a millisecond, waiting. Over this average, two windows in a row, worker threads take
+# over. (One window could be a stall of the machine, not of the files.)
 SLOW_ITEM_SECONDS = 0.0001
-# Pass-through blocks end at this many items, so reads that prove slow are noticed early.
+SWITCH_WINDOW = 1024  # items timed at a time
+# Pass-through blocks hold at most this many items (and BLOCK_BYTES of records).
 BLOCK_ITEMS = 4096
-SWITCH_WINDOW = 256  # items timed before deciding whether reads are slow
 
 
 @dataclass(frozen=True)
@@ -417,7 +418,12 @@ def _copy_stream(stream, prefix):
 
 # Ordinary lines (`index<TAB>finite number...<TAB>path`), matched a block at a time at C speed.
 _NUMBER = rb"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
-_PLAIN_LINES = re.compile(rb"(?:[0-9]+(?:\t" + _NUMBER + rb")+\t[^\t\n]+\n)*")
+# Possessive (`++`, `*+`): no backtracking, several times faster. A label must be followed by a
+# tab, so the path (followed by the newline) is never taken for one.
+try:
+    _PLAIN_LINES = re.compile(rb"(?:[0-9]++(?:\t" + _NUMBER + rb"(?=\t))++\t[^\t\n]++\n)*+")
+except re.error:  # Python 3.10: the same lines, with backtracking
+    _PLAIN_LINES = re.compile(rb"(?:[0-9]+(?:\t" + _NUMBER + rb")+\t[^\t\n]+\n)*")
 _LINE_INDEX = re.compile(rb"^([0-9]+)\t", re.M)
 _LIST_BLOCK = 1 << 20
 
@@ -623,16 +629,16 @@ class _PackRun:
 
     def _process(self, items, done):
         may_switch = self.options.workers > 1
+        worker = _ImageWorker(self.root, self.options)
+        chunks = _chunks(items, CHUNK_ITEMS)
         if _io_bound(self.options) and self.options.layout != "insightface":
             done, finished = self._process_blocks(items, done, may_switch)
             if finished:
                 return
-        worker = _ImageWorker(self.root, self.options)
-        chunks = _chunks(items, CHUNK_ITEMS)
-        if self.options.workers == 1 or _io_bound(self.options):
+        elif self.options.workers == 1 or _io_bound(self.options):
             # Passing bytes through from a fast disk costs Python time, not waiting: worker
             # threads would only contend for the GIL. Threads start if reads prove slow.
-            done, finished = self._process_inline(worker, chunks, done, self.options.workers > 1)
+            done, finished = self._process_inline(worker, chunks, done, may_switch)
             if finished:
                 return
         window = collections.deque()
@@ -649,23 +655,20 @@ class _PackRun:
 
     def _process_blocks(self, items, done, may_switch):
         """Pass images through a block at a time on this thread; return (done, finished),
-        stopping when reads are slow (see `_process_inline`)."""
-        packer = PassThroughPacker(self.root, self.options.check, self.options.pack_label)
-        spent = count = 0
-        size = SWITCH_WINDOW if may_switch else BLOCK_ITEMS  # small blocks until decided
+        stopping when reads are slow (see `_ReadTimer`)."""
+        packer = PassThroughPacker(
+            self.root, self.options.check, self.options.pack_label, wait=self.writer.wait_written
+        )
+        timer = _ReadTimer()
         while True:
             started = time.perf_counter()
-            block = packer.fill(items, size)
+            # Blocks no longer than a timing window, so that slow reads are noticed early.
+            block = packer.fill(items, SWITCH_WINDOW if may_switch else BLOCK_ITEMS)
             if block is None:
                 return done, True
-            spent += time.perf_counter() - started
-            count += len(block.items)
             done = self._consume_block(block, done)
-            if may_switch and count >= SWITCH_WINDOW:
-                if spent / count > SLOW_ITEM_SECONDS:
-                    return done, False
-                spent = count = 0
-                size = BLOCK_ITEMS
+            if may_switch and timer.slow(time.perf_counter() - started, len(block.items)):
+                return done, False
 
     def _consume_block(self, block, done):
         """Write one block's records and refusals in list order; return the new count done."""
@@ -680,23 +683,20 @@ class _PackRun:
             self.writer.add_run(data, [item.index for item in items], starts, positions)
             self.images += count
             self._position += count
+        block.written = self.writer.flush()  # the packer reuses the buffer once written
         done += len(block.items)
         self._report(done)
         return done
 
     def _process_inline(self, worker, chunks, done, may_switch):
         """Prepare chunks on this thread; return (done, finished), stopping when reads are slow."""
-        spent = items = 0
+        timer = _ReadTimer()
         for chunk in chunks:
             started = time.perf_counter()
             results = worker.prepare_chunk(chunk)
-            spent += time.perf_counter() - started
-            items += len(chunk)
             done = self._consume(chunk, results, done)
-            if may_switch and items >= SWITCH_WINDOW:
-                if spent / items > SLOW_ITEM_SECONDS:
-                    return done, False
-                spent = items = 0
+            if may_switch and timer.slow(time.perf_counter() - started, len(chunk)):
+                return done, False
         return done, True
 
     def _consume(self, chunk, results, done):
@@ -816,6 +816,28 @@ def frame_image(item, image, key, pack_label):
         return frame_image_record(image, label, key, 0, item.path)
     except RecordTooLargeError:
         return ImageRefused(TOO_LARGE)
+
+
+class _ReadTimer:
+    """Decide when images are slow to read: over SLOW_ITEM_SECONDS, two windows in a row."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.items = 0
+        self.slow_windows = 0
+
+    def slow(self, seconds, items):
+        """Count `items` read in `seconds`; return True once reads are slow."""
+        self.seconds += seconds
+        self.items += items
+        if self.items < SWITCH_WINDOW:
+            return False
+        if self.seconds / self.items > SLOW_ITEM_SECONDS:
+            self.slow_windows += 1
+        else:
+            self.slow_windows = 0
+        self.seconds, self.items = 0.0, 0
+        return self.slow_windows >= 2
 
 
 def _io_bound(options):

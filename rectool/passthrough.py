@@ -17,6 +17,7 @@ them. `Block.runs()` gives them to the writer as contiguous runs and single refu
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 
@@ -29,13 +30,13 @@ from .writer import frame_image_record, frame_record
 
 TOO_LARGE = f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes"
 # Room for one block's records. Files longer than what is left of it are read on their own.
-BLOCK_BYTES = 2 << 20
+BLOCK_BYTES = 8 << 20
+BUFFERS = 3
 # A block ends once less than this is left, so that a typical image still fits whole.
 MIN_ROOM = 256 << 10
 # The part header (magic, length) and the image header (flag, label, id, id2) of a record.
 _RECORD_HEADER = struct.Struct("<IIIfQQ")
 _HEADER_BYTES = _RECORD_HEADER.size  # 32 = PART_HEADER + IMAGE_HEADER
-_ZEROS = (b"", b"\0", b"\0\0", b"\0\0\0")
 # Markers the block walk leaves to `check_image`: fill bytes, standalone markers, and an
 # end-of-image before the scan (an error it names).
 _ODD_MARKERS = np.zeros(256, bool)
@@ -55,17 +56,20 @@ class Block:
     a refusal in `refused[j]`, or a record framed on its own in `framed[j]`.
     """
 
-    __slots__ = ("buffer", "items", "starts", "ends", "refused", "framed")
+    __slots__ = ("slot", "buffer", "items", "starts", "ends", "refused", "framed", "written")
 
-    def __init__(self, buffer):
-        self.buffer = buffer
+    def __init__(self, slot, buffer):
+        self.slot, self.buffer = slot, buffer
         self.items, self.starts, self.ends = [], [], []
         self.refused, self.framed = {}, {}
+        # Set by the consumer: a job number to wait for before the buffer is reused.
+        self.written = None
 
     def runs(self):
         """Yield, in list order, `(items, data, starts)` runs of records and `(item, reason)`.
 
-        `data` holds the run's framed records back to back, record i from `starts[i]`.
+        `data` holds the run's framed records back to back, record i from `starts[i]`: a view
+        of the packer's buffer, valid until it fills that buffer again (see `written`).
         """
         items, starts, ends = self.items, self.starts, self.ends
         special = sorted((*self.refused, *self.framed))
@@ -74,7 +78,7 @@ class Block:
         for j in (*special, len(items)):
             if first < j:
                 base = starts[first]
-                data = bytes(view[base : ends[j - 1]])
+                data = view[base : ends[j - 1]]
                 yield items[first:j], data, [s - base for s in starts[first:j]]
             if j < len(items):
                 if j in self.refused:
@@ -87,15 +91,19 @@ class Block:
 class PassThroughPacker:
     """Fill blocks from list items: read, frame and check each image, never decode it."""
 
-    def __init__(self, root, check="structure", pack_label=False, block_bytes=BLOCK_BYTES):
+    def __init__(
+        self, root, check="structure", pack_label=False, block_bytes=BLOCK_BYTES, wait=None
+    ):
+        """`wait(block.written)`, when given, is called before a block's buffer is reused."""
         self._prefix = os.path.join(root, "")
         self._check = check
         self._pack_label = pack_label
-        self._size = block_bytes
-        self._buffer = bytearray(block_bytes)
-        self._view = memoryview(self._buffer)
-        self._u8 = np.frombuffer(self._buffer, np.uint8)
-        self._u32 = np.frombuffer(self._buffer, "<u4")
+        self._size = block_bytes & ~3  # whole words, for the magic word search
+        self._wait = wait
+        # Blocks take turns over a few buffers, so one is filled while others are written.
+        self._buffers = [bytearray(self._size) for _ in range(BUFFERS)]
+        self._blocks = [None] * BUFFERS
+        self._next = 0
 
     def fill(self, items, max_items):
         """Read up to `max_items` items from the iterator `items` into a block; return it.
@@ -103,69 +111,69 @@ class PassThroughPacker:
         Only items that are placed in the block are taken from `items`. The block's buffer is
         reused by the next call: consume `runs()` first. Returns None when `items` is empty.
         """
-        block = Block(self._buffer)
+        slot = self._next
+        previous = self._blocks[slot]
+        if previous is not None and previous.written is not None and self._wait is not None:
+            self._wait(previous.written)
+        buffer = self._buffers[slot]
+        block = Block(slot, buffer)
         entries, starts, ends = block.items, block.starts, block.ends
         refused = block.refused
-        view, buffer, prefix = self._view, self._buffer, self._prefix
+        view, prefix = memoryview(buffer), self._prefix
         pack_into = _RECORD_HEADER.pack_into
         open_, readv, close, read_only = os.open, os.readv, os.close, os.O_RDONLY
+        add_item, add_start, add_end = entries.append, starts.append, ends.append
         pack_label = self._pack_label
-        limit = self._size - min(MIN_ROOM, self._size // 4)
-        pos = 0
-        for item in items:
-            j = len(entries)
-            entries.append(item)
-            starts.append(pos)
+        size = self._size
+        limit = size - min(MIN_ROOM, size // 4)
+        head = _HEADER_BYTES
+        pos = j = 0
+        for item in itertools.islice(items, max_items):
+            add_item(item)
+            add_start(pos)
             if pack_label:
-                labels = item.labels
-                head = _HEADER_BYTES + 4 * len(labels)
-            else:
-                head = _HEADER_BYTES
+                head = _HEADER_BYTES + 4 * len(item.labels)
             begin = pos + head
-            # A file that fills the room is read on and framed alone; one over the record
-            # size limit always does.
-            room = min(self._size - begin - 3, MAX_RECORD_BYTES - head + 9)
+            # Room for the image and its padding. A file that fills it is read on and framed
+            # alone; so is one over the record size limit, always.
+            room = size - begin - 3
+            if room > MAX_RECORD_BYTES - head + 9:
+                room = MAX_RECORD_BYTES - head + 9
             try:
                 fd = open_(prefix + item.path, read_only)
-            except OSError as exc:
-                refused[j] = _read_error(exc)
-                ends.append(pos)
-            else:
                 try:
                     n = readv(fd, [view[begin : begin + room]])
                     rest = _read_rest(fd) if n == room else None
-                except OSError as exc:
-                    refused[j] = _read_error(exc)
-                    n, rest = 0, None
                 finally:
                     close(fd)
+            except OSError as exc:
+                refused[j] = _read_error(exc)
+                n, rest = 0, None
+            if 0 < n < room:
+                if pack_label:
+                    labels = item.labels
+                    pack_into(buffer, pos, MAGIC, head - 8 + n, len(labels), 0.0, item.index, 0)
+                    struct.pack_into(f"<{len(labels)}f", buffer, pos + _HEADER_BYTES, *labels)
+                else:
+                    pack_into(buffer, pos, MAGIC, head - 8 + n, 0, item.labels[0], item.index, 0)
+                end = begin + n
+                buffer[end : end + 3] = b"\0\0\0"  # the padding, and maybe bytes to overwrite
+                pos = end + (-n & 3)
+                add_end(pos)
+                if pos > limit:
+                    break
+            else:
+                add_end(pos)
                 if rest is not None:  # longer than the room left: a record of its own
-                    ends.append(pos)
                     self._frame_alone(block, j, bytes(view[begin : begin + n]) + rest)
                     break
-                if j in refused:
-                    ends.append(pos)
-                elif not n:
+                if j not in refused:
                     refused[j] = "empty file"
-                    ends.append(pos)
-                else:
-                    if pack_label:
-                        pack_into(buffer, pos, MAGIC, head - 8 + n, len(labels), 0.0, item.index, 0)
-                        struct.pack_into(f"<{len(labels)}f", buffer, pos + _HEADER_BYTES, *labels)
-                    else:
-                        pack_into(
-                            buffer, pos, MAGIC, head - 8 + n, 0, item.labels[0], item.index, 0
-                        )
-                    end = begin + n
-                    pad = -n & 3
-                    if pad:
-                        buffer[end : end + pad] = _ZEROS[pad]
-                    pos = end + pad
-                    ends.append(pos)
-            if pos > limit or j + 1 >= max_items:
-                break
+            j += 1
         if not entries:
             return None
+        self._blocks[slot] = block
+        self._next = (slot + 1) % BUFFERS
         if self._check != "none":
             self._check_images(block)
         self._split_magic_words(block, pos)
@@ -191,13 +199,14 @@ class PassThroughPacker:
         if not jobs:
             return
         starts = np.array([block.starts[j] for j in jobs], np.int64)
-        lengths = self._u32[starts // 4 + 1] & ((1 << LENGTH_BITS) - 1)
+        u8 = np.frombuffer(block.buffer, np.uint8)
+        lengths = u8.view("<u4")[starts // 4 + 1] & ((1 << LENGTH_BITS) - 1)
         heads = starts + _HEADER_BYTES  # where each image starts, after its labels
         if self._pack_label:
             heads += 4 * np.array([len(block.items[j].labels) for j in jobs], np.int64)
         ends = starts + 8 + lengths.astype(np.int64)
-        passed = _walk_jpegs(self._u8, heads, ends)
-        view = memoryview(self._buffer)
+        passed = _walk_jpegs(u8, heads, ends)
+        view = memoryview(block.buffer)
         for k in np.flatnonzero(~passed).tolist():
             j = jobs[k]
             try:
@@ -207,18 +216,18 @@ class PassThroughPacker:
 
     def _split_magic_words(self, block, used):
         """Frame records again where an aligned word of their payload is the magic number."""
-        hits = np.flatnonzero(self._u32[: used // 4] == MAGIC) * 4
+        hits = np.flatnonzero(np.frombuffer(block.buffer, "<u4", used // 4) == MAGIC) * 4
         if len(hits) == sum(map(int.__ne__, block.starts, block.ends)):
             return  # every hit is the start of a record in the buffer
         starts = np.array(block.starts, np.int64)
         owners = np.searchsorted(starts, hits, side="right") - 1
         at_start = starts[owners] == hits
-        view = memoryview(self._buffer)
+        view = memoryview(block.buffer)
         for j in sorted(set(owners[~at_start].tolist())):
             if j in block.refused or j in block.framed or block.starts[j] == block.ends[j]:
                 continue
             start = block.starts[j]
-            (length,) = struct.unpack_from("<I", self._buffer, start + 4)
+            (length,) = struct.unpack_from("<I", block.buffer, start + 4)
             payload = bytes(view[start + 8 : start + 8 + (length & ((1 << LENGTH_BITS) - 1))])
             block.framed[j] = frame_record(payload)
 

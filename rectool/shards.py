@@ -148,6 +148,10 @@ class _OrderedWriter:
     def __init__(self, depth=4):
         self._queue = queue.Queue(maxsize=depth)
         self._error = None
+        # Jobs are numbered from 1 as submitted; `wait(n)` returns once job n is done.
+        self.submitted = 0
+        self._completed = 0
+        self._done = threading.Condition()
         self._thread = None  # started on first use, so a process pool can fork before it
         self.names = {}  # fd -> file name, for error messages
         self._written = {}  # fd -> offset up to which writeback was started
@@ -165,10 +169,11 @@ class _OrderedWriter:
                 if job is None:
                     return
                 if self._error is None:
-                    fd, data, digest = job
-                    _write_all(fd, data)
-                    if digest is not None:
-                        digest.update(data)
+                    fd, parts, digest = job
+                    for data in parts:
+                        _write_all(fd, data)
+                        if digest is not None:
+                            digest.update(data)
                     self._start_writeback(fd)
             except OSError as exc:  # a full disk, say: re-raised in the submitting thread
                 name = self.names.get(job[0], f"file descriptor {job[0]}")
@@ -176,6 +181,9 @@ class _OrderedWriter:
             except BaseException as exc:  # re-raised in the submitting thread
                 self._error = exc
             finally:
+                with self._done:
+                    self._completed += 1
+                    self._done.notify_all()
                 self._queue.task_done()
 
     def _start_writeback(self, fd):
@@ -207,9 +215,18 @@ class _OrderedWriter:
             raise error
 
     def submit(self, fd, data, digest=None):
-        """Queue `data` to be written to `fd` (and fed to `digest`) after everything before."""
+        """Queue `data` (bytes, or a list of buffers) to be written to `fd` (and fed to
+        `digest`) after everything before; return the job's number (see `wait`)."""
         self._raise()
-        self._started().put((fd, data, digest))
+        self._started().put((fd, data if isinstance(data, list) else [data], digest))
+        self.submitted += 1
+        return self.submitted
+
+    def wait(self, job):
+        """Wait until job number `job` and every one before it are done with their buffers."""
+        with self._done:
+            while self._completed < job:
+                self._done.wait()
 
     def drain(self):
         """Wait until every queued write is done."""
@@ -291,7 +308,10 @@ class ShardWriter:
 
     def add_run(self, data, keys, starts, positions):
         """Append records framed back to back in `data` (record i from `starts[i]`), under
-        `keys`, at list positions `positions`: the same bytes as `add` for each in turn."""
+        `keys`, at list positions `positions`: the same bytes as `add` for each in turn.
+
+        `data` may be a view of a buffer the caller reuses only once `wait_written` says so.
+        """
         count = len(keys)
         if not count:
             return
@@ -370,15 +390,26 @@ class ShardWriter:
         return shard
 
     def flush(self):
-        """Write buffered records: all their .rec bytes first, then their .idx lines."""
+        """Write buffered records: all their .rec bytes first, then their .idx lines.
+
+        Return a number to give `wait_written`: the buffers added so far are then written.
+        """
         shard = self._shard
         if shard is None or not self._rec_buf:
-            return
-        self._io.submit(shard.rec_fd, b"".join(self._rec_buf), shard.rec_hash)
+            return self._io.submitted
+        parts = self._rec_buf
+        if len(parts) > 1 and self._buffered < len(parts) * WRITE_BYTES // 4:
+            parts = [b"".join(parts)]  # many small records: one write, not one each
+        self._io.submit(shard.rec_fd, parts, shard.rec_hash)
         self._io.submit(shard.idx_fd, b"".join(self._idx_buf), shard.idx_hash)
-        self._rec_buf.clear()
+        self._rec_buf = []  # the writer thread owns the list it was given
         self._idx_buf.clear()
         self._buffered = 0
+        return self._io.submitted
+
+    def wait_written(self, job):
+        """Wait until what `flush` returned `job` for is written (its buffers may be reused)."""
+        self._io.wait(job)
 
     def register(self, fd, name):
         """Name another file written through `write_after`, for error messages."""

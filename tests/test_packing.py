@@ -367,7 +367,9 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
     import rectool.packing as packing
 
     root = tmp_path / "tree"
-    items = write_pack_tree(root, [f"id{i}" for i in range(10)], 60)
+    # Two timing windows in a row must be slow (one could be a stall of the machine).
+    items = write_pack_tree(root, [f"id{i}" for i in range(25)], 100)
+    assert len(items) > 2 * packing.SWITCH_WINDOW
     lst = write_list(tmp_path / "slow.lst", items)
     pools = []
     real_pool, real_read = packing.ThreadPoolExecutor, packing._read_file

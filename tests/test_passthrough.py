@@ -84,7 +84,7 @@ def block_outcomes(packer, items):
                 continue
             run_items, data, starts = run
             ends = [*starts[1:], len(data)]
-            outcomes += [("record", data[s:e]) for s, e in zip(starts, ends)]
+            outcomes += [("record", bytes(data[s:e])) for s, e in zip(starts, ends)]
     return outcomes
 
 
