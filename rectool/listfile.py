@@ -15,6 +15,8 @@ from typing import NamedTuple
 from .errors import RectoolError
 
 LIST_SUFFIX = ".lst"
+# Records store labels as float32 (MXNet's IRHeader); a larger label cannot be written.
+FLOAT32_MAX = 3.4028234663852886e38
 LABEL_MAP_SUFFIX = ".labels.tsv"
 # Characters that would break a tab-separated line.
 UNWRITABLE_CHARACTERS = ("\t", "\n", "\r")
@@ -98,7 +100,7 @@ def parse_list_line(text, path="<list>", line=0):
             label = float(fields[1])
         except ValueError:
             label = math.nan
-        if label - label == 0.0:  # finite
+        if -FLOAT32_MAX <= label <= FLOAT32_MAX and "\0" not in fields[2]:
             return ListItem(int(fields[0]), (label,), fields[2], line)
     if len(fields) < 3:
         raise ListFormatError(
@@ -122,8 +124,16 @@ def parse_list_line(text, path="<list>", line=0):
         raise ListFormatError(f"labels {fields[1:-1]!r} are not numbers", path, line) from None
     if not all(math.isfinite(x) for x in labels):
         raise ListFormatError(f"labels {fields[1:-1]!r} are not finite", path, line)
+    if not all(-FLOAT32_MAX <= x <= FLOAT32_MAX for x in labels):
+        raise ListFormatError(
+            f"labels {fields[1:-1]!r} do not fit a float32, the type records store labels in",
+            path,
+            line,
+        )
     if not fields[-1]:
         raise ListFormatError("the image path is empty", path, line)
+    if "\0" in fields[-1]:
+        raise ListFormatError("the image path holds a NUL character", path, line)
     return ListItem(index, labels, fields[-1], line)
 
 
@@ -154,12 +164,12 @@ def _parse_lines(lines, path, number):
             index, label, name = fields
             if name.endswith("\r"):
                 name = name.rstrip("\r")
-            if index.isascii() and index.isdigit() and name:
+            if index.isascii() and index.isdigit() and name and "\0" not in name:
                 try:
                     value = float(label)
                 except ValueError:
                     value = math.nan
-                if value - value == 0.0:  # finite
+                if -FLOAT32_MAX <= value <= FLOAT32_MAX:  # not NaN, not infinite
                     yield make(ListItem, (int(index), (value,), name, number))
                     continue
         yield parse_list_line(text.rstrip("\r"), path, number)

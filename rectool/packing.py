@@ -425,6 +425,9 @@ try:
 except re.error:  # Python 3.10: the same lines, with backtracking
     _PLAIN_LINES = re.compile(rb"(?:[0-9]+(?:\t" + _NUMBER + rb")+\t[^\t\n]+\n)*")
 _LINE_INDEX = re.compile(rb"^([0-9]+)\t", re.M)
+# A field that may be a number too large for float32 (an exponent, or 39 digits and more); paths
+# that look so only cost the line-by-line check.
+_HUGE_NUMBER = re.compile(rb"\t[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE]|\t[-+]?[0-9]{39}")
 _LIST_BLOCK = 1 << 20
 
 
@@ -451,8 +454,13 @@ def _validate_list(path, layout):
                 else:
                     cut = data.rfind(b"\n") + 1
                     data, rest = data[:cut], data[cut:]
-                if layout == "insightface" or not _PLAIN_LINES.fullmatch(data):
-                    return _validate_list_slowly(path, layout)
+                if (
+                    layout == "insightface"
+                    or not _PLAIN_LINES.fullmatch(data)
+                    or b"\0" in data
+                    or _HUGE_NUMBER.search(data)
+                ):
+                    return _validate_list_slowly(path, layout)  # names the bad line
                 if data:
                     data.decode("utf-8")  # raises for invalid UTF-8, reported slowly below
                     found = np.array(_LINE_INDEX.findall(data)).astype(np.int64)

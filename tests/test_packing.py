@@ -335,6 +335,16 @@ def test_insightface_layout_refuses_numbers_float32_cannot_hold(tree, tmp_path, 
         pack_images(lst, root, tmp_path / "z", PackOptions(layout="insightface"))
 
 
+def test_labels_as_large_as_float32_allows_are_packed(tree, tmp_path):
+    root, _, items = tree
+    lst = tmp_path / "big-labels.lst"
+    rel = items[0][2]
+    lst.write_text(f"0\t3.4e38\t{rel}\n1\t-1e3\t{rel}\n2\t1e-40\t{rel}\n", encoding="utf-8")
+    pack_images(lst, root, tmp_path / "big")
+    labels = [header.label for header, _ in read_pack(tmp_path / "big.rec").values()]
+    assert labels == [np.float32(3.4e38), -1000.0, np.float32(1e-40)]
+
+
 def test_list_that_is_not_utf8_names_the_line(tree, tmp_path):
     root, _, _ = tree
     bad = tmp_path / "latin1.lst"
@@ -350,6 +360,10 @@ def test_list_that_is_not_utf8_names_the_line(tree, tmp_path):
         ("0\t0\ta.jpg\n\n", "line 2: expected 'index<TAB>label<TAB>path', got ''"),
         ("5\t0\ta.jpg\n2\t1\tb.jpg\n5\t1\tc.jpg\n", "line 3: index 5 appears twice"),
         ("0\t0\ta.jpg\n-1\t0\tb.jpg\n", "line 2: index -1 is negative"),
+        ("0\t0\ta.jpg\n1\t1e39\tb.jpg\n", r"line 2: labels \['1e39'\] do not fit a float32"),
+        ("0\t0\ta.jpg\n1\t-4" + "0" * 38 + "\tb.jpg\n", "line 2: labels .* do not fit a float32"),
+        ("0\t1\t2\t3e40\ta.jpg\n", "line 1: labels .* do not fit a float32"),
+        ("0\t0\ta.jpg\n1\t0\tb\0.jpg\n", "line 2: the image path holds a NUL character"),
     ],
 )
 def test_unusual_lists_are_checked_line_by_line(tree, tmp_path, text, message):

@@ -1,0 +1,50 @@
+"""Reading .lst files: the block-at-a-time reader gives what line-by-line parsing gives."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import rectool.listfile as listfile
+from rectool.listfile import ListFormatError, iter_list, parse_list_line
+
+names = st.text(
+    st.characters(blacklist_characters="\t\n\r\0", blacklist_categories=["Cs"]), min_size=1
+)
+labels = st.one_of(st.integers(-5, 10**6).map(str), st.floats(-1e30, 1e30).map(repr))
+lines = st.tuples(st.integers(0, 10**9), st.lists(labels, min_size=1, max_size=3), names).map(
+    lambda t: "\t".join([str(t[0]), *t[1], t[2]])
+)
+
+
+@given(st.lists(lines, max_size=40), st.integers(1, 64), st.booleans(), st.booleans())
+def test_blocks_give_what_lines_give(rows, read_chars, final_newline, crlf):
+    end = "\r\n" if crlf else "\n"
+    text = end.join(rows) + (end if final_newline and rows else "")
+    expected = [parse_list_line(line, "l", n) for n, line in enumerate(rows, 1)]
+    saved = listfile._READ_CHARS
+    listfile._READ_CHARS = read_chars  # lines cut across blocks everywhere
+    try:
+        got = list(iter_list(io.StringIO(text, newline=""), "l"))
+    finally:
+        listfile._READ_CHARS = saved
+    assert got == expected
+    assert [type(item) for item in got] == [listfile.ListItem] * len(got)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0\t1\ta.jpg\n\n2\t1\tb.jpg\n", "l: line 2: expected"),
+        ("0\t1\ta.jpg\n1\tx\tb.jpg\n", r"l: line 2: labels \['x'\] are not numbers"),
+        ("0\t1\ta.jpg\n1\t1e39\tb.jpg\n", "l: line 2: labels .* do not fit a float32"),
+        ("0\t1\ta\0.jpg\n", "l: line 1: the image path holds a NUL character"),
+        ("0\t1\ta.jpg\n1\t1\t", "l: line 2: the image path is empty"),
+    ],
+)
+def test_bad_lines_are_named(text, message):
+    with pytest.raises(ListFormatError, match=message):
+        list(iter_list(io.StringIO(text, newline=""), "l"))
