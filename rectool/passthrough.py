@@ -50,7 +50,7 @@ assert PART_HEADER.size + IMAGE_HEADER.size == _HEADER_BYTES
 
 
 class Block:
-    """What a run of list items became: framed records in `data`, refusals between them.
+    """What a run of list items became: framed records in `buffer`, refusals between them.
 
     Entry j is list item `items[j]`: a record at `starts[j]:ends[j]` of the buffer, or
     a refusal in `refused[j]`, or a record framed on its own in `framed[j]`.
@@ -91,14 +91,12 @@ class Block:
 class PassThroughPacker:
     """Fill blocks from list items: read, frame and check each image, never decode it."""
 
-    def __init__(
-        self, root, check="structure", pack_label=False, block_bytes=BLOCK_BYTES, wait=None
-    ):
+    def __init__(self, root, check="structure", pack_label=False, block_bytes=None, wait=None):
         """`wait(block.written)`, when given, is called before a block's buffer is reused."""
         self._prefix = os.path.join(root, "")
         self._check = check
         self._pack_label = pack_label
-        self._size = block_bytes & ~3  # whole words, for the magic word search
+        self._size = (block_bytes or BLOCK_BYTES) & ~3  # whole words, for the magic search
         self._wait = wait
         # Blocks take turns over a few buffers, so one is filled while others are written.
         self._buffers = [bytearray(self._size) for _ in range(BUFFERS)]
@@ -108,8 +106,9 @@ class PassThroughPacker:
     def fill(self, items, max_items):
         """Read up to `max_items` items from the iterator `items` into a block; return it.
 
-        Only items that are placed in the block are taken from `items`. The block's buffer is
-        reused by the next call: consume `runs()` first. Returns None when `items` is empty.
+        Only items that are placed in the block are taken from `items`. Its buffer is filled
+        again BUFFERS calls later, once `wait(block.written)` returns (without `wait`: consume
+        `runs()` before then). Returns None when `items` is empty.
         """
         slot = self._next
         previous = self._blocks[slot]

@@ -8,16 +8,20 @@ agree with both, whatever the block boundaries.
 from __future__ import annotations
 
 import struct
+import time
 
 import numpy as np
 import pytest
 from handmade import frame, image_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from imagefiles import encode, image_array, jpeg_bytes
+from imagefiles import encode, image_array, jpeg_bytes, write_list
 
+import rectool.passthrough
+import rectool.shards
 from rectool.images import ImageRefused, check_image
 from rectool.listfile import ListItem
+from rectool.packing import PackOptions, pack_images
 from rectool.passthrough import PassThroughPacker, _walk_jpegs
 
 MAGIC = struct.pack("<I", 0xCED7230A)
@@ -190,3 +194,31 @@ def test_the_walk_never_passes_what_check_image_refuses(seed, edits, cut):
     assert verdicts[0] and verdicts[2]
     if verdicts[1]:
         check_image(data, "structure")  # must not raise
+
+
+def test_a_pack_of_many_blocks_through_a_slow_writer(tmp_path, monkeypatch):
+    # Tiny blocks in one buffer, reused at once, while the writer thread, slowed down, still
+    # holds the previous block. Every byte must still be the expected one.
+    root = tmp_path / "tree"
+    (root / "a").mkdir(parents=True)
+    items, expected = [], []
+    for n in range(240):
+        rel = f"a/{n:03d}.jpg"
+        data = jpeg_bytes(n, 20 + n % 17, 24) if n % 37 else b"broken"
+        (root / rel).write_bytes(data)
+        items.append((n * 2, n % 5, rel))
+        if n % 37:
+            expected.append(frame(image_record(data, float(n % 5), n * 2)))
+    lst = write_list(tmp_path / "many.lst", items)
+    real_write = rectool.shards._write_all
+
+    def slow_write(fd, data):
+        time.sleep(0.002)
+        real_write(fd, data)
+
+    monkeypatch.setattr(rectool.passthrough, "BLOCK_BYTES", 16 << 10)
+    monkeypatch.setattr(rectool.passthrough, "BUFFERS", 1)
+    monkeypatch.setattr(rectool.shards, "_write_all", slow_write)
+    result = pack_images(lst, root, tmp_path / "many", PackOptions(max_failures=10))
+    assert result.failures == 7
+    assert (tmp_path / "many.rec").read_bytes() == b"".join(expected)
