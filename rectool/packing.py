@@ -639,7 +639,7 @@ class _PackRun:
         may_switch = self.options.workers > 1
         worker = _ImageWorker(self.root, self.options)
         chunks = _chunks(items, CHUNK_ITEMS)
-        if _io_bound(self.options) and self.options.layout != "insightface":
+        if _io_bound(self.options):
             done, finished = self._process_blocks(items, done, may_switch)
             if finished:
                 return
@@ -668,10 +668,16 @@ class _PackRun:
             self.root, self.options.check, self.options.pack_label, wait=self.writer.wait_written
         )
         timer = _ReadTimer()
+        insightface = self.options.layout == "insightface"
         while True:
             started = time.perf_counter()
-            # Blocks no longer than a timing window, so that slow reads are noticed early.
-            block = packer.fill(items, SWITCH_WINDOW if may_switch else BLOCK_ITEMS)
+            block = packer.fill(
+                items,
+                # Blocks no longer than a timing window, so that slow reads are noticed early.
+                SWITCH_WINDOW if may_switch else BLOCK_ITEMS,
+                # The insightface layout numbers images 1..N as they are written.
+                first_key=self.images + 1 if insightface else None,
+            )
             if block is None:
                 return done, True
             done = self._consume_block(block, done)
@@ -685,10 +691,18 @@ class _PackRun:
                 self._refuse(*run)
                 self._position += 1
                 continue
-            items, data, starts = run
+            items, data, starts, first = run
             count = len(items)
             positions = range(self._position, self._position + count)
-            self.writer.add_run(data, [item.index for item in items], starts, positions)
+            if self.options.layout == "insightface":
+                keys = list(range(self.images + 1, self.images + 1 + count))
+                if self.image_size is None:
+                    self.image_size = _image_size(block.image(first))
+                for item in items:
+                    self._count_label(item)
+            else:
+                keys = [item.index for item in items]
+            self.writer.add_run(data, keys, starts, positions)
             self.images += count
             self._position += count
         block.written = self.writer.flush()  # the packer reuses the buffer once written

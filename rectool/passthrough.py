@@ -37,6 +37,7 @@ MIN_ROOM = 256 << 10
 # The part header (magic, length) and the image header (flag, label, id, id2) of a record.
 _RECORD_HEADER = struct.Struct("<IIIfQQ")
 _HEADER_BYTES = _RECORD_HEADER.size  # 32 = PART_HEADER + IMAGE_HEADER
+_KEY_OFFSET = 16  # of the id field, from the record start
 # Markers the block walk leaves to `check_image`: fill bytes, standalone markers, and an
 # end-of-image before the scan (an error it names).
 _ODD_MARKERS = np.zeros(256, bool)
@@ -56,17 +57,41 @@ class Block:
     a refusal in `refused[j]`, or a record framed on its own in `framed[j]`.
     """
 
-    __slots__ = ("slot", "buffer", "items", "starts", "ends", "refused", "framed", "written")
+    __slots__ = (
+        "slot",
+        "buffer",
+        "items",
+        "starts",
+        "ends",
+        "refused",
+        "framed",
+        "alone",
+        "written",
+    )
 
     def __init__(self, slot, buffer):
         self.slot, self.buffer = slot, buffer
         self.items, self.starts, self.ends = [], [], []
         self.refused, self.framed = {}, {}
+        self.alone = None  # (j, bytes) of a file too long for the buffer
+
         # Set by the consumer: a job number to wait for before the buffer is reused.
         self.written = None
 
+    def image(self, j):
+        """Return the image bytes of record j (one that was not refused)."""
+        if self.alone is not None and self.alone[0] == j:
+            return self.alone[1]
+        start = self.starts[j]
+        # The buffer holds the record unsplit even where a magic word made it framed apart.
+        (length,) = struct.unpack_from("<I", self.buffer, start + 4)
+        (flag,) = struct.unpack_from("<I", self.buffer, start + 8)
+        end = start + 8 + (length & ((1 << LENGTH_BITS) - 1))
+        return bytes(self.buffer[start + _HEADER_BYTES + 4 * flag : end])
+
     def runs(self):
-        """Yield, in list order, `(items, data, starts)` runs of records and `(item, reason)`.
+        """Yield, in list order, `(items, data, starts, j)` runs of records (the first of them
+        entry j) and `(item, reason)` refusals.
 
         `data` holds the run's framed records back to back, record i from `starts[i]`: a view
         of the packer's buffer, valid until it fills that buffer again (see `written`).
@@ -79,12 +104,12 @@ class Block:
             if first < j:
                 base = starts[first]
                 data = view[base : ends[j - 1]]
-                yield items[first:j], data, [s - base for s in starts[first:j]]
+                yield items[first:j], data, [s - base for s in starts[first:j]], first
             if j < len(items):
                 if j in self.refused:
                     yield items[j], self.refused[j]
                 else:
-                    yield [items[j]], self.framed[j], [0]
+                    yield [items[j]], self.framed[j], [0], j
             first = j + 1
 
 
@@ -103,8 +128,11 @@ class PassThroughPacker:
         self._blocks = [None] * BUFFERS
         self._next = 0
 
-    def fill(self, items, max_items):
+    def fill(self, items, max_items, first_key=None):
         """Read up to `max_items` items from the iterator `items` into a block; return it.
+
+        Records are keyed by their list index, or, given `first_key`, numbered from it in
+        order, refused images left out (the insightface layout).
 
         Only items that are placed in the block are taken from `items`. Its buffer is filled
         again BUFFERS calls later, once `wait(block.written)` returns (without `wait`: consume
@@ -127,6 +155,7 @@ class PassThroughPacker:
         limit = size - min(MIN_ROOM, size // 4)
         head = _HEADER_BYTES
         pos = j = 0
+        key = first_key
         for item in itertools.islice(items, max_items):
             add_item(item)
             add_start(pos)
@@ -149,12 +178,16 @@ class PassThroughPacker:
                 refused[j] = _read_error(exc)
                 n, rest = 0, None
             if 0 < n < room:
+                if first_key is None:
+                    key = item.index
                 if pack_label:
                     labels = item.labels
-                    pack_into(buffer, pos, MAGIC, head - 8 + n, len(labels), 0.0, item.index, 0)
+                    pack_into(buffer, pos, MAGIC, head - 8 + n, len(labels), 0.0, key, 0)
                     struct.pack_into(f"<{len(labels)}f", buffer, pos + _HEADER_BYTES, *labels)
                 else:
-                    pack_into(buffer, pos, MAGIC, head - 8 + n, 0, item.labels[0], item.index, 0)
+                    pack_into(buffer, pos, MAGIC, head - 8 + n, 0, item.labels[0], key, 0)
+                if first_key is not None:
+                    key += 1
                 end = begin + n
                 buffer[end : end + 3] = b"\0\0\0"  # the padding, and maybe bytes to overwrite
                 pos = end + (-n & 3)
@@ -164,7 +197,7 @@ class PassThroughPacker:
             else:
                 add_end(pos)
                 if rest is not None:  # longer than the room left: a record of its own
-                    self._frame_alone(block, j, bytes(view[begin : begin + n]) + rest)
+                    block.alone = (j, bytes(view[begin : begin + n]) + rest)
                     break
                 if j not in refused:
                     refused[j] = "empty file"
@@ -174,17 +207,37 @@ class PassThroughPacker:
         self._blocks[slot] = block
         self._next = (slot + 1) % BUFFERS
         if self._check != "none":
+            refused = len(block.refused)
             self._check_images(block)
+            if first_key is not None and len(block.refused) > refused:
+                self._renumber(block, first_key)
+        if block.alone is not None:
+            self._frame_alone(block, first_key)
         self._split_magic_words(block, pos)
         return block
 
-    def _frame_alone(self, block, j, data):
+    def _renumber(self, block, first_key):
+        """Number the records in order again, the refused ones left out."""
+        key = first_key
+        for j, start in enumerate(block.starts):
+            if j not in block.refused and start != block.ends[j]:
+                struct.pack_into("<Q", block.buffer, start + _KEY_OFFSET, key)
+                key += 1
+
+    def _frame_alone(self, block, first_key):
+        j, data = block.alone
         item = block.items[j]
+        if first_key is None:
+            key = item.index
+        else:  # after every record placed before it
+            key = first_key + sum(
+                1 for i in range(j) if i not in block.refused and block.starts[i] != block.ends[i]
+            )
         try:
             if self._check != "none":
                 check_image(data, self._check)
             label = list(item.labels) if self._pack_label else item.labels[0]
-            block.framed[j] = frame_image_record(data, label, item.index, 0, item.path)
+            block.framed[j] = frame_image_record(data, label, key, 0, item.path)
         except ImageRefused as refusal:
             block.refused[j] = refusal.reason
         except RecordTooLargeError:
@@ -193,8 +246,12 @@ class PassThroughPacker:
     # -- checks per block -------------------------------------------------------------------
     def _check_images(self, block):
         """Refuse what `check_image` refuses; walk JPEG markers for the whole block at once."""
-        done = set(block.refused) | set(block.framed)
-        jobs = [j for j in range(len(block.items)) if j not in done]
+        # Records in the buffer: not refused while reading, not read on beyond it.
+        jobs = [
+            j
+            for j, (start, end) in enumerate(zip(block.starts, block.ends))
+            if start != end and j not in block.refused
+        ]
         if not jobs:
             return
         starts = np.array([block.starts[j] for j in jobs], np.int64)

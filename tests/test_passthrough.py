@@ -86,7 +86,7 @@ def block_outcomes(packer, items):
             if len(run) == 2:
                 outcomes.append(("refused", run[1]))
                 continue
-            run_items, data, starts = run
+            run_items, data, starts, _ = run
             ends = [*starts[1:], len(data)]
             outcomes += [("record", bytes(data[s:e])) for s, e in zip(starts, ends)]
     return outcomes
@@ -222,3 +222,41 @@ def test_a_pack_of_many_blocks_through_a_slow_writer(tmp_path, monkeypatch):
     result = pack_images(lst, root, tmp_path / "many", PackOptions(max_failures=10))
     assert result.failures == 7
     assert (tmp_path / "many.rec").read_bytes() == b"".join(expected)
+
+
+@pytest.mark.parametrize("block_bytes", [8 << 20, 64 << 10, 20 << 10])
+def test_numbered_records_skip_the_refused(tmp_path, block_bytes):
+    # The insightface layout: keys 1..N in order, whatever was refused in between, and
+    # whether a refusal is found while reading (missing, empty) or in the block's check.
+    big = jpeg_bytes(11, 300, 280)
+    items, images = [], []
+    for n, (name, data) in enumerate(odd_files(big) * 2):
+        rel = f"{n}-{name}"
+        if data is None:
+            (tmp_path / rel).mkdir()
+        elif data != "missing":
+            (tmp_path / rel).write_bytes(data)
+        items.append(ListItem(1000 + n, (float(n % 3),), rel, n + 1))
+        outcome = expected_outcome(tmp_path / rel, items[-1])
+        images.append(None if outcome[0] == "refused" else (tmp_path / rel).read_bytes())
+    expected, key = [], 1
+    for item, image in zip(items, images):
+        if image is None:
+            expected.append("refused")
+        else:
+            expected.append(frame(image_record(image, item.labels[0], key)))
+            key += 1
+    packer = PassThroughPacker(tmp_path, block_bytes=block_bytes)
+    outcomes, source, first_key = [], iter(items), 1
+    while (block := packer.fill(source, 1000, first_key=first_key)) is not None:
+        for run in block.runs():
+            if len(run) == 2:
+                outcomes.append("refused")
+                continue
+            _, data, starts, first = run
+            ends = [*starts[1:], len(data)]
+            outcomes += [bytes(data[s:e]) for s, e in zip(starts, ends)]
+            for j in range(first, first + len(starts)):
+                assert block.image(j) == images[j + len(outcomes) - len(starts) - first]
+            first_key += len(starts)
+    assert outcomes == expected
