@@ -260,3 +260,36 @@ def test_numbered_records_skip_the_refused(tmp_path, block_bytes):
                 assert block.image(j) == images[j + len(outcomes) - len(starts) - first]
             first_key += len(starts)
     assert outcomes == expected
+
+
+@pytest.mark.parametrize("layout", ["images", "insightface"])
+def test_blocks_and_worker_threads_pack_the_same_bytes(tmp_path, monkeypatch, layout):
+    # Two implementations of pass-through: blocks on the calling thread (fast disks) and
+    # image by image in worker threads (slow ones). Their files must be the same.
+    import rectool.packing
+
+    root = tmp_path / "tree"
+    (root / "a").mkdir(parents=True)
+    items = []
+    odd = odd_files(jpeg_bytes(11, 300, 280))
+    for n in range(1300):
+        if n % 40 == 7:
+            name, data = odd[(n // 40) % len(odd)]
+            rel = f"a/{n}-{name}"
+            if data is None:
+                (root / rel).mkdir()
+            elif data != "missing":
+                (root / rel).write_bytes(data)
+        else:
+            rel = f"a/{n}.jpg"
+            (root / rel).write_bytes(jpeg_bytes(n % 50, 16 + n % 9, 20))
+        items.append((n, n % 7, rel))
+    lst = write_list(tmp_path / "mixed.lst", items)
+    options = PackOptions(layout=layout, max_failures=100, workers=2)
+    pack_images(lst, root, tmp_path / "blocks" / "p", options)
+    monkeypatch.setattr(rectool.packing, "_io_bound", lambda options: False)
+    pack_images(lst, root, tmp_path / "threads" / "p", options)
+    for suffix in (".rec", ".idx", ".failures.jsonl"):
+        blocks = (tmp_path / "blocks" / f"p{suffix}").read_bytes()
+        assert blocks == (tmp_path / "threads" / f"p{suffix}").read_bytes(), suffix
+    assert (tmp_path / "blocks" / "p.failures.jsonl").read_text().count("\n") >= 15
