@@ -272,9 +272,10 @@ class PassThroughPacker:
 
     def _split_magic_words(self, block, used):
         """Frame records again where an aligned word of their payload is the magic number."""
-        hits = np.flatnonzero(np.frombuffer(block.buffer, "<u4", used // 4) == MAGIC) * 4
-        if len(hits) == sum(map(int.__ne__, block.starts, block.ends)):
+        is_magic = np.frombuffer(block.buffer, "<u4", used // 4) == MAGIC
+        if np.count_nonzero(is_magic) == sum(map(int.__ne__, block.starts, block.ends)):
             return  # every hit is the start of a record in the buffer
+        hits = np.flatnonzero(is_magic) * 4
         starts = np.array(block.starts, np.int64)
         owners = np.searchsorted(starts, hits, side="right") - 1
         at_start = starts[owners] == hits
@@ -300,35 +301,38 @@ def _walk_jpegs(u8, heads, ends):
     if not count:
         return passed
     size = len(u8)
-    safe = ends - heads >= 12
-    idx = np.flatnonzero(safe)
-    h = heads[idx]
-    jpeg = (u8[h] == 0xFF) & (u8[h + 1] == 0xD8) & (u8[h + 2] == 0xFF)
-    idx = idx[jpeg]
+    # Every 4 bytes of the buffer read as one big-endian word, at each byte position.
+    words = np.ndarray((size - 3,), ">u4", u8, 0, (1,))
+    idx = np.flatnonzero(
+        (ends - heads >= 12) & (words[np.minimum(heads, size - 4)] >> 8 == 0xFFD8FF)
+    )
     pos = heads[idx] + 2
     frame = np.zeros(len(idx), bool)
     for _ in range(_MAX_SEGMENTS):
         if not len(idx):
             break
         limit = ends[idx]
-        ok = pos + 4 <= limit
         at = np.minimum(pos, size - 10)
-        ok &= at == pos  # too near the buffer's end to look at: check it one by one
-        marker = u8[at + 1]
-        length = (u8[at + 2].astype(np.int64) << 8) | u8[at + 3]
-        ok &= (u8[at] == 0xFF) & ~_ODD_MARKERS[marker] & (length >= 2)
+        head = words[at]  # FF, marker, length (2 bytes)
+        marker = (head >> 16) & 0xFF
+        length = head & 0xFFFF
+        ok = (pos + 4 <= limit) & (at == pos)  # else too near the buffer's end: one by one
+        ok &= (head >> 24 == 0xFF) & ~_ODD_MARKERS[marker] & (length >= 2)
         is_frame = _FRAME_MARKERS[marker]
-        frame_ok = (pos + 10 <= limit) & ((u8[at + 7] | u8[at + 8]) != 0) & (u8[at + 9] != 0)
-        ok &= ~is_frame | frame_ok
-        frame |= is_frame & ok
-        scan = ok & (marker == 0xDA)
+        if is_frame.any():
+            # precision, height (2), width (2), components: the word from height's low byte.
+            tail = words[at + 6]
+            sound = (pos + 10 <= limit) & ((tail >> 8) & 0xFFFF != 0) & (tail & 0xFF != 0)
+            ok &= ~is_frame | sound
+            frame |= is_frame & ok
+        scan = marker == 0xDA
         ok &= ~scan | frame
         finished = scan & ok
         if finished.any():
-            e = ends[idx[finished]]
-            passed[idx[finished]] = (u8[e - 2] == 0xFF) & (u8[e - 1] == 0xD9)
+            done = idx[finished]
+            passed[done] = words[ends[done] - 4] & 0xFFFF == 0xFFD9
         going = ok & ~scan
-        idx, pos, frame = idx[going], (pos + 2 + length)[going], frame[going]
+        idx, pos, frame = idx[going], (pos + 2 + length.astype(np.int64))[going], frame[going]
     return passed
 
 
