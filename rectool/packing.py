@@ -643,12 +643,10 @@ class _PackRun:
             done, finished = self._process_blocks(items, done, may_switch)
             if finished:
                 return
-        elif self.options.workers == 1 or _io_bound(self.options):
-            # Passing bytes through from a fast disk costs Python time, not waiting: worker
-            # threads would only contend for the GIL. Threads start if reads prove slow.
-            done, finished = self._process_inline(worker, chunks, done, may_switch)
-            if finished:
-                return
+        elif self.options.workers == 1:
+            for chunk in chunks:
+                done = self._consume(chunk, worker.prepare_chunk(chunk), done)
+            return
         window = collections.deque()
         limit = 4 * self.options.workers
         with ThreadPoolExecutor(self.options.workers, thread_name_prefix="rectool-pack") as pool:
@@ -670,7 +668,8 @@ class _PackRun:
         timer = _ReadTimer()
         insightface = self.options.layout == "insightface"
         while True:
-            started = time.perf_counter()
+            packer.wait_for_buffer()  # waiting for the writer is not reading: not timed
+            timer.start()
             block = packer.fill(
                 items,
                 # Blocks no longer than a timing window, so that slow reads are noticed early.
@@ -680,8 +679,9 @@ class _PackRun:
             )
             if block is None:
                 return done, True
+            slow = timer.slow(len(block.items))
             done = self._consume_block(block, done)
-            if may_switch and timer.slow(time.perf_counter() - started, len(block.items)):
+            if may_switch and slow:
                 return done, False
 
     def _consume_block(self, block, done):
@@ -709,17 +709,6 @@ class _PackRun:
         done += len(block.items)
         self._report(done)
         return done
-
-    def _process_inline(self, worker, chunks, done, may_switch):
-        """Prepare chunks on this thread; return (done, finished), stopping when reads are slow."""
-        timer = _ReadTimer()
-        for chunk in chunks:
-            started = time.perf_counter()
-            results = worker.prepare_chunk(chunk)
-            done = self._consume(chunk, results, done)
-            if may_switch and timer.slow(time.perf_counter() - started, len(chunk)):
-                return done, False
-        return done, True
 
     def _consume(self, chunk, results, done):
         """Write one chunk's results in list order; return the new count of items done."""
@@ -841,16 +830,28 @@ def frame_image(item, image, key, pack_label):
 
 
 class _ReadTimer:
-    """Decide when images are slow to read: over SLOW_ITEM_SECONDS, two windows in a row."""
+    """Decide when images are slow to read: over SLOW_ITEM_SECONDS an image spent blocked,
+    two windows of SWITCH_WINDOW images in a row.
+
+    Blocked is the wall time less the time this thread ran or waited for a CPU (Linux's
+    schedstat; elsewhere, less its CPU time): a file system that makes reads wait counts, a
+    machine busy with other work does not, since worker threads could only help the first.
+    """
 
     def __init__(self):
+        self._clock = _ran_or_runnable if _ran_or_runnable() is not None else time.thread_time
         self.seconds = 0.0
         self.items = 0
         self.slow_windows = 0
+        self.start()
 
-    def slow(self, seconds, items):
-        """Count `items` read in `seconds`; return True once reads are slow."""
-        self.seconds += seconds
+    def start(self):
+        """Start timing a read of some images."""
+        self._wall, self._ran = time.perf_counter(), self._clock()
+
+    def slow(self, items):
+        """Count `items` read since `start()`; return True once reads are slow."""
+        self.seconds += (time.perf_counter() - self._wall) - (self._clock() - self._ran)
         self.items += items
         if self.items < SWITCH_WINDOW:
             return False
@@ -860,6 +861,16 @@ class _ReadTimer:
             self.slow_windows = 0
         self.seconds, self.items = 0.0, 0
         return self.slow_windows >= 2
+
+
+def _ran_or_runnable():
+    """Return the seconds this thread has run or waited on a run queue, or None (not Linux)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            ran, waited = f.read().split()[:2]
+        return (int(ran) + int(waited)) / 1e9
+    except (OSError, ValueError):
+        return None
 
 
 def _io_bound(options):

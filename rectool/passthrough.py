@@ -128,6 +128,13 @@ class PassThroughPacker:
         self._blocks = [None] * BUFFERS
         self._next = 0
 
+    def wait_for_buffer(self):
+        """Wait until the writer is done with the buffer the next `fill` fills."""
+        previous = self._blocks[self._next]
+        if previous is not None and previous.written is not None and self._wait is not None:
+            self._wait(previous.written)
+            previous.written = None
+
     def fill(self, items, max_items, first_key=None):
         """Read up to `max_items` items from the iterator `items` into a block; return it.
 
@@ -138,10 +145,8 @@ class PassThroughPacker:
         again BUFFERS calls later, once `wait(block.written)` returns (without `wait`: consume
         `runs()` before then). Returns None when `items` is empty.
         """
+        self.wait_for_buffer()
         slot = self._next
-        previous = self._blocks[slot]
-        if previous is not None and previous.written is not None and self._wait is not None:
-            self._wait(previous.written)
         buffer = self._buffers[slot]
         block = Block(slot, buffer)
         entries, starts, ends = block.items, block.starts, block.ends
