@@ -17,7 +17,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import CACHE, RECTOOL, best_of, im2rec_script, oracle_python, timed  # noqa: E402
+from common import (  # noqa: E402
+    CACHE,
+    RECTOOL,
+    best_in_turns,
+    im2rec_script,
+    oracle_python,
+    timed,
+)
 from tree import ensure_tree  # noqa: E402
 
 WORK = CACHE / "pack-bench"
@@ -109,7 +116,7 @@ def bare_loop(lst, root, size):
     return timed([sys.executable, "-c", BARE_LOOP, str(root), str(lst), str(size), str(WORKERS)])
 
 
-def run(repeats=2, with_im2rec=True, log=print):
+def run(repeats=3, with_im2rec=True, log=print):
     """Run every comparison; return a dict of seconds, MiB and ratios."""
     root = ensure_tree(log=log)
     WORK.mkdir(parents=True, exist_ok=True)
@@ -118,10 +125,11 @@ def run(repeats=2, with_im2rec=True, log=print):
     r = {"images": n, "workers": WORKERS}
 
     log(f"pass-through: {n} images")
-    r["ours_pass_through_s"] = best_of(repeats, lambda: ours(lst, root, WORK / "pt" / "t")[0])
-    r["tar_s"] = best_of(
-        repeats, lambda: timed(["tar", "cf", str(WORK / "tar" / "t.tar"), "-C", str(root), "."],
-                               prepare=fresh(WORK / "tar" / "t.tar"))[0]
+    r["ours_pass_through_s"], r["tar_s"] = best_in_turns(
+        repeats,
+        lambda: ours(lst, root, WORK / "pt" / "t")[0],
+        lambda: timed(["tar", "cf", str(WORK / "tar" / "t.tar"), "-C", str(root), "."],
+                      prepare=fresh(WORK / "tar" / "t.tar"))[0],
     )  # fmt: skip
     if with_im2rec:
         r["im2rec_pass_through_s"] = im2rec(lst, root, WORK / "im2rec-pt" / "t", "--pass-through")[
@@ -130,10 +138,11 @@ def run(repeats=2, with_im2rec=True, log=print):
 
     log("re-encode --resize 96 --quality 95")
     reencode = ("--resize", "96", "--quality", "95")
-    r["ours_reencode_s"] = best_of(
-        repeats, lambda: ours(lst, root, WORK / "re" / "t", *reencode)[0]
+    r["ours_reencode_s"], r["bare_reencode_s"] = best_in_turns(
+        repeats,
+        lambda: ours(lst, root, WORK / "re" / "t", *reencode)[0],
+        lambda: bare_loop(lst, root, 96)[0],
     )
-    r["bare_reencode_s"] = best_of(repeats, lambda: bare_loop(lst, root, 96)[0])
     if with_im2rec:
         r["im2rec_reencode_s"] = im2rec(lst, root, WORK / "im2rec-re" / "t", *reencode)[0]
 
@@ -142,8 +151,11 @@ def run(repeats=2, with_im2rec=True, log=print):
     large_lst = WORK / "large.lst"
     write_list(large, large_lst)
     big = ("--resize", "112", "--quality", "95")
-    r["ours_large_s"] = best_of(repeats, lambda: ours(large_lst, large, WORK / "lg" / "t", *big)[0])
-    r["bare_large_s"] = best_of(repeats, lambda: bare_loop(large_lst, large, 112)[0])
+    r["ours_large_s"], r["bare_large_s"] = best_in_turns(
+        repeats,
+        lambda: ours(large_lst, large, WORK / "lg" / "t", *big)[0],
+        lambda: bare_loop(large_lst, large, 112)[0],
+    )
 
     log("peak memory at 1x and 4x the images")
     lst4 = WORK / "tree4.lst"
@@ -189,7 +201,7 @@ def render(r):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--no-im2rec", action="store_true", help="skip the (slow) im2rec runs")
     args = parser.parse_args(argv)
     result = run(args.repeats, not args.no_im2rec, log=lambda m: print(m, file=sys.stderr))

@@ -84,6 +84,16 @@ def best_of(runs, fn):
     return min(fn() for _ in range(runs))
 
 
+def best_in_turns(runs, *fns):
+    """Return the smallest result of each of `fns`, called in turns (a, b, a, b, ...), so that
+    a slow spell of the machine falls on every side alike."""
+    best = [float("inf")] * len(fns)
+    for _ in range(runs):
+        for k, fn in enumerate(fns):
+            best[k] = min(best[k], fn())
+    return best
+
+
 def ratio_line(name, ours, peer, peer_name, target=None, better="lower"):
     """Return one table row: times and ratio, with PASS/FAIL against `target` when given."""
     ratio = peer / ours if better == "lower" else ours / peer
