@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_pack import LARGE_IMAGES  # noqa: E402
 from common import CACHE  # noqa: E402
 
-
 GRAY_8 = cv2.IMREAD_REDUCED_GRAYSCALE_8
 
 
@@ -39,7 +38,7 @@ def main(count=800, repeats=5):
         ("resize 448 -> 112 (the bare loop)", lambda d, k: cv2.resize(full[k], (112, 112))),
         ("decode at 1/4 scale (rectool)", lambda d, k: cv2.imdecode(d, cv2.IMREAD_REDUCED_COLOR_4)),
         ("grayscale 1/8 decode: the floor", lambda d, k: cv2.imdecode(d, GRAY_8)),
-        ("encode 112x112 at quality 95 (both)", lambda d, k: cv2.imencode(".jpg", reduced[k], quality)),
+        ("encode 112x112 q95 (both)", lambda d, k: cv2.imencode(".jpg", reduced[k], quality)),
     ]  # fmt: skip
     arrays = [np.frombuffer(d, np.uint8) for d in datas]
     size = sum(map(len, datas)) / len(datas)
