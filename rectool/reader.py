@@ -295,6 +295,10 @@ class RecordFile:
         self._mm = None
         self._size = None
         self._pid = None
+        # Threads that read a fresh instance at once must map it once: a second mapping made
+        # by one would close the other's under its reader.
+        self._lock = threading.Lock()
+        self._lock_generation = _fork_generation[0]
 
     def __getstate__(self):
         return {"path": self.path}
@@ -315,6 +319,14 @@ class RecordFile:
         """Map the file now (done automatically on first read, and again after a fork)."""
         if self._mm is not None and self._pid == os.getpid():
             return
+        if self._lock_generation != _fork_generation[0]:
+            # A lock that a parent thread held at a fork stays locked in the child.
+            self._lock, self._lock_generation = threading.Lock(), _fork_generation[0]
+        with self._lock:
+            if self._mm is None or self._pid != os.getpid():
+                self._map()
+
+    def _map(self):
         self.close()
         try:
             f = open(self.path, "rb")

@@ -651,3 +651,36 @@ def test_no_descriptor_leaks(tmp_path):
         assert f.read_at(12) == b"b"  # a closed file reopens on the next read
         f.close()
         assert open_fds() == before
+
+
+def test_threads_reading_a_fresh_record_file_at_once(tmp_path):
+    # Each thread's first read maps the file; a second mapping must not close the first
+    # under a thread that is reading it (it did: TypeError from a None mapping).
+    import threading
+
+    records = [bytes([n]) * (n + 1) for n in range(64)]
+    path = write(tmp_path / "a.rec", b"".join(part(0, r) for r in records))
+    offsets, offset = [], 0
+    for r in records:
+        offsets.append(offset)
+        offset += 8 + len(r) + (-len(r) % 4)
+    for _ in range(200):
+        rec = RecordFile(path)
+        start = threading.Barrier(8)
+        errors_seen = []
+
+        def read(rec=rec, start=start, errors_seen=errors_seen):
+            start.wait()
+            try:
+                for n in range(len(records)):
+                    assert rec.read_at(offsets[n]) == records[n]
+            except Exception as exc:  # reported below, in the test's thread
+                errors_seen.append(exc)
+
+        threads = [threading.Thread(target=read) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        rec.close()
+        assert errors_seen == []

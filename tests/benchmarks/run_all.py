@@ -16,6 +16,7 @@ import os
 import platform
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -168,6 +169,7 @@ def main(argv=None):
         try:
             results[name] = BENCHMARKS[name](log)
         except Exception as exc:  # one failing benchmark must not hide the others' figures
+            traceback.print_exc()
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
         log(json.dumps(results[name], default=str))
     command = (
