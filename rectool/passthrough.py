@@ -1,7 +1,7 @@
 """Pass-through packing a block at a time: files read straight into framed records.
 
 Passing images through is reading them: a few system calls and, in Python, a few microseconds
-of bookkeeping an image, which at 100,000 images a minute is most of the run. So files are
+of bookkeeping an image, which over many small images is most of the run. So files are
 read (`readv`) directly into a reused buffer behind room for their record headers, the headers
 are packed in place, and the work that does not need Python per image is done per block:
 
