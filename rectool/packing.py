@@ -2,7 +2,9 @@
 
 Worker threads read, check and (optionally) re-encode images; OpenCV releases the GIL, so they
 run in parallel. One writer consumes their results strictly in list order, so the bytes never
-depend on `workers` or timing, and at most a bounded window of images is in flight.
+depend on `workers` or timing, and at most a bounded window of images is in flight. Passing
+images through, which is reading rather than computing, runs a block at a time on the calling
+thread instead (see `passthrough.py`), until reads prove slow.
 """
 
 from __future__ import annotations

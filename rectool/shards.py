@@ -200,14 +200,17 @@ class _OrderedWriter:
             return
         try:
             position = os.lseek(fd, 0, os.SEEK_CUR)
-            if position < start:  # a new file under a reused descriptor number
-                start = 0
+            start = min(start, position)  # a file under a reused number, unless forgotten
             if position - start >= WRITEBACK_BYTES:
                 os.posix_fadvise(fd, start, position - start, _ADVISE)
                 start = position
         except OSError:  # not a regular file, say: leave writeback to the kernel
             start = None
         self._written[fd] = start
+
+    def forget(self, fd):
+        """Forget what was written to `fd`, about to be closed (its number may come again)."""
+        self._written.pop(fd, None)
 
     def _raise(self):
         if self._error is not None:
@@ -429,6 +432,7 @@ class ShardWriter:
         self._io.drain()
         for fd in (shard.rec_fd, shard.idx_fd):
             os.fsync(fd)
+            self._io.forget(fd)
             os.close(fd)
         os.replace(shard.idx_path + PARTIAL_SUFFIX, shard.idx_path)
         os.replace(shard.rec_path + PARTIAL_SUFFIX, shard.rec_path)
