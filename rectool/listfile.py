@@ -93,15 +93,34 @@ def unwritable_paths(paths):
 
 def parse_list_line(text, path="<list>", line=0):
     """Parse one .lst line (without its newline) into a `ListItem`."""
+    return _plain_item(text, line) or _parse_any_line(text, path, line)
+
+
+def _plain_item(text, line):
+    """Return the `ListItem` of a common line, `index<TAB>label<TAB>path`, or None.
+
+    What the general parser would return, without its checks: packing reads millions of these.
+    """
     fields = text.split("\t")
-    # The common line, `index<TAB>label<TAB>path`, without the general path's checks.
-    if len(fields) == 3 and fields[0].isascii() and fields[0].isdigit() and fields[2]:
-        try:
-            label = float(fields[1])
-        except ValueError:
-            label = math.nan
-        if -FLOAT32_MAX <= label <= FLOAT32_MAX and "\0" not in fields[2]:
-            return ListItem(int(fields[0]), (label,), fields[2], line)
+    if len(fields) != 3:
+        return None
+    index, label, name = fields
+    if name.endswith("\r"):
+        name = name.rstrip("\r")
+    if not (index.isascii() and index.isdigit() and name) or "\0" in name:
+        return None
+    try:
+        value = float(label)
+    except ValueError:
+        return None
+    if not -FLOAT32_MAX <= value <= FLOAT32_MAX:  # NaN, infinite or too large: say which
+        return None
+    # ListItem(...) without the keyword handling of its __new__.
+    return tuple.__new__(ListItem, (int(index), (value,), name, line))
+
+
+def _parse_any_line(text, path, line):
+    fields = text.split("\t")
     if len(fields) < 3:
         raise ListFormatError(
             f"expected 'index<TAB>label<TAB>path', got {text[:120]!r}", path, line
@@ -155,24 +174,9 @@ def iter_list(stream, path="<list>"):
 
 
 def _parse_lines(lines, path, number):
-    make = tuple.__new__  # ListItem(...) without the keyword handling of its __new__
     for text in lines:
         number += 1
-        # The common line, as in `parse_list_line`, inlined.
-        fields = text.split("\t")
-        if len(fields) == 3:
-            index, label, name = fields
-            if name.endswith("\r"):
-                name = name.rstrip("\r")
-            if index.isascii() and index.isdigit() and name and "\0" not in name:
-                try:
-                    value = float(label)
-                except ValueError:
-                    value = math.nan
-                if -FLOAT32_MAX <= value <= FLOAT32_MAX:  # not NaN, not infinite
-                    yield make(ListItem, (int(index), (value,), name, number))
-                    continue
-        yield parse_list_line(text.rstrip("\r"), path, number)
+        yield _plain_item(text, number) or _parse_any_line(text.rstrip("\r"), path, number)
 
 
 _READ_CHARS = 1 << 20

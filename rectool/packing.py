@@ -26,7 +26,7 @@ import numpy as np
 
 from . import __version__
 from .atomic import write_atomic, write_json_atomic
-from .errors import RecordTooLargeError, RectoolError, UsageError
+from .errors import RectoolError, UsageError
 from .images import (
     CHECK_MODES,
     ImageRefused,
@@ -36,7 +36,7 @@ from .images import (
     reencode_image,
 )
 from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
-from .passthrough import TOO_LARGE, PassThroughPacker
+from .passthrough import PassThroughPacker, frame_image
 from .reader import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
@@ -52,7 +52,7 @@ from .shards import (
     plan_shards,
     shard_stem,
 )
-from .writer import frame_image_record, frame_record, pack_image_record
+from .writer import frame_record, pack_image_record
 
 LAYOUTS = ("images", "insightface")
 FAILURES_SUFFIX = ".failures.jsonl"
@@ -418,18 +418,17 @@ def _copy_stream(stream, prefix):
     return target
 
 
-# Ordinary lines (`index<TAB>finite number...<TAB>path`), matched a block at a time at C speed.
-_NUMBER = rb"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?"
+# Ordinary lines (`index<TAB>number...<TAB>path`), matched a block at a time at C speed. Their
+# numbers have no exponent and at most 38 integer digits, so every one fits a float32, and
+# paths hold no NUL; other lines (rare) are checked one by one, which names a bad one.
+_NUMBER = rb"[-+]?(?:[0-9]{1,38}(?:\.[0-9]*)?|\.[0-9]+)"
 # Possessive (`++`, `*+`): no backtracking, several times faster. A label must be followed by a
 # tab, so the path (followed by the newline) is never taken for one.
 try:
-    _PLAIN_LINES = re.compile(rb"(?:[0-9]++(?:\t" + _NUMBER + rb"(?=\t))++\t[^\t\n]++\n)*+")
+    _PLAIN_LINES = re.compile(rb"(?:[0-9]++(?:\t" + _NUMBER + rb"(?=\t))++\t[^\t\n\0]++\n)*+")
 except re.error:  # Python 3.10: the same lines, with backtracking
-    _PLAIN_LINES = re.compile(rb"(?:[0-9]+(?:\t" + _NUMBER + rb")+\t[^\t\n]+\n)*")
+    _PLAIN_LINES = re.compile(rb"(?:[0-9]+(?:\t" + _NUMBER + rb")+\t[^\t\n\0]+\n)*")
 _LINE_INDEX = re.compile(rb"^([0-9]+)\t", re.M)
-# A field that may be a number too large for float32 (an exponent, or 39 digits and more); paths
-# that look so only cost the line-by-line check.
-_HUGE_NUMBER = re.compile(rb"\t[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)[eE]|\t[-+]?[0-9]{39}")
 _LIST_BLOCK = 1 << 20
 
 
@@ -456,12 +455,7 @@ def _validate_list(path, layout):
                 else:
                     cut = data.rfind(b"\n") + 1
                     data, rest = data[:cut], data[cut:]
-                if (
-                    layout == "insightface"
-                    or not _PLAIN_LINES.fullmatch(data)
-                    or b"\0" in data
-                    or _HUGE_NUMBER.search(data)
-                ):
+                if layout == "insightface" or not _PLAIN_LINES.fullmatch(data):
                     return _validate_list_slowly(path, layout)  # names the bad line
                 if data:
                     data.decode("utf-8")  # raises for invalid UTF-8, reported slowly below
@@ -820,15 +814,6 @@ class _ImageWorker:
         except ImageRefused as refusal:
             return refusal
         return data
-
-
-def frame_image(item, image, key, pack_label):
-    """Return the framed record of one image, or an `ImageRefused` when it is too large."""
-    label = list(item.labels) if pack_label else item.labels[0]
-    try:
-        return frame_image_record(image, label, key, 0, item.path)
-    except RecordTooLargeError:
-        return ImageRefused(TOO_LARGE)
 
 
 class _ReadTimer:

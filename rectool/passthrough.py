@@ -25,7 +25,7 @@ import numpy as np
 
 from .errors import RecordTooLargeError
 from .images import JPEG_FRAME_MARKERS, JPEG_STANDALONE_MARKERS, ImageRefused, check_image
-from .reader import IMAGE_HEADER, LENGTH_BITS, MAGIC, MAX_RECORD_BYTES, PART_HEADER
+from .reader import IMAGE_HEADER, LENGTH_MASK, MAGIC, MAX_RECORD_BYTES, PART_HEADER
 from .writer import frame_image_record, frame_record
 
 TOO_LARGE = f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes"
@@ -58,7 +58,6 @@ class Block:
     """
 
     __slots__ = (
-        "slot",
         "buffer",
         "items",
         "starts",
@@ -69,8 +68,8 @@ class Block:
         "written",
     )
 
-    def __init__(self, slot, buffer):
-        self.slot, self.buffer = slot, buffer
+    def __init__(self, buffer):
+        self.buffer = buffer
         self.items, self.starts, self.ends = [], [], []
         self.refused, self.framed = {}, {}
         self.alone = None  # (j, bytes) of a file too long for the buffer
@@ -82,12 +81,18 @@ class Block:
         """Return the image bytes of record j (one that was not refused)."""
         if self.alone is not None and self.alone[0] == j:
             return self.alone[1]
+        begin, end = self.payload(j)
+        (flag,) = struct.unpack_from("<I", self.buffer, begin)  # the number of extra labels
+        return bytes(self.buffer[begin + IMAGE_HEADER.size + 4 * flag : end])
+
+    def payload(self, j):
+        """Return where record j's payload is in the buffer, as (begin, end).
+
+        The buffer holds it unsplit even where a magic word made the record framed apart.
+        """
         start = self.starts[j]
-        # The buffer holds the record unsplit even where a magic word made it framed apart.
-        (length,) = struct.unpack_from("<I", self.buffer, start + 4)
-        (flag,) = struct.unpack_from("<I", self.buffer, start + 8)
-        end = start + 8 + (length & ((1 << LENGTH_BITS) - 1))
-        return bytes(self.buffer[start + _HEADER_BYTES + 4 * flag : end])
+        (lrec,) = struct.unpack_from("<I", self.buffer, start + 4)
+        return start + 8, start + 8 + (lrec & LENGTH_MASK)
 
     def runs(self):
         """Yield, in list order, `(items, data, starts, j)` runs of records (the first of them
@@ -148,7 +153,7 @@ class PassThroughPacker:
         self.wait_for_buffer()
         slot = self._next
         buffer = self._buffers[slot]
-        block = Block(slot, buffer)
+        block = Block(buffer)
         entries, starts, ends = block.items, block.starts, block.ends
         refused = block.refused
         view, prefix = memoryview(buffer), self._prefix
@@ -241,12 +246,14 @@ class PassThroughPacker:
         try:
             if self._check != "none":
                 check_image(data, self._check)
-            label = list(item.labels) if self._pack_label else item.labels[0]
-            block.framed[j] = frame_image_record(data, label, key, 0, item.path)
         except ImageRefused as refusal:
             block.refused[j] = refusal.reason
-        except RecordTooLargeError:
-            block.refused[j] = TOO_LARGE
+            return
+        framed = frame_image(item, data, key, self._pack_label)
+        if isinstance(framed, ImageRefused):
+            block.refused[j] = framed.reason
+        else:
+            block.framed[j] = framed
 
     # -- checks per block -------------------------------------------------------------------
     def _check_images(self, block):
@@ -261,7 +268,7 @@ class PassThroughPacker:
             return
         starts = np.array([block.starts[j] for j in jobs], np.int64)
         u8 = np.frombuffer(block.buffer, np.uint8)
-        lengths = u8.view("<u4")[starts // 4 + 1] & ((1 << LENGTH_BITS) - 1)
+        lengths = u8.view("<u4")[starts // 4 + 1] & LENGTH_MASK
         heads = starts + _HEADER_BYTES  # where each image starts, after its labels
         if self._pack_label:
             heads += 4 * np.array([len(block.items[j].labels) for j in jobs], np.int64)
@@ -288,10 +295,8 @@ class PassThroughPacker:
         for j in sorted(set(owners[~at_start].tolist())):
             if j in block.refused or j in block.framed or block.starts[j] == block.ends[j]:
                 continue
-            start = block.starts[j]
-            (length,) = struct.unpack_from("<I", block.buffer, start + 4)
-            payload = bytes(view[start + 8 : start + 8 + (length & ((1 << LENGTH_BITS) - 1))])
-            block.framed[j] = frame_record(payload)
+            begin, end = block.payload(j)
+            block.framed[j] = frame_record(bytes(view[begin:end]))
 
 
 def _walk_jpegs(u8, heads, ends):
@@ -339,6 +344,15 @@ def _walk_jpegs(u8, heads, ends):
         going = ok & ~scan
         idx, pos, frame = idx[going], (pos + 2 + length.astype(np.int64))[going], frame[going]
     return passed
+
+
+def frame_image(item, image, key, pack_label):
+    """Return the framed record of one image, or an `ImageRefused` when it is too large."""
+    label = list(item.labels) if pack_label else item.labels[0]
+    try:
+        return frame_image_record(image, label, key, 0, item.path)
+    except RecordTooLargeError:
+        return ImageRefused(TOO_LARGE)
 
 
 def _read_rest(fd):

@@ -26,7 +26,7 @@ from .reader import (
     parse_index,
     write_index_cache,
 )
-from .writer import format_index_line
+from .writer import INDEX_LINE, format_index_line
 
 PARTIAL_SUFFIX = ".partial"
 SHARD_DIGITS = 5
@@ -36,8 +36,6 @@ WRITE_BYTES = 1 << 20
 # Writeback to disk is started every this many bytes written (see `_OrderedWriter`).
 WRITEBACK_BYTES = 8 << 20
 _ADVISE = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform.startswith("linux") else None
-# `format_index_line` for a whole run of records at once.
-_INDEX_LINE = "%d\t%d\n"
 
 
 def shard_paths(prefix, number, numbered):
@@ -165,9 +163,9 @@ class _OrderedWriter:
     def _run(self):
         while True:
             job = self._queue.get()
+            if job is None:
+                return
             try:
-                if job is None:
-                    return
                 if self._error is None:
                     fd, parts, digest = job
                     for data in parts:
@@ -184,7 +182,6 @@ class _OrderedWriter:
                 with self._done:
                     self._completed += 1
                     self._done.notify_all()
-                self._queue.task_done()
 
     def _start_writeback(self, fd):
         """Have the kernel start writing what this fd wrote to disk, without waiting for it.
@@ -233,7 +230,7 @@ class _OrderedWriter:
 
     def drain(self):
         """Wait until every queued write is done."""
-        self._queue.join()
+        self.wait(self.submitted)
         self._raise()
 
     def close(self):
@@ -338,7 +335,7 @@ class ShardWriter:
         shard = shard or self._start(self._number())
         base = shard.rec_bytes
         offsets = [base + start for start in starts]
-        lines = "".join(map(_INDEX_LINE.__mod__, zip(keys, offsets))).encode("ascii")
+        lines = "".join(map(INDEX_LINE.__mod__, zip(keys, offsets))).encode("ascii")
         self._rec_buf.append(data)
         self._idx_buf.append(lines)
         self._buffered += len(data)

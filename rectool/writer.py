@@ -144,9 +144,13 @@ class RecordWriter:
             self._file.close()
 
 
+# One .idx line as MXNet's `MXIndexedRecordIO.write_idx` writes it: key, tab, offset.
+INDEX_LINE = "%d\t%d\n"
+
+
 def format_index_line(key, offset):
     """Return one .idx line as MXNet's `MXIndexedRecordIO.write_idx` writes it."""
-    return f"{key}\t{offset}\n"
+    return INDEX_LINE % (key, offset)
 
 
 class IndexedRecordWriter:

@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from common import best_in_turns  # noqa: E402
 from tree import ensure_tree  # noqa: E402
 
 from rectool.reader import MAGIC, RankSampler, open_dataset  # noqa: E402
@@ -199,15 +200,11 @@ def best_rate(repeats, count, fn):
     return count / best
 
 
-def best_rates_in_turns(repeats, count, *fns):
-    """Return the best items/s of each of `fns`, timed in turns (a, b, a, b, ...)."""
-    best = [float("inf")] * len(fns)
-    for _ in range(repeats):
-        for k, fn in enumerate(fns):
-            start = time.perf_counter()
-            fn()
-            best[k] = min(best[k], time.perf_counter() - start)
-    return tuple(count / seconds for seconds in best)
+def seconds(fn, *args):
+    """Return the wall time of one call of `fn(*args)`."""
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
 
 
 def folder_paths(root, lst):
@@ -334,11 +331,14 @@ def run(raw=100_000, decoded=10_000, loader=20_000, repeats=3, mxnet=True, log=p
     )
     # Decoding is most of either side's time, so the two are timed in turns: a slow spell of
     # this shared machine then falls on both.
-    figures["decoded_per_s"], figures["folder_decoded_per_s"] = best_rates_in_turns(
+    ours_s, folder_s = best_in_turns(
         repeats + 2,
-        len(some),
-        lambda: raw_reads(dsd, some),
-        lambda: folder_reads(paths, some, True),
+        lambda: seconds(raw_reads, dsd, some),
+        lambda: seconds(folder_reads, paths, some, True),
+    )
+    figures["decoded_per_s"], figures["folder_decoded_per_s"] = (
+        len(some) / ours_s,
+        len(some) / folder_s,
     )
     figures["raw_vs_folder"] = figures["raw_per_s"] / figures["folder_raw_per_s"]
     figures["decoded_vs_folder"] = figures["decoded_per_s"] / figures["folder_decoded_per_s"]

@@ -79,14 +79,9 @@ def best_time(repeats, fn):
     return best, result
 
 
-def best_of(runs, fn):
-    """Return the smallest of `runs` results of `fn()` (the least disturbed by a noisy machine)."""
-    return min(fn() for _ in range(runs))
-
-
 def best_in_turns(runs, *fns):
-    """Return the smallest result of each of `fns`, called in turns (a, b, a, b, ...), so that
-    a slow spell of the machine falls on every side alike."""
+    """Return the smallest result of each of `fns` (seconds, say), called in turns (a, b, a, b,
+    ...), so that a slow spell of the machine falls on every side alike."""
     best = [float("inf")] * len(fns)
     for _ in range(runs):
         for k, fn in enumerate(fns):
