@@ -817,16 +817,17 @@ class _ImageWorker:
 
 
 class _ReadTimer:
-    """Decide when images are slow to read: over SLOW_ITEM_SECONDS an image spent blocked,
+    """Decide when images are slow to read: over SLOW_ITEM_SECONDS an image outside Python,
     two windows of SWITCH_WINDOW images in a row.
 
-    Blocked is the wall time less the time this thread ran or waited for a CPU (Linux's
-    schedstat; elsewhere, less its CPU time): a file system that makes reads wait counts, a
-    machine busy with other work does not, since worker threads could only help the first.
+    Outside Python is the wall time less the time this thread ran in user mode or waited for a
+    CPU (Linux: its rusage and schedstat; elsewhere, less its CPU time): reads that wait for a
+    disk or a network, or keep the kernel busy, count, and worker threads overlap them; Python's
+    own work, and a machine busy with other work, do not, since threads cannot help there.
     """
 
     def __init__(self):
-        self._clock = _ran_or_runnable if _ran_or_runnable() is not None else time.thread_time
+        self._clock = _in_python if _in_python() is not None else time.thread_time
         self.seconds = 0.0
         self.items = 0
         self.slow_windows = 0
@@ -850,13 +851,16 @@ class _ReadTimer:
         return self.slow_windows >= 2
 
 
-def _ran_or_runnable():
-    """Return the seconds this thread has run or waited on a run queue, or None (not Linux)."""
+def _in_python():
+    """Return the seconds this thread ran in user mode or waited on a run queue (Linux), or
+    None where that cannot be known."""
     try:
+        import resource  # not on Windows
+
         with open("/proc/thread-self/schedstat", "rb") as f:
-            ran, waited = f.read().split()[:2]
-        return (int(ran) + int(waited)) / 1e9
-    except (OSError, ValueError):
+            waited = int(f.read().split()[1])
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_utime + waited / 1e9
+    except (ImportError, AttributeError, OSError, ValueError, IndexError):
         return None
 
 
