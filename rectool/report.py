@@ -178,18 +178,22 @@ def build_report(target, options=ReportOptions()):
     problems = []
     budget = _ThumbBudget(options.max_bytes)
     reduce = _reduction(info, options.thumb)
+    decoded = {}  # image number -> (jpeg, pixels, problem): each image is decoded once
     with _Payloads(images) as payloads:
 
         def thumb_of(i, alt, caption):
-            try:
-                data = payloads.image(i)
-            except RectoolError as exc:
-                problems.append(f"{alt}: {exc}")
-                return Thumb(alt, caption, problem="unreadable record")
-            thumb = _thumbnail(data, options.thumb, reduce, alt, caption)
-            if thumb.problem:
-                problems.append(f"{alt}: {thumb.problem}")
-            return budget.admit(thumb)
+            if i not in decoded:
+                try:
+                    data = payloads.image(i)
+                except RectoolError as exc:
+                    problems.append(f"{alt}: {exc}")
+                    decoded[i] = (None, None, "unreadable record")
+                else:
+                    thumb = _thumbnail(data, options.thumb, reduce, alt, caption)
+                    if thumb.problem:
+                        problems.append(f"{alt}: {thumb.problem}")
+                    decoded[i] = (thumb.jpeg, thumb.pixels, thumb.problem)
+            return budget.admit(Thumb(alt, caption, *decoded[i]))
 
         rows = _sheet_rows(images, names, options, thumb_of)
         duplicates = _find_duplicates(images, payloads, names, thumb_of)
