@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from html import escape
 
-WIDTH, HEIGHT = 720, 300
-MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 70, 16, 34, 78
+WIDTH, HEIGHT = 720, 320
+MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 70, 16, 34, 98
 
 
 def bar_chart(chart_id, title, bars, x_label, y_label, log=False):
