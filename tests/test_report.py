@@ -14,7 +14,9 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from html.parser import HTMLParser
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -555,3 +557,22 @@ def test_the_browser_check_sees_a_page_that_reaches_out(tmp_path, browser):
     open_page.write_text('<!DOCTYPE html><html><body><img alt="x" src="http://127.0.0.1:9/x.png">')
     browser.load(open_page.resolve().as_uri())
     assert "http://127.0.0.1:9/x.png" in browser.requests()
+
+
+def test_demo_writes_a_report_and_says_where(tmp_path):
+    out = tmp_path / "demo-out"
+    repo = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    done = subprocess.run(
+        [sys.executable, "-m", "rectool.demo", str(out)],
+        capture_output=True, text=True, env=env, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = out / "report.html"
+    assert done.stdout.splitlines()[-1] == (
+        f"the dataset's report: {report.resolve()} (open it in a browser)"
+    )
+    html = parse(report.read_text())
+    assert html.summary()["Images"] == 48
+    assert len(html.rows("refusal-list")) == 1 + 2
