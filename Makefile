@@ -41,7 +41,7 @@ oracle: $(ORACLE)/.installed
 # Headless Chromium renders `rectool report` pages in tests/test_report.py: Debian's package,
 # installed when missing (CI runs as root on a fresh machine).
 chromium:
-	@command -v chromium >/dev/null || { apt-get update && apt-get install -y chromium; }
+	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
 
 test: $(VENV)/.test-installed $(ORACLE)/.installed $(DALI)/.installed chromium
 	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python \

@@ -140,7 +140,8 @@ def _verify_text(verify):
     if verify.sound:
         return f"sound: no problems found ({escape(what)})"
     counts = ", ".join(f"{escape(k)} {n:,}" for k, n in sorted(verify.counts.items()))
-    return f"<strong>{verify.problem_count:,} problems</strong> ({counts}); checked {what}"
+    noun = "problem" if verify.problem_count == 1 else "problems"
+    return f"<strong>{verify.problem_count:,} {noun}</strong> ({counts}); checked {what}"
 
 
 def _table(table_id, caption, headers, rows):

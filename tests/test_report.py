@@ -12,6 +12,7 @@ import base64
 import json
 import os
 import re
+import select
 import shutil
 import subprocess
 import sys
@@ -308,6 +309,53 @@ def test_missing_failures_file_is_said_on_the_page(pack, tmp_path):
     assert "(the manifest counts 3 refusals)" in text
 
 
+def test_duplicates_across_shards_name_both_files(tmp_path):
+    image = jpeg_bytes(3, 16, 16)
+    shards = [[(0, image, 0.0), (1, jpeg_bytes(4, 16, 16), 1.0)], [(2, image, 1.0)]]
+    write_pack(tmp_path / "p", shards)
+    out = tmp_path / "r.html"
+    assert invoke("report", tmp_path / "p", "-o", out).exit_code == 0
+    html = parse(out.read_text())
+    assert html.summary()["Shards"] == 2
+    rows = html.rows("duplicate-list")
+    assert len(rows) == 2
+    assert re.fullmatch(
+        r"identity 0: p-00000\.rec byte 0identity 1: p-00001\.rec byte 0", rows[1][2]
+    )
+
+
+def test_labels_that_are_not_class_ids(tmp_path):
+    write_pack(tmp_path / "p", [[(k, jpeg_bytes(k), 0.5 * k) for k in range(5)]])
+    out = tmp_path / "r.html"
+    result = invoke("report", tmp_path / "p", "-o", out, "--identities", 1, "--per-identity", 3)
+    assert result.exit_code == 0, result.output
+    html = parse(out.read_text())
+    assert html.rows("summary-table")[6] == ["Identities", "labels are not integral class ids"]
+    assert [t for tag, t in html.headings if tag == "h4"] == ["Images sampled from all 5"]
+    assert len([a for s, a in html.images if s == "contact-sheet"]) == 3
+
+
+def test_verify_result_on_the_page(pack, tmp_path):
+    copy = tmp_path / "out"
+    shutil.copytree(pack / "out", copy)
+    target = copy / "faces.manifest.json"
+    out = tmp_path / "r.html"
+    assert invoke("report", target, "-o", out, "--verify", "--decode").exit_code == 0
+    verdict = parse(out.read_text()).rows("summary-table")[-1]
+    assert verdict == ["Verify", "sound: no problems found (framing, index, headers, checksums, "
+                       "decoding)"]  # fmt: skip
+    rec = copy / "faces.rec"
+    data = bytearray(rec.read_bytes())
+    data[-8] ^= 0xFF  # inside the last image: the checksum no longer matches
+    rec.write_bytes(bytes(data))
+    assert invoke("report", target, "-o", out, "--verify").exit_code == 0
+    html = parse(out.read_text())
+    assert html.rows("summary-table")[-1] == [
+        "Verify", "1 problem (checksum-mismatch 1); checked framing, index, headers, checksums"
+    ]  # fmt: skip
+    assert html.rows("verify-problems")[1][0] == "checksum-mismatch"
+
+
 def test_images_that_do_not_decode_are_shown_as_such(tmp_path):
     samples = write_pack(tmp_path / "p", [[(0, jpeg_bytes(1), 0.0), (1, b"not an image", 0.0)]])
     out = tmp_path / "r.html"
@@ -429,8 +477,10 @@ class Browser:
         os.close(self._from)
         self.proc.wait(timeout=60)
 
-    def _message(self):
+    def _message(self, timeout=120):
         while b"\0" not in self._buffer:
+            ready, _, _ = select.select([self._from], [], [], timeout)
+            assert ready, f"chromium sent nothing for {timeout} s"
             chunk = os.read(self._from, 1 << 20)
             assert chunk, "chromium closed the DevTools pipe"
             self._buffer += chunk
