@@ -309,6 +309,21 @@ def test_missing_failures_file_is_said_on_the_page(pack, tmp_path):
     assert "(the manifest counts 3 refusals)" in text
 
 
+def test_a_split_copy_of_a_whole_record_is_a_duplicate(tmp_path):
+    # The key 0xCED7230A puts a magic word at payload offset 8: that record is split, read
+    # the slow way; its twin is whole, read vectorised. Odd length: middles must agree.
+    image = jpeg_bytes(5, 16, 16)
+    image += b"x" * (1 - len(image) % 2)
+    write_pack(
+        tmp_path / "p", [[(1, image, 0.0), (2, jpeg_bytes(6), 0.0), (0xCED7230A, image, 1.0)]]
+    )
+    assert (tmp_path / "p.rec").read_bytes().count(MAGIC) == 4  # 3 records, one in 2 parts
+    out = tmp_path / "r.html"
+    assert invoke("report", tmp_path / "p", "-o", out).exit_code == 0
+    rows = parse(out.read_text()).rows("duplicate-list")
+    assert len(rows) == 2 and rows[1][1] == "2"
+
+
 def test_duplicates_across_shards_name_both_files(tmp_path):
     image = jpeg_bytes(3, 16, 16)
     shards = [[(0, image, 0.0), (1, jpeg_bytes(4, 16, 16), 1.0)], [(2, image, 1.0)]]
