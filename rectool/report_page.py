@@ -244,7 +244,7 @@ def _charts_section(report):
                 "chart-bytes",
                 "Images by payload size",
                 hist,
-                "image bytes (k = 1,000)",
+                "image bytes" + (" (k = 1,000)" if any("k" in b for b, _ in hist) else ""),
                 "images",
                 log=log,
             )
@@ -372,10 +372,12 @@ def _duplicates_section(report):
     out = [
         '<section id="duplicates" aria-labelledby="duplicates-h">',
         '<h2 id="duplicates-h">Exact duplicates across identities</h2>',
-        f'<p id="duplicates-count" data-value="{dup.across}">{dup.across:,} images are stored '
-        f"byte for byte under more than one identity ({dup.across_images:,} copies in all); "
-        f"{dup.within:,} more are repeated within one identity. Found by payload size and "
-        f"fingerprint, confirmed by BLAKE2b of {dup.hashed:,} candidate images.</p>",
+        f'<p id="duplicates-count" data-value="{dup.across}">{_count(dup.across, "image")} '
+        f"{'is' if dup.across == 1 else 'are'} stored byte for byte under more than one "
+        f"identity ({_count(dup.across_images, 'copy', 'copies')} in all); "
+        f"{_count(dup.within, 'more image')} {'is' if dup.within == 1 else 'are'} repeated "
+        "within one identity. Found by payload size and fingerprint, confirmed by BLAKE2b of "
+        f"{_count(dup.hashed, 'candidate image')}.</p>",
     ]
     if dup.groups:
         out.append(
@@ -396,6 +398,11 @@ def _duplicates_section(report):
         out.append("</table>")
     out.append("</section>")
     return "\n".join(out)
+
+
+def _count(n, noun, plural=None):
+    """Write `n noun`, the noun in the plural unless n is 1: 1 image, 2 images, 3 copies."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
 
 
 def _problems_section(report):

@@ -249,8 +249,10 @@ def test_exact_duplicates_across_identities_are_listed(page):
     )
     assert re.fullmatch("[0-9a-f]{32}", digest)
     text = "".join(html.text)
-    assert "1 images are stored byte for byte under more than one identity" in text
-    assert "1 more are repeated within one identity" in text
+    assert (
+        "1 image is stored byte for byte under more than one identity (2 copies in all); "
+        "1 more image is repeated within one identity." in text
+    )
 
 
 def test_duplicates_of_split_records_are_found(tmp_path):
