@@ -7,8 +7,9 @@ identities, and optionally a `verify_dataset` result. `report_page` turns that i
 and the contact-sheet image.
 
 Cost: the headers (as `rectool info`), 16 more bytes read per image for the duplicate
-fingerprints, and the sampled images. Memory: the per-image arrays of `dataset_info` plus 32
-bytes per image here (fingerprints, sizes, shard numbers); payloads are hashed one at a time.
+fingerprints, and the sampled images. Memory: the per-image arrays of `dataset_info` plus about
+60 bytes per image here (shard, offset, label, size, two fingerprint words, a sort order);
+payloads are hashed one at a time, only where size and fingerprint collide.
 """
 
 from __future__ import annotations
