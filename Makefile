@@ -10,7 +10,7 @@ ORACLE_PACKAGES := mxnet==1.9.1 "numpy<1.24" "opencv-python-headless<4.11"
 DALI := .venv-dali
 DALI_PACKAGES := nvidia-dali-cuda120==2.4.0 numpy
 
-.PHONY: all venv oracle test test-fast demo lint docs bench clean
+.PHONY: all venv oracle chromium test test-fast demo lint docs bench clean
 
 all: test
 
@@ -38,12 +38,17 @@ venv: $(VENV)/.installed
 
 oracle: $(ORACLE)/.installed
 
-test: $(VENV)/.test-installed $(ORACLE)/.installed $(DALI)/.installed
+# Headless Chromium renders `rectool report` pages in tests/test_report.py: Debian's package,
+# installed when missing (CI runs as root on a fresh machine).
+chromium:
+	@command -v chromium >/dev/null || { apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium; }
+
+test: $(VENV)/.test-installed $(ORACLE)/.installed $(DALI)/.installed chromium
 	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python \
 	RECTOOL_DALI_PYTHON=$(CURDIR)/$(DALI)/bin/python $(BIN)/python -m pytest -q
 
 # Everything but the MXNet oracle tests (they fail loudly without the oracle venv).
-test-fast: $(VENV)/.test-installed
+test-fast: $(VENV)/.test-installed chromium
 	$(BIN)/python -m pytest -q -m 'not oracle'
 
 demo: $(VENV)/.installed

@@ -1007,6 +1007,104 @@ def render_bench_report(report):
     return "\n".join(lines)
 
 
+@cli.command("report")
+@click.argument("target")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="The HTML page to write (one self-contained file).",
+)
+@click.option(
+    "--sheet",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also (or only) write the contact sheet as an image (.jpg or .png).",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the identities sampled."
+)
+@click.option(
+    "--identities",
+    type=click.IntRange(min=0),
+    default=12,
+    show_default=True,
+    help="Identities sampled for the contact sheet.",
+)
+@click.option(
+    "--per-identity",
+    type=click.IntRange(min=1),
+    default=8,
+    show_default=True,
+    help="Thumbnails shown per identity.",
+)
+@click.option(
+    "--thumb",
+    type=click.IntRange(16, 512),
+    default=96,
+    show_default=True,
+    help="Thumbnail size in pixels (longest side).",
+)
+@click.option(
+    "--sample",
+    type=click.IntRange(min=0),
+    default=200,
+    show_default=True,
+    help="Images decoded, spread over the dataset, for the dimensions chart.",
+)
+@click.option(
+    "--max-bytes",
+    type=ByteSize(),
+    default="5MB",
+    show_default=True,
+    help="Page size limit: thumbnails beyond it are left out (and counted).",
+)
+@click.option(
+    "--images-root",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The folder the pack read, to show thumbnails of refused images.",
+)
+@click.option("--verify", is_flag=True, help="Verify the dataset too and show the result.")
+@click.option("--decode", is_flag=True, help="With --verify: decode every image too.")
+@library_errors
+def report_command(target, output, sheet, images_root, decode, **options):
+    """Write a report of TARGET (manifest, prefix, .rec or train.rec folder) as one HTML page.
+
+    The page holds a summary (records, images, identities, bytes, shards, layout, encodings,
+    the pack's options), charts of images per identity, image sizes and bytes, a contact sheet
+    of a seeded sample of identities and the smallest and largest ones, the pack's refusals,
+    and images stored byte for byte under several identities. It needs no network: thumbnails
+    are inline JPEG, charts inline SVG. The same seed and data give the same page.
+
+    \b
+    Example:
+        rectool report out/faces.manifest.json -o report.html --images-root faces/
+        rectool report faces_emore/train.rec -o report.html --verify
+        rectool report out/faces --sheet sheet.jpg
+    """
+    from .report import ReportOptions, write_report
+
+    if output is None and sheet is None:
+        raise click.UsageError("give --output/-o PAGE.html, --sheet IMAGE, or both")
+    if decode and not options["verify"]:
+        raise click.BadParameter("needs --verify", param_hint="--decode")
+    settings = ReportOptions(
+        **options,
+        decode=decode,
+        images_root=None if images_root is None else os.fspath(images_root),
+    )
+    result = write_report(target, output, sheet, settings)
+    report = result.report
+    info = report.info
+    if result.html:
+        click.echo(
+            f"Wrote {result.html} ({result.html_bytes / 1e6:,.2f} MB): {info['images']:,} images, "
+            f"{info.get('identities') or 0:,} identities, {report.refusals.total:,} refusals, "
+            f"{report.duplicates.across:,} images under several identities."
+        )
+    if result.sheet:
+        click.echo(f"Wrote the contact sheet {result.sheet}.")
+
+
 def main():
     """Run the command line (the `rectool` console script)."""
     cli(prog_name="rectool")

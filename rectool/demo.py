@@ -1,4 +1,4 @@
-"""End-to-end demo: generate a small face-like tree, list, pack, verify, emit the reader, read.
+"""End-to-end demo: a small face-like tree: list, pack, verify, report, emit the reader, read.
 
 Run with `make demo` or `python -m rectool.demo OUT_DIR`. Every step is a real `rectool`
 command, printed before it runs; the demo stops at the first step that fails.
@@ -69,6 +69,8 @@ def main(argv=None):
     step("pack", out / "faces.lst", tree, out / "packed" / "faces", "--max-failures", "2")
     step("verify", out / "packed" / "faces.manifest.json")
     step("info", out / "packed" / "faces.manifest.json")
+    report = out / "report.html"
+    step("report", out / "packed" / "faces.manifest.json", "-o", report, "--images-root", tree)
     step("reader", "-o", out / "rectool_reader.py")
     print(f"\n$ python (import {out / 'rectool_reader.py'}, read every image)", flush=True)
     # The script imports the emitted file by path; -I keeps the working folder and PYTHON*
@@ -79,6 +81,7 @@ def main(argv=None):
     if status.returncode:
         sys.exit("demo failed: the emitted reader could not read the pack")
     print("\ndemo complete: everything above ran for real; see", out)
+    print(f"the dataset's report: {report.resolve()} (open it in a browser)")
 
 
 if __name__ == "__main__":

@@ -32,10 +32,12 @@ HISTOGRAM_BINS = (
 DEFAULT_SAMPLE = 200
 
 
-def dataset_info(target, sample=DEFAULT_SAMPLE):
+def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None):
     """Return a dict describing the dataset at `target` (manifest, prefix, .rec or folder).
 
     `sample` images, spread evenly over the dataset, are decoded for their dimensions.
+    `on_shard(rec, facts)`, when given, sees each shard's facts as they are read: a dict whose
+    `labels`, `sizes` (image bytes) and `offsets` (record starts) arrays describe its images.
     Raises `RectoolError` when the target cannot be read, or its framing where a record is
     read (run `rectool verify` to see every problem).
     """
@@ -47,6 +49,8 @@ def dataset_info(target, sample=DEFAULT_SAMPLE):
     insightface_classes = None
     for rec, idx in shards:
         shard = _read_shard(rec, idx)
+        if on_shard is not None:
+            on_shard(rec, shard)
         records += shard["records"]
         rec_bytes += shard["rec_bytes"]
         layouts[shard["layout"]] += 1
