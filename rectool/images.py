@@ -130,7 +130,8 @@ JPEG_STANDALONE_MARKERS = frozenset((0x01, *range(0xD0, 0xD8)))
 def check_image(data, mode="structure"):
     """Refuse bytes that are empty, not an image, truncated or corrupt; return the format name.
 
-    `structure` walks the container (JPEG markers up to the scan and the end-of-image marker;
+    `structure` walks the container (JPEG markers up to the scan and an end-of-image marker
+    after it, followed or not by other bytes;
     every PNG chunk with its CRC) at a few microseconds an image; other formats, and every
     image in `decode` mode, are decoded by OpenCV (JPEG at 1/8 scale, which still runs the
     entropy decoder over the whole scan).
@@ -193,8 +194,9 @@ def _check_jpeg_structure(data):
             break
         i += 2 + length
     # libjpeg fills a truncated scan with grey and only warns; the end marker tells. Entropy-
-    # coded data stuffs every 0xFF with 0x00, so FF D9 there can only be the real marker.
-    if data.find(b"\xff\xd9", max(i, n - 64)) < 0:
+    # coded data stuffs every 0xFF with 0x00, so FF D9 after the scan header can only be the
+    # real marker; bytes may follow it (camera and editor trailers), so search from the end.
+    if data.rfind(b"\xff\xd9", i + 2 + length) < 0:
         raise ImageRefused("truncated JPEG (no end-of-image marker)")
 
 
