@@ -137,7 +137,8 @@ def progress_bar(quiet, unit):
     show_default=True,
     help="Pass-through check of each image. structure: walk the JPEG markers to the scan and "
     "the end marker, every PNG chunk and CRC (other formats are decoded). decode: also decode "
-    "every image with OpenCV (slower). none: only refuse missing and empty files.",
+    "every image, refusing JPEGs whose data libjpeg-turbo reports corrupt (slower). none: only "
+    "refuse missing and empty files.",
 )
 @click.option("--no-check", is_flag=True, help="Same as --check none.")
 @click.option(

@@ -130,14 +130,15 @@ JPEG_STANDALONE_MARKERS = frozenset((0x01, *range(0xD0, 0xD8)))
 def check_image(data, mode="structure"):
     """Refuse bytes that are empty, not an image, truncated or corrupt; return the format name.
 
-    `structure` walks the container (JPEG markers up to the scan and the end-of-image marker;
-    every PNG chunk with its CRC) at a few microseconds an image; other formats, and every
-    image in `decode` mode, are decoded by OpenCV (JPEG at 1/8 scale, which still runs the
-    entropy decoder over the whole scan).
+    `structure` walks the container (JPEG markers up to the scan and an end-of-image marker
+    after it; every PNG chunk with its CRC) at a few microseconds an image; other formats, and
+    every image in `decode` mode, are decoded. A JPEG is decoded by libjpeg-turbo at 1/8 scale
+    in `decode` mode, which still runs the entropy decoder over every scan, and refused when
+    libjpeg-turbo warns that its data is corrupt (OpenCV would return a damaged picture).
     """
     kind = check_container(data)
     if kind == "jpeg":
-        if mode == "decode":
+        if mode == "decode" and not check_jpeg_data(data):
             _decode(data, getattr(cv2, _CHECK_FLAG))
     elif kind == "png":
         if mode == "decode":
@@ -145,6 +146,58 @@ def check_image(data, mode="structure"):
     else:
         _decode(data, cv2.IMREAD_UNCHANGED)
     return kind
+
+
+def inspect_image(data):
+    """Refuse what `check_image(data, "decode")` refuses; return (height, width, channels).
+
+    The shape is what `cv2.imdecode(..., IMREAD_UNCHANGED)` returns; a JPEG that libjpeg-turbo
+    checks is not decoded a second time for it.
+    """
+    kind = check_container(data)
+    if kind == "jpeg":
+        header = check_jpeg_data(data)
+        if header:
+            height, width, colorspace, _ = header
+            return height, width, 1 if colorspace == "Gray" else 3
+    image = _decode(data, cv2.IMREAD_UNCHANGED)
+    return image.shape[0], image.shape[1], 1 if image.ndim == 2 else image.shape[2]
+
+
+def check_jpeg_data(data):
+    """Run libjpeg-turbo's entropy decoder over a JPEG's scans at 1/8 scale, refusing what it
+    reports as corrupt data; return its header (height, width, colourspace, subsampling), or
+    None when it cannot judge the file and OpenCV should decode it instead.
+
+    OpenCV hides libjpeg's warnings: a damaged scan (flipped or zeroed bytes, a cut file with
+    an end marker appended) decodes into a damaged picture. simplejpeg's strict mode stops at
+    the first warning. Warnings about header fields only (an unknown JFIF revision or Adobe
+    transform, odd scan parameters) say nothing about the pixels, and errors simplejpeg has but
+    OpenCV may not (an unsupported colour conversion) are left to OpenCV.
+    """
+    import simplejpeg
+
+    try:
+        header = simplejpeg.decode_jpeg_header(data, strict=True)
+        # libjpeg converts CMYK and YCCK to CMYK only; every other colourspace to gray.
+        space = "CMYK" if header[2] in ("CMYK", "YCCK") else "GRAY"
+        simplejpeg.decode_jpeg(data, space, min_height=1, min_width=1, min_factor=8, strict=True)
+    except ValueError as exc:
+        message = str(exc).strip()
+        if message.startswith(_CORRUPT_JPEG_WARNINGS):
+            raise ImageRefused(f"corrupt JPEG data (libjpeg-turbo: {message[:120]})") from None
+        return None
+    return header
+
+
+# libjpeg-turbo's warnings (jerror.h) that mean the entropy-coded data is damaged: bad Huffman
+# or arithmetic codes, extraneous bytes or a marker where data should be, a premature end. The
+# picture it returns has grey, shifted or wrong blocks.
+_CORRUPT_JPEG_WARNINGS = (
+    "Corrupt JPEG data",
+    "Premature end of JPEG file",
+    "Inconsistent progression sequence",
+)
 
 
 def check_container(data):
@@ -193,8 +246,9 @@ def _check_jpeg_structure(data):
             break
         i += 2 + length
     # libjpeg fills a truncated scan with grey and only warns; the end marker tells. Entropy-
-    # coded data stuffs every 0xFF with 0x00, so FF D9 there can only be the real marker.
-    if data.find(b"\xff\xd9", max(i, n - 64)) < 0:
+    # coded data stuffs every 0xFF with 0x00, so FF D9 after the scan header can only be the
+    # real marker; bytes may follow it (camera and editor trailers), so search from the end.
+    if data.rfind(b"\xff\xd9", i + 2 + length) < 0:
         raise ImageRefused("truncated JPEG (no end-of-image marker)")
 
 

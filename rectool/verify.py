@@ -16,11 +16,10 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-import cv2
 import numpy as np
 
 from .errors import IndexFormatError, RectoolError
-from .images import sniff_format
+from .images import ImageRefused, inspect_image
 from .reader import (
     IMAGE_HEADER_SIZE,
     MAGIC_BYTES,
@@ -954,20 +953,14 @@ def _decode_batch(records, offsets, options):
 
 
 def check_decoded(image, options):
-    """Decode one image fully; return None, or (kind, message) saying what is wrong."""
-    if sniff_format(image) == "jpeg" and b"\xff\xd9" not in image[-64:]:
-        return "decode-failed", "truncated JPEG (no end-of-image marker)"
+    """Decode one image as `pack --check decode` does; return None, or (kind, message)."""
     try:
-        array = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_UNCHANGED)
-    except cv2.error as exc:
-        return "decode-failed", f"OpenCV: {str(exc).strip().splitlines()[-1][:120]}"
-    if array is None or array.size == 0:
-        return "decode-failed", "OpenCV cannot decode it (corrupt, truncated or unsupported)"
-    height, width = array.shape[:2]
+        height, width, channels = inspect_image(image)
+    except ImageRefused as refusal:
+        return "decode-failed", refusal.reason
     if options.size is not None and (height, width) != tuple(options.size):
         want = f"{options.size[0]}x{options.size[1]}"
         return "image-size", f"{height}x{width} (height x width), expected {want}"
-    channels = 1 if array.ndim == 2 else array.shape[2]
     if options.channels is not None and channels != options.channels:
         return "image-channels", f"{channels} channels, expected {options.channels}"
     return None

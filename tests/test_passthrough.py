@@ -45,7 +45,7 @@ def odd_files(big):
         ("empty.jpg", b""),
         ("truncated.jpg", good[: len(good) // 2]),
         ("no-eoi.jpg", good[:-2]),
-        ("eoi-inside.jpg", good[:-2] + b"\xff\xd9" + b"\0" * 70),
+        ("no-eoi-zeros.jpg", good[:-2] + b"\0" * 70),
         ("trailing-zeros.jpg", good + b"\0" * 10),
         ("bad-marker.jpg", good[:2] + b"\x00" + good[3:]),
         ("zero-length.jpg", good[:4] + b"\x00\x00" + good[6:]),
@@ -60,6 +60,18 @@ def odd_files(big):
         ("folder", None),
         ("missing.jpg", "missing"),
     ]
+
+
+def trailers(good):
+    """Return (name, bytes) of valid JPEGs with bytes after their end marker, as cameras and
+    editors write them: random bytes, and bytes holding FF D8 / FF D9 marker pairs."""
+    rng = np.random.default_rng(12)
+    markers = b"\xff\xd9\0\xff\xd8\xff\xe0" * 200
+    out = []
+    for n in (1, 2, 62, 63, 64, 65, 1000):
+        out.append((f"trailer-{n}-random.jpg", good + rng.bytes(n)))
+        out.append((f"trailer-{n}-markers.jpg", good + markers[:n]))
+    return out
 
 
 def expected_outcome(path, item):
@@ -100,7 +112,7 @@ def test_blocks_agree_with_framing_image_by_image(tmp_path, block_bytes):
     assert len(big) > 20 << 10
     items = []
     for n in range(3):
-        for name, data in odd_files(big):
+        for name, data in [*odd_files(big), *trailers(jpeg_bytes(7 + n))]:
             rel = f"{n}-{name}"
             if data is None:
                 (root / rel).mkdir()
@@ -109,6 +121,9 @@ def test_blocks_agree_with_framing_image_by_image(tmp_path, block_bytes):
             items.append(ListItem(len(items) * 3 + 1, (float(n) + 0.5,), rel, len(items) + 1))
     expected = [expected_outcome(root / item.path, item) for item in items]
     assert sum(kind == "refused" for kind, _ in expected) == 3 * 11  # the odd ones, each time
+    assert all(
+        kind == "record" for item, (kind, _) in zip(items, expected) if "trailer" in item.path
+    )
     packer = PassThroughPacker(root, "structure", block_bytes=block_bytes)
     assert block_outcomes(packer, items) == expected
 

@@ -14,6 +14,7 @@ import struct
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from damaged import DAMAGES, good_jpeg
 from imagefiles import encode, image_array, jpeg_bytes
 from recfiles import (
     idx_lines,
@@ -598,7 +599,8 @@ def test_decode_catches_broken_images(decodable):
         ("decode-failed", 1, offsets[1]),
         ("decode-failed", 2, offsets[2]),
     ]
-    assert report.problems[0].message == "truncated JPEG (no end-of-image marker)"
+    # the same structure walk as `pack --check decode`: it names where the file ends
+    assert report.problems[0].message == "truncated JPEG (ends inside its headers)"
 
 
 def test_decode_checks_size_and_channels(decodable):
@@ -612,6 +614,44 @@ def test_decode_checks_size_and_channels(decodable):
     ]
     assert report.problems[2].message == "20x20 (height x width), expected 40x32"
     assert report.problems[3].message == "1 channels, expected 3"
+
+
+@pytest.fixture
+def damaged_scans(tmp_path):
+    """Records 0 and 4 sound (4 with 100 random bytes after its end marker); 1-3 damaged."""
+    rec, idx = tmp_path / "s.rec", tmp_path / "s.idx"
+    good = good_jpeg()
+    trailer = np.random.default_rng(4).bytes(100)
+    images = [good, *(damage(good) for damage in DAMAGES.values()), good + trailer]
+    offsets = write_records(
+        rec, idx, [(n, image_payload(image, 0.0, n)) for n, image in enumerate(images)]
+    )
+    return rec, offsets
+
+
+def test_decode_reports_damaged_scans_by_key_and_offset(damaged_scans):
+    # libjpeg-turbo warns about each of 1-3 (tests/test_images.py shows the damage is real);
+    # OpenCV alone decodes them into damaged pictures.
+    rec, offsets = damaged_scans
+    report = verify_dataset(rec, decode=DecodeOptions(), workers=2)
+    assert report.decoded == 5
+    assert [(k, key, o) for k, _, key, o in found(report)] == [
+        ("decode-failed", key, offsets[key]) for key in (1, 2, 3)
+    ]
+    for problem in report.problems:
+        assert problem.message.startswith("corrupt JPEG data (libjpeg-turbo: Corrupt JPEG data: ")
+
+
+def test_cli_decode_names_the_damaged_scan(damaged_scans):
+    rec, offsets = damaged_scans
+    result = invoke("verify", rec, "--decode", "-j", "1")
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    assert lines[1] == "Found 3 problems (decode-failed 3):"
+    assert lines[4] == (
+        f"  decode-failed: {rec}, key 3, byte offset {offsets[3]}: corrupt JPEG data "
+        "(libjpeg-turbo: Corrupt JPEG data: premature end of data segment)"
+    )
 
 
 # -- unreadable input -----------------------------------------------------------------------------

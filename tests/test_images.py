@@ -1,0 +1,186 @@
+"""`rectool.images` checks: what `--check structure` and `--check decode` accept and refuse."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import cv2
+import numpy as np
+import pytest
+import simplejpeg
+from click.testing import CliRunner
+from damaged import DAMAGES, good_jpeg, scan_start
+from imagefiles import encode, image_array, jpeg_bytes, write_list
+from PIL import Image
+
+from rectool.cli import cli
+from rectool.images import ImageRefused, check_image, inspect_image
+
+TRAILER_LENGTHS = (1, 62, 63, 64, 1000)
+
+
+def decoded(data, flag=cv2.IMREAD_UNCHANGED):
+    return cv2.imdecode(np.frombuffer(data, np.uint8), flag)
+
+
+def trailer(kind, length):
+    """Bytes after the end marker: random, or full of FF D8 / FF D9 pairs."""
+    if kind == "random":
+        return np.random.default_rng(length).bytes(length)
+    return (b"\xff\xd9\x00\xff\xd8\xff\xe1" * (length // 7 + 1))[:length]
+
+
+# -- bytes after the end-of-image marker ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["random", "markers"])
+@pytest.mark.parametrize("length", TRAILER_LENGTHS)
+@pytest.mark.parametrize("mode", ["structure", "decode"])
+def test_a_trailer_after_the_end_marker_is_accepted(mode, length, kind):
+    good = jpeg_bytes(3)
+    data = good + trailer(kind, length)
+    assert np.array_equal(decoded(data), decoded(good))  # OpenCV reads it as the image it is
+    assert check_image(data, mode) == "jpeg"
+
+
+@pytest.mark.parametrize("mode", ["structure", "decode"])
+@pytest.mark.parametrize("length", TRAILER_LENGTHS)
+def test_a_trailer_on_a_progressive_jpeg_is_accepted(mode, length):
+    good = encode(image_array(4, 64, 48), ".jpg", [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])
+    assert check_image(good + trailer("random", length), mode) == "jpeg"
+
+
+@pytest.mark.parametrize("mode", ["structure", "decode"])
+@pytest.mark.parametrize("keep", [0.3, 0.5, 0.9, -2])
+def test_a_jpeg_without_end_marker_is_still_refused(mode, keep):
+    good = jpeg_bytes(3, 64, 64)
+    cut = len(good) + keep if keep < 0 else int(len(good) * keep)
+    assert cut > scan_start(good)
+    for data in (good[:cut], good[:cut] + bytes(100)):  # zeros after a cut scan: still no end
+        with pytest.raises(ImageRefused) as refused:
+            check_image(data, mode)
+        assert refused.value.reason == "truncated JPEG (no end-of-image marker)"
+
+
+# -- damaged entropy-coded data -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_damaged_scans_are_real_damage(damage):
+    good = good_jpeg()
+    data = DAMAGES[damage](good)
+    picture = decoded(data)
+    assert picture is not None and not np.array_equal(picture, decoded(good))
+    with pytest.raises(ValueError, match="^Corrupt JPEG data"):
+        simplejpeg.decode_jpeg(data, strict=True)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_check_decode_refuses_damaged_scans(damage):
+    data = DAMAGES[damage](good_jpeg())
+    with pytest.raises(ImageRefused) as refused:
+        check_image(data, "decode")
+    assert refused.value.reason.startswith("corrupt JPEG data (libjpeg-turbo: Corrupt JPEG data: ")
+    with pytest.raises(ImageRefused):
+        inspect_image(data)
+
+
+def test_the_refusal_quotes_libjpeg():
+    data = DAMAGES["cut-with-eoi"](good_jpeg())
+    with pytest.raises(ImageRefused) as refused:
+        check_image(data, "decode")
+    assert refused.value.reason == (
+        "corrupt JPEG data (libjpeg-turbo: Corrupt JPEG data: premature end of data segment)"
+    )
+
+
+# -- what the strict check leaves as it was -------------------------------------------------------
+
+
+def cmyk_jpeg():
+    rgb = Image.fromarray(image_array(6, 24, 16)[..., ::-1].copy())
+    buffer = io.BytesIO()
+    rgb.convert("CMYK").save(buffer, "JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def unknown_jfif_revision():
+    data = bytearray(jpeg_bytes(8))
+    app0 = data.index(b"JFIF\0")
+    data[app0 + 5] = 2  # major version 2: libjpeg warns, every decoder reads it
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(jpeg_bytes(2, 40, 32), id="colour"),
+        pytest.param(encode(image_array(2, channels=1), ".jpg"), id="gray-jpeg"),
+        pytest.param(
+            encode(image_array(2, 33, 17), ".jpg", [cv2.IMWRITE_JPEG_PROGRESSIVE, 1]),
+            id="progressive",
+        ),
+        pytest.param(cmyk_jpeg(), id="cmyk"),
+        pytest.param(unknown_jfif_revision(), id="jfif-2"),
+        pytest.param(encode(image_array(2), ".png"), id="png"),
+        pytest.param(encode(image_array(2, channels=1), ".png"), id="gray-png"),
+        pytest.param(encode(np.dstack([image_array(2)] * 2)[..., :4], ".png"), id="png-alpha"),
+        pytest.param(encode(image_array(2), ".bmp"), id="bmp"),
+    ],
+)
+def test_valid_images_pass_decode_with_opencvs_shape(data):
+    image = decoded(data)
+    assert image is not None
+    check_image(data, "decode")
+    channels = 1 if image.ndim == 2 else image.shape[2]
+    assert inspect_image(data) == (image.shape[0], image.shape[1], channels)
+
+
+def test_a_jfif_revision_warning_is_not_corruption():
+    data = unknown_jfif_revision()
+    with pytest.raises(ValueError, match="JFIF"):
+        simplejpeg.decode_jpeg(data, strict=True)  # what the check must not refuse
+    assert check_image(data, "decode") == "jpeg"
+
+
+@pytest.mark.parametrize("mode", ["structure", "decode"])
+def test_broken_pngs_are_still_refused(mode):
+    png = encode(image_array(3), ".png")
+    with pytest.raises(ImageRefused, match="truncated PNG"):
+        check_image(png[:-20], mode)
+
+
+def test_simplejpeg_and_opencv_decode_valid_jpegs_to_the_same_pixels():
+    # The strict decoder only checks; the pixels packed when re-encoding stay OpenCV's. They
+    # agree anyway: one libjpeg-turbo, the same IDCT and upsampling.
+    for seed in range(5):
+        data = jpeg_bytes(seed, 56 + seed, 40)
+        assert np.array_equal(simplejpeg.decode_jpeg(data, "BGR"), decoded(data, cv2.IMREAD_COLOR))
+
+
+# -- through `rectool pack` -----------------------------------------------------------------------
+
+
+def test_pack_check_decode_refuses_damaged_scans(tmp_path):
+    root = tmp_path / "tree"
+    (root / "a").mkdir(parents=True)
+    items = [(0, 0, "a/good.jpg")]
+    (root / "a" / "good.jpg").write_bytes(good_jpeg())
+    for n, (name, damage) in enumerate(DAMAGES.items(), 1):
+        (root / "a" / f"{name}.jpg").write_bytes(damage(good_jpeg()))
+        items.append((n, 0, f"a/{name}.jpg"))
+    lst = write_list(tmp_path / "d.lst", items)
+    runner = CliRunner()
+    out = tmp_path / "out" / "d"
+    result = runner.invoke(cli, ["pack", str(lst), str(root), str(out), "--check", "decode"])
+    assert result.exit_code == 3, result.output
+    failures = [json.loads(line) for line in (tmp_path / "out" / "d.failures.jsonl").open()]
+    assert [(f["line"], f["index"], f["path"]) for f in failures] == [
+        (n + 1, n, path) for n, _, path in items[1:]
+    ]
+    for failure in failures:
+        assert failure["reason"].startswith("corrupt JPEG data (libjpeg-turbo: Corrupt JPEG data")
+    # The default structural check does not read the scan: only --check decode catches these.
+    result = runner.invoke(cli, ["pack", str(lst), str(root), str(out), "--overwrite"])
+    assert result.exit_code == 0, result.output
