@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import os
 
+from .atomic import OutputLock
 from .errors import RectoolError, UsageError
 from .packing import (
     PackOptions,
     _check_options,
     _completed_result,
+    _finalize,
     _is_complete,
     _validate_list,
-    finalize_pack,
     output_files,
     pack_images,
 )
@@ -70,6 +71,15 @@ def pack_on_dask(
     _, total = _validate_list(list_path, options.layout)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
+    with OutputLock(prefix):
+        return _pack_locked(
+            list_path, root, prefix, options, plan, total, scheduler, resume, overwrite,
+            label_map, progress, local_workers,
+        )  # fmt: skip
+
+
+def _pack_locked(list_path, root, prefix, options, plan, total, scheduler, resume, overwrite,
+                 label_map, progress, local_workers):  # fmt: skip
     if resume and _is_complete(prefix):
         return _completed_result(prefix)
     existing = output_files(prefix)
@@ -98,4 +108,4 @@ def pack_on_dask(
         client.close()
         if cluster is not None:
             cluster.close()
-    return finalize_pack(list_path, root, prefix, options, label_map)
+    return _finalize(list_path, prefix, options, label_map)

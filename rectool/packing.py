@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import __version__
-from .atomic import write_atomic, write_json_atomic
+from .atomic import OutputLock, write_atomic, write_json_atomic
 from .errors import RectoolError, UsageError
 from .images import (
     CHECK_MODES,
@@ -140,8 +140,10 @@ def output_files(prefix):
 
 
 def _stale_temporaries(prefix):
-    """Return temporary files (`NAME.tmpPID`) that a killed run of this pack left behind."""
-    return glob.glob(glob.escape(os.fspath(prefix)) + "*.tmp[0-9]*")
+    """Return temporary files (`.NAME.XXXX.tmp`, see `write_atomic`) that a killed run of this
+    pack left behind."""
+    folder, name = os.path.split(os.fspath(prefix))
+    return glob.glob(os.path.join(glob.escape(folder), "." + glob.escape(name) + "*.tmp"))
 
 
 def _remove_stale_temporaries(prefix):
@@ -176,9 +178,18 @@ def pack_images(
     out_dir = os.path.dirname(prefix) or "."
     os.makedirs(out_dir, exist_ok=True)
     if only_shard is not None:
-        return _pack_shard(
-            list_path, root, prefix, options, only_shard, resume, overwrite, progress
+        with OutputLock(shard_stem(prefix, only_shard)):
+            return _pack_shard(
+                list_path, root, prefix, options, only_shard, resume, overwrite, progress
+            )
+    with OutputLock(prefix):
+        return _pack_all(
+            list_path, root, prefix, options, resume, overwrite, label_map, progress, list_stream
         )
+
+
+def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, progress,
+              list_stream):  # fmt: skip
     if resume and _is_complete(prefix):
         return _completed_result(prefix)
     _prepare_outputs(prefix, resume, overwrite)
@@ -310,6 +321,12 @@ def finalize_pack(list_path, root, prefix, options=None, label_map=None):
     options = options or PackOptions()
     prefix = os.fspath(prefix)
     _check_options(options)
+    with OutputLock(prefix):
+        return _finalize(list_path, prefix, options, label_map)
+
+
+def _finalize(list_path, prefix, options, label_map):
+    """`finalize_pack` once the prefix is locked."""
     if _is_complete(prefix):
         return _completed_result(prefix)
     list_path = os.fspath(list_path)
