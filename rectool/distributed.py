@@ -8,21 +8,25 @@ when complete, and the manifest is written only when every shard is.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 from .atomic import OutputLock
 from .errors import RectoolError, UsageError
 from .packing import (
+    FAILURES_SUFFIX,
     PackOptions,
     _check_options,
     _completed_result,
     _finalize,
     _is_complete,
+    _staging_prefix,
     _validate_list,
     output_files,
     pack_images,
+    swap_in,
 )
-from .shards import plan_shards
+from .shards import manifest_path, plan_shards
 
 INSTALL_HINT = "--executor dask needs Dask: pip install 'rectool[dask]'"
 
@@ -83,9 +87,10 @@ def _pack_locked(list_path, root, prefix, options, plan, total, scheduler, resum
     if resume and _is_complete(prefix):
         return _completed_result(prefix)
     existing = output_files(prefix)
+    final = None
     if existing and overwrite:
-        for name in existing:
-            os.unlink(name)
+        # The old pack stays whole until the new one is: pack beside it, then swap.
+        final, prefix = prefix, _staging_prefix(prefix)
     elif existing and not resume:
         raise RectoolError(f"{existing[0]}: output exists; use --resume or --overwrite")
 
@@ -108,4 +113,12 @@ def _pack_locked(list_path, root, prefix, options, plan, total, scheduler, resum
         client.close()
         if cluster is not None:
             cluster.close()
-    return _finalize(list_path, prefix, options, label_map)
+    result = _finalize(list_path, prefix, options, label_map)
+    if final is None:
+        return result
+    swap_in(prefix, final)
+    return dataclasses.replace(
+        result,
+        manifest_path=manifest_path(final),
+        failures_path=final + FAILURES_SUFFIX,
+    )

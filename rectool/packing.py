@@ -10,6 +10,7 @@ thread instead (see `passthrough.py`), until reads prove slow.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
 import hashlib
 import itertools
@@ -17,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -183,9 +185,62 @@ def pack_images(
                 list_path, root, prefix, options, only_shard, resume, overwrite, progress
             )
     with OutputLock(prefix):
+        if overwrite and output_files(prefix):
+            # The old pack stays whole until the new one is: pack beside it, then swap.
+            staging = _staging_prefix(prefix)
+            result = _pack_all(
+                list_path, root, staging, options, False, False, label_map, progress, list_stream
+            )
+            swap_in(staging, prefix)
+            return dataclasses.replace(
+                result,
+                manifest_path=manifest_path(prefix),
+                failures_path=prefix + FAILURES_SUFFIX,
+            )
         return _pack_all(
             list_path, root, prefix, options, resume, overwrite, label_map, progress, list_stream
         )
+
+
+STAGING_SUFFIX = ".overwrite"
+
+
+def _staging_prefix(prefix):
+    """Return a fresh prefix in a hidden folder beside `prefix` (`.NAME.overwrite/NAME`), where
+    `--overwrite` builds the new pack; what a killed run left there is removed first."""
+    folder, name = os.path.split(prefix)
+    staging = os.path.join(folder, f".{name}{STAGING_SUFFIX}")
+    if os.path.lexists(staging):
+        if os.path.islink(staging) or not os.path.isdir(staging):
+            os.unlink(staging)
+        else:
+            shutil.rmtree(staging)
+    os.mkdir(staging)
+    return os.path.join(staging, name)
+
+
+def swap_in(staging, prefix):
+    """Replace the pack at `prefix` with the complete one at `staging` (see `_staging_prefix`).
+
+    The old manifest goes first, so that a pack half swapped never looks complete; the new
+    manifest comes last. Old files that the new pack does not have (more shards, index caches)
+    are removed.
+    """
+    folder = os.path.dirname(prefix) or "."
+    staged = os.path.dirname(staging)
+    new_names = sorted(os.listdir(staged))
+    old = set(output_files(prefix)) - {os.path.join(folder, n) for n in new_names}
+    manifest_name = os.path.basename(manifest_path(prefix))
+    if os.path.exists(manifest_path(prefix)):
+        os.unlink(manifest_path(prefix))
+    for name in new_names:
+        if name != manifest_name:
+            os.replace(os.path.join(staged, name), os.path.join(folder, name))
+    for name in old:
+        if os.path.exists(name):
+            os.unlink(name)
+    os.replace(os.path.join(staged, manifest_name), manifest_path(prefix))
+    os.rmdir(staged)
 
 
 def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, progress,
@@ -594,6 +649,7 @@ class _PackRun:
         self.label_counts = collections.Counter()  # insightface: images per class
         self.max_label = -1
         self.image_size = None
+        self._fault = _test_fault()
 
     # -- items ------------------------------------------------------------------------------
     def _items(self):
@@ -762,6 +818,9 @@ class _PackRun:
     def _report(self, done):
         if self.progress is not None:
             self.progress(done, self.total, self.failures)
+        if self._fault is not None and done >= self._fault[1]:
+            signal_number, self._fault = self._fault[0], None
+            os.kill(os.getpid(), signal_number)
 
     def _finish(self):
         if self.options.layout == "insightface":
@@ -879,6 +938,22 @@ def _in_python():
         return resource.getrusage(resource.RUSAGE_THREAD).ru_utime + waited / 1e9
     except (ImportError, AttributeError, OSError, ValueError, IndexError):
         return None
+
+
+FAULT_VARIABLE = "RECTOOL_TEST_FAULT"
+
+
+def _test_fault():
+    """Return (signal, items) from `RECTOOL_TEST_FAULT=SIGNAME:N`, or None.
+
+    A test hook: the run sends itself the signal once N list items are done (progress is
+    reported a block or a chunk at a time), a deterministic point to kill or interrupt it.
+    """
+    text = os.environ.get(FAULT_VARIABLE)
+    if not text:
+        return None
+    name, _, items = text.partition(":")
+    return getattr(signal, name), int(items or 0)
 
 
 def _io_bound(options):

@@ -129,6 +129,23 @@ def test_dask_cluster_gives_the_same_bytes_as_a_local_pack(tree, tmp_path, clust
     assert folder_bytes(tmp_path / "dask") == folder_bytes(tmp_path / "local")
 
 
+def test_dask_overwrite_replaces_the_old_pack_only_once_the_new_one_is_complete(
+    tree, tmp_path, cluster
+):
+    from rectool.distributed import pack_on_dask
+
+    root, lst = tree
+    options = PackOptions(shard_records=7, max_failures=5, workers=1)
+    pack_images(lst, root, tmp_path / "local" / "f", options)
+    pack_images(lst, root, tmp_path / "dask" / "f", PackOptions(max_failures=5))
+    result = pack_on_dask(
+        lst, root, tmp_path / "dask" / "f", options, overwrite=True,
+        scheduler=cluster.scheduler_address,
+    )  # fmt: skip
+    assert result.manifest_path == str(tmp_path / "dask" / "f.manifest.json")
+    assert folder_bytes(tmp_path / "dask") == folder_bytes(tmp_path / "local")
+
+
 def test_dask_worker_killed_mid_run_still_gives_a_correct_pack(tmp_path, cluster):
     from rectool.distributed import pack_on_dask
 

@@ -4,7 +4,9 @@ temporary files, and interruption."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -130,3 +132,68 @@ def test_finalize_is_locked_in_the_library_too(tree, tmp_path):
     finally:
         holder.stop()
     assert finalize_pack(lst, root, prefix, options).images == 6
+
+
+# -- --overwrite keeps the old pack until the new one is complete ------------------------------
+
+
+def old_pack(tree, tmp_path):
+    """Pack the tree; return (prefix, {name: bytes} of the output folder)."""
+    root, lst, _ = tree
+    prefix = tmp_path / "out" / "faces"
+    assert invoke("pack", lst, root, prefix, "-q", "--shard-records", "2").exit_code == 0
+    return prefix, folder_bytes(prefix.parent)
+
+
+def folder_bytes(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_overwrite_with_a_list_failing_on_its_last_line_keeps_the_old_pack(tree, tmp_path):
+    root, lst, _ = tree
+    prefix, before = old_pack(tree, tmp_path)
+    bad = tmp_path / "bad.lst"
+    bad.write_text(lst.read_text() + "99\tnot-a-label\tx.jpg\n")
+    result = invoke("pack", bad, root, prefix, "-q", "--overwrite")
+    assert result.exit_code == 1
+    assert "line 7" in result.stderr
+    assert folder_bytes(prefix.parent) == before
+    assert invoke("verify", f"{prefix}.manifest.json", "-q").exit_code == 0
+
+
+def test_overwrite_killed_mid_run_keeps_the_old_pack_verifiable(tree, tmp_path):
+    root, lst, _ = tree
+    prefix, before = old_pack(tree, tmp_path)
+    killed = rectool("pack", lst, root, prefix, "-q", "--overwrite", "--resize", "20",
+                     "--shard-records", "1", "--workers", "1",
+                     env={"RECTOOL_TEST_FAULT": "SIGKILL:3"})  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    staged = tmp_path / "out" / ".faces.overwrite"
+    assert any(name.startswith("faces-00000.") for name in os.listdir(staged))  # mid-run
+    left = folder_bytes(prefix.parent)
+    assert left.pop("faces.lock").strip().isdigit()  # the killed run's pid, harmless
+    assert left == before
+    assert rectool("verify", f"{prefix}.manifest.json", "-q").returncode == 0
+    # The next --overwrite starts the new pack again and replaces the old one.
+    again = invoke("pack", lst, root, prefix, "-q", "--overwrite", "--shard-records", "4")
+    assert again.exit_code == 0, again.output
+    assert sorted(folder_bytes(prefix.parent)) == [
+        "faces-00000.idx", "faces-00000.rec", "faces-00001.idx", "faces-00001.rec",
+        "faces.failures.jsonl", "faces.manifest.json",
+    ]  # fmt: skip
+    assert not staged.exists()
+    assert invoke("verify", f"{prefix}.manifest.json", "-q").exit_code == 0
+
+
+def test_overwrite_reports_the_final_paths(tree, tmp_path):
+    root, lst, _ = tree
+    prefix, _ = old_pack(tree, tmp_path)
+    result = invoke("pack", lst, root, prefix, "--overwrite", "--json")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(result.stdout)
+    assert summary["manifest"] == f"{prefix}.manifest.json"
+    assert summary["failures_file"] == f"{prefix}.failures.jsonl"
+    assert summary["shards"] == ["faces.rec"]
+    assert sorted(os.listdir(prefix.parent)) == [
+        "faces.failures.jsonl", "faces.idx", "faces.manifest.json", "faces.rec",
+    ]  # fmt: skip
