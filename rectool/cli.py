@@ -190,6 +190,12 @@ def progress_bar(quiet, unit):
     help="Label map (label<TAB>identity) for the manifest; "
     "default: the one `rectool list` wrote beside LIST.",
 )
+@click.option(
+    "--allow-outside-root",
+    is_flag=True,
+    help="Pack list paths that leave ROOT (absolute, or climbing out with ..); "
+    "by default they are refused as outside-root.",
+)
 @click.option("--resume", is_flag=True, help="Continue an interrupted pack where it stopped.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at OUT_PREFIX.")
 @click.option(
@@ -279,6 +285,7 @@ def pack_command(
         layout=shared["layout"],
         workers=shared["workers"],
         max_failures=shared["max_failures"],
+        allow_outside_root=shared["allow_outside_root"],
     )
     distributed = shared["only_shard"] is not None or shared["finalize"] or shared["show_plan"]
     if shared["executor"] == "dask" or distributed:

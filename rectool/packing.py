@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -38,10 +39,19 @@ from .images import (
     reencode_image,
 )
 from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
-from .passthrough import PassThroughPacker, frame_image
+from .passthrough import (
+    OPEN_FLAGS,
+    OUTSIDE_ROOT,
+    TOO_LARGE,
+    PassThroughPacker,
+    frame_image,
+    not_regular,
+    resolve_path,
+)
 from .reader import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
+    MAX_RECORD_BYTES,
     IndexedRecordFile,
     read_manifest,
     unpack_header,
@@ -84,6 +94,7 @@ class PackOptions:
     layout: str = "images"
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     max_failures: int = 0
+    allow_outside_root: bool = False  # pack list paths that leave ROOT (absolute, `..`)
 
     def byte_options(self):
         """Return the options that determine the output bytes (compared on --resume)."""
@@ -732,7 +743,11 @@ class _PackRun:
         """Pass images through a block at a time on this thread; return (done, finished),
         stopping when reads are slow (see `_ReadTimer`)."""
         packer = PassThroughPacker(
-            self.root, self.options.check, self.options.pack_label, wait=self.writer.wait_written
+            self.root,
+            self.options.check,
+            self.options.pack_label,
+            wait=self.writer.wait_written,
+            allow_outside_root=self.options.allow_outside_root,
         )
         timer = _ReadTimer()
         insightface = self.options.layout == "insightface"
@@ -872,8 +887,13 @@ class _ImageWorker:
 
     def prepare(self, item):
         """Read and check or re-encode one image; return its bytes or an `ImageRefused`."""
+        path = resolve_path(self._prefix, item.path, self.options.allow_outside_root)
+        if path is None:
+            return ImageRefused(OUTSIDE_ROOT)
         try:
-            data = _read_file(self._prefix + item.path)
+            data = _read_file(path)
+        except ImageRefused as refusal:
+            return refusal
         except FileNotFoundError:
             return ImageRefused("file not found")
         except IsADirectoryError:
@@ -962,14 +982,25 @@ def _io_bound(options):
 
 
 def _read_file(path):
-    """Return a file's bytes with three system calls for a small file, and no file object."""
-    fd = os.open(path, os.O_RDONLY)
+    """Return a file's bytes with four system calls for a small file, and no file object.
+
+    Raises `ImageRefused` for anything but a regular file (opened without waiting: a FIFO
+    does not block) and for one over the record limit; reads at most the size it had.
+    """
+    fd = os.open(path, OPEN_FLAGS)
     try:
-        data = os.read(fd, _FIRST_READ)
-        if len(data) == _FIRST_READ:  # a larger file: read on to the end
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ImageRefused(not_regular(info.st_mode))
+        if info.st_size > MAX_RECORD_BYTES:
+            raise ImageRefused(TOO_LARGE)
+        data = os.read(fd, min(_FIRST_READ, info.st_size) or 1)
+        if len(data) == _FIRST_READ:  # a larger file: read on to its size
             parts = [data]
-            while part := os.read(fd, 1 << 20):
+            left = info.st_size - len(data)
+            while left > 0 and (part := os.read(fd, min(left, 1 << 20))):
                 parts.append(part)
+                left -= len(part)
             data = b"".join(parts)
         return data
     finally:

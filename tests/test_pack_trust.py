@@ -17,6 +17,7 @@ from imagefiles import write_list, write_pack_tree
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.packing import PackOptions, finalize_pack, pack_images
+from rectool.reader import IndexedRecordFile, unpack_header
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,12 +38,15 @@ def python(*args, **kwargs):
     return subprocess.Popen([sys.executable, *args], env=env, **kwargs)
 
 
-def rectool(*args, env=None, **kwargs):
-    """Run `rectool` in a process of its own; return the finished CompletedProcess."""
+def rectool(*args, env=None, timeout=120, **kwargs):
+    """Run `rectool` in a process of its own; return the finished CompletedProcess.
+
+    The timeout only guards against a hang; no test depends on how long a run takes.
+    """
     env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "rectool", *map(str, args)],
-        env=env, capture_output=True, text=True, timeout=120, **kwargs,
+        env=env, capture_output=True, text=True, timeout=timeout, **kwargs,
     )  # fmt: skip
 
 
@@ -197,3 +201,105 @@ def test_overwrite_reports_the_final_paths(tree, tmp_path):
     assert sorted(os.listdir(prefix.parent)) == [
         "faces.failures.jsonl", "faces.idx", "faces.manifest.json", "faces.rec",
     ]  # fmt: skip
+
+
+# -- what is not a regular image file inside ROOT is refused -----------------------------------
+
+REFUSE_ARGS = {
+    "pass-through": [],
+    "pass-through on threads": ["--workers", "2"],  # the block path, then threads if slow
+    "decode check": ["--check", "decode", "--workers", "2"],
+    "re-encode": ["--resize", "20", "--workers", "1"],
+}
+
+
+def pack_with(tmp_path, root, entries, args, timeout=120):
+    """Pack `entries` (path, label) listed after a real image, in a process of its own; return
+    ({path: reason} refused, CompletedProcess)."""
+    items = [(0, 0, "alice/000.jpg")] + [(i + 1, 0, p) for i, p in enumerate(entries)]
+    lst = write_list(tmp_path / "odd.lst", items)
+    prefix = tmp_path / "odd" / "out"
+    done = rectool("pack", lst, root, prefix, "-q", "--max-failures", "100", "--overwrite",
+                   *args, timeout=timeout)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    with open(f"{prefix}.failures.jsonl", encoding="utf-8") as f:
+        refused = {entry["path"]: entry["reason"] for entry in map(json.loads, f)}
+    return refused, done
+
+
+@pytest.mark.parametrize("mode", REFUSE_ARGS)
+def test_fifo_dev_zero_directory_and_socket_are_refused_not_read(tree, tmp_path, mode):
+    import socket
+
+    root, _, _ = tree
+    os.mkfifo(root / "fifo.jpg")
+    os.symlink("/dev/zero", root / "zero.jpg")
+    (root / "folder.jpg").mkdir()
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(root / "socket.jpg"))
+    try:
+        refused, _ = pack_with(
+            tmp_path, root, ["fifo.jpg", "zero.jpg", "folder.jpg", "socket.jpg"],
+            REFUSE_ARGS[mode],
+        )  # fmt: skip
+    finally:
+        server.close()
+    assert refused == {
+        "fifo.jpg": "not a regular file (a FIFO)",
+        "zero.jpg": "not a regular file (a character device)",
+        "folder.jpg": "is a directory, not an image file",
+        "socket.jpg": "cannot read (No such device or address)",
+    }
+
+
+@pytest.mark.parametrize("mode", ["pass-through", "re-encode"])
+def test_a_file_over_the_record_limit_is_refused_without_reading_it(tree, tmp_path, mode):
+    from rectool.reader import MAX_RECORD_BYTES
+
+    root, _, _ = tree
+    with open(root / "huge.jpg", "wb") as f:
+        f.truncate(MAX_RECORD_BYTES + 1)  # sparse: no disk used
+    refused, _ = pack_with(tmp_path, root, ["huge.jpg"], REFUSE_ARGS[mode])
+    assert refused == {"huge.jpg": f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes"}
+
+
+# -- paths that leave ROOT ---------------------------------------------------------------------
+
+OUTSIDE = "outside-root: the path leaves ROOT (--allow-outside-root packs it)"
+
+
+@pytest.mark.parametrize("mode", REFUSE_ARGS)
+def test_paths_leaving_root_are_refused_unless_allowed(tree, tmp_path, mode):
+    from imagefiles import jpeg_bytes
+
+    root, _, _ = tree
+    secret = tmp_path / "outside" / "secret.jpg"
+    secret.parent.mkdir()
+    secret.write_bytes(jpeg_bytes(99))
+    paths = ["../outside/secret.jpg", str(secret), "alice/../bob/000.jpg", "./alice/001.jpg"]
+    refused, _ = pack_with(tmp_path, root, paths, REFUSE_ARGS[mode])
+    assert refused == {"../outside/secret.jpg": OUTSIDE, str(secret): OUTSIDE}
+    refused, _ = pack_with(tmp_path, root, paths, [*REFUSE_ARGS[mode], "--allow-outside-root"])
+    assert refused == {}
+    with IndexedRecordFile(tmp_path / "odd" / "out.rec") as records:
+        assert records.keys.tolist() == [0, 1, 2, 3, 4]
+        if mode.startswith("pass"):
+            image = unpack_header(records.read(1))[1]
+            assert image == unpack_header(records.read(2))[1] == secret.read_bytes()
+
+
+def test_rectool_list_never_writes_a_path_that_leaves_root(tmp_path):
+    from imagefiles import jpeg_bytes
+
+    outside = tmp_path / "outside"
+    (outside / "carol").mkdir(parents=True)
+    (outside / "carol" / "1.jpg").write_bytes(jpeg_bytes(1))
+    root = tmp_path / "tree"
+    write_pack_tree(root, ["alice"], 2)
+    os.symlink(outside / "carol", root / "carol")  # a folder linked from elsewhere
+    result = invoke("list", root, tmp_path / "t.lst", "-q")
+    assert result.exit_code == 0, result.output
+    from rectool.passthrough import leaves_root
+
+    paths = [line.split("\t")[-1] for line in (tmp_path / "t.lst").read_text().splitlines()]
+    assert paths and not any(leaves_root(p) for p in paths)
