@@ -17,11 +17,12 @@ from .packing import (
     FAILURES_SUFFIX,
     PackOptions,
     _check_options,
-    _completed_result,
     _finalize,
     _is_complete,
+    _source_state,
     _staging_prefix,
     _validate_list,
+    completed_if_same,
     output_files,
     pack_images,
     swap_in,
@@ -72,20 +73,21 @@ def pack_on_dask(
         raise UsageError("--executor dask needs the list as a file that every worker can read")
     list_path, root, prefix = (os.path.abspath(os.fspath(p)) for p in (list_path, root, prefix))
     _check_options(options)
-    _, total = _validate_list(list_path, options.layout)
+    digest, total = _validate_list(list_path, options.layout)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
     with OutputLock(prefix):
         return _pack_locked(
-            list_path, root, prefix, options, plan, total, scheduler, resume, overwrite,
+            list_path, root, prefix, options, plan, (digest, total), scheduler, resume, overwrite,
             label_map, progress, local_workers,
         )  # fmt: skip
 
 
-def _pack_locked(list_path, root, prefix, options, plan, total, scheduler, resume, overwrite,
+def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resume, overwrite,
                  label_map, progress, local_workers):  # fmt: skip
+    digest, total = listed
     if resume and _is_complete(prefix):
-        return _completed_result(prefix)
+        return completed_if_same(prefix, _source_state(digest, root, options))
     existing = output_files(prefix)
     final = None
     if existing and overwrite:
@@ -113,7 +115,7 @@ def _pack_locked(list_path, root, prefix, options, plan, total, scheduler, resum
         client.close()
         if cluster is not None:
             cluster.close()
-    result = _finalize(list_path, prefix, options, label_map)
+    result = _finalize(list_path, root, prefix, options, label_map)
     if final is None:
         return result
     swap_in(prefix, final)

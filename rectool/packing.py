@@ -256,19 +256,21 @@ def swap_in(staging, prefix):
 
 def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, progress,
               list_stream):  # fmt: skip
-    if resume and _is_complete(prefix):
-        return _completed_result(prefix)
-    _prepare_outputs(prefix, resume, overwrite)
-
+    complete = resume and _is_complete(prefix)
+    if not complete:
+        _prepare_outputs(prefix, resume, overwrite)
     if list_path == "-":
         list_path = _copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
     list_path = os.fspath(list_path)
-    list_digest, total = _validate_list(list_path, options.layout)
-    state = {
-        "list_sha256": list_digest,
-        "root": os.path.abspath(root),
-        "options": options.byte_options(),
-    }
+    try:
+        list_digest, total = _validate_list(list_path, options.layout)
+    finally:
+        if complete and list_path == prefix + STDIN_COPY_SUFFIX:
+            os.unlink(list_path)
+    state = _source_state(list_digest, root, options)
+    if complete:
+        # A finished pack "resumes" only with what made it, as an interrupted one does.
+        return completed_if_same(prefix, state)
     state_path = prefix + STATE_SUFFIX
     if resume and os.path.exists(state_path):
         _check_resume_state(state_path, state)
@@ -282,7 +284,7 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     classes = run.max_label + 1 if options.layout == "insightface" else None
     manifest = _manifest(
         options, list_path, prefix, run.writer.finished, run.images, run.failures, classes,
-        identities,
+        identities, state,
     )  # fmt: skip
     final_failures = prefix + FAILURES_SUFFIX
     os.replace(run.failures_partial, final_failures)
@@ -340,11 +342,7 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
             os.unlink(name)
     elif existing and not resume:
         raise RectoolError(f"{existing[0]}: shard output exists; use --resume or --overwrite")
-    state = {
-        "list_sha256": digest,
-        "root": os.path.abspath(root),
-        "options": options.byte_options(),
-    }
+    state = _source_state(digest, root, options)
     if resume and os.path.exists(state_path):
         _check_resume_state(state_path, state)
     elif not (resume and done):
@@ -388,15 +386,15 @@ def finalize_pack(list_path, root, prefix, options=None, label_map=None):
     prefix = os.fspath(prefix)
     _check_options(options)
     with OutputLock(prefix):
-        return _finalize(list_path, prefix, options, label_map)
+        return _finalize(list_path, root, prefix, options, label_map)
 
 
-def _finalize(list_path, prefix, options, label_map):
+def _finalize(list_path, root, prefix, options, label_map):
     """`finalize_pack` once the prefix is locked."""
-    if _is_complete(prefix):
-        return _completed_result(prefix)
     list_path = os.fspath(list_path)
-    _, total = _validate_list(list_path, options.layout)
+    digest, total = _validate_list(list_path, options.layout)
+    if _is_complete(prefix):
+        return completed_if_same(prefix, _source_state(digest, root, options))
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     infos, refused = [], []
     for number in range(len(plan)):
@@ -421,7 +419,10 @@ def _finalize(list_path, prefix, options, label_map):
         os.unlink(shard_stem(prefix, number) + FAILURES_SUFFIX)
     images = sum(info.records for info in infos)
     identities = _load_identities(list_path, label_map)
-    manifest = _manifest(options, list_path, prefix, infos, images, len(refused), None, identities)
+    source = _source_state(digest, root, options)
+    manifest = _manifest(
+        options, list_path, prefix, infos, images, len(refused), None, identities, source
+    )
     _remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
     return PackResult(
@@ -472,6 +473,14 @@ def _prepare_outputs(prefix, resume, overwrite):
 
 def _is_complete(prefix):
     return os.path.exists(manifest_path(prefix)) and not os.path.exists(prefix + STATE_SUFFIX)
+
+
+def completed_if_same(prefix, state):
+    """Describe the complete pack at `prefix` if it was made as `state` (a `_source_state`)
+    says; else raise naming what differs."""
+    manifest = read_manifest(manifest_path(prefix))
+    _check_same_source(manifest_path(prefix), _manifest_source(manifest), state, "pack")
+    return _completed_result(prefix)
 
 
 def _completed_result(prefix):
@@ -593,15 +602,106 @@ def _check_class_label(item, path):
         )
 
 
+def _source_state(list_digest, root, options):
+    """Return what a pack is made from, compared on --resume: list, ROOT and byte options."""
+    return {
+        "list_sha256": list_digest,
+        "root": os.path.abspath(root),
+        "options": options.byte_options(),
+    }
+
+
+def _manifest_source(manifest):
+    """Return the `_source_state` a complete pack was made from, as its manifest records it
+    (options without the ones that do not change the bytes)."""
+    source = dict(manifest.get("source") or {})
+    options = dict(manifest.get("options") or {})
+    for name in ("workers", "max_failures"):
+        options.pop(name, None)
+    options.setdefault("allow_outside_root", False)  # packs made before the option
+    source["options"] = options
+    return source
+
+
 def _check_resume_state(state_path, state):
     with open(state_path, encoding="utf-8") as f:
         saved = json.load(f)
-    differences = [k for k in state if saved.get(k) != state[k]]
+    _check_same_source(state_path, saved, state, "interrupted pack")
+
+
+# How each byte option is given at the command line, for messages.
+_OPTION_NAMES = {
+    "check": "--check",
+    "pack_label": "--pack-label",
+    "shard_bytes": "--shard-size",
+    "shard_records": "--shard-records",
+    "layout": "--layout",
+    "allow_outside_root": "--allow-outside-root",
+    "resize": "--resize",
+    "center_crop": "--center-crop",
+    "quality": "--quality",
+    "encoding": "--encoding",
+    "color": "--color",
+}
+
+
+def _check_same_source(path, saved, state, what):
+    """Raise naming each way `state` differs from the `saved` one of the pack at `path`."""
+    differences = []
+    if saved.get("list_sha256") != state["list_sha256"]:
+        was = saved.get("list_sha256") or "not recorded"
+        differences.append(
+            f"the list differs (sha256 {state['list_sha256'][:16]}... now, "
+            f"{was[:16]}{'...' if saved.get('list_sha256') else ''} in the {what})"
+        )
+    if saved.get("root") != state["root"]:
+        differences.append(
+            f"ROOT differs ({state['root']} now, {saved.get('root') or 'not recorded'} "
+            f"in the {what})"
+        )
+    now_options, was_options = state["options"], saved.get("options") or {}
+    now, was = _flat_options(now_options), _flat_options(was_options)
+    if (now_options.get("transform") is None) != (was_options.get("transform") is None):
+        differences.append(
+            f"re-encoding differs ({_show_transform(now_options)} now, "
+            f"{_show_transform(was_options)} in the {what})"
+        )
+        now, was = (
+            _flat_options({**now_options, "transform": None}),
+            _flat_options({**was_options, "transform": None}),
+        )
+    for name in sorted(set(now) | set(was), key=list(_OPTION_NAMES).index):
+        if now.get(name) != was.get(name):
+            differences.append(
+                f"{_OPTION_NAMES[name]} differs ({_show(now.get(name))} now, "
+                f"{_show(was.get(name))} in the {what})"
+            )
     if differences:
         raise RectoolError(
-            f"{state_path}: cannot resume: the interrupted pack used a different "
-            f"{', '.join(differences)} (start again with --overwrite)"
+            f"{path}: cannot resume: {'; '.join(differences)}. "
+            "Resume with the same list, ROOT and options, or start again with --overwrite"
         )
+
+
+def _flat_options(options):
+    """Return byte options as {name: value}, a re-encoding's fields among them (pass-through:
+    none of them)."""
+    flat = {k: v for k, v in options.items() if k != "transform" and k in _OPTION_NAMES}
+    flat.update(options.get("transform") or {})
+    return flat
+
+
+def _show_transform(options):
+    transform = options.get("transform")
+    if transform is None:
+        return "pass-through"
+    return " ".join(f"{_OPTION_NAMES[k]} {_show(v)}" for k, v in transform.items())
+
+
+def _show(value):
+    if value is None:
+        return "not given"
+    return json.dumps(value)
 
 
 def _load_identities(list_path, label_map):
@@ -1048,7 +1148,7 @@ def _write_property(prefix, run, identities):
     )
 
 
-def _manifest(options, list_path, prefix, shards, images, failures, classes, identities):
+def _manifest(options, list_path, prefix, shards, images, failures, classes, identities, source):
     shards = [s.to_json() for s in shards]
     if classes is None and identities is not None:
         classes = len(identities)
@@ -1064,6 +1164,8 @@ def _manifest(options, list_path, prefix, shards, images, failures, classes, ide
             "max_failures": options.max_failures,
         },
         "list": os.path.basename(list_path),
+        # What --resume compares (the options are above).
+        "source": {"list_sha256": source["list_sha256"], "root": source["root"]},
         "shards": shards,
         "totals": {
             "shards": len(shards),

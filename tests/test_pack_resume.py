@@ -115,8 +115,15 @@ def test_resume_refuses_a_different_list_or_options(big_tree, tmp_path):
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert changed.returncode == 1
-    assert "cannot resume: the interrupted pack used a different list_sha256" in changed.stderr
-    with pytest.raises(Exception, match="used a different options"):
+    assert f"Error: {prefix}.pack-state.json: cannot resume: the list differs (sha256 " in (
+        changed.stderr
+    )
+    assert "in the interrupted pack)" in changed.stderr
+    with pytest.raises(
+        Exception,
+        match=r"re-encoding differs \(pass-through now, --resize 24 .* in the interrupted "
+        r"pack\); --shard-records differs \(50 now, 97 in the interrupted pack\)\. ",
+    ):
         pack_images(lst, root, prefix, PackOptions(shard_records=50), resume=True)
 
 

@@ -303,3 +303,53 @@ def test_rectool_list_never_writes_a_path_that_leaves_root(tmp_path):
 
     paths = [line.split("\t")[-1] for line in (tmp_path / "t.lst").read_text().splitlines()]
     assert paths and not any(leaves_root(p) for p in paths)
+
+
+# -- --resume of a complete pack compares what made it -----------------------------------------
+
+
+def test_resume_of_a_complete_pack_refuses_another_list_root_or_option(tree, tmp_path):
+    root, lst, items = tree
+    prefix = tmp_path / "out" / "faces"
+    assert invoke("pack", lst, root, prefix, "-q", "--resize", "24").exit_code == 0
+    manifest = f"{prefix}.manifest.json"
+    before = folder_bytes(prefix.parent)
+
+    same = invoke("pack", lst, root, prefix, "-q", "--resize", "24", "--resume")
+    assert same.exit_code == 0, same.output
+
+    shorter = tmp_path / "short.lst"
+    write_list(shorter, items[:-1])
+    other_root = tmp_path / "other"
+    other_root.mkdir()
+    refusals = {
+        "shorter list": ([shorter, root, prefix, "--resize", "24"], []),
+        "ROOT": ([lst, other_root, prefix, "--resize", "24"], []),
+        "--resize": ([lst, root, prefix, "--resize", "32"], []),
+        "pass-through": ([lst, root, prefix, "--check", "decode"], []),
+        "stdin": (["-", root, prefix, "--resize", "24"], [shorter.read_text()]),
+    }
+    messages = {}
+    for name, (args, stdin) in refusals.items():
+        result = invoke("pack", *args, "-q", "--resume", input=stdin[0] if stdin else None)
+        assert result.exit_code == 1, name
+        messages[name] = result.stderr
+    tail = ". Resume with the same list, ROOT and options, or start again with --overwrite\n"
+    assert messages["shorter list"].startswith(
+        f"Error: {manifest}: cannot resume: the list differs (sha256 "
+    )
+    assert messages["shorter list"].endswith(" in the pack)" + tail)
+    assert messages["stdin"].startswith(f"Error: {manifest}: cannot resume: the list differs")
+    assert messages["ROOT"] == (
+        f"Error: {manifest}: cannot resume: ROOT differs ({other_root} now, {root} in the pack)"
+        + tail
+    )
+    assert messages["--resize"] == (
+        f"Error: {manifest}: cannot resume: --resize differs (32 now, 24 in the pack)" + tail
+    )
+    assert messages["pass-through"] == (
+        f"Error: {manifest}: cannot resume: re-encoding differs (pass-through now, --resize 24 "
+        '--center-crop false --quality 95 --encoding ".jpg" --color 1 in the pack); --check '
+        'differs ("decode" now, "structure" in the pack)' + tail
+    )
+    assert folder_bytes(prefix.parent) == before  # the stdin copy too is gone
