@@ -216,9 +216,9 @@ def find_label_map(list_path):
 
 def write_label_map(path, identities):
     """Write `identities` (label -> identity name) as a label map file."""
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for label in sorted(identities):
-            f.write(f"{label}\t{identities[label]}\n")
+    from .atomic import write_atomic  # (atomic imports errors, which imports the reader)
+
+    write_atomic(path, "".join(f"{label}\t{identities[label]}\n" for label in sorted(identities)))
 
 
 def read_label_map(path):

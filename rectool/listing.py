@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from itertools import chain, repeat
 from pathlib import Path
 
+from .atomic import current_umask
 from .errors import ListingError, UsageError
 from .listfile import (
     LIST_SUFFIX,
@@ -564,6 +565,8 @@ def _write_file_atomically(path, rows):
     try:
         with os.fdopen(fd, "wb") as stream:
             _write_rows(stream, rows)
+            # mkstemp makes it 0600: give it the mode of a file created normally.
+            os.fchmod(stream.fileno(), 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import __version__
-from .atomic import OutputLock, write_atomic, write_json_atomic
+from .atomic import OutputLock, create_new, open_existing, write_atomic, write_json_atomic
 from .errors import RectoolError, UsageError
 from .images import (
     CHECK_MODES,
@@ -410,7 +410,7 @@ def _finalize(list_path, root, prefix, options, label_map):
         infos.append(describe_shard(rec, idx))
         refused += _read_refusals(failures)
     final_failures = prefix + FAILURES_SUFFIX
-    with open(final_failures + PARTIAL_SUFFIX, "wb") as out:
+    with open(create_new(final_failures + PARTIAL_SUFFIX), "wb") as out:
         for number in range(len(plan)):
             with open(shard_stem(prefix, number) + FAILURES_SUFFIX, "rb") as f:
                 shutil.copyfileobj(f, out)
@@ -504,7 +504,7 @@ def _completed_result(prefix):
 def _copy_stream(stream, prefix):
     target = prefix + STDIN_COPY_SUFFIX
     tmp = target + PARTIAL_SUFFIX
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+    with open(create_new(tmp), "w", encoding="utf-8", newline="\n") as f:
         shutil.copyfileobj(stream, f)
     os.replace(tmp, target)
     return target
@@ -778,6 +778,10 @@ class _PackRun:
         drop = _is_identity_record if self.options.layout == "insightface" else None
         written = self.writer.resume(drop_tail=drop)
         refused_lines = set()
+        if os.path.islink(self.failures_partial):
+            raise RectoolError(
+                f"{self.failures_partial}: is a symlink, not a file this pack wrote; remove it"
+            )
         if os.path.exists(self.failures_partial):
             with open(self.failures_partial, "rb") as f:
                 data = f.read()
@@ -797,8 +801,10 @@ class _PackRun:
     def execute(self, resume):
         refused_lines = self._resume() if resume else set()
         skip = self.resumed_from
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if resume else os.O_TRUNC)
-        self._failures_fd = os.open(self.failures_partial, flags, 0o644)
+        if resume:
+            self._failures_fd = open_existing(self.failures_partial)
+        else:
+            self._failures_fd = create_new(self.failures_partial)
         self.writer.register(self._failures_fd, self.failures_partial)
         try:
             items = itertools.islice(self._items(), self.positions.start, self.positions.stop)

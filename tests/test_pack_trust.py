@@ -353,3 +353,86 @@ def test_resume_of_a_complete_pack_refuses_another_list_root_or_option(tree, tmp
         'differs ("decode" now, "structure" in the pack)' + tail
     )
     assert folder_bytes(prefix.parent) == before  # the stdin copy too is gone
+
+
+# -- temporary and partial files ---------------------------------------------------------------
+
+
+def test_planted_symlinks_at_temporary_names_are_not_followed(tree, tmp_path):
+    root, lst, _ = tree
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for name in ("faces.manifest.json", "faces.pack-state.json", "faces.lst"):
+        os.symlink(victim, out / f"{name}.tmp{os.getpid()}")  # the old predictable names
+    result = invoke("pack", lst, root, out / "faces", "-q")
+    assert result.exit_code == 0, result.output
+    assert invoke("list", root, out / "faces.lst", "-q").exit_code == 0
+    assert victim.read_text() == "precious\n"
+    assert invoke("verify", out / "faces.manifest.json", "-q").exit_code == 0
+
+
+def test_planted_symlinks_at_partial_names_are_replaced_not_followed(tmp_path):
+    from rectool.shards import ShardWriter
+    from rectool.writer import frame_record
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    for name in ("s.rec.partial", "s.idx.partial"):
+        os.symlink(victim, tmp_path / name)
+    writer = ShardWriter(tmp_path / "s")
+    writer.add(7, frame_record(b"record"))
+    writer.close()
+    assert victim.read_text() == "precious\n"
+    assert not (tmp_path / "s.rec").is_symlink()
+    with IndexedRecordFile(tmp_path / "s.rec") as records:
+        assert records.read(7) == b"record"
+
+
+def test_resume_refuses_a_symlink_planted_at_a_partial_name(tree, tmp_path):
+    root, lst, _ = tree
+    prefix = tmp_path / "out" / "faces"
+    killed = rectool("pack", lst, root, prefix, "-q", "--workers", "1", "--resize", "20",
+                     env={"RECTOOL_TEST_FAULT": "SIGKILL:1"})  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    partial = tmp_path / "out" / "faces.failures.jsonl.partial"
+    partial.unlink()
+    os.symlink(victim, partial)
+    result = invoke("pack", lst, root, prefix, "-q", "--resize", "20", "--resume")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {partial}: is a symlink, not a file this pack wrote; remove it\n"
+    )
+    assert victim.read_text() == "precious\n"
+
+
+def test_outputs_get_the_mode_of_a_normally_created_file(tree, tmp_path):
+    root, _, _ = tree
+    (tmp_path / "l").mkdir()
+    (tmp_path / "m").mkdir()
+    old = os.umask(0o022)
+    try:
+        assert invoke("list", root, tmp_path / "l" / "faces.lst", "-q").exit_code == 0
+        packed = invoke("pack", tmp_path / "l" / "faces.lst", root, tmp_path / "p" / "faces", "-q")
+        assert packed.exit_code == 0, packed.output
+        os.umask(0o027)
+        assert invoke("list", root, tmp_path / "m" / "faces.lst", "-q").exit_code == 0
+    finally:
+        os.umask(old)
+    modes = {
+        p.relative_to(tmp_path).as_posix(): oct(p.stat().st_mode & 0o777)
+        for p in sorted(tmp_path.glob("[lpm]/*"))
+    }
+    assert modes == {
+        "l/faces.labels.tsv": "0o644",
+        "l/faces.lst": "0o644",
+        "m/faces.labels.tsv": "0o640",
+        "m/faces.lst": "0o640",
+        "p/faces.failures.jsonl": "0o644",
+        "p/faces.idx": "0o644",
+        "p/faces.manifest.json": "0o644",
+        "p/faces.rec": "0o644",
+    }
