@@ -436,3 +436,34 @@ def test_outputs_get_the_mode_of_a_normally_created_file(tree, tmp_path):
         "p/faces.manifest.json": "0o644",
         "p/faces.rec": "0o644",
     }
+
+
+# -- list errors before anything is written ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "index, message",
+    [
+        (2**64, f"index {2**64} is too large: record keys are 64-bit signed, at most {2**63 - 1}"),
+        (2**63, f"index {2**63} is too large: record keys are 64-bit signed, at most {2**63 - 1}"),
+        (-1, "index -1 is negative"),
+    ],
+)
+@pytest.mark.parametrize("args", [[], ["--resize", "20"], ["--shard-records", "2"]])
+def test_an_index_out_of_range_is_a_list_error_before_anything_is_written(
+    tree, tmp_path, index, message, args
+):
+    root, _, items = tree
+    lst = write_list(tmp_path / "bad.lst", [*items, (index, 0, "alice/000.jpg")])
+    result = invoke("pack", lst, root, tmp_path / "out" / "faces", "-q", *args)
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {lst}: line 7: {message}\n"
+    assert os.listdir(tmp_path / "out") == []
+
+
+def test_the_largest_index_packs(tree, tmp_path):
+    root, _, items = tree
+    lst = write_list(tmp_path / "big.lst", [*items[:1], (2**63 - 1, 0, "alice/001.jpg")])
+    assert invoke("pack", lst, root, tmp_path / "out" / "faces", "-q").exit_code == 0
+    with IndexedRecordFile(tmp_path / "out" / "faces.rec") as records:
+        assert records.keys.tolist() == [0, 2**63 - 1]
