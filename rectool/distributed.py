@@ -22,6 +22,7 @@ from .packing import (
     _source_state,
     _staging_prefix,
     _validate_list,
+    check_prefix,
     completed_if_same,
     output_files,
     pack_images,
@@ -71,6 +72,7 @@ def pack_on_dask(
     options = options or PackOptions()
     if list_path == "-":
         raise UsageError("--executor dask needs the list as a file that every worker can read")
+    check_prefix(prefix)
     list_path, root, prefix = (os.path.abspath(os.fspath(p)) for p in (list_path, root, prefix))
     _check_options(options)
     digest, total = _validate_list(list_path, options.layout)

@@ -185,7 +185,7 @@ def pack_images(
     failures file, and no manifest: `finalize_pack` writes it once every shard is done.
     """
     options = options or PackOptions()
-    prefix = os.fspath(prefix)
+    prefix = check_prefix(prefix)
     root = os.fspath(root)
     _check_options(options)
     out_dir = os.path.dirname(prefix) or "."
@@ -383,7 +383,7 @@ def finalize_pack(list_path, root, prefix, options=None, label_map=None):
     is the same as one `pack_images` run over the whole list.
     """
     options = options or PackOptions()
-    prefix = os.fspath(prefix)
+    prefix = check_prefix(prefix)
     _check_options(options)
     with OutputLock(prefix):
         return _finalize(list_path, root, prefix, options, label_map)
@@ -429,6 +429,18 @@ def _finalize(list_path, root, prefix, options, label_map):
         manifest_path(prefix), manifest, images, len(refused), final_failures, refused[:100],
         images + len(refused),
     )  # fmt: skip
+
+
+def check_prefix(prefix):
+    """Return `prefix` as a string; raise `UsageError` when it names a folder (`""`, `.`,
+    `..`, `out/`), which would give hidden files such as `out/.rec`."""
+    prefix = os.fspath(prefix)
+    if os.path.basename(prefix) in ("", ".", ".."):
+        raise UsageError(
+            f"OUT_PREFIX {prefix!r} names a folder, not the start of file names; "
+            "give one such as out/faces (for out/faces.rec, out/faces.idx)"
+        )
+    return prefix
 
 
 def _check_options(options):

@@ -467,3 +467,19 @@ def test_the_largest_index_packs(tree, tmp_path):
     assert invoke("pack", lst, root, tmp_path / "out" / "faces", "-q").exit_code == 0
     with IndexedRecordFile(tmp_path / "out" / "faces.rec") as records:
         assert records.keys.tolist() == [0, 2**63 - 1]
+
+
+@pytest.mark.parametrize("prefix", ["", ".", "..", "out/", "out/.", "out/.."])
+@pytest.mark.parametrize("args", [[], ["--shard-records", "2", "--only-shard", "0"],
+                                  ["--shard-records", "2", "--finalize"]])  # fmt: skip
+def test_a_folder_like_out_prefix_is_a_usage_error(tree, tmp_path, monkeypatch, prefix, args):
+    root, lst, _ = tree
+    monkeypatch.chdir(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    result = invoke("pack", lst, root, prefix, "-q", *args)
+    assert result.exit_code == 2
+    assert result.stderr.endswith(
+        f"Error: OUT_PREFIX {prefix!r} names a folder, not the start of file names; "
+        "give one such as out/faces (for out/faces.rec, out/faces.idx)\n"
+    )
+    assert sorted(os.listdir(tmp_path)) == before
