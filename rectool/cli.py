@@ -311,6 +311,7 @@ def pack_command(
                 click.echo(f"  shard {number}: lines {first + 1}-{last}")
         return
     update, close = progress_bar(quiet or as_json, "img")
+    update, seen = _remember_progress(update)
     try:
         if shared["only_shard"] is not None:
             shard = pack_images(
@@ -329,6 +330,10 @@ def pack_command(
                 list_file, root, prefix, options, resume=resume, overwrite=overwrite,
                 label_map=label_map, progress=update,
             )  # fmt: skip
+    except KeyboardInterrupt:
+        close()
+        click.echo(_interrupted_message(prefix, seen, overwrite, shared), err=True)
+        sys.exit(130)
     finally:
         close()
     if shared["only_shard"] is not None:
@@ -340,6 +345,39 @@ def pack_command(
         click.echo(render_pack_summary(result), err=True)
     if not result.accepted:
         sys.exit(3)
+
+
+def _remember_progress(update):
+    """Return (callback, seen): `update` wrapped so that `seen` holds the last (done, total)."""
+    seen = {"done": 0, "total": None}
+
+    def remember(done, total, refused):
+        seen["done"], seen["total"] = done, total
+        if update is not None:
+            update(done, total, refused)
+
+    return remember, seen
+
+
+def _interrupted_message(prefix, seen, overwrite, shared):
+    """Say what an interrupted pack kept and how to continue it."""
+    from .packing import STAGING_SUFFIX
+
+    folder, name = os.path.split(prefix)
+    if overwrite and os.path.isdir(os.path.join(folder, f".{name}{STAGING_SUFFIX}")):
+        return (
+            f"Interrupted: the pack at {prefix} is unchanged; the new one was not finished "
+            "(run the command again to start it over)."
+        )
+    if shared["finalize"]:
+        return f"Interrupted: no manifest was written for {prefix}; run --finalize again."
+    where = prefix if shared["only_shard"] is None else f"shard {shared['only_shard']} of {prefix}"
+    total = f" of {seen['total']:,}" if seen["total"] is not None else ""
+    return (
+        f"Interrupted after {seen['done']:,}{total} list items: what was packed is kept "
+        f"({where}: finished shards and .partial files).\n"
+        "Run the same command with --resume to continue it."
+    )
 
 
 def shard_plan(list_file, options):

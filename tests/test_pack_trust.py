@@ -483,3 +483,38 @@ def test_a_folder_like_out_prefix_is_a_usage_error(tree, tmp_path, monkeypatch, 
         "give one such as out/faces (for out/faces.rec, out/faces.idx)\n"
     )
     assert sorted(os.listdir(tmp_path)) == before
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["--resize", "20", "--workers", "1"], ["--workers", "1"]])
+def test_ctrl_c_exits_130_saying_what_was_kept_and_resume_continues(tree, tmp_path, args):
+    root, lst, _ = tree
+    prefix = tmp_path / "out" / "faces"
+    stopped = rectool("pack", lst, root, prefix, "-q", *args,
+                      env={"RECTOOL_TEST_FAULT": "SIGINT:1"})  # fmt: skip
+    assert stopped.returncode == 130
+    assert stopped.stderr == (
+        f"Interrupted after 6 of 6 list items: what was packed is kept ({prefix}: finished "
+        "shards and .partial files).\nRun the same command with --resume to continue it.\n"
+    )
+    assert not (tmp_path / "out" / "faces.manifest.json").exists()
+    assert (tmp_path / "out" / "faces.pack-state.json").exists()
+    resumed = invoke("pack", lst, root, prefix, *args, "--resume", "--json")
+    assert resumed.exit_code == 0, resumed.output
+    assert json.loads(resumed.stdout)["images"] == 6
+    assert invoke("verify", f"{prefix}.manifest.json", "-q").exit_code == 0
+
+
+def test_ctrl_c_during_overwrite_says_the_old_pack_is_unchanged(tree, tmp_path):
+    root, lst, _ = tree
+    prefix, before = old_pack(tree, tmp_path)
+    stopped = rectool("pack", lst, root, prefix, "-q", "--overwrite", "--workers", "1",
+                      env={"RECTOOL_TEST_FAULT": "SIGINT:1"})  # fmt: skip
+    assert stopped.returncode == 130
+    assert stopped.stderr == (
+        f"Interrupted: the pack at {prefix} is unchanged; the new one was not finished "
+        "(run the command again to start it over).\n"
+    )
+    assert folder_bytes(prefix.parent) == before
