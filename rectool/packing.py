@@ -189,7 +189,24 @@ def pack_images(
     root = os.fspath(root)
     _check_options(options)
     out_dir = os.path.dirname(prefix) or "."
+    made = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
+    try:
+        return _pack_locked(
+            list_path, root, prefix, options, resume, overwrite, label_map, progress,
+            list_stream, only_shard,
+        )  # fmt: skip
+    except WrongRootError:
+        if made:  # nothing was written: leave nothing behind
+            try:
+                os.rmdir(out_dir)
+            except OSError:
+                pass
+        raise
+
+
+def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map, progress,
+                 list_stream, only_shard):  # fmt: skip
     if only_shard is not None:
         with OutputLock(shard_stem(prefix, only_shard)):
             return _pack_shard(
@@ -199,9 +216,14 @@ def pack_images(
         if overwrite and output_files(prefix):
             # The old pack stays whole until the new one is: pack beside it, then swap.
             staging = _staging_prefix(prefix)
-            result = _pack_all(
-                list_path, root, staging, options, False, False, label_map, progress, list_stream
-            )
+            try:
+                result = _pack_all(
+                    list_path, root, staging, options, False, False, label_map, progress,
+                    list_stream,
+                )  # fmt: skip
+            except RectoolError:
+                shutil.rmtree(os.path.dirname(staging), ignore_errors=True)
+                raise
             swap_in(staging, prefix)
             return dataclasses.replace(
                 result,
@@ -267,6 +289,13 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     finally:
         if complete and list_path == prefix + STDIN_COPY_SUFFIX:
             os.unlink(list_path)
+    if not resume:
+        try:
+            check_root(list_path, root, options.allow_outside_root)
+        except WrongRootError:
+            if list_path == prefix + STDIN_COPY_SUFFIX:
+                os.unlink(list_path)
+            raise
     state = _source_state(list_digest, root, options)
     if complete:
         # A finished pack "resumes" only with what made it, as an interrupted one does.
@@ -330,6 +359,8 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
         raise UsageError("--only-shard needs the list as a file that every task can read, not -")
     list_path = os.fspath(list_path)
     digest, total = _validate_list(list_path, options.layout)
+    if not resume:
+        check_root(list_path, root, options.allow_outside_root)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     if not 0 <= number < len(plan):
         raise UsageError(f"--only-shard {number}: the plan has shards 0..{len(plan) - 1}")
@@ -429,6 +460,35 @@ def _finalize(list_path, root, prefix, options, label_map):
         manifest_path(prefix), manifest, images, len(refused), final_failures, refused[:100],
         images + len(refused),
     )  # fmt: skip
+
+
+# A wrong ROOT is told from a few missing files by this many list items, all missing.
+ROOT_CHECK_ITEMS = 100
+
+
+class WrongRootError(RectoolError):
+    """None of the first images of the list exist under ROOT."""
+
+
+def check_root(list_path, root, allow_outside_root=False):
+    """Raise `WrongRootError` when none of the first `ROOT_CHECK_ITEMS` list items exist under
+    `root`: ROOT is wrong, and packing would only refuse every image."""
+    prefix = os.path.join(os.fspath(root), "")
+    try:
+        with open(list_path, encoding="utf-8", newline="\n") as f:
+            items = list(itertools.islice(iter_list(f, os.fspath(list_path)),
+                                          ROOT_CHECK_ITEMS))  # fmt: skip
+    except (OSError, UnicodeDecodeError, RectoolError):
+        return  # reported, naming the line, where the list is validated
+    for item in items:
+        path = resolve_path(prefix, item.path, allow_outside_root)
+        if path is not None and os.path.lexists(path):
+            return
+    if items:
+        raise WrongRootError(
+            f"{os.fspath(root)}: none of the first {len(items)} listed images exist under ROOT "
+            f"(the first: {items[0].path}); is ROOT right? Nothing was written"
+        )
 
 
 def check_prefix(prefix):

@@ -518,3 +518,36 @@ def test_ctrl_c_during_overwrite_says_the_old_pack_is_unchanged(tree, tmp_path):
         "(run the command again to start it over).\n"
     )
     assert folder_bytes(prefix.parent) == before
+
+
+# -- a wrong ROOT ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["--overwrite"], ["--shard-records", "2", "--only-shard", "1"]]
+)
+@pytest.mark.parametrize("stdin", [False, True], ids=["file", "stdin"])
+def test_a_wrong_root_stops_before_writing_anything(tree, tmp_path, args, stdin):
+    root, lst, _ = tree
+    if stdin and "--only-shard" in args:
+        pytest.skip("--only-shard needs a list file")
+    wrong = tmp_path / "elsewhere"
+    wrong.mkdir()
+    prefix = tmp_path / "out" / "faces"
+    list_arg, text = ("-", lst.read_text()) if stdin else (lst, None)
+    result = invoke("pack", list_arg, wrong, prefix, "-q", *args, input=text)
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {wrong}: none of the first 6 listed images exist under ROOT (the first: "
+        "alice/000.jpg); is ROOT right? Nothing was written\n"
+    )
+    assert not prefix.parent.exists()
+
+
+def test_a_root_where_some_images_exist_packs_and_refuses_the_missing(tree, tmp_path):
+    root, lst, _ = tree
+    for name in ("000", "001", "002"):
+        (root / "alice" / f"{name}.jpg").unlink()
+    result = invoke("pack", lst, root, tmp_path / "out" / "faces", "--json", "--max-failures", "3")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["failures"] == 3
