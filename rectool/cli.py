@@ -197,7 +197,11 @@ def progress_bar(quiet, unit):
     "by default they are refused as outside-root.",
 )
 @click.option("--resume", is_flag=True, help="Continue an interrupted pack where it stopped.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing pack at OUT_PREFIX.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an existing pack at OUT_PREFIX, once the new one is complete.",
+)
 @click.option(
     "--only-shard",
     type=click.IntRange(min=0),
@@ -252,8 +256,12 @@ def pack_command(
     are never written: each is recorded in OUT_PREFIX.failures.jsonl. Shards are written as
     .partial files and renamed when complete; OUT_PREFIX.manifest.json is written last.
 
+    One run at a time writes an OUT_PREFIX (a second is refused, naming the first's pid).
+    Images that are not regular files, or whose paths leave ROOT, are refused.
+
     Exit status: 0 packed (refusals within --max-failures), 1 error, 2 usage error,
-    3 packed but more images refused than --max-failures allows.
+    3 packed but more images refused than --max-failures allows, 130 interrupted
+    (Ctrl-C: what was packed is kept; --resume continues it).
 
     \b
     Example:
