@@ -28,7 +28,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import __version__
-from .atomic import OutputLock, create_new, open_existing, write_atomic, write_json_atomic
+from .atomic import (
+    LOCK_SUFFIX,
+    OutputLock,
+    create_new,
+    open_existing,
+    write_atomic,
+    write_json_atomic,
+)
 from .errors import RectoolError, UsageError
 from .images import (
     CHECK_MODES,
@@ -264,6 +271,9 @@ def swap_in(staging, prefix):
     new_names = sorted(os.listdir(staged))
     old = set(output_files(prefix)) - {os.path.join(folder, n) for n in new_names}
     manifest_name = os.path.basename(manifest_path(prefix))
+    for name in [n for n in new_names if n.endswith(LOCK_SUFFIX)]:
+        os.unlink(os.path.join(staged, name))  # a lock a killed task left: not part of a pack
+        new_names.remove(name)
     if os.path.exists(manifest_path(prefix)):
         os.unlink(manifest_path(prefix))
     for name in new_names:
@@ -368,6 +378,12 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
     state_path = stem + STATE_SUFFIX
     existing = _shard_files(stem)
     done = os.path.exists(stem + FAILURES_SUFFIX) and not os.path.exists(state_path)
+    if existing and overwrite and _is_complete(prefix):
+        raise RectoolError(
+            f"{manifest_path(prefix)}: the pack is complete; packing shard {number} again with "
+            "--overwrite would break it (pack the whole list with --overwrite, or shards to "
+            "another OUT_PREFIX)"
+        )
     if existing and overwrite:
         for name in existing:
             os.unlink(name)

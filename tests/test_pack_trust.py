@@ -551,3 +551,17 @@ def test_a_root_where_some_images_exist_packs_and_refuses_the_missing(tree, tmp_
     result = invoke("pack", lst, root, tmp_path / "out" / "faces", "--json", "--max-failures", "3")
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["failures"] == 3
+
+
+def test_only_shard_overwrite_refuses_to_break_a_complete_pack(tree, tmp_path):
+    root, lst, _ = tree
+    prefix, before = old_pack(tree, tmp_path)
+    result = invoke("pack", lst, root, prefix, "-q", "--shard-records", "2", "--only-shard", "1",
+                    "--overwrite")  # fmt: skip
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {prefix}.manifest.json: the pack is complete; packing shard 1 again with "
+        "--overwrite would break it (pack the whole list with --overwrite, or shards to another "
+        "OUT_PREFIX)\n"
+    )
+    assert folder_bytes(prefix.parent) == before
