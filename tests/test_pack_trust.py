@@ -565,3 +565,30 @@ def test_only_shard_overwrite_refuses_to_break_a_complete_pack(tree, tmp_path):
         "OUT_PREFIX)\n"
     )
     assert folder_bytes(prefix.parent) == before
+
+
+def test_a_pack_stopped_mid_run_holds_the_lock_and_resume_works_once_it_is_killed(tree, tmp_path):
+    root, lst, _ = tree
+    prefix = tmp_path / "out" / "faces"
+    env = {**os.environ, "PYTHONPATH": REPO, "RECTOOL_TEST_FAULT": "SIGSTOP:1"}
+    first = subprocess.Popen(
+        [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(prefix), "-q",
+         "--workers", "1", "--resize", "20"],
+        env=env,
+    )  # fmt: skip
+    try:
+        os.waitpid(first.pid, os.WUNTRACED)  # returns once it has stopped itself, mid-run
+        for args in ([], ["--resume"], ["--overwrite"]):
+            second = invoke("pack", lst, root, prefix, "-q", "--workers", "1", "--resize", "20",
+                            *args)  # fmt: skip
+            assert second.exit_code == 1
+            assert f"another rectool run (pid {first.pid}) is writing this output" in (
+                second.stderr
+            )
+    finally:
+        first.kill()
+        first.wait()
+    resumed = invoke("pack", lst, root, prefix, "-q", "--workers", "1", "--resize", "20",
+                     "--resume")  # fmt: skip
+    assert resumed.exit_code == 0, resumed.output
+    assert invoke("verify", f"{prefix}.manifest.json", "-q").exit_code == 0
