@@ -23,6 +23,7 @@ from .packing import (
     _staging_prefix,
     _validate_list,
     check_prefix,
+    check_root,
     completed_if_same,
     output_files,
     pack_images,
@@ -91,14 +92,15 @@ def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resu
     if resume and _is_complete(prefix):
         return completed_if_same(prefix, _source_state(digest, root, options))
     existing = output_files(prefix)
+    if existing and not (overwrite or resume):
+        raise RectoolError(f"{existing[0]}: output exists; use --resume or --overwrite")
+    if not resume:
+        check_root(list_path, root, options.allow_outside_root)
+    client, cluster = _client_for(scheduler, local_workers or os.cpu_count() or 1)
     final = None
     if existing and overwrite:
         # The old pack stays whole until the new one is: pack beside it, then swap.
         final, prefix = prefix, _staging_prefix(prefix)
-    elif existing and not resume:
-        raise RectoolError(f"{existing[0]}: output exists; use --resume or --overwrite")
-
-    client, cluster = _client_for(scheduler, local_workers or os.cpu_count() or 1)
     try:
         from dask.distributed import as_completed
 

@@ -208,3 +208,15 @@ def test_resuming_a_shard_killed_after_its_rename_leaves_the_next_shard_alone(tr
     assert (tmp_path / "out" / "f-00001.rec").read_bytes() == expected
     assert (tmp_path / "out" / "f-00002.rec").read_bytes() == shard2
     assert failures.exists() and not (tmp_path / "out" / "f-00001.pack-state.json").exists()
+
+
+def test_dask_wrong_root_stops_before_the_cluster_or_any_file(tree, tmp_path):
+    from rectool.distributed import pack_on_dask
+    from rectool.packing import WrongRootError
+
+    _, lst = tree
+    wrong = tmp_path / "elsewhere"
+    wrong.mkdir()
+    with pytest.raises(WrongRootError, match="is ROOT right"):
+        pack_on_dask(lst, wrong, tmp_path / "out" / "f", PackOptions(shard_records=7))
+    assert os.listdir(tmp_path / "out") == []
