@@ -191,8 +191,18 @@ def progress_bar(quiet, unit):
     help="Label map (label<TAB>identity) for the manifest; "
     "default: the one `rectool list` wrote beside LIST.",
 )
+@click.option(
+    "--allow-outside-root",
+    is_flag=True,
+    help="Pack list paths that leave ROOT (absolute, or climbing out with ..); "
+    "by default they are refused as outside-root.",
+)
 @click.option("--resume", is_flag=True, help="Continue an interrupted pack where it stopped.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing pack at OUT_PREFIX.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an existing pack at OUT_PREFIX, once the new one is complete.",
+)
 @click.option(
     "--only-shard",
     type=click.IntRange(min=0),
@@ -247,8 +257,12 @@ def pack_command(
     are never written: each is recorded in OUT_PREFIX.failures.jsonl. Shards are written as
     .partial files and renamed when complete; OUT_PREFIX.manifest.json is written last.
 
+    One run at a time writes an OUT_PREFIX (a second is refused, naming the first's pid).
+    Images that are not regular files, or whose paths leave ROOT, are refused.
+
     Exit status: 0 packed (refusals within --max-failures), 1 error, 2 usage error,
-    3 packed but more images refused than --max-failures allows.
+    3 packed but more images refused than --max-failures allows, 130 interrupted
+    (Ctrl-C: what was packed is kept; --resume continues it).
 
     \b
     Example:
@@ -280,6 +294,7 @@ def pack_command(
         layout=shared["layout"],
         workers=shared["workers"],
         max_failures=shared["max_failures"],
+        allow_outside_root=shared["allow_outside_root"],
     )
     distributed = shared["only_shard"] is not None or shared["finalize"] or shared["show_plan"]
     if shared["executor"] == "dask" or distributed:
@@ -305,6 +320,7 @@ def pack_command(
                 click.echo(f"  shard {number}: lines {first + 1}-{last}")
         return
     update, close = progress_bar(quiet or as_json, "img")
+    update, seen = _remember_progress(update)
     try:
         if shared["only_shard"] is not None:
             shard = pack_images(
@@ -323,6 +339,10 @@ def pack_command(
                 list_file, root, prefix, options, resume=resume, overwrite=overwrite,
                 label_map=label_map, progress=update,
             )  # fmt: skip
+    except KeyboardInterrupt:
+        close()
+        click.echo(_interrupted_message(prefix, seen, overwrite, shared), err=True)
+        sys.exit(130)
     finally:
         close()
     if shared["only_shard"] is not None:
@@ -334,6 +354,39 @@ def pack_command(
         click.echo(render_pack_summary(result), err=True)
     if not result.accepted:
         sys.exit(3)
+
+
+def _remember_progress(update):
+    """Return (callback, seen): `update` wrapped so that `seen` holds the last (done, total)."""
+    seen = {"done": 0, "total": None}
+
+    def remember(done, total, refused):
+        seen["done"], seen["total"] = done, total
+        if update is not None:
+            update(done, total, refused)
+
+    return remember, seen
+
+
+def _interrupted_message(prefix, seen, overwrite, shared):
+    """Say what an interrupted pack kept and how to continue it."""
+    from .packing import STAGING_SUFFIX
+
+    folder, name = os.path.split(prefix)
+    if overwrite and os.path.isdir(os.path.join(folder, f".{name}{STAGING_SUFFIX}")):
+        return (
+            f"Interrupted: the pack at {prefix} is unchanged; the new one was not finished "
+            "(run the command again to start it over)."
+        )
+    if shared["finalize"]:
+        return f"Interrupted: no manifest was written for {prefix}; run --finalize again."
+    where = prefix if shared["only_shard"] is None else f"shard {shared['only_shard']} of {prefix}"
+    total = f" of {seen['total']:,}" if seen["total"] is not None else ""
+    return (
+        f"Interrupted after {seen['done']:,}{total} list items: what was packed is kept "
+        f"({where}: finished shards and .partial files).\n"
+        "Run the same command with --resume to continue it."
+    )
 
 
 def shard_plan(list_file, options):

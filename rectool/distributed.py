@@ -8,20 +8,28 @@ when complete, and the manifest is written only when every shard is.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+from .atomic import OutputLock
 from .errors import RectoolError, UsageError
 from .packing import (
+    FAILURES_SUFFIX,
     PackOptions,
     _check_options,
-    _completed_result,
+    _finalize,
     _is_complete,
+    _source_state,
+    _staging_prefix,
     _validate_list,
-    finalize_pack,
+    check_prefix,
+    check_root,
+    completed_if_same,
     output_files,
     pack_images,
+    swap_in,
 )
-from .shards import plan_shards
+from .shards import manifest_path, plan_shards
 
 INSTALL_HINT = "--executor dask needs Dask: pip install 'rectool[dask]'"
 
@@ -65,21 +73,34 @@ def pack_on_dask(
     options = options or PackOptions()
     if list_path == "-":
         raise UsageError("--executor dask needs the list as a file that every worker can read")
+    check_prefix(prefix)
     list_path, root, prefix = (os.path.abspath(os.fspath(p)) for p in (list_path, root, prefix))
     _check_options(options)
-    _, total = _validate_list(list_path, options.layout)
+    digest, total = _validate_list(list_path, options.layout)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    if resume and _is_complete(prefix):
-        return _completed_result(prefix)
-    existing = output_files(prefix)
-    if existing and overwrite:
-        for name in existing:
-            os.unlink(name)
-    elif existing and not resume:
-        raise RectoolError(f"{existing[0]}: output exists; use --resume or --overwrite")
+    with OutputLock(prefix):
+        return _pack_locked(
+            list_path, root, prefix, options, plan, (digest, total), scheduler, resume, overwrite,
+            label_map, progress, local_workers,
+        )  # fmt: skip
 
+
+def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resume, overwrite,
+                 label_map, progress, local_workers):  # fmt: skip
+    digest, total = listed
+    if resume and _is_complete(prefix):
+        return completed_if_same(prefix, _source_state(digest, root, options))
+    existing = output_files(prefix)
+    if existing and not (overwrite or resume):
+        raise RectoolError(f"{existing[0]}: output exists; use --resume or --overwrite")
+    if not resume:
+        check_root(list_path, root, options.allow_outside_root)
     client, cluster = _client_for(scheduler, local_workers or os.cpu_count() or 1)
+    final = None
+    if existing and overwrite:
+        # The old pack stays whole until the new one is: pack beside it, then swap.
+        final, prefix = prefix, _staging_prefix(prefix)
     try:
         from dask.distributed import as_completed
 
@@ -98,4 +119,12 @@ def pack_on_dask(
         client.close()
         if cluster is not None:
             cluster.close()
-    return finalize_pack(list_path, root, prefix, options, label_map)
+    result = _finalize(list_path, root, prefix, options, label_map)
+    if final is None:
+        return result
+    swap_in(prefix, final)
+    return dataclasses.replace(
+        result,
+        manifest_path=manifest_path(final),
+        failures_path=final + FAILURES_SUFFIX,
+    )

@@ -17,6 +17,8 @@ from .errors import RectoolError
 LIST_SUFFIX = ".lst"
 # Records store labels as float32 (MXNet's IRHeader); a larger label cannot be written.
 FLOAT32_MAX = 3.4028234663852886e38
+# Record keys are signed 64-bit in every index rectool writes and reads (numpy int64).
+MAX_INDEX = 2**63 - 1
 LABEL_MAP_SUFFIX = ".labels.tsv"
 # Characters that would break a tab-separated line.
 UNWRITABLE_CHARACTERS = ("\t", "\n", "\r")
@@ -107,8 +109,8 @@ def _plain_item(text, line):
     index, label, name = fields
     if name.endswith("\r"):
         name = name.rstrip("\r")
-    if not (index.isascii() and index.isdigit() and name) or "\0" in name:
-        return None
+    if not (index.isascii() and index.isdigit() and name) or "\0" in name or len(index) > 18:
+        return None  # (18 digits always fit an int64; longer ones are checked below)
     try:
         value = float(label)
     except ValueError:
@@ -137,6 +139,12 @@ def _parse_any_line(text, path, line):
         index = int(as_float)
     if index < 0:
         raise ListFormatError(f"index {index} is negative", path, line)
+    if index > MAX_INDEX:
+        raise ListFormatError(
+            f"index {index} is too large: record keys are 64-bit signed, at most {MAX_INDEX}",
+            path,
+            line,
+        )
     try:
         labels = tuple(float(x) for x in fields[1:-1])
     except ValueError:
@@ -216,9 +224,9 @@ def find_label_map(list_path):
 
 def write_label_map(path, identities):
     """Write `identities` (label -> identity name) as a label map file."""
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for label in sorted(identities):
-            f.write(f"{label}\t{identities[label]}\n")
+    from .atomic import write_atomic  # (atomic imports errors, which imports the reader)
+
+    write_atomic(path, "".join(f"{label}\t{identities[label]}\n" for label in sorted(identities)))
 
 
 def read_label_map(path):

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from itertools import chain, repeat
 from pathlib import Path
 
+from .atomic import current_umask
 from .errors import ListingError, UsageError
 from .listfile import (
     LIST_SUFFIX,
@@ -309,6 +310,9 @@ def _is_dir(entry):
 # millisecond or more, and then reading folders on many threads pays.
 SLOW_LISTING_SECONDS = 0.0005
 _PROBE_FOLDERS = 16
+# What times folder listings: an injection point, so that tests can give listings a latency
+# without sleeping (and without depending on how busy the machine is).
+listing_clock = time.perf_counter
 
 
 def _run_while_fast(scanner, folders, merge, report):
@@ -316,10 +320,11 @@ def _run_while_fast(scanner, folders, merge, report):
     pending = list(reversed(folders))
     spent = 0.0
     done = 0
+    clock = listing_clock
     while pending:
-        started = time.perf_counter()
+        started = clock()
         result = scanner.scan(pending.pop())
-        spent += time.perf_counter() - started
+        spent += clock() - started
         done += 1
         merge(result)
         pending.extend(reversed(result.subfolders))
@@ -564,6 +569,8 @@ def _write_file_atomically(path, rows):
     try:
         with os.fdopen(fd, "wb") as stream:
             _write_rows(stream, rows)
+            # mkstemp makes it 0600: give it the mode of a file created normally.
+            os.fchmod(stream.fileno(), 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         os.unlink(tmp)

@@ -10,6 +10,7 @@ thread instead (see `passthrough.py`), until reads prove slow.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import glob
 import hashlib
 import itertools
@@ -17,6 +18,8 @@ import json
 import os
 import re
 import shutil
+import signal
+import stat
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +28,14 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import __version__
-from .atomic import write_atomic, write_json_atomic
+from .atomic import (
+    LOCK_SUFFIX,
+    OutputLock,
+    create_new,
+    open_existing,
+    write_atomic,
+    write_json_atomic,
+)
 from .errors import RectoolError, UsageError
 from .images import (
     CHECK_MODES,
@@ -36,10 +46,19 @@ from .images import (
     reencode_image,
 )
 from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
-from .passthrough import PassThroughPacker, frame_image
+from .passthrough import (
+    OPEN_FLAGS,
+    OUTSIDE_ROOT,
+    TOO_LARGE,
+    PassThroughPacker,
+    frame_image,
+    not_regular,
+    resolve_path,
+)
 from .reader import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
+    MAX_RECORD_BYTES,
     IndexedRecordFile,
     read_manifest,
     unpack_header,
@@ -82,6 +101,7 @@ class PackOptions:
     layout: str = "images"
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     max_failures: int = 0
+    allow_outside_root: bool = False  # pack list paths that leave ROOT (absolute, `..`)
 
     def byte_options(self):
         """Return the options that determine the output bytes (compared on --resume)."""
@@ -140,8 +160,10 @@ def output_files(prefix):
 
 
 def _stale_temporaries(prefix):
-    """Return temporary files (`NAME.tmpPID`) that a killed run of this pack left behind."""
-    return glob.glob(glob.escape(os.fspath(prefix)) + "*.tmp[0-9]*")
+    """Return temporary files (`.NAME.XXXX.tmp`, see `write_atomic`) that a killed run of this
+    pack left behind."""
+    folder, name = os.path.split(os.fspath(prefix))
+    return glob.glob(os.path.join(glob.escape(folder), "." + glob.escape(name) + "*.tmp"))
 
 
 def _remove_stale_temporaries(prefix):
@@ -170,28 +192,124 @@ def pack_images(
     failures file, and no manifest: `finalize_pack` writes it once every shard is done.
     """
     options = options or PackOptions()
-    prefix = os.fspath(prefix)
+    prefix = check_prefix(prefix)
     root = os.fspath(root)
     _check_options(options)
     out_dir = os.path.dirname(prefix) or "."
+    made = not os.path.isdir(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    if only_shard is not None:
-        return _pack_shard(
-            list_path, root, prefix, options, only_shard, resume, overwrite, progress
-        )
-    if resume and _is_complete(prefix):
-        return _completed_result(prefix)
-    _prepare_outputs(prefix, resume, overwrite)
+    try:
+        return _pack_locked(
+            list_path, root, prefix, options, resume, overwrite, label_map, progress,
+            list_stream, only_shard,
+        )  # fmt: skip
+    except WrongRootError:
+        if made:  # nothing was written: leave nothing behind
+            try:
+                os.rmdir(out_dir)
+            except OSError:
+                pass
+        raise
 
+
+def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map, progress,
+                 list_stream, only_shard):  # fmt: skip
+    if only_shard is not None:
+        with OutputLock(shard_stem(prefix, only_shard)):
+            return _pack_shard(
+                list_path, root, prefix, options, only_shard, resume, overwrite, progress
+            )
+    with OutputLock(prefix):
+        if overwrite and output_files(prefix):
+            # The old pack stays whole until the new one is: pack beside it, then swap.
+            staging = _staging_prefix(prefix)
+            try:
+                result = _pack_all(
+                    list_path, root, staging, options, False, False, label_map, progress,
+                    list_stream,
+                )  # fmt: skip
+            except RectoolError:
+                shutil.rmtree(os.path.dirname(staging), ignore_errors=True)
+                raise
+            swap_in(staging, prefix)
+            return dataclasses.replace(
+                result,
+                manifest_path=manifest_path(prefix),
+                failures_path=prefix + FAILURES_SUFFIX,
+            )
+        return _pack_all(
+            list_path, root, prefix, options, resume, overwrite, label_map, progress, list_stream
+        )
+
+
+STAGING_SUFFIX = ".overwrite"
+
+
+def _staging_prefix(prefix):
+    """Return a fresh prefix in a hidden folder beside `prefix` (`.NAME.overwrite/NAME`), where
+    `--overwrite` builds the new pack; what a killed run left there is removed first."""
+    folder, name = os.path.split(prefix)
+    staging = os.path.join(folder, f".{name}{STAGING_SUFFIX}")
+    if os.path.lexists(staging):
+        if os.path.islink(staging) or not os.path.isdir(staging):
+            os.unlink(staging)
+        else:
+            shutil.rmtree(staging)
+    os.mkdir(staging)
+    return os.path.join(staging, name)
+
+
+def swap_in(staging, prefix):
+    """Replace the pack at `prefix` with the complete one at `staging` (see `_staging_prefix`).
+
+    The old manifest goes first, so that a pack half swapped never looks complete; the new
+    manifest comes last. Old files that the new pack does not have (more shards, index caches)
+    are removed.
+    """
+    folder = os.path.dirname(prefix) or "."
+    staged = os.path.dirname(staging)
+    new_names = sorted(os.listdir(staged))
+    old = set(output_files(prefix)) - {os.path.join(folder, n) for n in new_names}
+    manifest_name = os.path.basename(manifest_path(prefix))
+    for name in [n for n in new_names if n.endswith(LOCK_SUFFIX)]:
+        os.unlink(os.path.join(staged, name))  # a lock a killed task left: not part of a pack
+        new_names.remove(name)
+    if os.path.exists(manifest_path(prefix)):
+        os.unlink(manifest_path(prefix))
+    for name in new_names:
+        if name != manifest_name:
+            os.replace(os.path.join(staged, name), os.path.join(folder, name))
+    for name in old:
+        if os.path.exists(name):
+            os.unlink(name)
+    os.replace(os.path.join(staged, manifest_name), manifest_path(prefix))
+    os.rmdir(staged)
+
+
+def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, progress,
+              list_stream):  # fmt: skip
+    complete = resume and _is_complete(prefix)
+    if not complete:
+        _prepare_outputs(prefix, resume, overwrite)
     if list_path == "-":
         list_path = _copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
     list_path = os.fspath(list_path)
-    list_digest, total = _validate_list(list_path, options.layout)
-    state = {
-        "list_sha256": list_digest,
-        "root": os.path.abspath(root),
-        "options": options.byte_options(),
-    }
+    try:
+        list_digest, total = _validate_list(list_path, options.layout)
+    finally:
+        if complete and list_path == prefix + STDIN_COPY_SUFFIX:
+            os.unlink(list_path)
+    if not resume:
+        try:
+            check_root(list_path, root, options.allow_outside_root)
+        except WrongRootError:
+            if list_path == prefix + STDIN_COPY_SUFFIX:
+                os.unlink(list_path)
+            raise
+    state = _source_state(list_digest, root, options)
+    if complete:
+        # A finished pack "resumes" only with what made it, as an interrupted one does.
+        return completed_if_same(prefix, state)
     state_path = prefix + STATE_SUFFIX
     if resume and os.path.exists(state_path):
         _check_resume_state(state_path, state)
@@ -205,7 +323,7 @@ def pack_images(
     classes = run.max_label + 1 if options.layout == "insightface" else None
     manifest = _manifest(
         options, list_path, prefix, run.writer.finished, run.images, run.failures, classes,
-        identities,
+        identities, state,
     )  # fmt: skip
     final_failures = prefix + FAILURES_SUFFIX
     os.replace(run.failures_partial, final_failures)
@@ -251,6 +369,8 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
         raise UsageError("--only-shard needs the list as a file that every task can read, not -")
     list_path = os.fspath(list_path)
     digest, total = _validate_list(list_path, options.layout)
+    if not resume:
+        check_root(list_path, root, options.allow_outside_root)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     if not 0 <= number < len(plan):
         raise UsageError(f"--only-shard {number}: the plan has shards 0..{len(plan) - 1}")
@@ -258,16 +378,18 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
     state_path = stem + STATE_SUFFIX
     existing = _shard_files(stem)
     done = os.path.exists(stem + FAILURES_SUFFIX) and not os.path.exists(state_path)
+    if existing and overwrite and _is_complete(prefix):
+        raise RectoolError(
+            f"{manifest_path(prefix)}: the pack is complete; packing shard {number} again with "
+            "--overwrite would break it (pack the whole list with --overwrite, or shards to "
+            "another OUT_PREFIX)"
+        )
     if existing and overwrite:
         for name in existing:
             os.unlink(name)
     elif existing and not resume:
         raise RectoolError(f"{existing[0]}: shard output exists; use --resume or --overwrite")
-    state = {
-        "list_sha256": digest,
-        "root": os.path.abspath(root),
-        "options": options.byte_options(),
-    }
+    state = _source_state(digest, root, options)
     if resume and os.path.exists(state_path):
         _check_resume_state(state_path, state)
     elif not (resume and done):
@@ -308,12 +430,18 @@ def finalize_pack(list_path, root, prefix, options=None, label_map=None):
     is the same as one `pack_images` run over the whole list.
     """
     options = options or PackOptions()
-    prefix = os.fspath(prefix)
+    prefix = check_prefix(prefix)
     _check_options(options)
-    if _is_complete(prefix):
-        return _completed_result(prefix)
+    with OutputLock(prefix):
+        return _finalize(list_path, root, prefix, options, label_map)
+
+
+def _finalize(list_path, root, prefix, options, label_map):
+    """`finalize_pack` once the prefix is locked."""
     list_path = os.fspath(list_path)
-    _, total = _validate_list(list_path, options.layout)
+    digest, total = _validate_list(list_path, options.layout)
+    if _is_complete(prefix):
+        return completed_if_same(prefix, _source_state(digest, root, options))
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     infos, refused = [], []
     for number in range(len(plan)):
@@ -329,7 +457,7 @@ def finalize_pack(list_path, root, prefix, options=None, label_map=None):
         infos.append(describe_shard(rec, idx))
         refused += _read_refusals(failures)
     final_failures = prefix + FAILURES_SUFFIX
-    with open(final_failures + PARTIAL_SUFFIX, "wb") as out:
+    with open(create_new(final_failures + PARTIAL_SUFFIX), "wb") as out:
         for number in range(len(plan)):
             with open(shard_stem(prefix, number) + FAILURES_SUFFIX, "rb") as f:
                 shutil.copyfileobj(f, out)
@@ -338,13 +466,57 @@ def finalize_pack(list_path, root, prefix, options=None, label_map=None):
         os.unlink(shard_stem(prefix, number) + FAILURES_SUFFIX)
     images = sum(info.records for info in infos)
     identities = _load_identities(list_path, label_map)
-    manifest = _manifest(options, list_path, prefix, infos, images, len(refused), None, identities)
+    source = _source_state(digest, root, options)
+    manifest = _manifest(
+        options, list_path, prefix, infos, images, len(refused), None, identities, source
+    )
     _remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
     return PackResult(
         manifest_path(prefix), manifest, images, len(refused), final_failures, refused[:100],
         images + len(refused),
     )  # fmt: skip
+
+
+# A wrong ROOT is told from a few missing files by this many list items, all missing.
+ROOT_CHECK_ITEMS = 100
+
+
+class WrongRootError(RectoolError):
+    """None of the first images of the list exist under ROOT."""
+
+
+def check_root(list_path, root, allow_outside_root=False):
+    """Raise `WrongRootError` when none of the first `ROOT_CHECK_ITEMS` list items exist under
+    `root`: ROOT is wrong, and packing would only refuse every image."""
+    prefix = os.path.join(os.fspath(root), "")
+    try:
+        with open(list_path, encoding="utf-8", newline="\n") as f:
+            items = list(itertools.islice(iter_list(f, os.fspath(list_path)),
+                                          ROOT_CHECK_ITEMS))  # fmt: skip
+    except (OSError, UnicodeDecodeError, RectoolError):
+        return  # reported, naming the line, where the list is validated
+    for item in items:
+        path = resolve_path(prefix, item.path, allow_outside_root)
+        if path is not None and os.path.lexists(path):
+            return
+    if items:
+        raise WrongRootError(
+            f"{os.fspath(root)}: none of the first {len(items)} listed images exist under ROOT "
+            f"(the first: {items[0].path}); is ROOT right? Nothing was written"
+        )
+
+
+def check_prefix(prefix):
+    """Return `prefix` as a string; raise `UsageError` when it names a folder (`""`, `.`,
+    `..`, `out/`), which would give hidden files such as `out/.rec`."""
+    prefix = os.fspath(prefix)
+    if os.path.basename(prefix) in ("", ".", ".."):
+        raise UsageError(
+            f"OUT_PREFIX {prefix!r} names a folder, not the start of file names; "
+            "give one such as out/faces (for out/faces.rec, out/faces.idx)"
+        )
+    return prefix
 
 
 def _check_options(options):
@@ -391,6 +563,14 @@ def _is_complete(prefix):
     return os.path.exists(manifest_path(prefix)) and not os.path.exists(prefix + STATE_SUFFIX)
 
 
+def completed_if_same(prefix, state):
+    """Describe the complete pack at `prefix` if it was made as `state` (a `_source_state`)
+    says; else raise naming what differs."""
+    manifest = read_manifest(manifest_path(prefix))
+    _check_same_source(manifest_path(prefix), _manifest_source(manifest), state, "pack")
+    return _completed_result(prefix)
+
+
 def _completed_result(prefix):
     """Describe a pack that is already complete (so `--resume` can be run again safely)."""
     manifest = read_manifest(manifest_path(prefix))
@@ -412,7 +592,7 @@ def _completed_result(prefix):
 def _copy_stream(stream, prefix):
     target = prefix + STDIN_COPY_SUFFIX
     tmp = target + PARTIAL_SUFFIX
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+    with open(create_new(tmp), "w", encoding="utf-8", newline="\n") as f:
         shutil.copyfileobj(stream, f)
     os.replace(tmp, target)
     return target
@@ -510,15 +690,106 @@ def _check_class_label(item, path):
         )
 
 
+def _source_state(list_digest, root, options):
+    """Return what a pack is made from, compared on --resume: list, ROOT and byte options."""
+    return {
+        "list_sha256": list_digest,
+        "root": os.path.abspath(root),
+        "options": options.byte_options(),
+    }
+
+
+def _manifest_source(manifest):
+    """Return the `_source_state` a complete pack was made from, as its manifest records it
+    (options without the ones that do not change the bytes)."""
+    source = dict(manifest.get("source") or {})
+    options = dict(manifest.get("options") or {})
+    for name in ("workers", "max_failures"):
+        options.pop(name, None)
+    options.setdefault("allow_outside_root", False)  # packs made before the option
+    source["options"] = options
+    return source
+
+
 def _check_resume_state(state_path, state):
     with open(state_path, encoding="utf-8") as f:
         saved = json.load(f)
-    differences = [k for k in state if saved.get(k) != state[k]]
+    _check_same_source(state_path, saved, state, "interrupted pack")
+
+
+# How each byte option is given at the command line, for messages.
+_OPTION_NAMES = {
+    "check": "--check",
+    "pack_label": "--pack-label",
+    "shard_bytes": "--shard-size",
+    "shard_records": "--shard-records",
+    "layout": "--layout",
+    "allow_outside_root": "--allow-outside-root",
+    "resize": "--resize",
+    "center_crop": "--center-crop",
+    "quality": "--quality",
+    "encoding": "--encoding",
+    "color": "--color",
+}
+
+
+def _check_same_source(path, saved, state, what):
+    """Raise naming each way `state` differs from the `saved` one of the pack at `path`."""
+    differences = []
+    if saved.get("list_sha256") != state["list_sha256"]:
+        was = saved.get("list_sha256") or "not recorded"
+        differences.append(
+            f"the list differs (sha256 {state['list_sha256'][:16]}... now, "
+            f"{was[:16]}{'...' if saved.get('list_sha256') else ''} in the {what})"
+        )
+    if saved.get("root") != state["root"]:
+        differences.append(
+            f"ROOT differs ({state['root']} now, {saved.get('root') or 'not recorded'} "
+            f"in the {what})"
+        )
+    now_options, was_options = state["options"], saved.get("options") or {}
+    now, was = _flat_options(now_options), _flat_options(was_options)
+    if (now_options.get("transform") is None) != (was_options.get("transform") is None):
+        differences.append(
+            f"re-encoding differs ({_show_transform(now_options)} now, "
+            f"{_show_transform(was_options)} in the {what})"
+        )
+        now, was = (
+            _flat_options({**now_options, "transform": None}),
+            _flat_options({**was_options, "transform": None}),
+        )
+    for name in sorted(set(now) | set(was), key=list(_OPTION_NAMES).index):
+        if now.get(name) != was.get(name):
+            differences.append(
+                f"{_OPTION_NAMES[name]} differs ({_show(now.get(name))} now, "
+                f"{_show(was.get(name))} in the {what})"
+            )
     if differences:
         raise RectoolError(
-            f"{state_path}: cannot resume: the interrupted pack used a different "
-            f"{', '.join(differences)} (start again with --overwrite)"
+            f"{path}: cannot resume: {'; '.join(differences)}. "
+            "Resume with the same list, ROOT and options, or start again with --overwrite"
         )
+
+
+def _flat_options(options):
+    """Return byte options as {name: value}, a re-encoding's fields among them (pass-through:
+    none of them)."""
+    flat = {k: v for k, v in options.items() if k != "transform" and k in _OPTION_NAMES}
+    flat.update(options.get("transform") or {})
+    return flat
+
+
+def _show_transform(options):
+    transform = options.get("transform")
+    if transform is None:
+        return "pass-through"
+    return " ".join(f"{_OPTION_NAMES[k]} {_show(v)}" for k, v in transform.items())
+
+
+def _show(value):
+    if value is None:
+        return "not given"
+    return json.dumps(value)
 
 
 def _load_identities(list_path, label_map):
@@ -577,6 +848,7 @@ class _PackRun:
         self.label_counts = collections.Counter()  # insightface: images per class
         self.max_label = -1
         self.image_size = None
+        self._fault = _test_fault()
 
     # -- items ------------------------------------------------------------------------------
     def _items(self):
@@ -594,6 +866,10 @@ class _PackRun:
         drop = _is_identity_record if self.options.layout == "insightface" else None
         written = self.writer.resume(drop_tail=drop)
         refused_lines = set()
+        if os.path.islink(self.failures_partial):
+            raise RectoolError(
+                f"{self.failures_partial}: is a symlink, not a file this pack wrote; remove it"
+            )
         if os.path.exists(self.failures_partial):
             with open(self.failures_partial, "rb") as f:
                 data = f.read()
@@ -613,8 +889,10 @@ class _PackRun:
     def execute(self, resume):
         refused_lines = self._resume() if resume else set()
         skip = self.resumed_from
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if resume else os.O_TRUNC)
-        self._failures_fd = os.open(self.failures_partial, flags, 0o644)
+        if resume:
+            self._failures_fd = open_existing(self.failures_partial)
+        else:
+            self._failures_fd = create_new(self.failures_partial)
         self.writer.register(self._failures_fd, self.failures_partial)
         try:
             items = itertools.islice(self._items(), self.positions.start, self.positions.stop)
@@ -659,7 +937,11 @@ class _PackRun:
         """Pass images through a block at a time on this thread; return (done, finished),
         stopping when reads are slow (see `_ReadTimer`)."""
         packer = PassThroughPacker(
-            self.root, self.options.check, self.options.pack_label, wait=self.writer.wait_written
+            self.root,
+            self.options.check,
+            self.options.pack_label,
+            wait=self.writer.wait_written,
+            allow_outside_root=self.options.allow_outside_root,
         )
         timer = _ReadTimer()
         insightface = self.options.layout == "insightface"
@@ -745,6 +1027,9 @@ class _PackRun:
     def _report(self, done):
         if self.progress is not None:
             self.progress(done, self.total, self.failures)
+        if self._fault is not None and done >= self._fault[1]:
+            signal_number, self._fault = self._fault[0], None
+            os.kill(os.getpid(), signal_number)
 
     def _finish(self):
         if self.options.layout == "insightface":
@@ -796,8 +1081,13 @@ class _ImageWorker:
 
     def prepare(self, item):
         """Read and check or re-encode one image; return its bytes or an `ImageRefused`."""
+        path = resolve_path(self._prefix, item.path, self.options.allow_outside_root)
+        if path is None:
+            return ImageRefused(OUTSIDE_ROOT)
         try:
-            data = _read_file(self._prefix + item.path)
+            data = _read_file(path)
+        except ImageRefused as refusal:
+            return refusal
         except FileNotFoundError:
             return ImageRefused("file not found")
         except IsADirectoryError:
@@ -864,20 +1154,47 @@ def _in_python():
         return None
 
 
+FAULT_VARIABLE = "RECTOOL_TEST_FAULT"
+
+
+def _test_fault():
+    """Return (signal, items) from `RECTOOL_TEST_FAULT=SIGNAME:N`, or None.
+
+    A test hook: the run sends itself the signal once N list items are done (progress is
+    reported a block or a chunk at a time), a deterministic point to kill or interrupt it.
+    """
+    text = os.environ.get(FAULT_VARIABLE)
+    if not text:
+        return None
+    name, _, items = text.partition(":")
+    return getattr(signal, name), int(items or 0)
+
+
 def _io_bound(options):
     """Return True when preparing an image is reading it, not decoding or encoding it."""
     return options.transform is None and options.check != "decode"
 
 
 def _read_file(path):
-    """Return a file's bytes with three system calls for a small file, and no file object."""
-    fd = os.open(path, os.O_RDONLY)
+    """Return a file's bytes with four system calls for a small file, and no file object.
+
+    Raises `ImageRefused` for anything but a regular file (opened without waiting: a FIFO
+    does not block) and for one over the record limit; reads at most the size it had.
+    """
+    fd = os.open(path, OPEN_FLAGS)
     try:
-        data = os.read(fd, _FIRST_READ)
-        if len(data) == _FIRST_READ:  # a larger file: read on to the end
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ImageRefused(not_regular(info.st_mode))
+        if info.st_size > MAX_RECORD_BYTES:
+            raise ImageRefused(TOO_LARGE)
+        data = os.read(fd, min(_FIRST_READ, info.st_size) or 1)
+        if len(data) == _FIRST_READ:  # a larger file: read on to its size
             parts = [data]
-            while part := os.read(fd, 1 << 20):
+            left = info.st_size - len(data)
+            while left > 0 and (part := os.read(fd, min(left, 1 << 20))):
                 parts.append(part)
+                left -= len(part)
             data = b"".join(parts)
         return data
     finally:
@@ -925,7 +1242,7 @@ def _write_property(prefix, run, identities):
     )
 
 
-def _manifest(options, list_path, prefix, shards, images, failures, classes, identities):
+def _manifest(options, list_path, prefix, shards, images, failures, classes, identities, source):
     shards = [s.to_json() for s in shards]
     if classes is None and identities is not None:
         classes = len(identities)
@@ -941,6 +1258,8 @@ def _manifest(options, list_path, prefix, shards, images, failures, classes, ide
             "max_failures": options.max_failures,
         },
         "list": os.path.basename(list_path),
+        # What --resume compares (the options are above).
+        "source": {"list_sha256": source["list_sha256"], "root": source["root"]},
         "shards": shards,
         "totals": {
             "shards": len(shards),

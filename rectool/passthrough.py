@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 import struct
 
 import numpy as np
@@ -121,9 +122,22 @@ class Block:
 class PassThroughPacker:
     """Fill blocks from list items: read, frame and check each image, never decode it."""
 
-    def __init__(self, root, check="structure", pack_label=False, block_bytes=None, wait=None):
-        """`wait(block.written)`, when given, is called before a block's buffer is reused."""
+    def __init__(
+        self,
+        root,
+        check="structure",
+        pack_label=False,
+        block_bytes=None,
+        wait=None,
+        allow_outside_root=False,
+    ):
+        """`wait(block.written)`, when given, is called before a block's buffer is reused.
+
+        Paths that leave `root` (absolute, or with `..` climbing out) are refused as
+        `OUTSIDE_ROOT` unless `allow_outside_root`.
+        """
         self._prefix = os.path.join(root, "")
+        self._allow_outside_root = allow_outside_root
         self._check = check
         self._pack_label = pack_label
         self._size = (block_bytes or BLOCK_BYTES) & ~3  # whole words, for the magic search
@@ -158,7 +172,9 @@ class PassThroughPacker:
         refused = block.refused
         view, prefix = memoryview(buffer), self._prefix
         pack_into = _RECORD_HEADER.pack_into
-        open_, readv, close, read_only = os.open, os.readv, os.close, os.O_RDONLY
+        open_, readv, close, read_only = os.open, os.readv, os.close, OPEN_FLAGS
+        fstat, is_regular = os.fstat, stat.S_ISREG
+        allow_outside = self._allow_outside_root
         add_item, add_start, add_end = entries.append, starts.append, ends.append
         pack_label = self._pack_label
         size = self._size
@@ -177,13 +193,28 @@ class PassThroughPacker:
             room = size - begin - 3
             if room > MAX_RECORD_BYTES - head + 9:
                 room = MAX_RECORD_BYTES - head + 9
+            n, rest = 0, None
+            path = item.path
+            if path[0] == "/" or ".." in path:  # rare: see whether it leaves ROOT
+                path = resolve_path(prefix, path, allow_outside)
+            else:
+                path = prefix + path
             try:
-                fd = open_(prefix + item.path, read_only)
-                try:
-                    n = readv(fd, [view[begin : begin + room]])
-                    rest = _read_rest(fd) if n == room else None
-                finally:
-                    close(fd)
+                if path is None:
+                    refused[j] = OUTSIDE_ROOT
+                else:
+                    fd = open_(path, read_only)
+                    try:
+                        info = fstat(fd)
+                        if not is_regular(info.st_mode):
+                            refused[j] = not_regular(info.st_mode)
+                        elif info.st_size > MAX_RECORD_BYTES:
+                            refused[j] = TOO_LARGE
+                        else:
+                            n = readv(fd, [view[begin : begin + room]])
+                            rest = _read_rest(fd, info.st_size - n) if n == room else None
+                    finally:
+                        close(fd)
             except OSError as exc:
                 refused[j] = _read_error(exc)
                 n, rest = 0, None
@@ -355,11 +386,59 @@ def frame_image(item, image, key, pack_label):
         return ImageRefused(TOO_LARGE)
 
 
-def _read_rest(fd):
+def _read_rest(fd, size):
+    """Read on to the end of a file, at most `size` bytes (its size when opened: a file that
+    grows is read as it was)."""
     parts = []
-    while part := os.read(fd, 1 << 20):
+    while size > 0 and (part := os.read(fd, min(size, 1 << 20))):
         parts.append(part)
+        size -= len(part)
     return b"".join(parts)
+
+
+# O_NONBLOCK: opening a FIFO does not wait for a writer (and it is refused once open).
+OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+OUTSIDE_ROOT = "outside-root: the path leaves ROOT (--allow-outside-root packs it)"
+_KINDS = (
+    (stat.S_ISDIR, "is a directory, not an image file"),
+    (stat.S_ISFIFO, "not a regular file (a FIFO)"),
+    (stat.S_ISCHR, "not a regular file (a character device)"),
+    (stat.S_ISBLK, "not a regular file (a block device)"),
+    (stat.S_ISSOCK, "not a regular file (a socket)"),
+)
+
+
+def not_regular(mode):
+    """Return the refusal reason of a file that is not a regular file, by its `st_mode`."""
+    for test, reason in _KINDS:
+        if test(mode):
+            return reason
+    return "not a regular file"
+
+
+def resolve_path(prefix, path, allow_outside_root):
+    """Return the file to open for list path `path` under ROOT (`prefix` ends with a
+    separator), or None when the path leaves ROOT and that is not allowed."""
+    if not leaves_root(path):
+        return prefix + path
+    if not allow_outside_root:
+        return None
+    return os.path.join(prefix, path)  # an absolute path is taken as it is
+
+
+def leaves_root(path):
+    """Return True when a list path is absolute or climbs out of ROOT with `..`."""
+    if path.startswith("/") or os.path.isabs(path):
+        return True
+    depth = 0
+    for part in path.replace(os.sep, "/").split("/"):
+        if part == "..":
+            depth -= 1
+            if depth < 0:
+                return True
+        elif part not in ("", "."):
+            depth += 1
+    return False
 
 
 def _read_error(exc):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .atomic import create_new, open_existing
 from .errors import RectoolError, UsageError
 from .reader import (
     INDEX_CACHE_MIN_RECORDS,
@@ -372,13 +373,13 @@ class ShardWriter:
     def _start(self, number, resume_state=None):
         rec, idx = self.paths(number)
         rec_p, idx_p = rec + PARTIAL_SUFFIX, idx + PARTIAL_SUFFIX
-        flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if resume_state else os.O_TRUNC)
+        append = bool(resume_state)
         shard = _OpenShard(
             number,
             rec,
             idx,
-            _open_for_writing(rec_p, flags),
-            _open_for_writing(idx_p, flags),
+            _open_for_writing(rec_p, append),
+            _open_for_writing(idx_p, append),
             hashlib.sha256(),
             hashlib.sha256(),
         )
@@ -510,7 +511,8 @@ class ShardWriter:
             if os.path.exists(idx):
                 os.replace(idx, idx_p)
             else:
-                open(idx_p, "wb").close()
+                os.close(_open_for_writing(idx_p, False))
+        _refuse_links(rec_p, idx_p)
         with open(idx_p, "rb") as f:
             data = f.read()
         complete = data[: data.rfind(b"\n") + 1]
@@ -577,9 +579,18 @@ def describe_shard(rec, idx):
     )
 
 
-def _open_for_writing(path, flags):
+def _refuse_links(*paths):
+    """Raise for a symlink planted where a `.partial` file should be (never written through)."""
+    for path in paths:
+        if os.path.islink(path):
+            raise RectoolError(f"{path}: is a symlink, not a file this pack wrote; remove it")
+
+
+def _open_for_writing(path, append):
+    """Open a `.partial` file: a new one (whatever is at the name is replaced, never followed),
+    or, to resume, the one there (never through a symlink)."""
     try:
-        return os.open(path, flags, 0o644)
+        return open_existing(path) if append else create_new(path)
     except OSError as exc:
         raise RectoolError(f"{path}: cannot create ({exc.strerror or exc})") from None
 

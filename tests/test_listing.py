@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import os
 import string
-import time
 import unicodedata
 
 import pytest
@@ -615,14 +614,16 @@ def test_printable_ascii_file_names_round_trip_through_the_list(tmp_path):
 
 
 def scan_with_latency(monkeypatch, root, seconds, **options):
-    """Scan with every folder listing under `root` delayed; return (result, folders pooled)."""
+    """Scan with every folder listing under `root` taking `seconds` on the listing clock (a
+    virtual one: no sleeping, whatever the machine's load); return (result, folders pooled)."""
     real_scandir = os.scandir
     pooled = []
     real_run = listing_module._run
+    now = [0.0]
 
     def slow_scandir(path="."):
         if os.fspath(path) != os.fspath(root):
-            time.sleep(seconds)
+            now[0] += seconds
         return real_scandir(path)
 
     def spy_run(scanner, folders, threads, merge, report):
@@ -631,6 +632,7 @@ def scan_with_latency(monkeypatch, root, seconds, **options):
 
     monkeypatch.setattr(listing_module.os, "scandir", slow_scandir)
     monkeypatch.setattr(listing_module, "_run", spy_run)
+    monkeypatch.setattr(listing_module, "listing_clock", lambda: now[0])
     return scan_tree(root, **options), pooled
 
 

@@ -129,6 +129,23 @@ def test_dask_cluster_gives_the_same_bytes_as_a_local_pack(tree, tmp_path, clust
     assert folder_bytes(tmp_path / "dask") == folder_bytes(tmp_path / "local")
 
 
+def test_dask_overwrite_replaces_the_old_pack_only_once_the_new_one_is_complete(
+    tree, tmp_path, cluster
+):
+    from rectool.distributed import pack_on_dask
+
+    root, lst = tree
+    options = PackOptions(shard_records=7, max_failures=5, workers=1)
+    pack_images(lst, root, tmp_path / "local" / "f", options)
+    pack_images(lst, root, tmp_path / "dask" / "f", PackOptions(max_failures=5))
+    result = pack_on_dask(
+        lst, root, tmp_path / "dask" / "f", options, overwrite=True,
+        scheduler=cluster.scheduler_address,
+    )  # fmt: skip
+    assert result.manifest_path == str(tmp_path / "dask" / "f.manifest.json")
+    assert folder_bytes(tmp_path / "dask") == folder_bytes(tmp_path / "local")
+
+
 def test_dask_worker_killed_mid_run_still_gives_a_correct_pack(tmp_path, cluster):
     from rectool.distributed import pack_on_dask
 
@@ -191,3 +208,15 @@ def test_resuming_a_shard_killed_after_its_rename_leaves_the_next_shard_alone(tr
     assert (tmp_path / "out" / "f-00001.rec").read_bytes() == expected
     assert (tmp_path / "out" / "f-00002.rec").read_bytes() == shard2
     assert failures.exists() and not (tmp_path / "out" / "f-00001.pack-state.json").exists()
+
+
+def test_dask_wrong_root_stops_before_the_cluster_or_any_file(tree, tmp_path):
+    from rectool.distributed import pack_on_dask
+    from rectool.packing import WrongRootError
+
+    _, lst = tree
+    wrong = tmp_path / "elsewhere"
+    wrong.mkdir()
+    with pytest.raises(WrongRootError, match="is ROOT right"):
+        pack_on_dask(lst, wrong, tmp_path / "out" / "f", PackOptions(shard_records=7))
+    assert os.listdir(tmp_path / "out") == []
