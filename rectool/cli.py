@@ -795,6 +795,15 @@ def render_reindex_result(result, shown=20):
             f"{n:,} {'key appears' if n == 1 else 'keys appear'} more than once: {examples}; "
             "readers keep the last (try --keys position)."
         )
+    if result.checksum_problem:
+        lines.append(f"Records not checked one by one: {result.checksum_problem}")
+    if result.damaged:
+        n = len(result.damaged)
+        lines.append(f"{n:,} damaged record{'' if n == 1 else 's'} (per {result.checksums}):")
+        for offset, key, reason in result.damaged[:shown]:
+            lines.append(f"  key {key}, byte offset {offset}: {reason}")
+        if n > shown:
+            lines.append(f"  ... and {n - shown:,} more")
     return "\n".join(lines)
 
 
