@@ -801,7 +801,8 @@ def render_reindex_result(result, shown=20):
         n = len(result.damaged)
         lines.append(f"{n:,} damaged record{'' if n == 1 else 's'} (per {result.checksums}):")
         for offset, key, reason in result.damaged[:shown]:
-            lines.append(f"  key {key}, byte offset {offset}: {reason}")
+            where = "" if key is None else f"key {key}, "
+            lines.append(f"  {where}byte offset {offset}: {reason}")
         if n > shown:
             lines.append(f"  ... and {n - shown:,} more")
     return "\n".join(lines)

@@ -398,13 +398,13 @@ class _ShardCheck:
             self.headers = read_headers(buf, size, f.starts, f.lengths, f.split, records.read_at)
             self.keys = self._record_keys()
             self._check_damage(buf)
-            self._check_record_checksums(buf, size)
             if self.index is not None:
                 self._check_index()
             layout = self._detect_layout()
             self._check_headers(buf, size)
             if entry is not None:
                 self._check_against_manifest(layout)
+            self._check_record_checksums(buf, size)
             report = self.dataset.report
             report.shards.append(
                 {"rec": rec, "idx": self.idx, "records": len(f.starts), "rec_bytes": size}
