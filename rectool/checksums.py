@@ -164,19 +164,19 @@ def load_checksums(path):
 
 def damaged_records(buf, size, entries):
     """Return the positions in `entries` whose bytes in `buf` (`size` bytes) differ from their
-    CRC, or that run past its end."""
-    offsets = entries["offset"].tolist()
-    lengths = entries["length"].tolist()
-    expected = entries["crc"].tolist()
-    crc32 = zlib.crc32
-    bad = []
-    if not size:
-        return [i for i, n in enumerate(lengths) if n]
+    CRC-32, or that run past its end."""
+    offsets = entries["offset"].astype(np.int64)
+    ends = offsets + entries["length"]
+    inside = ends <= size
+    rows = np.flatnonzero(inside)
     with memoryview(buf) as view:
-        for i, (start, n, crc) in enumerate(zip(offsets, lengths, expected)):
-            if start + n > size or crc32(view[start : start + n]) != crc:
-                bad.append(i)
-    return bad
+        # map() over C callables: no Python bytecode per record (100k records of 6 KB: the
+        # per-record overhead, not the CRC, is most of the time).
+        slices = map(slice, offsets[rows].tolist(), ends[rows].tolist())
+        crcs = np.fromiter(map(zlib.crc32, map(view.__getitem__, slices)), np.uint32, len(rows))
+    bad = ~inside
+    bad[rows] = crcs != entries["crc"][rows]
+    return np.flatnonzero(bad).tolist()
 
 
 def record_crc(buf, start, length):

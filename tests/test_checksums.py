@@ -221,3 +221,19 @@ def test_a_manifest_listing_one_shard_twice_is_a_problem(tmp_path):
     assert "faces-00000.rec twice (shards 0 and 3)" in problems[0].message
     assert report.counts.get("duplicate-key", 0) == 0
     assert os.path.exists(pack.rec)
+
+
+def test_records_are_compared_one_by_one_only_where_the_sha256_does_not_vouch(pack):
+    assert verify_dataset(pack.manifest).record_checksums == 0  # the shard's SHA-256 matches
+    pack.manifest.unlink()
+    report = verify_dataset(pack.rec)  # no manifest: nothing else vouches for the bytes
+    assert report.sound and report.record_checksums == 12
+
+
+def test_a_truncated_shard_names_the_records_it_lost(pack):
+    key, offset = pack.lines[-1]
+    with open(pack.rec, "r+b") as f:
+        f.truncate(offset + 40)  # no SHA-256 is computed for a file of another size
+    report = verify_dataset(pack.manifest)
+    assert ("record-checksum-mismatch", str(pack.rec), key, offset) in found(report)
+    assert report.record_checksums == 12
