@@ -61,7 +61,7 @@ class RecordChecksums:
         """Return the checksums of the records at `offsets` in the first `end` bytes of `path`
         (a resumed shard, cut back to `end`)."""
         crcs = array.array("I")
-        bounds = [*offsets.tolist(), end] if hasattr(offsets, "tolist") else [*offsets, end]
+        bounds = [*offsets.tolist(), end]
         with open(path, "rb") as f:
             for start, stop in zip(bounds, bounds[1:]):
                 crc, left = 0, stop - start
@@ -177,9 +177,3 @@ def damaged_records(buf, size, entries):
     bad = ~inside
     bad[rows] = crcs != entries["crc"][rows]
     return np.flatnonzero(bad).tolist()
-
-
-def record_crc(buf, start, length):
-    """Return the CRC-32 of `length` bytes of `buf` from `start`."""
-    with memoryview(buf) as view:
-        return zlib.crc32(view[start : start + length])
