@@ -709,6 +709,8 @@ def render_verify_report(report, shown):
     )
     if report.checksums:
         line += f"; {report.checksums} checksums compared"
+    if report.record_checksums:
+        line += f"; {report.record_checksums:,} records compared with their CRC-32"
     if report.decoded:
         line += f"; {report.decoded:,} images decoded"
     lines = [f"{line} ({report.seconds:.2f} s)."]

@@ -80,6 +80,7 @@ def test_a_flipped_byte_in_one_image_names_its_key_and_offset(pack):
     ]
     result = CliRunner().invoke(cli, ["verify", str(pack.manifest)])
     assert result.exit_code == 1
+    assert "; 3 checksums compared; 12 records compared with their CRC-32 (" in result.stdout
     assert f"record-checksum-mismatch: {pack.rec}, key {key}, byte offset {offset}: " in (
         result.stdout
     )
