@@ -177,3 +177,15 @@ def damaged_records(buf, size, entries):
     bad = ~inside
     bad[rows] = crcs != entries["crc"][rows]
     return np.flatnonzero(bad).tolist()
+
+
+def stale_reason(entries, size):
+    """Return why `entries` cannot describe a .rec of `size` bytes (their records end
+    elsewhere), or None."""
+    end = int(entries["offset"][-1]) + int(entries["length"][-1]) if len(entries) else 0
+    if end == size:
+        return None
+    return (
+        f"describes {len(entries)} records ending at byte {end}, but the .rec has {size} "
+        "bytes: written for another file?"
+    )

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .atomic import write_atomic
-from .checksums import ChecksumFileError, checksum_path, damaged_records, load_checksums
+from .checksums import (
+    ChecksumFileError,
+    checksum_path,
+    damaged_records,
+    load_checksums,
+    stale_reason,
+)
 from .errors import RectoolError, UsageError
 from .reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
 from .scan import mapped, read_headers, scan_framing
@@ -96,6 +102,10 @@ def _check_records(result, buf, size, starts, keys, keyed):
         result.checksums, result.checksum_problem = path, str(exc)
         return
     result.checksums = path
+    stale = stale_reason(entries, size)
+    if stale is not None:
+        result.checksum_problem = f"{path}: {stale}"
+        return
     for i in damaged_records(buf, size, entries):
         offset, length = int(entries["offset"][i]), int(entries["length"][i])
         j = int(np.searchsorted(starts, offset))

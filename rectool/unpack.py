@@ -18,7 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .checksums import ChecksumFileError, checksum_path, damaged_records, load_checksums
+from .checksums import (
+    ChecksumFileError,
+    checksum_path,
+    damaged_records,
+    load_checksums,
+    stale_reason,
+)
 from .errors import RectoolError
 from .images import sniff_format
 from .reader import IndexedRecordFile, resolve_source, unpack_header
@@ -119,6 +125,12 @@ def _refuse_damaged(opened, shown=5):
                 "delete it to unpack without per-record checks)"
             ) from None
         with mapped(rec) as (buf, size):
+            stale = stale_reason(entries, size)
+            if stale is not None:
+                raise RectoolError(
+                    f"{path}: {stale} (`rectool verify` says more; delete it to unpack "
+                    "without per-record checks)"
+                )
             bad = damaged_records(buf, size, entries)
         key_of = dict(zip(records.offsets.tolist(), records.keys.tolist()))
         for i in bad:

@@ -19,7 +19,13 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from .checksums import ChecksumFileError, checksum_path, damaged_records, load_checksums
+from .checksums import (
+    ChecksumFileError,
+    checksum_path,
+    damaged_records,
+    load_checksums,
+    stale_reason,
+)
 from .errors import IndexFormatError, RectoolError
 from .images import sniff_format
 from .reader import (
@@ -574,6 +580,13 @@ class _ShardCheck:
                     "its record checksums cannot be trusted and were not used",
                 )
                 return
+        stale = stale_reason(entries, size)
+        if expected is None and stale is not None:
+            # Nothing vouches for the table, and it does not fit: another file's, say (a
+            # .rec written again by another tool beside it). With the manifest's word for
+            # the table, a size that differs is damage, and its records are compared.
+            findings.add("checksum-file", path, None, None, f"{stale}; records not compared")
+            return
         if self.entry is not None and self.dataset.sha256_matches(
             self.rec, self.entry.get("rec_sha256")
         ):

@@ -15,7 +15,7 @@ import zlib
 import pytest
 from click.testing import CliRunner
 from imagefiles import write_list, write_pack_tree
-from recfiles import idx_lines, make_pack, xor_byte
+from recfiles import idx_lines, image_payload, make_pack, write_records, xor_byte
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
@@ -238,3 +238,18 @@ def test_a_truncated_shard_names_the_records_it_lost(pack):
     report = verify_dataset(pack.manifest)
     assert ("record-checksum-mismatch", str(pack.rec), key, offset) in found(report)
     assert report.record_checksums == 12
+
+
+def test_a_checksum_file_of_another_rec_is_one_finding_not_a_flood(pack, tmp_path):
+    """A .rec written again by another tool beside a rectool .rec.crc, with no manifest."""
+    pack.manifest.unlink()
+    records = [(k, image_payload(b"\xff\xd8\xff" + bytes([k]) * 50, 0.0, k)) for k in range(3)]
+    write_records(pack.rec, pack.idx, records)
+    crc = pack.rec.with_name("faces.rec.crc")
+    report = verify_dataset(pack.rec)
+    assert found(report) == [("checksum-file", str(crc), None, None)]
+    assert report.problems[0].message.startswith("describes 12 records ending at byte ")
+    result = reindex(pack.rec, overwrite=True)
+    assert result.damaged == [] and "describes 12 records" in result.checksum_problem
+    with pytest.raises(RectoolError, match="describes 12 records"):
+        unpack_dataset(pack.rec, tmp_path / "unpacked")
