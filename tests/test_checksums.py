@@ -253,3 +253,15 @@ def test_a_checksum_file_of_another_rec_is_one_finding_not_a_flood(pack, tmp_pat
     assert result.damaged == [] and "describes 12 records" in result.checksum_problem
     with pytest.raises(RectoolError, match="describes 12 records"):
         unpack_dataset(pack.rec, tmp_path / "unpacked")
+
+
+def test_a_fifo_in_place_of_the_checksum_file_is_refused_without_hanging(pack, tmp_path):
+    crc = pack.rec.with_name("faces.rec.crc")
+    crc.unlink()
+    os.mkfifo(crc)
+    report = verify_dataset(pack.manifest)
+    assert [(p.kind, p.path, p.message) for p in report.problems] == [
+        ("checksum-file", str(crc), "not a regular file")
+    ]
+    with pytest.raises(RectoolError, match="not a regular file"):
+        unpack_dataset(pack.manifest, tmp_path / "unpacked")
