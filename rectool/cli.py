@@ -717,8 +717,9 @@ def verify_command(targets, decode, size, channels, workers, max_problems, quiet
     flags, zero padding, trailing bytes); the .idx against it (every offset a record start,
     every record indexed, unique keys); every image header (flag, labels integral and below
     the class count when it is known); the manifest's sizes, counts and SHA-256 checksums when
-    there is one; the insightface layout when record 0 announces it. --decode also decodes
-    every image. Each problem is named with its file, record key and byte offset.
+    there is one; each record's CRC-32 when the shard has a .rec.crc (rectool packs write
+    one); the insightface layout when record 0 announces it. --decode also decodes every
+    image. Each problem is named with its file, record key and byte offset.
 
     Exit status: 0 sound, 1 problems found, 2 unreadable input or usage error.
 
@@ -762,6 +763,8 @@ def render_verify_report(report, shown):
     )
     if report.checksums:
         line += f"; {report.checksums} checksums compared"
+    if report.record_checksums:
+        line += f"; {report.record_checksums:,} records compared with their CRC-32"
     if report.decoded:
         line += f"; {report.decoded:,} images decoded"
     lines = [f"{line} ({report.seconds:.2f} s)."]
@@ -804,10 +807,11 @@ def reindex_command(rec, idx, keys, overwrite, quiet, as_json):
 
     Where REC is damaged the walk skips to the next record start (an aligned magic followed
     by continuation flag 0 or 1) and reports each skipped byte range; the .idx then lists
-    every record that could be read. It is written to a temporary file and renamed.
+    every record that could be read. It is written to a temporary file and renamed. With a
+    .rec.crc beside REC, records whose bytes differ from their CRC-32 are listed as damaged.
 
-    Exit status: 0 REC was sound, 1 damage was skipped (the .idx is still written) or an
-    error, 2 usage error.
+    Exit status: 0 REC was sound, 1 damage was skipped or a record is damaged (the .idx is
+    still written) or an error, 2 usage error.
 
     \b
     Example:
@@ -849,6 +853,16 @@ def render_reindex_result(result, shown=20):
             f"{n:,} {'key appears' if n == 1 else 'keys appear'} more than once: {examples}; "
             "readers keep the last (try --keys position)."
         )
+    if result.checksum_problem:
+        lines.append(f"Records not checked one by one: {result.checksum_problem}")
+    if result.damaged:
+        n = len(result.damaged)
+        lines.append(f"{n:,} damaged record{'' if n == 1 else 's'} (per {result.checksums}):")
+        for offset, key, reason in result.damaged[:shown]:
+            where = "" if key is None else f"key {key}, "
+            lines.append(f"  {where}byte offset {offset}: {reason}")
+        if n > shown:
+            lines.append(f"  ... and {n - shown:,} more")
     return "\n".join(lines)
 
 
@@ -934,7 +948,8 @@ def unpack_command(target, out_dir, quiet, as_json):
     Each image becomes OUT_DIR/IDENTITY/KEY.EXT: IDENTITY is the folder name the manifest's
     label map gives the label (else the label), KEY the record's key, EXT from the image's
     signature (.bin when unknown). Bytes are written as stored, so a pass-through pack
-    unpacks to identical files. Existing files are never overwritten.
+    unpacks to identical files. Existing files are never overwritten. When a record differs
+    from its CRC-32 in the shard's .rec.crc, nothing is written and the error names it.
 
     \b
     Example:

@@ -84,6 +84,12 @@ def _read_shard(rec, idx):
     with mapped(rec) as (buf, size), RecordFile(rec) as records:
         if os.path.exists(idx):
             keys, offsets = load_index(idx)
+            if not len(keys) and size:  # not "0 records": the index is lost, not the data
+                held = len(scan_framing(buf, size).starts)
+                raise RectoolError(
+                    f"{idx}: empty, but {os.path.basename(rec)} holds {held} records; "
+                    f"rebuild it with `rectool reindex {rec} --overwrite`"
+                )
             keys, offsets = _last_wins(keys, offsets)
             lengths, split = locate_records(buf, size, offsets, rec, keys)
         else:

@@ -36,6 +36,7 @@ from .atomic import (
     write_atomic,
     write_json_atomic,
 )
+from .checksums import SUFFIX as CHECKSUM_SUFFIX
 from .errors import RectoolError, UsageError
 from .images import (
     CHECK_MODES,
@@ -149,11 +150,13 @@ def output_files(prefix):
         prefix + suffix
         for suffix in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
     ]
+    names.append(prefix + ".rec" + CHECKSUM_SUFFIX)
     names.append(prefix + ".manifest.json")
     escaped = glob.escape(prefix)
     for pattern in ("-[0-9][0-9][0-9][0-9][0-9].rec", "-[0-9][0-9][0-9][0-9][0-9].idx"):
         names += glob.glob(escaped + pattern)
         names += glob.glob(escaped + pattern + ".rtc")
+        names += glob.glob(escaped + pattern + CHECKSUM_SUFFIX)
     names += [n + PARTIAL_SUFFIX for n in list(names)]
     names += _stale_temporaries(prefix)
     return sorted({n for n in names if os.path.exists(n)})
@@ -360,6 +363,7 @@ class ShardResult:
 
 def _shard_files(stem):
     names = [stem + s for s in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX)]
+    names.append(stem + ".rec" + CHECKSUM_SUFFIX)
     names += [n + PARTIAL_SUFFIX for n in names]
     return [n for n in names if os.path.exists(n)]
 

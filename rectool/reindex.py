@@ -2,7 +2,10 @@
 
 Keys come from the record headers' id field (rectool, im2rec and insightface all write the key
 there), or from the record's position with `keys="position"`. Damaged byte ranges are skipped
-and reported, never guessed at.
+and reported, never guessed at. When the .rec has a `.rec.crc` file (rectool packs write one),
+each record is also compared with its CRC-32: a record that still frames but whose bytes
+changed is indexed (it is where it was) and reported as damaged. Reindexing never changes the
+.rec, so its `.rec.crc` and the manifest's checksums of both stay valid.
 """
 
 from __future__ import annotations
@@ -14,6 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .atomic import write_atomic
+from .checksums import (
+    ChecksumFileError,
+    checksum_path,
+    damaged_records,
+    load_checksums,
+    stale_reason,
+)
 from .errors import RectoolError, UsageError
 from .reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
 from .scan import mapped, read_headers, scan_framing
@@ -29,7 +39,9 @@ class ReindexResult:
 
     `skipped` lists the damaged byte ranges (`scan.Damage`); `unkeyed` the (offset, reason) of
     readable records that could not be given a key; `duplicates` maps each key written more
-    than once to its count.
+    than once to its count; `damaged` the (offset, key or None, reason) of records whose bytes
+    differ from their CRC-32 in the `.rec.crc` file (`checksums` names it, or is None);
+    `checksum_problem` says why that file could not be used.
     """
 
     rec_path: str
@@ -40,11 +52,17 @@ class ReindexResult:
     skipped: list = field(default_factory=list)
     unkeyed: list = field(default_factory=list)
     duplicates: dict = field(default_factory=dict)
+    checksums: str | None = None
+    damaged: list = field(default_factory=list)
+    checksum_problem: str | None = None
 
     @property
     def sound(self):
-        """Return True when every byte of the .rec was a record and every key is unique."""
-        return not (self.skipped or self.unkeyed or self.duplicates)
+        """Return True when every byte of the .rec was a record, every key is unique and every
+        record matches its CRC-32 (when there is a .rec.crc)."""
+        return not (
+            self.skipped or self.unkeyed or self.duplicates or self.damaged or self.checksum_problem
+        )
 
     def to_json(self):
         return {
@@ -67,7 +85,39 @@ class ReindexResult:
             ],
             "unkeyed": [{"offset": o, "reason": r} for o, r in self.unkeyed],
             "duplicates": {str(k): n for k, n in sorted(self.duplicates.items())},
+            "checksums": self.checksums,
+            "damaged": [{"offset": o, "key": k, "reason": r} for o, k, r in self.damaged],
+            "checksum_problem": self.checksum_problem,
         }
+
+
+def _check_records(result, buf, size, starts, keys, keyed):
+    """Fill `result.damaged` from the .rec.crc beside the .rec, when there is one."""
+    path = checksum_path(result.rec_path)
+    try:
+        entries, _ = load_checksums(path)
+    except FileNotFoundError:
+        return
+    except ChecksumFileError as exc:
+        result.checksums, result.checksum_problem = path, str(exc)
+        return
+    result.checksums = path
+    stale = stale_reason(entries, size)
+    if stale is not None:
+        result.checksum_problem = f"{path}: {stale}"
+        return
+    for i in damaged_records(buf, size, entries):
+        offset, length = int(entries["offset"][i]), int(entries["length"][i])
+        j = int(np.searchsorted(starts, offset))
+        found = j < len(starts) and starts[j] == offset
+        key = int(keys[j]) if found and keyed[j] else None
+        if offset + length > size:
+            why = f"bytes {offset}..{offset + length} run past the end of the file"
+        else:
+            why = f"bytes {offset}..{offset + length} differ from their CRC-32"
+        if not found:
+            why += "; no record starts there any more"
+        result.damaged.append((offset, key, f"{why} (record {i} of {os.path.basename(path)})"))
 
 
 def reindex(rec_path, idx_path=None, keys="header", overwrite=False):
@@ -114,6 +164,7 @@ def reindex(rec_path, idx_path=None, keys="header", overwrite=False):
                     (int(starts[j]), f"header id {int(headers.id[j])} does not fit an .idx key")
                 )
             chosen = headers.id.astype(np.int64)
+        _check_records(result, buf, size, starts, chosen, keep)
     kept_keys, kept_offsets = chosen[keep].tolist(), starts[keep].tolist()
     counts = Counter(kept_keys)
     result.duplicates = {k: n for k, n in counts.items() if n > 1}

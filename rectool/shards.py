@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .atomic import create_new, open_existing
+from .checksums import RecordChecksums, checksum_path
 from .errors import RectoolError, UsageError
 from .reader import (
     INDEX_CACHE_MIN_RECORDS,
@@ -104,9 +105,15 @@ class ShardInfo:
     idx_sha256: str
     first_key: int | None
     last_key: int | None
+    # The per-record checksum file (see rectool.checksums) and its SHA-256, when written.
+    crc: str | None = None
+    crc_sha256: str | None = None
 
     def to_json(self):
-        return dict(self.__dict__)
+        entry = dict(self.__dict__)
+        if self.crc is None:
+            del entry["crc"], entry["crc_sha256"]
+        return entry
 
 
 def sha256_file(path, chunk=8 << 20):
@@ -135,6 +142,21 @@ class _OpenShard:
     # 16 bytes a record, for the shard's .idx cache; nothing else grows with the dataset.
     keys: array.array = field(default_factory=lambda: array.array("q"))
     offsets: array.array = field(default_factory=lambda: array.array("q"))
+    checksums: RecordChecksums | None = None  # fed the .rec bytes with rec_hash
+    rec_digests: object = None
+
+
+class _Digests:
+    """Feed written bytes to several digests (the .rec's SHA-256 and its record checksums)."""
+
+    __slots__ = ("digests",)
+
+    def __init__(self, *digests):
+        self.digests = digests
+
+    def update(self, data):
+        for digest in self.digests:
+            digest.update(data)
 
 
 class _OrderedWriter:
@@ -387,6 +409,9 @@ class ShardWriter:
         if resume_state:
             for name, value in resume_state.items():
                 setattr(shard, name, value)
+        if shard.checksums is None:
+            shard.checksums = RecordChecksums(shard.offsets)
+        shard.rec_digests = _Digests(shard.rec_hash, shard.checksums)
         self._shard = shard
         return shard
 
@@ -401,7 +426,7 @@ class ShardWriter:
         parts = self._rec_buf
         if len(parts) > 1 and self._buffered < len(parts) * WRITE_BYTES // 4:
             parts = [b"".join(parts)]  # many small records: one write, not one each
-        self._io.submit(shard.rec_fd, parts, shard.rec_hash)
+        self._io.submit(shard.rec_fd, parts, shard.rec_digests)
         self._io.submit(shard.idx_fd, b"".join(self._idx_buf), shard.idx_hash)
         self._rec_buf = []  # the writer thread owns the list it was given
         self._idx_buf.clear()
@@ -432,6 +457,9 @@ class ShardWriter:
             os.fsync(fd)
             self._io.forget(fd)
             os.close(fd)
+        # Before the renames: a shard with its final names always has its checksum file.
+        crc_path = checksum_path(shard.rec_path)
+        crc_sha256 = shard.checksums.write(crc_path, shard.rec_bytes)
         os.replace(shard.idx_path + PARTIAL_SUFFIX, shard.idx_path)
         os.replace(shard.rec_path + PARTIAL_SUFFIX, shard.rec_path)
         if len(shard.keys) >= INDEX_CACHE_MIN_RECORDS:
@@ -450,6 +478,8 @@ class ShardWriter:
             shard.idx_hash.hexdigest(),
             shard.first_key,
             shard.last_key,
+            os.path.basename(crc_path),
+            crc_sha256,
         )
         self.finished.append(info)
         self._shard = None
@@ -530,6 +560,7 @@ class ShardWriter:
             keys, offsets = keys[:keep], offsets[:keep]
         os.truncate(rec_p, end)
         os.truncate(idx_p, len(complete))
+        kept_offsets = array.array("q", offsets.tobytes())
         state = {
             "records": len(keys),
             "rec_bytes": end,
@@ -537,7 +568,8 @@ class ShardWriter:
             "first_key": int(keys[0]) if len(keys) else None,
             "last_key": int(keys[-1]) if len(keys) else None,
             "keys": array.array("q", keys.tobytes()),
-            "offsets": array.array("q", offsets.tobytes()),
+            "offsets": kept_offsets,
+            "checksums": RecordChecksums.of_file(rec_p, kept_offsets, end),
             "rec_hash": _hash_prefix(rec_p, end),
             "idx_hash": hashlib.sha256(complete),
         }
@@ -566,6 +598,8 @@ def _hash_prefix(path, size):
 
 def describe_shard(rec, idx):
     keys, _ = load_index(idx, cache=False)
+    crc = checksum_path(rec)
+    has_crc = os.path.exists(crc)
     return ShardInfo(
         os.path.basename(rec),
         os.path.basename(idx),
@@ -576,6 +610,8 @@ def describe_shard(rec, idx):
         sha256_file(idx),
         int(keys[0]) if len(keys) else None,
         int(keys[-1]) if len(keys) else None,
+        os.path.basename(crc) if has_crc else None,
+        sha256_file(crc) if has_crc else None,
     )
 
 

@@ -5,6 +5,10 @@ label map gives the label (else the label itself), the key is the record's .idx 
 extension comes from the image's signature. The bytes are the stored bytes, so unpacking a
 pass-through pack gives back the original files byte for byte; only their names are new (the
 .rec does not store them).
+
+A shard with a `.rec.crc` file (rectool packs write one) has every record compared with its
+CRC-32 before anything is written: a damaged record stops the unpack with an error naming it,
+so that no damaged image is ever written as if it were sound.
 """
 
 from __future__ import annotations
@@ -14,9 +18,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .checksums import (
+    ChecksumFileError,
+    checksum_path,
+    damaged_records,
+    load_checksums,
+    stale_reason,
+)
 from .errors import RectoolError
 from .images import sniff_format
 from .reader import IndexedRecordFile, resolve_source, unpack_header
+from .scan import mapped
 
 EXTENSIONS = {
     "jpeg": ".jpg",
@@ -27,6 +39,17 @@ EXTENSIONS = {
     "tiff": ".tif",
     None: ".bin",
 }
+
+
+class DamagedRecordsError(RectoolError):
+    """Records whose bytes differ from their CRC-32: unpacking them would write damaged images.
+
+    `damaged` lists (rec path, key or None, byte offset) of every one found.
+    """
+
+    def __init__(self, message, damaged):
+        super().__init__(message)
+        self.damaged = damaged
 
 
 @dataclass
@@ -58,6 +81,7 @@ def unpack_dataset(target, out_dir, progress=None):
     folders = {}
     opened = [IndexedRecordFile(rec, idx) for rec, idx in shards]
     try:
+        _refuse_damaged(opened)
         plans = [_plan(f) for f in opened]
         total = sum(len(keys) for keys, _ in plans)
         done = 0
@@ -83,6 +107,45 @@ def unpack_dataset(target, out_dir, progress=None):
             f.close()
     result.identities = len(folders)
     return result
+
+
+def _refuse_damaged(opened, shown=5):
+    """Raise `DamagedRecordsError` when a record differs from its CRC-32 in a .rec.crc file."""
+    damaged = []
+    for records in opened:
+        rec = records.rec.path
+        path = checksum_path(rec)
+        try:
+            entries, _ = load_checksums(path)
+        except FileNotFoundError:
+            continue  # packed by another tool: nothing to compare with
+        except ChecksumFileError as exc:
+            raise RectoolError(
+                f"{exc}; cannot check the records against it (`rectool verify` says more; "
+                "delete it to unpack without per-record checks)"
+            ) from None
+        with mapped(rec) as (buf, size):
+            stale = stale_reason(entries, size)
+            if stale is not None:
+                raise RectoolError(
+                    f"{path}: {stale} (`rectool verify` says more; delete it to unpack "
+                    "without per-record checks)"
+                )
+            bad = damaged_records(buf, size, entries)
+        key_of = dict(zip(records.offsets.tolist(), records.keys.tolist()))
+        for i in bad:
+            offset = int(entries["offset"][i])
+            damaged.append((rec, key_of.get(offset), offset))
+    if damaged:
+        n = len(damaged)
+        named = "; ".join(f"{rec} key {key} at byte offset {offset}"
+                          for rec, key, offset in damaged[:shown])  # fmt: skip
+        more = f" and {n - shown} more" if n > shown else ""
+        raise DamagedRecordsError(
+            f"{n} damaged record{'' if n == 1 else 's'} (bytes differ from the CRC-32 taken "
+            f"when packed): {named}{more}; nothing was written. `rectool verify` lists them all",
+            damaged,
+        )
 
 
 def _plan(records):

@@ -164,3 +164,13 @@ def test_sharded_pack_is_one_dataset(tmp_path):
     pack = make_pack(tmp_path, shard_records=5, name="s")
     info = dataset_info(pack.manifest)
     assert (info["shards"], info["records"], info["identities"]) == (3, 12, 3)
+
+
+def test_an_empty_idx_beside_records_is_an_error_not_zero_records(tmp_path):
+    pack = make_pack(tmp_path)
+    pack.idx.write_bytes(b"")
+    with pytest.raises(RectoolError, match="empty, but .* holds 12 records"):
+        dataset_info(pack.rec)
+    result = invoke("info", pack.rec)
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: {pack.idx}: empty, but faces.rec holds 12 records")

@@ -182,7 +182,8 @@ def test_overwrite_killed_mid_run_keeps_the_old_pack_verifiable(tree, tmp_path):
     again = invoke("pack", lst, root, prefix, "-q", "--overwrite", "--shard-records", "4")
     assert again.exit_code == 0, again.output
     assert sorted(folder_bytes(prefix.parent)) == [
-        "faces-00000.idx", "faces-00000.rec", "faces-00001.idx", "faces-00001.rec",
+        "faces-00000.idx", "faces-00000.rec", "faces-00000.rec.crc",
+        "faces-00001.idx", "faces-00001.rec", "faces-00001.rec.crc",
         "faces.failures.jsonl", "faces.manifest.json",
     ]  # fmt: skip
     assert not staged.exists()
@@ -199,7 +200,7 @@ def test_overwrite_reports_the_final_paths(tree, tmp_path):
     assert summary["failures_file"] == f"{prefix}.failures.jsonl"
     assert summary["shards"] == ["faces.rec"]
     assert sorted(os.listdir(prefix.parent)) == [
-        "faces.failures.jsonl", "faces.idx", "faces.manifest.json", "faces.rec",
+        "faces.failures.jsonl", "faces.idx", "faces.manifest.json", "faces.rec", "faces.rec.crc",
     ]  # fmt: skip
 
 
@@ -435,6 +436,7 @@ def test_outputs_get_the_mode_of_a_normally_created_file(tree, tmp_path):
         "p/faces.idx": "0o644",
         "p/faces.manifest.json": "0o644",
         "p/faces.rec": "0o644",
+        "p/faces.rec.crc": "0o644",
     }
 
 

@@ -120,7 +120,11 @@ def test_a_rebuilt_index_leaves_only_the_damage_to_verify(pack):
     pack.manifest.unlink()
     reindex(pack.rec, overwrite=True)
     report = verify_dataset(pack.rec)
-    assert [(p.kind, p.key, p.offset) for p in report.problems] == [("bad-magic", None, start)]
+    # The .rec.crc still names the record's place: the record the .idx lost is damaged.
+    assert [(p.kind, p.key, p.offset) for p in report.problems] == [
+        ("bad-magic", None, start),
+        ("record-checksum-mismatch", None, start),
+    ]
 
 
 def test_keys_by_position(pack):
@@ -207,6 +211,9 @@ def test_cli_damage_exit_1_lists_the_skipped_ranges(pack):
         f"Skipped 1 damaged byte range ({end - start:,} bytes):",
         f"  bytes {start}..{end} ({end - start:,} bytes): bad-magic: bad magic 0x58585858 "
         "(expected 0xced7230a)",
+        f"1 damaged record (per {pack.rec}.crc):",
+        f"  byte offset {start}: bytes {start}..{end} differ from their CRC-32; "
+        "no record starts there any more (record 4 of faces.rec.crc)",
     ]
     assert idx_lines(out) == pack.lines[:4] + pack.lines[5:]
 

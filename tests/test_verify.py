@@ -28,6 +28,7 @@ from recfiles import (
     xor_byte,
 )
 
+from rectool.checksums import checksum_path
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.reader import write_index_cache
@@ -51,8 +52,9 @@ def pack(tmp_path):
 
 @pytest.fixture
 def bare(pack):
-    """The same pack without its manifest: only the .rec and .idx speak."""
+    """The same pack without its manifest and .rec.crc: only the .rec and .idx speak."""
     pack.manifest.unlink()
+    os.unlink(checksum_path(pack.rec))
     return pack
 
 
@@ -63,7 +65,7 @@ def test_sound_pack_by_manifest_prefix_and_rec(pack):
     for target in (pack.manifest, pack.rec.with_suffix(""), pack.rec):
         report = verify_dataset(target)
         assert report.sound, report.problems
-        assert (report.records, report.images, report.checksums) == (12, 12, 2)
+        assert (report.records, report.images, report.checksums) == (12, 12, 3)
         assert report.layouts == ["plain"]
         assert report.rec_bytes == pack.size
 
@@ -82,7 +84,7 @@ def test_sound_sharded_pack(tmp_path):
     assert len(shards) == 3
     report = verify_dataset(pack.manifest)
     assert report.sound, report.problems
-    assert (report.records, len(report.shards), report.checksums) == (12, 3, 6)
+    assert (report.records, len(report.shards), report.checksums) == (12, 3, 9)
 
 
 def test_split_records_are_sound(tmp_path):
@@ -331,6 +333,7 @@ def test_label_outside_the_class_count(pack):
     report = verify_dataset(pack.manifest)
     assert found(report) == [
         ("bad-label", pack.r, key, offset),
+        ("record-checksum-mismatch", pack.r, key, offset),
         ("checksum-mismatch", pack.r, None, None),
     ]
     assert report.problems[0].message == "label 4.0 is outside the 3 classes 0..2"
@@ -406,7 +409,15 @@ def test_payload_flip_is_caught_by_the_checksum(pack):
     key, offset = pack.lines[7]
     xor_byte(pack.rec, offset + 8 + 24 + 200, 0x01)  # inside the JPEG's entropy-coded data
     report = verify_dataset(pack.manifest)
-    assert found(report) == [("checksum-mismatch", pack.r, None, None)]
+    assert found(report) == [
+        ("record-checksum-mismatch", pack.r, key, offset),
+        ("checksum-mismatch", pack.r, None, None),
+    ]
+    end = pack.lines[8][1]
+    assert report.problems[0].message.startswith(
+        f"record 7 of faces.rec.crc: bytes {offset}..{end} differ from their CRC-32 ("
+    )
+    assert report.record_checksums == 12
 
 
 def test_manifest_counts_sizes_and_keys(pack):
@@ -566,6 +577,7 @@ def test_manifest_says_insightface_but_record_0_has_no_label_pair(tmp_path):
         "the manifest says layout insightface, but there is no record 0 with flag 2"
     )
     assert ("checksum-mismatch", pack.r, None, None) in found(report)
+    assert ("record-checksum-mismatch", pack.r, 0, offset) in found(report)
 
 
 # -- decoding -------------------------------------------------------------------------------------
@@ -667,11 +679,11 @@ def test_unreadable_inputs_raise(tmp_path):
 
 
 def test_keep_limits_the_listed_problems_not_the_count(bare):
-    write_idx_lines(bare.idx, [])
+    write_idx_lines(bare.idx, bare.lines[:1])
     report = verify_dataset(bare.rec, keep=3)
-    assert report.problem_count == 12
+    assert report.problem_count == 11
     assert len(report.problems) == 3
-    assert report.counts == {"unindexed-record": 12}
+    assert report.counts == {"unindexed-record": 11}
 
 
 # -- the command line -----------------------------------------------------------------------------
@@ -683,7 +695,7 @@ def test_cli_sound_exit_0(pack):
     first, second = result.stdout.splitlines()
     assert first.startswith(
         f"Verified {pack.manifest}: 12 records (12 images) in 1 shard, 0.0 MB, layout plain; "
-        "2 checksums compared ("
+        "3 checksums compared ("
     )
     assert second == "Sound: no problems found."
 
@@ -706,13 +718,13 @@ def test_cli_problems_exit_1_with_file_key_offset(bare):
 
 
 def test_cli_max_problems(bare):
-    write_idx_lines(bare.idx, [])
+    write_idx_lines(bare.idx, bare.lines[:1])
     result = invoke("verify", bare.rec, "--max-problems", "2")
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
-    assert lines[1] == "Found 12 problems (unindexed-record 12):"
+    assert lines[1] == "Found 11 problems (unindexed-record 11):"
     assert len(lines) == 5
-    assert lines[4] == "  ... and 10 more"
+    assert lines[4] == "  ... and 9 more"
 
 
 def test_cli_json(bare):
