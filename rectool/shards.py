@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import RectoolError, UsageError
+from .indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
 from .reader import (
-    INDEX_CACHE_MIN_RECORDS,
     MANIFEST_SUFFIX,
     RecordFile,
     load_index,
     parse_index,
-    write_index_cache,
 )
 from .writer import INDEX_LINE, format_index_line
 
