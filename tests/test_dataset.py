@@ -8,11 +8,13 @@ written by hand (handmade.py), never by rectool.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import pickle
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -543,3 +545,145 @@ def test_the_emitted_reader_runs_without_rectool():
         import rectool  # noqa: F401
     assert os.path.samefile(rd.__file__, EMITTED)
     assert rd.RecordDataset.__module__ == rd.__name__ != "rectool.reader"
+
+
+# --- hostile and damaged inputs (issue 12) -------------------------------------------------------
+
+
+@pytest.fixture
+def no_hang():
+    """Fail a test that blocks (a FIFO opened for reading) instead of hanging the suite."""
+    import signal
+
+    def timeout(*args):
+        raise AssertionError("blocked for 20 s")
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def edit_manifest(prefix, edit):
+    path = Path(f"{prefix}.manifest.json")
+    document = json.loads(path.read_text())
+    edit(document)
+    path.write_text(json.dumps(document))
+    return path
+
+
+@pytest.mark.parametrize("name", ["../../x/y.rec", "/etc/hostname", "sub/a.rec", "..", ""])
+def test_manifest_shard_paths_must_be_plain_names_in_its_folder(pack, tmp_path, name):
+    prefix, _ = pack
+    secret = tmp_path / "secret.rec"
+    secret.write_bytes(b"SECRET CONTENTS")
+    if name == "/etc/hostname":
+        name = str(secret)
+    manifest = edit_manifest(prefix, lambda d: d["shards"][1].update(rec=name))
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(manifest)
+    message = str(caught.value)
+    assert message == (
+        f"{manifest}: manifest field 'shards[1].rec' must be a plain file name in the "
+        "manifest's folder"
+    )
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d["shards"][0].pop("idx"), "shards[0].idx"),
+        (lambda d: d["shards"][2].update(rec=None), "shards[2].rec"),
+        (lambda d: d.update(shards="x"), "shards"),
+        (lambda d: d["shards"][0].update(records="many"), "shards[0].records"),
+        (lambda d: d["shards"][0].update(rec_bytes=-1), "shards[0].rec_bytes"),
+        (lambda d: d.update(identities=5), "identities"),
+        (lambda d: d["shards"].__setitem__(1, "a.rec"), "shards[1]"),
+        (lambda d: d.update(format_version="1"), "format_version"),
+    ],
+    ids=["no idx", "rec null", "shards a string", "records a word", "negative size",
+         "identities a number", "shard a string", "version a string"],
+)  # fmt: skip
+def test_manifest_fields_are_checked_and_named(pack, edit, field):
+    manifest = edit_manifest(pack[0], edit)
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(manifest)
+    assert str(caught.value).startswith(f"{manifest}: manifest field {field!r} must be ")
+
+
+def test_manifest_listing_one_shard_twice_is_refused(pack):
+    manifest = edit_manifest(pack[0], lambda d: d["shards"].append(dict(d["shards"][0])))
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(manifest)
+    assert str(caught.value) == (
+        f"{manifest}: manifest lists the shard file {Path(f'{pack[0]}-00000.rec').name!r} twice"
+    )
+
+
+def test_a_shard_given_twice_is_refused(pack):
+    rec = f"{pack[0]}-00000.rec"
+    with pytest.raises(rd.RectoolError, match="a shard is listed twice"):
+        rd.open_dataset([rec, rec])
+
+
+@pytest.mark.parametrize("which", ["rec", "idx", "manifest", "rtc"])
+def test_a_fifo_in_place_of_a_file_is_refused_not_read(pack, which, no_hang):
+    prefix, _ = pack
+    path = {
+        "rec": f"{prefix}-00001.rec",
+        "idx": f"{prefix}-00001.idx",
+        "manifest": f"{prefix}.manifest.json",
+        "rtc": f"{prefix}-00001.idx.rtc",
+    }[which]
+    if os.path.exists(path):
+        os.unlink(path)
+    os.mkfifo(path)
+    if which == "rtc":  # an optional sidecar: a FIFO there is ignored, never opened blocking
+        assert len(rd.open_dataset(prefix)) == 12
+        return
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(prefix)
+    assert str(caught.value).startswith(f"{path}: not a regular file")
+
+
+def test_a_folder_in_place_of_a_rec_is_refused(pack):
+    prefix, _ = pack
+    os.unlink(f"{prefix}-00001.rec")
+    os.mkdir(f"{prefix}-00001.rec")
+    with pytest.raises(rd.RectoolError, match="00001.rec: not a regular file"):
+        rd.open_dataset(prefix)
+
+
+@pytest.mark.parametrize("mode", ["bgr", "rgb", "gray"])
+def test_an_empty_image_is_a_record_format_error(tmp_path, mode):
+    records = [(0, image_record(jpeg_bytes(0, 8, 8), 1.0)), (1, image_record(b"", 2.0))]
+    offsets = write_shard(tmp_path / "e.rec", tmp_path / "e.idx", records)
+    ds = rd.open_dataset(tmp_path / "e.rec", decode=mode)
+    assert ds[0][0].shape[:2] == (8, 8)
+    with pytest.raises(rd.RecordFormatError) as caught:
+        ds[1]
+    error = caught.value
+    assert (error.path, error.key, error.offset) == (str(tmp_path / "e.rec"), 1, offsets[1])
+    assert "empty image" in str(error)
+
+
+def test_an_empty_index_beside_a_full_rec_is_refused(pack):
+    prefix, _ = pack
+    Path(f"{prefix}-00001.idx").write_bytes(b"")
+    manifest = edit_manifest(prefix, lambda d: d["shards"][1].update(records=None))
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(manifest)
+    assert str(caught.value).startswith(f"{prefix}-00001.idx: empty index beside ")
+
+
+def test_an_offset_past_the_end_of_the_rec_is_refused_at_open(tmp_path):
+    data = images(5)
+    samples = write_pack(tmp_path / "c", [[(k, data[k], 0.0) for k in range(5)]], manifest=False)
+    size = os.path.getsize(tmp_path / "c.rec")
+    lines = [f"{s.key}\t{s.offset}\n" for s in samples]
+    lines[1] = f"1\t{size + 1024}\n"  # the farthest offset: checked at open
+    (tmp_path / "c.idx").write_text("".join(lines))
+    with pytest.raises(rd.RecordFormatError) as caught:
+        rd.open_dataset(tmp_path / "c.rec")
+    assert (caught.value.key, caught.value.offset) == (1, size + 1024)

@@ -164,3 +164,16 @@ def test_sharded_pack_is_one_dataset(tmp_path):
     pack = make_pack(tmp_path, shard_records=5, name="s")
     info = dataset_info(pack.manifest)
     assert (info["shards"], info["records"], info["identities"]) == (3, 12, 3)
+
+
+def test_an_empty_image_is_a_record_format_error_not_a_decoder_crash(tmp_path):
+    from handmade import image_record, write_shard
+
+    records = [(0, image_record(jpeg_bytes(0, 8, 8), 0.0)), (1, image_record(b"", 1.0))]
+    offsets = write_shard(tmp_path / "e.rec", tmp_path / "e.idx", records)
+    result = invoke("info", tmp_path / "e.rec")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"Error: {tmp_path / 'e.rec'}, byte offset {offsets[1]}: "
+        "empty image: a header and no image bytes\n"
+    )
