@@ -175,39 +175,41 @@ def parse_index(data, path=None):
     return np.array(keys, np.int64), np.array(offsets, np.int64)
 
 
-def _parse_index_runs(data, max_runs=256):
+def _parse_index_runs(data, max_runs=256, chunk=1 << 20):
     """Parse runs of equally wide `digits TAB digits NL` lines as 2-D byte arrays, or None.
 
-    The .idx files of packs (keys and offsets rising) are a few such runs; others fall back.
+    The .idx of a pack (keys and offsets rising) is a few such runs; a run ends where the
+    line width changes (found by bisection, then every byte of the run is checked).
     """
     a, pos, end, keys, offsets = np.frombuffer(data, np.uint8), 0, len(data), [], []
-    while pos < end and max_runs:
-        max_runs -= 1
+    while pos < end:
         nl = data.find(b"\n", pos, pos + 40)
         tab = data.find(b"\t", pos, nl)
-        if tab <= pos or not 2 <= nl - tab <= 18 or tab - pos > 18:
+        if max_runs == 0 or tab <= pos or not 2 <= nl - tab <= 19 or tab - pos > 18:
             return None
-        width, k, rows, fit, step = nl + 1 - pos, tab - pos, 0, (end - pos) // (nl + 1 - pos), 4096
-        while rows < fit:
-            m = min(step, fit - rows)
-            b = a[pos + rows * width : pos + (rows + m) * width].reshape(m, width) - 48
-            ok = (b[:, k] == 9 - 48 + 256) & (b[:, -1] == 10 - 48 + 256)
-            if not (ok.all() and np.count_nonzero(b >= 10) == 2 * m):
-                ok &= (b < 10).sum(1) == width - 2
-                m = int(np.argmin(ok)) if not ok.all() else m
-            keys.append(np.dot(b[:m, :k], 10 ** np.arange(k - 1, -1, -1, dtype=np.int64)))
-            digits = width - k - 2
-            offsets.append(np.dot(b[:m, k + 1 : -1], 10 ** np.arange(digits - 1, -1, -1)))
-            rows, step = rows + m, step * 4
-            if m < min(step // 4, fit - rows + m):
+        max_runs -= 1
+        width, k = nl + 1 - pos, tab - pos
+        grid = a[pos : pos + (end - pos) // width * width].reshape(-1, width)
+        low, high = 1, len(grid)  # bisect for the first row that does not look like a line
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (mid + 1, high) if grid[mid, k] == 9 and grid[mid, -1] == 10 else (low, mid)
+        powers = 10 ** np.arange(width - 3, -1, -1, dtype=np.int64)
+        for start in range(0, low, chunk):
+            b = grid[start : min(low, start + chunk)] - 48  # digits 0..9; TAB 217, NL 218
+            ok = (b[:, k] == 217) & (b[:, -1] == 218)
+            if not ok.all() or np.count_nonzero(b >= 10) != 2 * len(b):
+                rows = int(np.argmin(ok & ((b < 10).sum(1) == width - 2)))
+                if start + rows < max(1, low // 2):
+                    return None  # lines of varying widths: the general parser does better
+                b, low = b[:rows], start + rows
+            keys.append(np.einsum("ij,j->i", b[:, :k], powers[-k:]))
+            offsets.append(np.einsum("ij,j->i", b[:, k + 1 : -1], powers[k - width + 2 :]))
+            if len(b) < chunk:
                 break
-        if not rows:
-            return None
-        pos += rows * width
-    if pos < end:
-        return None
+        pos += low * width
     empty = [np.empty(0, np.int64)]
-    return np.concatenate(keys or empty), np.concatenate(offsets or empty).astype(np.int64)
+    return np.concatenate(keys or empty), np.concatenate(offsets or empty)
 
 
 def index_cache_path(idx_path):

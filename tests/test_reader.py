@@ -14,6 +14,8 @@ import zlib
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rectool import errors, reader
 from rectool.cli import cli
@@ -140,6 +142,51 @@ def test_parse_index_names_the_bad_line_deep_in_a_large_index():
         parse_index("".join(lines).encode())
     assert caught.value.line == 123_457
     assert str(caught.value) == "line 123457: key and offset must be integers, got b'123456\\t7,9'"
+
+
+NUMBERS = st.one_of(
+    st.integers(0, 10**18), st.integers(0, 2**63 - 1), st.integers(0, 99), st.integers(0, 10**7)
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    pairs=st.lists(st.tuples(NUMBERS, NUMBERS), max_size=60),
+    rising=st.booleans(),
+    bad=st.one_of(st.none(), st.tuples(st.integers(0, 10**6), st.sampled_from(b"x \t\n-+,"))),
+)
+def test_parse_index_agrees_with_int_line_by_line(pairs, rising, bad):
+    """Every parser path (runs of equal widths, the bulk one, the line one) gives int()'s answer."""
+    if rising:
+        pairs = sorted(pairs)
+    text = bytearray(b"".join(b"%d\t%d\n" % pair for pair in pairs))
+    if bad is not None and text:
+        text[bad[0] % len(text)] = bad[1]
+    expected = None
+    try:
+        whole = bytes(text) if text.endswith(b"\n") or not text else bytes(text) + b"\n"
+        rows = [line.strip().split(b"\t") for line in whole.split(b"\n")[:-1]]
+        expected = ([int(r[0]) for r in rows], [int(r[1]) for r in rows])
+        if not all(0 <= o < 2**63 and -(2**63) <= k < 2**63 for k, o in zip(*expected)):
+            expected = None
+    except (ValueError, IndexError):
+        pass
+    if expected is None:
+        with pytest.raises(IndexFormatError):
+            parse_index(bytes(text))
+    else:
+        assert as_lists(parse_index(bytes(text))) == expected
+
+
+def test_parse_index_runs_of_widths_as_a_pack_writes_them():
+    # Keys and offsets rising through every digit count: the fast path's run boundaries.
+    offsets = [0, *np.cumsum(np.arange(1, 3001) * 4099).tolist()]
+    text = "".join(f"{k}\t{o}\n" for k, o in enumerate(offsets)).encode()
+    assert as_lists(parse_index(text)) == (list(range(len(offsets))), offsets)
+    bad = text.replace(b"\n2999\t", b"\n2999x\t")
+    with pytest.raises(IndexFormatError) as caught:
+        parse_index(bad)
+    assert caught.value.line == 3000
 
 
 def test_index_errors_are_rectool_errors():
