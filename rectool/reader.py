@@ -763,17 +763,23 @@ class RecordDataset:
     def raw(self, i):
         """Return sample `i` undecoded: (image bytes as a memoryview-able buffer, label)."""
         s, i = self._locate(i)
-        mm = self._maps[s] if self._generation == _fork_generation[0] else None
-        mm = self._open(s) if mm is None else mm
-        offset = self.offsets.item(i)
-        magic = flag = lrec = label = None
-        if 0 <= offset <= self._sizes[s] - _RECORD_HEAD.size:
+        mm = self._maps[s]
+        if mm is None or self._generation != _fork_generation[0]:
+            mm = self._open(s)
+        offset = self.offsets.item(i)  # >= 0: checked at open
+        try:
             magic, lrec, flag, label = _RECORD_HEAD.unpack_from(mm, offset)
+        except struct.error:
+            magic = None
         # One whole part with a scalar label, padding included: the record as it nearly always
         # is. Anything else (split parts, label vectors, damage) takes the careful path.
-        if magic == MAGIC and flag == 0 and IMAGE_HEADER_SIZE <= lrec <= LENGTH_MASK:
-            if (offset + 11 + lrec) & ~3 <= self._sizes[s]:
-                return mm[offset + _IMAGE_START : offset + 8 + lrec], label
+        if (
+            magic == MAGIC
+            and flag == 0
+            and IMAGE_HEADER_SIZE <= lrec <= LENGTH_MASK
+            and (offset + 11 + lrec) & ~3 <= self._sizes[s]
+        ):
+            return mm[offset + _IMAGE_START : offset + 8 + lrec], label
         rf, key = self._files[s], self.keys.item(i)
         try:
             head, payload = unpack_header(rf.read_at(offset, key), rf.path, offset)
@@ -782,18 +788,15 @@ class RecordDataset:
         return bytes(payload), (head.label if head.flag == 0 else head.label.copy())
 
     def __getitem__(self, i):
-        payload, label = self.raw(i)
         if self.decode is None:
-            return payload, label
+            return self.raw(i)
+        payload, label = self.raw(i)
         if callable(self.decode):
             return self.decode(payload), label
         try:
             return decode_image(payload, self.decode), label
         except RecordFormatError as exc:
-            s, i = self._locate(i)
-            raise RecordFormatError(
-                exc.reason, self.shards[s][0], self.offsets.item(i), self.keys.item(i)
-            ) from None
+            raise RecordFormatError(exc.reason, *self.location(i)) from None
 
     @property
     def labels(self):
@@ -962,7 +965,7 @@ def _check_shard(rf, idx_path, keys, offsets, listed, manifest_path):
                 "(rebuild it with `rectool reindex`)"
             )
         return keys, offsets
-    past = np.flatnonzero(offsets > size - 8)
+    past = np.flatnonzero((offsets > size - 8) | (offsets < 0))  # from a crafted cache
     # A few records, the farthest one included, must start where the index says.
     for line in sorted(
         {0, len(offsets) // 2, len(offsets) - 1, int(np.argmax(offsets)), *past[:1].tolist()}

@@ -329,6 +329,17 @@ def test_write_index_cache_in_a_read_only_folder(tmp_path):
         folder.chmod(0o755)
 
 
+def test_a_cache_with_a_negative_offset_is_refused_at_open(tmp_path):
+    records = [part(0, struct.pack("<IfQQ", 0, float(k), k, 0) + b"img!") for k in range(5)]
+    write(tmp_path / "a.rec", b"".join(records))  # 36 bytes each
+    idx = write(tmp_path / "a.idx", b"".join(b"%d\t%d\n" % (k, 36 * k) for k in range(5)))
+    # Fresh against the .idx, but crafted; line 1 is not among the records read at open.
+    fake_cache(idx, list(range(5)), [0, -36, 72, 108, 144])
+    with pytest.raises(RecordFormatError) as caught:
+        reader.open_dataset(tmp_path / "a.rec")
+    assert (caught.value.key, caught.value.offset) == (1, -36)
+
+
 def test_load_index_missing_file(tmp_path):
     with pytest.raises(RectoolError) as caught:
         load_index(tmp_path / "nope.idx")
