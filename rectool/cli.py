@@ -982,26 +982,77 @@ def unpack_command(target, out_dir, quiet, as_json):
     type=click.Path(dir_okay=False, allow_dash=True),
     help="Where to write the module (- for stdout).",
 )
+@click.option(
+    "--training",
+    "training_module",
+    is_flag=True,
+    help="Write the training module instead: RankSampler, epoch_order, prefetch.",
+)
 @library_errors
-def reader_command(output):
+def reader_command(output, training_module):
     """Write the standalone reader module for training code (standard library + numpy).
 
     It is rectool's own reader (rectool/reader.py) copied verbatim under a header naming the
-    rectool and format versions: open_dataset(), RecordDataset, RankSampler, prefetch().
-    OpenCV or Pillow are imported only to decode images. See docs/training.md.
+    rectool and format versions: open_dataset(), RecordDataset, decode_image(). It never
+    writes a file. OpenCV or Pillow are imported only to decode images. With --training,
+    rectool/training.py instead: RankSampler, epoch_order(), prefetch(). See
+    docs/training.md.
 
     \b
     Example:
         rectool reader -o train/rectool_reader.py
+        rectool reader --training -o train/rectool_training.py
         python -c "import rectool_reader as r; print(len(r.open_dataset('out/faces')))"
     """
     from .emit import emit_reader, reader_source
 
     if output == "-":
-        click.echo(reader_source(), nl=False)
+        click.echo(reader_source(training_module), nl=False)
         return
-    path = emit_reader(output)
-    click.echo(f"Wrote the reader module {path}.", err=True)
+    path = emit_reader(output, training_module)
+    what = "training" if training_module else "reader"
+    click.echo(f"Wrote the {what} module {path}.", err=True)
+
+
+@cli.command("index-cache")
+@click.argument("target")
+@library_errors
+def index_cache_command(target):
+    """Write the .idx sidecar cache (IDX.rtc) of every shard of TARGET.
+
+    The reader never writes: it reads the cache when one matches its .idx (size, mtime,
+    CRC-32) and otherwise parses the .idx text. `pack` writes the cache of large shards
+    itself; use this for packs made by others (insightface's train.idx, im2rec's).
+
+    \b
+    Example:
+        rectool index-cache faces_emore/
+    """
+    from .indexcache import write_index_caches
+
+    for path in write_index_caches(target):
+        click.echo(f"Wrote {path}.", err=True)
+
+
+@cli.command("dali-index")
+@click.argument("target")
+@click.argument("output", type=click.Path(dir_okay=False))
+@library_errors
+def dali_index_command(target, output):
+    """Write the one .idx that DALI's fn.readers.mxnet needs for TARGET's shards.
+
+    DALI reads its .rec files as one stream, so OUTPUT holds offsets counted from the start
+    of the first file. The .rec paths to pass to DALI, in order, are printed on stdout. The
+    insightface layout is refused (DALI reads every record as a sample).
+
+    \b
+    Example:
+        rectool dali-index out/faces.manifest.json out/faces.dali.idx
+    """
+    from .dali import write_dali_index
+
+    for rec in write_dali_index(target, output):
+        click.echo(rec)
 
 
 @cli.command("bench")

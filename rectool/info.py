@@ -13,7 +13,7 @@ from collections import Counter
 import cv2
 import numpy as np
 
-from .errors import RectoolError
+from .errors import RecordFormatError, RectoolError
 from .reader import RecordFile, load_index, resolve_source, unpack_header
 from .scan import (
     image_formats,
@@ -198,7 +198,9 @@ def _sample_dimensions(images_by_shard, sample):
             offset = int(offsets[i - (bounds[shard - 1] if shard else 0)])
             if rec not in handles:
                 handles[rec] = RecordFile(rec)
-            _, image = unpack_header(handles[rec].read_at(offset))
+            _, image = unpack_header(handles[rec].read_at(offset), rec, offset)
+            if not len(image):
+                raise RecordFormatError("empty image: a header and no image bytes", rec, offset)
             array = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_UNCHANGED)
             if array is None:
                 dims["undecodable"] += 1

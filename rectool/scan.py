@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import RectoolError
 from .images import sniff_format
 from .reader import (
     CFLAG_FIRST,
@@ -30,6 +29,7 @@ from .reader import (
     MAGIC_BYTES,
     PART_HEADER,
     RecordFormatError,
+    open_regular,
 )
 
 _ZEROS = (b"", b"\0", b"\0\0", b"\0\0\0")
@@ -67,15 +67,9 @@ class Framing:
 @contextmanager
 def mapped(path):
     """Map a file read-only; yield (buffer, size). An empty file yields (b"", 0)."""
-    path = os.fspath(path)
-    try:
-        f = open(path, "rb")
-    except FileNotFoundError:
-        raise RectoolError(f"{path}: record file not found") from None
-    except OSError as exc:
-        raise RectoolError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    with f:
-        size = os.fstat(f.fileno()).st_size
+    fd, st = open_regular(os.fspath(path), "record file")  # a FIFO or device is refused
+    with os.fdopen(fd, "rb") as f:
+        size = st.st_size
         if not size:
             yield b"", 0
             return

@@ -20,13 +20,12 @@ import numpy as np
 from .atomic import create_new, open_existing
 from .checksums import RecordChecksums, checksum_path
 from .errors import RectoolError, UsageError
+from .indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
 from .reader import (
-    INDEX_CACHE_MIN_RECORDS,
     MANIFEST_SUFFIX,
     RecordFile,
     load_index,
     parse_index,
-    write_index_cache,
 )
 from .writer import INDEX_LINE, format_index_line
 

@@ -19,8 +19,9 @@ import pytest
 from handmade import MAGIC, write_insightface, write_pack
 from imagefiles import jpeg_bytes, write_list, write_pack_tree
 
+from rectool.dali import write_dali_index
 from rectool.packing import PackOptions, pack_images
-from rectool.reader import RectoolError, open_dataset, write_dali_index
+from rectool.reader import RectoolError, open_dataset
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -1,4 +1,4 @@
-"""The dataset API of the reader: open_dataset, RecordDataset, RankSampler, prefetch.
+"""The dataset API of the reader: open_dataset, RecordDataset, decoding, labels, pickling.
 
 Runs against `rectool.reader`, and through tests/test_emit.py against the emitted standalone
 copy in a process where rectool cannot be imported (see reader_module.py). Datasets are
@@ -8,12 +8,13 @@ written by hand (handmade.py), never by rectool.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import pickle
 import subprocess
 import sys
 import threading
-import time
+from pathlib import Path
 
 import cv2
 import numpy as np
@@ -119,7 +120,7 @@ def test_labels_never_read_image_bytes(pack, monkeypatch):
         raise AssertionError("a whole record was read")
 
     monkeypatch.setattr(rd.RecordFile, "read_at", no_reads)
-    monkeypatch.setattr(rd.RecordFile, "_read_parts", no_reads)
+    monkeypatch.setattr(rd.RecordFile, "read_parts", no_reads)
     assert ds.labels.tolist() == [float(n) for n in range(12)]
 
 
@@ -226,7 +227,7 @@ def test_pillow_is_used_without_opencv(pack, monkeypatch):
         # Two JPEG decoders may round differently, never by much.
         assert np.abs(image.astype(int) - with_cv2[mode]).mean() < 2
     with pytest.raises(rd.RecordFormatError, match="cannot be decoded"):
-        rd.open_dataset(pack[0], decode="rgb")._decode(b"junk", 0, 0)
+        rd.decode_image(b"junk", "rgb")
 
 
 # --- the insightface layout -------------------------------------------------------------------
@@ -546,267 +547,143 @@ def test_the_emitted_reader_runs_without_rectool():
     assert rd.RecordDataset.__module__ == rd.__name__ != "rectool.reader"
 
 
-# --- RankSampler and epoch_order --------------------------------------------------------------
+# --- hostile and damaged inputs (issue 12) -------------------------------------------------------
 
 
-def test_epoch_order_is_a_seeded_permutation():
-    order = rd.epoch_order(1000, epoch=3, seed=7)
-    assert order.dtype == np.int64 and sorted(order.tolist()) == list(range(1000))
-    assert np.array_equal(order, rd.epoch_order(1000, epoch=3, seed=7))
-    assert not np.array_equal(order, rd.epoch_order(1000, epoch=4, seed=7))
-    assert not np.array_equal(order, rd.epoch_order(1000, epoch=3, seed=8))
-    assert rd.epoch_order(5, shuffle=False).tolist() == [0, 1, 2, 3, 4]
-    # Pinned, so that a numpy upgrade or another platform cannot silently change the order.
-    assert rd.epoch_order(10, epoch=0, seed=0).tolist() == EPOCH_0_SEED_0
+@pytest.fixture
+def no_hang():
+    """Fail a test that blocks (a FIFO opened for reading) instead of hanging the suite."""
+    import signal
+
+    def timeout(*args):
+        raise AssertionError("blocked for 20 s")
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    signal.alarm(20)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
 
 
-EPOCH_0_SEED_0 = [3, 2, 1, 8, 6, 0, 7, 4, 5, 9]
+def edit_manifest(prefix, edit):
+    path = Path(f"{prefix}.manifest.json")
+    document = json.loads(path.read_text())
+    edit(document)
+    path.write_text(json.dumps(document))
+    return path
 
 
-@pytest.mark.parametrize("size", [1, 7, 23, 64])
-@pytest.mark.parametrize("drop_last", [False, True])
-def test_rank_views_cover_the_dataset_with_equal_counts(size, drop_last):
-    for world in range(1, 9):
-        views = [
-            list(rd.RankSampler(size, rank, world, seed=5, drop_last=drop_last))
-            for rank in range(world)
-        ]
-        counts = {len(v) for v in views}
-        assert len(counts) == 1, (world, counts)
-        count = counts.pop()
-        assert len(rd.RankSampler(size, 0, world, drop_last=drop_last)) == count
-        seen = [i for v in views for i in v]
-        if drop_last:
-            assert count == size // world
-            assert len(set(seen)) == len(seen)
-        else:
-            assert count == -(-size // world)
-            assert set(seen) == set(range(size))
-            # Padding repeats as few samples as possible, each at most once more.
-            assert len(seen) - size < world
-        # Interleaving the ranks gives back the one global order, whatever the world size.
-        order = rd.epoch_order(size, 0, 5)
-        merged = [views[p % world][p // world] for p in range(world * count)]
-        assert merged == np.resize(order, world * count).tolist()
+@pytest.mark.parametrize("name", ["../../x/y.rec", "/etc/hostname", "sub/a.rec", "..", ""])
+def test_manifest_shard_paths_must_be_plain_names_in_its_folder(pack, tmp_path, name):
+    prefix, _ = pack
+    secret = tmp_path / "secret.rec"
+    secret.write_bytes(b"SECRET CONTENTS")
+    if name == "/etc/hostname":
+        name = str(secret)
+    manifest = edit_manifest(prefix, lambda d: d["shards"][1].update(rec=name))
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(manifest)
+    message = str(caught.value)
+    assert message == (
+        f"{manifest}: manifest field 'shards[1].rec' must be a plain file name in the "
+        "manifest's folder"
+    )
 
 
-def test_rank_sampler_epochs():
-    sampler = rd.RankSampler(50, 1, 2, seed=3)
-    first = list(sampler)
-    assert list(sampler) == first  # same epoch, same order
-    sampler.set_epoch(1)
-    second = list(sampler)
-    assert second != first and sorted(second) != sorted(first) or second != first
-    unshuffled = rd.RankSampler(6, 1, 2, shuffle=False)
-    assert list(unshuffled) == [1, 3, 5]
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d["shards"][0].pop("idx"), "shards[0].idx"),
+        (lambda d: d["shards"][2].update(rec=None), "shards[2].rec"),
+        (lambda d: d.update(shards="x"), "shards"),
+        (lambda d: d["shards"][0].update(records="many"), "shards[0].records"),
+        (lambda d: d["shards"][0].update(rec_bytes=-1), "shards[0].rec_bytes"),
+        (lambda d: d.update(identities=5), "identities"),
+        (lambda d: d["shards"].__setitem__(1, "a.rec"), "shards[1]"),
+        (lambda d: d.update(format_version="1"), "format_version"),
+    ],
+    ids=["no idx", "rec null", "shards a string", "records a word", "negative size",
+         "identities a number", "shard a string", "version a string"],
+)  # fmt: skip
+def test_manifest_fields_are_checked_and_named(pack, edit, field):
+    manifest = edit_manifest(pack[0], edit)
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(manifest)
+    assert str(caught.value).startswith(f"{manifest}: manifest field {field!r} must be ")
 
 
-def test_rank_sampler_accepts_a_dataset(pack):
-    ds = rd.open_dataset(pack[0])
-    assert len(rd.RankSampler(ds, 0, 5)) == 3
+def test_manifest_listing_one_shard_twice_is_refused(pack):
+    manifest = edit_manifest(pack[0], lambda d: d["shards"].append(dict(d["shards"][0])))
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(manifest)
+    assert str(caught.value) == (
+        f"{manifest}: manifest lists the shard file {Path(f'{pack[0]}-00000.rec').name!r} twice"
+    )
 
 
-def test_rank_sampler_arguments_are_checked():
-    with pytest.raises(ValueError, match="need 0 <= rank < world_size"):
-        rd.RankSampler(10, 2, 2)
-    with pytest.raises(ValueError):
-        rd.RankSampler(10, 0, 0)
+def test_a_shard_given_twice_is_refused(pack):
+    rec = f"{pack[0]}-00000.rec"
+    with pytest.raises(rd.RectoolError, match="a shard is listed twice"):
+        rd.open_dataset([rec, rec])
 
 
-@pytest.mark.parametrize("drop_last", [False, True])
-@pytest.mark.parametrize("stop", [0, 1, 5, 9])
-def test_resume_mid_epoch_reproduces_the_rest(stop, drop_last):
-    world = 3
-    samplers = [rd.RankSampler(29, r, world, seed=11, drop_last=drop_last) for r in range(world)]
-    for s in samplers:
-        s.set_epoch(4)
-    full = [list(s) for s in samplers]
-    states = []
-    for s in samplers:
-        it = iter(s)
-        for _ in range(stop):
-            next(it)
-        states.append(s.state_dict())
-    assert {st["position"] for st in states} == {stop * world}
-    assert states[0]["epoch"] == 4
-    for rank, state in enumerate(states):
-        resumed = rd.RankSampler(29, rank, world, seed=11, drop_last=drop_last)
-        resumed.load_state_dict(pickle.loads(pickle.dumps(state)))
-        assert len(resumed) == len(full[rank]) - stop
-        assert list(resumed) == full[rank][stop:]
-    # The explicit count of samples trained on gives the same state.
-    assert samplers[0].state_dict(consumed=stop) == states[0]
+@pytest.mark.parametrize("which", ["rec", "idx", "manifest", "rtc"])
+def test_a_fifo_in_place_of_a_file_is_refused_not_read(pack, which, no_hang):
+    prefix, _ = pack
+    path = {
+        "rec": f"{prefix}-00001.rec",
+        "idx": f"{prefix}-00001.idx",
+        "manifest": f"{prefix}.manifest.json",
+        "rtc": f"{prefix}-00001.idx.rtc",
+    }[which]
+    if os.path.exists(path):
+        os.unlink(path)
+    os.mkfifo(path)
+    if which == "rtc":  # an optional sidecar: a FIFO there is ignored, never opened blocking
+        assert len(rd.open_dataset(prefix)) == 12
+        return
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(prefix)
+    assert str(caught.value).startswith(f"{path}: not a regular file")
 
 
-def test_resume_on_another_number_of_ranks_reads_each_remaining_sample_once():
-    order = rd.epoch_order(40, 2, 1).tolist()
-    four = [rd.RankSampler(40, r, 4, seed=1) for r in range(4)]
-    for s in four:
-        s.set_epoch(2)
-    state = four[0].state_dict(consumed=3)  # 12 samples of the global order done
-    three = []
-    for r in range(3):
-        s = rd.RankSampler(40, r, 3, seed=1)
-        s.load_state_dict(state)
-        three.append(list(s))
-    rest = [i for view in three for i in view]
-    # 28 left, padded to 30 with the start of the order, as on three ranks from the start.
-    assert sorted(rest) == sorted(order[12:] + order[:2])
+def test_a_folder_in_place_of_a_rec_is_refused(pack):
+    prefix, _ = pack
+    os.unlink(f"{prefix}-00001.rec")
+    os.mkdir(f"{prefix}-00001.rec")
+    with pytest.raises(rd.RectoolError, match="00001.rec: not a regular file"):
+        rd.open_dataset(prefix)
 
 
-def test_resume_refuses_another_dataset_or_seed():
-    state = rd.RankSampler(10, seed=1).state_dict()
-    with pytest.raises(ValueError, match="state was saved with seed=1"):
-        rd.RankSampler(10, seed=2).load_state_dict(state)
-    with pytest.raises(ValueError, match="state was saved with size=10"):
-        rd.RankSampler(11, seed=1).load_state_dict(state)
+@pytest.mark.parametrize("mode", ["bgr", "rgb", "gray"])
+def test_an_empty_image_is_a_record_format_error(tmp_path, mode):
+    records = [(0, image_record(jpeg_bytes(0, 8, 8), 1.0)), (1, image_record(b"", 2.0))]
+    offsets = write_shard(tmp_path / "e.rec", tmp_path / "e.idx", records)
+    ds = rd.open_dataset(tmp_path / "e.rec", decode=mode)
+    assert ds[0][0].shape[:2] == (8, 8)
+    with pytest.raises(rd.RecordFormatError) as caught:
+        ds[1]
+    error = caught.value
+    assert (error.path, error.key, error.offset) == (str(tmp_path / "e.rec"), 1, offsets[1])
+    assert "empty image" in str(error)
 
 
-def test_a_finished_epoch_resumes_to_nothing():
-    s = rd.RankSampler(10, 0, 2)
-    list(s)
-    s2 = rd.RankSampler(10, 0, 2)
-    s2.load_state_dict(s.state_dict())
-    assert len(s2) == 0 and list(s2) == []
+def test_an_empty_index_beside_a_full_rec_is_refused(pack):
+    prefix, _ = pack
+    Path(f"{prefix}-00001.idx").write_bytes(b"")
+    manifest = edit_manifest(prefix, lambda d: d["shards"][1].update(records=None))
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(manifest)
+    assert str(caught.value).startswith(f"{prefix}-00001.idx: empty index beside ")
 
 
-# --- prefetch ---------------------------------------------------------------------------------
-
-
-def prefetch_threads():
-    return [t for t in threading.enumerate() if t.name == "rectool-prefetch"]
-
-
-def test_prefetch_yields_everything_in_order():
-    assert list(rd.prefetch(range(100), depth=3)) == list(range(100))
-    assert list(rd.prefetch([], depth=1)) == []
-    assert prefetch_threads() == []
-
-
-def test_prefetch_applies_fn_on_the_background_thread():
-    names = list(rd.prefetch(range(3), fn=lambda x: (x, threading.current_thread().name)))
-    assert names == [(0, "rectool-prefetch"), (1, "rectool-prefetch"), (2, "rectool-prefetch")]
-
-
-def test_prefetch_stays_within_depth():
-    produced = []
-
-    def source():
-        for i in range(50):
-            produced.append(i)
-            yield i
-
-    it = rd.prefetch(source(), depth=4)
-    assert next(it) == 0
-    time.sleep(0.2)
-    # One handed over, four queued, and at most one more waiting to be queued.
-    assert len(produced) <= 6
-    it.close()
-
-
-def test_prefetch_reraises_the_sources_exception_in_the_consumer():
-    def source():
-        yield 1
-        yield 2
-        raise KeyError("broken batch")
-
-    it = rd.prefetch(source(), depth=2)
-    got = []
-    with pytest.raises(KeyError, match="broken batch") as caught:
-        for item in it:
-            got.append(item)
-    assert got == [1, 2]
-    assert "source" in [frame.name for frame in caught.traceback]
-    assert list(it) == []  # finished for good
-    assert prefetch_threads() == []
-
-
-def test_prefetch_reraises_an_exception_of_fn():
-    def fn(x):
-        if x == 3:
-            raise ValueError("cannot move batch 3")
-        return x
-
-    with pytest.raises(ValueError, match="cannot move batch 3"):
-        list(rd.prefetch(range(10), fn=fn))
-
-
-def test_prefetch_break_stops_the_thread_and_closes_the_source():
-    closed = threading.Event()
-
-    def source():
-        try:
-            yield from range(10**9)
-        finally:
-            closed.set()
-
-    for i in rd.prefetch(source(), depth=2):
-        if i == 5:
-            break
-    # The abandoned prefetcher is collected at once (CPython) and stops its thread.
-    assert closed.wait(5)
-    deadline = time.monotonic() + 5
-    while prefetch_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert prefetch_threads() == []
-
-
-def test_prefetch_close_and_with():
-    closed = threading.Event()
-
-    def source():
-        try:
-            yield from range(100)
-        finally:
-            closed.set()
-
-    with rd.prefetch(source(), depth=1) as it:
-        assert next(it) == 0
-    assert closed.is_set() and prefetch_threads() == []
-    it.close()  # again: harmless
-    with pytest.raises(StopIteration):
-        next(it)
-
-
-def test_prefetch_consumer_exception_shuts_down():
-    def train():
-        for i in rd.prefetch(range(1000), depth=2):
-            if i == 3:
-                raise RuntimeError("loss is nan")
-
-    with pytest.raises(RuntimeError, match="loss is nan"):
-        train()
-    gc.collect()
-    deadline = time.monotonic() + 5
-    while prefetch_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert prefetch_threads() == []
-
-
-def test_prefetch_depth_is_checked():
-    with pytest.raises(ValueError, match="depth must be >= 1"):
-        rd.prefetch(range(3), depth=0)
-
-
-# --- write_dali_index -------------------------------------------------------------------------
-
-
-def test_dali_index_counts_offsets_across_the_shards(pack, tmp_path):
-    prefix, samples = pack
-    recs = rd.write_dali_index(prefix, tmp_path / "all.idx")
-    assert recs == [f"{prefix}-{n:05d}.rec" for n in range(3)]
-    sizes = [os.path.getsize(r) for r in recs]
-    base = {recs[0]: 0, recs[1]: sizes[0], recs[2]: sizes[0] + sizes[1]}
-    expected = "".join(f"{s.key}\t{base[s.rec] + s.offset}\n" for s in samples)
-    assert (tmp_path / "all.idx").read_text() == expected
-    # The concatenated files hold each record where the index says.
-    blob = b"".join(open(r, "rb").read() for r in recs)
-    for line in expected.splitlines():
-        assert blob[int(line.split("\t")[1]) :].startswith(MAGIC)
-
-
-def test_dali_index_refuses_the_insightface_layout(tmp_path):
-    write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2], face)
-    with pytest.raises(rd.RectoolError, match="pack with --layout images for DALI"):
-        rd.write_dali_index(tmp_path / "f.rec", tmp_path / "dali.idx")
-    assert not (tmp_path / "dali.idx").exists()
+def test_an_offset_past_the_end_of_the_rec_is_refused_at_open(tmp_path):
+    data = images(5)
+    samples = write_pack(tmp_path / "c", [[(k, data[k], 0.0) for k in range(5)]], manifest=False)
+    size = os.path.getsize(tmp_path / "c.rec")
+    lines = [f"{s.key}\t{s.offset}\n" for s in samples]
+    lines[1] = f"1\t{size + 1024}\n"  # the farthest offset: checked at open
+    (tmp_path / "c.idx").write_text("".join(lines))
+    with pytest.raises(rd.RecordFormatError) as caught:
+        rd.open_dataset(tmp_path / "c.rec")
+    assert (caught.value.key, caught.value.offset) == (1, size + 1024)

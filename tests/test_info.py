@@ -174,3 +174,16 @@ def test_an_empty_idx_beside_records_is_an_error_not_zero_records(tmp_path):
     result = invoke("info", pack.rec)
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: {pack.idx}: empty, but faces.rec holds 12 records")
+
+
+def test_an_empty_image_is_a_record_format_error_not_a_decoder_crash(tmp_path):
+    from handmade import image_record, write_shard
+
+    records = [(0, image_record(jpeg_bytes(0, 8, 8), 0.0)), (1, image_record(b"", 1.0))]
+    offsets = write_shard(tmp_path / "e.rec", tmp_path / "e.idx", records)
+    result = invoke("info", tmp_path / "e.rec")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"Error: {tmp_path / 'e.rec'}, byte offset {offsets[1]}: "
+        "empty image: a header and no image bytes\n"
+    )

@@ -13,8 +13,13 @@ import zlib
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rectool import errors, reader
+from rectool.cli import cli
+from rectool.indexcache import write_index_cache
 from rectool.reader import (
     IndexedRecordFile,
     IndexFormatError,
@@ -139,6 +144,51 @@ def test_parse_index_names_the_bad_line_deep_in_a_large_index():
     assert str(caught.value) == "line 123457: key and offset must be integers, got b'123456\\t7,9'"
 
 
+NUMBERS = st.one_of(
+    st.integers(0, 10**18), st.integers(0, 2**63 - 1), st.integers(0, 99), st.integers(0, 10**7)
+)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(
+    pairs=st.lists(st.tuples(NUMBERS, NUMBERS), max_size=60),
+    rising=st.booleans(),
+    bad=st.one_of(st.none(), st.tuples(st.integers(0, 10**6), st.sampled_from(b"x \t\n-+,"))),
+)
+def test_parse_index_agrees_with_int_line_by_line(pairs, rising, bad):
+    """Every parser path (runs of equal widths, the bulk one, the line one) gives int()'s answer."""
+    if rising:
+        pairs = sorted(pairs)
+    text = bytearray(b"".join(b"%d\t%d\n" % pair for pair in pairs))
+    if bad is not None and text:
+        text[bad[0] % len(text)] = bad[1]
+    expected = None
+    try:
+        whole = bytes(text) if text.endswith(b"\n") or not text else bytes(text) + b"\n"
+        rows = [line.strip().split(b"\t") for line in whole.split(b"\n")[:-1]]
+        expected = ([int(r[0]) for r in rows], [int(r[1]) for r in rows])
+        if not all(0 <= o < 2**63 and -(2**63) <= k < 2**63 for k, o in zip(*expected)):
+            expected = None
+    except (ValueError, IndexError):
+        pass
+    if expected is None:
+        with pytest.raises(IndexFormatError):
+            parse_index(bytes(text))
+    else:
+        assert as_lists(parse_index(bytes(text))) == expected
+
+
+def test_parse_index_runs_of_widths_as_a_pack_writes_them():
+    # Keys and offsets rising through every digit count: the fast path's run boundaries.
+    offsets = [0, *np.cumsum(np.arange(1, 3001) * 4099).tolist()]
+    text = "".join(f"{k}\t{o}\n" for k, o in enumerate(offsets)).encode()
+    assert as_lists(parse_index(text)) == (list(range(len(offsets))), offsets)
+    bad = text.replace(b"\n2999\t", b"\n2999x\t")
+    with pytest.raises(IndexFormatError) as caught:
+        parse_index(bad)
+    assert caught.value.line == 3000
+
+
 def test_index_errors_are_rectool_errors():
     assert issubclass(IndexFormatError, RecordFormatError)
     assert issubclass(RecordFormatError, RectoolError)
@@ -175,27 +225,31 @@ def fake_cache(idx, keys, offsets, size=None, mtime_ns=None):
     cache_of(idx).write_bytes(head + struct.pack(f"<{2 * len(keys)}q", *keys, *offsets))
 
 
-@pytest.fixture
-def small_cache_threshold(monkeypatch):
-    monkeypatch.setattr(reader, "INDEX_CACHE_MIN_RECORDS", 2)
-
-
-def test_load_index_writes_the_sidecar_for_a_large_index(tmp_path, small_cache_threshold):
+def test_load_index_never_writes_a_sidecar(tmp_path):
     idx = write(tmp_path / "a.idx", IDX_TEXT)
     assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.idx"]
+
+
+def test_write_index_cache_writes_the_sidecar(tmp_path):
+    idx = write(tmp_path / "a.idx", IDX_TEXT)
+    assert write_index_cache(idx, *load_index(idx))
     st = os.stat(idx)
     assert read_cache(idx) == (b"RTIDXC02", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.idx", "a.idx.rtc"]
 
 
-def test_load_index_leaves_small_indexes_uncached(tmp_path, monkeypatch):
-    monkeypatch.setattr(reader, "INDEX_CACHE_MIN_RECORDS", 4)
+def test_index_cache_command_writes_every_shards_sidecar(tmp_path):
     idx = write(tmp_path / "a.idx", IDX_TEXT)
-    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
-    assert not cache_of(idx).exists()
+    write(tmp_path / "a.rec", b"")
+    result = CliRunner().invoke(cli, ["index-cache", str(tmp_path / "a.rec")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == f"Wrote {cache_of(idx)}.\n"
+    st = os.stat(idx)
+    assert read_cache(idx) == (b"RTIDXC02", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
 
 
-def test_load_index_without_cache_neither_reads_nor_writes_it(tmp_path, small_cache_threshold):
+def test_load_index_without_cache_neither_reads_nor_writes_it(tmp_path):
     idx = write(tmp_path / "a.idx", IDX_TEXT)
     fake_cache(idx, [9, 9, 9], [4, 4, 4])
     before = cache_of(idx).read_bytes()
@@ -203,9 +257,7 @@ def test_load_index_without_cache_neither_reads_nor_writes_it(tmp_path, small_ca
     assert cache_of(idx).read_bytes() == before
 
 
-def test_load_index_uses_a_fresh_sidecar_without_parsing(
-    tmp_path, small_cache_threshold, monkeypatch
-):
+def test_load_index_uses_a_fresh_sidecar_without_parsing(tmp_path, monkeypatch):
     idx = write(tmp_path / "a.idx", IDX_TEXT)
     fake_cache(idx, [7, 8, 9], [4, 8, 12])  # deliberately not what the .idx says
 
@@ -216,12 +268,10 @@ def test_load_index_uses_a_fresh_sidecar_without_parsing(
     assert as_lists(load_index(idx)) == ([7, 8, 9], [4, 8, 12])
 
 
-def test_load_index_rebuilds_a_sidecar_whose_idx_changed_under_the_same_size_and_mtime(
-    tmp_path, small_cache_threshold
-):
+def test_load_index_ignores_a_sidecar_whose_idx_changed_under_the_same_size_and_mtime(tmp_path):
     idx = write(tmp_path / "a.idx", IDX_TEXT)
     os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
-    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+    write_index_cache(idx, *load_index(idx))
     # As `cp -p` or `rsync -a` would leave it: other offsets, same size, same mtime.
     idx.write_bytes(b"0\t0\n1\t24\n2\t48\n")
     os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
@@ -229,10 +279,11 @@ def test_load_index_rebuilds_a_sidecar_whose_idx_changed_under_the_same_size_and
 
 
 @pytest.mark.parametrize("change", ["mtime", "size, same mtime"])
-def test_load_index_rebuilds_a_stale_sidecar(tmp_path, small_cache_threshold, change):
+def test_load_index_ignores_a_stale_sidecar(tmp_path, change):
     idx = write(tmp_path / "a.idx", IDX_TEXT)
     os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
-    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+    write_index_cache(idx, *load_index(idx))
+    before = cache_of(idx).read_bytes()
     if change == "mtime":
         # Same size, new mtime: as after rewriting the .idx with other offsets of equal width.
         idx.write_bytes(b"0\t0\n1\t24\n2\t48\n")
@@ -243,8 +294,7 @@ def test_load_index_rebuilds_a_stale_sidecar(tmp_path, small_cache_threshold, ch
         os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
         expected = ([0, 1, 2, 3], [0, 16, 40, 64])
     assert as_lists(load_index(idx)) == expected
-    st = os.stat(idx)
-    assert read_cache(idx) == (b"RTIDXC02", st.st_size, st.st_mtime_ns, *expected)
+    assert cache_of(idx).read_bytes() == before  # left alone: the reader writes nothing
 
 
 @pytest.mark.parametrize(
@@ -257,7 +307,7 @@ def test_load_index_rebuilds_a_stale_sidecar(tmp_path, small_cache_threshold, ch
     ],
     ids=["short header", "short body", "wrong magic", "empty"],
 )
-def test_load_index_ignores_a_damaged_sidecar(tmp_path, small_cache_threshold, damage):
+def test_load_index_ignores_a_damaged_sidecar(tmp_path, damage):
     idx = write(tmp_path / "a.idx", IDX_TEXT)
     fake_cache(idx, [7, 8, 9], [4, 8, 12])
     cache_of(idx).write_bytes(damage(cache_of(idx).read_bytes()))
@@ -267,35 +317,27 @@ def test_load_index_ignores_a_damaged_sidecar(tmp_path, small_cache_threshold, d
 @pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes into read-only folders"
 )
-def test_load_index_in_a_read_only_folder(tmp_path, small_cache_threshold):
+def test_write_index_cache_in_a_read_only_folder(tmp_path):
     folder = tmp_path / "dataset"
     folder.mkdir()
     idx = write(folder / "a.idx", IDX_TEXT)
     folder.chmod(0o555)
     try:
-        assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
+        assert not write_index_cache(idx, *load_index(idx))
         assert os.listdir(folder) == ["a.idx"]
     finally:
         folder.chmod(0o755)
 
 
-def test_load_index_when_the_sidecar_cannot_be_written(
-    tmp_path, small_cache_threshold, monkeypatch
-):
-    # What a read-only folder does to every writer, simulated so that it also holds as root.
-    idx = write(tmp_path / "a.idx", IDX_TEXT)
-    fake_cache(idx, [7, 8, 9], [4, 8, 12], mtime_ns=1)  # stale, and cannot be replaced
-    stale = cache_of(idx).read_bytes()
-
-    def read_only_open(file, mode="r", *args, **kwargs):
-        if any(c in mode for c in "wax+"):
-            raise PermissionError(13, "Permission denied", os.fspath(file))
-        return open(file, mode, *args, **kwargs)
-
-    monkeypatch.setattr(reader, "open", read_only_open, raising=False)
-    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
-    assert sorted(os.listdir(tmp_path)) == ["a.idx", "a.idx.rtc"]
-    assert cache_of(idx).read_bytes() == stale
+def test_a_cache_with_a_negative_offset_is_refused_at_open(tmp_path):
+    records = [part(0, struct.pack("<IfQQ", 0, float(k), k, 0) + b"img!") for k in range(5)]
+    write(tmp_path / "a.rec", b"".join(records))  # 36 bytes each
+    idx = write(tmp_path / "a.idx", b"".join(b"%d\t%d\n" % (k, 36 * k) for k in range(5)))
+    # Fresh against the .idx, but crafted; line 1 is not among the records read at open.
+    fake_cache(idx, list(range(5)), [0, -36, 72, 108, 144])
+    with pytest.raises(RecordFormatError) as caught:
+        reader.open_dataset(tmp_path / "a.rec")
+    assert (caught.value.key, caught.value.offset) == (1, -36)
 
 
 def test_load_index_missing_file(tmp_path):

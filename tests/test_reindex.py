@@ -22,7 +22,8 @@ from recfiles import (
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.reader import index_cache_path, write_index_cache
+from rectool.indexcache import write_index_cache
+from rectool.reader import index_cache_path
 from rectool.reindex import reindex
 from rectool.verify import verify_dataset
 from rectool.writer import IndexedRecordWriter, pack_image_record

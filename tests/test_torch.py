@@ -15,6 +15,7 @@ import pytest
 from handmade import write_pack
 from imagefiles import jpeg_bytes
 from reader_module import EMITTED, rd
+from training_module import tr
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -54,7 +55,7 @@ def collected(loader):
 def test_every_sample_exactly_once_per_epoch(pack, workers, context):
     prefix, samples = pack
     ds = rd.open_dataset(prefix)
-    sampler = rd.RankSampler(ds, seed=1)
+    sampler = tr.RankSampler(ds, seed=1)
     loader = DataLoader(
         ds,
         batch_size=4,
@@ -129,7 +130,7 @@ def test_rank_loaders_split_the_epoch(pack, world):
     ds = rd.open_dataset(prefix)
     per_rank = []
     for rank in range(world):
-        sampler = rd.RankSampler(ds, rank, world, seed=2)
+        sampler = tr.RankSampler(ds, rank, world, seed=2)
         sampler.set_epoch(5)
         per_rank.append(collected(DataLoader(ds, batch_size=3, sampler=sampler)))
     assert len({len(got) for got in per_rank}) == 1
@@ -152,7 +153,7 @@ def test_resume_mid_epoch_through_a_loader(pack, workers):
             multiprocessing_context="fork" if workers else None,
         )
 
-    sampler = rd.RankSampler(ds, 1, 2, seed=9)
+    sampler = tr.RankSampler(ds, 1, 2, seed=9)
     sampler.set_epoch(3)
     full = collected(loader_for(sampler))
     # Train three batches, save, "crash".
@@ -163,6 +164,6 @@ def test_resume_mid_epoch_through_a_loader(pack, workers):
         if done == 12:
             break
     state = sampler.state_dict(consumed=done)
-    resumed = rd.RankSampler(ds, 1, 2, seed=9)
+    resumed = tr.RankSampler(ds, 1, 2, seed=9)
     resumed.load_state_dict(state)
     assert collected(loader_for(resumed)) == full[12:]

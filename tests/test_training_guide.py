@@ -33,10 +33,11 @@ def guide_script():
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """train.py and rectool_reader.py side by side, and a pack of 3 identities x 8 images."""
+    """train.py, rectool_reader.py, rectool_training.py, a pack of 3 identities x 8 images."""
     folder = tmp_path_factory.mktemp("guide")
     (folder / "train.py").write_text(guide_script(), encoding="utf-8")
     emit_reader(folder / "rectool_reader.py")
+    emit_reader(folder / "rectool_training.py", training_module=True)
     items = write_pack_tree(folder / "tree", ["ann", "bob", "cyd"], 8)
     lst = write_list(folder / "faces.lst", items)
     pack_images(lst, folder / "tree", folder / "out" / "faces")

@@ -31,7 +31,7 @@ from recfiles import (
 from rectool.checksums import checksum_path
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.reader import write_index_cache
+from rectool.indexcache import write_index_cache
 from rectool.verify import DecodeOptions, verify_dataset
 from rectool.writer import IndexedRecordWriter, pack_image_record
 

@@ -1,13 +1,15 @@
 """Time opening a 6,000,000-line .idx: rectool's `load_index` (cold, and with its sidecar) vs MXNet.
 
-The issue's limit: parsing a 6M-line .idx must take under 0.5 s on this machine (MXNet's
-`MXIndexedRecordIO` takes about 6 s, and again in every forked DataLoader worker). The .idx is
-built once and kept under `.bench-cache/index/`. "Cold" means no sidecar cache is read or
-written; the .idx text itself is in the OS page cache for every contender, MXNet included.
+The limit (issue 14): opening a 6M-line .idx from its text, without the sidecar, must take
+under 0.5 s on this machine (MXNet's `MXIndexedRecordIO` takes about 6 s, and again in every
+forked DataLoader worker). The .idx is built once and kept under `.bench-cache/index/`. "Cold"
+means no sidecar cache is read; the .idx text itself is in the OS page cache for every
+contender, MXNet included. Also timed: numpy's bulk text parser (`np.fromstring`, rectool's
+previous parser and still its fallback for .idx files whose line widths vary at random).
 
     python tests/benchmarks/bench_index.py [--lines N] [--mxnet-runs N] [--no-mxnet]
 
-Exits 1 when the sidecar load exceeds the limit. `run()` returns the figures for run_all.py.
+Exits 1 when either load exceeds the limit. `run()` returns the figures for run_all.py.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from common import CACHE, best_time  # noqa: E402
 
+from rectool.indexcache import write_index_cache  # noqa: E402
 from rectool.reader import index_cache_path, load_index, read_index_cache  # noqa: E402
 
 CACHE_DIR = CACHE / "index"
@@ -95,7 +98,9 @@ def run(lines=LINES, mxnet_runs=1, repeats=OUR_REPEATS):
     if len(keys) != lines or keys[-1] != lines - 1 or not (np.diff(offsets) > 0).all():
         raise RuntimeError(f"{idx}: parsed {len(keys)} keys, expected 0..{lines - 1}")
 
-    load_index(idx)  # writes the sidecar when it is missing or stale
+    data = idx.read_bytes()
+    bulk_s, _ = best_time(repeats, lambda: np.fromstring(data, np.int64, sep=" "))
+    write_index_cache(idx, keys, offsets)  # the reader only reads it
     if read_index_cache(idx) is None:
         raise RuntimeError(f"{index_cache_path(idx)}: sidecar cache was not written")
     cached_s, (cached_keys, cached_offsets) = best_time(repeats, lambda: load_index(idx))
@@ -113,11 +118,12 @@ def run(lines=LINES, mxnet_runs=1, repeats=OUR_REPEATS):
         "idx": str(idx),
         "cold_s": cold_s,
         "cached_s": cached_s,
+        "numpy_bulk_s": bulk_s,
         "mxnet_s": mxnet_s,
         "mxnet_over_cold": None if mxnet_s is None else mxnet_s / cold_s,
         "mxnet_over_cached": None if mxnet_s is None else mxnet_s / cached_s,
         "limit_s": LIMIT_S,
-        "ok": cached_s < LIMIT_S,
+        "ok": cold_s < LIMIT_S and cached_s < LIMIT_S,
     }
 
 
@@ -137,6 +143,11 @@ def render(result):
             ratio(result["cold_s"]),
         ),
         (
+            "numpy np.fromstring(sep=' ') alone",
+            f"{result['numpy_bulk_s']:.3f} s",
+            ratio(result["numpy_bulk_s"]),
+        ),
+        (
             "rectool load_index, sidecar cache",
             f"{result['cached_s']:.3f} s",
             ratio(result["cached_s"]),
@@ -147,8 +158,8 @@ def render(result):
         f".idx: {result['lines']:,} lines, {result['idx_bytes'] / 1e6:.1f} MB ({result['idx']})",
         f"{'':40} {'time':>10} {'mxnet/ours':>11}",
         *(f"{name:40} {t:>10} {r:>11}" for name, t, r in rows),
-        f"limit: sidecar load < {result['limit_s']} s: {'PASS' if result['ok'] else 'FAIL'}"
-        f" (cold parse: {'under' if result['cold_s'] < result['limit_s'] else 'OVER'} the limit)",
+        f"limit: cold open (no sidecar) and sidecar load < {result['limit_s']} s: "
+        f"{'PASS' if result['ok'] else 'FAIL'}",
     ]
     return "\n".join(lines)
 

@@ -44,7 +44,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import best_in_turns  # noqa: E402
 from tree import ensure_tree  # noqa: E402
 
-from rectool.reader import MAGIC, RankSampler, open_dataset  # noqa: E402
+from rectool.reader import MAGIC, open_dataset  # noqa: E402
+from rectool.training import RankSampler  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_DIR = REPO / ".bench-cache" / "read"

@@ -1,0 +1,60 @@
+"""`rectool dali-index` and `rectool.dali.write_dali_index`: one .idx for DALI over all shards."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from click.testing import CliRunner
+from handmade import MAGIC, write_insightface, write_pack
+from imagefiles import jpeg_bytes
+
+from rectool.cli import cli
+from rectool.dali import write_dali_index
+from rectool.errors import RectoolError
+
+
+def face(key):
+    return jpeg_bytes(key, 16, 16)
+
+
+@pytest.fixture
+def pack(tmp_path):
+    """Three shards of 4, 3 and 5 JPEGs with keys out of order."""
+    keys = [40, 3, 17, 8, 100, 5, 6, 7, 1, 0, 9, 2]
+    items = [(key, jpeg_bytes(n, 24, 20), float(n)) for n, key in enumerate(keys)]
+    samples = write_pack(tmp_path / "faces", [items[:4], items[4:7], items[7:]])
+    return tmp_path / "faces", samples
+
+
+# --- write_dali_index -------------------------------------------------------------------------
+
+
+def test_dali_index_counts_offsets_across_the_shards(pack, tmp_path):
+    prefix, samples = pack
+    recs = write_dali_index(prefix, tmp_path / "all.idx")
+    assert recs == [f"{prefix}-{n:05d}.rec" for n in range(3)]
+    sizes = [os.path.getsize(r) for r in recs]
+    base = {recs[0]: 0, recs[1]: sizes[0], recs[2]: sizes[0] + sizes[1]}
+    expected = "".join(f"{s.key}\t{base[s.rec] + s.offset}\n" for s in samples)
+    assert (tmp_path / "all.idx").read_text() == expected
+    # The concatenated files hold each record where the index says.
+    blob = b"".join(open(r, "rb").read() for r in recs)
+    for line in expected.splitlines():
+        assert blob[int(line.split("\t")[1]) :].startswith(MAGIC)
+
+
+def test_dali_index_refuses_the_insightface_layout(tmp_path):
+    write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2], face)
+    with pytest.raises(RectoolError, match="pack with --layout images for DALI"):
+        write_dali_index(tmp_path / "f.rec", tmp_path / "dali.idx")
+    assert not (tmp_path / "dali.idx").exists()
+
+
+def test_dali_index_command(pack, tmp_path):
+    prefix, _ = pack
+    result = CliRunner().invoke(cli, ["dali-index", str(prefix), str(tmp_path / "cli.idx")])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [f"{prefix}-{n:05d}.rec" for n in range(3)]
+    write_dali_index(prefix, tmp_path / "lib.idx")
+    assert (tmp_path / "cli.idx").read_bytes() == (tmp_path / "lib.idx").read_bytes()

@@ -1,0 +1,53 @@
+"""A FIFO, device or folder named as a .rec/.idx is refused by every command, never read.
+
+Each command runs in a subprocess whose timeout is only a guard: before the fix, opening the
+FIFO blocked forever.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from handmade import image_record, write_shard
+from imagefiles import jpeg_bytes
+
+pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX thing")
+
+COMMANDS = {
+    "verify": lambda rec, out: ["verify", rec],
+    "info": lambda rec, out: ["info", rec],
+    "reindex": lambda rec, out: ["reindex", rec, "--overwrite"],
+    "unpack": lambda rec, out: ["unpack", rec, out],
+}
+
+
+def rectool(*args):
+    code = "import sys; from rectool.cli import cli; cli(sys.argv[1:], prog_name='rectool')"
+    return subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+# verify exits 2 when a target cannot be read at all (docs/verify.md), the others 1.
+EXIT = {"verify": 2, "info": 1, "reindex": 1, "unpack": 1}
+# reindex writes the .idx without reading it, so only its .rec matters.
+CASES = [(c, w) for c in sorted(COMMANDS) for w in ("rec", "idx") if (c, w) != ("reindex", "idx")]
+
+
+@pytest.mark.parametrize(("command", "which"), CASES)
+def test_a_fifo_is_refused(tmp_path, command, which):
+    rec, idx = tmp_path / "a.rec", tmp_path / "a.idx"
+    write_shard(rec, idx, [(k, image_record(jpeg_bytes(k, 8, 8), float(k))) for k in range(3)])
+    fifo = rec if which == "rec" else idx
+    fifo.unlink()
+    os.mkfifo(fifo)
+    result = rectool(*COMMANDS[command](rec, tmp_path / "out"))
+    assert result.returncode == EXIT[command], result.stdout + result.stderr
+    assert f"{fifo}: not a regular file" in result.stderr + result.stdout
+    assert "Traceback" not in result.stderr

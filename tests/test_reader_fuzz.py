@@ -1,0 +1,106 @@
+"""Mutated .rec/.idx/manifest/cache bytes: the reader raises only its own errors, never hangs.
+
+A small pack (two shards with a manifest, one with a record split at a magic word, a
+multi-label record) and an insightface .rec are written once per example, one of their files
+is damaged (bytes overwritten, cut short, or bytes inserted), then the dataset is opened and
+every sample read, decoded, and its labels and identity ranges gathered. Whatever happens
+must be a `RectoolError` (or nothing). An alarm fails an example that blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from handmade import MAGIC, write_insightface, write_pack
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from imagefiles import jpeg_bytes
+
+from rectool.indexcache import write_index_cache
+from rectool.reader import RectoolError, load_index, open_dataset
+
+FILES = ["faces-00000.rec", "faces-00001.idx", "faces.manifest.json", "faces-00000.idx.rtc",
+         "f.rec", "f.idx"]  # fmt: skip
+
+
+def build(folder):
+    images = [jpeg_bytes(k, 12, 10) for k in range(5)]
+    split = images[0][:8] + MAGIC + images[0][8:]  # a magic word at an aligned offset: split
+    write_pack(
+        folder / "faces",
+        [[(0, split, 0.0), (1, images[1], 1.0)], [(7, images[2], [1.0, 2.0]), (3, images[3], 3.0)]],
+    )
+    idx = folder / "faces-00000.idx"
+    write_index_cache(idx, *load_index(idx, cache=False))
+    write_insightface(folder / "f.rec", folder / "f.idx", [2, 1], lambda k: images[k % 5])
+
+
+def mutate(data, kind, at, blob):
+    at = at % (len(data) + 1)
+    if kind == "overwrite":
+        return data[:at] + blob + data[at + len(blob) :]
+    if kind == "cut":
+        return data[:at]
+    return data[:at] + blob + data[at:]
+
+
+def read_everything(source):
+    ds = open_dataset(source, decode="bgr")
+    samples = [ds[i] for i in range(len(ds))]
+    return samples, ds.labels, ds.identity_ranges, open_dataset(source, layout="images").labels
+
+
+@pytest.fixture
+def alarm():
+    def blocked(*args):
+        raise AssertionError("the reader blocked for 20 s")
+
+    previous = signal.signal(signal.SIGALRM, blocked)
+    yield lambda: signal.alarm(20)
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@settings(
+    max_examples=250,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    name=st.sampled_from(FILES),
+    kind=st.sampled_from(["overwrite", "cut", "insert"]),
+    at=st.integers(0, 10**6),
+    blob=st.one_of(
+        st.binary(min_size=1, max_size=8),
+        st.sampled_from([MAGIC, b"\xff" * 4, b"\0" * 4, b"\n", b"\t", b"-1", b'"', b"null"]),
+    ),
+)
+def test_damaged_files_raise_only_rectool_errors(alarm, name, kind, at, blob):
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        build(folder)
+        path = folder / name
+        path.write_bytes(mutate(path.read_bytes(), kind, at, blob))
+        if name.endswith(".rtc"):  # keep the cache fresh against its .idx: only its bytes differ
+            st_idx = os.stat(folder / "faces-00000.idx")
+            os.utime(path, ns=(st_idx.st_atime_ns, st_idx.st_mtime_ns))
+        alarm()
+        for source in (folder / "faces", folder / "f.rec"):
+            try:
+                read_everything(source)
+            except RectoolError:
+                pass
+
+
+def test_the_unmutated_files_read_whole(tmp_path):
+    build(tmp_path)
+    ds = open_dataset(tmp_path / "faces", decode="bgr")
+    assert len(ds) == 4 and all(ds[i][0].ndim == 3 for i in range(4))
+    assert len(open_dataset(tmp_path / "f.rec")) == 3
+    assert np.array_equal(open_dataset(tmp_path / "f.rec").identity_ranges, [[0, 2], [2, 3]])
