@@ -757,20 +757,34 @@ class BatchDecoder:
         loader = DataLoader(batches, batch_size=None, sampler=sampler, num_workers=8)
 
     Images are uint8 (n, H, W, C), labels int64 when integral else float32, with `size`,
-    `mode` and `on_error` as in `Loader` (replacements drawn from `seed`). Inside a DataLoader
-    worker the batch is allocated in torch's shared memory, so handing it to the main process
-    copies nothing; elsewhere it is a pair of numpy arrays. `stats` counts what this process
-    skipped or replaced (a DataLoader worker's counts stay in that worker).
+    `mode` and `on_error` as in `Loader` (replacements drawn from `seed`).
+
+    Inside a DataLoader worker, each worker decodes into a ring of `slots` batch slots in
+    shared memory that it reuses, and only the slot's name travels to the training loop,
+    which gets torch tensors viewing it: no copy and no new shared memory per batch (which
+    is what torch's own transport costs). The images of a batch therefore stay valid until
+    that worker reuses the slot: for at least `slots - prefetch_factor - 1` further batches
+    of the same worker (5 with the defaults), so `prefetch` and `pin_memory` are safe but
+    images kept for later must be copied (`.clone()`); labels are always fresh. `slots=0`
+    sends every batch through torch's transport instead. Outside a worker, each call returns
+    a new pair of numpy arrays. `stats` counts what this process skipped or replaced (a
+    DataLoader worker's counts stay in that worker).
     """
 
-    def __init__(self, ds, *, size=None, mode=None, on_error="raise", seed=0):
+    def __init__(self, ds, *, size=None, mode=None, on_error="raise", seed=0, slots=8):
         mode = _default_mode(ds, mode)
         self.size = _check_options(mode, size, on_error)
-        self.mode, self.on_error, self.seed = mode, on_error, seed
+        self.mode, self.on_error, self.seed, self.slots = mode, on_error, seed, slots
         self._decoder = _SampleDecoder(ds, mode, self.size)
         self._labels = label_table(ds)
         self.shape = tuple(_sample_shape(self._decoder, mode, self.size, len(ds)))
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "replaced": 0}
+        self._ring, self._next_slot = None, 0
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_ring"] = None  # each worker makes its own
+        return state
 
     def __len__(self):
         """Return the number of samples (indices range over the dataset)."""
@@ -778,7 +792,19 @@ class BatchDecoder:
 
     def __getitem__(self, indices):
         indices = np.asarray(indices, np.int64).reshape(-1)
-        images, labels, out = self._allocate(len(indices))
+        labels = np.empty((len(indices), *self._labels.shape[1:]), self._labels.dtype)
+        torch = sys.modules.get("torch")
+        in_worker = torch is not None and torch.utils.data.get_worker_info() is not None
+        slot = None
+        if in_worker and self.slots:
+            slot = self._take_slot(len(indices))
+        if slot is not None:
+            images = self._ring.images[slot]
+        elif in_worker:
+            shared = torch.empty((len(indices), *self.shape), dtype=torch.uint8).share_memory_()
+            images = shared.numpy()
+        else:
+            images = np.empty((len(indices), *self.shape), np.uint8)
         try:
             n, skipped, replaced = fill_batch(
                 self._decoder, self._labels, indices, images, labels, self.on_error, self.seed
@@ -789,14 +815,52 @@ class BatchDecoder:
         self.stats["samples"] += n
         self.stats["skipped"] += len(skipped)
         self.stats["replaced"] += len(replaced)
-        return out[0][:n], out[1][:n]
+        if slot is not None:
+            return _RingBatch(self._ring.path, self._ring.spec, slot, n, labels[:n])
+        if in_worker:
+            return shared[:n], torch.from_numpy(labels[:n])
+        return images[:n], labels[:n]
 
-    def _allocate(self, n):
-        torch = sys.modules.get("torch")
-        shape, label_shape = (n, *self.shape), (n, *self._labels.shape[1:])
-        if torch is not None and torch.utils.data.get_worker_info() is not None:
-            images = torch.empty(shape, dtype=torch.uint8).share_memory_()
-            labels = torch.from_numpy(np.empty(label_shape, self._labels.dtype)).share_memory_()
-            return images.numpy(), labels.numpy(), (images, labels)
-        images, labels = np.empty(shape, np.uint8), np.empty(label_shape, self._labels.dtype)
-        return images, labels, (images, labels)
+    def _take_slot(self, n):
+        """Return the next slot of this worker's ring (made on first use); None if n is larger."""
+        if self._ring is None:
+            self._ring = _Ring(self.slots, n, self.shape, (), np.uint8)
+            # The training loop unlinks the file once it has mapped it; this covers a worker
+            # that ends before any of its batches was received.
+            import multiprocessing.util
+
+            multiprocessing.util.Finalize(self._ring, self._ring.unlink, exitpriority=0)
+        if n > self._ring.spec[1]:
+            return None
+        slot, self._next_slot = self._next_slot, (self._next_slot + 1) % self.slots
+        return slot
+
+
+class _RingBatch:
+    """A batch in a worker's ring, pickled as its place: unpickled as (images, labels) views."""
+
+    def __init__(self, path, spec, slot, n, labels):
+        self.place = (path, spec, slot, n, labels)
+
+    def __reduce__(self):
+        return _attach_batch, self.place
+
+
+_ATTACHED = {}  # ring path -> _Ring, in the process that receives batches
+_ATTACHED_MAX = 256
+
+
+def _attach_batch(path, spec, slot, n, labels):
+    """Return batch `slot` of the ring at `path` as torch tensors (numpy without torch)."""
+    ring = _ATTACHED.pop(path, None)
+    if ring is None:
+        ring = _Ring.attach(path, spec)
+        ring.unlink()  # mapped here and in its worker: the name is no longer needed
+        if len(_ATTACHED) >= _ATTACHED_MAX:  # rings of workers long gone
+            del _ATTACHED[next(iter(_ATTACHED))]
+    _ATTACHED[path] = ring  # most recent last
+    images = ring.images[slot, :n]
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return images, labels
+    return torch.from_numpy(images), torch.from_numpy(labels)

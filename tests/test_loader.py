@@ -247,13 +247,14 @@ def test_copy_survives_the_next_step_and_tensors(pack):
     assert np.array_equal(images[1].numpy(), expected)
 
 
-def test_batch_decoder_in_a_torch_dataloader(pack):
+@pytest.mark.parametrize("slots", [8, 0])
+def test_batch_decoder_in_a_torch_dataloader(pack, slots):
     prefix, samples = pack
     torch = pytest.importorskip("torch")
     from rectool.reader import RankSampler
 
     ds = open_dataset(prefix)
-    batches = BatchDecoder(ds, mode="bgr")
+    batches = BatchDecoder(ds, mode="bgr", slots=slots)
     sampler = torch.utils.data.BatchSampler(RankSampler(ds, seed=4), 8, drop_last=False)
     loader = torch.utils.data.DataLoader(batches, batch_size=None, sampler=sampler, num_workers=2)
     seen = []
@@ -263,6 +264,8 @@ def test_batch_decoder_in_a_torch_dataloader(pack):
             assert np.array_equal(image.numpy(), decoded(samples[label].image))
             seen.append(label)
     assert sorted(seen) == list(range(SAMPLES))
+    del loader
+    assert shm_segments() == []
 
 
 def test_options_are_checked(pack):
