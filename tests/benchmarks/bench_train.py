@@ -2,7 +2,8 @@
 
 On the 100k benchmark pack (bench_read.py's, 112x112 JPEGs), with the same number N of
 processes on every side, each timed over windows of `--images` images after its start-up,
-in turns (bare, ours, torch, torch + BatchDecoder; best of `--repeats`):
+in turns (bare, ours, torch, torch + BatchDecoder; best of `--repeats`, 8 by default: on a
+shared machine the best short window is the one least disturbed by other jobs):
 
 - **bare**: N forked processes that only `cv2.imdecode` the pack's payloads (mmap slices, a
   shuffled order) and keep nothing: the decode limit of N processes;
@@ -223,7 +224,7 @@ def size_figures(prefix, repeats):
     return best_in_turns(repeats, reduced, full)
 
 
-def run(workers=2, images=20_000, repeats=3, log=print):
+def run(workers=2, images=8_000, repeats=8, log=print):
     """Run every side; return the rates (images/s), CPU per image and ratios."""
     prefix = ensure_pack(log)
     log(f"starting {workers} bare decoders, Loader, DataLoader x2 ...")
@@ -296,8 +297,8 @@ def report(figures):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--images", type=int, default=20_000, help="images per timed window")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--images", type=int, default=8_000, help="images per timed window")
+    parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
 
