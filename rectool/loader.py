@@ -650,6 +650,16 @@ class Loader:
             self._ring.close()
             self._ring = None
 
+    def _send(self, w, task):
+        try:
+            self._conns[w].send(task)
+        except OSError:  # its end of the pipe is closed: the worker is gone
+            process = self._processes[w]
+            process.join(timeout=1)
+            raise _WorkerDied(
+                f"loader worker {w} (pid {process.pid}) died with exit code {process.exitcode}"
+            ) from None
+
     def _receive(self, w, number):
         """Return worker `w`'s next answer, which must be about batch `number`."""
         conn, process = self._conns[w], self._processes[w]
@@ -693,17 +703,18 @@ class Loader:
         received = 0
         try:
             while received < count:
-                # Batch b goes to worker b % workers, which answers its batches in order.
-                while len(slot_of) < self.slots and received + len(slot_of) < count:
-                    number = received + len(slot_of)
-                    chunk = indices[number * self.batch_size : (number + 1) * self.batch_size]
-                    slot_of[number] = slot = free.pop()
-                    self._conns[number % self.workers].send((number, slot, chunk))
-                slot = slot_of.pop(received)
                 try:
+                    # Batch b goes to worker b % workers, which answers its batches in order.
+                    while len(slot_of) < self.slots and received + len(slot_of) < count:
+                        number = received + len(slot_of)
+                        chunk = indices[number * self.batch_size : (number + 1) * self.batch_size]
+                        slot_of[number] = free.pop()
+                        self._send(number % self.workers, (number, slot_of[number], chunk))
+                    slot = slot_of.pop(received)
                     report = self._receive(received % self.workers, received)
                 except _WorkerDied as exc:
                     self._broken = True
+                    slot_of.clear()  # nothing more will come from a broken set of workers
                     raise _reader(self._decoder.ds).RectoolError(str(exc)) from None
                 received += 1
                 try:

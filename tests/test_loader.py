@@ -7,6 +7,7 @@ the image bytes the test wrote, so nothing expected is computed by the loader or
 from __future__ import annotations
 
 import os
+import signal
 
 import cv2
 import numpy as np
@@ -297,3 +298,17 @@ def test_crop_box_keeps_the_centre_at_the_target_aspect():
     assert crop_box((40, 32), (16, 16)) == (4, 0, 32, 32)
     assert crop_box((20, 60), (16, 16)) == (0, 20, 20, 20)
     assert crop_box((100, 100), (50, 100)) == (25, 0, 50, 100)
+
+
+def test_a_dead_worker_is_an_error_and_the_next_pass_starts_afresh(pack):
+    prefix, _ = pack
+    with Loader(open_dataset(prefix), 2, workers=2, shuffle=False) as loader:
+        passes = iter(loader)
+        next(passes)
+        victim = loader._processes[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join()
+        with pytest.raises(RectoolError, match=rf"loader worker 1 \(pid {victim.pid}\) died"):
+            list(passes)
+        assert sorted(collect(loader)[1]) == list(range(SAMPLES))
+    assert shm_segments() == []
