@@ -618,8 +618,14 @@ class Loader:
                 self._conns.append(ours)
             for w in range(self.workers):
                 self._receive(w, None)  # "ready": the worker has mapped the ring
+        except _WorkerDied as exc:
+            self._stop_workers()
+            raise _reader(self._decoder.ds).RectoolError(
+                f"{exc} while starting; under the spawn start method the training script "
+                "must start its work under `if __name__ == '__main__':`"
+            ) from None
         except BaseException:
-            self.close()
+            self._stop_workers()  # not close(): this runs inside the pass being started
             raise
         finally:
             if self._ring is not None:
@@ -669,7 +675,13 @@ class Loader:
                     f"loader worker {w} (pid {process.pid}) died with exit code "
                     f"{process.exitcode} (out of memory, or killed?)"
                 )
-        kind, *rest = conn.recv()
+        try:
+            kind, *rest = conn.recv()
+        except (EOFError, OSError):  # the pipe closed: the worker ended
+            process.join(timeout=1)
+            raise _WorkerDied(
+                f"loader worker {w} (pid {process.pid}) died with exit code {process.exitcode}"
+            ) from None
         if kind == "error":
             self._raise(*rest[1])
         if kind == "ok" and rest[0] != number:

@@ -312,3 +312,55 @@ def test_a_dead_worker_is_an_error_and_the_next_pass_starts_afresh(pack):
             list(passes)
         assert sorted(collect(loader)[1]) == list(range(SAMPLES))
     assert shm_segments() == []
+
+
+STANDALONE = """
+import sys
+sys.modules["rectool"] = None  # the copies must stand alone
+from rectool_reader import open_dataset
+from rectool_loader import Loader
+
+if __name__ == "__main__":
+    for method in ("fork", "spawn"):
+        with Loader(open_dataset(sys.argv[1]), 8, start_method=method, seed=1) as loader:
+            labels = sorted(label for _, batch in loader for label in batch.tolist())
+        assert labels == list(range(37)), labels
+    assert "torch" not in sys.modules
+    print("ok")
+"""
+
+
+def test_the_copies_work_beside_each_other_without_rectool(pack, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    import rectool.loader
+    from rectool.emit import emit_reader
+
+    emit_reader(tmp_path / "rectool_reader.py")
+    shutil.copy(rectool.loader.__file__, tmp_path / "rectool_loader.py")
+    (tmp_path / "run.py").write_text(STANDALONE, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "run.py"), str(pack[0])],
+        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr
+
+
+def test_a_worker_that_cannot_start_is_named(pack, tmp_path):
+    import subprocess
+    import sys
+
+    script = "from rectool.reader import open_dataset\nfrom rectool.loader import Loader\n"
+    script += "import sys\nfor _ in Loader(open_dataset(sys.argv[1]), 8, start_method='spawn'):\n"
+    script += "    pass\n"  # no __main__ guard: each spawned worker runs this again and fails
+    (tmp_path / "unguarded.py").write_text(script, encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "unguarded.py"), str(pack[0])],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("rectool.reader.RectoolError: loader worker 0 (pid"), out.stderr
+    assert "if __name__ == '__main__':" in last
