@@ -308,10 +308,11 @@ def fill_batch(decoder, label_table, indices, images, labels, on_error, seed):
 
 
 def label_table(ds):
-    """Return every label for batching: int64 when all are integral, else float32.
+    """Return every label for batching: int64 (N,) when all are whole numbers, else float32.
 
-    Integral labels (class indices, what `rectool pack` writes) become int64, what a loss
-    takes; anything else (multi-label vectors, regression targets) stays float32, (N,) or (N, k).
+    Scalar whole-number labels (class indices, what `rectool pack` writes) become int64, what
+    a classification loss takes; other scalars (regression targets) stay float32 (N,), and
+    label vectors (multi-label packs, even of 0s and 1s) stay float32 (N, k).
     """
     labels = _labels(ds)
     if labels.dtype == object:
@@ -320,7 +321,7 @@ def label_table(ds):
             f"the samples carry labels of {widths} values: a batch needs one label width"
         )
     labels = np.asarray(labels, np.float32)
-    if np.isfinite(labels).all() and (labels == np.trunc(labels)).all():
+    if labels.ndim == 1 and np.isfinite(labels).all() and (labels == np.trunc(labels)).all():
         return labels.astype(np.int64)
     return labels
 
@@ -487,7 +488,7 @@ class Loader:
     `for images, labels in loader` yields this rank's share of epoch `set_epoch(e)` (0 by
     default) in `batch_size` batches: `images` uint8 (n, H, W, C) in `mode` ("rgb", "bgr" or
     "gray"; default the dataset's decode mode, else "rgb"), `labels` int64 (n,) when every
-    label is integral, else float32 (n,) or (n, k) (`label_table`).
+    label is a whole number, else float32 (n,), or (n, k) for label vectors (`label_table`).
 
     - **Order.** The order is `RankSampler(len(ds), rank, world_size, shuffle, seed)` of the
       dataset's reader: one seeded permutation per epoch, every sample exactly once (ranks
@@ -779,7 +780,7 @@ class BatchDecoder:
         sampler = torch.utils.data.BatchSampler(RankSampler(ds, rank, world_size), 256, False)
         loader = DataLoader(batches, batch_size=None, sampler=sampler, num_workers=8)
 
-    Images are uint8 (n, H, W, C), labels int64 when integral else float32, with `size`,
+    Images are uint8 (n, H, W, C), labels as in `Loader` (`label_table`), with `size`,
     `mode` and `on_error` as in `Loader` (replacements drawn from `seed`).
 
     Inside a DataLoader worker, each worker decodes into a ring of `slots` batch slots in

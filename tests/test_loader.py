@@ -117,6 +117,14 @@ def test_float_labels_stay_float32(tmp_path):
         assert labels.dtype == np.float32 and labels.tolist() == [0, 0.5, 1, 1.5, 2]
 
 
+def test_label_vectors_stay_float32_even_of_zeros_and_ones(tmp_path):
+    items = [(n, jpeg_bytes(n, 12, 10), [n % 2, 1 - n % 2, 1]) for n in range(4)]
+    write_pack(tmp_path / "multi", [items])
+    with Loader(open_dataset(tmp_path / "multi"), 4, shuffle=False, workers=1) as loader:
+        ((_, labels),) = list(loader)
+        assert labels.dtype == np.float32 and labels.tolist() == [[0, 1, 1], [1, 0, 1]] * 2
+
+
 def test_gray_mode(pack):
     prefix, samples = pack
     with Loader(open_dataset(prefix), 4, mode="gray", shuffle=False, workers=1) as loader:
