@@ -2,8 +2,9 @@
 
 `Loader` runs worker processes that decode whole batches straight into a ring of batch slots
 in shared memory and hand back only the slot number; the training loop gets numpy (or torch)
-views of those slots, in a deterministic order. Nothing is pickled or copied per batch, which
-is where torch's DataLoader loses a third of the decode rate on small images:
+views of those slots, in a deterministic order. Nothing is pickled, copied or allocated per
+batch: torch's DataLoader spends about 35 µs an image on that with 112x112 images, more than
+half of what decoding them costs.
 
     from rectool_reader import open_dataset, prefetch
     from rectool_loader import Loader
