@@ -31,6 +31,7 @@ BENCHMARKS = {
     "verify": lambda log: _module("bench_verify").run(log=log),
     "read": lambda log: _module("bench_read").run(log=log),
     "report": lambda log: _module("bench_report").run(log=log),
+    "train": lambda log: _module("bench_train").run(log=log),
 }
 
 
@@ -52,6 +53,7 @@ TARGETS = {
     "pack": _module("bench_pack").TARGETS,
     "verify": _module("bench_verify").TARGETS,
     "report": _module("bench_report").TARGETS,
+    "train": _module("bench_train").TARGETS,
     "read": [
         ("raw_vs_mxnet", "random raw reads: ours / MXNet read_idx + unpack", ">=", 5),
         ("raw_vs_bare", "random raw reads: ours / bare mmap + struct loop", ">=", 0.5),
