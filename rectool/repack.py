@@ -20,6 +20,8 @@ import hashlib
 import json
 import mmap
 import os
+import queue
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -66,6 +68,8 @@ FLOAT32_EXACT = 2**24
 BATCH_RECORDS = 8192
 BATCH_BYTES = 8 << 20
 REENCODE_CHUNK = 32
+# Source pages copied are unmapped every this many bytes (see `_RecordCopier._forget_pages`).
+RELEASE_BYTES = 64 << 20
 # Cross-identity duplicate groups listed in the report (all are counted).
 REPORT_GROUPS = 1000
 
@@ -145,6 +149,7 @@ class _Source:
         self.shard_of = _sample_shards(self.dataset)
         self.labels = _identity_labels(self.dataset, self.spec)
         self.names = _identity_names(self.dataset)
+        self.dataset.close()  # its mappings are touched end to end: let them go
 
     def fingerprint(self):
         """Return what identifies the source's files (compared on --resume)."""
@@ -255,10 +260,10 @@ def build_catalog(sources, labels_by="offset"):
         source_ids.append(np.full(len(s.labels), k, np.int32))
         samples.append(np.arange(len(s.labels), dtype=np.int64))
     label = np.concatenate(labels) if labels else np.empty(0, np.int64)
-    source_labels = [
-        {int(m): int(o) for m, o in zip(*np.unique(np.stack([merged_l, s.labels]), axis=1))}
-        for merged_l, s in zip(labels, sources)
-    ]
+    source_labels = []
+    for merged_l, s in zip(labels, sources):
+        present, first = np.unique(s.labels, return_index=True)  # merged = f(source label)
+        source_labels.append(dict(zip(merged_l[first].tolist(), present.tolist())))
     return Catalog(np.concatenate(source_ids), np.concatenate(samples), label, names, source_labels)
 
 
@@ -374,6 +379,7 @@ def _catalog_digests(sources, catalog, mask):
         ds = s.dataset
         for row, i in zip(rows.tolist(), catalog.sample[rows].tolist()):
             digests[row] = _digest(ds[i][0])
+        ds.close()
     return digests
 
 
@@ -381,6 +387,7 @@ def _dataset_digests(dataset):
     out = np.zeros((len(dataset), 2), np.uint64)
     for i in range(len(dataset)):
         out[i] = _digest(dataset[i][0])
+    dataset.close()
     return out
 
 
@@ -483,6 +490,47 @@ def check_options(options):
 # -- writing ------------------------------------------------------------------------------------
 
 
+class _ParallelDigest:
+    """A hash fed on a thread of its own, so that checksumming overlaps writing.
+
+    `update` queues the buffer (which must not change afterwards: the copier makes a new
+    buffer per batch) and returns; `hexdigest` waits until the queue is hashed. hashlib
+    releases the GIL over large buffers, so with two cores the checksum costs no wall time
+    beside the writes.
+    """
+
+    def __init__(self, digest):
+        self._digest = digest
+        self._queue = queue.Queue(maxsize=8)
+        self._thread = None
+
+    def _run(self):
+        while (data := self._queue.get()) is not None:
+            self._digest.update(data)
+
+    def update(self, data):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rectool-digest", daemon=True)
+            self._thread.start()
+        self._queue.put(data)
+
+    def hexdigest(self):
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        return self._digest.hexdigest()
+
+
+class _ShardWriter(ShardWriter):
+    """`shards.ShardWriter`, its .rec checksum computed on a thread of its own."""
+
+    def _start(self, number, resume_state=None):
+        shard = super()._start(number, resume_state)
+        shard.rec_hash = _ParallelDigest(shard.rec_hash)
+        return shard
+
+
 class _RecordCopier:
     """Frame kept records for the output from the mmapped sources, a batch at a time."""
 
@@ -492,6 +540,7 @@ class _RecordCopier:
         self._file_index = {}
         self._base = np.cumsum([0] + [len(s.dataset.shards) for s in sources])
         self._record_files = {}
+        self._copied = 0
 
     def close(self):
         maps = [mm for mm, _, _ in self._files]
@@ -569,20 +618,36 @@ class _RecordCopier:
         )
         if scalar_only:
             fast &= flag == 0
+        # Records that follow each other in one source file are copied as one slice.
+        joined = np.zeros(n, bool)
+        joined[1:] = (
+            fast[1:]
+            & fast[:-1]
+            & (files[1:] == files[:-1])
+            & (offsets[1:] == offsets[:-1] + framed[:-1])
+        )
+        firsts = np.flatnonzero(~joined)
+        lasts = np.r_[firsts[1:], n] - 1
+        ends = offsets + framed
         parts, sizes_out = [], framed.copy()
-        views = [memoryview(self._file(f)[0]) for f in range(len(self._files))]
         append = parts.append
-        for i, (f, o, size, quick) in enumerate(
-            zip(files.tolist(), offsets.tolist(), framed.tolist(), fast.tolist())
+        views = [memoryview(self._file(f)[0]) for f in range(len(self._files))]
+        for a, f, o, e, quick in zip(
+            firsts.tolist(),
+            files[firsts].tolist(),
+            offsets[firsts].tolist(),
+            ends[lasts].tolist(),
+            fast[firsts].tolist(),
         ):
             if quick:
-                append(views[f][o : o + size])
-            else:
-                record = self._reframe(int(rows[i]), float(labels[i]), int(keys[i]), scalar_only)
-                sizes_out[i] = len(record)
+                append(views[f][o:e])
+            else:  # a run of one
+                record = self._reframe(int(rows[a]), float(labels[a]), int(keys[a]), scalar_only)
+                sizes_out[a] = len(record)
                 append(record)
         data = bytearray().join(parts)
         del parts, views
+        self._forget_pages(files, framed)
         starts = np.zeros(n, np.int64)
         np.cumsum(sizes_out[:-1], out=starts[1:])
         out = np.frombuffer(data, "<u4")
@@ -593,6 +658,17 @@ class _RecordCopier:
         out[w + 5] = key_hi[fast]
         del out
         return data, starts.tolist(), n
+
+    def _forget_pages(self, files, framed):
+        """Unmap source pages already copied, every RELEASE_BYTES: they stay in the page
+        cache, but no longer count in this process's memory (RSS stays flat)."""
+        self._copied += int(framed.sum())
+        if self._copied < RELEASE_BYTES or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        self._copied = 0
+        for mm, _, _ in self._files:
+            if isinstance(mm, mmap.mmap):
+                mm.madvise(mmap.MADV_DONTNEED)
 
     def _reframe(self, row, label, key, scalar_only):
         head, image = self._read(row)
@@ -686,7 +762,7 @@ class _RepackRun:
         self.last_shard = None
         if options.shard_records and not options.shard_bytes:
             self.last_shard = max(self.total - 1, 0) // options.shard_records
-        self.writer = ShardWriter(
+        self.writer = _ShardWriter(
             prefix, options.shard_bytes, options.shard_records, last_shard=self.last_shard
         )
         self.copier = _RecordCopier(sources, catalog)

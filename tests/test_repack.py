@@ -11,6 +11,7 @@ import os
 import struct
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -36,7 +37,9 @@ def pack_tree(tmp_path, name, identities, per_identity=3, first_seed=0, layout="
     for label, identity in enumerate(identities):
         (root / identity).mkdir(parents=True)
         for n in range(per_identity):
-            data = jpeg_bytes(first_seed + 100 * label + n + hash(identity) % 1000, 20, 16)
+            # Distinct, deterministic images: crc32 of the name (hash() of a str is salted).
+            seed = first_seed * 7919 + zlib.crc32(identity.encode()) % 99991 * 10 + n
+            data = jpeg_bytes(seed, 20, 16)
             rel = f"{identity}/{n}.jpg"
             (root / rel).write_bytes(data)
             items.append((len(items), label, rel))

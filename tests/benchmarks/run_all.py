@@ -30,6 +30,7 @@ BENCHMARKS = {
     "pack": lambda log: _module("bench_pack").run(log=log),
     "verify": lambda log: _module("bench_verify").run(log=log),
     "read": lambda log: _module("bench_read").run(log=log),
+    "repack": lambda log: _module("bench_repack").run(log=log),
 }
 
 
@@ -49,6 +50,7 @@ TARGETS = {
     ],
     "pack": _module("bench_pack").TARGETS,
     "verify": _module("bench_verify").TARGETS,
+    "repack": _module("bench_repack").TARGETS,
     "read": [
         ("raw_vs_mxnet", "random raw reads: ours / MXNet read_idx + unpack", ">=", 5),
         ("raw_vs_bare", "random raw reads: ours / bare mmap + struct loop", ">=", 0.5),
