@@ -21,6 +21,7 @@ import json
 import mmap
 import os
 import queue
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -163,8 +164,12 @@ class _Source:
 
 def _sample_shards(dataset):
     """Return the shard number of every sample (int32), from the dataset's own table."""
-    shards = dataset._sample_shards()  # reader.RecordDataset: the one place that knows it
-    return np.asarray(shards, np.int32)
+    table = getattr(dataset, "_sample_shards", None)  # reader.RecordDataset's, when it has one
+    if table is not None:
+        return np.asarray(table(), np.int32)
+    number = {rec: k for k, (rec, _) in enumerate(dataset.shards)}
+    count = len(dataset)
+    return np.fromiter((number[dataset.location(i)[0]] for i in range(count)), np.int32, count)
 
 
 def _identity_labels(dataset, spec):
@@ -539,7 +544,8 @@ class _RecordCopier:
         self._files = []  # (source, shard) -> (mmap, uint32 words, size)
         self._file_index = {}
         self._base = np.cumsum([0] + [len(s.dataset.shards) for s in sources])
-        self._record_files = {}
+        # Read by worker threads when re-encoding: made here, once, not on first use.
+        self._record_files = {rec: RecordFile(rec) for s in sources for rec, _ in s.dataset.shards}
         self._copied = 0
 
     def close(self):
@@ -684,10 +690,7 @@ class _RecordCopier:
         s = self.sources[self.catalog.source[row]]
         i = int(self.catalog.sample[row])
         rec, offset, key = s.dataset.location(i)
-        rf = self._record_files.get(rec)
-        if rf is None:
-            rf = self._record_files[rec] = RecordFile(rec)
-        record = rf.read_at(offset, key)
+        record = self._record_files[rec].read_at(offset, key)
         head, image = unpack_header(record, rec, offset)
         return head, bytes(image)
 
@@ -714,6 +717,7 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
         raise UsageError("give at least one SOURCE")
     opened = [_Source(s) for s in sources]
     targets = [_Source(t) for t in options.drop_overlap]
+    _check_not_a_source(prefix, opened + targets)
     catalog = build_catalog(opened, options.labels_by)
     plan = plan_repack(opened, catalog, options, targets)
     check_plan(plan, options)
@@ -721,6 +725,10 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
     if resume and is_complete_pack(prefix):
         return _completed_result(prefix)
     prepare_outputs(prefix, resume, overwrite)
+    if not resume:
+        for stale in (prefix + RELABEL_SUFFIX, prefix + REPORT_SUFFIX):
+            if os.path.exists(stale):
+                os.unlink(stale)
     state = {
         "command": "repack",
         "sources": [s.fingerprint() for s in opened],
@@ -737,6 +745,22 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
     finally:
         run.copier.close()
     return run.finish(state_path)
+
+
+_SHARD_NAME = re.compile(r"(?:-[0-9]{5})?\.(?:rec|idx)(?:\.rtc)?")
+
+
+def _check_not_a_source(prefix, sources):
+    """Refuse an OUT_PREFIX whose shards would replace a source's (or a target's) files."""
+    out = os.path.realpath(prefix)
+    for s in sources:
+        for path in (p for shard in s.dataset.shards for p in shard):
+            real = os.path.realpath(path)
+            if real.startswith(out) and _SHARD_NAME.fullmatch(real[len(out) :]):
+                raise UsageError(
+                    f"OUT_PREFIX {prefix} would write over {path}, a file of source {s.spec}; "
+                    "repack to another prefix"
+                )
 
 
 def _completed_result(prefix):

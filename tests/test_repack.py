@@ -449,6 +449,14 @@ def test_resume_after_kill_9_gives_the_same_bytes(tmp_path, layout, reencode):
     assert report["images"] == (53 if reencode else 60)
 
 
+def test_out_prefix_over_a_source_is_refused_even_with_overwrite(tmp_path):
+    counted_pack(tmp_path, [2])
+    before = (tmp_path / "src.rec").read_bytes()
+    with pytest.raises(UsageError, match="would write over .*src.rec, a file of source"):
+        repack([tmp_path / "src"], tmp_path / "src", overwrite=True)
+    assert (tmp_path / "src.rec").read_bytes() == before
+
+
 def test_a_source_that_does_not_open_is_named(tmp_path):
     counted_pack(tmp_path, [1])
     with pytest.raises(RectoolError, match="source .*nowhere: .*no dataset here"):
