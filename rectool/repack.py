@@ -786,6 +786,10 @@ class _RepackRun:
         self.last_shard = None
         if options.shard_records and not options.shard_bytes:
             self.last_shard = max(self.total - 1, 0) // options.shard_records
+        elif not options.shard_bytes:
+            # One shard: ShardWriter.resume must stop after it (with no last shard it would
+            # look at the same finished file again and again).
+            self.last_shard = 0
         self.writer = _ShardWriter(
             prefix, options.shard_bytes, options.shard_records, last_shard=self.last_shard
         )
@@ -828,8 +832,11 @@ class _RepackRun:
     def _open_failures(self, resume):
         """Write the plan's removals, then keep the refusals an interrupted run wrote."""
         kept = b""
-        if resume and os.path.exists(self.failures_partial):
-            with open(self.failures_partial, "rb") as f:
+        earlier = self.failures_partial
+        if not os.path.exists(earlier):  # killed after renaming it, before the manifest
+            earlier = self.prefix + FAILURES_SUFFIX
+        if resume and os.path.exists(earlier):
+            with open(earlier, "rb") as f:
                 data = f.read()
             lines = data[: data.rfind(b"\n") + 1].splitlines(keepends=True)
             kept = b"".join(line for line in lines if b'"stage": "write"' in line)
@@ -1045,7 +1052,7 @@ class _RepackRun:
         """Write `property` (classes,height,width) beside the pack; return where H,W came from."""
         height, width = 112, 112
         note = "no image written: 112x112 assumed"
-        if self.images:
+        if self.total > self.refused.sum():
             with RecordFile(self.prefix + ".rec") as rf:
                 # Image key 1 is the first record of the file (identity records follow).
                 record = rf.read_at(0)

@@ -457,6 +457,28 @@ def test_out_prefix_over_a_source_is_refused_even_with_overwrite(tmp_path):
     assert (tmp_path / "src.rec").read_bytes() == before
 
 
+def test_resume_after_a_kill_just_before_the_manifest(tmp_path, monkeypatch):
+    good = jpeg_bytes(3, 12, 10)
+    write_pack(tmp_path / "src", [[(0, good, 0.0), (1, b"not an image", 0.0), (2, good, 1.0)]])
+    options = RepackOptions(transform=Transform(quality=80), layout="insightface")
+    reference = repack([tmp_path / "src"], tmp_path / "ref" / "train", options)
+    real = repack_module.write_json_atomic
+
+    def killed_before_manifest(path, document):
+        if str(path).endswith(".manifest.json"):
+            raise KeyboardInterrupt
+        return real(path, document)
+
+    monkeypatch.setattr(repack_module, "write_json_atomic", killed_before_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        repack([tmp_path / "src"], tmp_path / "run" / "train", options)
+    monkeypatch.setattr(repack_module, "write_json_atomic", real)
+    resumed = repack([tmp_path / "src"], tmp_path / "run" / "train", options, resume=True)
+    assert (resumed.images, resumed.failures) == (reference.images, reference.failures) == (2, 1)
+    for name in ("train.rec", "train.idx", "train.failures.jsonl", "property"):
+        assert (tmp_path / "run" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
+
+
 def test_a_source_that_does_not_open_is_named(tmp_path):
     counted_pack(tmp_path, [1])
     with pytest.raises(RectoolError, match="source .*nowhere: .*no dataset here"):
