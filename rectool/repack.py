@@ -553,7 +553,10 @@ class _RecordCopier:
         self._files = []  # drops the numpy views first: a mapping with views cannot close
         for mm in maps:
             if isinstance(mm, mmap.mmap):
-                mm.close()
+                try:
+                    mm.close()
+                except BufferError:  # a view is still queued (after an error): let GC close it
+                    pass
         for rf in self._record_files.values():
             rf.close()
 
@@ -632,6 +635,18 @@ class _RecordCopier:
             & (files[1:] == files[:-1])
             & (offsets[1:] == offsets[:-1] + framed[:-1])
         )
+        if (
+            fast.all()
+            and joined[1:].all()
+            and self._unchanged(files[0], offsets, flag, label_bits, key_lo, key_hi)
+        ):
+            # One stretch of a source whose headers stay as they are (a pack resharded, or
+            # already in this order): handed to the writer as it is, without a copy.
+            mm = self._file(int(files[0]))[0]
+            first = int(offsets[0])
+            data = memoryview(mm)[first : int(offsets[-1] + framed[-1])]
+            self._forget_pages(files, framed)
+            return data, (offsets - first).tolist(), n
         firsts = np.flatnonzero(~joined)
         lasts = np.r_[firsts[1:], n] - 1
         ends = offsets + framed
@@ -664,6 +679,18 @@ class _RecordCopier:
         out[w + 5] = key_hi[fast]
         del out
         return data, starts.tolist(), n
+
+    def _unchanged(self, f, offsets, flag, label_bits, key_lo, key_hi):
+        """Return True when the records at `offsets` of file `f` already hold these labels
+        and keys."""
+        words = self._file(int(f))[1]
+        w = offsets >> 2
+        label_at = w + np.where(flag > 0, 8, 3)
+        return bool(
+            (words[label_at] == label_bits).all()
+            and (words[w + 4] == key_lo).all()
+            and (words[w + 5] == key_hi).all()
+        )
 
     def _forget_pages(self, files, framed):
         """Unmap source pages already copied, every RELEASE_BYTES: they stay in the page
