@@ -549,7 +549,7 @@ class _RecordCopier:
         self._copied = 0
 
     def close(self):
-        maps = [mm for mm, _, _ in self._files]
+        maps = [entry[0] for entry in self._files if entry is not None]
         self._files = []  # drops the numpy views first: a mapping with views cannot close
         for mm in maps:
             if isinstance(mm, mmap.mmap):
@@ -561,13 +561,16 @@ class _RecordCopier:
             rf.close()
 
     def _file(self, f):
+        """Return (mapping, its uint32 words, size) of source file `f`, mapping it if need be."""
         while len(self._files) <= f:
-            k = int(np.searchsorted(self._base, len(self._files), side="right") - 1)
-            rec = self.sources[k].dataset.shards[len(self._files) - self._base[k]][0]
+            self._files.append(None)
+        if self._files[f] is None:
+            k = int(np.searchsorted(self._base, f, side="right") - 1)
+            rec = self.sources[k].dataset.shards[f - self._base[k]][0]
             with open(rec, "rb") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b"\0" * 8
-            self._files.append((mm, np.frombuffer(mm, "<u4", len(mm) // 4), size))
+            self._files[f] = (mm, np.frombuffer(mm, "<u4", len(mm) // 4), size)
         return self._files[f]
 
     def locate(self, rows):
@@ -645,14 +648,14 @@ class _RecordCopier:
             mm = self._file(int(files[0]))[0]
             first = int(offsets[0])
             data = memoryview(mm)[first : int(offsets[-1] + framed[-1])]
-            self._forget_pages(files, framed)
+            self._forget_pages(framed)
             return data, (offsets - first).tolist(), n
         firsts = np.flatnonzero(~joined)
         lasts = np.r_[firsts[1:], n] - 1
         ends = offsets + framed
         parts, sizes_out = [], framed.copy()
         append = parts.append
-        views = [memoryview(self._file(f)[0]) for f in range(len(self._files))]
+        views = {f: memoryview(self._file(f)[0]) for f in np.unique(files).tolist()}
         for a, f, o, e, quick in zip(
             firsts.tolist(),
             files[firsts].tolist(),
@@ -668,7 +671,7 @@ class _RecordCopier:
                 append(record)
         data = bytearray().join(parts)
         del parts, views
-        self._forget_pages(files, framed)
+        self._forget_pages(framed)
         starts = np.zeros(n, np.int64)
         np.cumsum(sizes_out[:-1], out=starts[1:])
         out = np.frombuffer(data, "<u4")
@@ -692,16 +695,17 @@ class _RecordCopier:
             and (words[w + 5] == key_hi).all()
         )
 
-    def _forget_pages(self, files, framed):
-        """Unmap source pages already copied, every RELEASE_BYTES: they stay in the page
-        cache, but no longer count in this process's memory (RSS stays flat)."""
+    def _forget_pages(self, framed):
+        """Let go of the source mappings every RELEASE_BYTES copied: their pages stay in the
+        page cache, but no longer count in this process's memory, so RSS stays flat. (A
+        mapping is unmapped once the last view of it, maybe one queued for writing, is gone;
+        munmap costs far less than madvise(MADV_DONTNEED) with other threads running.)"""
         self._copied += int(framed.sum())
-        if self._copied < RELEASE_BYTES or not hasattr(mmap, "MADV_DONTNEED"):
-            return
-        self._copied = 0
-        for mm, _, _ in self._files:
-            if isinstance(mm, mmap.mmap):
-                mm.madvise(mmap.MADV_DONTNEED)
+        if self._copied >= RELEASE_BYTES:
+            self._copied = 0
+            self._files = [None] * len(self._files)
+            for rf in self._record_files.values():  # only this thread reads them here
+                rf.close()
 
     def _reframe(self, row, label, key, scalar_only):
         head, image = self._read(row)
@@ -913,7 +917,7 @@ class _RepackRun:
     def _keys(self, positions):
         if self.insightface:
             return np.arange(self.images + 1, self.images + 1 + len(positions), dtype=np.int64)
-        return np.asarray(positions, np.int64)
+        return np.arange(positions.start, positions.stop, dtype=np.int64)
 
     def _copy(self, done):
         rows, labels = self.plan.rows, self.plan.new_label
