@@ -441,8 +441,9 @@ def _shared_groups(digests, labels, mask, shared):
     order = np.argsort(pairs, kind="stable")
     rows, pairs = rows[order], pairs[order]
     starts = np.flatnonzero(np.r_[True, pairs[1:] != pairs[:-1]])
-    groups = np.split(rows, starts[1:])
-    return [g.tolist() for g in groups[:REPORT_GROUPS]], len(groups)
+    ends = np.r_[starts[1:], len(rows)]
+    shown = zip(starts[:REPORT_GROUPS].tolist(), ends[:REPORT_GROUPS].tolist())
+    return [rows[a:b].tolist() for a, b in shown], len(starts)
 
 
 def check_plan(plan, options):
