@@ -709,7 +709,7 @@ class _RecordCopier:
                 rf.close()
 
     def _reframe(self, row, label, key, scalar_only):
-        head, image = self._read(row)
+        head, image = self.read_record(row)
         if head.flag and not scalar_only:
             value = np.array(head.label, np.float32)
             value[0] = label
@@ -717,7 +717,7 @@ class _RecordCopier:
             value = label
         return frame_record(pack_image_record(image, value, key, head.id2), f"key {key}")
 
-    def _read(self, row):
+    def read_record(self, row):
         """Return (header, image bytes) of a catalog row, read record by record."""
         s = self.sources[self.catalog.source[row]]
         i = int(self.catalog.sample[row])
@@ -944,7 +944,7 @@ class _RepackRun:
         def prepare(chunk):
             out = []
             for row in chunk.tolist():
-                head, image = copier._read(row)
+                head, image = copier.read_record(row)
                 try:
                     out.append((head, reencode_image(image, transform)))
                 except ImageRefused as refusal:
