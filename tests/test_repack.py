@@ -16,6 +16,8 @@ import zlib
 import numpy as np
 import pytest
 from handmade import MAGIC, frame, image_record, write_insightface, write_pack
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from imagefiles import encode, image_array, jpeg_bytes, write_list, write_pack_tree
 
 from rectool import repack as repack_module
@@ -520,3 +522,31 @@ def test_write_pack_tree_helper_still_matches(tmp_path):
     pack_images(lst, tmp_path / "t", tmp_path / "p")
     repack([tmp_path / "p"], tmp_path / "q")
     assert samples(tmp_path / "q") == samples(tmp_path / "p")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    labels=st.lists(st.integers(0, 5), min_size=1, max_size=30),
+    min_per_id=st.one_of(st.none(), st.integers(1, 4)),
+    max_per_id=st.one_of(st.none(), st.integers(1, 4)),
+)
+def test_filters_and_relabelling_match_a_plain_python_rule(
+    tmp_path_factory, labels, min_per_id, max_per_id
+):
+    tmp_path = tmp_path_factory.mktemp("prop")
+    items = [(k, b"image %d" % k, float(label)) for k, label in enumerate(labels)]
+    write_pack(tmp_path / "src", [items])
+    options = RepackOptions(min_per_id=min_per_id, max_per_id=max_per_id)
+    repack([tmp_path / "src"], tmp_path / "out", options)
+    counts = {label: labels.count(label) for label in labels}
+    kept, taken = [], {}
+    for _, image, label in items:
+        if min_per_id and counts[label] < min_per_id:
+            continue
+        if max_per_id and taken.get(label, 0) >= max_per_id:
+            continue
+        taken[label] = taken.get(label, 0) + 1
+        kept.append((image, label))
+    new = {label: n for n, label in enumerate(sorted({label for _, label in kept}))}
+    expected = sorted(((image, float(new[label])) for image, label in kept), key=lambda s: s[1])
+    assert samples(tmp_path / "out") == expected
