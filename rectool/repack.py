@@ -201,7 +201,8 @@ def _identity_names(dataset):
     rec = dataset.shards[0][0] if dataset.shards else None
     if rec:
         stem = rec[: -len(".rec")]
-        for prefix in (stem, stem.rsplit("-", 1)[0]):
+        numbered = re.fullmatch(r"(.*)-[0-9]{5}", stem)  # PREFIX-00000.rec: PREFIX's map
+        for prefix in (stem, numbered.group(1)) if numbered else (stem,):
             if os.path.exists(prefix + LABEL_MAP_SUFFIX):
                 return read_label_map(prefix + LABEL_MAP_SUFFIX)
     return None

@@ -160,6 +160,18 @@ def test_merge_by_name_unifies_identities_as_the_union_tree(tmp_path):
     ]
 
 
+def test_names_from_a_label_map_beside_an_im2rec_pack(tmp_path):
+    write_pack(tmp_path / "old", [[(0, b"a0", 0.0), (1, b"b0", 1.0)]], manifest=False)
+    (tmp_path / "old.labels.tsv").write_text("0\tbob\n1\tann\n")
+    write_pack(tmp_path / "new", [[(0, b"a1", 0.0)]])
+    (tmp_path / "new.labels.tsv").write_text("0\tann\n")
+    os.unlink(tmp_path / "new.manifest.json")
+    repack([tmp_path / "old.rec", tmp_path / "new.rec"], tmp_path / "m",
+           RepackOptions(labels_by="name", order="source"))  # fmt: skip
+    assert samples(tmp_path / "m") == [(b"a0", 1.0), (b"b0", 0.0), (b"a1", 0.0)]
+    assert (tmp_path / "m.labels.tsv").read_text() == "0\tann\n1\tbob\n"
+
+
 def test_merge_by_name_needs_names(tmp_path):
     write_pack(tmp_path / "src", [[(0, b"x", 0.0)]])
     with pytest.raises(UsageError, match="needs identity names"):
