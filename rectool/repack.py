@@ -40,7 +40,6 @@ from .packing import (
     FAILURES_SUFFIX,
     STATE_SUFFIX,
 )
-from .packing import _check_resume_state as check_resume_state
 from .packing import _is_complete as is_complete_pack
 from .packing import _prepare_outputs as prepare_outputs
 from .packing import _remove_stale_temporaries as remove_stale_temporaries
@@ -163,10 +162,19 @@ class _Source:
 
 
 def _sample_shards(dataset):
-    """Return the shard number of every sample (int32), from the dataset's own table."""
-    table = getattr(dataset, "_sample_shards", None)  # reader.RecordDataset's, when it has one
+    """Return the shard number of every sample (int32), from the dataset's own table.
+
+    The one place that reads `reader.RecordDataset` internals (its per-sample shard table);
+    without them, `location(i)` of every sample says the same, slowly.
+    """
+    table = getattr(dataset, "_sample_shards", None)
     if table is not None:
         return np.asarray(table(), np.int32)
+    shard_ids, bounds = getattr(dataset, "_shard_ids", None), getattr(dataset, "_bounds", None)
+    if shard_ids is not None:
+        return np.asarray(shard_ids, np.int32)
+    if bounds is not None:
+        return np.repeat(np.arange(len(dataset.shards), dtype=np.int32), np.diff(bounds))
     number = {rec: k for k, (rec, _) in enumerate(dataset.shards)}
     count = len(dataset)
     return np.fromiter((number[dataset.location(i)[0]] for i in range(count)), np.int32, count)
@@ -769,7 +777,7 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
     }
     state_path = prefix + STATE_SUFFIX
     if resume and os.path.exists(state_path):
-        check_resume_state(state_path, state)
+        _check_state(state_path, state)
     else:
         write_json_atomic(state_path, state)
     run = _RepackRun(opened, targets, catalog, plan, prefix, options, progress)
@@ -778,6 +786,24 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
     finally:
         run.copier.close()
     return run.finish(state_path)
+
+
+def _check_state(state_path, state):
+    """Refuse to resume a repack that an interrupted run started with other sources or
+    options."""
+    try:
+        with open(state_path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise RectoolError(
+            f"{state_path}: cannot read ({exc}); start again with --overwrite"
+        ) from None
+    differences = [name for name in state if saved.get(name) != state[name]]
+    if differences:
+        raise RectoolError(
+            f"{state_path}: cannot resume: the interrupted repack used different "
+            f"{', '.join(differences)} (start again with --overwrite)"
+        )
 
 
 _SHARD_NAME = re.compile(r"(?:-[0-9]{5})?\.(?:rec|idx)(?:\.rtc)?")

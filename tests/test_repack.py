@@ -496,6 +496,24 @@ def test_resume_after_a_kill_just_before_the_manifest(tmp_path, monkeypatch):
         assert (tmp_path / "run" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
 
 
+def test_resume_with_other_options_is_refused(tmp_path, monkeypatch):
+    counted_pack(tmp_path, [2, 2])
+    real = repack_module.write_json_atomic
+
+    def killed_before_manifest(path, document):
+        if str(path).endswith(".manifest.json"):
+            raise KeyboardInterrupt
+        return real(path, document)
+
+    monkeypatch.setattr(repack_module, "write_json_atomic", killed_before_manifest)
+    with pytest.raises(KeyboardInterrupt):
+        repack([tmp_path / "src"], tmp_path / "out", RepackOptions(seed=1))
+    monkeypatch.setattr(repack_module, "write_json_atomic", real)
+    with pytest.raises(RectoolError, match="cannot resume: the interrupted repack used different "
+                       "options"):  # fmt: skip
+        repack([tmp_path / "src"], tmp_path / "out", RepackOptions(seed=2), resume=True)
+
+
 def test_a_source_that_does_not_open_is_named(tmp_path):
     counted_pack(tmp_path, [1])
     with pytest.raises(RectoolError, match="source .*nowhere: .*no dataset here"):
