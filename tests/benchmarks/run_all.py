@@ -32,6 +32,7 @@ BENCHMARKS = {
     "read": lambda log: _module("bench_read").run(log=log),
     "report": lambda log: _module("bench_report").run(log=log),
     "train": lambda log: _module("bench_train").run(log=log),
+    "repack": lambda log: _module("bench_repack").run(log=log),
 }
 
 
@@ -54,6 +55,7 @@ TARGETS = {
     "verify": _module("bench_verify").TARGETS,
     "report": _module("bench_report").TARGETS,
     "train": _module("bench_train").TARGETS,
+    "repack": _module("bench_repack").TARGETS,
     "read": [
         ("raw_vs_mxnet", "random raw reads: ours / MXNet read_idx + unpack", ">=", 5),
         ("raw_vs_bare", "random raw reads: ours / bare mmap + struct loop", ">=", 0.5),

@@ -1,0 +1,178 @@
+"""`rectool repack` side by side with `cp` of the source .rec; peak memory on 1M records.
+
+Run: `python tests/benchmarks/bench_repack.py [--repeats N] [--memory-records N]`. Targets from
+issue 15, on the 100k benchmark pack (the pass-through pack of `tree.py`'s tree, built once
+under `.bench-cache/repack/`): an identity-order repack within 2x of `cp` of the .rec, a
+seeded global shuffle within 4x, both from a warm page cache and timed in turns with `cp`.
+The SHA-256 of the .rec (hashlib, as the writer computes it) is timed in the same turns: the
+manifest carries that checksum of the output, a floor no repack goes under. Memory: the peak RSS
+of repacking a synthetic source of `--memory-records` small records (default 1,000,000),
+written directly, with a shuffle.
+
+Exits 1 when a limit is missed. `run()` returns the figures for run_all.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from common import CACHE, RECTOOL, best_in_turns, timed  # noqa: E402
+from tree import ensure_tree  # noqa: E402
+
+WORK = CACHE / "repack"
+IDENTITY_LIMIT = 2.0
+SHUFFLE_LIMIT = 4.0
+MEMORY_RECORDS = 1_000_000
+HASH_FILE = (
+    "import hashlib, mmap, sys\n"
+    "with open(sys.argv[1], 'rb') as f:\n"
+    "    hashlib.sha256(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)).hexdigest()"
+)
+# (key in run()'s result, what it is, "<=" or ">=", limit): read by run_all.py.
+TARGETS = [
+    ("ratios.identity_over_cp", "repack --order identity time / cp of the .rec", "<=", 2.0),
+    ("ratios.shuffle_over_cp", "repack --order shuffle time / cp of the .rec", "<=", 4.0),
+]
+
+
+def ensure_source(log=print):
+    """Return the prefix of the pass-through pack of the benchmark tree, packing it once."""
+    root = ensure_tree(log=log)
+    WORK.mkdir(parents=True, exist_ok=True)
+    prefix = WORK / "src"
+    if Path(f"{prefix}.manifest.json").exists():
+        return prefix
+    log(f"packing {root} into {prefix} ...")
+    lst = WORK / "src.lst"
+    subprocess.run([*RECTOOL, "list", str(root), str(lst), "-q"], check=True)
+    subprocess.run(
+        [*RECTOOL, "pack", str(lst), str(root), str(prefix), "-q", "--overwrite"], check=True
+    )
+    return prefix
+
+
+def synthetic_source(records, log=print):
+    """Write (once) a pack of `records` 100-byte records in 10-image identities; return it."""
+    prefix = WORK / f"synthetic-{records}"
+    if Path(f"{prefix}.idx").exists():
+        return prefix
+    log(f"writing {records:,} synthetic records to {prefix}.rec ...")
+    WORK.mkdir(parents=True, exist_ok=True)
+    body = 100
+    payload = 24 + body
+    words = (8 + payload) // 4
+    data = np.zeros((records, words), "<u4")
+    data[:, 0] = 0xCED7230A
+    data[:, 1] = payload
+    data[:, 3] = (np.arange(records) // 10).astype("<f4").view("<u4")
+    keys = np.arange(records, dtype=np.uint64)
+    data[:, 4] = (keys & 0xFFFFFFFF).astype(np.uint32)
+    data[:, 8:] = np.arange(records, dtype=np.uint32)[:, None] * 2654435761 % 251  # image bytes
+    data.tofile(f"{prefix}.rec.tmp")
+    offsets = np.arange(records, dtype=np.int64) * words * 4
+    with open(f"{prefix}.idx.tmp", "w") as f:
+        f.write("".join(f"{k}\t{o}\n" for k, o in zip(range(records), offsets.tolist())))
+    Path(f"{prefix}.rec.tmp").rename(f"{prefix}.rec")
+    Path(f"{prefix}.idx.tmp").rename(f"{prefix}.idx")
+    assert struct.calcsize("<IfQQ") == 24
+    return prefix
+
+
+def run(repeats=3, memory_records=MEMORY_RECORDS, log=print):
+    source = ensure_source(log=log)
+    rec = Path(f"{source}.rec")
+    size_mb = rec.stat().st_size / 1e6
+    subprocess.run(["cat", str(rec)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
+    out = WORK / "out"
+
+    def clean():
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+
+    def cp():
+        return timed(["cp", str(rec), str(out / "copy.rec")], prepare=clean)[0]
+
+    def repack(*options):
+        cmd = [*RECTOOL, "repack", str(source), str(out / "r"), "-q", *options]
+        return lambda: timed(cmd, prepare=clean)[0]
+
+    def checksum():
+        # The manifest carries every shard's SHA-256: what hashing the output alone costs.
+        return timed([sys.executable, "-c", HASH_FILE, str(rec)])[0]
+
+    cp_s, sha_s, identity_s, shuffle_s = best_in_turns(
+        repeats,
+        cp,
+        checksum,
+        repack("--order", "identity"),
+        repack("--order", "shuffle", "--seed", "1"),
+    )
+    synthetic = synthetic_source(memory_records, log=log)
+    memory_out = WORK / "memory-out"
+    shutil.rmtree(memory_out, ignore_errors=True)
+    memory_s, peak_mib = timed(
+        [*RECTOOL, "repack", str(synthetic), str(memory_out / "r"), "-q", "--order", "shuffle"]
+    )
+    shutil.rmtree(memory_out, ignore_errors=True)
+    shutil.rmtree(out, ignore_errors=True)
+    result = {
+        "rec_mb": round(size_mb, 1),
+        "seconds": {
+            "cp": round(cp_s, 3),
+            "sha256": round(sha_s, 3),
+            "repack_identity": round(identity_s, 3),
+            "repack_shuffle": round(shuffle_s, 3),
+        },
+        "ratios": {
+            "identity_over_cp": round(identity_s / cp_s, 2),
+            "shuffle_over_cp": round(shuffle_s / cp_s, 2),
+            "sha256_over_cp": round(sha_s / cp_s, 2),
+            "identity_over_sha256": round(identity_s / sha_s, 2),
+        },
+        "memory": {
+            "records": memory_records,
+            "peak_rss_mib": round(peak_mib, 1),
+            "seconds": round(memory_s, 2),
+        },
+    }
+    log(
+        f"cp of the {size_mb:,.0f} MB .rec: {cp_s:.2f} s; repack identity {identity_s:.2f} s "
+        f"({identity_s / cp_s:.2f}x, limit {IDENTITY_LIMIT:g}x); shuffle {shuffle_s:.2f} s "
+        f"({shuffle_s / cp_s:.2f}x, limit {SHUFFLE_LIMIT:g}x); SHA-256 of the .rec alone "
+        f"{sha_s:.2f} s ({sha_s / cp_s:.2f}x cp)"
+    )
+    log(
+        f"repack --order shuffle of {memory_records:,} synthetic records: peak RSS "
+        f"{peak_mib:,.0f} MiB, {memory_s:.1f} s"
+    )
+    return result
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory-records", type=int, default=MEMORY_RECORDS)
+    parser.add_argument("--json", action="store_true", help="Print the figures as JSON.")
+    args = parser.parse_args(argv)
+    result = run(args.repeats, args.memory_records)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    ratios = result["ratios"]
+    missed = (
+        ratios["identity_over_cp"] > IDENTITY_LIMIT or ratios["shuffle_over_cp"] > SHUFFLE_LIMIT
+    )
+    return int(missed)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
