@@ -519,7 +519,9 @@ class ShardWriter:
         trailing records for which `drop_tail(record)` is true.
         """
         number = self.first_shard
-        while self.last_shard is None or number <= self.last_shard:
+        # An unnumbered pack has one shard: every number names the same files.
+        last = self.last_shard if self.numbered else self.first_shard
+        while last is None or number <= last:
             rec, idx = self.paths(number)
             if (
                 os.path.exists(rec)

@@ -180,3 +180,20 @@ def test_kill_then_resume_with_byte_sized_shards(big_tree, tmp_path, seed):
     assert resumed.returncode == 3, err.decode()
     assert len(list(prefix.parent.glob("big-*.rec"))) > 3
     assert output_bytes(prefix) == output_bytes(reference)
+
+
+def test_resume_adopts_a_finished_unnumbered_shard(tmp_path):
+    # A kill between the shard's rename and the manifest leaves one finished, unnumbered
+    # shard: resuming takes it as it is (this looped forever: every number named that shard).
+    prefix = tmp_path / "one" / "faces"
+    prefix.parent.mkdir()
+    writer = ShardWriter(prefix)
+    writer.add(0, b"\x0a\x23\xd7\xce" + b"\x10\x00\x00\x00" + b"x" * 16)
+    writer.close()
+    assert sorted(p.name for p in prefix.parent.iterdir() if not p.name.endswith(".crc")) == [
+        "faces.idx",
+        "faces.rec",
+    ]
+    resumed = ShardWriter(prefix)
+    assert resumed.resume() == 1
+    assert [os.path.basename(s.rec) for s in resumed.finished] == ["faces.rec"]
