@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -44,7 +45,15 @@ from .reader import (
     resolve_source,
     unpack_header,
 )
-from .scan import image_formats, insightface_header, mapped, read_headers, scan_framing
+from .scan import (
+    Framing,
+    Headers,
+    image_formats,
+    insightface_header,
+    mapped,
+    read_headers,
+    scan_framing,
+)
 
 PROBLEM_KINDS = {
     "truncated": "the file ends inside a record",
@@ -172,7 +181,7 @@ class Found:
 
     kind: str
     total: int
-    problems: object  # an iterable of (path, key, offset, message)
+    problems: Iterable  # of (path, key, offset, message)
 
 
 def _one(kind, path, key, offset, message):
@@ -499,11 +508,11 @@ class ShardFacts:
     idx: str
     entry: dict | None
     size: int
-    buf: object
-    read_record: object
+    buf: object  # mmap, or b"" for an empty file
+    read_record: Callable  # offset -> the record's bytes, split parts rejoined
     index: ShardIndex | None
-    framing: object  # scan.Framing
-    headers: object  # scan.Headers
+    framing: Framing
+    headers: Headers
     keys: np.ndarray
     indexed: np.ndarray | None
     index_hit: np.ndarray | None
@@ -627,7 +636,7 @@ def _verify_shard(dataset, number, findings, sha256_matches, decode, decoder, pr
         report.rec_bytes += size
         if decode is not None:
             rows = decodable_rows(facts)
-            for item in check_decoding(facts, rows, records, decode, decoder):
+            for item in check_decoding(facts, rows, decode, decoder):
                 findings.take([item])
                 if progress is not None and isinstance(item, Tally):
                     progress("images", report.decoded, len(rows))
@@ -1205,7 +1214,7 @@ def decodable_rows(facts):
     return np.flatnonzero(mask).tolist()
 
 
-def check_decoding(facts, rows, records, options, decoder):
+def check_decoding(facts, rows, options, decoder):
     """Every image at `rows` decodes (to the size and channels `options` ask for).
 
     Batches decode on the `decoder` pool; a `Tally` of "decoded" follows each batch's findings.
@@ -1213,7 +1222,7 @@ def check_decoding(facts, rows, records, options, decoder):
     starts = facts.framing.starts
     batches = [rows[i : i + _DECODE_BATCH] for i in range(0, len(rows), _DECODE_BATCH)]
     futures = [
-        decoder.submit(_decode_batch, records, [int(starts[j]) for j in b], options)
+        decoder.submit(_decode_batch, facts.read_record, [int(starts[j]) for j in b], options)
         for b in batches
     ]
     for batch, future in zip(batches, futures):
@@ -1223,11 +1232,11 @@ def check_decoding(facts, rows, records, options, decoder):
         yield Tally("decoded", len(batch))
 
 
-def _decode_batch(records, offsets, options):
+def _decode_batch(read_record, offsets, options):
     """Decode the images at `offsets`; return [(position in batch, kind, message)]."""
     out = []
     for i, offset in enumerate(offsets):
-        _, image = unpack_header(records.read_at(offset))
+        _, image = unpack_header(read_record(offset))
         problem = check_decoded(image, options)
         if problem is not None:
             out.append((i, *problem))
