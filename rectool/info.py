@@ -14,6 +14,7 @@ import cv2
 import numpy as np
 
 from .errors import RecordFormatError, RectoolError
+from .keys import last_line_wins
 from .reader import RecordFile, load_index, resolve_source, unpack_header
 from .scan import (
     image_formats,
@@ -90,7 +91,7 @@ def _read_shard(rec, idx):
                     f"{idx}: empty, but {os.path.basename(rec)} holds {held} records; "
                     f"rebuild it with `rectool reindex {rec} --overwrite`"
                 )
-            keys, offsets = _last_wins(keys, offsets)
+            keys, offsets = last_line_wins(keys, offsets)
             lengths, split = locate_records(buf, size, offsets, rec, keys)
         else:
             framing = scan_framing(buf, size)
@@ -127,13 +128,6 @@ def _read_shard(rec, idx):
             "flags": Counter(headers.flag[rows].tolist()),
             "offsets": offsets[rows],
         }
-
-
-def _last_wins(keys, offsets):
-    """Keep one entry per key, the last, as MXNet's reader does; keep file order."""
-    _, last = np.unique(keys[::-1], return_index=True)
-    keep = np.sort(len(keys) - 1 - last)
-    return keys[keep], offsets[keep]
 
 
 def _identity_stats(labels, identities_map, insightface_classes, manifest):

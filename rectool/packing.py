@@ -46,6 +46,7 @@ from .images import (
     decode_image,
     reencode_image,
 )
+from .keys import FLOAT32_EXACT
 from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
 from .passthrough import (
     OPEN_FLAGS,
@@ -78,7 +79,6 @@ LAYOUTS = ("images", "insightface")
 FAILURES_SUFFIX = ".failures.jsonl"
 STATE_SUFFIX = ".pack-state.json"
 STDIN_COPY_SUFFIX = ".stdin.lst"
-FLOAT32_EXACT = 2**24
 # Items go to worker threads in chunks: one future per image would cost more than a check.
 CHUNK_ITEMS = 32
 # Pass-through from a fast disk takes about 10 us an image, all Python; a network file system

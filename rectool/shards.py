@@ -19,6 +19,7 @@ import numpy as np
 
 from .atomic import create_new, open_existing
 from .checksums import RecordChecksums, checksum_path
+from .digest import sha256_file, sha256_hasher
 from .errors import RectoolError, UsageError
 from .indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
 from .reader import (
@@ -113,15 +114,6 @@ class ShardInfo:
         if self.crc is None:
             del entry["crc"], entry["crc_sha256"]
         return entry
-
-
-def sha256_file(path, chunk=8 << 20):
-    """Return the hex SHA-256 of a file."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass
@@ -571,7 +563,7 @@ class ShardWriter:
             "keys": array.array("q", keys.tobytes()),
             "offsets": kept_offsets,
             "checksums": RecordChecksums.of_file(rec_p, kept_offsets, end),
-            "rec_hash": _hash_prefix(rec_p, end),
+            "rec_hash": sha256_hasher(rec_p, end),
             "idx_hash": hashlib.sha256(complete),
         }
         self._start(number, state)
@@ -584,17 +576,6 @@ def _line_start(data, n):
     for _ in range(n):
         pos = data.index(b"\n", pos) + 1
     return pos
-
-
-def _hash_prefix(path, size):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        left = size
-        while left:
-            block = f.read(min(left, 8 << 20))
-            h.update(block)
-            left -= len(block)
-    return h
 
 
 def describe_shard(rec, idx):

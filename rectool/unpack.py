@@ -16,8 +16,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import numpy as np
-
 from .checksums import (
     ChecksumFileError,
     checksum_path,
@@ -27,6 +25,7 @@ from .checksums import (
 )
 from .errors import RectoolError
 from .images import sniff_format
+from .keys import last_line_wins
 from .reader import IndexedRecordFile, resolve_source, unpack_header
 from .scan import mapped
 
@@ -150,10 +149,7 @@ def _refuse_damaged(opened, shown=5):
 
 def _plan(records):
     """Return the (keys, offsets) of the image records to write, one per key, in file order."""
-    keys, offsets = records.keys, records.offsets
-    _, last = np.unique(keys[::-1], return_index=True)
-    keep = np.sort(len(keys) - 1 - last)
-    keys, offsets = keys[keep], offsets[keep]
+    keys, offsets = last_line_wins(records.keys, records.offsets)
     first_meta = _insightface_images_end(records, keys, offsets)
     if first_meta is not None:
         # insightface: images are keys 1..N, record 0's label is [N+1, N+1+K].
