@@ -30,8 +30,10 @@ import numpy as np
 
 from . import __version__, selection
 from .atomic import write_atomic, write_json_atomic
+from .digest import sha256_file
 from .errors import RectoolError, UsageError
 from .images import ImageRefused, Transform, decode_image, jpeg_size, reencode_image
+from .keys import FLOAT32_EXACT
 from .listfile import LABEL_MAP_SUFFIX, read_label_map
 
 # Pack's output conventions and its --resume/--overwrite rules, reused as they are: the call
@@ -62,8 +64,6 @@ LAYOUTS = ("images", "insightface")
 LABELS_BY = ("offset", "name")
 RELABEL_SUFFIX = ".relabel.tsv"
 REPORT_SUFFIX = ".report.json"
-# insightface stores record keys as float32 labels, and every label is a float32.
-FLOAT32_EXACT = 2**24
 # Records are copied this many at a time (and at most BATCH_BYTES of them).
 BATCH_RECORDS = 8192
 BATCH_BYTES = 8 << 20
@@ -738,8 +738,7 @@ class _RecordCopier:
 
 def _file_digest(path):
     try:
-        with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
+        return sha256_file(path)
     except FileNotFoundError:
         raise RectoolError(f"{path}: identity list not found") from None
 
