@@ -47,7 +47,9 @@ def test_exit_0_within_max_failures_and_json_summary(tree, tmp_path):
     assert summary["refused"] == [
         {"line": 7, "index": 6, "path": "bob/empty.jpg", "reason": "empty file"}
     ]
-    assert summary["shards"] == ["f.rec"]
+    assert summary["shards"] == [str(tmp_path / "f.rec")]
+    assert summary["outcome"] == "packed"
+    assert summary["seconds"] >= 0
 
 
 def test_list_from_stdin(tree, tmp_path):
