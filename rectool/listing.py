@@ -28,7 +28,7 @@ from itertools import chain, repeat
 from pathlib import Path
 
 from .atomic import current_umask
-from .errors import ListingError, UsageError
+from .errors import ListingError, RectoolError, UsageError
 from .listfile import (
     LIST_SUFFIX,
     format_list_lines,
@@ -599,8 +599,18 @@ def write_lists(listing, out, labels=None):
     is_stream = hasattr(out, "write")
     if is_stream and set(listing.lists) != {""}:
         raise UsageError(STDOUT_SINGLE_LIST)
-    where = "standard output" if is_stream else os.fspath(out)
+    if not is_stream and labels is None:
+        labels = label_map_path(out)
     try:
+        # The label map first: a `pack -` reading these lines from a pipe may read it as soon
+        # as the list ends.
+        if labels is not None:
+            try:
+                write_label_map(labels, listing.identities)
+            except RectoolError as exc:  # it names the file and the reason
+                raise ListingError(str(exc)) from None
+            listing.label_map = os.fspath(labels)
+        where = "standard output" if is_stream else os.fspath(out)
         if is_stream:
             _write_rows(out, listing.lists[""])
             out.flush()
@@ -610,12 +620,6 @@ def write_lists(listing, out, labels=None):
             for suffix, where in paths.items():
                 _write_file_atomically(where, listing.lists[suffix])
             listing.written = paths
-            if labels is None:
-                labels = label_map_path(out)
-        if labels is not None:
-            where = os.fspath(labels)
-            write_label_map(labels, listing.identities)
-            listing.label_map = where
     except OSError as exc:
         raise ListingError(f"cannot write {where}: {exc.strerror or exc}") from exc
     return listing

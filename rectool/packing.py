@@ -330,7 +330,8 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     complete = resume and _is_complete(prefix)
     if not complete:
         _prepare_outputs(prefix, resume, overwrite)
-    if list_path == "-":
+    from_stdin = list_path == "-"
+    if from_stdin:
         list_path = _copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
     list_path = os.fspath(list_path)
     try:
@@ -349,20 +350,23 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     if complete:
         # A finished pack "resumes" only with what made it, as an interrupted one does.
         return completed_if_same(prefix, state)
+    # Read only now, once the whole list has arrived: `rectool list ROOT - --labels F` writes F
+    # before its first list line, so a pipe into `pack - ... --labels F` finds it. A list read
+    # from stdin has no file beside which a label map could be found.
+    identities = _load_identities(None if from_stdin else list_path, label_map)
     state_path = prefix + STATE_SUFFIX
     if resume and os.path.exists(state_path):
         _check_resume_state(state_path, state)
     else:
         write_json_atomic(state_path, state)
 
-    identities = _load_identities(list_path, label_map)
     run = _PackRun(list_path, root, prefix, options, total, progress)
     run.execute(resume)
 
     classes = run.max_label + 1 if options.layout == "insightface" else None
     manifest = _manifest(
-        options, list_path, prefix, run.writer.finished, run.images, run.failures, classes,
-        identities, state,
+        options, "-" if from_stdin else list_path, prefix, run.writer.finished, run.images,
+        run.failures, classes, identities, state,
     )  # fmt: skip
     final_failures = prefix + FAILURES_SUFFIX
     os.replace(run.failures_partial, final_failures)
@@ -860,7 +864,11 @@ def _show(value):
 
 
 def _load_identities(list_path, label_map):
-    path = os.fspath(label_map) if label_map else find_label_map(list_path)
+    """Return the label map given, else the one beside `list_path` (None: look nowhere)."""
+    if label_map:
+        path = os.fspath(label_map)
+    else:
+        path = None if list_path is None else find_label_map(list_path)
     if path is None:
         return None
     try:
@@ -1324,7 +1332,7 @@ def _manifest(options, list_path, prefix, shards, images, failures, classes, ide
             "workers": options.workers,
             "max_failures": options.max_failures,
         },
-        "list": os.path.basename(list_path),
+        "list": os.path.basename(list_path),  # "-": read from standard input
         # What --resume compares (the options are above).
         "source": {"list_sha256": source["list_sha256"], "root": source["root"]},
         "shards": shards,

@@ -166,3 +166,54 @@ def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tree, tmp_path)
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: ")
     assert "Traceback" not in result.output
+
+
+def run_pipe(script, tmp_path):
+    """Run `script` with bash (pipefail), `rectool` being this checkout's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+    }
+    rectool = f"{sys.executable} -m rectool"
+    return subprocess.run(
+        ["bash", "-c", "set -o pipefail; " + script.format(rectool=rectool)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_list_piped_into_pack_keeps_the_label_map(tmp_path):
+    root = tmp_path / "tree"
+    write_pack_tree(root, ["alice", "bob"], 3)
+    done = run_pipe(
+        "{rectool} list tree - --labels map.tsv -q | "
+        "{rectool} pack - tree out/faces --labels map.tsv -q",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "out" / "faces.manifest.json").read_text())
+    assert manifest["list"] == "-"
+    assert manifest["classes"] == 2
+    assert manifest["identities"] == {"0": "alice", "1": "bob"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "faces.failures.jsonl", "faces.idx", "faces.manifest.json", "faces.rec", "faces.rec.crc",
+    ]  # fmt: skip
+
+
+def test_a_piped_list_without_a_label_map_says_so(tmp_path):
+    root = tmp_path / "tree"
+    write_pack_tree(root, ["alice", "bob"], 3)
+    done = run_pipe("{rectool} list tree - -q | {rectool} pack - tree out/faces -q", tmp_path)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "out" / "faces.manifest.json").read_text())
+    assert (manifest["list"], manifest["classes"], manifest["identities"]) == ("-", None, None)
+    missing = run_pipe(
+        "{rectool} list tree - -q | {rectool} pack - tree out/other --labels nowhere.tsv", tmp_path
+    )
+    assert missing.returncode == 1
+    assert missing.stderr == "Error: nowhere.tsv: label map not found\n"

@@ -656,3 +656,20 @@ def test_default_threads_start_when_folders_list_slowly(tmp_path, monkeypatch):
     assert slow.identities == fast.identities
     _, forced = scan_with_latency(monkeypatch, tmp_path, 0.0, threads=3)
     assert forced == [(40, 3)]
+
+
+def test_the_label_map_is_written_before_the_first_list_line(tmp_path):
+    # A `pack -` at the other end of a pipe reads the label map once the list has arrived.
+    face_tree(tmp_path / "faces", identities=2, per_identity=2)
+    labels = tmp_path / "map.tsv"
+    seen = []
+
+    class Stream(io.BytesIO):
+        def write(self, data):
+            seen.append(labels.exists())
+            return super().write(data)
+
+    stream = Stream()
+    list_images(tmp_path / "faces", stream, labels=labels)
+    assert seen and all(seen)
+    assert len(stream.getvalue().splitlines()) == 4
