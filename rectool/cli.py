@@ -500,7 +500,7 @@ def render_shard_result(shard):
     """Return the human summary of packing one shard."""
     lines = [
         f"Packed shard {shard.shard} of {shard.shards}: {shard.info.records:,} images in "
-        f"{shard.info.rec}, {shard.failures:,} refused ({shard.failures_path}). "
+        f"{shard.rec_path}, {shard.failures:,} refused ({shard.failures_path}). "
         "Run --finalize once every shard is packed."
     ]
     if not shard.accepted:

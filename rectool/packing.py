@@ -410,12 +410,17 @@ class ShardResult:
         own truth; `finalize_pack` judges the whole pack."""
         return self.failures <= self.max_failures
 
+    @property
+    def rec_path(self):
+        """Return the shard's .rec, in the folder `failures_path` names."""
+        return os.path.join(os.path.dirname(self.failures_path), self.info.rec)
+
     def to_json(self):
         """Return the result as plain data (what `rectool pack --only-shard K --json` prints)."""
         return {
             "shard": self.shard,
             "shards": self.shards,
-            "rec": self.info.rec,
+            "rec": self.rec_path,
             "records": self.info.records,
             "failures": self.failures,
             "failures_file": self.failures_path,

@@ -217,3 +217,18 @@ def test_a_piped_list_without_a_label_map_says_so(tmp_path):
     )
     assert missing.returncode == 1
     assert missing.stderr == "Error: nowhere.tsv: label map not found\n"
+
+
+def test_resume_on_a_complete_pack_says_there_was_nothing_to_do(tree, tmp_path):
+    root, lst, _ = tree
+    args = ["pack", lst, root, tmp_path / "c", "--max-failures", "1"]
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    assert "Resumed" not in first.stderr
+    again = invoke(*args, "--resume")
+    assert again.exit_code == 0, again.output
+    assert again.stderr.splitlines()[:2] == [
+        f"Already packed 6 images into 1 shard (0.0 MB); manifest {tmp_path / 'c.manifest.json'}",
+        "Nothing to do: the pack was already complete, made the same way.",
+    ]
+    assert json.loads(invoke(*args, "--resume", "--json").stdout)["outcome"] == "complete"

@@ -196,3 +196,43 @@ def test_an_empty_idx_beside_records_is_an_error_not_zero_records(tmp_path):
     result = invoke("info", pack.rec)
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: {pack.idx}: empty, but faces.rec holds 12 records")
+
+
+@pytest.fixture
+def mixed_sizes(tmp_path):
+    """A pack of 9 images: 4 of 40x32, 2 of 20x30, one each of 10x12, 50x60, 64x64."""
+    sizes = [(40, 32)] * 4 + [(20, 30)] * 2 + [(10, 12), (50, 60), (64, 64)]
+    root, items = tmp_path / "tree", []
+    (root / "a").mkdir(parents=True)
+    for index, (height, width) in enumerate(sizes):
+        rel = f"a/{index}.jpg"
+        (root / rel).write_bytes(jpeg_bytes(index, height, width))
+        items.append((index, 0, rel))
+    pack_images(write_list(tmp_path / "m.lst", items), root, tmp_path / "m")
+    return tmp_path / "m"
+
+
+def test_mixed_sizes_are_described_as_a_distribution(mixed_sizes, monkeypatch):
+    import rectool.info
+
+    monkeypatch.setattr(rectool.info, "COMMON_SIZES", 3)
+    dims = dataset_info(mixed_sizes)["dimensions"]
+    assert dims["distinct"] == 5
+    assert dims["most_common"] == [
+        {"size": "40x32x3", "images": 4},
+        {"size": "20x30x3", "images": 2},
+        {"size": "10x12x3", "images": 1},
+    ]
+    assert dims["height"] == {"min": 10, "median": 40.0, "max": 64}
+    assert dims["width"] == {"min": 12, "median": 32.0, "max": 64}
+    result = invoke("info", mixed_sizes)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[-4:] == [
+        "Dimensions (sample of 9): 5 different sizes",
+        "  height: min 10, median 40, max 64",
+        "  width: min 12, median 32, max 64",
+        "  most common (HxWxC): 40x32x3 4, 20x30x3 2, 10x12x3 1",
+    ]
+    document = json.loads(invoke("info", mixed_sizes, "--json").stdout)
+    assert document["dimensions"]["height"] == {"min": 10, "median": 40.0, "max": 64}
+    assert len(document["dimensions"]["most_common"]) == 3
