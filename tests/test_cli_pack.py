@@ -232,3 +232,18 @@ def test_resume_on_a_complete_pack_says_there_was_nothing_to_do(tree, tmp_path):
         "Nothing to do: the pack was already complete, made the same way.",
     ]
     assert json.loads(invoke(*args, "--resume", "--json").stdout)["outcome"] == "complete"
+
+
+def test_without_dask_the_error_says_how_to_install_it_from_a_checkout(tree, tmp_path, monkeypatch):
+    import sys
+
+    root, lst, _ = tree
+    monkeypatch.setitem(sys.modules, "dask", None)
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)
+    result = invoke(
+        "pack", lst, root, tmp_path / "d", "--shard-records", "3", "--executor", "dask", "--json"
+    )
+    assert result.exit_code == 2
+    assert (
+        "from a checkout of rectool: pip install -e '.[dask]'" in json.loads(result.stdout)["error"]
+    )
