@@ -210,3 +210,38 @@ def test_paths_in_a_document_are_as_given(world, monkeypatch):
     assert document["manifest"] == "rel/faces.manifest.json"
     assert document["shards"] == ["rel/faces.rec"]
     assert document["failures_file"] == "rel/faces.failures.jsonl"
+
+
+def test_a_list_error_with_stdout_as_the_list_goes_to_stderr_as_json(world):
+    result = invoke(["list", str(world["tmp"] / "no-images"), "-", "--json"])
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    document = one_document(result.stderr)
+    assert document["exit"] == 1
+    assert document["error"].startswith("no images to list under ")
+
+
+def test_a_real_pipe_into_json_tool_succeeds_on_success_and_on_error(world):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+    }
+    script = (
+        f"{sys.executable} -m rectool info {world['manifest']} --json --sample 1 "
+        f"| {sys.executable} -m json.tool > /dev/null; echo ${{PIPESTATUS[@]}}; "
+        f"{sys.executable} -m rectool info {world['tmp'] / 'nothing'} --json "
+        f"| {sys.executable} -m json.tool > /dev/null; echo ${{PIPESTATUS[@]}}; "
+        f"{sys.executable} -m rectool info --json --sample x "
+        f"| {sys.executable} -m json.tool > /dev/null; echo ${{PIPESTATUS[@]}}"
+    )
+    done = subprocess.run(
+        ["bash", "-c", script], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout.splitlines() == ["0 0", "1 0", "2 0"], done.stderr
+    assert done.stderr == ""
