@@ -95,11 +95,16 @@ class JsonFailure(click.ClickException):
 class RectoolCommand(click.Command):
     """A command that keeps the output convention above, whatever happens in it."""
 
-    # Commands whose stdout may carry data: their JSON goes to stderr when it does.
-    json_on_stderr = None  # callable(params) -> bool
+    # A command whose stdout may carry data: its JSON goes to stderr when the command line
+    # (its arguments, as given) says it does.
+    json_on_stderr = None  # callable(args) -> bool
+
+    def _json_on_stderr(self, args):
+        return bool(self.json_on_stderr and self.json_on_stderr(args))
 
     def make_context(self, info_name, args, parent=None, **extra):
-        as_json = _wants_json(args)
+        given = list(args)
+        as_json = _wants_json(given)
         start = time.perf_counter()
         try:
             ctx = super().make_context(info_name, args, parent=parent, **extra)
@@ -108,13 +113,15 @@ class RectoolCommand(click.Command):
         except click.ClickException as exc:
             if not as_json or isinstance(exc, JsonFailure):
                 raise
-            raise JsonFailure(exc.format_message(), exc.exit_code, 0.0) from exc
+            err = self._json_on_stderr(given)
+            raise JsonFailure(exc.format_message(), exc.exit_code, 0.0, err) from exc
         ctx.meta["rectool.start"] = start
+        ctx.meta["rectool.args"] = given
         return ctx
 
     def invoke(self, ctx):
         as_json = bool(ctx.params.get("as_json"))
-        err = bool(as_json and self.json_on_stderr and self.json_on_stderr(ctx.params))
+        err = as_json and self._json_on_stderr(ctx.meta.get("rectool.args", []))
         try:
             return super().invoke(ctx)
         except JsonFailure:
@@ -689,8 +696,8 @@ def list_command(
         click.echo(render_list_summary(listing, seconds), err=True)
 
 
-def _list_json_on_stderr(params):
-    return str(params.get("out")) == "-"
+def _list_json_on_stderr(args):
+    return "-" in args  # OUT - (no option of `list` takes - as its value)
 
 
 list_command.json_on_stderr = _list_json_on_stderr

@@ -245,3 +245,10 @@ def test_a_real_pipe_into_json_tool_succeeds_on_success_and_on_error(world):
     )
     assert done.stdout.splitlines() == ["0 0", "1 0", "2 0"], done.stderr
     assert done.stderr == ""
+
+
+def test_a_list_parse_error_with_stdout_as_the_list_goes_to_stderr_as_json(world):
+    result = invoke(["list", str(world["root"]), "-", "--json", "--chunks", "x"])
+    assert result.exit_code == 2
+    assert result.stdout == ""
+    assert one_document(result.stderr)["error"].startswith("Invalid value for '--chunks'")
