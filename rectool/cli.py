@@ -27,6 +27,122 @@ ENCODINGS = (".jpg", ".png")
 LAYOUTS = ("images", "insightface")
 
 
+# The output convention, one place for every command (new ones get it by being defined with
+# `@cli.command` and using `@json_option` and `@library_errors`):
+# - human summaries, progress bars and messages go to stderr; data goes to stdout;
+# - with --json, stdout holds exactly one JSON document, written by `emit_json`: the command's
+#   result, or `{"error": ..., "exit": N, "seconds": ...}` for every failure (library errors exit
+#   1, usage errors 2, click's own parse errors included, Ctrl-C 130). A result whose command
+#   exits non-zero (pack's 3, verify's 1) carries that `exit` too; every document has `seconds`;
+# - paths in a document are built from the paths given on the command line, as given: relative
+#   ones stay relative to the current directory, absolute ones stay absolute.
+# `list ... -` and `reader -o -` write their data to stdout: `list`'s JSON then goes to stderr.
+
+JSON_FLAG = "--json"
+
+
+def _wants_json(args):
+    """Return True when --json is on a command line (before any `--`)."""
+    args = list(args)
+    if "--" in args:
+        args = args[: args.index("--")]
+    return JSON_FLAG in args
+
+
+def _seconds(ctx):
+    start = ctx.meta.get("rectool.start") if ctx is not None else None
+    return round(time.perf_counter() - start, 3) if start is not None else 0.0
+
+
+def emit_json(document, exit_code=0, err=False):
+    """Print `document` as the command's one JSON document (with `seconds`, and `exit` when
+    non-zero), then exit with `exit_code` when it is not 0."""
+    ctx = click.get_current_context(silent=True)
+    document = dict(document)
+    document.setdefault("seconds", _seconds(ctx))
+    if exit_code:
+        document["exit"] = exit_code
+    click.echo(json.dumps(document, ensure_ascii=False, indent=2), err=err)
+    if exit_code:
+        sys.exit(exit_code)
+
+
+class CommandFailed(click.ClickException):
+    """An exit with a status and a message printed as is (no `Error: ` prefix)."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None):
+        click.echo(self.message, err=True)
+
+
+class JsonFailure(click.ClickException):
+    """A failure under --json: `{"error": ..., "exit": N, "seconds": ...}` on stdout."""
+
+    def __init__(self, message, exit_code, seconds, err=False):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.seconds = seconds
+        self.err = err
+
+    def show(self, file=None):
+        document = {"error": self.message, "exit": self.exit_code, "seconds": self.seconds}
+        click.echo(json.dumps(document, ensure_ascii=False, indent=2), err=self.err)
+
+
+class RectoolCommand(click.Command):
+    """A command that keeps the output convention above, whatever happens in it."""
+
+    # A command whose stdout may carry data: its JSON goes to stderr when the command line
+    # (its arguments, as given) says it does.
+    json_on_stderr = None  # callable(args) -> bool
+
+    def _json_on_stderr(self, args):
+        return bool(self.json_on_stderr and self.json_on_stderr(args))
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        given = list(args)
+        as_json = _wants_json(given)
+        start = time.perf_counter()
+        try:
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.Exit:
+            raise
+        except click.ClickException as exc:
+            if not as_json or isinstance(exc, JsonFailure):
+                raise
+            err = self._json_on_stderr(given)
+            raise JsonFailure(exc.format_message(), exc.exit_code, 0.0, err) from exc
+        ctx.meta["rectool.start"] = start
+        ctx.meta["rectool.args"] = given
+        return ctx
+
+    def invoke(self, ctx):
+        as_json = bool(ctx.params.get("as_json"))
+        err = as_json and self._json_on_stderr(ctx.meta.get("rectool.args", []))
+        try:
+            return super().invoke(ctx)
+        except JsonFailure:
+            raise
+        except click.ClickException as exc:
+            if not as_json:
+                raise
+            raise JsonFailure(exc.format_message(), exc.exit_code, _seconds(ctx), err) from exc
+        except KeyboardInterrupt:
+            if not as_json:
+                click.echo("Interrupted.", err=True)
+                sys.exit(130)
+            raise JsonFailure("interrupted", 130, _seconds(ctx), err) from None
+
+
+class RectoolGroup(click.Group):
+    """The `rectool` group: its commands are `RectoolCommand`s."""
+
+    command_class = RectoolCommand
+
+
 def library_errors(func):
     """Turn the library's own exceptions into click's: exit 1 (`Error: ...`) or 2 for usage."""
 
@@ -72,7 +188,7 @@ def json_option(help="Print the summary as JSON on stdout."):
     return click.option("--json", "as_json", is_flag=True, help=help)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=RectoolGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rectool")
 def cli():
     """Pack identity-per-folder image trees into MXNet RecordIO shards and read them back.
@@ -187,7 +303,7 @@ def progress_bar(quiet, unit):
 @click.option(
     "--labels",
     "label_map",
-    type=click.Path(exists=True, dir_okay=False),
+    type=click.Path(dir_okay=False),
     help="Label map (label<TAB>identity) for the manifest; "
     "default: the one `rectool list` wrote beside LIST.",
 )
@@ -222,7 +338,8 @@ def progress_bar(quiet, unit):
     type=click.Choice(["local", "dask"]),
     default="local",
     show_default=True,
-    help="dask: one task per shard on a Dask cluster (pip install 'rectool[dask]').",
+    help="dask: one task per shard on a Dask cluster (needs Dask: in a checkout of rectool, "
+    "pip install -e '.[dask]').",
 )
 @click.option(
     "--scheduler",
@@ -233,105 +350,84 @@ def progress_bar(quiet, unit):
 @json_option("Print the summary as JSON on stdout.")
 @library_errors
 def pack_command(
-    list_file,
-    check,
-    root,
-    prefix,
-    resize,
-    center_crop,
-    quality,
-    encoding,
-    color,
-    resume,
-    overwrite,
-    label_map,
-    quiet,
-    as_json,
-    no_check,
-    **shared,
-):
+    list_file, root, prefix, pack_label, check, no_check, resize, center_crop, quality, encoding,
+    color, shard_size, shard_records, layout, workers, max_failures, label_map,
+    allow_outside_root, resume, overwrite, only_shard, finalize, show_plan, executor, scheduler,
+    quiet, as_json,
+):  # fmt: skip
     """Pack the images of LIST (or - for stdin) under ROOT into OUT_PREFIX.rec/.idx shards.
 
-    Images are passed through byte for byte, each checked to decode, unless a re-encoding
-    option (--resize, --center-crop, --quality, --encoding, --color) is given. Broken images
-    are never written: each is recorded in OUT_PREFIX.failures.jsonl. Shards are written as
-    .partial files and renamed when complete; OUT_PREFIX.manifest.json is written last.
+    Images are passed through byte for byte, each checked as --check says (by default their
+    structure: JPEG markers, PNG chunks and CRCs), unless a re-encoding option (--resize,
+    --center-crop, --quality, --encoding, --color) is given. Broken images are never
+    written: each is recorded in OUT_PREFIX.failures.jsonl. Shards are written as .partial
+    files and renamed when complete; OUT_PREFIX.manifest.json is written last.
 
     One run at a time writes an OUT_PREFIX (a second is refused, naming the first's pid).
     Images that are not regular files, or whose paths leave ROOT, are refused.
 
     Exit status: 0 packed (refusals within --max-failures), 1 error, 2 usage error,
-    3 packed but more images refused than --max-failures allows, 130 interrupted
-    (Ctrl-C: what was packed is kept; --resume continues it).
+    3 packed but more images refused than --max-failures allows (with --only-shard: by that
+    shard), 130 interrupted (Ctrl-C: what was packed is kept; --resume continues it).
 
     \b
     Example:
         rectool pack faces.lst faces/ out/faces --shard-size 2GiB
         rectool pack faces.lst faces/ out/faces112 --resize 112 --quality 95
+        rectool list faces/ - --labels faces.tsv | rectool pack - faces/ out/f --labels faces.tsv
     """
     from .distributed import pack_on_dask
-    from .images import Transform
+    from .images import transform_from_options
     from .packing import PackOptions, finalize_pack, pack_images
 
     if no_check and check != "structure":
         raise click.BadParameter(f"--no-check contradicts --check {check}", param_hint="--no-check")
-    transform = None
-    if resize or center_crop or quality is not None or encoding or color is not None:
-        encoding = encoding or ".jpg"
-        if quality is None:
-            quality = 3 if encoding == ".png" else 95
-        elif encoding == ".png" and quality > 9:
-            raise click.BadParameter("PNG compression must be 0-9", param_hint="--quality")
-        elif encoding == ".jpg" and quality < 1:
-            raise click.BadParameter("JPEG quality must be 1-100", param_hint="--quality")
-        transform = Transform(resize or 0, center_crop, quality, encoding, int(color or 1))
     options = PackOptions(
-        transform=transform,
+        transform=transform_from_options(resize, center_crop, quality, encoding, color),
         check="none" if no_check else check,
-        pack_label=shared["pack_label"],
-        shard_bytes=shared["shard_size"],
-        shard_records=shared["shard_records"],
-        layout=shared["layout"],
-        workers=shared["workers"],
-        max_failures=shared["max_failures"],
-        allow_outside_root=shared["allow_outside_root"],
+        pack_label=pack_label,
+        shard_bytes=shard_size,
+        shard_records=shard_records,
+        layout=layout,
+        workers=workers,
+        max_failures=max_failures,
+        allow_outside_root=allow_outside_root,
     )
-    distributed = shared["only_shard"] is not None or shared["finalize"] or shared["show_plan"]
-    if shared["executor"] == "dask" or distributed:
-        if not shared["shard_records"] or shared["shard_size"]:
+    by_shard = only_shard is not None or finalize or show_plan
+    if executor == "dask" or by_shard:
+        if not shard_records or shard_size:
             raise click.BadParameter(
                 "packing shard by shard needs a plan: give --shard-records N (not --shard-size)",
                 param_hint="--shard-records",
             )
-        if sum([shared["only_shard"] is not None, shared["finalize"], shared["show_plan"],
-                shared["executor"] == "dask"]) > 1:  # fmt: skip
+        if sum([only_shard is not None, finalize, show_plan, executor == "dask"]) > 1:
             raise click.UsageError(
                 "use one of --only-shard, --finalize, --plan, --executor dask at a time"
             )
-    if shared["scheduler"] and shared["executor"] != "dask":
+    if scheduler and executor != "dask":
         raise click.BadParameter("--scheduler needs --executor dask", param_hint="--scheduler")
-    if shared["show_plan"]:
+    if show_plan:
         plan = shard_plan(list_file, options)
         if as_json:
-            click.echo(json.dumps(plan, indent=2))
-        else:
-            click.echo(f"{len(plan['shards'])} shards of {plan['items']:,} list lines:")
+            emit_json(plan)
+        elif not quiet:
+            click.echo(f"{len(plan['shards'])} shards of {plan['items']:,} list lines:", err=True)
             for number, (first, last) in enumerate(plan["shards"]):
-                click.echo(f"  shard {number}: lines {first + 1}-{last}")
+                click.echo(f"  shard {number}: lines {first + 1}-{last}", err=True)
         return
     update, close = progress_bar(quiet or as_json, "img")
     update, seen = _remember_progress(update)
     try:
-        if shared["only_shard"] is not None:
-            shard = pack_images(
+        if only_shard is not None:
+            result = pack_images(
                 list_file, root, prefix, options, resume=resume, overwrite=overwrite,
-                progress=update, only_shard=shared["only_shard"],
+                progress=update, only_shard=only_shard,
             )  # fmt: skip
-        elif shared["finalize"]:
+        elif finalize:
             result = finalize_pack(list_file, root, prefix, options, label_map=label_map)
-        elif shared["executor"] == "dask":
+        elif executor == "dask":
             result = pack_on_dask(
-                list_file, root, prefix, options, scheduler=shared["scheduler"], resume=resume,
+                list_file, root, prefix, options, scheduler=scheduler, resume=resume,
                 overwrite=overwrite, label_map=label_map, progress=update,
             )  # fmt: skip
         else:
@@ -341,19 +437,25 @@ def pack_command(
             )  # fmt: skip
     except KeyboardInterrupt:
         close()
-        click.echo(_interrupted_message(prefix, seen, overwrite, shared), err=True)
-        sys.exit(130)
+        message = _interrupted_message(prefix, seen, overwrite, finalize, only_shard)
+        raise CommandFailed(message, 130) from None
     finally:
         close()
-    if shared["only_shard"] is not None:
-        render_shard_result(shard, as_json, quiet)
-        return
+    exit_code = 0 if result.accepted else 3
     if as_json:
-        click.echo(json.dumps(pack_summary(result), ensure_ascii=False, indent=2))
-    elif not quiet:
-        click.echo(render_pack_summary(result), err=True)
-    if not result.accepted:
-        sys.exit(3)
+        document = result.to_json()
+        if exit_code:
+            document["error"] = _refused_too_many(result)
+        emit_json(document, exit_code)
+        return
+    if not quiet:
+        render = render_shard_result if only_shard is not None else render_pack_summary
+        click.echo(render(result), err=True)
+    sys.exit(exit_code)
+
+
+def _refused_too_many(result):
+    return f"more than --max-failures {result.max_failures} refused ({result.failures:,})"
 
 
 def _remember_progress(update):
@@ -368,7 +470,7 @@ def _remember_progress(update):
     return remember, seen
 
 
-def _interrupted_message(prefix, seen, overwrite, shared):
+def _interrupted_message(prefix, seen, overwrite, finalize, only_shard):
     """Say what an interrupted pack kept and how to continue it."""
     from .packing import STAGING_SUFFIX
 
@@ -378,9 +480,9 @@ def _interrupted_message(prefix, seen, overwrite, shared):
             f"Interrupted: the pack at {prefix} is unchanged; the new one was not finished "
             "(run the command again to start it over)."
         )
-    if shared["finalize"]:
+    if finalize:
         return f"Interrupted: no manifest was written for {prefix}; run --finalize again."
-    where = prefix if shared["only_shard"] is None else f"shard {shared['only_shard']} of {prefix}"
+    where = prefix if only_shard is None else f"shard {only_shard} of {prefix}"
     total = f" of {seen['total']:,}" if seen["total"] is not None else ""
     return (
         f"Interrupted after {seen['done']:,}{total} list items: what was packed is kept "
@@ -401,62 +503,39 @@ def shard_plan(list_file, options):
     }
 
 
-def render_shard_result(shard, as_json, quiet):
-    """Print what packing one shard did."""
-    if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "shard": shard.shard,
-                    "shards": shard.shards,
-                    "rec": shard.info.rec,
-                    "records": shard.info.records,
-                    "failures": shard.failures,
-                    "failures_file": shard.failures_path,
-                    "refused": [r.to_json() for r in shard.refused],
-                },
-                ensure_ascii=False,
-                indent=2,
-            )
+def render_shard_result(shard):
+    """Return the human summary of packing one shard."""
+    lines = [
+        f"Packed shard {shard.shard} of {shard.shards}: {shard.info.records:,} images in "
+        f"{shard.rec_path}, {shard.failures:,} refused ({shard.failures_path}). "
+        "Run --finalize once every shard is packed."
+    ]
+    if not shard.accepted:
+        lines.append(
+            f"More than --max-failures {shard.max_failures} refused in this shard: exit status 3."
         )
-    elif not quiet:
-        click.echo(
-            f"Packed shard {shard.shard} of {shard.shards}: {shard.info.records:,} images in "
-            f"{shard.info.rec}, {shard.failures:,} refused ({shard.failures_path}). "
-            "Run --finalize once every shard is packed.",
-            err=True,
-        )
-
-
-def pack_summary(result):
-    """Return the JSON summary of a pack."""
-    totals = result.manifest["totals"]
-    return {
-        "manifest": result.manifest_path,
-        "shards": [s["rec"] for s in result.manifest["shards"]],
-        "images": result.images,
-        "records": totals["records"],
-        "rec_bytes": totals["rec_bytes"],
-        "failures": result.failures,
-        "failures_file": result.failures_path,
-        "max_failures": result.manifest["options"]["max_failures"],
-        "accepted": result.accepted,
-        "resumed_from": result.resumed_from,
-        "refused": [r.to_json() for r in result.refused],
-    }
+    return "\n".join(lines)
 
 
 def render_pack_summary(result, shown=10):
     """Return the human summary of a pack."""
-    totals = result.manifest["totals"]
+    from .packing import COMPLETE, FINALIZED, RESUMED
+
     shards = result.manifest["shards"]
+    totals = result.manifest["totals"]
+    verb = {COMPLETE: "Already packed", FINALIZED: "Finalized"}.get(result.outcome, "Packed")
     lines = [
-        f"Packed {result.images:,} images into {len(shards)} shard"
+        f"{verb} {result.images:,} images into {len(shards)} shard"
         f"{'s' if len(shards) != 1 else ''} ({totals['rec_bytes'] / 1e6:,.1f} MB); "
         f"manifest {result.manifest_path}"
     ]
-    if result.resumed_from:
+    if result.outcome == RESUMED:
         lines.append(f"Resumed after {result.resumed_from:,} list items done earlier.")
+    elif result.outcome == COMPLETE:
+        lines.append("Nothing to do: the pack was already complete, made the same way.")
+    elif result.outcome == FINALIZED:
+        noun = "shard" if len(shards) == 1 else "shards"
+        lines.append(f"Checked {len(shards)} {noun} packed one by one and wrote the manifest.")
     if result.failures:
         noun = "image" if result.failures == 1 else "images"
         lines.append(f"Refused {result.failures:,} {noun} (all listed in {result.failures_path}):")
@@ -464,8 +543,7 @@ def render_pack_summary(result, shown=10):
         if result.failures > shown:
             lines.append(f"  ... and {result.failures - shown:,} more")
         if not result.accepted:
-            allowed = result.manifest["options"]["max_failures"]
-            lines.append(f"More than --max-failures {allowed} refused: exit status 3.")
+            lines.append(f"More than --max-failures {result.max_failures} refused: exit status 3.")
     return "\n".join(lines)
 
 
@@ -561,7 +639,10 @@ def parse_extensions(ctx, param, value):
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON: on stdout, or on stderr when OUT is -.")
 @library_errors
-def list_command(root, out, labels, quiet, as_json, exts, recursive, threads, **options):
+def list_command(
+    root, out, recursive, exts, shuffle, seed, chunks, train_ratio, val_ratio, test_ratio,
+    split_by, min_per_id, max_per_id, threads, labels, quiet, as_json,
+):  # fmt: skip
     """List the images under ROOT, one identity per folder, into OUT (.lst, or - for stdout).
 
     Each first-level folder of ROOT is an identity. Labels 0, 1, ... go to identities in
@@ -585,21 +666,7 @@ def list_command(root, out, labels, quiet, as_json, exts, recursive, threads, **
         rectool list faces/ faces.lst --shuffle --seed 1 --val-ratio 0.05 --split-by identity
     """
     to_stdout = str(out) == "-"
-    if options["seed"] is not None and not options["shuffle"]:
-        raise click.BadParameter("needs --shuffle", param_hint="'--seed'")
-    if options["max_per_id"] is not None and options["max_per_id"] < options["min_per_id"]:
-        raise click.BadParameter("is below --min-per-id", param_hint="'--max-per-id'")
-    split = any(options[f"{s}_ratio"] is not None for s in ("train", "val", "test"))
-    if options["split_by"] == "identity" and not split:
-        raise click.BadParameter(
-            "identity needs --train-ratio, --val-ratio or --test-ratio", param_hint="'--split-by'"
-        )
-    if to_stdout and (split or options["chunks"] > 1):
-        raise click.BadParameter(
-            "- (stdout) takes a single list: no --chunks or ratios", param_hint="'OUT'"
-        )
     update, close = progress_bar(quiet or as_json, "folder")
-    start = time.perf_counter()
     try:
         listing = list_images(
             root,
@@ -609,15 +676,31 @@ def list_command(root, out, labels, quiet, as_json, exts, recursive, threads, **
             recursive=recursive,
             threads=threads,
             progress=update and (lambda folders, images: update(folders, None, 0)),
-            **options,
+            shuffle=shuffle,
+            seed=seed,
+            chunks=chunks,
+            train_ratio=train_ratio,
+            val_ratio=val_ratio,
+            test_ratio=test_ratio,
+            split_by=split_by,
+            min_per_id=min_per_id,
+            max_per_id=max_per_id,
         )
     finally:
         close()
-    summary = {**listing.summary(), "seconds": round(time.perf_counter() - start, 3)}
+    seconds = _seconds(click.get_current_context())
     if as_json:
-        click.echo(json.dumps(summary, ensure_ascii=False, indent=2), err=to_stdout)
+        # With OUT -, stdout carries the list: the summary goes to stderr.
+        emit_json({**listing.summary(), "seconds": seconds}, err=to_stdout)
     elif not quiet:
-        click.echo(render_list_summary(listing, summary["seconds"]), err=True)
+        click.echo(render_list_summary(listing, seconds), err=True)
+
+
+def _list_json_on_stderr(args):
+    return "-" in args  # OUT - (no option of `list` takes - as its value)
+
+
+list_command.json_on_stderr = _list_json_on_stderr
 
 
 def render_list_summary(listing, seconds, shown=3):
@@ -746,11 +829,12 @@ def verify_command(targets, decode, size, channels, workers, max_problems, quiet
         raise error from exc
     finally:
         close()
+    exit_code = 0 if report.sound else 1
     if as_json:
-        click.echo(json.dumps(report.to_json(), ensure_ascii=False, indent=2))
+        emit_json(report.to_json(), exit_code)
     elif not quiet:
-        click.echo(render_verify_report(report, max_problems))
-    sys.exit(0 if report.sound else 1)
+        click.echo(render_verify_report(report, max_problems), err=True)
+    sys.exit(exit_code)
 
 
 def render_verify_report(report, shown):
@@ -821,11 +905,12 @@ def reindex_command(rec, idx, keys, overwrite, quiet, as_json):
     from .reindex import reindex
 
     result = reindex(rec, idx, keys=keys, overwrite=overwrite)
+    exit_code = 0 if result.sound else 1
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        emit_json(result.to_json(), exit_code)
     elif not quiet:
-        click.echo(render_reindex_result(result))
-    sys.exit(0 if result.sound else 1)
+        click.echo(render_reindex_result(result), err=True)
+    sys.exit(exit_code)
 
 
 def render_reindex_result(result, shown=20):
@@ -893,9 +978,9 @@ def info_command(target, sample, as_json):
 
     info = dataset_info(target, sample=sample)
     if as_json:
-        click.echo(json.dumps(info, ensure_ascii=False, indent=2))
+        emit_json(info.to_json())
     else:
-        click.echo(render_info(info))
+        click.echo(render_info(info), err=True)
 
 
 def render_info(info, width=40):
@@ -930,9 +1015,21 @@ def render_info(info, width=40):
     if info["encodings"]:
         lines.append("Encodings: " + ", ".join(f"{k} {n:,}" for k, n in info["encodings"].items()))
     dims = info["dimensions"]
-    if dims["sampled"]:
+    if dims["sampled"] and dims["distinct"] <= len(dims["most_common"]):
         counts = ", ".join(f"{k} {n:,}" for k, n in dims["counts"].items())
         lines.append(f"Dimensions (HxWxC, sample of {dims['sampled']:,}): {counts}")
+    elif dims["sampled"]:
+        lines.append(
+            f"Dimensions (sample of {dims['sampled']:,}): {dims['distinct']:,} different sizes"
+            + (f", {dims['undecodable']:,} undecodable" if dims["undecodable"] else "")
+        )
+        for name in ("height", "width"):
+            side = dims[name]
+            lines.append(
+                f"  {name}: min {side['min']:,}, median {side['median']:g}, max {side['max']:,}"
+            )
+        common = ", ".join(f"{row['size']} {row['images']:,}" for row in dims["most_common"])
+        lines.append(f"  most common (HxWxC): {common}")
     return "\n".join(lines)
 
 
@@ -965,11 +1062,12 @@ def unpack_command(target, out_dir, quiet, as_json):
     finally:
         close()
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        emit_json(result.to_json())
     elif not quiet:
         click.echo(
             f"Unpacked {result.images:,} images of {result.identities:,} identities "
-            f"({result.bytes / 1e6:,.1f} MB) into {result.out_dir}."
+            f"({result.bytes / 1e6:,.1f} MB) into {result.out_dir}.",
+            err=True,
         )
 
 
@@ -988,8 +1086,9 @@ def unpack_command(target, out_dir, quiet, as_json):
     is_flag=True,
     help="Write the training module instead: RankSampler, epoch_order, prefetch.",
 )
+@json_option("Print what was written as JSON on stdout (needs --output FILE).")
 @library_errors
-def reader_command(output, training_module):
+def reader_command(output, training_module, as_json):
     """Write the standalone reader module for training code (standard library + numpy).
 
     It is rectool's own reader (rectool/reader.py) copied verbatim under a header naming the
@@ -1007,17 +1106,23 @@ def reader_command(output, training_module):
     from .emit import emit_reader, reader_source
 
     if output == "-":
+        if as_json:
+            raise click.UsageError("--json needs --output FILE (with -o -, stdout is the module)")
         click.echo(reader_source(training_module), nl=False)
         return
     path = emit_reader(output, training_module)
     what = "training" if training_module else "reader"
+    if as_json:
+        emit_json({what: os.fspath(path)})
+        return
     click.echo(f"Wrote the {what} module {path}.", err=True)
 
 
 @cli.command("index-cache")
 @click.argument("target")
+@json_option("Print the caches written as JSON on stdout.")
 @library_errors
-def index_cache_command(target):
+def index_cache_command(target, as_json):
     """Write the .idx sidecar cache (IDX.rtc) of every shard of TARGET.
 
     The reader never writes: it reads the cache when one matches its .idx (size, mtime,
@@ -1030,15 +1135,20 @@ def index_cache_command(target):
     """
     from .indexcache import write_index_caches
 
-    for path in write_index_caches(target):
+    paths = [os.fspath(p) for p in write_index_caches(target)]
+    if as_json:
+        emit_json({"caches": paths})
+        return
+    for path in paths:
         click.echo(f"Wrote {path}.", err=True)
 
 
 @cli.command("dali-index")
 @click.argument("target")
 @click.argument("output", type=click.Path(dir_okay=False))
+@json_option("Print the index and the .rec paths as JSON on stdout.")
 @library_errors
-def dali_index_command(target, output):
+def dali_index_command(target, output, as_json):
     """Write the one .idx that DALI's fn.readers.mxnet needs for TARGET's shards.
 
     DALI reads its .rec files as one stream, so OUTPUT holds offsets counted from the start
@@ -1051,8 +1161,12 @@ def dali_index_command(target, output):
     """
     from .dali import write_dali_index
 
-    for rec in write_dali_index(target, output):
-        click.echo(rec)
+    recs = [os.fspath(rec) for rec in write_dali_index(target, output)]
+    if as_json:
+        emit_json({"idx": output, "recs": recs})
+        return
+    for rec in recs:
+        click.echo(rec)  # data: the paths to pass to DALI
 
 
 @cli.command("bench")
@@ -1101,9 +1215,9 @@ def bench_command(target, samples, seconds, workers, decode, as_json):
 
     report = bench_dataset(target, samples, seconds, workers, decode, progress=announce)
     if as_json:
-        click.echo(json.dumps(report.to_json(), indent=2))
+        emit_json(report.to_json())
         return
-    click.echo(render_bench_report(report))
+    click.echo(render_bench_report(report), err=True)
 
 
 def render_bench_report(report):
@@ -1185,8 +1299,12 @@ def render_bench_report(report):
 )
 @click.option("--verify", is_flag=True, help="Verify the dataset too and show the result.")
 @click.option("--decode", is_flag=True, help="With --verify: decode every image too.")
+@json_option("Print what was written as JSON on stdout.")
 @library_errors
-def report_command(target, output, sheet, images_root, decode, **options):
+def report_command(
+    target, output, sheet, seed, identities, per_identity, thumb, sample, max_bytes,
+    images_root, verify, decode, as_json,
+):  # fmt: skip
     """Write a report of TARGET (manifest, prefix, .rec or train.rec folder) as one HTML page.
 
     The page holds a summary (records, images, identities, bytes, shards, layout, encodings,
@@ -1205,24 +1323,44 @@ def report_command(target, output, sheet, images_root, decode, **options):
 
     if output is None and sheet is None:
         raise click.UsageError("give --output/-o PAGE.html, --sheet IMAGE, or both")
-    if decode and not options["verify"]:
+    if decode and not verify:
         raise click.BadParameter("needs --verify", param_hint="--decode")
     settings = ReportOptions(
-        **options,
+        seed=seed,
+        identities=identities,
+        per_identity=per_identity,
+        thumb=thumb,
+        sample=sample,
+        max_bytes=max_bytes,
+        verify=verify,
         decode=decode,
         images_root=None if images_root is None else os.fspath(images_root),
     )
     result = write_report(target, output, sheet, settings)
     report = result.report
     info = report.info
+    if as_json:
+        emit_json(
+            {
+                "html": None if result.html is None else os.fspath(result.html),
+                "html_bytes": result.html_bytes if result.html else None,
+                "sheet": None if result.sheet is None else os.fspath(result.sheet),
+                "images": info["images"],
+                "identities": info.get("identities"),
+                "refusals": report.refusals.total,
+                "images_under_several_identities": report.duplicates.across,
+            }
+        )
+        return
     if result.html:
         click.echo(
             f"Wrote {result.html} ({result.html_bytes / 1e6:,.2f} MB): {info['images']:,} images, "
             f"{info.get('identities') or 0:,} identities, {report.refusals.total:,} refusals, "
-            f"{report.duplicates.across:,} images under several identities."
+            f"{report.duplicates.across:,} images under several identities.",
+            err=True,
         )
     if result.sheet:
-        click.echo(f"Wrote the contact sheet {result.sheet}.")
+        click.echo(f"Wrote the contact sheet {result.sheet}.", err=True)
 
 
 # -- repack ---------------------------------------------------------------------------------------
@@ -1261,22 +1399,6 @@ def transform_options(func):
     ):
         func = option(func)
     return func
-
-
-def transform_from_options(resize, center_crop, quality, encoding, color):
-    """Return the `Transform` the re-encoding options ask for, or None (pass-through)."""
-    from .images import Transform
-
-    if not (resize or center_crop or quality is not None or encoding or color is not None):
-        return None
-    encoding = encoding or ".jpg"
-    if quality is None:
-        quality = 3 if encoding == ".png" else 95
-    elif encoding == ".png" and quality > 9:
-        raise click.BadParameter("PNG compression must be 0-9", param_hint="--quality")
-    elif encoding == ".jpg" and quality < 1:
-        raise click.BadParameter("JPEG quality must be 1-100", param_hint="--quality")
-    return Transform(resize or 0, center_crop, quality, encoding, int(color or 1))
 
 
 @cli.command("repack")
@@ -1405,6 +1527,7 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
         rectool repack a.manifest.json b.manifest.json out/ab --labels-by name
         rectool repack out/ab out/clean --dedupe --drop-overlap lfw/ --min-per-id 2
     """
+    from .images import transform_from_options
     from .repack import RepackOptions, repack
 
     if len(paths) < 2:
@@ -1441,8 +1564,15 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     finally:
         close()
     if as_json:
-        click.echo(json.dumps(repack_summary(result), ensure_ascii=False, indent=2))
-    elif not quiet:
+        document = repack_summary(result)
+        if not result.accepted:
+            allowed = result.manifest["options"]["max_failures"]
+            document["error"] = (
+                f"more than --max-failures {allowed} refused ({result.report['refused']:,})"
+            )
+        emit_json(document, 0 if result.accepted else 3)
+        return
+    if not quiet:
         click.echo(render_repack_summary(result), err=True)
     if not result.accepted:
         sys.exit(3)
@@ -1453,7 +1583,10 @@ def repack_summary(result):
     totals = result.manifest["totals"]
     return {
         "manifest": result.manifest_path,
-        "shards": [s["rec"] for s in result.manifest["shards"]],
+        "shards": [
+            os.path.join(os.path.dirname(result.manifest_path), s["rec"])
+            for s in result.manifest["shards"]
+        ],
         "images": result.images,
         "classes": result.classes,
         "records": totals["records"],

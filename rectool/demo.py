@@ -58,6 +58,24 @@ print(f"  labels per identity: {[labels.count(k) for k in sorted(set(labels))]}"
 """
 
 
+def activation_hint(executable=None, prefix=None, base_prefix=None, cwd=None):
+    """Return the line that says where the `rectool` command is and how to put it on PATH."""
+    executable = Path(executable or sys.executable)
+    prefix = sys.prefix if prefix is None else prefix
+    base_prefix = sys.base_prefix if base_prefix is None else base_prefix
+    if prefix == base_prefix:  # not in a virtual environment: pip put it with this Python
+        return f"the rectool command was installed beside {executable}"
+    bin_dir = executable.parent
+    try:
+        bin_dir = bin_dir.relative_to(Path(cwd or Path.cwd()))
+    except ValueError:
+        pass
+    return (
+        f"the rectool command is {bin_dir / 'rectool'}: run `source {bin_dir / 'activate'}` "
+        "to put it on your PATH"
+    )
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     out = Path(argv[0] if argv else "demo-out")
@@ -81,6 +99,7 @@ def main(argv=None):
     if status.returncode:
         sys.exit("demo failed: the emitted reader could not read the pack")
     print("\ndemo complete: everything above ran for real; see", out)
+    print(activation_hint())
     print(f"the dataset's report: {report.resolve()} (open it in a browser)")
 
 

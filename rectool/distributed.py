@@ -15,6 +15,8 @@ from .atomic import OutputLock
 from .errors import RectoolError, UsageError
 from .packing import (
     FAILURES_SUFFIX,
+    PACKED,
+    RESUMED,
     PackOptions,
     _check_options,
     _finalize,
@@ -31,7 +33,10 @@ from .packing import (
 )
 from .shards import manifest_path, plan_shards
 
-INSTALL_HINT = "--executor dask needs Dask: pip install 'rectool[dask]'"
+INSTALL_HINT = (
+    "--executor dask needs Dask: pip install 'rectool[dask]' from an index, or from a checkout "
+    "of rectool: pip install -e '.[dask]'"
+)
 
 
 def _client_for(scheduler, workers):
@@ -73,17 +78,21 @@ def pack_on_dask(
     options = options or PackOptions()
     if list_path == "-":
         raise UsageError("--executor dask needs the list as a file that every worker can read")
-    check_prefix(prefix)
+    given = check_prefix(prefix)
     list_path, root, prefix = (os.path.abspath(os.fspath(p)) for p in (list_path, root, prefix))
     _check_options(options)
     digest, total = _validate_list(list_path, options.layout)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     os.makedirs(os.path.dirname(prefix), exist_ok=True)
     with OutputLock(prefix):
-        return _pack_locked(
+        result = _pack_locked(
             list_path, root, prefix, options, plan, (digest, total), scheduler, resume, overwrite,
             label_map, progress, local_workers,
         )  # fmt: skip
+    # Workers need absolute paths; the caller gets its own back, as it gave them.
+    return dataclasses.replace(
+        result, manifest_path=manifest_path(given), failures_path=given + FAILURES_SUFFIX
+    )
 
 
 def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resume, overwrite,
@@ -108,11 +117,12 @@ def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resu
             client.submit(_pack_task, list_path, root, prefix, options, k, pure=False, retries=2)
             for k in range(len(plan))
         ]
-        done = refused = 0
+        done = refused = resumed_from = 0
         for future in as_completed(futures):
             shard = future.result()  # re-raises a task's error here, on the client
             done += len(plan[shard.shard])
             refused += shard.failures
+            resumed_from += shard.resumed_from
             if progress is not None:
                 progress(done, total, refused)
     finally:
@@ -120,6 +130,10 @@ def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resu
         if cluster is not None:
             cluster.close()
     result = _finalize(list_path, root, prefix, options, label_map)
+    # The tasks did the packing (finalizing is this function's last step): say what they did.
+    result = dataclasses.replace(
+        result, resumed_from=resumed_from, outcome=RESUMED if resumed_from else PACKED
+    )
     if final is None:
         return result
     swap_in(prefix, final)

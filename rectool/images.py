@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import RectoolError
+from .errors import RectoolError, UsageError
 
 
 class _LazyOpenCV:
@@ -68,6 +68,39 @@ class Transform:
     quality: int = 95  # JPEG 1-100, PNG compression 0-9
     encoding: str = ".jpg"
     color: int = 1  # 1 colour, 0 grayscale, -1 unchanged
+
+
+# Re-encoding quality when none is given, and the range each encoding takes (as OpenCV).
+DEFAULT_QUALITY = {".jpg": 95, ".png": 3}
+QUALITY_RANGE = {".jpg": (1, 100), ".png": (0, 9)}
+_QUALITY_NAME = {".jpg": "JPEG quality", ".png": "PNG compression"}
+
+
+def transform_from_options(resize=None, center_crop=False, quality=None, encoding=None, color=None):
+    """Return the `Transform` that im2rec-style re-encoding options ask for, or None when none
+    is given (the images then pass through byte for byte).
+
+    Any option given means re-encoding: the encoding defaults to .jpg, the quality to
+    `DEFAULT_QUALITY` of the encoding, the colour to 1. Raises `UsageError` naming the option
+    when a value does not fit (a PNG compression above 9, a JPEG quality of 0).
+    """
+    if not (resize or center_crop or quality is not None or encoding or color is not None):
+        return None
+    encoding = encoding or ".jpg"
+    if encoding not in ENCODINGS:
+        raise UsageError(f"--encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
+    if quality is None:
+        quality = DEFAULT_QUALITY[encoding]
+    low, high = QUALITY_RANGE[encoding]
+    if not low <= quality <= high:
+        raise UsageError(
+            f"--quality {quality}: {_QUALITY_NAME[encoding]} must be {low}-{high} "
+            f"(--encoding {encoding})"
+        )
+    color = 1 if color is None else int(color)
+    if color not in (-1, 0, 1):
+        raise UsageError(f"--color must be -1, 0 or 1, got {color}")
+    return Transform(resize or 0, bool(center_crop), quality, encoding, color)
 
 
 def sniff_format(data):

@@ -31,10 +31,21 @@ HISTOGRAM_BINS = (
     (501, 1000), (1001, None),
 )  # fmt: skip
 DEFAULT_SAMPLE = 200
+# Image sizes named one by one in a description; the rest are summarised per side.
+COMMON_SIZES = 5
+
+
+class DatasetInfo(dict):
+    """A dataset's description: a dict of plain data (as `report` reads it)."""
+
+    def to_json(self):
+        """Return the description as plain data (what `rectool info --json` prints)."""
+        return dict(self)
 
 
 def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None):
-    """Return a dict describing the dataset at `target` (manifest, prefix, .rec or folder).
+    """Return a `DatasetInfo` describing the dataset at `target` (manifest, prefix, .rec or
+    folder).
 
     `sample` images, spread evenly over the dataset, are decoded for their dimensions.
     `on_shard(rec, facts)`, when given, sees each shard's facts as they are read: a dict whose
@@ -78,7 +89,7 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None):
     info["image_bytes"] = _summary(sizes)
     info["encodings"] = dict(formats.most_common())
     info["dimensions"] = _sample_dimensions(images_by_shard, sample)
-    return info
+    return DatasetInfo(info)
 
 
 def _read_shard(rec, idx):
@@ -180,10 +191,11 @@ def _sample_dimensions(images_by_shard, sample):
     """Decode up to `sample` images spread evenly; count their height x width x channels."""
     total = sum(len(offsets) for _, offsets in images_by_shard)
     if not total or sample <= 0:
-        return {"sampled": 0, "counts": {}}
+        return _dimension_summary(0, Counter(), [])
     picks = np.unique(np.linspace(0, total - 1, min(sample, total)).astype(np.int64))
     bounds = np.cumsum([len(offsets) for _, offsets in images_by_shard])
     dims = Counter()
+    shapes = []
     handles = {}
     try:
         for i in picks.tolist():
@@ -201,7 +213,36 @@ def _sample_dimensions(images_by_shard, sample):
                 continue
             channels = 1 if array.ndim == 2 else array.shape[2]
             dims[f"{array.shape[0]}x{array.shape[1]}x{channels}"] += 1
+            shapes.append(array.shape[:2])
     finally:
         for handle in handles.values():
             handle.close()
-    return {"sampled": len(picks), "counts": dict(dims.most_common())}
+    return _dimension_summary(len(picks), dims, shapes)
+
+
+def _dimension_summary(sampled, dims, shapes):
+    """Describe the sampled sizes: every HxWxC with its count (`counts`, most common first),
+    how many differ, the most common few, and min / median / max of each side."""
+    counts = dict(dims.most_common())
+    decoded = {k: n for k, n in counts.items() if k != "undecodable"}
+    heights = np.array([h for h, _ in shapes], np.int64)
+    widths = np.array([w for _, w in shapes], np.int64)
+
+    def side(values):
+        if not len(values):
+            return None
+        return {
+            "min": int(values.min()),
+            "median": float(np.median(values)),
+            "max": int(values.max()),
+        }
+
+    return {
+        "sampled": sampled,
+        "counts": counts,
+        "distinct": len(decoded),
+        "most_common": [{"size": k, "images": n} for k, n in list(decoded.items())[:COMMON_SIZES]],
+        "height": side(heights),
+        "width": side(widths),
+        "undecodable": counts.get("undecodable", 0),
+    }

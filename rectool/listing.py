@@ -28,7 +28,7 @@ from itertools import chain, repeat
 from pathlib import Path
 
 from .atomic import current_umask
-from .errors import ListingError, UsageError
+from .errors import ListingError, RectoolError, UsageError
 from .listfile import (
     LIST_SUFFIX,
     format_list_lines,
@@ -422,6 +422,9 @@ def display_path(path):
     return text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
 
 
+STDOUT_SINGLE_LIST = "OUT - (standard output) takes a single list: no --chunks or ratios"
+
+
 def resolve_ratios(train=None, val=None, test=None):
     """Return the (train, val, test) fractions, or None when the list is not split.
 
@@ -433,6 +436,14 @@ def resolve_ratios(train=None, val=None, test=None):
     for name, value in (("train", train), ("val", val), ("test", test)):
         if value is not None and not 0 <= value <= 1:
             raise UsageError(f"the {name} ratio must be between 0 and 1, got {value}")
+    given = [(n, v) for n, v in (("train", train), ("val", val), ("test", test)) if v is not None]
+    total = sum(v for _, v in given)
+    terms = " + ".join(f"--{name}-ratio {value:g}" for name, value in given)
+    must = "the train, val and test ratios must add up to 1"
+    if total > 1 + 1e-6:
+        raise UsageError(f"{must}: {terms} = {total:g} > 1")
+    if len(given) == 3 and abs(total - 1) > 1e-6:
+        raise UsageError(f"{must}: {terms} = {total:g}")
     if train is None:
         train = 1 - (val or 0) - (test or 0)
     elif val is None:
@@ -536,19 +547,19 @@ def make_listing(
 
 def _check_listing_options(min_per_id, max_per_id, shuffle, seed, split_by, chunks, ratios):
     if min_per_id < 1:
-        raise UsageError(f"the minimum per identity must be at least 1, got {min_per_id}")
+        raise UsageError(f"--min-per-id must be at least 1, got {min_per_id}")
     if max_per_id is not None and max_per_id < min_per_id:
-        raise UsageError(
-            f"the maximum per identity ({max_per_id}) is below the minimum ({min_per_id})"
-        )
+        raise UsageError(f"--max-per-id {max_per_id} is below --min-per-id {min_per_id}")
     if seed is not None and not shuffle:
-        raise UsageError("a seed needs shuffling (--shuffle)")
+        raise UsageError("--seed needs --shuffle")
     if split_by not in SPLIT_BY:
-        raise UsageError(f"split_by must be one of {SPLIT_BY}, got {split_by!r}")
+        raise UsageError(f"--split-by must be one of {', '.join(SPLIT_BY)}, got {split_by!r}")
     if split_by != "image" and ratios is None:
-        raise UsageError("splitting by identity needs a train, val or test ratio below 1")
+        raise UsageError(
+            f"--split-by {split_by} needs --train-ratio, --val-ratio or --test-ratio (below 1)"
+        )
     if chunks < 1:
-        raise UsageError(f"chunks must be at least 1, got {chunks}")
+        raise UsageError(f"--chunks must be at least 1, got {chunks}")
 
 
 def list_paths(out, suffixes):
@@ -587,9 +598,19 @@ def write_lists(listing, out, labels=None):
     """
     is_stream = hasattr(out, "write")
     if is_stream and set(listing.lists) != {""}:
-        raise UsageError("split or chunked lists need a file name, not standard output")
-    where = "standard output" if is_stream else os.fspath(out)
+        raise UsageError(STDOUT_SINGLE_LIST)
+    if not is_stream and labels is None:
+        labels = label_map_path(out)
     try:
+        # The label map first: a `pack -` reading these lines from a pipe may read it as soon
+        # as the list ends.
+        if labels is not None:
+            try:
+                write_label_map(labels, listing.identities)
+            except RectoolError as exc:  # it names the file and the reason
+                raise ListingError(str(exc)) from None
+            listing.label_map = os.fspath(labels)
+        where = "standard output" if is_stream else os.fspath(out)
         if is_stream:
             _write_rows(out, listing.lists[""])
             out.flush()
@@ -599,12 +620,6 @@ def write_lists(listing, out, labels=None):
             for suffix, where in paths.items():
                 _write_file_atomically(where, listing.lists[suffix])
             listing.written = paths
-            if labels is None:
-                labels = label_map_path(out)
-        if labels is not None:
-            where = os.fspath(labels)
-            write_label_map(labels, listing.identities)
-            listing.label_map = where
     except OSError as exc:
         raise ListingError(f"cannot write {where}: {exc.strerror or exc}") from exc
     return listing
@@ -642,7 +657,7 @@ def list_images(
         ratios,
     )
     if hasattr(out, "write") and (ratios is not None or listing_options.get("chunks", 1) > 1):
-        raise UsageError("split or chunked lists need a file name, not standard output")
+        raise UsageError(STDOUT_SINGLE_LIST)
     scan = scan_tree(root, exts, recursive, threads, progress)
     listing = make_listing(scan, **listing_options)
     if not listing.image_count:

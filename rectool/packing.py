@@ -125,9 +125,16 @@ class Refusal:
         return {"line": self.line, "index": self.index, "path": self.path, "reason": self.reason}
 
 
+# What a run did to a pack: `PackResult.outcome`.
+PACKED = "packed"  # packed from the first list item
+RESUMED = "resumed"  # continued an interrupted pack after `resumed_from` list items
+COMPLETE = "complete"  # nothing to do: the pack was already complete, made the same way
+FINALIZED = "finalized"  # shards packed one by one were checked and given a manifest
+
+
 @dataclass
 class PackResult:
-    """What `pack_images` did."""
+    """What `pack_images` did; `outcome` is one of PACKED, RESUMED, COMPLETE, FINALIZED."""
 
     manifest_path: str
     manifest: dict
@@ -136,11 +143,40 @@ class PackResult:
     failures_path: str
     refused: list  # the first refusals, as `Refusal`s
     resumed_from: int = 0
+    outcome: str = PACKED
 
     @property
     def accepted(self):
         """Return True when no more images were refused than `max_failures` allows."""
         return self.failures <= self.manifest["options"]["max_failures"]
+
+    @property
+    def max_failures(self):
+        return self.manifest["options"]["max_failures"]
+
+    @property
+    def shard_paths(self):
+        """Return each shard's .rec, in the manifest's folder as `manifest_path` names it."""
+        folder = os.path.dirname(self.manifest_path)
+        return [os.path.join(folder, s["rec"]) for s in self.manifest["shards"]]
+
+    def to_json(self):
+        """Return the result as plain data (what `rectool pack --json` prints)."""
+        totals = self.manifest["totals"]
+        return {
+            "outcome": self.outcome,
+            "manifest": self.manifest_path,
+            "shards": self.shard_paths,
+            "images": self.images,
+            "records": totals["records"],
+            "rec_bytes": totals["rec_bytes"],
+            "failures": self.failures,
+            "failures_file": self.failures_path,
+            "max_failures": self.max_failures,
+            "accepted": self.accepted,
+            "resumed_from": self.resumed_from,
+            "refused": [r.to_json() for r in self.refused],
+        }
 
 
 def output_files(prefix):
@@ -294,7 +330,8 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     complete = resume and _is_complete(prefix)
     if not complete:
         _prepare_outputs(prefix, resume, overwrite)
-    if list_path == "-":
+    from_stdin = list_path == "-"
+    if from_stdin:
         list_path = _copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
     list_path = os.fspath(list_path)
     try:
@@ -313,20 +350,23 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     if complete:
         # A finished pack "resumes" only with what made it, as an interrupted one does.
         return completed_if_same(prefix, state)
+    # Read only now, once the whole list has arrived: `rectool list ROOT - --labels F` writes F
+    # before its first list line, so a pipe into `pack - ... --labels F` finds it. A list read
+    # from stdin has no file beside which a label map could be found.
+    identities = _load_identities(None if from_stdin else list_path, label_map)
     state_path = prefix + STATE_SUFFIX
     if resume and os.path.exists(state_path):
         _check_resume_state(state_path, state)
     else:
         write_json_atomic(state_path, state)
 
-    identities = _load_identities(list_path, label_map)
     run = _PackRun(list_path, root, prefix, options, total, progress)
     run.execute(resume)
 
     classes = run.max_label + 1 if options.layout == "insightface" else None
     manifest = _manifest(
-        options, list_path, prefix, run.writer.finished, run.images, run.failures, classes,
-        identities, state,
+        options, "-" if from_stdin else list_path, prefix, run.writer.finished, run.images,
+        run.failures, classes, identities, state,
     )  # fmt: skip
     final_failures = prefix + FAILURES_SUFFIX
     os.replace(run.failures_partial, final_failures)
@@ -345,6 +385,7 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
         final_failures,
         run.first_refusals,
         run.resumed_from,
+        RESUMED if run.resumed_from else PACKED,
     )
 
 
@@ -359,6 +400,35 @@ class ShardResult:
     failures_path: str
     refused: list
     resumed_from: int = 0
+    max_failures: int = 0
+
+    @property
+    def accepted(self):
+        """Return True when this shard refused no more images than `max_failures` allows.
+
+        A task is judged by its own shard, so the exit status of a job-array task tells its
+        own truth; `finalize_pack` judges the whole pack."""
+        return self.failures <= self.max_failures
+
+    @property
+    def rec_path(self):
+        """Return the shard's .rec, in the folder `failures_path` names."""
+        return os.path.join(os.path.dirname(self.failures_path), self.info.rec)
+
+    def to_json(self):
+        """Return the result as plain data (what `rectool pack --only-shard K --json` prints)."""
+        return {
+            "shard": self.shard,
+            "shards": self.shards,
+            "rec": self.rec_path,
+            "records": self.info.records,
+            "failures": self.failures,
+            "failures_file": self.failures_path,
+            "max_failures": self.max_failures,
+            "accepted": self.accepted,
+            "resumed_from": self.resumed_from,
+            "refused": [r.to_json() for r in self.refused],
+        }
 
 
 def _shard_files(stem):
@@ -406,13 +476,14 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
         refused = _read_refusals(stem + FAILURES_SUFFIX)
         info = run.writer.finished[0]
         return ShardResult(number, len(plan), info, len(refused), stem + FAILURES_SUFFIX,
-                           refused[:100], info.records + len(refused))  # fmt: skip
+                           refused[:100], info.records + len(refused),
+                           options.max_failures)  # fmt: skip
     run.execute(resume)
     os.replace(run.failures_partial, stem + FAILURES_SUFFIX)
     os.unlink(state_path)
     return ShardResult(
         number, len(plan), run.writer.finished[0], run.failures, stem + FAILURES_SUFFIX,
-        run.first_refusals, run.resumed_from,
+        run.first_refusals, run.resumed_from, options.max_failures,
     )  # fmt: skip
 
 
@@ -478,7 +549,7 @@ def _finalize(list_path, root, prefix, options, label_map):
     write_json_atomic(manifest_path(prefix), manifest)
     return PackResult(
         manifest_path(prefix), manifest, images, len(refused), final_failures, refused[:100],
-        images + len(refused),
+        0, FINALIZED,
     )  # fmt: skip
 
 
@@ -590,6 +661,7 @@ def _completed_result(prefix):
         failures_path,
         refused,
         totals["images"] + totals["failures"],
+        COMPLETE,
     )
 
 
@@ -797,7 +869,11 @@ def _show(value):
 
 
 def _load_identities(list_path, label_map):
-    path = os.fspath(label_map) if label_map else find_label_map(list_path)
+    """Return the label map given, else the one beside `list_path` (None: look nowhere)."""
+    if label_map:
+        path = os.fspath(label_map)
+    else:
+        path = None if list_path is None else find_label_map(list_path)
     if path is None:
         return None
     try:
@@ -1261,7 +1337,7 @@ def _manifest(options, list_path, prefix, shards, images, failures, classes, ide
             "workers": options.workers,
             "max_failures": options.max_failures,
         },
-        "list": os.path.basename(list_path),
+        "list": os.path.basename(list_path),  # "-": read from standard input
         # What --resume compares (the options are above).
         "source": {"list_sha256": source["list_sha256"], "root": source["root"]},
         "shards": shards,

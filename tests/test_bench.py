@@ -54,7 +54,7 @@ def test_cli_table_and_json(packed):
     runner = CliRunner()
     text = runner.invoke(cli, ["bench", str(manifest), "--samples", "6", "-j", "2"])
     assert text.exit_code == 0, text.output
-    lines = text.stdout.splitlines()
+    lines = text.stderr.splitlines()
     assert lines[0].startswith(f"{manifest}: 12 samples (images layout), opened in ")
     assert lines[1].split() == ["phase", "samples", "samples/s", "MB/s"]
     assert [line.split()[0:3] for line in lines[2:6]] == [

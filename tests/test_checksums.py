@@ -80,9 +80,9 @@ def test_a_flipped_byte_in_one_image_names_its_key_and_offset(pack):
     ]
     result = CliRunner().invoke(cli, ["verify", str(pack.manifest)])
     assert result.exit_code == 1
-    assert "; 3 checksums compared; 12 records compared with their CRC-32 (" in result.stdout
+    assert "; 3 checksums compared; 12 records compared with their CRC-32 (" in result.stderr
     assert f"record-checksum-mismatch: {pack.rec}, key {key}, byte offset {offset}: " in (
-        result.stdout
+        result.stderr
     )
 
 
@@ -203,7 +203,7 @@ def test_empty_index_beside_records_is_a_problem(pack):
     assert report.counts.get("unindexed-record", 0) == 0
     result = CliRunner().invoke(cli, ["verify", str(pack.rec)])
     assert result.exit_code == 1
-    assert f"empty-index: {pack.idx}: no lines, but faces.rec holds 12 records" in result.stdout
+    assert f"empty-index: {pack.idx}: no lines, but faces.rec holds 12 records" in result.stderr
 
 
 def test_a_manifest_listing_one_shard_twice_is_a_problem(tmp_path):

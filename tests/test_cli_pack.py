@@ -47,7 +47,9 @@ def test_exit_0_within_max_failures_and_json_summary(tree, tmp_path):
     assert summary["refused"] == [
         {"line": 7, "index": 6, "path": "bob/empty.jpg", "reason": "empty file"}
     ]
-    assert summary["shards"] == ["f.rec"]
+    assert summary["shards"] == [str(tmp_path / "f.rec")]
+    assert summary["outcome"] == "packed"
+    assert summary["seconds"] >= 0
 
 
 def test_list_from_stdin(tree, tmp_path):
@@ -164,3 +166,84 @@ def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tree, tmp_path)
     assert result.exit_code == 1
     assert result.stderr.startswith("Error: ")
     assert "Traceback" not in result.output
+
+
+def run_pipe(script, tmp_path):
+    """Run `script` with bash (pipefail), `rectool` being this checkout's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(repo), os.environ.get("PYTHONPATH", "")]),
+    }
+    rectool = f"{sys.executable} -m rectool"
+    return subprocess.run(
+        ["bash", "-c", "set -o pipefail; " + script.format(rectool=rectool)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+def test_list_piped_into_pack_keeps_the_label_map(tmp_path):
+    root = tmp_path / "tree"
+    write_pack_tree(root, ["alice", "bob"], 3)
+    done = run_pipe(
+        "{rectool} list tree - --labels map.tsv -q | "
+        "{rectool} pack - tree out/faces --labels map.tsv -q",
+        tmp_path,
+    )
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "out" / "faces.manifest.json").read_text())
+    assert manifest["list"] == "-"
+    assert manifest["classes"] == 2
+    assert manifest["identities"] == {"0": "alice", "1": "bob"}
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "faces.failures.jsonl", "faces.idx", "faces.manifest.json", "faces.rec", "faces.rec.crc",
+    ]  # fmt: skip
+
+
+def test_a_piped_list_without_a_label_map_says_so(tmp_path):
+    root = tmp_path / "tree"
+    write_pack_tree(root, ["alice", "bob"], 3)
+    done = run_pipe("{rectool} list tree - -q | {rectool} pack - tree out/faces -q", tmp_path)
+    assert done.returncode == 0, done.stderr
+    manifest = json.loads((tmp_path / "out" / "faces.manifest.json").read_text())
+    assert (manifest["list"], manifest["classes"], manifest["identities"]) == ("-", None, None)
+    missing = run_pipe(
+        "{rectool} list tree - -q | {rectool} pack - tree out/other --labels nowhere.tsv", tmp_path
+    )
+    assert missing.returncode == 1
+    assert missing.stderr == "Error: nowhere.tsv: label map not found\n"
+
+
+def test_resume_on_a_complete_pack_says_there_was_nothing_to_do(tree, tmp_path):
+    root, lst, _ = tree
+    args = ["pack", lst, root, tmp_path / "c", "--max-failures", "1"]
+    first = invoke(*args)
+    assert first.exit_code == 0, first.output
+    assert "Resumed" not in first.stderr
+    again = invoke(*args, "--resume")
+    assert again.exit_code == 0, again.output
+    assert again.stderr.splitlines()[:2] == [
+        f"Already packed 6 images into 1 shard (0.0 MB); manifest {tmp_path / 'c.manifest.json'}",
+        "Nothing to do: the pack was already complete, made the same way.",
+    ]
+    assert json.loads(invoke(*args, "--resume", "--json").stdout)["outcome"] == "complete"
+
+
+def test_without_dask_the_error_says_how_to_install_it_from_a_checkout(tree, tmp_path, monkeypatch):
+    import sys
+
+    root, lst, _ = tree
+    monkeypatch.setitem(sys.modules, "dask", None)
+    monkeypatch.setitem(sys.modules, "dask.distributed", None)
+    result = invoke(
+        "pack", lst, root, tmp_path / "d", "--shard-records", "3", "--executor", "dask", "--json"
+    )
+    assert result.exit_code == 2
+    assert (
+        "from a checkout of rectool: pip install -e '.[dask]'" in json.loads(result.stdout)["error"]
+    )

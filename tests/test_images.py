@@ -15,7 +15,14 @@ from imagefiles import encode, image_array, jpeg_bytes, write_list
 from PIL import Image
 
 from rectool.cli import cli
-from rectool.images import ImageRefused, check_image, inspect_image
+from rectool.errors import UsageError
+from rectool.images import (
+    ImageRefused,
+    Transform,
+    check_image,
+    inspect_image,
+    transform_from_options,
+)
 
 TRAILER_LENGTHS = (1, 62, 63, 64, 1000)
 
@@ -184,3 +191,36 @@ def test_pack_check_decode_refuses_damaged_scans(tmp_path):
     # The default structural check does not read the scan: only --check decode catches these.
     result = runner.invoke(cli, ["pack", str(lst), str(root), str(out), "--overwrite"])
     assert result.exit_code == 0, result.output
+
+
+def test_no_reencoding_option_means_pass_through():
+    assert transform_from_options() is None
+    assert transform_from_options(resize=None, center_crop=False, quality=None) is None
+
+
+@pytest.mark.parametrize(
+    ("options", "expected"),
+    [
+        ({"resize": 112}, Transform(112, False, 95, ".jpg", 1)),
+        ({"encoding": ".png"}, Transform(0, False, 3, ".png", 1)),
+        ({"center_crop": True, "quality": 80}, Transform(0, True, 80, ".jpg", 1)),
+        ({"color": "-1", "encoding": ".png", "quality": 9}, Transform(0, False, 9, ".png", -1)),
+    ],
+)
+def test_any_reencoding_option_takes_the_defaults_of_its_encoding(options, expected):
+    assert transform_from_options(**options) == expected
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"quality": 50, "encoding": ".png"}, "--quality 50: PNG compression must be 0-9"),
+        ({"quality": 0}, "--quality 0: JPEG quality must be 1-100"),
+        ({"encoding": ".gif"}, "--encoding must be one of .jpg, .png, got '.gif'"),
+        ({"color": 2}, "--color must be -1, 0 or 1, got 2"),
+    ],
+)
+def test_reencoding_options_that_do_not_fit_name_the_option(options, message):
+    with pytest.raises(UsageError) as error:
+        transform_from_options(**options)
+    assert str(error.value).startswith(message)

@@ -19,6 +19,19 @@ from rectool.packing import pack_images
 COUNTS = {"ann": 2, "ben": 3, "cyd": 7}
 
 
+def one_size(sampled):
+    """The dimensions of `sampled` images of the `uneven` pack, all 40x32x3."""
+    return {
+        "sampled": sampled,
+        "counts": {"40x32x3": sampled},
+        "distinct": 1,
+        "most_common": [{"size": "40x32x3", "images": sampled}],
+        "height": {"min": 40, "median": 40.0, "max": 40},
+        "width": {"min": 32, "median": 32.0, "max": 32},
+        "undecodable": 0,
+    }
+
+
 def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
@@ -70,7 +83,7 @@ def test_counts_and_identity_statistics(uneven):
         "total": sum(sizes),
     }
     assert info["encodings"] == {"jpeg": 11, "png": 1}
-    assert info["dimensions"] == {"sampled": 12, "counts": {"40x32x3": 12}}
+    assert info["dimensions"] == one_size(12)
     assert info["label_flags"] == {"0": 12}
 
 
@@ -87,8 +100,16 @@ def test_same_figures_without_the_idx_or_manifest(uneven):
 
 def test_sample_size(uneven):
     prefix, _ = uneven
-    assert dataset_info(prefix, sample=3)["dimensions"] == {"sampled": 3, "counts": {"40x32x3": 3}}
-    assert dataset_info(prefix, sample=0)["dimensions"] == {"sampled": 0, "counts": {}}
+    assert dataset_info(prefix, sample=3)["dimensions"] == one_size(3)
+    assert dataset_info(prefix, sample=0)["dimensions"] == {
+        "sampled": 0,
+        "counts": {},
+        "distinct": 0,
+        "most_common": [],
+        "height": None,
+        "width": None,
+        "undecodable": 0,
+    }
 
 
 def test_insightface_layout(tmp_path):
@@ -135,7 +156,8 @@ def test_cli_human_output(uneven):
     assert result.exit_code == 0, result.output
     bar = "#" * 40
     median = statistics.median(sizes)
-    assert result.stdout.splitlines() == [
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
         f"{prefix}: layout plain, 1 shard, 12 records, 12 images, "
         f"{prefix.with_suffix('.rec').stat().st_size / 1e6:,.1f} MB",
         "Identities: 3 (of 3 classes)",
@@ -174,6 +196,46 @@ def test_an_empty_idx_beside_records_is_an_error_not_zero_records(tmp_path):
     result = invoke("info", pack.rec)
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: {pack.idx}: empty, but faces.rec holds 12 records")
+
+
+@pytest.fixture
+def mixed_sizes(tmp_path):
+    """A pack of 9 images: 4 of 40x32, 2 of 20x30, one each of 10x12, 50x60, 64x64."""
+    sizes = [(40, 32)] * 4 + [(20, 30)] * 2 + [(10, 12), (50, 60), (64, 64)]
+    root, items = tmp_path / "tree", []
+    (root / "a").mkdir(parents=True)
+    for index, (height, width) in enumerate(sizes):
+        rel = f"a/{index}.jpg"
+        (root / rel).write_bytes(jpeg_bytes(index, height, width))
+        items.append((index, 0, rel))
+    pack_images(write_list(tmp_path / "m.lst", items), root, tmp_path / "m")
+    return tmp_path / "m"
+
+
+def test_mixed_sizes_are_described_as_a_distribution(mixed_sizes, monkeypatch):
+    import rectool.info
+
+    monkeypatch.setattr(rectool.info, "COMMON_SIZES", 3)
+    dims = dataset_info(mixed_sizes)["dimensions"]
+    assert dims["distinct"] == 5
+    assert dims["most_common"] == [
+        {"size": "40x32x3", "images": 4},
+        {"size": "20x30x3", "images": 2},
+        {"size": "10x12x3", "images": 1},
+    ]
+    assert dims["height"] == {"min": 10, "median": 40.0, "max": 64}
+    assert dims["width"] == {"min": 12, "median": 32.0, "max": 64}
+    result = invoke("info", mixed_sizes)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines()[-4:] == [
+        "Dimensions (sample of 9): 5 different sizes",
+        "  height: min 10, median 40, max 64",
+        "  width: min 12, median 32, max 64",
+        "  most common (HxWxC): 40x32x3 4, 20x30x3 2, 10x12x3 1",
+    ]
+    document = json.loads(invoke("info", mixed_sizes, "--json").stdout)
+    assert document["dimensions"]["height"] == {"min": 10, "median": 40.0, "max": 64}
+    assert len(document["dimensions"]["most_common"]) == 3
 
 
 def test_an_empty_image_is_a_record_format_error_not_a_decoder_crash(tmp_path):

@@ -288,13 +288,24 @@ def test_min_and_max_per_identity(tmp_path):
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"min_per_id": 0}, "at least 1"),
-        ({"min_per_id": 3, "max_per_id": 2}, "below the minimum"),
-        ({"seed": 1}, "needs shuffling"),
-        ({"split_by": "person"}, "split_by"),
-        ({"split_by": "identity"}, "needs a train, val or test ratio"),
-        ({"chunks": 0}, "at least 1"),
-        ({"train_ratio": 0.5, "val_ratio": 0.6}, "add up to 1"),
+        ({"min_per_id": 0}, "--min-per-id must be at least 1, got 0"),
+        ({"min_per_id": 3, "max_per_id": 2}, "--max-per-id 2 is below --min-per-id 3"),
+        ({"seed": 1}, "--seed needs --shuffle"),
+        ({"split_by": "person"}, "--split-by must be one of image, identity, got 'person'"),
+        ({"split_by": "identity"}, "--split-by identity needs --train-ratio, --val-ratio or"),
+        ({"chunks": 0}, "--chunks must be at least 1, got 0"),
+        (
+            {"train_ratio": 0.5, "val_ratio": 0.6},
+            r"add up to 1: --train-ratio 0.5 \+ --val-ratio 0.6 = 1.1 > 1$",
+        ),
+        (
+            {"val_ratio": 0.5, "test_ratio": 0.6},
+            r"add up to 1: --val-ratio 0.5 \+ --test-ratio 0.6 = 1.1 > 1$",
+        ),
+        (
+            {"train_ratio": 0.5, "val_ratio": 0.2, "test_ratio": 0.2},
+            r"add up to 1: --train-ratio 0.5 \+ --val-ratio 0.2 \+ --test-ratio 0.2 = 0.9$",
+        ),
     ],
 )
 def test_make_listing_refuses_options_that_cannot_work(tmp_path, kwargs, message):
@@ -489,7 +500,7 @@ def test_write_lists_to_a_stream_writes_the_label_map_only_when_asked(tmp_path):
 
 def test_a_stream_takes_no_split(tmp_path):
     face_tree(tmp_path, identities=2, per_identity=2)
-    with pytest.raises(UsageError, match="need a file name"):
+    with pytest.raises(UsageError, match=r"OUT - \(standard output\) takes a single list"):
         write_lists(make_listing(scan_tree(tmp_path), chunks=2), io.BytesIO())
 
 
@@ -645,3 +656,20 @@ def test_default_threads_start_when_folders_list_slowly(tmp_path, monkeypatch):
     assert slow.identities == fast.identities
     _, forced = scan_with_latency(monkeypatch, tmp_path, 0.0, threads=3)
     assert forced == [(40, 3)]
+
+
+def test_the_label_map_is_written_before_the_first_list_line(tmp_path):
+    # A `pack -` at the other end of a pipe reads the label map once the list has arrived.
+    face_tree(tmp_path / "faces", identities=2, per_identity=2)
+    labels = tmp_path / "map.tsv"
+    seen = []
+
+    class Stream(io.BytesIO):
+        def write(self, data):
+            seen.append(labels.exists())
+            return super().write(data)
+
+    stream = Stream()
+    list_images(tmp_path / "faces", stream, labels=labels)
+    assert seen and all(seen)
+    assert len(stream.getvalue().splitlines()) == 4

@@ -87,7 +87,7 @@ def test_cli_plan_and_usage_errors(tree, tmp_path):
     plan = runner.invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "f"),
                                "--shard-records", "7", "--plan"])  # fmt: skip
     assert plan.exit_code == 0
-    assert plan.stdout.splitlines() == [
+    assert plan.stderr.splitlines() == [
         "4 shards of 22 list lines:",
         "  shard 0: lines 1-7",
         "  shard 1: lines 8-14",
@@ -103,6 +103,41 @@ def test_cli_plan_and_usage_errors(tree, tmp_path):
                                       "--shard-records", "7", "--only-shard", "4"])  # fmt: skip
     assert out_of_plan.exit_code == 2
     assert "--only-shard 4: the plan has shards 0..3" in out_of_plan.stderr
+
+
+def test_an_only_shard_task_tells_its_own_truth_and_finalize_says_what_it_did(tree, tmp_path):
+    root, lst = tree
+    runner = CliRunner()
+    base = ["pack", str(lst), str(root), str(tmp_path / "f"), "--shard-records", "7"]
+    clean = runner.invoke(cli, [*base, "--only-shard", "0"])
+    assert clean.exit_code == 0, clean.output
+    assert clean.stderr == (
+        f"Packed shard 0 of 4: 7 images in {tmp_path / 'f-00000.rec'}, 0 refused "
+        f"({tmp_path / 'f-00000.failures.jsonl'}). Run --finalize once every shard is packed.\n"
+    )
+    refusing = runner.invoke(cli, [*base, "--only-shard", "2"])  # b/empty.jpg is line 21
+    assert refusing.exit_code == 3, refusing.output
+    assert refusing.stderr.splitlines()[1] == (
+        "More than --max-failures 0 refused in this shard: exit status 3."
+    )
+    as_json = runner.invoke(cli, [*base, "--only-shard", "3", "--json"])  # c/missing.jpg
+    assert as_json.exit_code == 3
+    document = json.loads(as_json.stdout)
+    assert (document["exit"], document["failures"], document["accepted"]) == (3, 1, False)
+    assert document["error"] == "more than --max-failures 0 refused (1)"
+    within = runner.invoke(cli, [*base, "--only-shard", "1", "--max-failures", "1"])
+    assert within.exit_code == 0, within.output
+    final = runner.invoke(cli, [*base, "--finalize", "--max-failures", "2"])
+    assert final.exit_code == 0, final.output
+    lines = final.stderr.splitlines()
+    assert lines[0].startswith("Finalized 20 images into 4 shards")
+    assert lines[1] == "Checked 4 shards packed one by one and wrote the manifest."
+    assert not any("Resumed" in line for line in lines)
+    again = runner.invoke(cli, [*base, "--finalize", "--max-failures", "2"])
+    assert again.exit_code == 0, again.output
+    assert again.stderr.splitlines()[1] == (
+        "Nothing to do: the pack was already complete, made the same way."
+    )
 
 
 distributed = pytest.importorskip("dask.distributed")
@@ -126,6 +161,8 @@ def test_dask_cluster_gives_the_same_bytes_as_a_local_pack(tree, tmp_path, clust
         lst, root, tmp_path / "dask" / "f", options, scheduler=cluster.scheduler_address
     )
     assert (result.images, result.failures) == (20, 2)
+    assert (result.outcome, result.resumed_from) == ("packed", 0)  # not "finalized" or resumed
+    assert result.manifest_path == str(tmp_path / "dask" / "f.manifest.json")
     assert folder_bytes(tmp_path / "dask") == folder_bytes(tmp_path / "local")
 
 

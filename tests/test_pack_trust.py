@@ -198,7 +198,7 @@ def test_overwrite_reports_the_final_paths(tree, tmp_path):
     summary = json.loads(result.stdout)
     assert summary["manifest"] == f"{prefix}.manifest.json"
     assert summary["failures_file"] == f"{prefix}.failures.jsonl"
-    assert summary["shards"] == ["faces.rec"]
+    assert summary["shards"] == [f"{prefix}.rec"]
     assert sorted(os.listdir(prefix.parent)) == [
         "faces.failures.jsonl", "faces.idx", "faces.manifest.json", "faces.rec", "faces.rec.crc",
     ]  # fmt: skip

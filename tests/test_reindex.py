@@ -190,7 +190,7 @@ def test_cli_sound_exit_0(pack):
     original = pack.idx.read_bytes()
     result = invoke("reindex", pack.rec, "--overwrite")
     assert result.exit_code == 0, result.output
-    assert result.stdout == f"Wrote {pack.idx}: 12 records, keys from record headers.\n"
+    assert result.stderr == f"Wrote {pack.idx}: 12 records, keys from record headers.\n"
     assert pack.idx.read_bytes() == original
 
 
@@ -207,7 +207,7 @@ def test_cli_damage_exit_1_lists_the_skipped_ranges(pack):
     out = pack.rec.with_name("new.idx")
     result = invoke("reindex", pack.rec, "-o", out)
     assert result.exit_code == 1
-    assert result.stdout.splitlines() == [
+    assert result.stderr.splitlines() == [
         f"Wrote {out}: 11 records, keys from record headers.",
         f"Skipped 1 damaged byte range ({end - start:,} bytes):",
         f"  bytes {start}..{end} ({end - start:,} bytes): bad-magic: bad magic 0x58585858 "
@@ -228,7 +228,7 @@ def test_cli_json_and_duplicates(tmp_path):
     )
     result = invoke("reindex", rec, "--overwrite")
     assert result.exit_code == 1
-    assert result.stdout.splitlines()[1] == (
+    assert result.stderr.splitlines()[1] == (
         "1 key appears more than once: 7 (3 times); readers keep the last (try --keys position)."
     )
     result = invoke("reindex", rec, "--overwrite", "--keys", "position", "--json")

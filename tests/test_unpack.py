@@ -112,7 +112,7 @@ def test_cli(tmp_path):
     result = invoke("unpack", pack.manifest, tmp_path / "back")
     assert result.exit_code == 0, result.output
     total = sum((pack.root / rel).stat().st_size for _, _, rel in pack.items)
-    assert result.stdout == (
+    assert result.stderr == (
         f"Unpacked 12 images of 3 identities ({total / 1e6:,.1f} MB) into {tmp_path / 'back'}.\n"
     )
     result = invoke("unpack", pack.manifest, tmp_path / "again", "--json")
