@@ -278,6 +278,8 @@ def _check_jpeg_structure(data):
                 raise ImageRefused("corrupt JPEG (image data before any frame header)")
             break
         i += 2 + length
+    if i + 2 + length > n:
+        raise ImageRefused("truncated JPEG (ends inside its scan header)")
     # libjpeg fills a truncated scan with grey and only warns; the end marker tells. Entropy-
     # coded data stuffs every 0xFF with 0x00, so FF D9 after the scan header can only be the
     # real marker; bytes may follow it (camera and editor trailers), so search from the end.

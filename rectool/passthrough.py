@@ -371,7 +371,9 @@ def _walk_jpegs(u8, heads, ends):
         finished = scan & ok
         if finished.any():
             done = idx[finished]
-            passed[done] = words[ends[done] - 4] & 0xFFFF == 0xFFD9
+            # The marker ends the file, after the whole scan header (as check_image wants).
+            scan_end = (pos + 2 + length.astype(np.int64))[finished]
+            passed[done] = (words[ends[done] - 4] & 0xFFFF == 0xFFD9) & (scan_end <= ends[done] - 2)
         going = ok & ~scan
         idx, pos, frame = idx[going], (pos + 2 + length.astype(np.int64))[going], frame[going]
     return passed

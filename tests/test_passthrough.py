@@ -308,3 +308,14 @@ def test_blocks_and_worker_threads_pack_the_same_bytes(tmp_path, monkeypatch, la
         blocks = (tmp_path / "blocks" / f"p{suffix}").read_bytes()
         assert blocks == (tmp_path / "threads" / f"p{suffix}").read_bytes(), suffix
     assert (tmp_path / "blocks" / "p.failures.jsonl").read_text().count("\n") >= 15
+
+
+def test_a_scan_header_longer_than_the_file_is_refused_by_both_checks():
+    # Found by the property above: a start-of-scan length running past the file's end, in a
+    # file that still ends with FF D9. The walk passed it; check_image refused it.
+    data = bytearray(jpeg_bytes(0))
+    sos = data.index(b"\xff\xda")
+    data[sos + 2] = 2  # the length's high byte: the scan header now runs past the end
+    assert walk([jpeg_bytes(100), bytes(data)]) == [True, False]
+    with pytest.raises(ImageRefused, match="ends inside its scan header"):
+        check_image(bytes(data), "structure")
