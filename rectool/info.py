@@ -14,7 +14,8 @@ import cv2
 import numpy as np
 
 from .errors import RecordFormatError, RectoolError
-from .reader import RecordFile, load_index, resolve_source, unpack_header
+from .reader import load_index, resolve_source, unpack_header
+from .records import RecordFile
 from .scan import (
     image_formats,
     insightface_header,

@@ -263,7 +263,7 @@ class _Payloads:
     """Read image bytes and fingerprints from the shards (memory maps, opened once)."""
 
     def __init__(self, images):
-        from .reader import RecordFile
+        from .records import RecordFile
 
         self.images = images
         self.files = [RecordFile(rec) for rec in images.recs]

@@ -27,7 +27,8 @@ from .checksums import (
 )
 from .errors import RectoolError
 from .images import sniff_format
-from .reader import IndexedRecordFile, resolve_source, unpack_header
+from .reader import resolve_source, unpack_header
+from .records import IndexedRecordFile
 from .scan import mapped
 
 EXTENSIONS = {

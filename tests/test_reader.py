@@ -21,15 +21,14 @@ from rectool import errors, reader
 from rectool.cli import cli
 from rectool.indexcache import write_index_cache
 from rectool.reader import (
-    IndexedRecordFile,
     IndexFormatError,
-    RecordFile,
     RecordFormatError,
     RectoolError,
     load_index,
     parse_index,
     unpack_header,
 )
+from rectool.records import IndexedRecordFile, RecordFile
 
 MAGIC = b"\x0a\x23\xd7\xce"  # 0xced7230a, little-endian
 
