@@ -4,11 +4,12 @@
     image, label = ds[0]                            # HWC uint8 array, float label
 
 rectool reads every record through this module, and `rectool reader` copies it verbatim into
-training code. It never writes a file. Decoding imports OpenCV (else Pillow) on first use.
+training code. It never writes a file. Decoding imports OpenCV on first use.
 """
 
 from __future__ import annotations
 
+import bisect
 import glob
 import json
 import mmap
@@ -170,9 +171,9 @@ def parse_index(data, path=None, chunk=1 << 20):
             key, offset = int(fields[0]), int(fields[1])
         except (ValueError, IndexError):
             why = (
-                "key and offset must be integers"
-                if len(fields) > 1
-                else "expected 'key<TAB>offset'"
+                "expected 'key<TAB>offset'"
+                if len(fields) < 2
+                else "key and offset must be integers"
             )
             raise IndexFormatError(f"{why}, got {raw[:80]!r}", path, line) from None
         if not (0 <= offset < 2**63 and -(2**63) <= key < 2**63):
@@ -233,6 +234,8 @@ class RecordFile:
 
     def open(self):
         """Return the mapping of the file in this process, mapping it on first use."""
+        if self._generation == _generation:
+            return self._mm
         with _map_lock:
             if self._generation != _generation:
                 self.close()
@@ -246,7 +249,7 @@ class RecordFile:
 
     def close(self):
         """Release the mapping (the next read maps the file again)."""
-        mm, self._mm, self._generation = self._mm, None, -1
+        mm, self._generation, self._mm = self._mm, -1, None  # readers check the generation
         if isinstance(mm, mmap.mmap):
             mm.close()
 
@@ -567,7 +570,10 @@ class RecordDataset:
             lines = _key_lines(keys, ranges[0], self.shards[0][1])
             keys, offsets, shard_of = keys[lines], offsets[lines], shard_of[lines]
         self.layout = "images" if ranges is None else "insightface"
-        self.keys, self.offsets, self._shard_of = keys, offsets, shard_of
+        self.keys, self.offsets, self._shard_of, self._count = keys, offsets, shard_of, len(keys)
+        if (shard_of[1:] >= shard_of[:-1]).all():  # shard by shard: bisect, no lookup array
+            self._bounds = np.searchsorted(shard_of, np.arange(len(self.shards) + 1)).tolist()
+            self._shard_of = None
         keys.flags.writeable = offsets.flags.writeable = False
 
     def _insightface(self, keys, offsets, shard_of, layout):
@@ -601,37 +607,39 @@ class RecordDataset:
         )
 
     def __len__(self):
-        return len(self.offsets)
+        return self._count
 
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
 
-    def _index(self, i):
-        """Return index `i` as a sample number, negative indices counted from the end."""
+    def _locate(self, i):
+        """Return (shard, sample number) of index `i`, negative indices counted from the end."""
         i = given = operator.index(i)
-        i += len(self.offsets) if i < 0 else 0
-        if not 0 <= i < len(self.offsets):
+        i += self._count if i < 0 else 0
+        if not 0 <= i < self._count:
             raise SampleIndexError(
-                f"sample {given} is out of range: the dataset has {len(self)} samples"
+                f"sample {given} is out of range: the dataset has {self._count} samples"
             )
-        return i
+        if self._shard_of is None:
+            return bisect.bisect_right(self._bounds, i) - 1, i
+        return self._shard_of.item(i), i
 
     def location(self, i):
         """Return (rec path, byte offset, key) of sample `i`."""
-        i = self._index(i)
-        return self.shards[self._shard_of.item(i)][0], self.offsets.item(i), self.keys.item(i)
+        s, i = self._locate(i)
+        return self.shards[s][0], self.offsets.item(i), self.keys.item(i)
 
     def header(self, i):
         """Return the `Header` of sample `i` (flag, label, id, id2)."""
-        i = self._index(i)
-        rf, offset = self._files[self._shard_of.item(i)], self.offsets.item(i)
+        s, i = self._locate(i)
+        rf, offset = self._files[s], self.offsets.item(i)
         return unpack_header(rf.read_at(offset, self.keys.item(i)), rf.path, offset)[0]
 
     def raw(self, i):
         """Return sample `i` undecoded: (image bytes as a buffer, label)."""
-        i = self._index(i)
-        rf, offset = self._files[self._shard_of.item(i)], self.offsets.item(i)
+        s, i = self._locate(i)
+        rf, offset = self._files[s], self.offsets.item(i)
         mm = rf._mm if rf._generation == _generation else rf.open()
         try:
             magic, lrec, flag, label = _RECORD_HEAD.unpack_from(mm, offset)
@@ -669,7 +677,10 @@ class RecordDataset:
         object array. Read once, then kept.
         """
         if self._labels is None:
-            self._labels = _header_labels(self._files, self._shard_of, self.offsets, self.keys)
+            shard_of = self._shard_of
+            if shard_of is None:
+                shard_of = np.repeat(np.arange(len(self.shards)), np.diff(self._bounds))
+            self._labels = _header_labels(self._files, shard_of, self.offsets, self.keys)
         return self._labels
 
     @property

@@ -338,6 +338,27 @@ def test_insightface_images_across_shards(tmp_path):
     assert pickle.loads(pickle.dumps(ds))[3] == ds[3] == (images_[4], 1.0)
 
 
+def test_insightface_images_alternating_between_shards(tmp_path):
+    # Keys 1, 3 in one file and 2, 4 in the other: samples in key order jump between shards.
+    images_ = {k: face(k) for k in range(1, 5)}
+    write_shard(
+        tmp_path / "a.rec",
+        tmp_path / "a.idx",
+        [(k, image_record(images_[k], float(k), k)) for k in (1, 3)]
+        + [(0, image_record(b"", [5.0, 6.0], 0, 1)), (5, image_record(b"", [1.0, 5.0], 5))],
+    )
+    write_shard(
+        tmp_path / "b.rec",
+        tmp_path / "b.idx",
+        [(k, image_record(images_[k], float(k), k)) for k in (2, 4)],
+    )
+    ds = rd.open_dataset([tmp_path / "a.rec", tmp_path / "b.rec"])
+    assert [image for image, _ in ds] == [images_[k] for k in range(1, 5)]
+    assert ds.labels.tolist() == [1, 2, 3, 4]
+    assert [ds.location(i)[0] for i in range(4)] == [str(tmp_path / f"{n}.rec") for n in "abab"]
+    assert ds.identity_ranges.tolist() == [[0, 4]]
+
+
 # --- errors -----------------------------------------------------------------------------------
 
 
