@@ -136,12 +136,13 @@ def parse_index(data, path=None, chunk=1 << 20):
     """Parse .idx text (`key TAB offset` lines) into int64 arrays (keys, offsets), in file order.
 
     Repeated keys stay (lookups take the last line, as MXNet does). Runs of equally wide
-    lines, as packs write them, are parsed as 2-D byte arrays; the rest line by line.
-    Raises `IndexFormatError` naming the first bad line.
+    lines, as packs write them, are parsed as 2-D byte arrays, the rest by numpy's text parser;
+    a line-by-line pass raises `IndexFormatError` naming the first bad line.
     """
     data += b"\n" if data and not data.endswith(b"\n") else b""
-    a, pos, keys, offsets = np.frombuffer(data, np.uint8), 0, [], []
-    while pos < len(data) and len(keys) < 256:
+    a, pos, keys, offsets, runs = np.frombuffer(data, np.uint8), 0, [], [], 0
+    while pos < len(data) and runs < 256:
+        runs += 1
         nl = data.find(b"\n", pos, pos + 40)
         k, width = data.find(b"\t", pos, nl) - pos, nl + 1 - pos
         if not (1 <= k <= 18 and 3 <= width - k <= 20):  # <= 18 digits: no int64 overflow
@@ -164,8 +165,15 @@ def parse_index(data, path=None, chunk=1 << 20):
                 break
         if not len(keys[-1]):
             break
-    tail_keys, tail_offsets = [], []
-    for line, raw in enumerate(data[pos:].split(b"\n")[:-1], sum(map(len, keys)) + 1):
+    tail, tail_keys, tail_offsets = data[pos:], [], []
+    # The rest (widths varying at random, as in a shuffled im2rec .idx): numpy's whitespace-blind
+    # parser pairs each key with its offset once deleting the digits leaves only "\t\n" lines.
+    if tail.translate(None, b"0123456789") == b"\t\n" * tail.count(b"\n"):
+        values = np.fromstring(tail, np.int64, sep=" ") if tail else np.empty(0, np.int64)
+        if len(values) == 2 * tail.count(b"\n") and not (values == 2**63 - 1).any():
+            tail = b""
+            keys.append(values[0::2]), offsets.append(values[1::2])
+    for line, raw in enumerate(tail.split(b"\n")[:-1], sum(map(len, keys)) + 1):
         fields = raw.strip().split(b"\t")
         try:
             key, offset = int(fields[0]), int(fields[1])
@@ -471,7 +479,7 @@ def _key_lines(keys, wanted, where):
     order = np.argsort(keys, kind="stable")
     wanted = np.arange(wanted.start, wanted.stop, dtype=np.int64)
     lines = order[np.maximum(np.searchsorted(keys, wanted, "right", sorter=order) - 1, 0)]
-    missing = np.flatnonzero(keys[lines] != wanted) if len(keys) else wanted
+    missing = np.flatnonzero(keys[lines] != wanted)  # (keys holds key 0: never empty)
     if len(missing):
         raise RectoolError(
             f"{where}: key {int(wanted[missing[0]])} is not in the index, but record 0 says keys "
