@@ -579,9 +579,9 @@ class RecordDataset:
             keys, offsets, shard_of = keys[lines], offsets[lines], shard_of[lines]
         self.layout = "images" if ranges is None else "insightface"
         self.keys, self.offsets, self._shard_of, self._count = keys, offsets, shard_of, len(keys)
-        if (shard_of[1:] >= shard_of[:-1]).all():  # shard by shard: bisect, no lookup array
+        self._bounds = None  # samples shard by shard (every images layout): bisect shard starts
+        if (shard_of[1:] >= shard_of[:-1]).all():
             self._bounds = np.searchsorted(shard_of, np.arange(len(self.shards) + 1)).tolist()
-            self._shard_of = None
         keys.flags.writeable = offsets.flags.writeable = False
 
     def _insightface(self, keys, offsets, shard_of, layout):
@@ -629,7 +629,7 @@ class RecordDataset:
             raise SampleIndexError(
                 f"sample {given} is out of range: the dataset has {self._count} samples"
             )
-        if self._shard_of is None:
+        if self._bounds is not None:  # no per-sample lookup: a cache miss per random read
             return bisect.bisect_right(self._bounds, i) - 1, i
         return self._shard_of.item(i), i
 
@@ -685,10 +685,7 @@ class RecordDataset:
         object array. Read once, then kept.
         """
         if self._labels is None:
-            shard_of = self._shard_of
-            if shard_of is None:
-                shard_of = np.repeat(np.arange(len(self.shards)), np.diff(self._bounds))
-            self._labels = _header_labels(self._files, shard_of, self.offsets, self.keys)
+            self._labels = _header_labels(self._files, self._shard_of, self.offsets, self.keys)
         return self._labels
 
     @property
@@ -726,13 +723,8 @@ def _header_labels(files, shard_of, offsets, keys):
     Whole, aligned records are gathered with numpy from the mappings; any other is read and
     checked one by one, so damage raises a `RecordFormatError`.
     """
-    n = len(offsets)
-    flags, scalars, fast, columns = (
-        np.zeros(n, np.int64),
-        np.zeros(n, np.float32),
-        np.zeros(n, bool),
-        [],
-    )
+    n, columns = len(offsets), []  # columns: (j, rows, values) of label j of fast records
+    flags, scalars, fast = np.zeros(n, np.int64), np.zeros(n, np.float32), np.zeros(n, bool)
     for s, rf in enumerate(files):
         rows = np.flatnonzero(shard_of == s) if len(files) > 1 else np.arange(n)
         if not len(rows) or len(rf.open()) < 32:
@@ -747,7 +739,7 @@ def _header_labels(files, shard_of, offsets, keys):
             ok &= (w * 4 + 11 + lrec) & ~3 <= rf._size
             rows, w, flag = rows[ok], w[ok], flag[ok]
             fast[rows], flags[rows], scalars[rows] = True, flag, words[w + 3].view(np.float32)
-            for j in range(int(flag.max()) if len(flag) else 0):  # label j of records with flag > j
+            for j in range(int(flag.max()) if len(flag) else 0):
                 columns.append((j, rows[flag > j], words[w[flag > j] + 8 + j].view(np.float32)))
         finally:
             del words
