@@ -448,24 +448,26 @@ def _check_shard(rf, idx, keys, offsets, listed, manifest_path):
             ) from None  # fmt: skip
 
 
-def insightface_header(rf, keys, offsets):
+def insightface_header(read, keys):
     """Return the key ranges (images, identities) that record 0 of an insightface .rec declares.
 
     Record 0 is that header only with flag 2, no image bytes, and two whole-number labels
-    [N + 1, N + 1 + K], 1 <= N + 1 <= N + 1 + K: keys 1..N are then the images and N+1..N+K
-    the identity records (FORMAT-NOTES §5). Else None. `keys`/`offsets` are the .idx's (its
-    last line of key 0 counts, as in MXNet); the ranges' keys are not checked to be there.
+    [N + 1, N + 1 + K], 1 <= N + 1 <= N + 1 + K, while key 1 (when N > 0 and it is there) has
+    a scalar label: keys 1..N are then the images, N+1..N+K the identity records (FORMAT-NOTES
+    §5). Else None. `keys` are the .idx's (a repeated key: its last line counts, as in MXNet);
+    `read(line)` returns `unpack_header` of the record on an .idx line.
     """
-    zero = np.flatnonzero(keys == 0)
+    zero, one = np.flatnonzero(keys == 0), np.flatnonzero(keys == 1)
     if not len(zero):
         return None
-    offset = int(offsets[zero[-1]])
-    head, body = unpack_header(rf.read_at(offset, 0), rf.path, offset)
+    head, body = read(int(zero[-1]))
     if head.flag != 2 or len(body):
         return None
     first, end = (float(x) for x in head.label)
     if not (first.is_integer() and end.is_integer() and 1 <= first <= end):
         return None
+    if first > 1 and len(one) and read(int(one[-1]))[0].flag != 0:
+        return None  # images with label vectors: an im2rec --pack-label pack
     return range(1, int(first)), range(int(first), int(end))
 
 
@@ -585,13 +587,15 @@ class RecordDataset:
         keys.flags.writeable = offsets.flags.writeable = False
 
     def _insightface(self, keys, offsets, shard_of, layout):
-        zero = np.flatnonzero(keys == 0)
-        s = int(shard_of[zero[-1]]) if len(zero) else 0
-        ranges = insightface_header(self._files[s], keys, offsets) if len(zero) else None
+        def read(line):
+            rf, offset = self._files[int(shard_of[line])], int(offsets[line])
+            return unpack_header(rf.read_at(offset, int(keys[line])), rf.path, offset)
+
+        ranges = insightface_header(read, keys)
         if ranges is None and layout == "insightface":
             raise RecordFormatError(
                 "record 0 is not an insightface header (flag 2, no image bytes, labels [first "
-                "identity key, end key])", self.shards[s][0], key=0,
+                "identity key, end key])", self.shards[0][0], key=0,
             )  # fmt: skip
         return ranges
 
