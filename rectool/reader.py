@@ -165,12 +165,13 @@ def parse_index(data, path=None, chunk=1 << 20):
                 break
         if not len(keys[-1]):
             break
-    tail, tail_keys, tail_offsets = data[pos:], [], []
+    tail, tail_keys, tail_offsets = data[pos:] if pos else data, [], []
+    lines = tail.count(b"\n")
     # The rest (widths varying at random, as in a shuffled im2rec .idx): numpy's whitespace-blind
     # parser pairs each key with its offset once deleting the digits leaves only "\t\n" lines.
-    if tail.translate(None, b"0123456789") == b"\t\n" * tail.count(b"\n"):
+    if tail.translate(None, b"0123456789") == b"\t\n" * lines:
         values = np.fromstring(tail, np.int64, sep=" ") if tail else np.empty(0, np.int64)
-        if len(values) == 2 * tail.count(b"\n") and not (values == 2**63 - 1).any():
+        if len(values) == 2 * lines and not (values == 2**63 - 1).any():
             tail = b""
             keys.append(values[0::2]), offsets.append(values[1::2])
     for line, raw in enumerate(tail.split(b"\n")[:-1], sum(map(len, keys)) + 1):
