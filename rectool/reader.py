@@ -241,6 +241,12 @@ class RecordFile:
     def __setstate__(self, state):
         self.__init__(state["path"])
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
     def open(self):
         """Return the mapping of the file in this process, mapping it on first use."""
         if self._generation == _generation:
@@ -581,7 +587,8 @@ class RecordDataset:
             lines = _key_lines(keys, ranges[0], self.shards[0][1])
             keys, offsets, shard_of = keys[lines], offsets[lines], shard_of[lines]
         self.layout = "images" if ranges is None else "insightface"
-        self.keys, self.offsets, self._shard_of, self._count = keys, offsets, shard_of, len(keys)
+        # _shard_ids: every sample's shard number (rectool's repack reads it too).
+        self.keys, self.offsets, self._shard_ids, self._count = keys, offsets, shard_of, len(keys)
         self._bounds = None  # samples shard by shard (every images layout): bisect shard starts
         if (shard_of[1:] >= shard_of[:-1]).all():
             self._bounds = np.searchsorted(shard_of, np.arange(len(self.shards) + 1)).tolist()
@@ -636,7 +643,7 @@ class RecordDataset:
             )
         if self._bounds is not None:  # no per-sample lookup: a cache miss per random read
             return bisect.bisect_right(self._bounds, i) - 1, i
-        return self._shard_of.item(i), i
+        return self._shard_ids.item(i), i
 
     def location(self, i):
         """Return (rec path, byte offset, key) of sample `i`."""
@@ -690,7 +697,7 @@ class RecordDataset:
         object array. Read once, then kept.
         """
         if self._labels is None:
-            self._labels = _header_labels(self._files, self._shard_of, self.offsets, self.keys)
+            self._labels = _header_labels(self._files, self._shard_ids, self.offsets, self.keys)
         return self._labels
 
     @property

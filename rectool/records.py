@@ -9,13 +9,7 @@ from .reader import RectoolError, load_index
 
 
 class RecordFile(reader.RecordFile):
-    """The reader's `RecordFile`, plus its size, walking its records, and `with`."""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
+    """The reader's `RecordFile`, plus its size and walking its records."""
 
     @property
     def size(self):
