@@ -14,8 +14,7 @@ import cv2
 import numpy as np
 
 from .errors import RecordFormatError, RectoolError
-from .reader import load_index, resolve_source, unpack_header
-from .records import RecordFile
+from .reader import RecordFile, load_index, resolve_source, unpack_header
 from .scan import (
     image_formats,
     insightface_header,

@@ -25,8 +25,7 @@ from .checksums import (
     stale_reason,
 )
 from .errors import RectoolError, UsageError
-from .reader import IMAGE_HEADER_SIZE, index_cache_path
-from .records import RecordFile
+from .reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
 from .scan import mapped, read_headers, scan_framing
 from .writer import format_index_line
 

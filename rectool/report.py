@@ -263,7 +263,7 @@ class _Payloads:
     """Read image bytes and fingerprints from the shards (memory maps, opened once)."""
 
     def __init__(self, images):
-        from .records import RecordFile
+        from .reader import RecordFile
 
         self.images = images
         self.files = [RecordFile(rec) for rec in images.recs]

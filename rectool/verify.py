@@ -30,12 +30,12 @@ from .images import ImageRefused, inspect_image
 from .reader import (
     IMAGE_HEADER_SIZE,
     MAGIC_BYTES,
+    RecordFile,
     parse_index,
     read_index_cache,
     resolve_source,
     unpack_header,
 )
-from .records import RecordFile
 from .scan import image_formats, insightface_header, mapped, read_headers, scan_framing
 
 # float32 holds every integer up to 2**24 exactly, and no further.
