@@ -19,10 +19,10 @@ _EXPORTS = {
     "UsageError": "errors",
     # reading (the module `rectool reader` emits)
     "Header": "reader",
-    "IndexedRecordFile": "reader",
+    "IndexedRecordFile": "records",
     "RankSampler": "training",
     "RecordDataset": "reader",
-    "RecordFile": "reader",
+    "RecordFile": "records",
     "load_index": "reader",
     "open_dataset": "reader",
     "prefetch": "training",

@@ -1093,7 +1093,7 @@ def reader_command(output, training_module, as_json):
 
     It is rectool's own reader (rectool/reader.py) copied verbatim under a header naming the
     rectool and format versions: open_dataset(), RecordDataset, decode_image(). It never
-    writes a file. OpenCV or Pillow are imported only to decode images. With --training,
+    writes a file. OpenCV is imported only to decode images. With --training,
     rectool/training.py instead: RankSampler, epoch_order(), prefetch(). See
     docs/training.md.
 

@@ -1,7 +1,7 @@
 """Write the standalone modules: rectool/reader.py (or training.py) verbatim under a header.
 
 Each copy is the very module rectool uses, so it is tested once and cannot drift; both need
-only the standard library and numpy (the reader: OpenCV or Pillow to decode images).
+only the standard library and numpy (the reader: OpenCV to decode images).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ HEADER = """\
 # library and numpy only{decoders}.
 # Regenerate it with `rectool reader{option} -o FILE` rather than editing it.
 """
-DECODERS = "; OpenCV or Pillow are imported only to decode images"
+DECODERS = "; OpenCV is imported only to decode images"
 
 
 def reader_path(training_module=False):

@@ -61,10 +61,10 @@ from .reader import (
     MANIFEST_FORMAT,
     MANIFEST_VERSION,
     MAX_RECORD_BYTES,
-    IndexedRecordFile,
     read_manifest,
     unpack_header,
 )
+from .records import IndexedRecordFile
 from .shards import (
     PARTIAL_SUFFIX,
     ShardWriter,

@@ -4,7 +4,7 @@
     image, label = ds[0]                            # HWC uint8 array, float label
 
 rectool reads every record through this module, and `rectool reader` copies it verbatim into
-training code. It never writes a file. Decoding imports OpenCV (else Pillow) on first use.
+training code. It never writes a file. Decoding imports OpenCV on first use.
 """
 
 from __future__ import annotations
@@ -23,19 +23,19 @@ from collections import namedtuple
 
 __all__ = [
     "Header", "IndexFormatError", "RecordDataset", "RecordFile", "RecordFormatError",
-    "RectoolError", "decode_image", "load_index", "open_dataset", "unpack_header",
+    "RectoolError", "decode_image", "insightface_header", "load_index", "open_dataset",
+    "unpack_header",
 ]  # fmt: skip
 
 
 class _LazyNumpy:
-    """numpy, imported on first use: `rectool list` loads this module for its errors only."""
+    """numpy, imported on first use: the CLI loads this module for its errors only."""
 
     def __getattr__(self, name):
         global np
-        import numpy
+        import numpy as np
 
-        np = numpy
-        return getattr(numpy, name)
+        return getattr(np, name)
 
 
 np = _LazyNumpy()
@@ -51,18 +51,14 @@ CFLAG_WHOLE, CFLAG_FIRST, CFLAG_MIDDLE, CFLAG_LAST = 0, 1, 2, 3
 # MXNet recordio.py image header IRHeader(flag, label, id, id2); flag > 0: float32 labels follow.
 IMAGE_HEADER = struct.Struct("<IfQQ")
 IMAGE_HEADER_SIZE = IMAGE_HEADER.size
-# The .idx sidecar cache (written by rectool, only read here): magic, .idx size, mtime_ns,
-# record count, CRC-32 of the .idx, padding; then int64 keys, then int64 offsets.
-INDEX_CACHE_SUFFIX = ".rtc"
+# The .idx cache `<idx>.rtc` (rectool writes it, this module only reads it): magic, .idx size,
+# mtime_ns, record count, CRC-32 of the .idx, padding; then int64 keys, then int64 offsets.
 INDEX_CACHE_MAGIC = b"RTIDXC02"
 INDEX_CACHE_HEADER = struct.Struct("<8sQqQI4x")
-MANIFEST_SUFFIX = ".manifest.json"
-MANIFEST_FORMAT = "rectool-manifest"
-MANIFEST_VERSION = 1
+MANIFEST_SUFFIX, MANIFEST_FORMAT, MANIFEST_VERSION = ".manifest.json", "rectool-manifest", 1
 DATASET_LAYOUTS = ("images", "insightface")
 DECODE_MODES = ("bgr", "rgb", "gray")
 _RECORD_HEAD = struct.Struct("<IIIf")  # magic, lrec, flag, label: the fast path's one unpack
-_IMAGE_START = PART_HEADER.size + IMAGE_HEADER_SIZE
 Header = namedtuple("Header", "flag label id id2")
 
 
@@ -76,11 +72,9 @@ class RecordFormatError(RectoolError):
     def __init__(self, message, path=None, offset=None, key=None):
         self.reason, self.offset, self.key = message, offset, key
         self.path = None if path is None else os.fspath(path)
-        where = [self.path] if self.path is not None else []
-        where += [f"key {key}"] * (key is not None) + [f"byte offset {offset}"] * (
-            offset is not None
-        )
-        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+        where = zip((self.path, f"key {key}", f"byte offset {offset}"), (path, key, offset))
+        where = ", ".join(text for text, value in where if value is not None)
+        super().__init__(f"{where}: {message}" if where else message)
 
 
 class IndexFormatError(RecordFormatError):
@@ -98,8 +92,7 @@ class SampleIndexError(RectoolError, IndexError):
 def open_regular(path, what):
     """Open `path` read-only and return (fd, stat); refuse anything but a regular file.
 
-    A FIFO would block a plain open and a device would be read without end, so the file is
-    opened non-blocking and checked with fstat before a byte is read.
+    Opened non-blocking and checked with fstat first: a FIFO would block, a device never end.
     """
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
@@ -139,109 +132,88 @@ def unpack_header(record, path=None, offset=None):
     return Header(flag, label, id1, id2), record[start:]
 
 
-def parse_index(data, path=None):
-    """Parse .idx text (`key \\t offset \\n` lines) into int64 arrays (keys, offsets).
+def parse_index(data, path=None, chunk=1 << 20):
+    """Parse .idx text (`key TAB offset` lines) into int64 arrays (keys, offsets), in file order.
 
-    Lines keep file order, repeated keys included (lookups take the last, as MXNet does).
-    Raises `IndexFormatError` naming the first bad line.
+    Repeated keys stay (lookups take the last line, as MXNet does). Runs of equally wide
+    lines, as packs write them, are parsed as 2-D byte arrays, the rest by numpy's text parser;
+    a line-by-line pass raises `IndexFormatError` naming the first bad line.
     """
-    if data and not data.endswith(b"\n"):
-        data += b"\n"
-    parsed = _parse_index_runs(data)
-    if parsed is not None:
-        return parsed
-    # Deleting the digits must leave one tab and one newline per line; only then does the
-    # whitespace-blind numpy parser pair each key with its own offset.
-    lines = data.count(b"\n")
-    if data.translate(None, b"0123456789") == b"\t\n" * lines:
-        values = np.fromstring(data, np.int64, sep=" ") if lines else np.empty(0, np.int64)
-        if values.size == 2 * lines and not (values == 2**63 - 1).any():
-            return values[0::2].copy(), values[1::2].copy()
-    keys, offsets = [], []
-    for number, raw in enumerate(data.split(b"\n")[:-1], start=1):
+    data += b"\n" if data and not data.endswith(b"\n") else b""
+    a, pos, keys, offsets, runs = np.frombuffer(data, np.uint8), 0, [], [], 0
+    while pos < len(data) and runs < 256:
+        runs += 1
+        nl = data.find(b"\n", pos, pos + 40)
+        k, width = data.find(b"\t", pos, nl) - pos, nl + 1 - pos
+        if not (1 <= k <= 18 and 3 <= width - k <= 20):  # <= 18 digits: no int64 overflow
+            break
+        grid = a[pos : pos + (len(data) - pos) // width * width].reshape(-1, width)
+        low, high = 1, len(grid)  # bisect for a row that does not look like a line
+        while low < high:
+            mid = (low + high) // 2
+            low, high = (mid + 1, high) if grid[mid, k] == 9 and grid[mid, -1] == 10 else (low, mid)
+        powers = 10 ** np.arange(width - 3, -1, -1, dtype=np.int64)
+        for start in range(0, low, chunk):  # then check every byte of the run
+            b = grid[start : min(low, start + chunk)] - 48  # digits 0..9; TAB 217, NL 218
+            ok = (b[:, k] == 217) & (b[:, -1] == 218)
+            if not ok.all() or np.count_nonzero(b >= 10) != 2 * len(b):
+                b = b[: int(np.argmin(ok & ((b < 10).sum(1) == width - 2)))]
+            keys.append(np.einsum("ij,j->i", b[:, :k], powers[-k:]))
+            offsets.append(np.einsum("ij,j->i", b[:, k + 1 : -1], powers[k - width + 2 :]))
+            pos += len(b) * width
+            if len(b) < chunk:
+                break
+        if not len(keys[-1]):
+            break
+    tail, tail_keys, tail_offsets = data[pos:] if pos else data, [], []
+    lines = tail.count(b"\n")
+    # The rest (widths varying at random, as in a shuffled im2rec .idx): numpy's whitespace-blind
+    # parser pairs each key with its offset once deleting the digits leaves only "\t\n" lines.
+    if tail.translate(None, b"0123456789") == b"\t\n" * lines:
+        values = np.fromstring(tail, np.int64, sep=" ") if tail else np.empty(0, np.int64)
+        if len(values) == 2 * lines and not (values == 2**63 - 1).any():
+            tail = b""
+            keys.append(values[0::2]), offsets.append(values[1::2])
+    for line, raw in enumerate(tail.split(b"\n")[:-1], sum(map(len, keys)) + 1):
         fields = raw.strip().split(b"\t")
         try:
             key, offset = int(fields[0]), int(fields[1])
         except (ValueError, IndexError):
             why = (
-                "key and offset must be integers"
-                if len(fields) > 1
-                else "expected 'key<TAB>offset'"
+                "expected 'key<TAB>offset'"
+                if len(fields) < 2
+                else "key and offset must be integers"
             )
-            raise IndexFormatError(f"{why}, got {raw[:80]!r}", path, number) from None
+            raise IndexFormatError(f"{why}, got {raw[:80]!r}", path, line) from None
         if not (0 <= offset < 2**63 and -(2**63) <= key < 2**63):
-            raise IndexFormatError(f"number out of range in {raw[:80]!r}", path, number)
-        keys.append(key), offsets.append(offset)
-    return np.array(keys, np.int64), np.array(offsets, np.int64)
-
-
-def _parse_index_runs(data, max_runs=256, chunk=1 << 20):
-    """Parse runs of equally wide `digits TAB digits NL` lines as 2-D byte arrays, or None.
-
-    The .idx of a pack (keys and offsets rising) is a few such runs; a run ends where the
-    line width changes (found by bisection, then every byte of the run is checked).
-    """
-    a, pos, end, keys, offsets = np.frombuffer(data, np.uint8), 0, len(data), [], []
-    while pos < end:
-        nl = data.find(b"\n", pos, pos + 40)
-        tab = data.find(b"\t", pos, nl)
-        if max_runs == 0 or tab <= pos or not 2 <= nl - tab <= 19 or tab - pos > 18:
-            return None
-        max_runs -= 1
-        width, k = nl + 1 - pos, tab - pos
-        grid = a[pos : pos + (end - pos) // width * width].reshape(-1, width)
-        low, high = 1, len(grid)  # bisect for the first row that does not look like a line
-        while low < high:
-            mid = (low + high) // 2
-            low, high = (mid + 1, high) if grid[mid, k] == 9 and grid[mid, -1] == 10 else (low, mid)
-        powers = 10 ** np.arange(width - 3, -1, -1, dtype=np.int64)
-        for start in range(0, low, chunk):
-            b = grid[start : min(low, start + chunk)] - 48  # digits 0..9; TAB 217, NL 218
-            ok = (b[:, k] == 217) & (b[:, -1] == 218)
-            if not ok.all() or np.count_nonzero(b >= 10) != 2 * len(b):
-                rows = int(np.argmin(ok & ((b < 10).sum(1) == width - 2)))
-                if start + rows < max(1, low // 2):
-                    return None  # lines of varying widths: the general parser does better
-                b, low = b[:rows], start + rows
-            keys.append(np.einsum("ij,j->i", b[:, :k], powers[-k:]))
-            offsets.append(np.einsum("ij,j->i", b[:, k + 1 : -1], powers[k - width + 2 :]))
-            if len(b) < chunk:
-                break
-        pos += low * width
-    empty = [np.empty(0, np.int64)]
-    return np.concatenate(keys or empty), np.concatenate(offsets or empty)
+            raise IndexFormatError(f"number out of range in {raw[:80]!r}", path, line)
+        tail_keys.append(key), tail_offsets.append(offset)
+    keys.append(np.array(tail_keys, np.int64)), offsets.append(np.array(tail_offsets, np.int64))
+    return np.concatenate(keys), np.concatenate(offsets)
 
 
 def index_cache_path(idx_path):
-    """Return the path of the binary sidecar cache kept next to an .idx file."""
-    return os.fspath(idx_path) + INDEX_CACHE_SUFFIX
+    """Return the path of the binary cache that rectool keeps next to an .idx file."""
+    return os.fspath(idx_path) + ".rtc"
 
 
 def load_index(idx_path, cache=True):
-    """Read an .idx into int64 arrays (keys, offsets), in file order; writes nothing.
-
-    With `cache=True` the sidecar `<idx>.rtc` that rectool writes is used when its recorded
-    size, mtime and CRC-32 match the .idx.
-    """
+    """Read an .idx into int64 arrays (keys, offsets) in file order, from its cache if current."""
     idx_path = os.fspath(idx_path)
     fd, st = open_regular(idx_path, "index file")
     with os.fdopen(fd, "rb") as f:
         cached = read_index_cache(idx_path, st) if cache else None
-        if cached is not None:
-            return cached
-        return parse_index(f.read(), idx_path)
+        return parse_index(f.read(), idx_path) if cached is None else cached
 
 
 def read_index_cache(idx_path, st=None):
-    """Return (keys, offsets) from the sidecar cache, or None when missing, stale or damaged."""
+    """Return (keys, offsets) from the .idx cache, or None when missing, stale or damaged."""
     try:
         data, _ = _read_regular(index_cache_path(idx_path), "index cache")
-    except RectoolError:
-        return None
-    if len(data) < INDEX_CACHE_HEADER.size:
+        magic, size, mtime_ns, count, crc = INDEX_CACHE_HEADER.unpack_from(data)
+    except (RectoolError, struct.error):
         return None
     st = st or os.stat(idx_path)
-    magic, size, mtime_ns, count, crc = INDEX_CACHE_HEADER.unpack_from(data)
     if (magic, size, mtime_ns) != (INDEX_CACHE_MAGIC, st.st_size, st.st_mtime_ns):
         return None
     if len(data) != INDEX_CACHE_HEADER.size + 16 * count:
@@ -250,21 +222,18 @@ def read_index_cache(idx_path, st=None):
         crc_now = 0
         while block := f.read(1 << 24):
             crc_now = zlib.crc32(block, crc_now)
-    if crc_now != crc:
-        return None
     body = np.frombuffer(data, np.int64, 2 * count, INDEX_CACHE_HEADER.size)
-    return body[:count].copy(), body[count:].copy()
+    return (body[:count].copy(), body[count:].copy()) if crc_now == crc else None
 
 
 class RecordFile:
-    """A .rec file mapped read-only: records by byte offset, split parts rejoined.
+    """A .rec mapped read-only on first use in each process: records by offset, parts rejoined.
 
-    Maps lazily (again in a forked child), so it pickles for DataLoader workers.
+    Pickles as its path (for DataLoader workers); a forked child maps the file afresh.
     """
 
     def __init__(self, path):
-        self.path, self._mm, self._size, self._pid = os.fspath(path), None, 0, None
-        self._lock, self._owner = threading.Lock(), os.getpid()  # threads map it once
+        self.path, self._mm, self._size, self._generation = os.fspath(path), None, 0, -1
 
     def __getstate__(self):
         return {"path": self.path}
@@ -278,62 +247,48 @@ class RecordFile:
     def __exit__(self, *exc):
         self.close()
 
-    def __repr__(self):
-        return f"RecordFile({self.path!r})"
-
     def open(self):
-        """Map the file now (done on first read, and again after a fork)."""
-        if self._mm is not None and self._pid == os.getpid():
-            return
-        if self._owner != os.getpid():  # a lock a parent thread held at a fork stays held
-            self._lock, self._owner = threading.Lock(), os.getpid()
-        with self._lock:
-            if self._mm is None or self._pid != os.getpid():
+        """Return the mapping of the file in this process, mapping it on first use."""
+        if self._generation == _generation:
+            return self._mm
+        with _map_lock:
+            if self._generation != _generation:
                 self.close()
                 fd, st = open_regular(self.path, "record file")
                 try:  # the mapping keeps its own descriptor
-                    mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
+                    self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
                 finally:
                     os.close(fd)
-                self._size, self._pid, self._mm = st.st_size, os.getpid(), mm
+                self._size, self._generation = st.st_size, _generation
+            return self._mm
 
     def close(self):
-        """Release the mapping and its file descriptor."""
-        mm, self._mm = self._mm, None
+        """Release the mapping (the next read maps the file again)."""
+        mm, self._generation, self._mm = self._mm, -1, None  # readers check the generation
         if isinstance(mm, mmap.mmap):
             mm.close()
 
-    @property
-    def size(self):
-        """Return the file size in bytes (when mapped)."""
-        self.open()
-        return self._size
-
     def read_at(self, offset, key=None):
         """Return the record whose first part starts at byte `offset`, split parts rejoined."""
-        self.open()
+        mm = self.open()
         if offset + 8 <= self._size and not offset & 3 and offset >= 0:
-            magic, lrec = PART_HEADER.unpack_from(self._mm, offset)
+            magic, lrec = PART_HEADER.unpack_from(mm, offset)
             end = offset + 8 + (lrec & LENGTH_MASK)
             if magic == MAGIC and lrec >> LENGTH_BITS == 0 and (end + 3) & ~3 <= self._size:
-                return self._mm[offset + 8 : end]
+                return mm[offset + 8 : end]
         return self.read_parts(offset, key)[0]
-
-    def next_offset(self, offset, key=None):
-        """Return the byte offset just past the record starting at `offset` (padding included)."""
-        return self.read_parts(offset, key)[1]
 
     def read_parts(self, offset, key=None):
         """Read the record at `offset` part by part; return (bytes, offset after it)."""
-        self.open()
-        mm, size, start, pieces = self._mm, self._size, offset, []
+        mm, size, start, pieces = self.open(), self._size, offset, []
 
         def fail(message, at=None):
             return RecordFormatError(message, self.path, start if at is None else at, key)
 
         if offset < 0 or offset & 3:
             raise fail("offset is not a record start (not 4-byte aligned)")
-        while True:
+        cflag = None
+        while cflag not in (CFLAG_WHOLE, CFLAG_LAST):
             if offset + 8 > size:
                 where = "at end of file" if offset == size else "in a truncated part header"
                 raise fail(
@@ -349,86 +304,76 @@ class RecordFile:
                 raise fail(f"part has continuation flag {cflag}: not a record start", offset)
             if pieces and cflag not in (CFLAG_MIDDLE, CFLAG_LAST):
                 raise fail(f"split record continues with flag {cflag}, expected 2 or 3", offset)
-            padded = offset + 8 + ((length + 3) & ~3)
-            if padded > size:
+            if offset + 8 + ((length + 3) & ~3) > size:
                 raise fail(f"part of {length} bytes runs past end of file ({size} bytes)", offset)
             pieces.append(mm[offset + 8 : offset + 8 + length])
-            offset = padded
-            if cflag in (CFLAG_WHOLE, CFLAG_LAST):
-                break
+            offset += 8 + ((length + 3) & ~3)
         if offset - start - 8 * len(pieces) > MAX_RECORD_BYTES + 4:
             raise fail("split record exceeds 2**29 bytes")
         return (pieces[0] if len(pieces) == 1 else MAGIC_BYTES.join(pieces)), offset
 
-    def scan(self, start=0):
-        """Yield (offset, record) for every record from byte `start` to the end, in file order."""
-        self.open()
-        while start < self._size:
-            record, after = self.read_parts(start)
-            yield start, record
-            start = after
+
+def _after_fork_in_child():
+    global _generation, _map_lock
+    _generation += 1  # every RecordFile maps afresh: no getpid() per read
+    _map_lock = threading.Lock()  # one that a parent thread held at the fork stays held
+
+
+_generation, _map_lock = 0, threading.Lock()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def read_manifest(path):
     """Read and check a pack manifest; raise `RectoolError` naming the file and field."""
     path = os.fspath(path)
-    data, _ = _read_regular(path, "manifest")
     try:
-        doc = json.loads(data)
+        doc = json.loads(_read_regular(path, "manifest")[0])
     except (ValueError, UnicodeDecodeError) as exc:
         raise RectoolError(f"{path}: not a JSON manifest ({exc})") from None
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise RectoolError(f'{path}: not a rectool manifest (no "format": "{MANIFEST_FORMAT}")')
 
-    def bad(field, want):
-        return RectoolError(f"{path}: manifest field {field!r} must be {want}")
+    def check(ok, field, want):
+        if not ok:
+            raise RectoolError(f"{path}: manifest field {field!r} must be {want}")
 
-    version = doc.get("format_version", 0)
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise bad("format_version", "an integer")
+    version, layout = doc.get("format_version", 0), doc.get("layout")
+    check(type(version) is int, "format_version", "an integer")
     if version > MANIFEST_VERSION:
         raise RectoolError(
             f"{path}: manifest format version {version} is newer than this reader "
             f"understands ({MANIFEST_VERSION}); upgrade rectool"
         )
-    if doc.get("layout") not in (None, "plain", *DATASET_LAYOUTS):
-        raise bad("layout", f"one of {DATASET_LAYOUTS}")
-    if not isinstance(doc.get("identities", {}), (dict, list, type(None))):
-        raise bad("identities", "an object or a list")
-    if not isinstance(doc.get("shards"), list):
-        raise bad("shards", "a list of {rec, idx, ...} objects")
+    check(layout in (None, "plain", *DATASET_LAYOUTS), "layout", f"one of {DATASET_LAYOUTS}")
+    identities = doc.get("identities", {})
+    check(isinstance(identities, (dict, list, type(None))), "identities", "an object or a list")
+    check(isinstance(doc.get("shards"), list), "shards", "a list of {rec, idx, ...} objects")
     seen = set()
     for i, shard in enumerate(doc["shards"]):
-        if not isinstance(shard, dict):
-            raise bad(f"shards[{i}]", "an object")
+        check(isinstance(shard, dict), f"shards[{i}]", "an object")
         for name in ("rec", "idx"):
             value = shard.get(name)
-            if (
-                not isinstance(value, str)
-                or value in ("", ".", "..")
-                or "/" in value
-                or "\\" in value
-            ):
-                raise bad(f"shards[{i}].{name}", "a plain file name in the manifest's folder")
+            plain = isinstance(value, str) and value not in ("", ".", "..")
+            plain = plain and not {"/", "\\"} & set(value)
+            check(plain, f"shards[{i}].{name}", "a plain file name in the manifest's folder")
             if value in seen:
                 raise RectoolError(f"{path}: manifest lists the shard file {value!r} twice")
             seen.add(value)
         for name in ("records", "rec_bytes"):
-            value = shard.get(name)
-            if value is not None and (type(value) is not int or value < 0):
-                raise bad(f"shards[{i}].{name}", "a count (an integer >= 0)")
+            count = shard.get(name)
+            ok = count is None or type(count) is int and count >= 0
+            check(ok, f"shards[{i}].{name}", "a count (an integer >= 0)")
     return doc
 
 
 def resolve_source(source):
     """Find a dataset's shards; return (manifest or None, manifest path or None, shards).
 
-    `source` is a manifest (.json), a .rec, a pack prefix (`PREFIX.manifest.json`,
-    `PREFIX.rec`, `PREFIX-00000.rec`...), a folder holding `train.rec` (insightface), or a
-    list of .rec paths. `shards` lists (rec, idx) path pairs; every one that exists is
-    checked to be a regular file.
+    `source`: a manifest (.json), a .rec, a pack prefix (`PREFIX.manifest.json`, `PREFIX.rec`,
+    `PREFIX-00000.rec`...), a folder holding `train.rec` (insightface) or a list of .rec paths.
+    `shards` lists (rec, idx) path pairs; each that exists is checked to be a regular file.
     """
-    manifest = manifest_path = None
     if isinstance(source, (list, tuple)):
         if not source:
             raise RectoolError("no shard paths given")
@@ -440,23 +385,17 @@ def resolve_source(source):
             )
         return resolve_source(os.path.join(source, "train.rec"))
     elif source.endswith(".json"):
-        manifest, manifest_path = read_manifest(source), source
-        folder = os.path.dirname(source)
+        manifest, folder = read_manifest(source), os.path.dirname(source)
         pairs = [
-            (os.path.join(folder, s["rec"]), os.path.join(folder, s["idx"]))
-            for s in manifest["shards"]
+            tuple(os.path.join(folder, s[n]) for n in ("rec", "idx")) for s in manifest["shards"]
         ]
-        return manifest, manifest_path, _checked(pairs)
+        return manifest, source, _checked(pairs)
     elif source.endswith(".rec"):
-        prefix = source[: -len(".rec")]
-        if os.path.exists(prefix + MANIFEST_SUFFIX):
-            manifest, path, shards = resolve_source(prefix + MANIFEST_SUFFIX)
-            if (
-                len(shards) == 1
-                and os.path.exists(source)
-                and os.path.samefile(shards[0][0], source)
-            ):
-                return manifest, path, shards
+        manifest = source[:-4] + MANIFEST_SUFFIX
+        if os.path.exists(manifest) and os.path.exists(source):  # a pack of one shard
+            found = resolve_source(manifest)
+            if len(found[2]) == 1 and os.path.samefile(found[2][0][0], source):
+                return found
         if not os.path.exists(source):
             raise RectoolError(f"{source}: record file not found")
         recs = [source]
@@ -478,48 +417,84 @@ def _checked(pairs):
     if len({os.path.realpath(rec) for rec, _ in pairs}) < len(pairs):
         raise RectoolError(f"{pairs[0][0]}: a shard is listed twice")
     for path in (p for pair in pairs for p in pair):
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            continue  # a missing file is reported by whoever opens it, with its role
-        if not stat.S_ISREG(mode):
+        if os.path.exists(path) and not os.path.isfile(path):  # a missing file: its opener says
             raise RectoolError(f"{path}: not a regular file (shard files must be)")
     return pairs
 
 
-class IndexedRecordFile:
-    """A .rec with its .idx: records by key (a repeated key's last line wins, as in MXNet)."""
+def _check_shard(rf, idx, keys, offsets, listed, manifest_path):
+    """Refuse a shard whose .idx does not describe its .rec (a few records are read)."""
+    size = len(rf.open())
+    if listed.get("records") not in (None, len(keys)):
+        raise RectoolError(
+            f"{idx}: {len(keys)} index lines, but the manifest {manifest_path} lists "
+            f"{listed['records']} records for this shard: the .idx or the manifest is stale"
+        )
+    if listed.get("rec_bytes") not in (None, size):
+        raise RectoolError(
+            f"{rf.path}: {size} bytes, but the manifest {manifest_path} lists "
+            f"{listed['rec_bytes']}: the file changed after packing"
+        )
+    if not len(keys) and size:
+        raise RectoolError(
+            f"{idx}: empty index beside {rf.path} of {size} bytes "
+            "(rebuild it with `rectool reindex`)"
+        )
+    past = np.flatnonzero((offsets > size - 8) | (offsets < 0))[:1].tolist()  # a crafted cache
+    # A few records, the farthest one included, must start where the index says.
+    for line in sorted(
+        {0, len(keys) // 2, len(keys) - 1, int(np.argmax(offsets)), *past} if len(keys) else ()
+    ):
+        offset, key = int(offsets[line]), int(keys[line])
+        try:
+            rf.read_parts(offset, key)
+        except RecordFormatError as exc:
+            raise RecordFormatError(
+                f"{exc.reason}; the index {idx} is stale or belongs to another .rec (rebuild it "
+                "from the .rec)", rf.path, offset, key,
+            ) from None  # fmt: skip
 
-    def __init__(self, rec_path, idx_path=None, cache=True):
-        self.rec = RecordFile(rec_path)
-        self.idx_path = os.fspath(idx_path or os.path.splitext(self.rec.path)[0] + ".idx")
-        self.keys, self.offsets = load_index(self.idx_path, cache=cache)
-        self._lookup = None
 
-    def __enter__(self):
-        return self
+def insightface_header(read, keys):
+    """Return the key ranges (images, identities) that record 0 of an insightface .rec declares.
 
-    def __exit__(self, *exc):
-        self.close()
+    Record 0 is that header only with flag 2, no image bytes, and two whole-number labels
+    [N + 1, N + 1 + K], 1 <= N + 1 <= N + 1 + K, while key 1 (when N > 0 and it is there) has
+    a scalar label: keys 1..N are then the images, N+1..N+K the identity records (FORMAT-NOTES
+    §5). Else None. `keys` are the .idx's (a repeated key: its last line counts, as in MXNet);
+    `read(line)` returns `unpack_header` of the record on an .idx line.
+    """
+    zero, one = np.flatnonzero(keys == 0), np.flatnonzero(keys == 1)
+    if not len(zero):
+        return None
+    head, body = read(int(zero[-1]))
+    if head.flag != 2 or len(body):
+        return None
+    first, end = (float(x) for x in head.label)
+    if not (first.is_integer() and end.is_integer() and 1 <= first <= end):
+        return None
+    if first > 1 and len(one) and read(int(one[-1]))[0].flag != 0:
+        return None  # images with label vectors: an im2rec --pack-label pack
+    return range(1, int(first)), range(int(first), int(end))
 
-    def __len__(self):
-        return len(self.keys)
 
-    def close(self):
-        """Release the mapping of the .rec."""
-        self.rec.close()
-
-    def read(self, key):
-        """Return the record stored under `key` (bytes)."""
-        if self._lookup is None:
-            self._lookup = dict(zip(self.keys.tolist(), self.offsets.tolist()))
-        if key not in self._lookup:
-            raise RectoolError(f"{self.idx_path}: key {key} is not in the index")
-        return self.rec.read_at(self._lookup[key], key)
-
-    def read_at_position(self, i):
-        """Return the record of the i-th line of the index (bytes)."""
-        return self.rec.read_at(int(self.offsets[i]), int(self.keys[i]))
+def _key_lines(keys, wanted, where):
+    """Return the .idx line of each key in the range `wanted` (a repeated key: its last line)."""
+    if len(wanted) > len(keys):
+        raise RectoolError(
+            f"{where}: record 0 says keys up to {wanted[-1]} exist, but the index has only "
+            f"{len(keys)} lines"
+        )
+    order = np.argsort(keys, kind="stable")
+    wanted = np.arange(wanted.start, wanted.stop, dtype=np.int64)
+    lines = order[np.maximum(np.searchsorted(keys, wanted, "right", sorter=order) - 1, 0)]
+    missing = np.flatnonzero(keys[lines] != wanted)  # (keys holds key 0: never empty)
+    if len(missing):
+        raise RectoolError(
+            f"{where}: key {int(wanted[missing[0]])} is not in the index, but record 0 says keys "
+            f"up to {int(wanted[-1])} exist"
+        )
+    return lines
 
 
 _DECODERS = {}
@@ -528,8 +503,7 @@ _DECODERS = {}
 def decode_image(data, mode="bgr"):
     """Decode image bytes into an HWC uint8 array ("bgr", "rgb" or "gray": H x W x 1).
 
-    Uses OpenCV, else Pillow, imported on first use. Raises `RecordFormatError` (without a
-    location) when the bytes are empty or cannot be decoded.
+    Raises `RecordFormatError` (without a location) when the bytes are empty or undecodable.
     """
     if not len(data):
         raise RecordFormatError("empty image: the record holds a header and no image bytes")
@@ -551,45 +525,18 @@ def _make_decoder(mode):
     try:
         import cv2
     except ImportError:
-        cv2 = None
-    if cv2 is not None:
-        flag = cv2.IMREAD_GRAYSCALE if mode == "gray" else cv2.IMREAD_COLOR
-
-        def decode_cv2(data):
-            image = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
-            if image is None or mode == "bgr":
-                return image
-            return cv2.cvtColor(image, cv2.COLOR_BGR2RGB) if mode == "rgb" else image[:, :, None]
-
-        return decode_cv2
-    try:
-        import io
-
-        from PIL import Image
-    except ImportError:
         raise RectoolError(
-            "decoding images needs OpenCV (opencv-python-headless) or Pillow"
+            "decoding images needs OpenCV (pip install opencv-python-headless)"
         ) from None
+    flag = cv2.IMREAD_GRAYSCALE if mode == "gray" else cv2.IMREAD_COLOR
 
-    def decode_pil(data):
-        with Image.open(io.BytesIO(data)) as image:
-            array = np.asarray(image.convert("L" if mode == "gray" else "RGB"))
-        if mode == "gray":
-            return array[:, :, None]
-        return np.ascontiguousarray(array[:, :, ::-1]) if mode == "bgr" else array
+    def decode_cv2(data):
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
+        if image is None or mode == "bgr":
+            return image
+        return cv2.cvtColor(image, cv2.COLOR_BGR2RGB) if mode == "rgb" else image[:, :, None]
 
-    return decode_pil
-
-
-_fork_generation = [0]  # bumped in forked children: no getpid() per read
-
-
-def _after_fork_in_child():
-    _fork_generation[0] += 1
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
+    return decode_cv2
 
 
 def open_dataset(source, decode=None, *, layout=None, cache=True):
@@ -606,9 +553,8 @@ class RecordDataset:
     """The samples of a packed dataset, read at random through mmap: `ds[i] -> (image, label)`.
 
     The label is a float (header flag 0) or a float32 vector. Samples run shard by shard in
-    .idx line order; in the insightface layout they are the images at keys 1..N only.
-    Pickles without its open files (the parsed index travels along) and maps each .rec
-    lazily in each process, after a fork too: ready for DataLoader workers.
+    .idx line order; in the insightface layout they are the images at keys 1..N only. Pickles
+    without its open files, so it is ready for DataLoader workers (fork or spawn).
     """
 
     def __init__(self, source, decode=None, layout=None, cache=True):
@@ -617,95 +563,54 @@ class RecordDataset:
         if layout is not None and layout not in DATASET_LAYOUTS:
             raise ValueError(f"layout must be one of {DATASET_LAYOUTS}, not {layout!r}")
         self.manifest, self.manifest_path, self.shards = resolve_source(source)
-        self.decode, self._lock = decode, threading.Lock()
-        self._files = [RecordFile(rec) for rec, _ in self.shards]
-        self._reset_handles()
-        listed = (self.manifest or {}).get("shards") or [None] * len(self.shards)
+        self.decode, self._files = decode, [RecordFile(rec) for rec, _ in self.shards]
+        self._labels = self._identity_ranges = self._identities = None
+        listed = (self.manifest or {}).get("shards") or [{}] * len(self.shards)
+        indexes = [load_index(idx, cache=cache) for _, idx in self.shards]
         try:
-            indexes = [
-                _check_shard(rf, idx, *load_index(idx, cache=cache), info, self.manifest_path)
-                for (_, idx), info, rf in zip(self.shards, listed, self._files)
-            ]
-            self._build(indexes, layout or (self.manifest or {}).get("layout"))
+            for rf, (_, idx), info, index in zip(self._files, self.shards, listed, indexes):
+                _check_shard(rf, idx, *index, info, self.manifest_path)
+            keys, offsets = indexes[0] if len(indexes) == 1 else map(np.concatenate, zip(*indexes))
+            n = len(self.shards)
+            shard_of = np.repeat(
+                np.arange(n, dtype=np.min_scalar_type(n)), [len(k) for k, _ in indexes]
+            )
+            layout = layout or (self.manifest or {}).get("layout")
+            ranges = (
+                None if layout == "images" else self._insightface(keys, offsets, shard_of, layout)
+            )
         finally:
             self.close()
-        self._labels = self._identity_ranges = None
-
-    def _build(self, indexes, layout):
-        bounds = np.concatenate([[0], np.cumsum([len(k) for k, _ in indexes], dtype=np.int64)])
-        keys, offsets = indexes[0] if len(indexes) == 1 else map(np.concatenate, zip(*indexes))
-        header = (
-            None if layout == "images" else self._insightface_header(keys, offsets, bounds, layout)
-        )
-        self.layout, self._identities, lines = "insightface" if header else "images", None, None
-        if header is not None:
-            end, id_end = header
-            lines = _positions_of_keys(keys, np.arange(1, end, dtype=np.int64), self.shards)
-            ids = _positions_of_keys(keys, np.arange(end, id_end, dtype=np.int64), self.shards)
-            self._identities = (np.searchsorted(bounds, ids, "right") - 1, offsets[ids], keys[ids])
-            keys, offsets = keys[lines], offsets[lines]
-        self.keys, self.offsets, self._count = keys, offsets, len(offsets)
-        shard_ids = None if lines is None else np.searchsorted(bounds, lines, "right") - 1
-        if shard_ids is None or (np.diff(shard_ids) >= 0).all():
-            samples = (
-                bounds if shard_ids is None else np.searchsorted(shard_ids, np.arange(len(bounds)))
-            )
-            self._bounds, self._shard_ids = samples.tolist(), None
-        else:  # samples jump between shards: keep each sample's shard
-            self._bounds, self._shard_ids = None, shard_ids.astype(np.int32)
+        if ranges is not None:
+            ids = _key_lines(keys, ranges[1], self.shards[0][1])
+            self._identities = shard_of[ids], offsets[ids], keys[ids]
+            lines = _key_lines(keys, ranges[0], self.shards[0][1])
+            keys, offsets, shard_of = keys[lines], offsets[lines], shard_of[lines]
+        self.layout = "images" if ranges is None else "insightface"
+        # _shard_ids: every sample's shard number (rectool's repack reads it too).
+        self.keys, self.offsets, self._shard_ids, self._count = keys, offsets, shard_of, len(keys)
+        self._bounds = None  # samples shard by shard (every images layout): bisect shard starts
+        if (shard_of[1:] >= shard_of[:-1]).all():
+            self._bounds = np.searchsorted(shard_of, np.arange(len(self.shards) + 1)).tolist()
         keys.flags.writeable = offsets.flags.writeable = False
 
-    def _insightface_header(self, keys, offsets, bounds, layout):
-        """Return (first identity key, identity end) from record 0, or None (images layout)."""
-        zero = np.flatnonzero(keys == 0)
-        if not len(zero):
-            if layout == "insightface":
-                raise RectoolError(
-                    f"{self.shards[0][1]}: no record 0, so not the insightface layout "
-                    "(record 0 holds the image and identity key ranges)"
-                )
-            return None
-        line = int(zero[-1])  # a repeated key: the last one counts, as in MXNet
-        rf, offset = (
-            self._files[int(np.searchsorted(bounds, line, "right") - 1)],
-            int(offsets[line]),
-        )
-        head, body = unpack_header(rf.read_at(offset, 0), rf.path, offset)
-        if head.flag >= 2 and not body and 1 <= head.label[0] <= head.label[1]:
-            return int(head.label[0]), int(head.label[1])
-        if layout == "insightface":
+    def _insightface(self, keys, offsets, shard_of, layout):
+        def read(line):
+            rf, offset = self._files[int(shard_of[line])], int(offsets[line])
+            return unpack_header(rf.read_at(offset, int(keys[line])), rf.path, offset)
+
+        ranges = insightface_header(read, keys)
+        if ranges is None and layout == "insightface":
             raise RecordFormatError(
-                "record 0 is not an insightface header (flag >= 2, no image, labels "
-                f"[first identity key, end]); found flag {head.flag} and {len(body)} image bytes",
-                rf.path, offset, 0,
+                "record 0 is not an insightface header (flag 2, no image bytes, labels [first "
+                "identity key, end key])", self.shards[0][0], key=0,
             )  # fmt: skip
-        return None
+        return ranges
 
-    def _reset_handles(self):
-        self._maps, self._sizes = [None] * len(self._files), [0] * len(self._files)
-        self._generation = _fork_generation[0]
-
-    def _open(self, s):
-        """Map shard `s` in this process; return its mapping."""
-        if self._generation != _fork_generation[0]:
-            self._lock = threading.Lock()  # one a parent thread held at the fork stays held
-        with self._lock:
-            if self._generation != _fork_generation[0]:
-                self.close(locked=True)  # the parent's mappings: map afresh
-            if self._maps[s] is None:
-                rf = self._files[s]
-                rf.open()
-                self._maps[s], self._sizes[s] = rf._mm, rf._size
-            return self._maps[s]
-
-    def close(self, locked=False):
+    def close(self):
         """Release this process's mappings (they reopen on the next read)."""
-        if not locked:
-            with self._lock:
-                return self.close(locked=True)
         for rf in self._files:
             rf.close()
-        self._reset_handles()
 
     def __enter__(self):
         return self
@@ -713,18 +618,11 @@ class RecordDataset:
     def __exit__(self, *exc):
         self.close()
 
-    def __getstate__(self):
-        return {k: v for k, v in self.__dict__.items() if k not in ("_maps", "_sizes", "_lock")}
-
-    def __setstate__(self, state):
-        self.__dict__.update(state, _lock=threading.Lock())
-        self._reset_handles()
-
     def __repr__(self):
         where = self.manifest_path or self.shards[0][0]
         more = f" + {len(self.shards) - 1} shards" if len(self.shards) > 1 else ""
         return (
-            f"RecordDataset({where!r}{more}, {self._count} samples, layout={self.layout!r}, "
+            f"RecordDataset({where!r}{more}, {len(self)} samples, layout={self.layout!r}, "
             f"decode={self.decode!r})"
         )
 
@@ -732,22 +630,20 @@ class RecordDataset:
         return self._count
 
     def __iter__(self):
-        for i in range(self._count):
+        for i in range(len(self)):
             yield self[i]
 
     def _locate(self, i):
-        """Return (shard, sample index) of index `i`, negative indices counted from the end."""
+        """Return (shard, sample number) of index `i`, negative indices counted from the end."""
         i = given = operator.index(i)
         i += self._count if i < 0 else 0
         if not 0 <= i < self._count:
             raise SampleIndexError(
                 f"sample {given} is out of range: the dataset has {self._count} samples"
             )
-        return (
-            self._shard_ids.item(i)
-            if self._bounds is None
-            else bisect.bisect_right(self._bounds, i) - 1
-        ), i
+        if self._bounds is not None:  # no per-sample lookup: a cache miss per random read
+            return bisect.bisect_right(self._bounds, i) - 1, i
+        return self._shard_ids.item(i), i
 
     def location(self, i):
         """Return (rec path, byte offset, key) of sample `i`."""
@@ -757,16 +653,14 @@ class RecordDataset:
     def header(self, i):
         """Return the `Header` of sample `i` (flag, label, id, id2)."""
         s, i = self._locate(i)
-        rf, offset, key = self._files[s], self.offsets.item(i), self.keys.item(i)
-        return unpack_header(rf.read_at(offset, key), rf.path, offset)[0]
+        rf, offset = self._files[s], self.offsets.item(i)
+        return unpack_header(rf.read_at(offset, self.keys.item(i)), rf.path, offset)[0]
 
     def raw(self, i):
-        """Return sample `i` undecoded: (image bytes as a memoryview-able buffer, label)."""
+        """Return sample `i` undecoded: (image bytes as a buffer, label)."""
         s, i = self._locate(i)
-        mm = self._maps[s]
-        if mm is None or self._generation != _fork_generation[0]:
-            mm = self._open(s)
-        offset = self.offsets.item(i)  # >= 0: checked at open
+        rf, offset = self._files[s], self.offsets.item(i)
+        mm = rf._mm if rf._generation == _generation else rf.open()
         try:
             magic, lrec, flag, label = _RECORD_HEAD.unpack_from(mm, offset)
         except struct.error:
@@ -776,23 +670,20 @@ class RecordDataset:
         if (
             magic == MAGIC
             and flag == 0
-            and IMAGE_HEADER_SIZE <= lrec <= LENGTH_MASK
-            and (offset + 11 + lrec) & ~3 <= self._sizes[s]
+            and 24 <= lrec <= LENGTH_MASK
+            and (offset + 11 + lrec) & ~3 <= rf._size
         ):
-            return mm[offset + _IMAGE_START : offset + 8 + lrec], label
-        rf, key = self._files[s], self.keys.item(i)
+            return mm[offset + 32 : offset + 8 + lrec], label  # after the part and image headers
         try:
-            head, payload = unpack_header(rf.read_at(offset, key), rf.path, offset)
+            head, payload = unpack_header(rf.read_at(offset, self.keys.item(i)), rf.path, offset)
         except RecordFormatError as exc:
-            raise RecordFormatError(exc.reason, rf.path, offset, key) from None
+            raise RecordFormatError(exc.reason, rf.path, offset, self.keys.item(i)) from None
         return bytes(payload), (head.label if head.flag == 0 else head.label.copy())
 
     def __getitem__(self, i):
-        if self.decode is None:
-            return self.raw(i)
         payload, label = self.raw(i)
-        if callable(self.decode):
-            return self.decode(payload), label
+        if self.decode is None or callable(self.decode):
+            return (payload if self.decode is None else self.decode(payload)), label
         try:
             return decode_image(payload, self.decode), label
         except RecordFormatError as exc:
@@ -806,10 +697,7 @@ class RecordDataset:
         object array. Read once, then kept.
         """
         if self._labels is None:
-            shard_ids = self._shard_ids
-            if shard_ids is None:
-                shard_ids = np.repeat(np.arange(len(self.shards)), np.diff(self._bounds))
-            self._labels = self._gather_labels(shard_ids, self.offsets, self.keys)
+            self._labels = _header_labels(self._files, self._shard_ids, self.offsets, self.keys)
         return self._labels
 
     @property
@@ -819,92 +707,57 @@ class RecordDataset:
         None in the images layout.
         """
         if self._identities is not None and self._identity_ranges is None:
-            shard_ids, offsets, keys = self._identities
-            pairs = self._gather_labels(*self._identities)
+            shard_of, offsets, keys = self._identities
+            pairs = _header_labels(self._files, *self._identities)
             if pairs.dtype == object or pairs.ndim != 2 or pairs.shape[1] < 2:
                 raise RectoolError(
                     f"{self.shards[0][0]}: identity records must each hold a label pair "
                     "[first key, end key)"
                 )
             ranges = pairs[:, :2].astype(np.int64) - 1  # image key k is sample k - 1
-            bad = np.flatnonzero(
-                (ranges[:, 0] < 0) | (ranges[:, 0] > ranges[:, 1]) | (ranges[:, 1] > len(self))
-            )
-            if len(bad):
-                j = int(bad[0])
+            bad = (ranges[:, 0] < 0) | (ranges[:, 0] > ranges[:, 1]) | (ranges[:, 1] > len(self))
+            if bad.any():
+                j = int(np.argmax(bad))
                 raise RecordFormatError(
                     f"identity record holds the key range {(pairs[j, :2] + 0).tolist()}, "
                     f"outside the image keys 1..{len(self)}",
-                    self.shards[int(shard_ids[j])][0], int(offsets[j]), int(keys[j]),
+                    self.shards[int(shard_of[j])][0], int(offsets[j]), int(keys[j]),
                 )  # fmt: skip
             ranges.flags.writeable = False
             self._identity_ranges = ranges
         return self._identity_ranges
 
-    def _gather_labels(self, shard_ids, offsets, keys):
-        parts = []
-        for s in range(len(self._files)):
-            rows = np.flatnonzero(shard_ids == s)
-            if len(rows):
-                self._open(s)
-                parts.append((rows, _header_labels(self._files[s], offsets[rows], keys[rows])))
-        shapes = {labels.shape[1:] if labels.dtype != object else None for _, labels in parts}
-        if len(shapes) <= 1 and None not in shapes:
-            out = np.zeros((len(offsets), *next(iter(shapes), ())), np.float32)
-        else:
-            out = np.empty(len(offsets), object)
-            parts = [
-                (rows, [x if np.ndim(x) == 0 else np.array(x, np.float32) for x in labels])
-                for rows, labels in parts
-            ]
-        for rows, labels in parts:
-            if out.dtype == object:
-                for row, label in zip(rows.tolist(), labels):
-                    out[row] = label
-            else:
-                out[rows] = labels
-        out.flags.writeable = False
-        return out
 
+def _header_labels(files, shard_of, offsets, keys):
+    """Return the header labels of the records at `offsets`, without reading image bytes.
 
-def _header_labels(rf, offsets, keys):
-    """Return the header labels of the records at `offsets` in one .rec, without image bytes.
-
-    The common case (whole, aligned records) is gathered with numpy from the mapping; any
-    other record is read and checked one by one, so damage raises a `RecordFormatError`.
+    float32 (N,) when every flag is 0, (N, k) when every record has k labels, else objects.
+    Whole, aligned records are gathered with numpy from the mappings; any other is read and
+    checked one by one, so damage raises a `RecordFormatError`.
     """
-    n = len(offsets)
-    flags = np.zeros(n, np.int64)
-    scalars = np.zeros(n, np.float32)
-    fast = np.zeros(n, bool)
-    columns = []  # per label position j: (rows, values) of the fast records with flag > j
-    rf.open()
-    mm, size = rf._mm, rf._size
-    if n and isinstance(mm, mmap.mmap) and size >= _IMAGE_START:
-        words = np.frombuffer(mm, "<u4", size // 4)
+    n, columns = len(offsets), []  # columns: (j, rows, values) of label j of fast records
+    flags, scalars, fast = np.zeros(n, np.int64), np.zeros(n, np.float32), np.zeros(n, bool)
+    for s, rf in enumerate(files):
+        rows = np.flatnonzero(shard_of == s) if len(files) > 1 else np.arange(n)
+        if not len(rows) or len(rf.open()) < 32:
+            continue
+        words = np.frombuffer(rf.open(), "<u4", rf._size // 4)
         try:
-            rows = np.flatnonzero((offsets & 3 == 0) & (offsets >= 0) & (offsets <= size - 32))
-            w = offsets[rows] >> 2
-            lrec = words[w + 1].astype(np.int64)
-            flag = words[w + 2].astype(np.int64)
-            ok = (
-                (words[w] == MAGIC)
-                & (lrec <= LENGTH_MASK)
-                & (lrec >= IMAGE_HEADER_SIZE + 4 * flag)
-                & ((offsets[rows] + 11 + lrec) & ~3 <= size)
-            )
+            at = offsets[rows]
+            ok = (at & 3 == 0) & (at >= 0) & (at <= rf._size - 32)
+            rows, w = rows[ok], at[ok] >> 2
+            lrec, flag = words[w + 1].astype(np.int64), words[w + 2].astype(np.int64)
+            ok = (words[w] == MAGIC) & (lrec <= LENGTH_MASK) & (lrec >= 24 + 4 * flag)
+            ok &= (w * 4 + 11 + lrec) & ~3 <= rf._size
             rows, w, flag = rows[ok], w[ok], flag[ok]
-            fast[rows] = True
-            flags[rows] = flag
-            scalars[rows] = words[w + 3].view(np.float32)
+            fast[rows], flags[rows], scalars[rows] = True, flag, words[w + 3].view(np.float32)
             for j in range(int(flag.max()) if len(flag) else 0):
-                has = flag > j
-                columns.append((rows[has], words[w[has] + 8 + j].view(np.float32)))
+                columns.append((j, rows[flag > j], words[w[flag > j] + 8 + j].view(np.float32)))
         finally:
             del words
     slow = []
     for row in np.flatnonzero(~fast).tolist():
-        offset, key = int(offsets[row]), int(keys[row])
+        rf, offset, key = files[int(shard_of[row])], int(offsets[row]), int(keys[row])
         try:
             head, _ = unpack_header(rf.read_at(offset, key), rf.path, offset)
         except RecordFormatError as exc:
@@ -916,66 +769,17 @@ def _header_labels(rf, offsets, keys):
             scalars[row] = head.label
     width = int(flags.max()) if n else 0
     if not width:
+        scalars.flags.writeable = False
         return scalars
     vectors = np.zeros((n, width), np.float32)
-    for j, (rows, values) in enumerate(columns):
+    for j, rows, values in columns:
         vectors[rows, j] = values
     for row, label in slow:
         vectors[row, : len(label)] = label
-    if (flags == width).all():
-        return vectors
-    out = np.empty(n, object)
-    for row, f in enumerate(flags.tolist()):
-        out[row] = vectors[row, :f].copy() if f else float(scalars[row])
+    out = vectors
+    if not (flags == width).all():
+        out = np.empty(n, object)
+        for row, f in enumerate(flags.tolist()):
+            out[row] = vectors[row, :f].copy() if f else float(scalars[row])
+    out.flags.writeable = False
     return out
-
-
-def _positions_of_keys(keys, wanted, shards):
-    """Return the .idx line of each wanted key (the last line of a repeated key)."""
-    order = np.argsort(keys, kind="stable")
-    found = np.searchsorted(keys, wanted, side="right", sorter=order) - 1
-    lines = order[np.maximum(found, 0)]
-    missing = (found < 0) | (keys[lines] != wanted)
-    if missing.any():
-        raise RectoolError(
-            f"{', '.join(idx for _, idx in shards)}: key {int(wanted[np.argmax(missing)])} is not "
-            f"in the index, but record 0 says keys up to {int(wanted[-1])} exist"
-        )
-    return lines
-
-
-def _check_shard(rf, idx_path, keys, offsets, listed, manifest_path):
-    """Refuse a shard whose .idx does not describe its .rec; return (keys, offsets)."""
-    size = rf.size
-    if listed is not None:
-        if listed.get("records") is not None and listed["records"] != len(keys):
-            raise RectoolError(
-                f"{idx_path}: {len(keys)} index lines, but the manifest {manifest_path} lists "
-                f"{listed['records']} records for this shard: the .idx or the manifest is stale"
-            )
-        if listed.get("rec_bytes") is not None and listed["rec_bytes"] != size:
-            raise RectoolError(
-                f"{rf.path}: {size} bytes, but the manifest {manifest_path} lists "
-                f"{listed['rec_bytes']}: the file changed after packing"
-            )
-    if not len(keys):
-        if size:
-            raise RectoolError(
-                f"{idx_path}: empty index beside {rf.path} of {size} bytes "
-                "(rebuild it with `rectool reindex`)"
-            )
-        return keys, offsets
-    past = np.flatnonzero((offsets > size - 8) | (offsets < 0))  # from a crafted cache
-    # A few records, the farthest one included, must start where the index says.
-    for line in sorted(
-        {0, len(offsets) // 2, len(offsets) - 1, int(np.argmax(offsets)), *past[:1].tolist()}
-    ):
-        offset, key = int(offsets[line]), int(keys[line])
-        try:
-            rf.next_offset(offset, key)
-        except RecordFormatError as exc:
-            raise RecordFormatError(
-                f"{exc.reason}; the index {idx_path} is stale or belongs to another .rec "
-                "(rebuild it from the .rec)", rf.path, offset, key,
-            ) from None  # fmt: skip
-    return keys, offsets

@@ -24,10 +24,10 @@ from .errors import RectoolError, UsageError
 from .indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
 from .reader import (
     MANIFEST_SUFFIX,
-    RecordFile,
     load_index,
     parse_index,
 )
+from .records import RecordFile
 from .writer import INDEX_LINE, format_index_line
 
 PARTIAL_SUFFIX = ".partial"

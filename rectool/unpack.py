@@ -26,7 +26,8 @@ from .checksums import (
 from .errors import RectoolError
 from .images import sniff_format
 from .keys import last_line_wins
-from .reader import IndexedRecordFile, resolve_source, unpack_header
+from .reader import resolve_source, unpack_header
+from .records import IndexedRecordFile
 from .scan import mapped
 
 EXTENSIONS = {

@@ -9,7 +9,8 @@ from click.testing import CliRunner
 from imagefiles import write_list, write_pack_tree
 
 from rectool.cli import cli
-from rectool.reader import IndexedRecordFile, unpack_header
+from rectool.reader import unpack_header
+from rectool.records import IndexedRecordFile
 
 
 @pytest.fixture

@@ -216,18 +216,13 @@ def test_undecodable_image_names_file_offset_and_key(tmp_path):
     assert "the 10 image bytes cannot be decoded (they start with b'not a jp')" in str(caught.value)
 
 
-def test_pillow_is_used_without_opencv(pack, monkeypatch):
-    pytest.importorskip("PIL")
-    with_cv2 = {mode: rd.open_dataset(pack[0], decode=mode)[0][0] for mode in rd.DECODE_MODES}
+def test_decoding_without_opencv_says_what_to_install(pack, monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", None)
     monkeypatch.setattr(rd, "_DECODERS", {})
-    for mode in rd.DECODE_MODES:
-        image, _ = rd.open_dataset(pack[0], decode=mode)[0]
-        assert image.dtype == np.uint8 and image.shape == with_cv2[mode].shape
-        # Two JPEG decoders may round differently, never by much.
-        assert np.abs(image.astype(int) - with_cv2[mode]).mean() < 2
-    with pytest.raises(rd.RecordFormatError, match="cannot be decoded"):
-        rd.decode_image(b"junk", "rgb")
+    ds = rd.open_dataset(pack[0], decode="rgb")
+    with pytest.raises(rd.RectoolError, match="decoding images needs OpenCV"):
+        ds[0]
+    assert ds.raw(0)[0] == pack[1][0].image  # undecoded reads need no decoder
 
 
 # --- the insightface layout -------------------------------------------------------------------
@@ -283,6 +278,34 @@ def test_im2rec_pack_label_record_0_is_an_image_not_a_header(tmp_path):
     assert [image for image, _ in ds] == data
 
 
+@pytest.mark.parametrize(
+    "zero, one",
+    [
+        ([2.0, 3.0, 3.0], 5.0),  # flag 3 (issue 13: a header for the reader, not for `info`)
+        ([1.5, 3.0], 5.0),  # a key range that is not whole
+        ([2.0, 2.0], [5.0, 1.0]),  # images with label vectors: im2rec --pack-label
+    ],
+    ids=["flag 3", "not whole", "image labels"],
+)
+def test_record_0_is_a_header_only_with_flag_2_and_whole_key_bounds(tmp_path, zero, one):
+    records = [(0, image_record(b"", zero, 0, 1)), (1, image_record(face(1), one, 1))]
+    write_shard(tmp_path / "f.rec", tmp_path / "f.idx", records)
+    ds = rd.open_dataset(tmp_path / "f.rec")
+    assert (ds.layout, len(ds), ds.identity_ranges) == ("images", 2, None)
+    payload, label = ds.raw(0)
+    assert payload == b"" and label.tolist() == zero == ds.labels[0].tolist()
+    with pytest.raises(rd.RecordFormatError, match="record 0 is not an insightface header"):
+        rd.open_dataset(tmp_path / "f.rec", layout="insightface")
+
+
+def test_insightface_header_gives_the_key_ranges(tmp_path):
+    write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 3], face)
+    keys, offsets = rd.load_index(tmp_path / "f.idx")
+    rf = rd.RecordFile(tmp_path / "f.rec")
+    header = rd.insightface_header(lambda j: rd.unpack_header(rf.read_at(offsets[j])), keys)
+    assert header == (range(1, 6), range(6, 8))
+
+
 def test_insightface_missing_image_key(tmp_path):
     write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 2], face)
     lines = (tmp_path / "f.idx").read_text().splitlines(keepends=True)
@@ -316,6 +339,27 @@ def test_insightface_images_across_shards(tmp_path):
     assert ds.labels.tolist() == [0, 0, 1, 1, 1]
     assert ds.identity_ranges.tolist() == [[0, 2], [2, 5]]
     assert pickle.loads(pickle.dumps(ds))[3] == ds[3] == (images_[4], 1.0)
+
+
+def test_insightface_images_alternating_between_shards(tmp_path):
+    # Keys 1, 3 in one file and 2, 4 in the other: samples in key order jump between shards.
+    images_ = {k: face(k) for k in range(1, 5)}
+    write_shard(
+        tmp_path / "a.rec",
+        tmp_path / "a.idx",
+        [(k, image_record(images_[k], float(k), k)) for k in (1, 3)]
+        + [(0, image_record(b"", [5.0, 6.0], 0, 1)), (5, image_record(b"", [1.0, 5.0], 5))],
+    )
+    write_shard(
+        tmp_path / "b.rec",
+        tmp_path / "b.idx",
+        [(k, image_record(images_[k], float(k), k)) for k in (2, 4)],
+    )
+    ds = rd.open_dataset([tmp_path / "a.rec", tmp_path / "b.rec"])
+    assert [image for image, _ in ds] == [images_[k] for k in range(1, 5)]
+    assert ds.labels.tolist() == [1, 2, 3, 4]
+    assert [ds.location(i)[0] for i in range(4)] == [str(tmp_path / f"{n}.rec") for n in "abab"]
+    assert ds.identity_ranges.tolist() == [[0, 4]]
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -471,7 +515,11 @@ def test_pickle_round_trip_without_open_files(pack):
     copy = pickle.loads(blob)
     assert as_pairs(copy) == expected_pairs(samples)
     assert copy.labels.tolist() == ds.labels.tolist()
-    assert copy._maps == [None, None, None] or all(m is not None for m in copy._maps)
+    if os.path.isdir("/proc/self/fd"):
+        before = rec_descriptors()
+        fresh = pickle.loads(blob)
+        assert rec_descriptors() == before  # unpickling opens no file
+        assert fresh[0] == copy[0]
     # The parsed index travels; the file contents never do.
     assert len(blob) < sum(os.path.getsize(s.rec) for s in samples[:1])
 

@@ -6,7 +6,8 @@ import pytest
 from format_cases import image_record_cases, raw_payload_cases
 from oracle import run_mxnet
 
-from rectool.reader import IndexedRecordFile, RecordFile, unpack_header
+from rectool.reader import unpack_header
+from rectool.records import IndexedRecordFile, RecordFile
 from rectool.writer import IndexedRecordWriter, RecordWriter, pack_image_record
 
 pytestmark = pytest.mark.oracle

@@ -14,12 +14,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rectool.reader import (
-    IndexedRecordFile,
     IndexFormatError,
-    RecordFile,
     parse_index,
     unpack_header,
 )
+from rectool.records import IndexedRecordFile, RecordFile
 from rectool.writer import (
     IndexedRecordWriter,
     RecordWriter,

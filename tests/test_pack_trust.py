@@ -17,7 +17,8 @@ from imagefiles import write_list, write_pack_tree
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.packing import PackOptions, finalize_pack, pack_images
-from rectool.reader import IndexedRecordFile, unpack_header
+from rectool.reader import unpack_header
+from rectool.records import IndexedRecordFile
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

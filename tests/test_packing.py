@@ -13,7 +13,8 @@ from imagefiles import encode, image_array, jpeg_bytes, write_list, write_pack_t
 from rectool.errors import RectoolError, UsageError
 from rectool.images import Transform
 from rectool.packing import PackOptions, pack_images
-from rectool.reader import IndexedRecordFile, RecordFile, unpack_header
+from rectool.reader import unpack_header
+from rectool.records import IndexedRecordFile, RecordFile
 
 
 def read_pack(rec, idx=None):

@@ -21,15 +21,14 @@ from rectool import errors, reader
 from rectool.cli import cli
 from rectool.indexcache import write_index_cache
 from rectool.reader import (
-    IndexedRecordFile,
     IndexFormatError,
-    RecordFile,
     RecordFormatError,
     RectoolError,
     load_index,
     parse_index,
     unpack_header,
 )
+from rectool.records import IndexedRecordFile, RecordFile
 
 MAGIC = b"\x0a\x23\xd7\xce"  # 0xced7230a, little-endian
 
@@ -187,6 +186,19 @@ def test_parse_index_runs_of_widths_as_a_pack_writes_them():
     with pytest.raises(IndexFormatError) as caught:
         parse_index(bad)
     assert caught.value.line == 3000
+
+
+def test_parse_index_runs_then_random_widths_then_a_bad_line():
+    # A pack's run of rising lines, then keys of random widths (a shuffled im2rec .idx): the
+    # rest after the runs is parsed in bulk, and a bad line there is named by its number.
+    keys = list(range(2000)) + np.random.default_rng(3).permutation(10**6)[:5000].tolist()
+    lines = [f"{k}\t{i * 64}\n" for i, k in enumerate(keys)]
+    text = "".join(lines).encode()
+    assert as_lists(parse_index(text)) == (keys, [i * 64 for i in range(len(keys))])
+    lines[6000] = lines[6000].replace("\t", " \t-")
+    with pytest.raises(IndexFormatError) as caught:
+        parse_index("".join(lines).encode())
+    assert caught.value.line == 6001
 
 
 def test_index_errors_are_rectool_errors():

@@ -9,12 +9,8 @@ from imagefiles import jpeg_bytes
 from oracle import run_mxnet
 from test_dali import dali_python, dali_read
 
+from rectool.dali import write_dali_index
 from rectool.repack import RepackOptions, repack
-
-try:  # moved out of the reader on main (rectool/dali.py)
-    from rectool.dali import write_dali_index
-except ImportError:
-    from rectool.reader import write_dali_index
 
 pytestmark = pytest.mark.oracle
 

@@ -34,7 +34,8 @@ from common import best_time  # noqa: E402
 from tree import ensure_tree  # noqa: E402
 
 from rectool.checksums import checksum_path, damaged_records, load_checksums  # noqa: E402
-from rectool.reader import IndexedRecordFile, unpack_header  # noqa: E402
+from rectool.reader import unpack_header  # noqa: E402
+from rectool.records import IndexedRecordFile  # noqa: E402
 from rectool.scan import mapped  # noqa: E402
 from rectool.verify import DecodeOptions, verify_dataset  # noqa: E402
 
