@@ -251,8 +251,6 @@ def _produce(iterable, fn, out, stop):
 # --- decoding one sample into a batch slot: full size, or scaled and cropped ------------------
 
 MODES = ("bgr", "rgb", "gray")
-ON_ERROR = ("raise", "skip", "replace")
-REPLACE_ATTEMPTS = 16
 _SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # not DHT, JPG, DAC
 _U16 = struct.Struct(">H")
 
@@ -423,6 +421,10 @@ class _SampleDecoder:
 
 
 # --- a batch: its samples, bad ones skipped or replaced, its labels ---------------------------
+
+
+ON_ERROR = ("raise", "skip", "replace")
+REPLACE_ATTEMPTS = 16
 
 
 def replacement(seed, i, attempt, size):
