@@ -986,7 +986,7 @@ def unpack_command(target, out_dir, quiet, as_json):
     "--training",
     "training_module",
     is_flag=True,
-    help="Write the training module instead: Loader, BatchDecoder, RankSampler, prefetch.",
+    help="Write the training module instead: RankSampler, epoch_order, prefetch.",
 )
 @library_errors
 def reader_command(output, training_module):
@@ -995,8 +995,8 @@ def reader_command(output, training_module):
     It is rectool's own reader (rectool/reader.py) copied verbatim under a header naming the
     rectool and format versions: open_dataset(), RecordDataset, decode_image(). It never
     writes a file. OpenCV or Pillow are imported only to decode images. With --training,
-    rectool/training.py instead: Loader, BatchDecoder, RankSampler, epoch_order(),
-    prefetch(). See docs/training.md.
+    rectool/training.py instead: RankSampler, epoch_order(), prefetch(). See
+    docs/training.md.
 
     \b
     Example:

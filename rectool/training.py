@@ -1,8 +1,8 @@
 """What training needs only sometimes: decoded batches, epoch orders, rank views, prefetch.
 
 Standard library and numpy only, like the reader: `rectool reader --training -o FILE` copies
-this module verbatim beside it. OpenCV is imported on first decode (else the reader's own
-decoder serves), torch only where the caller has imported it (`tensors=True`, DataLoader).
+this module verbatim beside it. OpenCV is imported on first decode, torch only where the
+caller has imported it (`tensors=True`, DataLoader).
 
     from rectool_reader import open_dataset
     from rectool_training import Loader, prefetch
