@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -156,8 +157,8 @@ def test_the_emitted_reader_passes_the_reader_suite_standalone(tmp_path):
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="a POSIX detail")
 def test_emitted_module_has_no_rectool_imports():
-    # A relative or package import would break the standalone copy.
+    # A relative or package import would break the standalone copy (`from rectool_reader`,
+    # the emitted reader's name in examples, is fine).
     lines = [line.strip() for line in (SOURCE + TRAINING_SOURCE).splitlines()]
-    assert not [
-        line for line in lines if line.startswith(("from .", "from rectool", "import rectool"))
-    ]
+    package_import = re.compile(r"from \.|from rectool\b|import rectool\b")
+    assert not [line for line in lines if package_import.match(line)]

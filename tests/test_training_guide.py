@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from imagefiles import write_list, write_pack_tree
+from imagefiles import jpeg_bytes, write_list, write_pack_tree
 
 from rectool.emit import emit_reader
 from rectool.packing import pack_images
@@ -33,12 +33,17 @@ def guide_script():
 
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
-    """train.py, rectool_reader.py, rectool_training.py, a pack of 3 identities x 8 images."""
+    """train.py, rectool_reader.py, rectool_training.py, a pack of 3 identities x 8 images.
+
+    Each identity has 7 images of 40x32 and one of another size: the loop must batch any tree.
+    """
     folder = tmp_path_factory.mktemp("guide")
     (folder / "train.py").write_text(guide_script(), encoding="utf-8")
     emit_reader(folder / "rectool_reader.py")
     emit_reader(folder / "rectool_training.py", training_module=True)
-    items = write_pack_tree(folder / "tree", ["ann", "bob", "cyd"], 8)
+    odd = [(f"{name}/odd.jpg", jpeg_bytes(90 + n, 50 + 30 * n, 120 - 20 * n), n)
+           for n, name in enumerate(["ann", "bob", "cyd"])]  # fmt: skip
+    items = write_pack_tree(folder / "tree", ["ann", "bob", "cyd"], 7, extra=odd)
     lst = write_list(folder / "faces.lst", items)
     pack_images(lst, folder / "tree", folder / "out" / "faces")
     return folder

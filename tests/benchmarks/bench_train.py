@@ -7,7 +7,7 @@ shared machine the best short window is the one least disturbed by other jobs):
 
 - **bare**: N forked processes that only `cv2.imdecode` the pack's payloads (mmap slices, a
   shuffled order) and keep nothing: the decode limit of N processes;
-- **Loader**: `rectool.loader.Loader(workers=N)`, batches of 128 in shared memory;
+- **Loader**: `rectool.training.Loader(workers=N)`, batches of 128 in shared memory;
 - **DataLoader**: torch's, N workers over `open_dataset(decode="bgr")`, default collate;
 - **DataLoader + BatchDecoder**: torch's, N workers, one decoded batch per `__getitem__`.
 
@@ -38,8 +38,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_read import cpu_seconds, ensure_pack  # noqa: E402
 from common import CACHE, best_in_turns  # noqa: E402
 
-from rectool.loader import BatchDecoder, Loader  # noqa: E402
-from rectool.reader import RankSampler, epoch_order, open_dataset  # noqa: E402
+from rectool.reader import open_dataset  # noqa: E402
+from rectool.training import BatchDecoder, Loader, RankSampler, epoch_order  # noqa: E402
 
 BATCH = 128
 BIG_SIDE, SMALL_SIDE, BIG_IMAGES = 448, 112, 2_000

@@ -1,4 +1,4 @@
-"""rectool.loader: decoded batches in order, bad samples, sizes, ranks, shared memory, torch.
+"""Loader and BatchDecoder: batches in order, bad samples, sizes, ranks, shared memory, torch.
 
 Packs are written by hand (handmade.py) and every expected pixel comes from cv2.imdecode of
 the image bytes the test wrote, so nothing expected is computed by the loader or the reader.
@@ -15,8 +15,15 @@ import pytest
 from handmade import write_pack
 from imagefiles import encode, image_array, jpeg_bytes
 
-from rectool.loader import BatchDecoder, Loader, crop_box, jpeg_size, reduction_factor
 from rectool.reader import RecordFormatError, RectoolError, open_dataset
+from rectool.training import (
+    BatchDecoder,
+    Loader,
+    RankSampler,
+    crop_box,
+    jpeg_size,
+    reduction_factor,
+)
 
 SAMPLES = 37
 
@@ -260,8 +267,6 @@ def test_copy_survives_the_next_step_and_tensors(pack):
 def test_batch_decoder_in_a_torch_dataloader(pack, slots):
     prefix, samples = pack
     torch = pytest.importorskip("torch")
-    from rectool.reader import RankSampler
-
     ds = open_dataset(prefix)
     batches = BatchDecoder(ds, mode="bgr", slots=slots)
     sampler = torch.utils.data.BatchSampler(RankSampler(ds, seed=4), 8, drop_last=False)
@@ -325,33 +330,39 @@ def test_a_dead_worker_is_an_error_and_the_next_pass_starts_afresh(pack):
 STANDALONE = """
 import sys
 sys.modules["rectool"] = None  # the copies must stand alone
-from rectool_reader import open_dataset
-from rectool_loader import Loader
+from rectool_reader import RecordFormatError, open_dataset
+from rectool_training import Loader
 
 if __name__ == "__main__":
     for method in ("fork", "spawn"):
         with Loader(open_dataset(sys.argv[1]), 8, start_method=method, seed=1) as loader:
             labels = sorted(label for _, batch in loader for label in batch.tolist())
         assert labels == list(range(37)), labels
+        # The reader's own error, found through the dataset under the copy's file name.
+        with Loader(open_dataset(sys.argv[2]), 4, start_method=method, shuffle=False) as loader:
+            try:
+                list(loader)
+            except RecordFormatError as exc:
+                assert exc.key == 4 and "cannot be decoded" in str(exc), exc
+            else:
+                raise AssertionError("the broken sample was not reported")
     assert "torch" not in sys.modules
     print("ok")
 """
 
 
-def test_the_copies_work_beside_each_other_without_rectool(pack, tmp_path):
-    import shutil
+def test_the_emitted_pair_works_without_rectool(pack, broken, tmp_path):
     import subprocess
     import sys
 
-    import rectool.loader
     from rectool.emit import emit_reader
 
     emit_reader(tmp_path / "rectool_reader.py")
-    shutil.copy(rectool.loader.__file__, tmp_path / "rectool_loader.py")
+    emit_reader(tmp_path / "rectool_training.py", training_module=True)
     (tmp_path / "run.py").write_text(STANDALONE, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     out = subprocess.run(
-        [sys.executable, str(tmp_path / "run.py"), str(pack[0])],
+        [sys.executable, str(tmp_path / "run.py"), str(pack[0]), str(broken[0])],
         capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
     )  # fmt: skip
     assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr
@@ -361,7 +372,7 @@ def test_a_worker_that_cannot_start_is_named(pack, tmp_path):
     import subprocess
     import sys
 
-    script = "from rectool.reader import open_dataset\nfrom rectool.loader import Loader\n"
+    script = "from rectool.reader import open_dataset\nfrom rectool.training import Loader\n"
     script += "import sys\nfor _ in Loader(open_dataset(sys.argv[1]), 8, start_method='spawn'):\n"
     script += "    pass\n"  # no __main__ guard: each spawned worker runs this again and fails
     (tmp_path / "unguarded.py").write_text(script, encoding="utf-8")
