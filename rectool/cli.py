@@ -1084,7 +1084,7 @@ def unpack_command(target, out_dir, quiet, as_json):
     "--training",
     "training_module",
     is_flag=True,
-    help="Write the training module instead: RankSampler, epoch_order, prefetch.",
+    help="Write the training module instead: Loader, BatchDecoder, RankSampler, prefetch.",
 )
 @json_option("Print what was written as JSON on stdout (needs --output FILE).")
 @library_errors
@@ -1094,8 +1094,9 @@ def reader_command(output, training_module, as_json):
     It is rectool's own reader (rectool/reader.py) copied verbatim under a header naming the
     rectool and format versions: open_dataset(), RecordDataset, decode_image(). It never
     writes a file. OpenCV is imported only to decode images. With --training,
-    rectool/training.py instead: RankSampler, epoch_order(), prefetch(). See
-    docs/training.md.
+    rectool/training.py instead: Loader and BatchDecoder (decoded batches through shared
+    memory, size=, int64 labels, skip or replace bad samples), RankSampler, epoch_order(),
+    prefetch(). See docs/training.md.
 
     \b
     Example:
