@@ -37,6 +37,7 @@ from .errors import IndexFormatError, RectoolError
 from .images import ImageRefused, inspect_image
 from .keys import FLOAT32_EXACT
 from .reader import (
+    DATASET_LAYOUTS,
     IMAGE_HEADER_SIZE,
     MAGIC_BYTES,
     RecordFile,
@@ -805,16 +806,30 @@ def _describe_offset(facts, offset):
 
 
 def check_layout(facts):
-    """An insightface layout is whole: record 0, identity ranges, labels, `property` file.
+    """An insightface layout is whole (record 0, identity ranges, labels, `property` file), and
+    the manifest names the layout the records have.
 
-    A manifest that says layout insightface over records whose record 0 is no insightface
-    header (the reader's rule) is an "insightface-header" problem: the records are read as
-    the images layout, as every reader reads them.
+    The layout is the reader's rule's; the manifest's claim does not change it. A manifest
+    that says insightface over records whose record 0 is no such header is an
+    "insightface-header" problem (they are checked as the images layout, as every reader
+    reads them); one that says images over an insightface header is a "manifest" problem.
     """
-    if facts.layout.header is not None:
+    layout = facts.layout
+    if layout.header is not None:
         yield from _check_insightface(facts)
-    elif facts.entry is not None and facts.dataset.manifest.get("layout") == "insightface":
+    claimed = facts.dataset.manifest.get("layout") if facts.entry is not None else None
+    if claimed not in DATASET_LAYOUTS or claimed == layout.name:
+        return
+    if layout.header is None:
         yield _not_a_header(facts)
+    else:
+        yield _one(
+            "manifest",
+            facts.dataset.manifest_path,
+            None,
+            None,
+            f"says layout {claimed}, but {facts.rec} has an insightface header record 0",
+        )
 
 
 def _not_a_header(facts):
@@ -1044,7 +1059,10 @@ def _check_labels(facts, images):
 
 
 def check_manifest_entry(facts):
-    """The shard is as its manifest entry says: sizes, counts, first and last keys, ids, layout."""
+    """The shard is as its manifest entry says: sizes, counts, first and last keys, ids.
+
+    (Whether it has the layout the manifest names is `check_layout`'s question.)
+    """
     entry, rec, idx = facts.entry, facts.rec, facts.idx
     if entry is None:
         return
@@ -1087,14 +1105,6 @@ def check_manifest_entry(facts):
                     f"the manifest says {entry[name]}",
                 )
         yield _check_ids(facts)
-    if facts.dataset.manifest.get("layout") == "images" and facts.layout.name == "insightface":
-        yield _one(
-            "manifest",
-            facts.dataset.manifest_path,
-            None,
-            None,
-            f"says layout images, but {rec} has an insightface header record 0",
-        )
 
 
 def _check_ids(facts):

@@ -598,6 +598,18 @@ def test_manifest_says_insightface_but_record_0_labels_are_not_key_numbers(tmp_p
     assert report.layouts == ["images"]
 
 
+def test_manifest_says_images_over_an_insightface_header(tmp_path):
+    pack = make_pack(tmp_path, layout="insightface")
+    manifest = json.loads(pack.manifest.read_text())
+    pack.manifest.write_text(json.dumps({**manifest, "layout": "images"}))
+    report = verify_dataset(pack.manifest)
+    assert found(report) == [("manifest", str(pack.manifest), None, None)]
+    assert report.problems[0].message == (
+        f"says layout images, but {pack.rec} has an insightface header record 0"
+    )
+    assert report.layouts == ["insightface"]
+
+
 # -- decoding -------------------------------------------------------------------------------------
 
 
