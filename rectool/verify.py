@@ -476,7 +476,7 @@ def decide_layout(keys, starts, headers, read_record, classes):
     """Return the `Layout` of records with these keys, starts and headers.
 
     The rule is the reader's (`scan.insightface_ranges`); a manifest's claim does not change
-    it (`check_layout` and `check_manifest_entry` report a manifest that disagrees).
+    it (`check_layout` reports a manifest that disagrees).
     `classes`: the manifest's class count, or None.
     """
     ranges = insightface_ranges(keys, starts, headers, read_record)
