@@ -967,7 +967,8 @@ def info_command(target, sample, as_json):
 
     Records, images, identities and images per identity (min / median / max and a small
     histogram), image payload sizes, encodings, dimensions of a sample, and the layout:
-    plain, insightface (record 0 with flag 2) or multi-label (label vectors).
+    images, or insightface (record 0 with flag 2 announces the identities); "label vectors"
+    when images carry several labels each.
 
     \b
     Example:
@@ -987,7 +988,9 @@ def render_info(info, width=40):
     """Return the human description of a dataset."""
     shards = info["shards"]
     lines = [
-        f"{info['target']}: layout {info['layout']}, {shards} shard{'' if shards == 1 else 's'}, "
+        f"{info['target']}: layout {info['layout']}"
+        f"{', label vectors' if info.get('label_vectors') else ''}, "
+        f"{shards} shard{'' if shards == 1 else 's'}, "
         f"{info['records']:,} records, {info['images']:,} images, "
         f"{info['rec_bytes'] / 1e6:,.1f} MB"
     ]

@@ -1,5 +1,9 @@
 """Describe a dataset: records, identities, images per identity, payload sizes, formats, layout.
 
+The layout is "images" or "insightface", as `reader.insightface_header` decides it for each
+shard (a manifest's claim does not override it); `label_vectors` tells whether any image
+carries a label vector (header flag > 0) rather than one label.
+
 `dataset_info` reads every record header (with numpy, through the .idx when there is one) and
 decodes only a sample of images for their dimensions. It trusts the framing; `rectool verify`
 is the command that checks it.
@@ -18,7 +22,7 @@ from .keys import last_line_wins
 from .reader import RecordFile, load_index, resolve_source, unpack_header
 from .scan import (
     image_formats,
-    insightface_header,
+    insightface_ranges,
     locate_records,
     mapped,
     read_headers,
@@ -55,7 +59,7 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None):
     """
     manifest, manifest_path, shards = resolve_source(target)
     identities_map = (manifest or {}).get("identities")
-    images_by_shard, layouts = [], Counter()
+    images_by_shard, layouts, label_vectors = [], Counter(), False
     labels, sizes, formats, flags = [], [], Counter(), Counter()
     records = rec_bytes = 0
     insightface_classes = None
@@ -66,6 +70,7 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None):
         records += shard["records"]
         rec_bytes += shard["rec_bytes"]
         layouts[shard["layout"]] += 1
+        label_vectors |= shard["label_vectors"]
         if shard["classes"] is not None:
             insightface_classes = (insightface_classes or 0) + shard["classes"]
         labels.append(shard["labels"])
@@ -79,6 +84,7 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None):
         "target": os.fspath(target),
         "manifest": manifest_path,
         "layout": "/".join(sorted(layouts)) or "empty",
+        "label_vectors": label_vectors,
         "shards": len(shards),
         "records": records,
         "images": int(len(labels)),
@@ -118,20 +124,18 @@ def _read_shard(rec, idx):
         if keys is None:
             keys = headers.id.astype(np.int64)
         images = headers.complete.copy()
-        layout, classes = "plain", None
-        j = insightface_header(keys, headers)
-        if j is not None:
-            first, end = float(headers.label0[j]), float(headers.label1[j])
-            layout, classes = "insightface", int(end - first)
-            images &= (keys >= 1) & (keys < first)
-        elif (headers.flag[images] > 0).any():
-            layout = "multi-label"
+        layout, classes = "images", None
+        ranges = insightface_ranges(keys, offsets, headers, records.read_at)
+        if ranges is not None:
+            layout, classes = "insightface", len(ranges[1])
+            images &= (keys >= ranges[0].start) & (keys < ranges[0].stop)
         rows = np.flatnonzero(images)
         formats = image_formats(buf, size, offsets, headers, split, rows, records.read_at)
         return {
             "records": len(offsets),
             "rec_bytes": size,
             "layout": layout,
+            "label_vectors": bool((headers.flag[images] > 0).any()),
             "classes": classes,
             "labels": headers.label0[rows],
             "sizes": headers.image[rows],

@@ -5,14 +5,14 @@ code-point order of their folder names, so a tree always gives the same labels; 
 listed by identity, then by path (unless shuffled), and numbered 0..N-1 in that order before
 any split, so indices stay unique across the train/val/test lists and chunks.
 
-Scanning uses `os.scandir` only: file and folder types come from the directory entries, and
+Walking the tree uses `os.scandir` only: file and folder types come from the directory entries, and
 nothing is stat-ed except symlinked folders (to detect loops). Folders are read by a pool of
 threads, which is what matters on network file systems where every listing waits on a round
 trip; the result does not depend on the number of threads.
 
 Symbolic links are followed, to files and to folders alike. A symlinked folder that leads
 back to one of its own ancestors (same device and inode) is a loop: it is skipped and counted,
-so a scan always ends. A folder reached through several links is listed once per path.
+so a walk always ends. A folder reached through several links is listed once per path.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ class Identity:
 
 
 @dataclass
-class ScanResult:
-    """What `scan_tree` found: identities with images, in name order, and what it skipped."""
+class TreeWalk:
+    """What `walk_tree` found: identities with images, in name order, and what it skipped."""
 
     root: Path
     identities: list
@@ -216,8 +216,8 @@ def _batches(items, count):
     return _chunks(items, max(1, min(count, len(items)))) if items else []
 
 
-def scan_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progress=None):
-    """Scan `root` and return its identities, their images and everything passed over.
+def walk_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progress=None):
+    """Walk the folder tree at `root`; return its identities, their images and what was passed over.
 
     `exts` are the image extensions (case-insensitive). With `recursive`, images in subfolders
     of an identity folder belong to it; without, such subfolders are skipped and counted.
@@ -296,7 +296,7 @@ def scan_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progr
         identities.append(Identity(name, tuple(paths)))
     for paths in skipped.values():
         paths.sort(key=_path_key)
-    return ScanResult(root, identities, skipped, scanned)
+    return TreeWalk(root, identities, skipped, scanned)
 
 
 def _is_dir(entry):
@@ -481,7 +481,7 @@ def make_listing(
     split_by="image",
     chunks=1,
 ):
-    """Assign labels and indices to a scan's images and cut them into lists.
+    """Assign labels and indices to a tree walk's images and cut them into lists.
 
     Identities with fewer than `min_per_id` images are dropped; of larger ones only the first
     `max_per_id` images (in path order) are kept. Labels count the remaining identities in name
@@ -636,10 +636,10 @@ def list_images(
     progress=None,
     **listing_options,
 ):
-    """Scan `root`, then write its lists to `out` and its label map; return the `Listing`.
+    """Walk `root`, then write its lists to `out` and its label map; return the `Listing`.
 
-    `listing_options` are those of `make_listing`; see `scan_tree` and `write_lists` for the
-    rest. Options are checked before the scan. Raises `ListingError` when nothing under
+    `listing_options` are those of `make_listing`; see `walk_tree` and `write_lists` for the
+    rest. Options are checked before the walk. Raises `ListingError` when nothing under
     `root` is an image, or a file cannot be written.
     """
     ratios = resolve_ratios(
@@ -658,7 +658,7 @@ def list_images(
     )
     if hasattr(out, "write") and (ratios is not None or listing_options.get("chunks", 1) > 1):
         raise UsageError(STDOUT_SINGLE_LIST)
-    scan = scan_tree(root, exts, recursive, threads, progress)
+    scan = walk_tree(root, exts, recursive, threads, progress)
     listing = make_listing(scan, **listing_options)
     if not listing.image_count:
         passed = ", ".join(
@@ -677,7 +677,7 @@ __all__ = [
     "SKIP_REASONS",
     "Identity",
     "Listing",
-    "ScanResult",
+    "TreeWalk",
     "default_threads",
     "display_path",
     "list_images",
@@ -685,6 +685,6 @@ __all__ = [
     "make_listing",
     "normalize_extensions",
     "resolve_ratios",
-    "scan_tree",
+    "walk_tree",
     "write_lists",
 ]

@@ -84,7 +84,10 @@ def _summary_section(report):
             "Manifest",
             f"<code>{escape(info['manifest'])}</code>" if info.get("manifest") else "none",
         ),
-        _row("Layout", escape(info["layout"])),
+        _row(
+            "Layout",
+            escape(info["layout"] + (", label vectors" if info.get("label_vectors") else "")),
+        ),
         _row("Shards", f"{info['shards']:,}", info["shards"]),
         _row("Records", f"{info['records']:,}", info["records"]),
         _row("Images", f"{info['images']:,}", info["images"]),

@@ -3,7 +3,8 @@
 `scan_framing` follows the parts without trusting any .idx. Where the bytes are not a record it
 resynchronises as dmlc's split reader does, on the next 4-byte-aligned magic followed by a part
 whose continuation flag is 0 or 1, and records the skipped range as `Damage`. `read_headers`
-reads the image header of many records at once, with numpy, for verify, info and reindex.
+reads the image header of many records at once, with numpy, for verify, info and reindex;
+`insightface_ranges` applies the reader's insightface rule to records read that way.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from .reader import (
     MAGIC,
     MAGIC_BYTES,
     PART_HEADER,
+    Header,
     RecordFormatError,
+    insightface_header,
     open_regular,
+    unpack_header,
 )
 
 _ZEROS = (b"", b"\0", b"\0\0", b"\0\0\0")
@@ -431,28 +435,19 @@ def image_formats(buf, size, starts, headers, split, rows, read_record):
     return out
 
 
-def insightface_header(keys, headers, claimed=False):
-    """Return the row of the insightface layout's header record (key 0), or None.
+def insightface_ranges(keys, starts, headers, read_record):
+    """Return the key ranges (images, identities) of an insightface .rec read in bulk, or None.
 
-    The layout is recognised when key 0 has flag 2 with an integral label pair
-    [N+1, N+1+K], 1 <= N+1 <= N+1+K, and the first image (key 1) has a scalar label (flag 0),
-    which tells it from an im2rec pack with two labels per image. `claimed` (a manifest says
-    the layout is insightface) only requires flag 2 at key 0.
+    The rule is `reader.insightface_header`'s, the one definition of the layout; this only feeds
+    it the records read here: record i has key `keys[i]`, starts at `starts[i]` and has header
+    `headers` row i; `read_record(offset)` returns a record's bytes. A record too short for its
+    header counts as one with the flag it shows (0 when even that is cut off) and no labels, so
+    a cut record 0 is no header; `rectool verify` names the record.
     """
-    zero = np.flatnonzero(keys == 0)
-    if not zero.size:
-        return None
-    j = int(zero[-1])
-    if not (headers.complete[j] and headers.flag[j] == 2):
-        return None
-    if claimed:
-        return j
-    a, b = float(headers.label0[j]), float(headers.label1[j])
-    if not (a.is_integer() and b.is_integer() and 1 <= a <= b):
-        return None
-    if a == b == 1:
-        return j  # an empty dataset
-    one = np.flatnonzero(keys == 1)
-    if one.size and headers.complete[one[-1]] and headers.flag[one[-1]] == 0:
-        return j
-    return None
+
+    def read(row):
+        if not headers.complete[row]:
+            return Header(int(headers.flag[row]), np.full(2, np.nan, np.float32), 0, 0), b""
+        return unpack_header(read_record(int(starts[row])))
+
+    return insightface_header(read, keys)

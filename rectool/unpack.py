@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from .checksums import (
     ChecksumFileError,
     checksum_path,
@@ -26,7 +28,7 @@ from .checksums import (
 from .errors import RectoolError
 from .images import sniff_format
 from .keys import last_line_wins
-from .reader import resolve_source, unpack_header
+from .reader import insightface_header, resolve_source, unpack_header
 from .records import IndexedRecordFile
 from .scan import mapped
 
@@ -57,6 +59,7 @@ class UnpackResult:
     """What `unpack_dataset` wrote."""
 
     out_dir: str
+    layout: str = "empty"  # "images" or "insightface" (both, "/"-joined, when shards differ)
     images: int = 0
     identities: int = 0
     bytes: int = 0
@@ -83,9 +86,10 @@ def unpack_dataset(target, out_dir, progress=None):
     try:
         _refuse_damaged(opened)
         plans = [_plan(f) for f in opened]
-        total = sum(len(keys) for keys, _ in plans)
+        result.layout = "/".join(sorted({layout for layout, _, _ in plans})) or "empty"
+        total = sum(len(keys) for _, keys, _ in plans)
         done = 0
-        for records, (keys, offsets) in zip(opened, plans):
+        for records, (_, keys, offsets) in zip(opened, plans):
             for key, offset in zip(keys.tolist(), offsets.tolist()):
                 header, image = unpack_header(records.rec.read_at(offset, key), records.rec.path)
                 label = header.label if header.flag == 0 else header.label[0]
@@ -149,32 +153,32 @@ def _refuse_damaged(opened, shown=5):
 
 
 def _plan(records):
-    """Return the (keys, offsets) of the image records to write, one per key, in file order."""
+    """Return the layout and the (keys, offsets) of the image records to write, one per key,
+    in file order.
+
+    The layout is `reader.insightface_header`'s; in the insightface layout every image key
+    record 0 announces must be in the index, as the reader requires.
+    """
     keys, offsets = last_line_wins(records.keys, records.offsets)
-    first_meta = _insightface_images_end(records, keys, offsets)
-    if first_meta is not None:
-        # insightface: images are keys 1..N, record 0's label is [N+1, N+1+K].
-        images = (keys >= 1) & (keys < first_meta)
-        return keys[images], offsets[images]
-    return keys, offsets
+    rf = records.rec
 
+    def read(line):
+        offset = int(offsets[line])
+        return unpack_header(rf.read_at(offset, int(keys[line])), rf.path, offset)
 
-def _insightface_images_end(records, keys, offsets):
-    """Return N+1 when the records follow the insightface layout (see scan.insightface_header)."""
-    where = {int(k): int(o) for k, o in zip(keys.tolist(), offsets.tolist()) if k in (0, 1)}
-    if 0 not in where:
-        return None
-    header, _ = unpack_header(records.rec.read_at(where[0], 0))
-    if header.flag != 2:
-        return None
-    a, b = float(header.label[0]), float(header.label[1])
-    if not (a.is_integer() and b.is_integer() and 1 <= a <= b):
-        return None
-    if a == b == 1:
-        return 1  # an empty dataset
-    if 1 not in where or unpack_header(records.rec.read_at(where[1], 1))[0].flag != 0:
-        return None
-    return int(a)
+    ranges = insightface_header(read, keys)
+    if ranges is None:
+        return "images", keys, offsets
+    wanted = ranges[0]
+    images = (keys >= wanted.start) & (keys < wanted.stop)
+    if images.sum() < len(wanted):  # (one line per key: a key missing leaves a gap)
+        present = np.zeros(len(wanted), bool)
+        present[keys[images] - wanted.start] = True
+        raise RectoolError(
+            f"{records.idx_path}: key {wanted.start + int(np.argmin(present))} is not in the "
+            f"index, but record 0 says image keys up to {wanted[-1]} exist"
+        )
+    return "insightface", keys[images], offsets[images]
 
 
 def _folder_name(label, names):

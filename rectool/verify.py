@@ -37,6 +37,7 @@ from .errors import IndexFormatError, RectoolError
 from .images import ImageRefused, inspect_image
 from .keys import FLOAT32_EXACT
 from .reader import (
+    DATASET_LAYOUTS,
     IMAGE_HEADER_SIZE,
     MAGIC_BYTES,
     RecordFile,
@@ -49,7 +50,7 @@ from .scan import (
     Framing,
     Headers,
     image_formats,
-    insightface_header,
+    insightface_ranges,
     mapped,
     read_headers,
     scan_framing,
@@ -456,12 +457,12 @@ class ShardIndex:
 
 @dataclass(frozen=True, eq=False)
 class Layout:
-    """How a shard's records are laid out: `name` is "plain", "multi-label" or "insightface".
+    """How a shard's records are laid out: `name` is "images" or "insightface".
 
     For insightface, `header` is record 0's row and `span` its label (a, b): images are keys
-    1..a-1, identities keys a..b-1 (None when the label is not such a range). `images` marks
-    the records that hold images; `classes` is the class count labels must stay below (the
-    manifest's, or the identities record 0 announces), or None when unknown.
+    1..a-1, identities keys a..b-1. `images` marks the records that hold images; `classes` is
+    the class count labels must stay below (the manifest's, or the identities record 0
+    announces), or None when unknown.
     """
 
     name: str
@@ -471,24 +472,19 @@ class Layout:
     classes: int | None
 
 
-def decide_layout(keys, headers, claimed, classes):
-    """Return the `Layout` of records with these keys and headers.
+def decide_layout(keys, starts, headers, read_record, classes):
+    """Return the `Layout` of records with these keys, starts and headers.
 
-    `claimed`: a manifest says the layout is insightface (record 0 then needs only flag 2);
-    `classes`: the manifest's class count, or None. The insightface rule itself is
-    `scan.insightface_header`'s.
+    The rule is the reader's (`scan.insightface_ranges`); a manifest's claim does not change
+    it (`check_layout` reports a manifest that disagrees).
+    `classes`: the manifest's class count, or None.
     """
-    everything = np.ones(len(headers), bool)
-    j = insightface_header(keys, headers, claimed)
-    if j is not None:
-        a, b = float(headers.label0[j]), float(headers.label1[j])
-        if not (np.isfinite(a) and np.isfinite(b) and a == int(a) and b == int(b) and 1 <= a <= b):
-            return Layout("insightface", j, None, everything, classes)
-        a, b = int(a), int(b)
-        return Layout("insightface", j, (a, b), ~((keys == 0) | (keys >= a)), b - a)
-    if (headers.complete & (headers.flag > 0)).any():
-        return Layout("multi-label", None, None, everything, classes)
-    return Layout("plain", None, None, everything, classes)
+    ranges = insightface_ranges(keys, starts, headers, read_record)
+    if ranges is None:
+        return Layout("images", None, None, np.ones(len(headers), bool), classes)
+    a, b = ranges[1].start, ranges[1].stop
+    header = int(np.flatnonzero(keys == 0)[-1])
+    return Layout("insightface", header, (a, b), ~((keys == 0) | (keys >= a)), b - a)
 
 
 @dataclass(frozen=True, eq=False)
@@ -551,8 +547,7 @@ def read_shard(dataset, number, buf, size, read_record):
         indexed = np.zeros(len(starts), bool)
         indexed[pos[index_hit]] = True
     entry = dataset.entries[number]
-    claimed = entry is not None and dataset.manifest.get("layout") == "insightface"
-    layout = decide_layout(keys, h, claimed, dataset.classes)
+    layout = decide_layout(keys, starts, h, read_record, dataset.classes)
     # MXNet's pack zeroes the header's float whenever labels follow it.
     sound = h.complete & ~((h.flag > 0) & (h.label != 0))
     rows = np.flatnonzero(layout.images & sound & (h.image > 0))
@@ -811,35 +806,60 @@ def _describe_offset(facts, offset):
 
 
 def check_layout(facts):
-    """An insightface layout is whole: record 0, identity ranges, labels, `property` file."""
+    """An insightface layout is whole (record 0, identity ranges, labels, `property` file), and
+    the manifest names the layout the records have.
+
+    The layout is the reader's rule's; the manifest's claim does not change it. A manifest
+    that says insightface over records whose record 0 is no such header is an
+    "insightface-header" problem (they are checked as the images layout, as every reader
+    reads them); one that says images over an insightface header is a "manifest" problem.
+    """
     layout = facts.layout
     if layout.header is not None:
         yield from _check_insightface(facts)
+    claimed = facts.dataset.manifest.get("layout") if facts.entry is not None else None
+    if claimed not in DATASET_LAYOUTS or claimed == layout.name:
         return
-    if facts.entry is not None and facts.dataset.manifest.get("layout") == "insightface":
-        zero = np.flatnonzero(facts.keys == 0)
+    if layout.header is None:
+        yield _not_a_header(facts)
+    else:
         yield _one(
-            "insightface-header",
-            facts.rec,
-            0 if zero.size else None,
-            facts.framing.starts[zero[-1]] if zero.size else None,
-            "the manifest says layout insightface, but there is no record 0 with flag 2",
+            "manifest",
+            facts.dataset.manifest_path,
+            None,
+            None,
+            f"says layout {claimed}, but {facts.rec} has an insightface header record 0",
         )
+
+
+def _not_a_header(facts):
+    """Name what record 0 (and key 1) hold, when a manifest says insightface but they do not."""
+    h, keys, starts = facts.headers, facts.keys, facts.framing.starts
+    zero, one = np.flatnonzero(keys == 0), np.flatnonzero(keys == 1)
+    says = (
+        "the manifest says layout insightface, but record 0 is not its header (flag 2, no image "
+        "bytes, whole-number labels [N+1, N+1+K], key 1 with one label)"
+    )
+    if not zero.size:
+        return _one("insightface-header", facts.rec, None, None, f"{says}: there is no record 0")
+    j = int(zero[-1])
+    flag = int(h.flag[j])
+    if not h.complete[j]:
+        held = "a header cut short"
+    elif flag == 0:
+        held = f"flag 0, {int(h.image[j])} image bytes, label {float(h.label[j])!r}"
+    else:
+        labels = ", ".join(repr(float(x)) for x in (h.label0[j], h.label1[j])[:flag])
+        more = ", ..." if flag > 2 else ""
+        held = f"flag {flag}, {int(h.image[j])} image bytes, labels [{labels}{more}]"
+    if one.size and h.complete[one[-1]]:
+        held += f"; key 1 has flag {int(h.flag[one[-1]])}"
+    return _one("insightface-header", facts.rec, 0, starts[j], f"{says}: it has {held}")
 
 
 def _check_insightface(facts):
     h, rec, layout = facts.headers, facts.rec, facts.layout
     starts, keys, j = facts.framing.starts, facts.keys, layout.header
-    if layout.span is None:
-        a, b = float(h.label0[j]), float(h.label1[j])
-        yield _one(
-            "insightface-header",
-            rec,
-            0,
-            starts[j],
-            f"record 0's label [{a!r}, {b!r}] is not a range [N+1, N+1+K] of keys",
-        )
-        return
     a, b = layout.span
     if b > FLOAT32_EXACT:
         yield _one(
@@ -1039,7 +1059,10 @@ def _check_labels(facts, images):
 
 
 def check_manifest_entry(facts):
-    """The shard is as its manifest entry says: sizes, counts, first and last keys, ids, layout."""
+    """The shard is as its manifest entry says: sizes, counts, first and last keys, ids.
+
+    (Whether it has the layout the manifest names is `check_layout`'s question.)
+    """
     entry, rec, idx = facts.entry, facts.rec, facts.idx
     if entry is None:
         return
@@ -1082,14 +1105,6 @@ def check_manifest_entry(facts):
                     f"the manifest says {entry[name]}",
                 )
         yield _check_ids(facts)
-    if facts.dataset.manifest.get("layout") == "images" and facts.layout.name == "insightface":
-        yield _one(
-            "manifest",
-            facts.dataset.manifest_path,
-            None,
-            None,
-            f"says layout images, but {rec} has an insightface header record 0",
-        )
 
 
 def _check_ids(facts):

@@ -59,7 +59,7 @@ def uneven(tmp_path):
 def test_counts_and_identity_statistics(uneven):
     prefix, sizes = uneven
     info = dataset_info(prefix)
-    assert info["layout"] == "plain"
+    assert (info["layout"], info["label_vectors"]) == ("images", False)
     assert (info["shards"], info["records"], info["images"]) == (1, 12, 12)
     assert (info["identities"], info["classes"], info["named_identities"]) == (3, 3, 3)
     assert info["identities_without_images"] == 0
@@ -120,12 +120,14 @@ def test_insightface_layout(tmp_path):
     assert info["images_per_identity"]["histogram"] == [{"images": "3-5", "identities": 3}]
 
 
-def test_multi_label_layout(tmp_path):
+def test_label_vectors_are_the_images_layout(tmp_path):
     pack = make_pack(tmp_path, pack_label=True)
     info = dataset_info(pack.manifest)
-    assert info["layout"] == "multi-label"
+    assert (info["layout"], info["label_vectors"]) == ("images", True)
     assert info["label_flags"] == {"1": 12}
     assert info["identities"] == 3
+    first = invoke("info", pack.manifest).stderr.splitlines()[0]
+    assert first.startswith(f"{pack.manifest}: layout images, label vectors, 1 shard, 12 records")
 
 
 def test_labels_that_are_not_class_ids(tmp_path):
@@ -158,7 +160,7 @@ def test_cli_human_output(uneven):
     median = statistics.median(sizes)
     assert result.stdout == ""
     assert result.stderr.splitlines() == [
-        f"{prefix}: layout plain, 1 shard, 12 records, 12 images, "
+        f"{prefix}: layout images, 1 shard, 12 records, 12 images, "
         f"{prefix.with_suffix('.rec').stat().st_size / 1e6:,.1f} MB",
         "Identities: 3 (of 3 classes)",
         "Images per identity: min 2, median 3, max 7",

@@ -1,4 +1,4 @@
-"""rectool.listing: scanning an identity tree, labels, splits, chunks, and the files written."""
+"""rectool.listing: walking an identity tree, labels, splits, chunks, and the files written."""
 
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ from rectool.listing import (
     make_listing,
     normalize_extensions,
     resolve_ratios,
-    scan_tree,
+    walk_tree,
     write_lists,
 )
 
@@ -55,30 +55,30 @@ def mixed(tmp_path):
     return root, files
 
 
-# --- scanning -------------------------------------------------------------------------------
+# --- walking the tree ---------------------------------------------------------------------
 
 
-def test_scan_lists_identities_in_code_point_order_with_their_images(mixed):
+def test_walk_lists_identities_in_code_point_order_with_their_images(mixed):
     root, _ = mixed
-    scan = scan_tree(root)
-    assert [identity.name for identity in scan.identities] == MIXED_TREE_IDENTITIES
+    walk = walk_tree(root)
+    assert [identity.name for identity in walk.identities] == MIXED_TREE_IDENTITIES
     assert [
-        (identity.name, path) for identity in scan.identities for path in identity.images
+        (identity.name, path) for identity in walk.identities for path in identity.images
     ] == MIXED_TREE_IMAGES
-    assert scan.image_count == len(MIXED_TREE_IMAGES)
+    assert walk.image_count == len(MIXED_TREE_IMAGES)
 
 
-def test_scan_counts_every_entry_it_passes_over_by_reason(mixed):
+def test_walk_counts_every_entry_it_passes_over_by_reason(mixed):
     root, _ = mixed
-    scan = scan_tree(root)
-    assert scan.skipped == MIXED_TREE_SKIPPED
-    assert list(scan.skipped) == list(SKIP_REASONS)
+    walk = walk_tree(root)
+    assert walk.skipped == MIXED_TREE_SKIPPED
+    assert list(walk.skipped) == list(SKIP_REASONS)
 
 
 def test_listed_paths_are_the_files_with_the_exact_bytes_of_their_names(mixed):
     root, files = mixed
-    scan = scan_tree(root)
-    for identity in scan.identities:
+    walk = walk_tree(root)
+    for identity in walk.identities:
         for path in identity.images:
             with open(os.path.join(os.fsencode(root), path.encode("utf-8")), "rb") as f:
                 data = f.read()
@@ -89,17 +89,17 @@ def test_listed_paths_are_the_files_with_the_exact_bytes_of_their_names(mixed):
 
 def test_nfc_and_nfd_spellings_stay_two_distinct_files(mixed):
     root, _ = mixed
-    names = [path for identity in scan_tree(root).identities for path in identity.images]
+    names = [path for identity in walk_tree(root).identities for path in identity.images]
     nfd, nfc = "José/e\u0301.jpg", "José/é.jpg"
     assert unicodedata.normalize("NFC", nfd) == nfc
     assert nfd in names and nfc in names
 
 
 @pytest.mark.parametrize("threads", [1, 2, 8, 32])
-def test_scan_result_does_not_depend_on_threads(mixed, threads):
+def test_walk_result_does_not_depend_on_threads(mixed, threads):
     root, _ = mixed
-    one = scan_tree(root, threads=1)
-    many = scan_tree(root, threads=threads)
+    one = walk_tree(root, threads=1)
+    many = walk_tree(root, threads=threads)
     assert many.identities == one.identities
     assert many.skipped == one.skipped
     assert many.folders == one.folders == 8
@@ -107,17 +107,17 @@ def test_scan_result_does_not_depend_on_threads(mixed, threads):
 
 def test_extensions_are_case_insensitive_and_configurable(tmp_path):
     make_tree(tmp_path, {"a": {"1.JPG": None, "2.png": None, "3.Bmp": None, "4.gif": b"GIF8"}})
-    scan = scan_tree(tmp_path, exts=["BMP", ".jpg"])
-    assert scan.identities[0].images == ("a/1.JPG", "a/3.Bmp")
-    assert scan.skipped["not_image"] == ["a/2.png", "a/4.gif"]
+    walk = walk_tree(tmp_path, exts=["BMP", ".jpg"])
+    assert walk.identities[0].images == ("a/1.JPG", "a/3.Bmp")
+    assert walk.skipped["not_image"] == ["a/2.png", "a/4.gif"]
 
 
 def test_default_extensions_cover_what_opencv_decodes_commonly(tmp_path):
     exts = ["jpg", "jpeg", "png", "bmp", "webp", "tif", "tiff"]
     make_tree(tmp_path, {"a": {f"x.{ext.upper()}": None for ext in exts} | {"y.gif": b"G"}})
-    scan = scan_tree(tmp_path)
-    assert len(scan.identities[0].images) == len(exts)
-    assert scan.skipped["not_image"] == ["a/y.gif"]
+    walk = walk_tree(tmp_path)
+    assert len(walk.identities[0].images) == len(exts)
+    assert walk.skipped["not_image"] == ["a/y.gif"]
 
 
 def test_normalize_extensions():
@@ -130,8 +130,8 @@ def test_normalize_extensions():
 
 def test_recursive_is_the_default_and_no_recursive_counts_subfolders(tmp_path):
     make_tree(tmp_path, {"a": {"1.jpg": None, "s": {"2.jpg": None, "t": {"3.jpg": None}}}})
-    assert scan_tree(tmp_path).identities[0].images == ("a/1.jpg", "a/s/2.jpg", "a/s/t/3.jpg")
-    flat = scan_tree(tmp_path, recursive=False)
+    assert walk_tree(tmp_path).identities[0].images == ("a/1.jpg", "a/s/2.jpg", "a/s/t/3.jpg")
+    flat = walk_tree(tmp_path, recursive=False)
     assert flat.identities[0].images == ("a/1.jpg",)
     assert flat.skipped["subfolder"] == ["a/s"]
 
@@ -140,7 +140,7 @@ def test_nested_images_sort_by_folder_then_name(tmp_path):
     # As strings "a/b.jpg" > "a/b/c.jpg" ("." < "/"); by path components the folder b
     # sorts after the file name "b.jpg" ("b" < "b.jpg").
     make_tree(tmp_path, {"a": {"b.jpg": None, "b": {"c.jpg": None}, "a.jpg": None}})
-    assert scan_tree(tmp_path, threads=4).identities[0].images == (
+    assert walk_tree(tmp_path, threads=4).identities[0].images == (
         "a/a.jpg",
         "a/b/c.jpg",
         "a/b.jpg",
@@ -152,8 +152,8 @@ def test_symlinked_identity_and_subfolders_are_followed(tmp_path):
     root = tmp_path / "faces"
     make_tree(root, {"a": {"more": Symlink(str(tmp_path / "elsewhere" / "p"))}})
     os.symlink(tmp_path / "elsewhere", root / "b")
-    scan = scan_tree(root)
-    assert [(i.name, i.images) for i in scan.identities] == [
+    walk = walk_tree(root)
+    assert [(i.name, i.images) for i in walk.identities] == [
         ("a", ("a/more/1.jpg",)),
         ("b", ("b/2.jpg", "b/p/1.jpg")),
     ]
@@ -170,27 +170,27 @@ def test_symlink_loops_end_and_are_counted(tmp_path, threads):
             "root": Symlink("."),
         },
     )
-    scan = scan_tree(tmp_path / "faces", threads=threads)
+    walk = walk_tree(tmp_path / "faces", threads=threads)
     # b/x/to_c leads to c, no ancestor of it: followed, until c's link leads back to b/x.
-    assert [(i.name, i.images) for i in scan.identities] == [
+    assert [(i.name, i.images) for i in walk.identities] == [
         ("a", ("a/1.jpg",)),
         ("b", ("b/2.jpg", "b/x/to_c/3.jpg")),
         ("c", ("c/3.jpg",)),
     ]
-    assert scan.skipped["symlink_loop"] == [
+    assert walk.skipped["symlink_loop"] == [
         "a/self",
         "a/up",
         "b/x/to_c/to_b_x",
         "c/to_b_x/to_c",
         "root",
     ]
-    assert scan.folders == 6
+    assert walk.folders == 6
 
 
 def test_two_links_to_one_folder_list_it_twice(tmp_path):
     make_tree(tmp_path, {"a": {"1.jpg": None}, "b": {"x": Symlink("../a"), "y": Symlink("../a")}})
-    scan = scan_tree(tmp_path)
-    assert scan.identities[1].images == ("b/x/1.jpg", "b/y/1.jpg")
+    walk = walk_tree(tmp_path)
+    assert walk.identities[1].images == ("b/x/1.jpg", "b/y/1.jpg")
 
 
 def make_unreadable(monkeypatch, path):
@@ -214,14 +214,14 @@ def test_unreadable_folders_are_counted_and_the_rest_listed(tmp_path, monkeypatc
     restore_b = make_unreadable(monkeypatch, tmp_path / "b")
     restore_s = make_unreadable(monkeypatch, tmp_path / "a" / "s")
     try:
-        scan = scan_tree(tmp_path, threads=3)
+        walk = walk_tree(tmp_path, threads=3)
     finally:
         restore_b()
         restore_s()
-    assert [(i.name, i.images) for i in scan.identities] == [("a", ("a/1.jpg",))]
-    assert scan.skipped["unreadable_folder"] == ["a/s", "b"]
+    assert [(i.name, i.images) for i in walk.identities] == [("a", ("a/1.jpg",))]
+    assert walk.skipped["unreadable_folder"] == ["a/s", "b"]
     # An unreadable identity is reported as unreadable, not also as empty.
-    assert scan.skipped["empty_identity"] == []
+    assert walk.skipped["empty_identity"] == []
 
 
 def test_an_unreadable_root_is_an_error(tmp_path, monkeypatch):
@@ -230,22 +230,22 @@ def test_an_unreadable_root_is_an_error(tmp_path, monkeypatch):
     restore = make_unreadable(monkeypatch, root)
     try:
         with pytest.raises(ListingError, match="cannot read the root folder"):
-            scan_tree(root)
+            walk_tree(root)
     finally:
         restore()
 
 
-def test_scan_reports_progress_from_the_calling_thread(tmp_path):
+def test_walk_reports_progress_from_the_calling_thread(tmp_path):
     face_tree(tmp_path, identities=5, per_identity=2)
     calls = []
-    scan_tree(tmp_path, threads=2, progress=lambda folders, images: calls.append((folders, images)))
+    walk_tree(tmp_path, threads=2, progress=lambda folders, images: calls.append((folders, images)))
     assert calls[-1] == (5, 10)
     assert calls == sorted(calls)
 
 
-def test_scan_rejects_zero_threads(tmp_path):
+def test_walk_rejects_zero_threads(tmp_path):
     with pytest.raises(UsageError):
-        scan_tree(tmp_path, threads=0)
+        walk_tree(tmp_path, threads=0)
 
 
 # --- labels, shuffling, splits, chunks -------------------------------------------------------
@@ -253,7 +253,7 @@ def test_scan_rejects_zero_threads(tmp_path):
 
 def test_labels_follow_identity_names_and_indices_follow_output_order(mixed):
     root, _ = mixed
-    listing = make_listing(scan_tree(root))
+    listing = make_listing(walk_tree(root))
     label_of = {name: label for label, name in enumerate(MIXED_TREE_IDENTITIES)}
     assert listing.identities == dict(enumerate(MIXED_TREE_IDENTITIES))
     assert listing.lists == {
@@ -271,7 +271,7 @@ def test_min_and_max_per_identity(tmp_path):
             "c": {f"{n}.jpg": None for n in range(5)},
         },
     )
-    listing = make_listing(scan_tree(tmp_path), min_per_id=2, max_per_id=3)
+    listing = make_listing(walk_tree(tmp_path), min_per_id=2, max_per_id=3)
     assert listing.identities == {0: "b", 1: "c"}
     assert rows_of(listing) == [
         (0, 0, "b/0.jpg"),
@@ -311,16 +311,16 @@ def test_min_and_max_per_identity(tmp_path):
 def test_make_listing_refuses_options_that_cannot_work(tmp_path, kwargs, message):
     face_tree(tmp_path, 2, 2)
     with pytest.raises(UsageError, match=message):
-        make_listing(scan_tree(tmp_path), **kwargs)
+        make_listing(walk_tree(tmp_path), **kwargs)
 
 
 def test_shuffle_is_a_seeded_permutation_with_fresh_indices(tmp_path):
     face_tree(tmp_path, identities=4, per_identity=5)
-    scan = scan_tree(tmp_path)
-    plain = rows_of(make_listing(scan))
-    first = rows_of(make_listing(scan, shuffle=True, seed=7))
-    again = rows_of(make_listing(scan, shuffle=True, seed=7))
-    other = rows_of(make_listing(scan, shuffle=True, seed=8))
+    walk = walk_tree(tmp_path)
+    plain = rows_of(make_listing(walk))
+    first = rows_of(make_listing(walk, shuffle=True, seed=7))
+    again = rows_of(make_listing(walk, shuffle=True, seed=7))
+    other = rows_of(make_listing(walk, shuffle=True, seed=8))
     assert first == again
     assert first != other
     assert [index for index, _, _ in first] == list(range(20))
@@ -330,10 +330,10 @@ def test_shuffle_is_a_seeded_permutation_with_fresh_indices(tmp_path):
 
 def test_shuffle_without_seed_draws_one_and_reports_it(tmp_path):
     face_tree(tmp_path, identities=3, per_identity=4)
-    scan = scan_tree(tmp_path)
-    listing = make_listing(scan, shuffle=True)
+    walk = walk_tree(tmp_path)
+    listing = make_listing(walk, shuffle=True)
     assert isinstance(listing.seed, int)
-    assert rows_of(make_listing(scan, shuffle=True, seed=listing.seed)) == rows_of(listing)
+    assert rows_of(make_listing(walk, shuffle=True, seed=listing.seed)) == rows_of(listing)
 
 
 @pytest.mark.parametrize(
@@ -367,7 +367,7 @@ def test_resolve_ratios_refuses_what_does_not_add_up(ratios):
 
 def test_split_by_image_cuts_runs_in_order(tmp_path):
     face_tree(tmp_path, identities=2, per_identity=5)
-    listing = make_listing(scan_tree(tmp_path), train_ratio=0.6, val_ratio=0.2, test_ratio=0.2)
+    listing = make_listing(walk_tree(tmp_path), train_ratio=0.6, val_ratio=0.2, test_ratio=0.2)
     assert {k: [r[0] for r in v] for k, v in listing.lists.items()} == {
         "_train": [0, 1, 2, 3, 4, 5],
         "_val": [6, 7],
@@ -377,14 +377,14 @@ def test_split_by_image_cuts_runs_in_order(tmp_path):
 
 def test_split_only_writes_splits_with_a_positive_ratio(tmp_path):
     face_tree(tmp_path, identities=2, per_identity=5)
-    listing = make_listing(scan_tree(tmp_path), train_ratio=0.9)
+    listing = make_listing(walk_tree(tmp_path), train_ratio=0.9)
     assert {k: len(v) for k, v in listing.lists.items()} == {"_train": 9, "_val": 1}
 
 
 def test_split_by_identity_keeps_each_identity_in_one_split(tmp_path):
     face_tree(tmp_path, identities=10, per_identity=3)
     listing = make_listing(
-        scan_tree(tmp_path),
+        walk_tree(tmp_path),
         shuffle=True,
         seed=3,
         train_ratio=0.6,
@@ -406,7 +406,7 @@ def test_split_by_identity_keeps_each_identity_in_one_split(tmp_path):
 
 def test_split_by_identity_without_shuffle_takes_identities_in_name_order(tmp_path):
     face_tree(tmp_path, identities=4, per_identity=2)
-    listing = make_listing(scan_tree(tmp_path), test_ratio=0.25, split_by="identity")
+    listing = make_listing(walk_tree(tmp_path), test_ratio=0.25, split_by="identity")
     assert {k: sorted({r[1] for r in v}) for k, v in listing.lists.items()} == {
         "_train": [0, 1, 2],
         "_test": [3],
@@ -415,7 +415,7 @@ def test_split_by_identity_without_shuffle_takes_identities_in_name_order(tmp_pa
 
 def test_chunks_are_nearly_equal_runs_with_global_indices(tmp_path):
     face_tree(tmp_path, identities=2, per_identity=5)
-    listing = make_listing(scan_tree(tmp_path), chunks=3)
+    listing = make_listing(walk_tree(tmp_path), chunks=3)
     assert {k: [r[0] for r in v] for k, v in listing.lists.items()} == {
         "_0": [0, 1, 2],
         "_1": [3, 4, 5],
@@ -425,7 +425,7 @@ def test_chunks_are_nearly_equal_runs_with_global_indices(tmp_path):
 
 def test_chunks_and_splits_combine(tmp_path):
     face_tree(tmp_path, identities=2, per_identity=5)
-    listing = make_listing(scan_tree(tmp_path), chunks=2, train_ratio=0.6)
+    listing = make_listing(walk_tree(tmp_path), chunks=2, train_ratio=0.6)
     assert {k: [r[0] for r in v] for k, v in listing.lists.items()} == {
         "_0_train": [0, 1, 2],
         "_0_val": [3, 4],
@@ -450,7 +450,7 @@ def test_write_lists_writes_lines_and_the_label_map(mixed, tmp_path):
     root, _ = mixed
     out = tmp_path / "out" / "faces.lst"
     out.parent.mkdir()
-    listing = write_lists(make_listing(scan_tree(root)), out)
+    listing = write_lists(make_listing(walk_tree(root)), out)
     label_of = {name: label for label, name in enumerate(MIXED_TREE_IDENTITIES)}
     expected = "".join(
         f"{i}\t{label_of[name]}\t{path}\n" for i, (name, path) in enumerate(MIXED_TREE_IMAGES)
@@ -472,7 +472,7 @@ def test_write_lists_writes_lines_and_the_label_map(mixed, tmp_path):
 def test_split_lists_share_one_label_map_that_each_finds(tmp_path):
     face_tree(tmp_path / "faces", identities=2, per_identity=5)
     out = tmp_path / "faces.lst"
-    listing = make_listing(scan_tree(tmp_path / "faces"), chunks=2, test_ratio=0.2)
+    listing = make_listing(walk_tree(tmp_path / "faces"), chunks=2, test_ratio=0.2)
     write_lists(listing, out)
     written = sorted(p.name for p in tmp_path.iterdir() if p.is_file())
     assert written == [
@@ -488,7 +488,7 @@ def test_split_lists_share_one_label_map_that_each_finds(tmp_path):
 
 def test_write_lists_to_a_stream_writes_the_label_map_only_when_asked(tmp_path):
     face_tree(tmp_path / "faces", identities=2, per_identity=1)
-    listing = make_listing(scan_tree(tmp_path / "faces"))
+    listing = make_listing(walk_tree(tmp_path / "faces"))
     stream = io.BytesIO()
     write_lists(listing, stream)
     assert stream.getvalue() == b"0\t0\tid0/00.jpg\n1\t1\tid1/00.jpg\n"
@@ -501,7 +501,7 @@ def test_write_lists_to_a_stream_writes_the_label_map_only_when_asked(tmp_path):
 def test_a_stream_takes_no_split(tmp_path):
     face_tree(tmp_path, identities=2, per_identity=2)
     with pytest.raises(UsageError, match=r"OUT - \(standard output\) takes a single list"):
-        write_lists(make_listing(scan_tree(tmp_path), chunks=2), io.BytesIO())
+        write_lists(make_listing(walk_tree(tmp_path), chunks=2), io.BytesIO())
 
 
 def test_an_unwritable_output_is_a_listing_error(tmp_path):
@@ -518,7 +518,7 @@ def test_list_images_refuses_a_tree_without_images(tmp_path):
     assert not (tmp_path / "x.lst").exists()
 
 
-def test_list_images_checks_options_before_scanning(tmp_path):
+def test_list_images_checks_options_before_walking(tmp_path):
     with pytest.raises(UsageError):
         list_images(tmp_path / "does-not-exist", tmp_path / "x.lst", seed=3)
     with pytest.raises(UsageError):
@@ -531,7 +531,7 @@ def test_listing_errors_are_rectool_errors():
 
 def test_summary_counts_every_reason(mixed):
     root, _ = mixed
-    listing = make_listing(scan_tree(root))
+    listing = make_listing(walk_tree(root))
     summary = listing.summary()
     assert summary["images"] == len(MIXED_TREE_IMAGES)
     assert summary["identities"] == len(MIXED_TREE_IDENTITIES)
@@ -602,13 +602,13 @@ def test_any_file_name_is_listed_exactly_or_counted(tmp_path_factory, file_names
     identity.mkdir()
     for name in file_names:
         (identity / (name + ".jpg")).write_bytes(b"x")
-    scan = scan_tree(root, threads=2)
-    listed = [p for i in scan.identities for p in i.images]
+    walk = walk_tree(root, threads=2)
+    listed = [p for i in walk.identities for p in i.images]
     on_disk = sorted("id/" + n + ".jpg" for n in file_names)
     hidden = [p for p in on_disk if p.startswith("id/.")]
     bad = [p for p in on_disk if p not in hidden and not is_writable_path(p[3:])]
     assert sorted(listed) == sorted(set(on_disk) - set(hidden) - set(bad))
-    assert scan.skipped["hidden"] == hidden and sorted(scan.skipped["unwritable_name"]) == bad
+    assert walk.skipped["hidden"] == hidden and sorted(walk.skipped["unwritable_name"]) == bad
     for path in listed:
         assert (root / path).read_bytes() == b"x"
         assert format_list_line(0, 0, path).split("\t")[2][:-1] == path
@@ -644,7 +644,7 @@ def scan_with_latency(monkeypatch, root, seconds, **options):
     monkeypatch.setattr(listing_module.os, "scandir", slow_scandir)
     monkeypatch.setattr(listing_module, "_run", spy_run)
     monkeypatch.setattr(listing_module, "listing_clock", lambda: now[0])
-    return scan_tree(root, **options), pooled
+    return walk_tree(root, **options), pooled
 
 
 def test_default_threads_start_when_folders_list_slowly(tmp_path, monkeypatch):

@@ -25,6 +25,7 @@ import pytest
 from click.testing import CliRunner
 from handmade import MAGIC, write_insightface, write_pack
 from imagefiles import jpeg_bytes, write_list
+from recfiles import make_pack
 
 from rectool.cli import cli
 from rectool.listfile import write_label_map
@@ -297,6 +298,15 @@ def test_insightface_folder(tmp_path):
     assert html.summary()["Identities"] == info["identities"] == 3
     assert html.rows("summary-table")[2] == ["Layout", "insightface"]
     assert "No manifest" in "".join(html.text)
+
+
+def test_label_vectors_are_said_beside_the_layout(tmp_path):
+    pack = make_pack(tmp_path, pack_label=True)
+    out = tmp_path / "r.html"
+    result = invoke("report", pack.manifest, "-o", out)
+    assert result.exit_code == 0, result.output
+    html = parse(out.read_text())
+    assert html.rows("summary-table")[2] == ["Layout", "images, label vectors"]
 
 
 def test_missing_failures_file_is_said_on_the_page(pack, tmp_path):

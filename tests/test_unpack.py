@@ -9,8 +9,15 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from imagefiles import encode, image_array, write_list, write_pack_tree
-from recfiles import MAGIC, NAMES, make_pack
+from imagefiles import encode, image_array, jpeg_bytes, write_list, write_pack_tree
+from recfiles import (
+    MAGIC,
+    NAMES,
+    image_payload,
+    label_vector_payload,
+    make_pack,
+    write_records,
+)
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
@@ -62,7 +69,7 @@ def test_insightface_layout_unpacks_only_images(tmp_path):
         for n, (_, label, rel) in enumerate(pack.items, start=1)
     }
     assert tree_files(tmp_path / "back") == expected
-    assert result.images == 12
+    assert (result.layout, result.images) == ("insightface", 12)
 
 
 def test_sharded_pack(tmp_path):
@@ -120,3 +127,22 @@ def test_cli(tmp_path):
     result = invoke("unpack", pack.manifest, tmp_path / "back")
     assert result.exit_code == 1
     assert "exists; unpack into an empty folder" in result.stderr
+
+
+def test_insightface_image_key_missing_from_the_index_is_an_error(tmp_path):
+    rec, idx = tmp_path / "train.rec", tmp_path / "train.idx"
+    write_records(
+        rec,
+        idx,
+        [
+            (1, image_payload(jpeg_bytes(1), 0.0, 1)),  # key 2, an image of identity 0, is gone
+            (3, label_vector_payload([1.0, 3.0], 3)),
+            (0, label_vector_payload([3.0, 4.0], 0, id2=1)),
+        ],
+    )
+    with pytest.raises(RectoolError) as caught:
+        unpack_dataset(rec, tmp_path / "back")
+    assert str(caught.value) == (
+        f"{idx}: key 2 is not in the index, but record 0 says image keys up to 2 exist"
+    )
+    assert not (tmp_path / "back").exists()

@@ -66,7 +66,7 @@ def test_sound_pack_by_manifest_prefix_and_rec(pack):
         report = verify_dataset(target)
         assert report.sound, report.problems
         assert (report.records, report.images, report.checksums) == (12, 12, 3)
-        assert report.layouts == ["plain"]
+        assert report.layouts == ["images"]
         assert report.rec_bytes == pack.size
 
 
@@ -387,7 +387,7 @@ def test_record_shorter_than_a_header(tmp_path):
     )
 
 
-def test_multi_label_layout(tmp_path):
+def test_label_vectors_are_the_images_layout(tmp_path):
     rec, idx = tmp_path / "m.rec", tmp_path / "m.idx"
     write_records(
         rec,
@@ -399,7 +399,7 @@ def test_multi_label_layout(tmp_path):
     )
     report = verify_dataset(rec)
     assert report.sound, report.problems
-    assert report.layouts == ["multi-label"]
+    assert report.layouts == ["images"]
 
 
 # -- the manifest ---------------------------------------------------------------------------------
@@ -574,10 +574,40 @@ def test_manifest_says_insightface_but_record_0_has_no_label_pair(tmp_path):
     report = verify_dataset(pack.manifest)
     assert found(report)[0] == ("insightface-header", pack.r, 0, offset)
     assert report.problems[0].message == (
-        "the manifest says layout insightface, but there is no record 0 with flag 2"
+        "the manifest says layout insightface, but record 0 is not its header (flag 2, no image "
+        "bytes, whole-number labels [N+1, N+1+K], key 1 with one label): it has flag 0, 8 image "
+        "bytes, label 0.0; key 1 has flag 0"
     )
+    assert report.layouts == ["images"]  # as the reader reads it
     assert ("checksum-mismatch", pack.r, None, None) in found(report)
     assert ("record-checksum-mismatch", pack.r, 0, offset) in found(report)
+
+
+def test_manifest_says_insightface_but_record_0_labels_are_not_key_numbers(tmp_path):
+    pack = make_pack(tmp_path, layout="insightface")
+    key, offset = pack.lines[-1]
+    assert key == 0
+    set_bytes(pack.rec, offset + 8 + 24, struct.pack("<f", 12.5))  # first label 13 -> 12.5
+    report = verify_dataset(pack.manifest)
+    assert found(report)[0] == ("insightface-header", pack.r, 0, offset)
+    assert report.problems[0].message == (
+        "the manifest says layout insightface, but record 0 is not its header (flag 2, no image "
+        "bytes, whole-number labels [N+1, N+1+K], key 1 with one label): it has flag 2, 0 image "
+        "bytes, labels [12.5, 16.0]; key 1 has flag 0"
+    )
+    assert report.layouts == ["images"]
+
+
+def test_manifest_says_images_over_an_insightface_header(tmp_path):
+    pack = make_pack(tmp_path, layout="insightface")
+    manifest = json.loads(pack.manifest.read_text())
+    pack.manifest.write_text(json.dumps({**manifest, "layout": "images"}))
+    report = verify_dataset(pack.manifest)
+    assert found(report) == [("manifest", str(pack.manifest), None, None)]
+    assert report.problems[0].message == (
+        f"says layout images, but {pack.rec} has an insightface header record 0"
+    )
+    assert report.layouts == ["insightface"]
 
 
 # -- decoding -------------------------------------------------------------------------------------
@@ -694,7 +724,7 @@ def test_cli_sound_exit_0(pack):
     assert result.exit_code == 0, result.output
     first, second = result.stderr.splitlines()
     assert first.startswith(
-        f"Verified {pack.manifest}: 12 records (12 images) in 1 shard, 0.0 MB, layout plain; "
+        f"Verified {pack.manifest}: 12 records (12 images) in 1 shard, 0.0 MB, layout images; "
         "3 checksums compared ("
     )
     assert second == "Sound: no problems found."

@@ -66,7 +66,7 @@ def test_verify_passes_on_mxnet_file_with_split_records(mxnet_split):
     assert result.exit_code == 0, result.output
     report = verify_dataset(rec)
     assert report.sound
-    assert (report.records, report.images, report.layouts) == (6, 6, ["plain"])
+    assert (report.records, report.images, report.layouts) == (6, 6, ["images"])
 
 
 def test_reindex_reproduces_mxnet_idx(mxnet_split, tmp_path):
@@ -82,7 +82,7 @@ def test_unpack_and_info_on_mxnet_file(mxnet_split, tmp_path):
     for key, image in enumerate(images):
         assert (tmp_path / "out" / str(key % 3) / f"{key}.jpg").read_bytes() == image
     info = dataset_info(rec)
-    assert (info["records"], info["identities"], info["layout"]) == (6, 3, "plain")
+    assert (info["records"], info["identities"], info["layout"]) == (6, 3, "images")
 
 
 def test_mxnet_reads_an_index_recovered_from_a_damaged_file(mxnet_split, tmp_path):

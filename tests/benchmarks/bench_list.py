@@ -76,7 +76,7 @@ def time_scan_with_latency(root, threads, latency=0.001):
     listing_module.os.scandir = slow_scandir
     try:
         start = time.perf_counter()
-        listing_module.scan_tree(root, threads=threads)
+        listing_module.walk_tree(root, threads=threads)
         return time.perf_counter() - start
     finally:
         listing_module.os.scandir = real
