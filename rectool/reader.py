@@ -345,7 +345,7 @@ def read_manifest(path):
             f"{path}: manifest format version {version} is newer than this reader "
             f"understands ({MANIFEST_VERSION}); upgrade rectool"
         )
-    check(layout in (None, "plain", *DATASET_LAYOUTS), "layout", f"one of {DATASET_LAYOUTS}")
+    check(layout in (None, *DATASET_LAYOUTS), "layout", f"one of {DATASET_LAYOUTS}")
     identities = doc.get("identities", {})
     check(isinstance(identities, (dict, list, type(None))), "identities", "an object or a list")
     check(isinstance(doc.get("shards"), list), "shards", "a list of {rec, idx, ...} objects")
@@ -575,10 +575,19 @@ class RecordDataset:
             shard_of = np.repeat(
                 np.arange(n, dtype=np.min_scalar_type(n)), [len(k) for k, _ in indexes]
             )
-            layout = layout or (self.manifest or {}).get("layout")
-            ranges = (
-                None if layout == "images" else self._insightface(keys, offsets, shard_of, layout)
-            )
+            # An explicit layout= decides; a manifest's claim is checked against record 0.
+            claim = layout or (self.manifest or {}).get("layout")
+            ranges = None if layout == "images" else self._insightface(keys, offsets, shard_of)
+            if ranges is None and claim == "insightface":
+                raise RecordFormatError(
+                    "record 0 is not an insightface header (flag 2, no image bytes, labels "
+                    "[first identity key, end key])", self.shards[0][0], key=0,
+                )  # fmt: skip
+            if ranges is not None and claim == "images":
+                raise RecordFormatError(
+                    "the manifest says layout images, but record 0 is an insightface header "
+                    "(open with layout='images' to read it as images)", self.shards[0][0], key=0,
+                )  # fmt: skip
         finally:
             self.close()
         if ranges is not None:
@@ -594,18 +603,12 @@ class RecordDataset:
             self._bounds = np.searchsorted(shard_of, np.arange(len(self.shards) + 1)).tolist()
         keys.flags.writeable = offsets.flags.writeable = False
 
-    def _insightface(self, keys, offsets, shard_of, layout):
+    def _insightface(self, keys, offsets, shard_of):
         def read(line):
             rf, offset = self._files[int(shard_of[line])], int(offsets[line])
             return unpack_header(rf.read_at(offset, int(keys[line])), rf.path, offset)
 
-        ranges = insightface_header(read, keys)
-        if ranges is None and layout == "insightface":
-            raise RecordFormatError(
-                "record 0 is not an insightface header (flag 2, no image bytes, labels [first "
-                "identity key, end key])", self.shards[0][0], key=0,
-            )  # fmt: skip
-        return ranges
+        return insightface_header(read, keys)
 
     def close(self):
         """Release this process's mappings (they reopen on the next read)."""

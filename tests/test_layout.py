@@ -11,7 +11,7 @@ from imagefiles import jpeg_bytes
 from recfiles import image_payload, label_vector_payload, write_records
 
 from rectool.info import dataset_info
-from rectool.reader import open_dataset
+from rectool.reader import RecordFormatError, open_dataset
 from rectool.report import ReportOptions, build_report
 from rectool.unpack import unpack_dataset
 from rectool.verify import verify_dataset
@@ -99,3 +99,19 @@ def test_every_reader_sees_the_same_layout(tmp_path, case, ask):
     rec, idx = tmp_path / "train.rec", tmp_path / "train.idx"
     write_records(rec, idx, records(tmp_path))
     assert ask(rec, tmp_path) == (layout, images)
+
+
+def test_a_manifest_that_says_images_over_an_insightface_header_is_refused(tmp_path):
+    # The reader applies the rule even when the manifest claims a layout: record 0 here is a
+    # header (it would otherwise be read as a sample with an empty image), so the claim is
+    # wrong. An explicit layout="images" still reads every record as it is.
+    from handmade import write_insightface, write_manifest
+
+    write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 1], jpeg_bytes)
+    entry = {"rec": "f.rec", "idx": "f.idx", "records": 6}
+    write_manifest(tmp_path / "f", [entry], "images")
+    with pytest.raises(RecordFormatError, match="manifest says layout images, but record 0"):
+        open_dataset(tmp_path / "f.manifest.json")
+    assert len(open_dataset(tmp_path / "f.manifest.json", layout="images")) == 6
+    (tmp_path / "f.manifest.json").unlink()
+    assert len(open_dataset(tmp_path / "f.rec")) == 3  # the rule alone: insightface
