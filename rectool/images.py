@@ -325,13 +325,61 @@ def _reduction(data, transform):
 
 
 def decode_image(data, transform):
-    """Decode with the colour mode of `transform`, at reduced scale when a resize allows it."""
-    check_container(data)
+    """Decode with the colour mode of `transform`, at reduced scale when a resize allows it.
+
+    A JPEG is refused when libjpeg-turbo reports its data corrupt (`check_jpeg_data`), so a
+    damaged image is never re-encoded into a sound-looking one.
+    """
+    kind = check_container(data)
     factor = _reduction(data, transform)
+    if kind == "jpeg" and transform.color != -1:
+        if _has_exif(data):
+            check_jpeg_data(data)  # then OpenCV decodes: it applies the EXIF orientation
+        else:
+            image = _decode_jpeg_checked(data, transform.color, factor)
+            if image is not None:
+                return image
     if factor > 1:
         table = _REDUCED_COLOR if transform.color == 1 else _REDUCED_GRAY
         return _decode(data, getattr(cv2, table[factor]))
     return _decode(data, getattr(cv2, _COLOR_FLAGS[transform.color]))
+
+
+def _decode_jpeg_checked(data, color, factor):
+    """Decode a JPEG as OpenCV's `IMREAD_(REDUCED_)COLOR/GRAYSCALE` would, pixel for pixel (both
+    are libjpeg-turbo with its default IDCT and upsampling), refusing corrupt data; None when
+    simplejpeg cannot judge the file (OpenCV decodes it then)."""
+    import simplejpeg
+
+    try:
+        height, width, _, _ = simplejpeg.decode_jpeg_header(data, strict=True)
+        image = simplejpeg.decode_jpeg(
+            data,
+            "BGR" if color == 1 else "GRAY",
+            min_height=-(-height // factor),
+            min_width=-(-width // factor),
+            min_factor=factor,
+            strict=True,
+        )
+    except ValueError as exc:
+        message = str(exc).strip()
+        if message.startswith(_CORRUPT_JPEG_WARNINGS):
+            raise ImageRefused(f"corrupt JPEG data (libjpeg-turbo: {message[:120]})") from None
+        return None
+    return image if color == 1 else image[:, :, 0]
+
+
+def _has_exif(data):
+    """Return True when a JPEG has an Exif segment before its scan (it may rotate the image)."""
+    i, n = 2, len(data)
+    while i + 10 <= n and data[i] == 0xFF:
+        marker = data[i + 1]
+        if marker == 0xDA:
+            return False
+        if marker == 0xE1 and data[i + 4 : i + 10] == b"Exif\0\0":
+            return True
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return False
 
 
 def apply_transform(image, transform):

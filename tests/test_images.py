@@ -20,7 +20,9 @@ from rectool.images import (
     ImageRefused,
     Transform,
     check_image,
+    decode_image,
     inspect_image,
+    reencode_image,
     transform_from_options,
 )
 
@@ -224,3 +226,57 @@ def test_reencoding_options_that_do_not_fit_name_the_option(options, message):
     with pytest.raises(UsageError) as error:
         transform_from_options(**options)
     assert str(error.value).startswith(message)
+
+
+# -- re-encoding decodes through the strict check -------------------------------------------------
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+@pytest.mark.parametrize("transform", [Transform(resize=40), Transform(color=0), Transform()])
+def test_reencoding_refuses_damaged_scans(damage, transform):
+    with pytest.raises(ImageRefused, match=r"^corrupt JPEG data \(libjpeg-turbo: "):
+        reencode_image(DAMAGES[damage](good_jpeg()), transform)
+
+
+REDUCED = {
+    (1, 1): cv2.IMREAD_COLOR,
+    (1, 2): cv2.IMREAD_REDUCED_COLOR_2,
+    (1, 4): cv2.IMREAD_REDUCED_COLOR_4,
+    (1, 8): cv2.IMREAD_REDUCED_COLOR_8,
+    (0, 1): cv2.IMREAD_GRAYSCALE,
+    (0, 2): cv2.IMREAD_REDUCED_GRAYSCALE_2,
+    (0, 4): cv2.IMREAD_REDUCED_GRAYSCALE_4,
+    (0, 8): cv2.IMREAD_REDUCED_GRAYSCALE_8,
+}
+
+
+@pytest.mark.parametrize(("color", "factor"), sorted(REDUCED))
+@pytest.mark.parametrize(
+    "params",
+    [[], [cv2.IMWRITE_JPEG_PROGRESSIVE, 1], [cv2.IMWRITE_JPEG_SAMPLING_FACTOR, 0x111111]],
+    ids=["baseline", "progressive", "4:4:4"],
+)
+def test_reencoding_decodes_to_opencvs_pixels(color, factor, params):
+    # 448x301: resize 37 lets the decode reduce by `factor` (shorter side 301 // factor >= 37).
+    data = cv2.imencode(".jpg", image_array(3, 301, 448), params)[1].tobytes()
+    resize = {1: 0, 2: 150, 4: 75, 8: 37}[factor]
+    image = decode_image(data, Transform(resize=resize, color=color))
+    assert np.array_equal(image, decoded(data, REDUCED[color, factor]))
+
+
+def test_an_exif_orientation_is_applied_as_opencv_applies_it():
+    # OpenCV rotates by the EXIF orientation; the strict decoder does not, so such a file is
+    # checked by it and decoded by OpenCV.
+    buffer = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    Image.fromarray(image_array(4, 60, 100)).save(buffer, "JPEG", exif=exif.tobytes())
+    data = buffer.getvalue()
+    image = decode_image(data, Transform(color=1))
+    assert image.shape == (100, 60, 3)  # turned upright
+    assert np.array_equal(image, decoded(data, cv2.IMREAD_COLOR))
+    reduced = decode_image(data, Transform(resize=30))
+    assert np.array_equal(reduced, decoded(data, cv2.IMREAD_REDUCED_COLOR_2))
+    damaged = DAMAGES["cut-with-eoi"](data)
+    with pytest.raises(ImageRefused, match="corrupt JPEG data"):
+        decode_image(damaged, Transform(resize=30))
