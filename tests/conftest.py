@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hypothesis import settings
 
-# Test helpers (oracle.py, trees.py) are imported as top-level modules.
+# Test helpers are imported as the package `helpers` (tests/helpers/).
 sys.path.insert(0, str(Path(__file__).parent))
 
 # Property tests draw the same examples on every run, so a CI run never fails on an example

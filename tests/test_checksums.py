@@ -14,8 +14,8 @@ import zlib
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import write_list, write_pack_tree
-from recfiles import idx_lines, image_payload, make_pack, write_records, xor_byte
+from helpers.image_files import write_list, write_pack_tree
+from helpers.rec_files import idx_lines, image_payload, make_pack, write_records, xor_byte
 
 from rectool.cli import cli
 from rectool.errors import RectoolError

@@ -8,7 +8,7 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from trees import (
+from helpers.image_trees import (
     MIXED_TREE_IDENTITIES,
     MIXED_TREE_IMAGES,
     MIXED_TREE_SKIPPED,

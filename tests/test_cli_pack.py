@@ -6,7 +6,7 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import write_list, write_pack_tree
+from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
 from rectool.reader import unpack_header

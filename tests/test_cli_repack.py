@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from handmade import write_insightface, write_pack
-from imagefiles import jpeg_bytes
+from helpers.handmade_datasets import write_insightface, write_pack
+from helpers.image_files import jpeg_bytes
 
 from rectool.cli import cli
 from rectool.reader import open_dataset

@@ -6,8 +6,8 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from handmade import MAGIC, write_insightface, write_pack
-from imagefiles import jpeg_bytes
+from helpers.handmade_datasets import MAGIC, write_insightface, write_pack
+from helpers.image_files import jpeg_bytes
 
 from rectool.cli import cli
 from rectool.dali import write_dali_index

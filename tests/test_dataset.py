@@ -1,8 +1,8 @@
 """The dataset API of the reader: open_dataset, RecordDataset, decoding, labels, pickling.
 
 Runs against `rectool.reader`, and through tests/test_emit.py against the emitted standalone
-copy in a process where rectool cannot be imported (see reader_module.py). Datasets are
-written by hand (handmade.py), never by rectool.
+copy in a process where rectool cannot be imported (see helpers/reader_under_test.py). Datasets are
+written by hand (helpers/handmade_datasets.py), never by rectool.
 """
 
 from __future__ import annotations
@@ -19,9 +19,16 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from handmade import MAGIC, image_record, write_insightface, write_manifest, write_pack, write_shard
-from imagefiles import jpeg_bytes
-from reader_module import EMITTED, rd
+from helpers.handmade_datasets import (
+    MAGIC,
+    image_record,
+    write_insightface,
+    write_manifest,
+    write_pack,
+    write_shard,
+)
+from helpers.image_files import jpeg_bytes
+from helpers.reader_under_test import EMITTED, rd
 
 
 def images(n, start=0):

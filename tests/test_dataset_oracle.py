@@ -11,8 +11,8 @@ import subprocess
 
 import numpy as np
 import pytest
-from imagefiles import write_list, write_pack_tree
-from oracle import im2rec_path, oracle_python, run_mxnet
+from helpers.image_files import write_list, write_pack_tree
+from helpers.mxnet_oracle import im2rec_path, oracle_python, run_mxnet
 
 from rectool.packing import PackOptions, pack_images
 from rectool.reader import open_dataset

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import simplejpeg
 from click.testing import CliRunner
-from damaged import DAMAGES, good_jpeg, scan_start
-from imagefiles import encode, image_array, jpeg_bytes, write_list
+from helpers.damaged_jpegs import DAMAGES, good_jpeg, scan_start
+from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from PIL import Image
 
 from rectool.cli import cli

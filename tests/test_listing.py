@@ -8,9 +8,7 @@ import string
 import unicodedata
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from trees import (
+from helpers.image_trees import (
     MIXED_TREE_IDENTITIES,
     MIXED_TREE_IMAGES,
     MIXED_TREE_SKIPPED,
@@ -19,6 +17,8 @@ from trees import (
     make_mixed_tree,
     make_tree,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rectool import listing as listing_module
 from rectool.errors import ListingError, RectoolError, UsageError

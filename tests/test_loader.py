@@ -1,7 +1,8 @@
 """rectool.loader: decoded batches in order, bad samples, sizes, ranks, shared memory, torch.
 
-Packs are written by hand (handmade.py) and every expected pixel comes from cv2.imdecode of
-the image bytes the test wrote, so nothing expected is computed by the loader or the reader.
+Packs are written by hand (helpers/handmade_datasets.py) and every expected pixel comes from
+cv2.imdecode of the image bytes the test
+wrote, so nothing expected is computed by the loader or the reader.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import signal
 import cv2
 import numpy as np
 import pytest
-from handmade import write_pack
-from imagefiles import encode, image_array, jpeg_bytes
+from helpers.handmade_datasets import write_pack
+from helpers.image_files import encode, image_array, jpeg_bytes
 
 from rectool.loader import BatchDecoder, Loader, crop_box, jpeg_size, reduction_factor
 from rectool.reader import RecordFormatError, RectoolError, open_dataset

@@ -12,7 +12,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import write_list, write_pack_tree
+from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
 from rectool.errors import RectoolError, UsageError

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import write_list, write_pack_tree
+from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
@@ -272,7 +272,7 @@ OUTSIDE = "outside-root: the path leaves ROOT (--allow-outside-root packs it)"
 
 @pytest.mark.parametrize("mode", REFUSE_ARGS)
 def test_paths_leaving_root_are_refused_unless_allowed(tree, tmp_path, mode):
-    from imagefiles import jpeg_bytes
+    from helpers.image_files import jpeg_bytes
 
     root, _, _ = tree
     secret = tmp_path / "outside" / "secret.jpg"
@@ -291,7 +291,7 @@ def test_paths_leaving_root_are_refused_unless_allowed(tree, tmp_path, mode):
 
 
 def test_rectool_list_never_writes_a_path_that_leaves_root(tmp_path):
-    from imagefiles import jpeg_bytes
+    from helpers.image_files import jpeg_bytes
 
     outside = tmp_path / "outside"
     (outside / "carol").mkdir(parents=True)

@@ -8,7 +8,7 @@ import json
 import cv2
 import numpy as np
 import pytest
-from imagefiles import encode, image_array, jpeg_bytes, write_list, write_pack_tree
+from helpers.image_files import encode, image_array, jpeg_bytes, write_list, write_pack_tree
 
 from rectool.errors import RectoolError, UsageError
 from rectool.images import Transform

@@ -1,8 +1,8 @@
 """Pass-through blocks: the same records and refusals as framing and checking image by image.
 
-Expected bytes come from `tests/handmade.py` (dmlc framing written from FORMAT-NOTES, not from
-rectool), and expected refusals from `check_image` run on each file alone: the block code must
-agree with both, whatever the block boundaries.
+Expected bytes come from `helpers/handmade_datasets.py` (dmlc framing written from FORMAT-NOTES,
+not from rectool), and expected refusals from `check_image` run on each file alone: the block
+code must agree with both, whatever the block boundaries.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 
 import numpy as np
 import pytest
-from handmade import frame, image_record
+from helpers.handmade_datasets import frame, image_record
+from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from imagefiles import encode, image_array, jpeg_bytes, write_list
 
 import rectool.passthrough
 import rectool.shards

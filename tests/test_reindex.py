@@ -8,9 +8,7 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from recfiles import (
+from helpers.rec_files import (
     MAGIC,
     idx_lines,
     image_payload,
@@ -19,6 +17,8 @@ from recfiles import (
     write_records,
     xor_byte,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rectool.cli import cli
 from rectool.errors import RectoolError

@@ -23,8 +23,8 @@ import cv2
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from handmade import MAGIC, write_insightface, write_pack
-from imagefiles import jpeg_bytes, write_list
+from helpers.handmade_datasets import MAGIC, write_insightface, write_pack
+from helpers.image_files import jpeg_bytes, write_list
 
 from rectool.cli import cli
 from rectool.listfile import write_label_map

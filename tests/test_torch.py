@@ -1,7 +1,8 @@
 """The reader under the real torch DataLoader: workers under fork and spawn, ranks, resuming.
 
 Runs against `rectool.reader`, and through tests/test_emit.py against the emitted copy (see
-reader_module.py). Datasets are small and written by hand, so every sample can be checked.
+helpers/reader_under_test.py). Datasets are small and written by hand, so every sample can be
+checked.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import sys
 
 import numpy as np
 import pytest
-from handmade import write_pack
-from imagefiles import jpeg_bytes
-from reader_module import EMITTED, rd
-from training_module import tr
+from helpers.handmade_datasets import write_pack
+from helpers.image_files import jpeg_bytes
+from helpers.reader_under_test import EMITTED, rd
+from helpers.training_under_test import tr
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402

@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
+from helpers.image_files import encode, image_array, write_list, write_pack_tree
+from helpers.rec_files import MAGIC, NAMES, make_pack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from imagefiles import encode, image_array, write_list, write_pack_tree
-from recfiles import MAGIC, NAMES, make_pack
 
 from rectool.cli import cli
 from rectool.errors import RectoolError

@@ -1,6 +1,6 @@
 """`rectool verify`: every kind of damage is caught and named with its file, key and offset.
 
-Expected keys and offsets come from the .idx text and the raw bytes (tests/recfiles.py), never
+Expected keys and offsets come from the .idx text and the raw bytes (helpers/rec_files.py), never
 from the code under test.
 """
 
@@ -14,9 +14,9 @@ import struct
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from damaged import DAMAGES, good_jpeg
-from imagefiles import encode, image_array, jpeg_bytes
-from recfiles import (
+from helpers.damaged_jpegs import DAMAGES, good_jpeg
+from helpers.image_files import encode, image_array, jpeg_bytes
+from helpers.rec_files import (
     idx_lines,
     image_payload,
     label_vector_payload,
