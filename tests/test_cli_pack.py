@@ -14,7 +14,7 @@ from rectool.records import IndexedRecordFile
 
 
 @pytest.fixture
-def tree(tmp_path):
+def tree_with_empty_image(tmp_path):
     root = tmp_path / "tree"
     items = write_pack_tree(root, ["alice", "bob"], 3, extra=[("bob/empty.jpg", b"", 1)])
     return root, write_list(tmp_path / "faces.lst", items), items
@@ -24,8 +24,8 @@ def invoke(*args, input=None):
     return CliRunner().invoke(cli, [str(a) for a in args], input=input)
 
 
-def test_exit_3_when_refusals_exceed_max_failures(tree, tmp_path):
-    root, lst, _ = tree
+def test_exit_3_when_refusals_exceed_max_failures(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     result = invoke("pack", lst, root, tmp_path / "out" / "f")
     assert result.exit_code == 3
     assert result.stderr.splitlines() == [
@@ -37,8 +37,8 @@ def test_exit_3_when_refusals_exceed_max_failures(tree, tmp_path):
     ]
 
 
-def test_exit_0_within_max_failures_and_json_summary(tree, tmp_path):
-    root, lst, _ = tree
+def test_exit_0_within_max_failures_and_json_summary(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     result = invoke("pack", lst, root, tmp_path / "f", "--max-failures", "1", "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
@@ -53,8 +53,8 @@ def test_exit_0_within_max_failures_and_json_summary(tree, tmp_path):
     assert summary["seconds"] >= 0
 
 
-def test_list_from_stdin(tree, tmp_path):
-    root, lst, items = tree
+def test_list_from_stdin(tree_with_empty_image, tmp_path):
+    root, lst, items = tree_with_empty_image
     result = invoke("pack", "-", root, tmp_path / "s", "-q", "--max-failures", "1",
                     input=lst.read_text(encoding="utf-8"))  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -64,8 +64,8 @@ def test_list_from_stdin(tree, tmp_path):
     assert not (tmp_path / "s.stdin.lst").exists()
 
 
-def test_shard_size_accepts_units(tree, tmp_path):
-    root, lst, _ = tree
+def test_shard_size_accepts_units(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     result = invoke(
         "pack", lst, root, tmp_path / "u", "--shard-size", "3KB", "-q", "--max-failures", "1"
     )
@@ -74,8 +74,8 @@ def test_shard_size_accepts_units(tree, tmp_path):
     assert len(list(tmp_path.glob("u-*.rec"))) >= 2
 
 
-def test_pack_label_and_resize_options(tree, tmp_path):
-    root, lst, _ = tree
+def test_pack_label_and_resize_options(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     result = invoke("pack", lst, root, tmp_path / "r", "--resize", "16", "--pack-label", "-q",
                     "--max-failures", "1")  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -99,15 +99,15 @@ def test_pack_label_and_resize_options(tree, tmp_path):
         (["--no-check", "--check", "decode"], "--no-check contradicts --check decode"),
     ],
 )
-def test_usage_errors_exit_2(tree, tmp_path, args, message):
-    root, lst, _ = tree
+def test_usage_errors_exit_2(tree_with_empty_image, tmp_path, args, message):
+    root, lst, _ = tree_with_empty_image
     result = invoke("pack", lst, root, tmp_path / "x", *args)
     assert result.exit_code == 2
     assert message in result.stderr
 
 
-def test_missing_root_and_list(tree, tmp_path):
-    root, lst, _ = tree
+def test_missing_root_and_list(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     result = invoke("pack", lst, tmp_path / "nope", tmp_path / "x")
     assert result.exit_code == 2
     assert "does not exist" in result.stderr
@@ -116,8 +116,8 @@ def test_missing_root_and_list(tree, tmp_path):
     assert result.stderr == f"Error: {tmp_path / 'none.lst'}: list file not found\n"
 
 
-def test_bad_list_line_names_file_and_line(tree, tmp_path):
-    root, _, _ = tree
+def test_bad_list_line_names_file_and_line(tree_with_empty_image, tmp_path):
+    root, _, _ = tree_with_empty_image
     bad = tmp_path / "bad.lst"
     bad.write_text("0\t0\talice/000.jpg\nthis line is wrong\n", encoding="utf-8")
     result = invoke("pack", bad, root, tmp_path / "x")
@@ -127,8 +127,8 @@ def test_bad_list_line_names_file_and_line(tree, tmp_path):
     )
 
 
-def test_existing_output_and_overwrite(tree, tmp_path):
-    root, lst, _ = tree
+def test_existing_output_and_overwrite(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     assert invoke("pack", lst, root, tmp_path / "o", "-q").exit_code == 3
     again = invoke("pack", lst, root, tmp_path / "o", "-q")
     assert again.exit_code == 1
@@ -136,12 +136,14 @@ def test_existing_output_and_overwrite(tree, tmp_path):
     assert invoke("pack", lst, root, tmp_path / "o", "-q", "--overwrite").exit_code == 3
 
 
-def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(tree, tmp_path, monkeypatch):
+def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(
+    tree_with_empty_image, tmp_path, monkeypatch
+):
     import errno
 
     import rectool.shards
 
-    root, lst, _ = tree
+    root, lst, _ = tree_with_empty_image
     real_write = rectool.shards._write_all
 
     def full_disk(fd, data):
@@ -159,8 +161,8 @@ def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(tree, tmp_
     assert (tmp_path / "d.manifest.json").exists()
 
 
-def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tree, tmp_path):
-    root, lst, _ = tree
+def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     result = invoke("pack", lst, root, blocker / "out" / "d")
@@ -220,8 +222,8 @@ def test_a_piped_list_without_a_label_map_says_so(tmp_path):
     assert missing.stderr == "Error: nowhere.tsv: label map not found\n"
 
 
-def test_resume_on_a_complete_pack_says_there_was_nothing_to_do(tree, tmp_path):
-    root, lst, _ = tree
+def test_resume_on_a_complete_pack_says_there_was_nothing_to_do(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     args = ["pack", lst, root, tmp_path / "c", "--max-failures", "1"]
     first = invoke(*args)
     assert first.exit_code == 0, first.output
@@ -235,10 +237,12 @@ def test_resume_on_a_complete_pack_says_there_was_nothing_to_do(tree, tmp_path):
     assert json.loads(invoke(*args, "--resume", "--json").stdout)["outcome"] == "complete"
 
 
-def test_without_dask_the_error_says_how_to_install_it_from_a_checkout(tree, tmp_path, monkeypatch):
+def test_without_dask_the_error_says_how_to_install_it_from_a_checkout(
+    tree_with_empty_image, tmp_path, monkeypatch
+):
     import sys
 
-    root, lst, _ = tree
+    root, lst, _ = tree_with_empty_image
     monkeypatch.setitem(sys.modules, "dask", None)
     monkeypatch.setitem(sys.modules, "dask.distributed", None)
     result = invoke(

@@ -35,16 +35,6 @@ def images(n, start=0):
     return [jpeg_bytes(start + k, 24, 20) for k in range(n)]
 
 
-@pytest.fixture
-def pack(tmp_path):
-    """Three shards of 4, 3 and 5 JPEGs with keys out of order; labels 0.0 .. 11.0."""
-    data = images(12)
-    keys = [40, 3, 17, 8, 100, 5, 6, 7, 1, 0, 9, 2]
-    items = [(key, image, float(n)) for n, (key, image) in enumerate(zip(keys, data))]
-    samples = write_pack(tmp_path / "faces", [items[:4], items[4:7], items[7:]])
-    return tmp_path / "faces", samples
-
-
 def as_pairs(ds):
     return [(image, label) for image, label in ds]
 
@@ -56,8 +46,8 @@ def expected_pairs(samples):
 # --- opening ----------------------------------------------------------------------------------
 
 
-def test_open_by_prefix_manifest_rec_and_shard_list(pack):
-    prefix, samples = pack
+def test_open_by_prefix_manifest_rec_and_shard_list(handmade_shards):
+    prefix, samples = handmade_shards
     shards = [f"{prefix}-{n:05d}.rec" for n in range(3)]
     for source in (prefix, f"{prefix}.manifest.json", shards, [os.fspath(p) for p in shards]):
         ds = rd.open_dataset(source)
@@ -68,8 +58,8 @@ def test_open_by_prefix_manifest_rec_and_shard_list(pack):
     assert as_pairs(one) == expected_pairs(samples[4:7])
 
 
-def test_samples_follow_shards_then_index_lines(pack):
-    prefix, samples = pack
+def test_samples_follow_shards_then_index_lines(handmade_shards):
+    prefix, samples = handmade_shards
     ds = rd.open_dataset(prefix)
     assert ds.keys.tolist() == [s.key for s in samples]
     for i, s in enumerate(samples):
@@ -78,8 +68,8 @@ def test_samples_follow_shards_then_index_lines(pack):
         assert type(ds[i][1]) is float and type(ds[i][0]) is bytes
 
 
-def test_negative_and_numpy_indices(pack):
-    prefix, samples = pack
+def test_negative_and_numpy_indices(handmade_shards):
+    prefix, samples = handmade_shards
     ds = rd.open_dataset(prefix)
     assert ds[-1] == (samples[-1].image, samples[-1].label)
     assert ds[-12] == ds[0]
@@ -87,16 +77,16 @@ def test_negative_and_numpy_indices(pack):
 
 
 @pytest.mark.parametrize("index", [12, 13, -13, 10**12])
-def test_out_of_range_index(pack, index):
-    ds = rd.open_dataset(pack[0])
+def test_out_of_range_index(handmade_shards, index):
+    ds = rd.open_dataset(handmade_shards[0])
     with pytest.raises(rd.SampleIndexError) as caught:
         ds[index]
     assert isinstance(caught.value, IndexError) and isinstance(caught.value, rd.RectoolError)
     assert str(caught.value) == f"sample {index} is out of range: the dataset has 12 samples"
 
 
-def test_non_integer_index(pack):
-    ds = rd.open_dataset(pack[0])
+def test_non_integer_index(handmade_shards):
+    ds = rd.open_dataset(handmade_shards[0])
     with pytest.raises(TypeError):
         ds[1.0]
 
@@ -111,8 +101,8 @@ def test_empty_dataset(tmp_path):
 # --- labels -----------------------------------------------------------------------------------
 
 
-def test_labels_scalar(pack):
-    ds = rd.open_dataset(pack[0])
+def test_labels_scalar(handmade_shards):
+    ds = rd.open_dataset(handmade_shards[0])
     assert ds.labels.dtype == np.float32
     assert ds.labels.tolist() == [float(n) for n in range(12)]
     assert ds.labels is ds.labels  # read once
@@ -120,8 +110,8 @@ def test_labels_scalar(pack):
         ds.labels[0] = 5
 
 
-def test_labels_never_read_image_bytes(pack, monkeypatch):
-    ds = rd.open_dataset(pack[0])
+def test_labels_never_read_image_bytes(handmade_shards, monkeypatch):
+    ds = rd.open_dataset(handmade_shards[0])
 
     def no_reads(*args, **kwargs):
         raise AssertionError("a whole record was read")
@@ -183,8 +173,8 @@ MAGIC_FLOAT = float(np.frombuffer(MAGIC, "<f4")[0])
         ("gray", cv2.IMREAD_GRAYSCALE, None),
     ],
 )
-def test_decode(pack, mode, flag, convert):
-    prefix, samples = pack
+def test_decode(handmade_shards, mode, flag, convert):
+    prefix, samples = handmade_shards
     ds = rd.open_dataset(prefix, decode=mode)
     for i, s in enumerate(samples):
         image, label = ds[i]
@@ -199,14 +189,14 @@ def test_decode(pack, mode, flag, convert):
         assert label == s.label
 
 
-def test_decode_with_a_function(pack):
-    ds = rd.open_dataset(pack[0], decode=len)
-    assert [image for image, _ in ds] == [len(s.image) for s in pack[1]]
+def test_decode_with_a_function(handmade_shards):
+    ds = rd.open_dataset(handmade_shards[0], decode=len)
+    assert [image for image, _ in ds] == [len(s.image) for s in handmade_shards[1]]
 
 
-def test_decode_mode_is_checked(pack):
+def test_decode_mode_is_checked(handmade_shards):
     with pytest.raises(ValueError, match="decode must be None"):
-        rd.open_dataset(pack[0], decode="bgra")
+        rd.open_dataset(handmade_shards[0], decode="bgra")
 
 
 def test_undecodable_image_names_file_offset_and_key(tmp_path):
@@ -223,13 +213,13 @@ def test_undecodable_image_names_file_offset_and_key(tmp_path):
     assert "the 10 image bytes cannot be decoded (they start with b'not a jp')" in str(caught.value)
 
 
-def test_decoding_without_opencv_says_what_to_install(pack, monkeypatch):
+def test_decoding_without_opencv_says_what_to_install(handmade_shards, monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", None)
     monkeypatch.setattr(rd, "_DECODERS", {})
-    ds = rd.open_dataset(pack[0], decode="rgb")
+    ds = rd.open_dataset(handmade_shards[0], decode="rgb")
     with pytest.raises(rd.RectoolError, match="decoding images needs OpenCV"):
         ds[0]
-    assert ds.raw(0)[0] == pack[1][0].image  # undecoded reads need no decoder
+    assert ds.raw(0)[0] == handmade_shards[1][0].image  # undecoded reads need no decoder
 
 
 # --- the insightface layout -------------------------------------------------------------------
@@ -270,9 +260,9 @@ def test_layout_can_be_forced(tmp_path):
         rd.open_dataset(tmp_path / "f.rec", layout="faces")
 
 
-def test_insightface_layout_refused_without_a_header(pack):
+def test_insightface_layout_refused_without_a_header(handmade_shards):
     with pytest.raises(rd.RecordFormatError, match="record 0 is not an insightface header"):
-        rd.open_dataset(pack[0], layout="insightface")
+        rd.open_dataset(handmade_shards[0], layout="insightface")
 
 
 def test_im2rec_pack_label_record_0_is_an_image_not_a_header(tmp_path):
@@ -372,16 +362,16 @@ def test_insightface_images_alternating_between_shards(tmp_path):
 # --- errors -----------------------------------------------------------------------------------
 
 
-def test_missing_rec(pack):
-    prefix, _ = pack
+def test_missing_rec(handmade_shards):
+    prefix, _ = handmade_shards
     os.unlink(f"{prefix}-00001.rec")
     with pytest.raises(rd.RectoolError) as caught:
         rd.open_dataset(prefix)
     assert str(caught.value) == f"{prefix}-00001.rec: record file not found"
 
 
-def test_missing_idx(pack):
-    prefix, _ = pack
+def test_missing_idx(handmade_shards):
+    prefix, _ = handmade_shards
     os.unlink(f"{prefix}-00002.idx")
     with pytest.raises(rd.RectoolError) as caught:
         rd.open_dataset(prefix)
@@ -417,8 +407,8 @@ def test_idx_of_another_file(tmp_path):
     assert "is stale or belongs to another .rec (rebuild it from the .rec)" in str(caught.value)
 
 
-def test_stale_idx_against_the_manifest(pack):
-    prefix, _ = pack
+def test_stale_idx_against_the_manifest(handmade_shards):
+    prefix, _ = handmade_shards
     idx = f"{prefix}-00001.idx"
     with open(idx) as f:
         lines = f.readlines()
@@ -432,8 +422,8 @@ def test_stale_idx_against_the_manifest(pack):
     )
 
 
-def test_rec_changed_after_packing(pack):
-    prefix, _ = pack
+def test_rec_changed_after_packing(handmade_shards):
+    prefix, _ = handmade_shards
     with open(f"{prefix}-00000.rec", "ab") as f:
         f.write(b"\0" * 8)
     with pytest.raises(
@@ -493,8 +483,8 @@ needs_proc = pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="need
 
 
 @needs_proc
-def test_files_open_lazily_one_descriptor_per_shard(pack):
-    prefix, samples = pack
+def test_files_open_lazily_one_descriptor_per_shard(handmade_shards):
+    prefix, samples = handmade_shards
     gc.collect()  # datasets of earlier tests, kept alive by their tracebacks
     before = rec_descriptors()
     ds = rd.open_dataset(prefix)
@@ -513,8 +503,8 @@ def test_files_open_lazily_one_descriptor_per_shard(pack):
     assert rec_descriptors() == before
 
 
-def test_pickle_round_trip_without_open_files(pack):
-    prefix, samples = pack
+def test_pickle_round_trip_without_open_files(handmade_shards):
+    prefix, samples = handmade_shards
     ds = rd.open_dataset(prefix, decode=None)
     assert len(ds.labels) == 12
     list(ds)
@@ -533,8 +523,8 @@ def test_pickle_round_trip_without_open_files(pack):
 
 @needs_proc
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
-def test_forked_child_maps_its_own_files(pack):
-    prefix, samples = pack
+def test_forked_child_maps_its_own_files(handmade_shards):
+    prefix, samples = handmade_shards
     ds = rd.open_dataset(prefix)
     list(ds)  # the parent holds all three shards
     read, write = os.pipe()
@@ -557,8 +547,8 @@ def test_forked_child_maps_its_own_files(pack):
     assert ds[3] == (samples[3].image, samples[3].label)  # the parent's mapping still works
 
 
-def test_threads_read_one_dataset(pack):
-    prefix, samples = pack
+def test_threads_read_one_dataset(handmade_shards):
+    prefix, samples = handmade_shards
     ds = rd.open_dataset(prefix)
     results, errors = {}, []
 
@@ -629,8 +619,8 @@ def edit_manifest(prefix, edit):
 
 
 @pytest.mark.parametrize("name", ["../../x/y.rec", "/etc/hostname", "sub/a.rec", "..", ""])
-def test_manifest_shard_paths_must_be_plain_names_in_its_folder(pack, tmp_path, name):
-    prefix, _ = pack
+def test_manifest_shard_paths_must_be_plain_names_in_its_folder(handmade_shards, tmp_path, name):
+    prefix, _ = handmade_shards
     secret = tmp_path / "secret.rec"
     secret.write_bytes(b"SECRET CONTENTS")
     if name == "/etc/hostname":
@@ -660,31 +650,32 @@ def test_manifest_shard_paths_must_be_plain_names_in_its_folder(pack, tmp_path, 
     ids=["no idx", "rec null", "shards a string", "records a word", "negative size",
          "identities a number", "shard a string", "version a string"],
 )  # fmt: skip
-def test_manifest_fields_are_checked_and_named(pack, edit, field):
-    manifest = edit_manifest(pack[0], edit)
+def test_manifest_fields_are_checked_and_named(handmade_shards, edit, field):
+    manifest = edit_manifest(handmade_shards[0], edit)
     with pytest.raises(rd.RectoolError) as caught:
         rd.open_dataset(manifest)
     assert str(caught.value).startswith(f"{manifest}: manifest field {field!r} must be ")
 
 
-def test_manifest_listing_one_shard_twice_is_refused(pack):
-    manifest = edit_manifest(pack[0], lambda d: d["shards"].append(dict(d["shards"][0])))
+def test_manifest_listing_one_shard_twice_is_refused(handmade_shards):
+    manifest = edit_manifest(handmade_shards[0], lambda d: d["shards"].append(dict(d["shards"][0])))
     with pytest.raises(rd.RectoolError) as caught:
         rd.open_dataset(manifest)
     assert str(caught.value) == (
-        f"{manifest}: manifest lists the shard file {Path(f'{pack[0]}-00000.rec').name!r} twice"
+        f"{manifest}: manifest lists the shard file "
+        f"{Path(f'{handmade_shards.prefix}-00000.rec').name!r} twice"
     )
 
 
-def test_a_shard_given_twice_is_refused(pack):
-    rec = f"{pack[0]}-00000.rec"
+def test_a_shard_given_twice_is_refused(handmade_shards):
+    rec = f"{handmade_shards[0]}-00000.rec"
     with pytest.raises(rd.RectoolError, match="a shard is listed twice"):
         rd.open_dataset([rec, rec])
 
 
 @pytest.mark.parametrize("which", ["rec", "idx", "manifest", "rtc"])
-def test_a_fifo_in_place_of_a_file_is_refused_not_read(pack, which, no_hang):
-    prefix, _ = pack
+def test_a_fifo_in_place_of_a_file_is_refused_not_read(handmade_shards, which, no_hang):
+    prefix, _ = handmade_shards
     path = {
         "rec": f"{prefix}-00001.rec",
         "idx": f"{prefix}-00001.idx",
@@ -702,8 +693,8 @@ def test_a_fifo_in_place_of_a_file_is_refused_not_read(pack, which, no_hang):
     assert str(caught.value).startswith(f"{path}: not a regular file")
 
 
-def test_a_folder_in_place_of_a_rec_is_refused(pack):
-    prefix, _ = pack
+def test_a_folder_in_place_of_a_rec_is_refused(handmade_shards):
+    prefix, _ = handmade_shards
     os.unlink(f"{prefix}-00001.rec")
     os.mkdir(f"{prefix}-00001.rec")
     with pytest.raises(rd.RectoolError, match="00001.rec: not a regular file"):
@@ -723,8 +714,8 @@ def test_an_empty_image_is_a_record_format_error(tmp_path, mode):
     assert "empty image" in str(error)
 
 
-def test_an_empty_index_beside_a_full_rec_is_refused(pack):
-    prefix, _ = pack
+def test_an_empty_index_beside_a_full_rec_is_refused(handmade_shards):
+    prefix, _ = handmade_shards
     Path(f"{prefix}-00001.idx").write_bytes(b"")
     manifest = edit_manifest(prefix, lambda d: d["shards"][1].update(records=None))
     with pytest.raises(rd.RectoolError) as caught:

@@ -14,7 +14,6 @@ from helpers.image_trees import (
     MIXED_TREE_SKIPPED,
     Symlink,
     face_tree,
-    make_mixed_tree,
     make_tree,
 )
 from hypothesis import HealthCheck, given, settings
@@ -48,18 +47,11 @@ def rows_of(listing):
     return [row for rows in listing.lists.values() for row in rows]
 
 
-@pytest.fixture
-def mixed(tmp_path):
-    root = tmp_path / "faces"
-    files = make_mixed_tree(root)
-    return root, files
-
-
 # --- scanning -------------------------------------------------------------------------------
 
 
-def test_scan_lists_identities_in_code_point_order_with_their_images(mixed):
-    root, _ = mixed
+def test_scan_lists_identities_in_code_point_order_with_their_images(mixed_tree):
+    root, _ = mixed_tree
     scan = scan_tree(root)
     assert [identity.name for identity in scan.identities] == MIXED_TREE_IDENTITIES
     assert [
@@ -68,15 +60,15 @@ def test_scan_lists_identities_in_code_point_order_with_their_images(mixed):
     assert scan.image_count == len(MIXED_TREE_IMAGES)
 
 
-def test_scan_counts_every_entry_it_passes_over_by_reason(mixed):
-    root, _ = mixed
+def test_scan_counts_every_entry_it_passes_over_by_reason(mixed_tree):
+    root, _ = mixed_tree
     scan = scan_tree(root)
     assert scan.skipped == MIXED_TREE_SKIPPED
     assert list(scan.skipped) == list(SKIP_REASONS)
 
 
-def test_listed_paths_are_the_files_with_the_exact_bytes_of_their_names(mixed):
-    root, files = mixed
+def test_listed_paths_are_the_files_with_the_exact_bytes_of_their_names(mixed_tree):
+    root, files = mixed_tree
     scan = scan_tree(root)
     for identity in scan.identities:
         for path in identity.images:
@@ -87,8 +79,8 @@ def test_listed_paths_are_the_files_with_the_exact_bytes_of_their_names(mixed):
             assert data == files[target]
 
 
-def test_nfc_and_nfd_spellings_stay_two_distinct_files(mixed):
-    root, _ = mixed
+def test_nfc_and_nfd_spellings_stay_two_distinct_files(mixed_tree):
+    root, _ = mixed_tree
     names = [path for identity in scan_tree(root).identities for path in identity.images]
     nfd, nfc = "José/e\u0301.jpg", "José/é.jpg"
     assert unicodedata.normalize("NFC", nfd) == nfc
@@ -96,8 +88,8 @@ def test_nfc_and_nfd_spellings_stay_two_distinct_files(mixed):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 8, 32])
-def test_scan_result_does_not_depend_on_threads(mixed, threads):
-    root, _ = mixed
+def test_scan_result_does_not_depend_on_threads(mixed_tree, threads):
+    root, _ = mixed_tree
     one = scan_tree(root, threads=1)
     many = scan_tree(root, threads=threads)
     assert many.identities == one.identities
@@ -251,8 +243,8 @@ def test_scan_rejects_zero_threads(tmp_path):
 # --- labels, shuffling, splits, chunks -------------------------------------------------------
 
 
-def test_labels_follow_identity_names_and_indices_follow_output_order(mixed):
-    root, _ = mixed
+def test_labels_follow_identity_names_and_indices_follow_output_order(mixed_tree):
+    root, _ = mixed_tree
     listing = make_listing(scan_tree(root))
     label_of = {name: label for label, name in enumerate(MIXED_TREE_IDENTITIES)}
     assert listing.identities == dict(enumerate(MIXED_TREE_IDENTITIES))
@@ -446,8 +438,8 @@ def test_list_paths_follow_im2rec_names():
     assert list_paths("faces", ["", "_1"]) == {"": "faces", "_1": "faces_1.lst"}
 
 
-def test_write_lists_writes_lines_and_the_label_map(mixed, tmp_path):
-    root, _ = mixed
+def test_write_lists_writes_lines_and_the_label_map(mixed_tree, tmp_path):
+    root, _ = mixed_tree
     out = tmp_path / "out" / "faces.lst"
     out.parent.mkdir()
     listing = write_lists(make_listing(scan_tree(root)), out)
@@ -529,8 +521,8 @@ def test_listing_errors_are_rectool_errors():
     assert issubclass(ListingError, RectoolError)
 
 
-def test_summary_counts_every_reason(mixed):
-    root, _ = mixed
+def test_summary_counts_every_reason(mixed_tree):
+    root, _ = mixed_tree
     listing = make_listing(scan_tree(root))
     summary = listing.summary()
     assert summary["images"] == len(MIXED_TREE_IMAGES)
