@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 
 import pytest
 from click.testing import CliRunner
+from helpers.faults import fail_writes
 from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
@@ -139,23 +141,14 @@ def test_existing_output_and_overwrite(tree_with_empty_image, tmp_path):
 def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(
     tree_with_empty_image, tmp_path, monkeypatch
 ):
-    import errno
-
-    import rectool.shards
-
     root, lst, _ = tree_with_empty_image
-    real_write = rectool.shards._write_all
-
-    def full_disk(fd, data):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(rectool.shards, "_write_all", full_disk)
+    fail_writes(monkeypatch, ".rec.partial", errno.ENOSPC)
     result = invoke("pack", lst, root, tmp_path / "d", "-q", "--max-failures", "1")
     assert result.exit_code == 1
     assert result.stderr == (
         f"Error: {tmp_path / 'd.rec.partial'}: cannot write (No space left on device)\n"
     )
-    monkeypatch.setattr(rectool.shards, "_write_all", real_write)
+    monkeypatch.undo()  # space again
     again = invoke("pack", lst, root, tmp_path / "d", "-q", "--max-failures", "1", "--resume")
     assert again.exit_code == 0, again.output
     assert (tmp_path / "d.manifest.json").exists()

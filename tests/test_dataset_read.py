@@ -7,6 +7,7 @@ are written by hand (helpers/handmade_datasets.py), never by rectool.
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 
 import cv2
@@ -173,9 +174,12 @@ def test_undecodable_image_names_file_offset_and_key(tmp_path):
 
 def test_decoding_without_opencv_says_what_to_install(handmade_shards, monkeypatch):
     monkeypatch.setitem(sys.modules, "cv2", None)
-    monkeypatch.setattr(rd, "_DECODERS", {})
-    ds = rd.open_dataset(handmade_shards[0], decode="rgb")
-    with pytest.raises(rd.RectoolError, match="decoding images needs OpenCV"):
+    # A fresh copy of the module: the one under test may have made its decoders already.
+    spec = importlib.util.spec_from_file_location("reader_without_opencv", rd.__file__)
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)
+    ds = fresh.open_dataset(handmade_shards[0], decode="rgb")
+    with pytest.raises(fresh.RectoolError, match="decoding images needs OpenCV"):
         ds[0]
     assert ds.raw(0)[0] == handmade_shards[1][0].image  # undecoded reads need no decoder
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import string
+import threading
 import unicodedata
 
 import pytest
@@ -618,36 +619,41 @@ def test_printable_ascii_file_names_round_trip_through_the_list(tmp_path):
 
 def scan_with_latency(monkeypatch, root, seconds, **options):
     """Scan with every folder listing under `root` taking `seconds` on the listing clock (a
-    virtual one: no sleeping, whatever the machine's load); return (result, folders pooled)."""
-    real_scandir = os.scandir
-    pooled = []
-    real_run = listing_module._run
+    virtual one: no sleeping, whatever the machine's load); return (result, pools), pools
+    being (thread pool size, folders listed on other threads than this one) per pool made."""
+    real_scandir, real_pool = os.scandir, listing_module.ThreadPoolExecutor
+    caller = threading.get_ident()
+    pools = []
     now = [0.0]
 
     def slow_scandir(path="."):
         if os.fspath(path) != os.fspath(root):
             now[0] += seconds
+            if threading.get_ident() != caller:
+                pools[-1][1] += 1
         return real_scandir(path)
 
-    def spy_run(scanner, folders, threads, merge, report):
-        pooled.append((len(folders), threads))
-        return real_run(scanner, folders, threads, merge, report)
+    def counting_pool(max_workers=None, **kwargs):
+        pools.append([max_workers, 0])
+        return real_pool(max_workers=max_workers, **kwargs)
 
     monkeypatch.setattr(listing_module.os, "scandir", slow_scandir)
-    monkeypatch.setattr(listing_module, "_run", spy_run)
+    monkeypatch.setattr(listing_module, "ThreadPoolExecutor", counting_pool)
     monkeypatch.setattr(listing_module, "listing_clock", lambda: now[0])
-    return scan_tree(root, **options), pooled
+    result = scan_tree(root, **options)
+    return result, [tuple(pool) for pool in pools]
 
 
 def test_default_threads_start_when_folders_list_slowly(tmp_path, monkeypatch):
     face_tree(tmp_path, identities=40, per_identity=1)
-    fast, fast_pool = scan_with_latency(monkeypatch, tmp_path, 0.0)
-    assert fast_pool == []  # a fast disk: all on the calling thread
-    slow, slow_pool = scan_with_latency(monkeypatch, tmp_path, 0.002)
-    assert slow_pool == [(40 - 16, listing_module.default_threads())]
+    fast, fast_pools = scan_with_latency(monkeypatch, tmp_path, 0.0)
+    assert fast_pools == []  # a fast disk: all on the calling thread
+    slow, slow_pools = scan_with_latency(monkeypatch, tmp_path, 0.002)
+    # 16 folders timed on the calling thread, the other 24 listed by the pool.
+    assert slow_pools == [(listing_module.default_threads(), 40 - 16)]
     assert slow.identities == fast.identities
     _, forced = scan_with_latency(monkeypatch, tmp_path, 0.0, threads=3)
-    assert forced == [(40, 3)]
+    assert forced == [(3, 40)]
 
 
 def test_the_label_map_is_written_before_the_first_list_line(tmp_path):

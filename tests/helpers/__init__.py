@@ -7,6 +7,7 @@
 - image_trees: identity-per-folder trees with symlinks, FIFOs and odd names (list, scan).
 - damaged_jpegs: valid JPEGs damaged inside their entropy-coded scan.
 - framing_cases: record payloads covering every corner of dmlc's framing.
+- faults: os.write failing or lagging for the named files only (a full disk, a slow one).
 - mxnet_oracle: run code under the real MXNet 1.9.1 in its own virtual environment.
 - reader_under_test / training_under_test: rectool's reader/training module, or the emitted
   standalone copy named by RECTOOL_EMITTED_READER / RECTOOL_EMITTED_TRAINING.
