@@ -78,14 +78,18 @@ def test_overwrites_an_older_copy(tmp_path):
 def test_refuses_to_overwrite_rectools_own_reader():
     result = invoke("reader", "-o", reader.__file__)
     assert result.exit_code == 2
-    assert "is rectool's own reader.py; choose another output path" in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {reader.__file__} is rectool's own reader.py; choose another output path"
+    )
     assert Path(reader.__file__).read_text(encoding="utf-8") == SOURCE
 
 
 def test_refuses_a_folder(tmp_path):
     result = invoke("reader", "-o", tmp_path)
     assert result.exit_code == 2
-    assert "is a directory" in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: Invalid value for '--output' / '-o': File '{tmp_path}' is a directory."
+    )
 
 
 def test_unwritable_path(tmp_path):
