@@ -3,11 +3,17 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
+import pytest
 from hypothesis import settings
 
-# Test helpers (oracle.py, trees.py) are imported as top-level modules.
+# Test helpers are imported as the package `helpers` (tests/helpers/).
 sys.path.insert(0, str(Path(__file__).parent))
+
+from helpers.handmade_datasets import write_pack  # noqa: E402
+from helpers.image_files import jpeg_bytes, write_list, write_pack_tree  # noqa: E402
+from helpers.image_trees import make_mixed_tree  # noqa: E402
 
 # Property tests draw the same examples on every run, so a CI run never fails on an example
 # no earlier run drew; explore new ones by hand with HYPOTHESIS_PROFILE=explore. No deadline:
@@ -15,3 +21,66 @@ sys.path.insert(0, str(Path(__file__).parent))
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True)
 settings.register_profile("explore", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# --- Shared fixtures: each name means one thing across the suite. -----------------------------
+# Nothing here imports rectool at module level: tests/test_emit.py runs the dataset, torch and
+# training suites where `import rectool` fails.
+
+
+class PackTree(NamedTuple):
+    """A tree of real JPEGs and the .lst that lists it."""
+
+    root: Path
+    list_path: Path
+    items: list  # (index, label, relative path) as written to the list
+
+
+class HandmadeShards(NamedTuple):
+    """A pack written by hand (no rectool): its prefix and its samples in reading order."""
+
+    prefix: Path
+    samples: list
+
+
+class MixedTree(NamedTuple):
+    """helpers.image_trees.MIXED_TREE built under tmp_path: its root and the files made."""
+
+    root: Path
+    files: object
+
+
+@pytest.fixture
+def small_tree(tmp_path):
+    """alice, bob and carol with 4 JPEGs of 40x32 each, and tmp_path/faces.lst listing them."""
+    root = tmp_path / "tree"
+    items = write_pack_tree(root, ["alice", "bob", "carol"], 4)
+    return PackTree(root, write_list(tmp_path / "faces.lst", items), items)
+
+
+@pytest.fixture
+def small_pack(tmp_path):
+    """helpers.rec_files.make_pack: alice, bob, carol x 4 JPEGs packed by rectool (images
+    layout, label map, manifest, .rec.crc), described by hand (rec, idx, manifest, lines...)."""
+    from helpers.rec_files import make_pack  # imports rectool
+
+    return make_pack(tmp_path)
+
+
+@pytest.fixture
+def handmade_shards(tmp_path):
+    """Three shards of 4, 3 and 5 JPEGs of 24x20 with keys out of order; labels 0.0 .. 11.0.
+
+    Written by hand (helpers.handmade_datasets), prefix tmp_path/faces, with a manifest.
+    """
+    keys = [40, 3, 17, 8, 100, 5, 6, 7, 1, 0, 9, 2]
+    items = [(key, jpeg_bytes(n, 24, 20), float(n)) for n, key in enumerate(keys)]
+    samples = write_pack(tmp_path / "faces", [items[:4], items[4:7], items[7:]])
+    return HandmadeShards(tmp_path / "faces", samples)
+
+
+@pytest.fixture
+def mixed_tree(tmp_path):
+    """MIXED_TREE (odd names, symlinks, a FIFO, skipped files) under tmp_path/faces."""
+    root = tmp_path / "faces"
+    return MixedTree(root, make_mixed_tree(root))

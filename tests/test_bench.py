@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from imagefiles import write_list, write_pack_tree
+from helpers.image_files import write_list, write_pack_tree
 
 from rectool.bench import bench_dataset
 from rectool.cli import cli

@@ -14,8 +14,8 @@ import zlib
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import write_list, write_pack_tree
-from recfiles import idx_lines, image_payload, make_pack, write_records, xor_byte
+from helpers.image_files import write_list, write_pack_tree
+from helpers.rec_files import idx_lines, image_payload, make_pack, write_records, xor_byte
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
@@ -47,17 +47,12 @@ def expected_table(rec, idx):
     return [(o, e - o, zlib.crc32(data[o:e])) for o, e in zip(offsets, ends)]
 
 
-@pytest.fixture
-def pack(tmp_path):
-    return make_pack(tmp_path)
-
-
-def test_pack_writes_a_checksum_per_record_and_names_the_file(pack):
-    crc = pack.rec.with_name("faces.rec.crc")
+def test_pack_writes_a_checksum_per_record_and_names_the_file(small_pack):
+    crc = small_pack.rec.with_name("faces.rec.crc")
     header, entries = crc_table(crc)
     assert header == (b"RTCRC32\n", 1, 0, 12)
-    assert entries == expected_table(pack.rec, pack.idx)
-    entry = json.loads(pack.manifest.read_text())["shards"][0]
+    assert entries == expected_table(small_pack.rec, small_pack.idx)
+    entry = json.loads(small_pack.manifest.read_text())["shards"][0]
     assert entry["crc"] == "faces.rec.crc"
     assert entry["crc_sha256"] == hashlib.sha256(crc.read_bytes()).hexdigest()
 
@@ -70,57 +65,57 @@ def test_sharded_pass_through_pack_has_one_file_per_shard(tmp_path):
         assert crc_table(out / f"faces-{n:05d}.rec.crc")[1] == expected_table(rec, idx)
 
 
-def test_a_flipped_byte_in_one_image_names_its_key_and_offset(pack):
-    key, offset = pack.lines[5]
-    xor_byte(pack.rec, offset + 8 + 24 + 100, 0x10)
-    report = verify_dataset(pack.manifest)
+def test_a_flipped_byte_in_one_image_names_its_key_and_offset(small_pack):
+    key, offset = small_pack.lines[5]
+    xor_byte(small_pack.rec, offset + 8 + 24 + 100, 0x10)
+    report = verify_dataset(small_pack.manifest)
     assert found(report) == [
-        ("record-checksum-mismatch", str(pack.rec), key, offset),
-        ("checksum-mismatch", str(pack.rec), None, None),
+        ("record-checksum-mismatch", str(small_pack.rec), key, offset),
+        ("checksum-mismatch", str(small_pack.rec), None, None),
     ]
-    result = CliRunner().invoke(cli, ["verify", str(pack.manifest)])
+    result = CliRunner().invoke(cli, ["verify", str(small_pack.manifest)])
     assert result.exit_code == 1
     assert "; 3 checksums compared; 12 records compared with their CRC-32 (" in result.stderr
-    assert f"record-checksum-mismatch: {pack.rec}, key {key}, byte offset {offset}: " in (
+    assert f"record-checksum-mismatch: {small_pack.rec}, key {key}, byte offset {offset}: " in (
         result.stderr
     )
 
 
-def test_a_tampered_checksum_file_is_reported_and_not_trusted(pack):
-    crc = pack.rec.with_name("faces.rec.crc")
+def test_a_tampered_checksum_file_is_reported_and_not_trusted(small_pack):
+    crc = small_pack.rec.with_name("faces.rec.crc")
     xor_byte(crc, 24 + 16 * 3 + 12, 0xFF)  # record 3's CRC: the table now lies about it
-    report = verify_dataset(pack.manifest)
+    report = verify_dataset(small_pack.manifest)
     assert [(p.kind, p.path) for p in report.problems] == [("checksum-file", str(crc))]
     assert "differs from the manifest's" in report.problems[0].message
     assert report.record_checksums == 0
 
 
-def test_a_missing_or_malformed_checksum_file_is_its_own_finding(pack):
-    crc = pack.rec.with_name("faces.rec.crc")
+def test_a_missing_or_malformed_checksum_file_is_its_own_finding(small_pack):
+    crc = small_pack.rec.with_name("faces.rec.crc")
     crc.write_bytes(b"RTCRC32\n" + bytes(4))
-    report = verify_dataset(pack.manifest)
+    report = verify_dataset(small_pack.manifest)
     assert [(p.kind, p.path) for p in report.problems] == [("checksum-file", str(crc))]
     assert report.problems[0].message == "12 bytes, too short for a checksum file"
     crc.unlink()
-    report = verify_dataset(pack.manifest)
+    report = verify_dataset(small_pack.manifest)
     assert [(p.kind, p.path) for p in report.problems] == [("checksum-file", str(crc))]
     assert report.problems[0].message.startswith("listed in the manifest, missing")
 
 
-def test_a_pack_without_checksum_files_verifies_as_before(pack):
+def test_a_pack_without_checksum_files_verifies_as_before(small_pack):
     """As MXNet, im2rec or an older rectool write it: no .rec.crc, no crc in the manifest."""
-    pack.rec.with_name("faces.rec.crc").unlink()
-    manifest = json.loads(pack.manifest.read_text())
+    small_pack.rec.with_name("faces.rec.crc").unlink()
+    manifest = json.loads(small_pack.manifest.read_text())
     for entry in manifest["shards"]:
         del entry["crc"], entry["crc_sha256"]
-    pack.manifest.write_text(json.dumps(manifest))
-    report = verify_dataset(pack.manifest)
+    small_pack.manifest.write_text(json.dumps(manifest))
+    report = verify_dataset(small_pack.manifest)
     assert report.sound, report.problems
     assert (report.checksums, report.record_checksums) == (2, 0)
-    key, offset = pack.lines[5]
-    xor_byte(pack.rec, offset + 8 + 24 + 100, 0x10)
-    report = verify_dataset(pack.manifest)
-    assert found(report) == [("checksum-mismatch", str(pack.rec), None, None)]
+    key, offset = small_pack.lines[5]
+    xor_byte(small_pack.rec, offset + 8 + 24 + 100, 0x10)
+    report = verify_dataset(small_pack.manifest)
+    assert found(report) == [("checksum-mismatch", str(small_pack.rec), None, None)]
 
 
 def test_resume_after_a_cut_back_shard_gives_the_same_checksum_file(tmp_path):
@@ -156,54 +151,56 @@ def test_resume_after_a_cut_back_shard_gives_the_same_checksum_file(tmp_path):
         assert (out / name).read_bytes() == reference[name], name
 
 
-def test_reindex_names_damaged_records_and_keeps_them_indexed(pack):
-    key, offset = pack.lines[7]
-    xor_byte(pack.rec, offset + 8 + 24 + 100, 0x10)
-    result = reindex(pack.rec, overwrite=True)
+def test_reindex_names_damaged_records_and_keeps_them_indexed(small_pack):
+    key, offset = small_pack.lines[7]
+    xor_byte(small_pack.rec, offset + 8 + 24 + 100, 0x10)
+    result = reindex(small_pack.rec, overwrite=True)
     assert not result.sound
     assert [(o, k) for o, k, _ in result.damaged] == [(offset, key)]
-    assert idx_lines(pack.idx) == pack.lines
+    assert idx_lines(small_pack.idx) == small_pack.lines
     assert result.to_json()["damaged"][0]["key"] == key
 
 
-def test_reindex_of_a_sound_pack_keeps_the_manifest_checksums(pack):
-    before = pack.idx.read_bytes()
-    result = reindex(pack.rec, overwrite=True)
-    assert result.sound and result.checksums == str(pack.rec) + ".crc"
-    assert pack.idx.read_bytes() == before
-    assert verify_dataset(pack.manifest).sound
+def test_reindex_of_a_sound_pack_keeps_the_manifest_checksums(small_pack):
+    before = small_pack.idx.read_bytes()
+    result = reindex(small_pack.rec, overwrite=True)
+    assert result.sound and result.checksums == str(small_pack.rec) + ".crc"
+    assert small_pack.idx.read_bytes() == before
+    assert verify_dataset(small_pack.manifest).sound
 
 
-def test_unpack_refuses_a_damaged_record_and_writes_nothing(pack, tmp_path):
-    key, offset = pack.lines[2]
-    xor_byte(pack.rec, offset + 8 + 24 + 100, 0x10)
+def test_unpack_refuses_a_damaged_record_and_writes_nothing(small_pack, tmp_path):
+    key, offset = small_pack.lines[2]
+    xor_byte(small_pack.rec, offset + 8 + 24 + 100, 0x10)
     out = tmp_path / "unpacked"
     with pytest.raises(RectoolError) as caught:
-        unpack_dataset(pack.manifest, out)
+        unpack_dataset(small_pack.manifest, out)
     assert str(caught.value) == (
         "1 damaged record (bytes differ from the CRC-32 taken when packed): "
-        f"{pack.rec} key {key} at byte offset {offset}; nothing was written. "
+        f"{small_pack.rec} key {key} at byte offset {offset}; nothing was written. "
         "`rectool verify` lists them all"
     )
     assert not out.exists()
-    result = CliRunner().invoke(cli, ["unpack", str(pack.manifest), str(out)])
+    result = CliRunner().invoke(cli, ["unpack", str(small_pack.manifest), str(out)])
     assert result.exit_code == 1
     assert "Traceback" not in result.output
 
 
-def test_unpack_of_a_sound_pack_still_works(pack, tmp_path):
-    result = unpack_dataset(pack.manifest, tmp_path / "unpacked")
+def test_unpack_of_a_sound_pack_still_works(small_pack, tmp_path):
+    result = unpack_dataset(small_pack.manifest, tmp_path / "unpacked")
     assert result.images == 12
 
 
-def test_empty_index_beside_records_is_a_problem(pack):
-    pack.idx.write_bytes(b"")
-    report = verify_dataset(pack.rec)
-    assert ("empty-index", str(pack.idx), None, None) in found(report)
+def test_empty_index_beside_records_is_a_problem(small_pack):
+    small_pack.idx.write_bytes(b"")
+    report = verify_dataset(small_pack.rec)
+    assert ("empty-index", str(small_pack.idx), None, None) in found(report)
     assert report.counts.get("unindexed-record", 0) == 0
-    result = CliRunner().invoke(cli, ["verify", str(pack.rec)])
+    result = CliRunner().invoke(cli, ["verify", str(small_pack.rec)])
     assert result.exit_code == 1
-    assert f"empty-index: {pack.idx}: no lines, but faces.rec holds 12 records" in result.stderr
+    assert (
+        f"empty-index: {small_pack.idx}: no lines, but faces.rec holds 12 records" in result.stderr
+    )
 
 
 def test_a_manifest_listing_one_shard_twice_is_a_problem(tmp_path):
@@ -224,44 +221,44 @@ def test_a_manifest_listing_one_shard_twice_is_a_problem(tmp_path):
     assert os.path.exists(pack.rec)
 
 
-def test_records_are_compared_one_by_one_only_where_the_sha256_does_not_vouch(pack):
-    assert verify_dataset(pack.manifest).record_checksums == 0  # the shard's SHA-256 matches
-    pack.manifest.unlink()
-    report = verify_dataset(pack.rec)  # no manifest: nothing else vouches for the bytes
+def test_records_are_compared_one_by_one_only_where_the_sha256_does_not_vouch(small_pack):
+    assert verify_dataset(small_pack.manifest).record_checksums == 0  # the shard's SHA-256 matches
+    small_pack.manifest.unlink()
+    report = verify_dataset(small_pack.rec)  # no manifest: nothing else vouches for the bytes
     assert report.sound and report.record_checksums == 12
 
 
-def test_a_truncated_shard_names_the_records_it_lost(pack):
-    key, offset = pack.lines[-1]
-    with open(pack.rec, "r+b") as f:
+def test_a_truncated_shard_names_the_records_it_lost(small_pack):
+    key, offset = small_pack.lines[-1]
+    with open(small_pack.rec, "r+b") as f:
         f.truncate(offset + 40)  # no SHA-256 is computed for a file of another size
-    report = verify_dataset(pack.manifest)
-    assert ("record-checksum-mismatch", str(pack.rec), key, offset) in found(report)
+    report = verify_dataset(small_pack.manifest)
+    assert ("record-checksum-mismatch", str(small_pack.rec), key, offset) in found(report)
     assert report.record_checksums == 12
 
 
-def test_a_checksum_file_of_another_rec_is_one_finding_not_a_flood(pack, tmp_path):
+def test_a_checksum_file_of_another_rec_is_one_finding_not_a_flood(small_pack, tmp_path):
     """A .rec written again by another tool beside a rectool .rec.crc, with no manifest."""
-    pack.manifest.unlink()
+    small_pack.manifest.unlink()
     records = [(k, image_payload(b"\xff\xd8\xff" + bytes([k]) * 50, 0.0, k)) for k in range(3)]
-    write_records(pack.rec, pack.idx, records)
-    crc = pack.rec.with_name("faces.rec.crc")
-    report = verify_dataset(pack.rec)
+    write_records(small_pack.rec, small_pack.idx, records)
+    crc = small_pack.rec.with_name("faces.rec.crc")
+    report = verify_dataset(small_pack.rec)
     assert found(report) == [("checksum-file", str(crc), None, None)]
     assert report.problems[0].message.startswith("describes 12 records ending at byte ")
-    result = reindex(pack.rec, overwrite=True)
+    result = reindex(small_pack.rec, overwrite=True)
     assert result.damaged == [] and "describes 12 records" in result.checksum_problem
     with pytest.raises(RectoolError, match="describes 12 records"):
-        unpack_dataset(pack.rec, tmp_path / "unpacked")
+        unpack_dataset(small_pack.rec, tmp_path / "unpacked")
 
 
-def test_a_fifo_in_place_of_the_checksum_file_is_refused_without_hanging(pack, tmp_path):
-    crc = pack.rec.with_name("faces.rec.crc")
+def test_a_fifo_in_place_of_the_checksum_file_is_refused_without_hanging(small_pack, tmp_path):
+    crc = small_pack.rec.with_name("faces.rec.crc")
     crc.unlink()
     os.mkfifo(crc)
-    report = verify_dataset(pack.manifest)
+    report = verify_dataset(small_pack.manifest)
     assert [(p.kind, p.path, p.message) for p in report.problems] == [
         ("checksum-file", str(crc), "not a regular file")
     ]
     with pytest.raises(RectoolError, match="not a regular file"):
-        unpack_dataset(pack.manifest, tmp_path / "unpacked")
+        unpack_dataset(small_pack.manifest, tmp_path / "unpacked")

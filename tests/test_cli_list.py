@@ -8,12 +8,11 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from trees import (
+from helpers.image_trees import (
     MIXED_TREE_IDENTITIES,
     MIXED_TREE_IMAGES,
     MIXED_TREE_SKIPPED,
     face_tree,
-    make_mixed_tree,
     make_tree,
 )
 
@@ -34,12 +33,6 @@ def lines(path):
 
 
 @pytest.fixture
-def mixed(tmp_path):
-    make_mixed_tree(tmp_path / "faces")
-    return tmp_path / "faces"
-
-
-@pytest.fixture
 def faces(tmp_path):
     face_tree(tmp_path / "faces", identities=4, per_identity=5)
     return tmp_path / "faces"
@@ -50,9 +43,9 @@ def expected_mixed_list():
     return [f"{i}\t{label_of[n]}\t{p}" for i, (n, p) in enumerate(MIXED_TREE_IMAGES)]
 
 
-def test_list_writes_the_list_the_label_map_and_a_summary_on_stderr(mixed, tmp_path):
+def test_list_writes_the_list_the_label_map_and_a_summary_on_stderr(mixed_tree, tmp_path):
     out = tmp_path / "faces.lst"
-    result = run(mixed, out)
+    result = run(mixed_tree.root, out)
     assert result.exit_code == 0
     assert result.stdout == ""
     assert lines(out) == expected_mixed_list()
@@ -80,15 +73,15 @@ def test_list_writes_the_list_the_label_map_and_a_summary_on_stderr(mixed, tmp_p
     )
 
 
-def test_json_summary_on_stdout(mixed, tmp_path):
+def test_json_summary_on_stdout(mixed_tree, tmp_path):
     out = tmp_path / "faces.lst"
-    result = run(mixed, out, "--json")
+    result = run(mixed_tree.root, out, "--json")
     assert result.exit_code == 0
     assert result.stderr == ""
     summary = json.loads(result.stdout)
     assert summary.pop("seconds") >= 0
     assert summary == {
-        "root": str(mixed),
+        "root": str(mixed_tree.root),
         "images": 12,
         "identities": 5,
         "folders_scanned": 8,
@@ -114,9 +107,9 @@ def test_json_summary_on_stdout(mixed, tmp_path):
     }
 
 
-def test_stdout_list_with_json_on_stderr_and_no_label_map(mixed, tmp_path, monkeypatch):
+def test_stdout_list_with_json_on_stderr_and_no_label_map(mixed_tree, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = run(mixed, "-", "--json")
+    result = run(mixed_tree.root, "-", "--json")
     assert result.exit_code == 0
     assert result.stdout_bytes.decode("utf-8").splitlines() == expected_mixed_list()
     summary = json.loads(result.stderr)

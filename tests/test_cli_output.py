@@ -7,8 +7,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import write_list, write_pack_tree
-from recfiles import make_pack
+from helpers.image_files import write_list, write_pack_tree
+from helpers.rec_files import make_pack
 
 from rectool.cli import RectoolCommand, cli
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import errno
 import json
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import write_list, write_pack_tree
+from helpers.faults import fail_writes
+from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
 from rectool.reader import unpack_header
@@ -14,7 +16,7 @@ from rectool.records import IndexedRecordFile
 
 
 @pytest.fixture
-def tree(tmp_path):
+def tree_with_empty_image(tmp_path):
     root = tmp_path / "tree"
     items = write_pack_tree(root, ["alice", "bob"], 3, extra=[("bob/empty.jpg", b"", 1)])
     return root, write_list(tmp_path / "faces.lst", items), items
@@ -24,8 +26,8 @@ def invoke(*args, input=None):
     return CliRunner().invoke(cli, [str(a) for a in args], input=input)
 
 
-def test_exit_3_when_refusals_exceed_max_failures(tree, tmp_path):
-    root, lst, _ = tree
+def test_exit_3_when_refusals_exceed_max_failures(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     result = invoke("pack", lst, root, tmp_path / "out" / "f")
     assert result.exit_code == 3
     assert result.stderr.splitlines() == [
@@ -37,8 +39,8 @@ def test_exit_3_when_refusals_exceed_max_failures(tree, tmp_path):
     ]
 
 
-def test_exit_0_within_max_failures_and_json_summary(tree, tmp_path):
-    root, lst, _ = tree
+def test_exit_0_within_max_failures_and_json_summary(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     result = invoke("pack", lst, root, tmp_path / "f", "--max-failures", "1", "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
@@ -53,8 +55,8 @@ def test_exit_0_within_max_failures_and_json_summary(tree, tmp_path):
     assert summary["seconds"] >= 0
 
 
-def test_list_from_stdin(tree, tmp_path):
-    root, lst, items = tree
+def test_list_from_stdin(tree_with_empty_image, tmp_path):
+    root, lst, items = tree_with_empty_image
     result = invoke("pack", "-", root, tmp_path / "s", "-q", "--max-failures", "1",
                     input=lst.read_text(encoding="utf-8"))  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -64,8 +66,8 @@ def test_list_from_stdin(tree, tmp_path):
     assert not (tmp_path / "s.stdin.lst").exists()
 
 
-def test_shard_size_accepts_units(tree, tmp_path):
-    root, lst, _ = tree
+def test_shard_size_accepts_units(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     result = invoke(
         "pack", lst, root, tmp_path / "u", "--shard-size", "3KB", "-q", "--max-failures", "1"
     )
@@ -74,8 +76,8 @@ def test_shard_size_accepts_units(tree, tmp_path):
     assert len(list(tmp_path.glob("u-*.rec"))) >= 2
 
 
-def test_pack_label_and_resize_options(tree, tmp_path):
-    root, lst, _ = tree
+def test_pack_label_and_resize_options(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     result = invoke("pack", lst, root, tmp_path / "r", "--resize", "16", "--pack-label", "-q",
                     "--max-failures", "1")  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -99,25 +101,27 @@ def test_pack_label_and_resize_options(tree, tmp_path):
         (["--no-check", "--check", "decode"], "--no-check contradicts --check decode"),
     ],
 )
-def test_usage_errors_exit_2(tree, tmp_path, args, message):
-    root, lst, _ = tree
+def test_usage_errors_exit_2(tree_with_empty_image, tmp_path, args, message):
+    root, lst, _ = tree_with_empty_image
     result = invoke("pack", lst, root, tmp_path / "x", *args)
     assert result.exit_code == 2
     assert message in result.stderr
 
 
-def test_missing_root_and_list(tree, tmp_path):
-    root, lst, _ = tree
+def test_missing_root_and_list(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     result = invoke("pack", lst, tmp_path / "nope", tmp_path / "x")
     assert result.exit_code == 2
-    assert "does not exist" in result.stderr
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: Invalid value for 'ROOT': Directory '{tmp_path / 'nope'}' does not exist."
+    )
     result = invoke("pack", tmp_path / "none.lst", root, tmp_path / "x")
     assert result.exit_code == 1
     assert result.stderr == f"Error: {tmp_path / 'none.lst'}: list file not found\n"
 
 
-def test_bad_list_line_names_file_and_line(tree, tmp_path):
-    root, _, _ = tree
+def test_bad_list_line_names_file_and_line(tree_with_empty_image, tmp_path):
+    root, _, _ = tree_with_empty_image
     bad = tmp_path / "bad.lst"
     bad.write_text("0\t0\talice/000.jpg\nthis line is wrong\n", encoding="utf-8")
     result = invoke("pack", bad, root, tmp_path / "x")
@@ -127,8 +131,8 @@ def test_bad_list_line_names_file_and_line(tree, tmp_path):
     )
 
 
-def test_existing_output_and_overwrite(tree, tmp_path):
-    root, lst, _ = tree
+def test_existing_output_and_overwrite(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     assert invoke("pack", lst, root, tmp_path / "o", "-q").exit_code == 3
     again = invoke("pack", lst, root, tmp_path / "o", "-q")
     assert again.exit_code == 1
@@ -136,37 +140,41 @@ def test_existing_output_and_overwrite(tree, tmp_path):
     assert invoke("pack", lst, root, tmp_path / "o", "-q", "--overwrite").exit_code == 3
 
 
-def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(tree, tmp_path, monkeypatch):
-    import errno
-
-    import rectool.shards
-
-    root, lst, _ = tree
-    real_write = rectool.shards._write_all
-
-    def full_disk(fd, data):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(rectool.shards, "_write_all", full_disk)
+def test_a_full_disk_is_an_error_naming_the_file_and_the_pack_resumes(
+    tree_with_empty_image, tmp_path, monkeypatch
+):
+    root, lst, _ = tree_with_empty_image
+    fail_writes(monkeypatch, ".rec.partial", errno.ENOSPC)
     result = invoke("pack", lst, root, tmp_path / "d", "-q", "--max-failures", "1")
     assert result.exit_code == 1
     assert result.stderr == (
         f"Error: {tmp_path / 'd.rec.partial'}: cannot write (No space left on device)\n"
     )
-    monkeypatch.setattr(rectool.shards, "_write_all", real_write)
+    monkeypatch.undo()  # space again
     again = invoke("pack", lst, root, tmp_path / "d", "-q", "--max-failures", "1", "--resume")
     assert again.exit_code == 0, again.output
-    assert (tmp_path / "d.manifest.json").exists()
+    # The resumed pack is the pack a run with room to spare writes, byte for byte.
+    clean = invoke("pack", lst, root, tmp_path / "clean" / "d", "-q", "--max-failures", "1")
+    assert clean.exit_code == 0, clean.output
+    for suffix in (".rec", ".idx", ".rec.crc", ".failures.jsonl"):
+        resumed = (tmp_path / f"d{suffix}").read_bytes()
+        assert resumed == (tmp_path / "clean" / f"d{suffix}").read_bytes(), suffix
+    assert not list(tmp_path.glob("d*.partial"))
+    manifest = json.loads((tmp_path / "d.manifest.json").read_text())
+    assert (
+        manifest["shards"]
+        == json.loads((tmp_path / "clean" / "d.manifest.json").read_text())["shards"]
+    )
 
 
-def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tree, tmp_path):
-    root, lst, _ = tree
+def test_an_unwritable_output_folder_is_an_error_not_a_traceback(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     result = invoke("pack", lst, root, blocker / "out" / "d")
     assert result.exit_code == 1
-    assert result.stderr.startswith("Error: ")
-    assert "Traceback" not in result.output
+    assert result.stderr == f"Error: {blocker / 'out'}: Not a directory\n"
+    assert not list(tmp_path.glob("d*"))
 
 
 def run_pipe(script, tmp_path):
@@ -220,8 +228,8 @@ def test_a_piped_list_without_a_label_map_says_so(tmp_path):
     assert missing.stderr == "Error: nowhere.tsv: label map not found\n"
 
 
-def test_resume_on_a_complete_pack_says_there_was_nothing_to_do(tree, tmp_path):
-    root, lst, _ = tree
+def test_resume_on_a_complete_pack_says_there_was_nothing_to_do(tree_with_empty_image, tmp_path):
+    root, lst, _ = tree_with_empty_image
     args = ["pack", lst, root, tmp_path / "c", "--max-failures", "1"]
     first = invoke(*args)
     assert first.exit_code == 0, first.output
@@ -235,10 +243,12 @@ def test_resume_on_a_complete_pack_says_there_was_nothing_to_do(tree, tmp_path):
     assert json.loads(invoke(*args, "--resume", "--json").stdout)["outcome"] == "complete"
 
 
-def test_without_dask_the_error_says_how_to_install_it_from_a_checkout(tree, tmp_path, monkeypatch):
+def test_without_dask_the_error_says_how_to_install_it_from_a_checkout(
+    tree_with_empty_image, tmp_path, monkeypatch
+):
     import sys
 
-    root, lst, _ = tree
+    root, lst, _ = tree_with_empty_image
     monkeypatch.setitem(sys.modules, "dask", None)
     monkeypatch.setitem(sys.modules, "dask.distributed", None)
     result = invoke(

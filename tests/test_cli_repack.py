@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 
 from click.testing import CliRunner
-from handmade import write_insightface, write_pack
-from imagefiles import jpeg_bytes
+from helpers.handmade_datasets import write_insightface, write_pack
+from helpers.image_files import jpeg_bytes
 
 from rectool.cli import cli
 from rectool.reader import open_dataset
@@ -62,14 +62,17 @@ def test_several_sources_merge(tmp_path):
 def test_one_path_is_a_usage_error(tmp_path):
     result = run("repack", tmp_path / "out")
     assert result.exit_code == 2
-    assert "give at least one SOURCE and the OUT_PREFIX" in result.output
+    assert result.stderr.splitlines()[-1] == "Error: give at least one SOURCE and the OUT_PREFIX"
 
 
 def test_insightface_layout_with_shuffle_is_a_usage_error(tmp_path):
     result = run("repack", source(tmp_path), tmp_path / "o", "--layout", "insightface",
                  "--order", "shuffle")  # fmt: skip
     assert result.exit_code == 2
-    assert "needs --order identity" in result.output
+    assert result.stderr.splitlines()[-1] == (
+        "Error: --layout insightface stores each identity's images as one key range: "
+        "it needs --order identity"
+    )
 
 
 def test_unknown_identity_is_an_error_and_nothing_is_written(tmp_path):
@@ -103,7 +106,9 @@ def test_png_quality_range_is_checked(tmp_path):
     result = run("repack", source(tmp_path), tmp_path / "o", "--encoding", ".png",
                  "--quality", "50")  # fmt: skip
     assert result.exit_code == 2
-    assert "PNG compression must be 0-9" in result.output
+    assert result.stderr.splitlines()[-1] == (
+        "Error: --quality 50: PNG compression must be 0-9 (--encoding .png)"
+    )
 
 
 def test_insightface_folder_to_dali_ready_shuffle(tmp_path):

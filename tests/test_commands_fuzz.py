@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from handmade import MAGIC
+from helpers.handmade_datasets import MAGIC
+from helpers.image_files import write_list, write_pack_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from imagefiles import write_list, write_pack_tree
 
 from rectool.cli import cli
 from rectool.indexcache import write_index_cache

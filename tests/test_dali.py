@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from handmade import MAGIC, write_insightface, write_pack
-from imagefiles import jpeg_bytes, write_list, write_pack_tree
+from helpers.handmade_datasets import MAGIC, write_insightface, write_pack
+from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
 from rectool.dali import write_dali_index
 from rectool.packing import PackOptions, pack_images

@@ -6,8 +6,8 @@ import os
 
 import pytest
 from click.testing import CliRunner
-from handmade import MAGIC, write_insightface, write_pack
-from imagefiles import jpeg_bytes
+from helpers.handmade_datasets import MAGIC, write_insightface
+from helpers.image_files import jpeg_bytes
 
 from rectool.cli import cli
 from rectool.dali import write_dali_index
@@ -18,20 +18,11 @@ def face(key):
     return jpeg_bytes(key, 16, 16)
 
 
-@pytest.fixture
-def pack(tmp_path):
-    """Three shards of 4, 3 and 5 JPEGs with keys out of order."""
-    keys = [40, 3, 17, 8, 100, 5, 6, 7, 1, 0, 9, 2]
-    items = [(key, jpeg_bytes(n, 24, 20), float(n)) for n, key in enumerate(keys)]
-    samples = write_pack(tmp_path / "faces", [items[:4], items[4:7], items[7:]])
-    return tmp_path / "faces", samples
-
-
 # --- write_dali_index -------------------------------------------------------------------------
 
 
-def test_dali_index_counts_offsets_across_the_shards(pack, tmp_path):
-    prefix, samples = pack
+def test_dali_index_counts_offsets_across_the_shards(handmade_shards, tmp_path):
+    prefix, samples = handmade_shards
     recs = write_dali_index(prefix, tmp_path / "all.idx")
     assert recs == [f"{prefix}-{n:05d}.rec" for n in range(3)]
     sizes = [os.path.getsize(r) for r in recs]
@@ -51,8 +42,8 @@ def test_dali_index_refuses_the_insightface_layout(tmp_path):
     assert not (tmp_path / "dali.idx").exists()
 
 
-def test_dali_index_command(pack, tmp_path):
-    prefix, _ = pack
+def test_dali_index_command(handmade_shards, tmp_path):
+    prefix, _ = handmade_shards
     result = CliRunner().invoke(cli, ["dali-index", str(prefix), str(tmp_path / "cli.idx")])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines() == [f"{prefix}-{n:05d}.rec" for n in range(3)]

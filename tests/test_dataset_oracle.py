@@ -11,8 +11,8 @@ import subprocess
 
 import numpy as np
 import pytest
-from imagefiles import write_list, write_pack_tree
-from oracle import im2rec_path, oracle_python, run_mxnet
+from helpers.image_files import write_list, write_pack_tree
+from helpers.mxnet_oracle import im2rec_path, oracle_python, run_mxnet
 
 from rectool.packing import PackOptions, pack_images
 from rectool.reader import open_dataset
@@ -36,7 +36,7 @@ emit(out)
 
 
 @pytest.fixture
-def tree(tmp_path):
+def shuffled_tree(tmp_path):
     root = tmp_path / "tree"
     items = write_pack_tree(root, ["ann", "bob", "cyd", "dan"], 4, height=36, width=28)
     random.Random(5).shuffle(items)  # im2rec keeps the list's order
@@ -44,8 +44,8 @@ def tree(tmp_path):
 
 
 @pytest.mark.parametrize("pack_label", [False, True], ids=["scalar", "pack-label"])
-def test_reads_im2rec_files_as_mxnet_does(tree, tmp_path, pack_label):
-    root, items = tree
+def test_reads_im2rec_files_as_mxnet_does(shuffled_tree, tmp_path, pack_label):
+    root, items = shuffled_tree
     if pack_label:
         items = [(index, [label, index / 4], rel) for index, label, rel in items]
     write_list(tmp_path / "faces.lst", items)
@@ -95,8 +95,8 @@ emit((samples, ranges))
 """
 
 
-def test_insightface_layout_as_mxface_dataset_reads_it(tree, tmp_path):
-    root, items = tree
+def test_insightface_layout_as_mxface_dataset_reads_it(shuffled_tree, tmp_path):
+    root, items = shuffled_tree
     write_list(tmp_path / "faces.lst", items)
     options = PackOptions(layout="insightface")
     pack_images(tmp_path / "faces.lst", root, tmp_path / "ins" / "train", options)

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from format_cases import image_record_cases, raw_payload_cases
-from oracle import run_mxnet
+from helpers.framing_cases import image_record_cases, raw_payload_cases
+from helpers.mxnet_oracle import run_mxnet
 
 from rectool.reader import unpack_header
 from rectool.records import IndexedRecordFile, RecordFile

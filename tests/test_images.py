@@ -1,21 +1,26 @@
-"""`rectool.images` checks: what `--check structure` and `--check decode` accept and refuse."""
+"""`rectool.images` checks: what `--check structure` and `--check decode` accept and refuse.
+
+The structure walk (`check_image(data, "structure")`, the default of `pack`) is tested on bytes
+built by hand, one refusal at a time; re-encoding options are in tests/test_transform_options.py.
+"""
 
 from __future__ import annotations
 
 import io
 import json
+import struct
+import zlib
 
 import cv2
 import numpy as np
 import pytest
 import simplejpeg
 from click.testing import CliRunner
-from damaged import DAMAGES, good_jpeg, scan_start
-from imagefiles import encode, image_array, jpeg_bytes, write_list
+from helpers.damaged_jpegs import DAMAGES, good_jpeg, scan_start
+from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from PIL import Image
 
 from rectool.cli import cli
-from rectool.errors import UsageError
 from rectool.images import (
     ImageRefused,
     Transform,
@@ -23,7 +28,6 @@ from rectool.images import (
     decode_image,
     inspect_image,
     reencode_image,
-    transform_from_options,
 )
 
 TRAILER_LENGTHS = (1, 62, 63, 64, 1000)
@@ -38,6 +42,115 @@ def trailer(kind, length):
     if kind == "random":
         return np.random.default_rng(length).bytes(length)
     return (b"\xff\xd9\x00\xff\xd8\xff\xe1" * (length // 7 + 1))[:length]
+
+
+# -- the structure walk, one refusal at a time ----------------------------------------------------
+
+SOI = b"\xff\xd8"
+
+
+def png_chunk(kind, body):
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+GRAY_2X1_IHDR = struct.pack(">IIBBBBB", 2, 1, 8, 0, 0, 0, 0)  # width, height, 8-bit gray
+
+
+def png_bytes(ihdr=GRAY_2X1_IHDR, first=b"IHDR"):
+    """A 2x1 gray PNG written by hand: IHDR (or `first` in its place), IDAT, IEND."""
+    chunks = [png_chunk(first, ihdr), png_chunk(b"IDAT", zlib.compress(b"\0\x10\x20"))]
+    if first != b"IHDR":
+        chunks.append(png_chunk(b"IHDR", ihdr))
+    return b"\x89PNG\r\n\x1a\n" + b"".join(chunks) + png_chunk(b"IEND", b"")
+
+
+def scan_header_past_the_end():
+    data = bytearray(jpeg_bytes(0))
+    data[data.index(b"\xff\xda") + 2] = 2  # the length's high byte: runs past the file's end
+    return bytes(data)
+
+
+def flipped_idat_byte():
+    data = bytearray(png_bytes())
+    data[data.index(b"IDAT") + 5] ^= 0x01
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "reason"),
+    [
+        pytest.param(b"", "empty file", id="empty"),
+        pytest.param(b"hello", "not an image (unknown file signature)", id="text"),
+        pytest.param(SOI + b"\xff", "truncated JPEG (ends inside its headers)", id="soi-only"),
+        pytest.param(
+            SOI + b"\xff\xe0\x00\x04ab" + bytes(4),
+            "corrupt JPEG (no marker at byte 8)",
+            id="no-marker",
+        ),
+        pytest.param(
+            SOI + b"\xff\xd9" + bytes(2),
+            "corrupt JPEG (end-of-image marker before any image data)",
+            id="eoi-first",
+        ),
+        pytest.param(
+            SOI + b"\xff\xe0\x00\x01", "corrupt JPEG (segment length 1 at byte 2)", id="length-1"
+        ),
+        pytest.param(
+            SOI + b"\xff\xc0\x00\x11\x08\x00",
+            "truncated JPEG (ends inside its frame header)",
+            id="cut-sof",
+        ),
+        pytest.param(
+            SOI + b"\xff\xc0\x00\x0b\x08\x00\x10\x00\x00\x01" + bytes(8),
+            "corrupt JPEG (frame header with zero width or components)",
+            id="zero-width",
+        ),
+        pytest.param(
+            SOI + b"\xff\xda\x00\x08" + bytes(8) + b"\xff\xd9",
+            "corrupt JPEG (image data before any frame header)",
+            id="sos-before-sof",
+        ),
+        pytest.param(
+            scan_header_past_the_end(), "truncated JPEG (ends inside its scan header)", id="cut-sos"
+        ),
+        pytest.param(jpeg_bytes(1)[:-2], "truncated JPEG (no end-of-image marker)", id="no-eoi"),
+        pytest.param(
+            png_bytes()[: png_bytes().index(b"IDAT") + 10],
+            "truncated PNG (chunk 'IDAT' runs past the end)",
+            id="cut-chunk",
+        ),
+        pytest.param(
+            flipped_idat_byte(), "corrupt PNG (CRC mismatch in chunk 'IDAT')", id="png-crc"
+        ),
+        pytest.param(
+            png_bytes(first=b"tEXt"), "corrupt PNG (no valid IHDR chunk first)", id="ihdr-second"
+        ),
+        pytest.param(
+            png_bytes(ihdr=struct.pack(">IIBBBBB", 0, 1, 8, 0, 0, 0, 0)),
+            "corrupt PNG (no valid IHDR chunk first)",
+            id="zero-width-png",
+        ),
+        pytest.param(png_bytes()[:-12], "truncated PNG (no IEND chunk)", id="no-iend"),
+    ],
+)
+def test_the_structure_walk_refuses_with_its_reason(data, reason):
+    with pytest.raises(ImageRefused) as refused:
+        check_image(data, "structure")
+    assert refused.value.reason == reason
+
+
+def test_the_hand_written_png_is_sound():
+    # The refusals above are damage to this file, not to a file that was bad to begin with.
+    assert check_image(png_bytes(), "structure") == "png"
+    assert decoded(png_bytes()).tolist() == [[0x10, 0x20]]
+
+
+def test_fill_bytes_and_standalone_markers_are_walked_over():
+    good = jpeg_bytes(2)
+    # FF fill bytes before a marker (B.1.1.2) and a TEM marker (no length) after SOI.
+    data = SOI + b"\xff\xff\xff\x01" + good[2:]
+    assert check_image(data, "structure") == "jpeg"
+    assert np.array_equal(decoded(data), decoded(good))
 
 
 # -- bytes after the end-of-image marker ----------------------------------------------------------
@@ -193,39 +306,6 @@ def test_pack_check_decode_refuses_damaged_scans(tmp_path):
     # The default structural check does not read the scan: only --check decode catches these.
     result = runner.invoke(cli, ["pack", str(lst), str(root), str(out), "--overwrite"])
     assert result.exit_code == 0, result.output
-
-
-def test_no_reencoding_option_means_pass_through():
-    assert transform_from_options() is None
-    assert transform_from_options(resize=None, center_crop=False, quality=None) is None
-
-
-@pytest.mark.parametrize(
-    ("options", "expected"),
-    [
-        ({"resize": 112}, Transform(112, False, 95, ".jpg", 1)),
-        ({"encoding": ".png"}, Transform(0, False, 3, ".png", 1)),
-        ({"center_crop": True, "quality": 80}, Transform(0, True, 80, ".jpg", 1)),
-        ({"color": "-1", "encoding": ".png", "quality": 9}, Transform(0, False, 9, ".png", -1)),
-    ],
-)
-def test_any_reencoding_option_takes_the_defaults_of_its_encoding(options, expected):
-    assert transform_from_options(**options) == expected
-
-
-@pytest.mark.parametrize(
-    ("options", "message"),
-    [
-        ({"quality": 50, "encoding": ".png"}, "--quality 50: PNG compression must be 0-9"),
-        ({"quality": 0}, "--quality 0: JPEG quality must be 1-100"),
-        ({"encoding": ".gif"}, "--encoding must be one of .jpg, .png, got '.gif'"),
-        ({"color": 2}, "--color must be -1, 0 or 1, got 2"),
-    ],
-)
-def test_reencoding_options_that_do_not_fit_name_the_option(options, message):
-    with pytest.raises(UsageError) as error:
-        transform_from_options(**options)
-    assert str(error.value).startswith(message)
 
 
 # -- re-encoding decodes through the strict check -------------------------------------------------

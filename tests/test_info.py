@@ -7,8 +7,8 @@ import statistics
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import encode, image_array, jpeg_bytes, write_list
-from recfiles import image_payload, make_pack, write_records
+from helpers.image_files import encode, image_array, jpeg_bytes, write_list
+from helpers.rec_files import image_payload, make_pack, write_records
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
@@ -241,7 +241,7 @@ def test_mixed_sizes_are_described_as_a_distribution(mixed_sizes, monkeypatch):
 
 
 def test_an_empty_image_is_a_record_format_error_not_a_decoder_crash(tmp_path):
-    from handmade import image_record, write_shard
+    from helpers.handmade_datasets import image_record, write_shard
 
     records = [(0, image_record(jpeg_bytes(0, 8, 8), 0.0)), (1, image_record(b"", 1.0))]
     offsets = write_shard(tmp_path / "e.rec", tmp_path / "e.idx", records)

@@ -1,14 +1,14 @@
 """One layout rule: the reader, `info`, `verify`, `unpack` and `report` agree on every .rec.
 
-Each file is written by hand (tests/recfiles.py); the expected layout and image count come
+Each file is written by hand (tests/helpers/rec_files.py); the expected layout and image count come
 from FORMAT-NOTES §5 and docs/format.md §6, not from the code under test.
 """
 
 from __future__ import annotations
 
 import pytest
-from imagefiles import jpeg_bytes
-from recfiles import image_payload, label_vector_payload, write_records
+from helpers.image_files import jpeg_bytes
+from helpers.rec_files import image_payload, label_vector_payload, write_records
 
 from rectool.info import dataset_info
 from rectool.reader import RecordFormatError, open_dataset
@@ -105,7 +105,7 @@ def test_a_manifest_that_says_images_over_an_insightface_header_is_refused(tmp_p
     # The reader applies the rule even when the manifest claims a layout: record 0 here is a
     # header (it would otherwise be read as a sample with an empty image), so the claim is
     # wrong. An explicit layout="images" still reads every record as it is.
-    from handmade import write_insightface, write_manifest
+    from helpers.handmade_datasets import write_insightface, write_manifest
 
     write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 1], jpeg_bytes)
     entry = {"rec": "f.rec", "idx": "f.idx", "records": 6}

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 from click.testing import CliRunner
-from oracle import im2rec_path, oracle_python, run_mxnet
-from trees import face_tree, make_mixed_tree
+from helpers.image_trees import face_tree, make_mixed_tree
+from helpers.mxnet_oracle import im2rec_path, oracle_python, run_mxnet
 
 from rectool.cli import cli
 from rectool.listfile import read_list

@@ -5,20 +5,20 @@ from __future__ import annotations
 import io
 import os
 import string
+import threading
 import unicodedata
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from trees import (
+from helpers.image_trees import (
     MIXED_TREE_IDENTITIES,
     MIXED_TREE_IMAGES,
     MIXED_TREE_SKIPPED,
     Symlink,
     face_tree,
-    make_mixed_tree,
     make_tree,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rectool import listing as listing_module
 from rectool.errors import ListingError, RectoolError, UsageError
@@ -48,18 +48,11 @@ def rows_of(listing):
     return [row for rows in listing.lists.values() for row in rows]
 
 
-@pytest.fixture
-def mixed(tmp_path):
-    root = tmp_path / "faces"
-    files = make_mixed_tree(root)
-    return root, files
-
-
 # --- walking the tree ---------------------------------------------------------------------
 
 
-def test_walk_lists_identities_in_code_point_order_with_their_images(mixed):
-    root, _ = mixed
+def test_walk_lists_identities_in_code_point_order_with_their_images(mixed_tree):
+    root, _ = mixed_tree
     walk = walk_tree(root)
     assert [identity.name for identity in walk.identities] == MIXED_TREE_IDENTITIES
     assert [
@@ -68,15 +61,15 @@ def test_walk_lists_identities_in_code_point_order_with_their_images(mixed):
     assert walk.image_count == len(MIXED_TREE_IMAGES)
 
 
-def test_walk_counts_every_entry_it_passes_over_by_reason(mixed):
-    root, _ = mixed
+def test_walk_counts_every_entry_it_passes_over_by_reason(mixed_tree):
+    root, _ = mixed_tree
     walk = walk_tree(root)
     assert walk.skipped == MIXED_TREE_SKIPPED
     assert list(walk.skipped) == list(SKIP_REASONS)
 
 
-def test_listed_paths_are_the_files_with_the_exact_bytes_of_their_names(mixed):
-    root, files = mixed
+def test_listed_paths_are_the_files_with_the_exact_bytes_of_their_names(mixed_tree):
+    root, files = mixed_tree
     walk = walk_tree(root)
     for identity in walk.identities:
         for path in identity.images:
@@ -87,8 +80,8 @@ def test_listed_paths_are_the_files_with_the_exact_bytes_of_their_names(mixed):
             assert data == files[target]
 
 
-def test_nfc_and_nfd_spellings_stay_two_distinct_files(mixed):
-    root, _ = mixed
+def test_nfc_and_nfd_spellings_stay_two_distinct_files(mixed_tree):
+    root, _ = mixed_tree
     names = [path for identity in walk_tree(root).identities for path in identity.images]
     nfd, nfc = "José/e\u0301.jpg", "José/é.jpg"
     assert unicodedata.normalize("NFC", nfd) == nfc
@@ -96,8 +89,8 @@ def test_nfc_and_nfd_spellings_stay_two_distinct_files(mixed):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 8, 32])
-def test_walk_result_does_not_depend_on_threads(mixed, threads):
-    root, _ = mixed
+def test_walk_result_does_not_depend_on_threads(mixed_tree, threads):
+    root, _ = mixed_tree
     one = walk_tree(root, threads=1)
     many = walk_tree(root, threads=threads)
     assert many.identities == one.identities
@@ -251,8 +244,8 @@ def test_walk_rejects_zero_threads(tmp_path):
 # --- labels, shuffling, splits, chunks -------------------------------------------------------
 
 
-def test_labels_follow_identity_names_and_indices_follow_output_order(mixed):
-    root, _ = mixed
+def test_labels_follow_identity_names_and_indices_follow_output_order(mixed_tree):
+    root, _ = mixed_tree
     listing = make_listing(walk_tree(root))
     label_of = {name: label for label, name in enumerate(MIXED_TREE_IDENTITIES)}
     assert listing.identities == dict(enumerate(MIXED_TREE_IDENTITIES))
@@ -446,8 +439,8 @@ def test_list_paths_follow_im2rec_names():
     assert list_paths("faces", ["", "_1"]) == {"": "faces", "_1": "faces_1.lst"}
 
 
-def test_write_lists_writes_lines_and_the_label_map(mixed, tmp_path):
-    root, _ = mixed
+def test_write_lists_writes_lines_and_the_label_map(mixed_tree, tmp_path):
+    root, _ = mixed_tree
     out = tmp_path / "out" / "faces.lst"
     out.parent.mkdir()
     listing = write_lists(make_listing(walk_tree(root)), out)
@@ -529,8 +522,8 @@ def test_listing_errors_are_rectool_errors():
     assert issubclass(ListingError, RectoolError)
 
 
-def test_summary_counts_every_reason(mixed):
-    root, _ = mixed
+def test_summary_counts_every_reason(mixed_tree):
+    root, _ = mixed_tree
     listing = make_listing(walk_tree(root))
     summary = listing.summary()
     assert summary["images"] == len(MIXED_TREE_IMAGES)
@@ -624,38 +617,43 @@ def test_printable_ascii_file_names_round_trip_through_the_list(tmp_path):
     assert [item.path for item in read_list(out)] == sorted("id/" + n for n in names)
 
 
-def scan_with_latency(monkeypatch, root, seconds, **options):
-    """Scan with every folder listing under `root` taking `seconds` on the listing clock (a
-    virtual one: no sleeping, whatever the machine's load); return (result, folders pooled)."""
-    real_scandir = os.scandir
-    pooled = []
-    real_run = listing_module._run
+def walk_with_latency(monkeypatch, root, seconds, **options):
+    """Walk with every folder listing under `root` taking `seconds` on the listing clock (a
+    virtual one: no sleeping, whatever the machine's load); return (result, pools), pools
+    being (thread pool size, folders listed on other threads than this one) per pool made."""
+    real_scandir, real_pool = os.scandir, listing_module.ThreadPoolExecutor
+    caller = threading.get_ident()
+    pools = []
     now = [0.0]
 
     def slow_scandir(path="."):
         if os.fspath(path) != os.fspath(root):
             now[0] += seconds
+            if threading.get_ident() != caller:
+                pools[-1][1] += 1
         return real_scandir(path)
 
-    def spy_run(scanner, folders, threads, merge, report):
-        pooled.append((len(folders), threads))
-        return real_run(scanner, folders, threads, merge, report)
+    def counting_pool(max_workers=None, **kwargs):
+        pools.append([max_workers, 0])
+        return real_pool(max_workers=max_workers, **kwargs)
 
     monkeypatch.setattr(listing_module.os, "scandir", slow_scandir)
-    monkeypatch.setattr(listing_module, "_run", spy_run)
+    monkeypatch.setattr(listing_module, "ThreadPoolExecutor", counting_pool)
     monkeypatch.setattr(listing_module, "listing_clock", lambda: now[0])
-    return walk_tree(root, **options), pooled
+    result = walk_tree(root, **options)
+    return result, [tuple(pool) for pool in pools]
 
 
 def test_default_threads_start_when_folders_list_slowly(tmp_path, monkeypatch):
     face_tree(tmp_path, identities=40, per_identity=1)
-    fast, fast_pool = scan_with_latency(monkeypatch, tmp_path, 0.0)
-    assert fast_pool == []  # a fast disk: all on the calling thread
-    slow, slow_pool = scan_with_latency(monkeypatch, tmp_path, 0.002)
-    assert slow_pool == [(40 - 16, listing_module.default_threads())]
+    fast, fast_pools = walk_with_latency(monkeypatch, tmp_path, 0.0)
+    assert fast_pools == []  # a fast disk: all on the calling thread
+    slow, slow_pools = walk_with_latency(monkeypatch, tmp_path, 0.002)
+    # 16 folders timed on the calling thread, the other 24 listed by the pool.
+    assert slow_pools == [(listing_module.default_threads(), 40 - 16)]
     assert slow.identities == fast.identities
-    _, forced = scan_with_latency(monkeypatch, tmp_path, 0.0, threads=3)
-    assert forced == [(40, 3)]
+    _, forced = walk_with_latency(monkeypatch, tmp_path, 0.0, threads=3)
+    assert forced == [(3, 40)]
 
 
 def test_the_label_map_is_written_before_the_first_list_line(tmp_path):

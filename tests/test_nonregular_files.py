@@ -11,8 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from handmade import image_record, write_shard
-from imagefiles import jpeg_bytes
+from helpers.handmade_datasets import image_record, write_shard
+from helpers.image_files import jpeg_bytes
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are a POSIX thing")
 

@@ -6,8 +6,8 @@ import shutil
 import subprocess
 
 import pytest
-from imagefiles import encode, image_array, jpeg_bytes, write_list, write_pack_tree
-from oracle import im2rec_path, oracle_python, run_mxnet
+from helpers.image_files import encode, image_array, jpeg_bytes, write_list, write_pack_tree
+from helpers.mxnet_oracle import im2rec_path, oracle_python, run_mxnet
 
 from rectool.packing import PackOptions, pack_images
 

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from imagefiles import encode, image_array, write_list
+from helpers.image_files import encode, image_array, write_list
 
 from rectool.packing import PackOptions, pack_images
 from rectool.shards import ShardWriter
@@ -129,7 +129,7 @@ def test_resume_refuses_a_different_list_or_options(big_tree, tmp_path):
 def test_insightface_resume_rewrites_identity_records_cut_by_a_kill(tmp_path):
     import json
 
-    from imagefiles import write_pack_tree
+    from helpers.image_files import write_pack_tree
 
     from rectool.packing import STATE_SUFFIX, _validate_list
 

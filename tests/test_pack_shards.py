@@ -12,7 +12,7 @@ import time
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import write_list, write_pack_tree
+from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
 from rectool.errors import RectoolError, UsageError
@@ -30,7 +30,7 @@ def test_plan_is_a_pure_function_of_length_and_count():
 
 
 @pytest.fixture
-def tree(tmp_path):
+def tree_with_refusals(tmp_path):
     root = tmp_path / "tree"
     extra = [("b/empty.jpg", b"", 1), ("c/missing.jpg", None, 2)]
     items = write_pack_tree(root, ["a", "b", "c", "d"], 5, extra=extra)
@@ -42,8 +42,8 @@ def folder_bytes(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-def test_shards_packed_in_separate_processes_equal_one_run(tree, tmp_path):
-    root, lst = tree
+def test_shards_packed_in_separate_processes_equal_one_run(tree_with_refusals, tmp_path):
+    root, lst = tree_with_refusals
     options = PackOptions(shard_records=7, max_failures=5)
     pack_images(lst, root, tmp_path / "one" / "f", options)
     prefix = tmp_path / "many" / "f"
@@ -60,8 +60,8 @@ def test_shards_packed_in_separate_processes_equal_one_run(tree, tmp_path):
     assert folder_bytes(tmp_path / "many") == folder_bytes(tmp_path / "one")
 
 
-def test_finalize_names_the_missing_shard(tree, tmp_path):
-    root, lst = tree
+def test_finalize_names_the_missing_shard(tree_with_refusals, tmp_path):
+    root, lst = tree_with_refusals
     options = PackOptions(shard_records=7)
     for number in (0, 1, 3):
         pack_images(lst, root, tmp_path / "f", options, only_shard=number)
@@ -69,8 +69,8 @@ def test_finalize_names_the_missing_shard(tree, tmp_path):
         finalize_pack(lst, root, tmp_path / "f", options)
 
 
-def test_only_shard_is_idempotent_with_resume(tree, tmp_path):
-    root, lst = tree
+def test_only_shard_is_idempotent_with_resume(tree_with_refusals, tmp_path):
+    root, lst = tree_with_refusals
     options = PackOptions(shard_records=7)
     first = pack_images(lst, root, tmp_path / "out" / "f", options, only_shard=1)
     before = folder_bytes(tmp_path / "out")
@@ -81,8 +81,8 @@ def test_only_shard_is_idempotent_with_resume(tree, tmp_path):
         pack_images(lst, root, tmp_path / "out" / "f", options, only_shard=1)
 
 
-def test_cli_plan_and_usage_errors(tree, tmp_path):
-    root, lst = tree
+def test_cli_plan_and_usage_errors(tree_with_refusals, tmp_path):
+    root, lst = tree_with_refusals
     runner = CliRunner()
     plan = runner.invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "f"),
                                "--shard-records", "7", "--plan"])  # fmt: skip
@@ -105,8 +105,10 @@ def test_cli_plan_and_usage_errors(tree, tmp_path):
     assert "--only-shard 4: the plan has shards 0..3" in out_of_plan.stderr
 
 
-def test_an_only_shard_task_tells_its_own_truth_and_finalize_says_what_it_did(tree, tmp_path):
-    root, lst = tree
+def test_an_only_shard_task_tells_its_own_truth_and_finalize_says_what_it_did(
+    tree_with_refusals, tmp_path
+):
+    root, lst = tree_with_refusals
     runner = CliRunner()
     base = ["pack", str(lst), str(root), str(tmp_path / "f"), "--shard-records", "7"]
     clean = runner.invoke(cli, [*base, "--only-shard", "0"])
@@ -151,10 +153,10 @@ def cluster():
         yield local
 
 
-def test_dask_cluster_gives_the_same_bytes_as_a_local_pack(tree, tmp_path, cluster):
+def test_dask_cluster_gives_the_same_bytes_as_a_local_pack(tree_with_refusals, tmp_path, cluster):
     from rectool.distributed import pack_on_dask
 
-    root, lst = tree
+    root, lst = tree_with_refusals
     options = PackOptions(shard_records=7, max_failures=5, workers=1)
     pack_images(lst, root, tmp_path / "local" / "f", options)
     result = pack_on_dask(
@@ -167,11 +169,11 @@ def test_dask_cluster_gives_the_same_bytes_as_a_local_pack(tree, tmp_path, clust
 
 
 def test_dask_overwrite_replaces_the_old_pack_only_once_the_new_one_is_complete(
-    tree, tmp_path, cluster
+    tree_with_refusals, tmp_path, cluster
 ):
     from rectool.distributed import pack_on_dask
 
-    root, lst = tree
+    root, lst = tree_with_refusals
     options = PackOptions(shard_records=7, max_failures=5, workers=1)
     pack_images(lst, root, tmp_path / "local" / "f", options)
     pack_images(lst, root, tmp_path / "dask" / "f", PackOptions(max_failures=5))
@@ -221,8 +223,10 @@ def test_dask_worker_killed_mid_run_still_gives_a_correct_pack(tmp_path, cluster
     assert [name for name in expected if got[name] != expected[name]] == []
 
 
-def test_resuming_a_shard_killed_after_its_rename_leaves_the_next_shard_alone(tree, tmp_path):
-    root, lst = tree
+def test_resuming_a_shard_killed_after_its_rename_leaves_the_next_shard_alone(
+    tree_with_refusals, tmp_path
+):
+    root, lst = tree_with_refusals
     options = PackOptions(shard_records=7)
     prefix = tmp_path / "out" / "f"
     pack_images(lst, root, prefix, options, only_shard=1)
@@ -247,11 +251,11 @@ def test_resuming_a_shard_killed_after_its_rename_leaves_the_next_shard_alone(tr
     assert failures.exists() and not (tmp_path / "out" / "f-00001.pack-state.json").exists()
 
 
-def test_dask_wrong_root_stops_before_the_cluster_or_any_file(tree, tmp_path):
+def test_dask_wrong_root_stops_before_the_cluster_or_any_file(tree_with_refusals, tmp_path):
     from rectool.distributed import pack_on_dask
     from rectool.packing import WrongRootError
 
-    _, lst = tree
+    _, lst = tree_with_refusals
     wrong = tmp_path / "elsewhere"
     wrong.mkdir()
     with pytest.raises(WrongRootError, match="is ROOT right"):

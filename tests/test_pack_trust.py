@@ -12,7 +12,7 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import write_list, write_pack_tree
+from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
@@ -24,7 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture
-def tree(tmp_path):
+def two_identity_tree(tmp_path):
     root = tmp_path / "tree"
     items = write_pack_tree(root, ["alice", "bob"], 3)
     return root, write_list(tmp_path / "faces.lst", items), items
@@ -79,8 +79,10 @@ class LockHolder:
     [[], ["--resume"], ["--overwrite"], ["--shard-records", "2", "--finalize"]],
     ids=["pack", "resume", "overwrite", "finalize"],
 )
-def test_a_second_run_on_a_locked_prefix_is_refused_naming_it_and_the_pid(tree, tmp_path, args):
-    root, lst, _ = tree
+def test_a_second_run_on_a_locked_prefix_is_refused_naming_it_and_the_pid(
+    two_identity_tree, tmp_path, args
+):
+    root, lst, _ = two_identity_tree
     prefix = tmp_path / "out" / "faces"
     prefix.parent.mkdir()
     holder = LockHolder(prefix)
@@ -96,8 +98,8 @@ def test_a_second_run_on_a_locked_prefix_is_refused_naming_it_and_the_pid(tree, 
     assert sorted(os.listdir(prefix.parent)) == []  # nothing written, the lock file removed
 
 
-def test_only_shard_locks_its_shard_not_the_others(tree, tmp_path):
-    root, lst, _ = tree
+def test_only_shard_locks_its_shard_not_the_others(two_identity_tree, tmp_path):
+    root, lst, _ = two_identity_tree
     prefix = tmp_path / "out" / "faces"
     prefix.parent.mkdir()
     holder = LockHolder(f"{prefix}-00001")
@@ -111,8 +113,8 @@ def test_only_shard_locks_its_shard_not_the_others(tree, tmp_path):
     assert free.exit_code == 0, free.output
 
 
-def test_a_lock_left_by_a_killed_process_does_not_block_the_next_run(tree, tmp_path):
-    root, lst, _ = tree
+def test_a_lock_left_by_a_killed_process_does_not_block_the_next_run(two_identity_tree, tmp_path):
+    root, lst, _ = two_identity_tree
     prefix = tmp_path / "out" / "faces"
     prefix.parent.mkdir()
     holder = LockHolder(prefix)
@@ -124,8 +126,8 @@ def test_a_lock_left_by_a_killed_process_does_not_block_the_next_run(tree, tmp_p
     assert (tmp_path / "out" / "faces.manifest.json").exists()
 
 
-def test_finalize_is_locked_in_the_library_too(tree, tmp_path):
-    root, lst, _ = tree
+def test_finalize_is_locked_in_the_library_too(two_identity_tree, tmp_path):
+    root, lst, _ = two_identity_tree
     prefix = tmp_path / "faces"
     options = PackOptions(shard_records=3)
     for k in range(2):
@@ -154,9 +156,11 @@ def folder_bytes(folder):
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
 
 
-def test_overwrite_with_a_list_failing_on_its_last_line_keeps_the_old_pack(tree, tmp_path):
-    root, lst, _ = tree
-    prefix, before = old_pack(tree, tmp_path)
+def test_overwrite_with_a_list_failing_on_its_last_line_keeps_the_old_pack(
+    two_identity_tree, tmp_path
+):
+    root, lst, _ = two_identity_tree
+    prefix, before = old_pack(two_identity_tree, tmp_path)
     bad = tmp_path / "bad.lst"
     bad.write_text(lst.read_text() + "99\tnot-a-label\tx.jpg\n")
     result = invoke("pack", bad, root, prefix, "-q", "--overwrite")
@@ -166,9 +170,9 @@ def test_overwrite_with_a_list_failing_on_its_last_line_keeps_the_old_pack(tree,
     assert invoke("verify", f"{prefix}.manifest.json", "-q").exit_code == 0
 
 
-def test_overwrite_killed_mid_run_keeps_the_old_pack_verifiable(tree, tmp_path):
-    root, lst, _ = tree
-    prefix, before = old_pack(tree, tmp_path)
+def test_overwrite_killed_mid_run_keeps_the_old_pack_verifiable(two_identity_tree, tmp_path):
+    root, lst, _ = two_identity_tree
+    prefix, before = old_pack(two_identity_tree, tmp_path)
     killed = rectool("pack", lst, root, prefix, "-q", "--overwrite", "--resize", "20",
                      "--shard-records", "1", "--workers", "1",
                      env={"RECTOOL_TEST_FAULT": "SIGKILL:3"})  # fmt: skip
@@ -191,9 +195,9 @@ def test_overwrite_killed_mid_run_keeps_the_old_pack_verifiable(tree, tmp_path):
     assert invoke("verify", f"{prefix}.manifest.json", "-q").exit_code == 0
 
 
-def test_overwrite_reports_the_final_paths(tree, tmp_path):
-    root, lst, _ = tree
-    prefix, _ = old_pack(tree, tmp_path)
+def test_overwrite_reports_the_final_paths(two_identity_tree, tmp_path):
+    root, lst, _ = two_identity_tree
+    prefix, _ = old_pack(two_identity_tree, tmp_path)
     result = invoke("pack", lst, root, prefix, "--overwrite", "--json")
     assert result.exit_code == 0, result.output
     summary = json.loads(result.stdout)
@@ -230,10 +234,10 @@ def pack_with(tmp_path, root, entries, args, timeout=120):
 
 
 @pytest.mark.parametrize("mode", REFUSE_ARGS)
-def test_fifo_dev_zero_directory_and_socket_are_refused_not_read(tree, tmp_path, mode):
+def test_fifo_dev_zero_directory_and_socket_are_refused_not_read(two_identity_tree, tmp_path, mode):
     import socket
 
-    root, _, _ = tree
+    root, _, _ = two_identity_tree
     os.mkfifo(root / "fifo.jpg")
     os.symlink("/dev/zero", root / "zero.jpg")
     (root / "folder.jpg").mkdir()
@@ -255,10 +259,12 @@ def test_fifo_dev_zero_directory_and_socket_are_refused_not_read(tree, tmp_path,
 
 
 @pytest.mark.parametrize("mode", ["pass-through", "re-encode"])
-def test_a_file_over_the_record_limit_is_refused_without_reading_it(tree, tmp_path, mode):
+def test_a_file_over_the_record_limit_is_refused_without_reading_it(
+    two_identity_tree, tmp_path, mode
+):
     from rectool.reader import MAX_RECORD_BYTES
 
-    root, _, _ = tree
+    root, _, _ = two_identity_tree
     with open(root / "huge.jpg", "wb") as f:
         f.truncate(MAX_RECORD_BYTES + 1)  # sparse: no disk used
     refused, _ = pack_with(tmp_path, root, ["huge.jpg"], REFUSE_ARGS[mode])
@@ -271,10 +277,10 @@ OUTSIDE = "outside-root: the path leaves ROOT (--allow-outside-root packs it)"
 
 
 @pytest.mark.parametrize("mode", REFUSE_ARGS)
-def test_paths_leaving_root_are_refused_unless_allowed(tree, tmp_path, mode):
-    from imagefiles import jpeg_bytes
+def test_paths_leaving_root_are_refused_unless_allowed(two_identity_tree, tmp_path, mode):
+    from helpers.image_files import jpeg_bytes
 
-    root, _, _ = tree
+    root, _, _ = two_identity_tree
     secret = tmp_path / "outside" / "secret.jpg"
     secret.parent.mkdir()
     secret.write_bytes(jpeg_bytes(99))
@@ -291,7 +297,7 @@ def test_paths_leaving_root_are_refused_unless_allowed(tree, tmp_path, mode):
 
 
 def test_rectool_list_never_writes_a_path_that_leaves_root(tmp_path):
-    from imagefiles import jpeg_bytes
+    from helpers.image_files import jpeg_bytes
 
     outside = tmp_path / "outside"
     (outside / "carol").mkdir(parents=True)
@@ -310,8 +316,8 @@ def test_rectool_list_never_writes_a_path_that_leaves_root(tmp_path):
 # -- --resume of a complete pack compares what made it -----------------------------------------
 
 
-def test_resume_of_a_complete_pack_refuses_another_list_root_or_option(tree, tmp_path):
-    root, lst, items = tree
+def test_resume_of_a_complete_pack_refuses_another_list_root_or_option(two_identity_tree, tmp_path):
+    root, lst, items = two_identity_tree
     prefix = tmp_path / "out" / "faces"
     assert invoke("pack", lst, root, prefix, "-q", "--resize", "24").exit_code == 0
     manifest = f"{prefix}.manifest.json"
@@ -360,8 +366,8 @@ def test_resume_of_a_complete_pack_refuses_another_list_root_or_option(tree, tmp
 # -- temporary and partial files ---------------------------------------------------------------
 
 
-def test_planted_symlinks_at_temporary_names_are_not_followed(tree, tmp_path):
-    root, lst, _ = tree
+def test_planted_symlinks_at_temporary_names_are_not_followed(two_identity_tree, tmp_path):
+    root, lst, _ = two_identity_tree
     out = tmp_path / "out"
     out.mkdir()
     victim = tmp_path / "victim.txt"
@@ -392,8 +398,8 @@ def test_planted_symlinks_at_partial_names_are_replaced_not_followed(tmp_path):
         assert records.read(7) == b"record"
 
 
-def test_resume_refuses_a_symlink_planted_at_a_partial_name(tree, tmp_path):
-    root, lst, _ = tree
+def test_resume_refuses_a_symlink_planted_at_a_partial_name(two_identity_tree, tmp_path):
+    root, lst, _ = two_identity_tree
     prefix = tmp_path / "out" / "faces"
     killed = rectool("pack", lst, root, prefix, "-q", "--workers", "1", "--resize", "20",
                      env={"RECTOOL_TEST_FAULT": "SIGKILL:1"})  # fmt: skip
@@ -411,8 +417,8 @@ def test_resume_refuses_a_symlink_planted_at_a_partial_name(tree, tmp_path):
     assert victim.read_text() == "precious\n"
 
 
-def test_outputs_get_the_mode_of_a_normally_created_file(tree, tmp_path):
-    root, _, _ = tree
+def test_outputs_get_the_mode_of_a_normally_created_file(two_identity_tree, tmp_path):
+    root, _, _ = two_identity_tree
     (tmp_path / "l").mkdir()
     (tmp_path / "m").mkdir()
     old = os.umask(0o022)
@@ -454,9 +460,9 @@ def test_outputs_get_the_mode_of_a_normally_created_file(tree, tmp_path):
 )
 @pytest.mark.parametrize("args", [[], ["--resize", "20"], ["--shard-records", "2"]])
 def test_an_index_out_of_range_is_a_list_error_before_anything_is_written(
-    tree, tmp_path, index, message, args
+    two_identity_tree, tmp_path, index, message, args
 ):
-    root, _, items = tree
+    root, _, items = two_identity_tree
     lst = write_list(tmp_path / "bad.lst", [*items, (index, 0, "alice/000.jpg")])
     result = invoke("pack", lst, root, tmp_path / "out" / "faces", "-q", *args)
     assert result.exit_code == 1
@@ -464,8 +470,8 @@ def test_an_index_out_of_range_is_a_list_error_before_anything_is_written(
     assert os.listdir(tmp_path / "out") == []
 
 
-def test_the_largest_index_packs(tree, tmp_path):
-    root, _, items = tree
+def test_the_largest_index_packs(two_identity_tree, tmp_path):
+    root, _, items = two_identity_tree
     lst = write_list(tmp_path / "big.lst", [*items[:1], (2**63 - 1, 0, "alice/001.jpg")])
     assert invoke("pack", lst, root, tmp_path / "out" / "faces", "-q").exit_code == 0
     with IndexedRecordFile(tmp_path / "out" / "faces.rec") as records:
@@ -475,8 +481,10 @@ def test_the_largest_index_packs(tree, tmp_path):
 @pytest.mark.parametrize("prefix", ["", ".", "..", "out/", "out/.", "out/.."])
 @pytest.mark.parametrize("args", [[], ["--shard-records", "2", "--only-shard", "0"],
                                   ["--shard-records", "2", "--finalize"]])  # fmt: skip
-def test_a_folder_like_out_prefix_is_a_usage_error(tree, tmp_path, monkeypatch, prefix, args):
-    root, lst, _ = tree
+def test_a_folder_like_out_prefix_is_a_usage_error(
+    two_identity_tree, tmp_path, monkeypatch, prefix, args
+):
+    root, lst, _ = two_identity_tree
     monkeypatch.chdir(tmp_path)
     before = sorted(os.listdir(tmp_path))
     result = invoke("pack", lst, root, prefix, "-q", *args)
@@ -492,8 +500,10 @@ def test_a_folder_like_out_prefix_is_a_usage_error(tree, tmp_path, monkeypatch, 
 
 
 @pytest.mark.parametrize("args", [["--resize", "20", "--workers", "1"], ["--workers", "1"]])
-def test_ctrl_c_exits_130_saying_what_was_kept_and_resume_continues(tree, tmp_path, args):
-    root, lst, _ = tree
+def test_ctrl_c_exits_130_saying_what_was_kept_and_resume_continues(
+    two_identity_tree, tmp_path, args
+):
+    root, lst, _ = two_identity_tree
     prefix = tmp_path / "out" / "faces"
     stopped = rectool("pack", lst, root, prefix, "-q", *args,
                       env={"RECTOOL_TEST_FAULT": "SIGINT:1"})  # fmt: skip
@@ -510,9 +520,9 @@ def test_ctrl_c_exits_130_saying_what_was_kept_and_resume_continues(tree, tmp_pa
     assert invoke("verify", f"{prefix}.manifest.json", "-q").exit_code == 0
 
 
-def test_ctrl_c_during_overwrite_says_the_old_pack_is_unchanged(tree, tmp_path):
-    root, lst, _ = tree
-    prefix, before = old_pack(tree, tmp_path)
+def test_ctrl_c_during_overwrite_says_the_old_pack_is_unchanged(two_identity_tree, tmp_path):
+    root, lst, _ = two_identity_tree
+    prefix, before = old_pack(two_identity_tree, tmp_path)
     stopped = rectool("pack", lst, root, prefix, "-q", "--overwrite", "--workers", "1",
                       env={"RECTOOL_TEST_FAULT": "SIGINT:1"})  # fmt: skip
     assert stopped.returncode == 130
@@ -530,8 +540,8 @@ def test_ctrl_c_during_overwrite_says_the_old_pack_is_unchanged(tree, tmp_path):
     "args", [[], ["--overwrite"], ["--shard-records", "2", "--only-shard", "1"]]
 )
 @pytest.mark.parametrize("stdin", [False, True], ids=["file", "stdin"])
-def test_a_wrong_root_stops_before_writing_anything(tree, tmp_path, args, stdin):
-    root, lst, _ = tree
+def test_a_wrong_root_stops_before_writing_anything(two_identity_tree, tmp_path, args, stdin):
+    root, lst, _ = two_identity_tree
     if stdin and "--only-shard" in args:
         pytest.skip("--only-shard needs a list file")
     wrong = tmp_path / "elsewhere"
@@ -547,8 +557,8 @@ def test_a_wrong_root_stops_before_writing_anything(tree, tmp_path, args, stdin)
     assert not prefix.parent.exists()
 
 
-def test_a_root_where_some_images_exist_packs_and_refuses_the_missing(tree, tmp_path):
-    root, lst, _ = tree
+def test_a_root_where_some_images_exist_packs_and_refuses_the_missing(two_identity_tree, tmp_path):
+    root, lst, _ = two_identity_tree
     for name in ("000", "001", "002"):
         (root / "alice" / f"{name}.jpg").unlink()
     result = invoke("pack", lst, root, tmp_path / "out" / "faces", "--json", "--max-failures", "3")
@@ -556,9 +566,9 @@ def test_a_root_where_some_images_exist_packs_and_refuses_the_missing(tree, tmp_
     assert json.loads(result.stdout)["failures"] == 3
 
 
-def test_only_shard_overwrite_refuses_to_break_a_complete_pack(tree, tmp_path):
-    root, lst, _ = tree
-    prefix, before = old_pack(tree, tmp_path)
+def test_only_shard_overwrite_refuses_to_break_a_complete_pack(two_identity_tree, tmp_path):
+    root, lst, _ = two_identity_tree
+    prefix, before = old_pack(two_identity_tree, tmp_path)
     result = invoke("pack", lst, root, prefix, "-q", "--shard-records", "2", "--only-shard", "1",
                     "--overwrite")  # fmt: skip
     assert result.exit_code == 1
@@ -570,8 +580,10 @@ def test_only_shard_overwrite_refuses_to_break_a_complete_pack(tree, tmp_path):
     assert folder_bytes(prefix.parent) == before
 
 
-def test_a_pack_stopped_mid_run_holds_the_lock_and_resume_works_once_it_is_killed(tree, tmp_path):
-    root, lst, _ = tree
+def test_a_pack_stopped_mid_run_holds_the_lock_and_resume_works_once_it_is_killed(
+    two_identity_tree, tmp_path
+):
+    root, lst, _ = two_identity_tree
     prefix = tmp_path / "out" / "faces"
     env = {**os.environ, "PYTHONPATH": REPO, "RECTOOL_TEST_FAULT": "SIGSTOP:1"}
     first = subprocess.Popen(

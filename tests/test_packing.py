@@ -8,7 +8,7 @@ import json
 import cv2
 import numpy as np
 import pytest
-from imagefiles import encode, image_array, jpeg_bytes, write_list, write_pack_tree
+from helpers.image_files import encode, image_array, jpeg_bytes, write_list, write_pack_tree
 
 from rectool.errors import RectoolError, UsageError
 from rectool.images import Transform
@@ -26,16 +26,8 @@ def read_pack(rec, idx=None):
     return out
 
 
-@pytest.fixture
-def tree(tmp_path):
-    root = tmp_path / "tree"
-    items = write_pack_tree(root, ["alice", "bob", "carol"], 4)
-    lst = write_list(tmp_path / "faces.lst", items)
-    return root, lst, items
-
-
-def test_pass_through_bytes_equal_source_files(tree, tmp_path):
-    root, lst, items = tree
+def test_pass_through_bytes_equal_source_files(small_tree, tmp_path):
+    root, lst, items = small_tree
     result = pack_images(lst, root, tmp_path / "out" / "faces")
     assert result.failures == 0
     records = read_pack(tmp_path / "out" / "faces.rec")
@@ -111,8 +103,8 @@ def im2rec_resize(image, size):
     ],
     ids=["resize", "center-crop+quality", "png", "gray", "unchanged+crop+resize+png"],
 )  # fmt: skip
-def test_transforms_match_opencv_by_hand(tree, tmp_path, transform, expected):
-    root, lst, items = tree
+def test_transforms_match_opencv_by_hand(small_tree, tmp_path, transform, expected):
+    root, lst, items = small_tree
     pack_images(lst, root, tmp_path / "t", PackOptions(transform=transform))
     records = read_pack(tmp_path / "t.rec")
     for index, _, rel in items:
@@ -212,8 +204,8 @@ def test_max_failures_accepts_up_to_n(bad_tree, tmp_path):
     assert not pack_images(lst, root, tmp_path / "b", PackOptions(max_failures=4)).accepted
 
 
-def test_manifest_describes_the_shards(tree, tmp_path):
-    root, lst, items = tree
+def test_manifest_describes_the_shards(small_tree, tmp_path):
+    root, lst, items = small_tree
     (tmp_path / "faces.labels.tsv").write_text("0\talice\n1\tbob\n2\tcarol\n", encoding="utf-8")
     pack_images(lst, root, tmp_path / "m", PackOptions(shard_records=5))
     manifest = json.loads((tmp_path / "m.manifest.json").read_text(encoding="utf-8"))
@@ -237,8 +229,8 @@ def test_manifest_describes_the_shards(tree, tmp_path):
     assert not list(tmp_path.glob("*.partial"))
 
 
-def test_shard_rollover_by_bytes(tree, tmp_path):
-    root, lst, items = tree
+def test_shard_rollover_by_bytes(small_tree, tmp_path):
+    root, lst, items = small_tree
     limit = 3000
     pack_images(lst, root, tmp_path / "s", PackOptions(shard_bytes=limit))
     shards = sorted(tmp_path.glob("s-*.rec"))
@@ -265,8 +257,8 @@ def test_same_bytes_with_one_or_many_workers(bad_tree, tmp_path):
         assert (tmp_path / f"w8{name}").read_bytes() == one
 
 
-def test_existing_output_needs_overwrite(tree, tmp_path):
-    root, lst, _ = tree
+def test_existing_output_needs_overwrite(small_tree, tmp_path):
+    root, lst, _ = small_tree
     pack_images(lst, root, tmp_path / "o")
     with pytest.raises(RectoolError, match="output exists; use --overwrite"):
         pack_images(lst, root, tmp_path / "o")
@@ -277,16 +269,16 @@ def test_existing_output_needs_overwrite(tree, tmp_path):
     pack_images(lst, root, tmp_path / "o", overwrite=True)
 
 
-def test_bad_list_is_refused_before_anything_is_written(tree, tmp_path):
-    root, _, items = tree
+def test_bad_list_is_refused_before_anything_is_written(small_tree, tmp_path):
+    root, _, items = small_tree
     lst = write_list(tmp_path / "dup.lst", items + [(3, 0, "alice/000.jpg")])
     with pytest.raises(RectoolError, match=r"dup.lst: line 13: index 3 appears twice"):
         pack_images(lst, root, tmp_path / "d")
     assert not list(tmp_path.glob("d.*"))
 
 
-def test_insightface_layout(tree, tmp_path):
-    root, _, items = tree
+def test_insightface_layout(small_tree, tmp_path):
+    root, _, items = small_tree
     shuffled = items[::-1]  # the layout groups identities itself
     lst = write_list(tmp_path / "i.lst", shuffled)
     result = pack_images(lst, root, tmp_path / "ins" / "train", PackOptions(layout="insightface"))
@@ -318,8 +310,8 @@ def test_insightface_layout(tree, tmp_path):
         assert f.keys.tolist()[-1] == 0
 
 
-def test_insightface_layout_refuses_shards_and_bad_labels(tree, tmp_path):
-    root, lst, items = tree
+def test_insightface_layout_refuses_shards_and_bad_labels(small_tree, tmp_path):
+    root, lst, items = small_tree
     with pytest.raises(UsageError, match="writes one .rec"):
         pack_images(lst, root, tmp_path / "x", PackOptions(layout="insightface", shard_records=2))
     frac = write_list(tmp_path / "f.lst", [(0, 1.5, items[0][2])])
@@ -327,17 +319,17 @@ def test_insightface_layout_refuses_shards_and_bad_labels(tree, tmp_path):
         pack_images(frac, root, tmp_path / "y", PackOptions(layout="insightface"))
 
 
-def test_insightface_layout_refuses_numbers_float32_cannot_hold(tree, tmp_path, monkeypatch):
+def test_insightface_layout_refuses_numbers_float32_cannot_hold(small_tree, tmp_path, monkeypatch):
     import rectool.packing
 
-    root, lst, _ = tree
+    root, lst, _ = small_tree
     monkeypatch.setattr(rectool.packing, "FLOAT32_EXACT", 16)
     with pytest.raises(RectoolError, match="exact only up to 16; 12 images \\+ 3 identities"):
         pack_images(lst, root, tmp_path / "z", PackOptions(layout="insightface"))
 
 
-def test_labels_as_large_as_float32_allows_are_packed(tree, tmp_path):
-    root, _, items = tree
+def test_labels_as_large_as_float32_allows_are_packed(small_tree, tmp_path):
+    root, _, items = small_tree
     lst = tmp_path / "big-labels.lst"
     rel = items[0][2]
     lst.write_text(f"0\t3.4e38\t{rel}\n1\t-1e3\t{rel}\n2\t1e-40\t{rel}\n", encoding="utf-8")
@@ -346,8 +338,8 @@ def test_labels_as_large_as_float32_allows_are_packed(tree, tmp_path):
     assert labels == [np.float32(3.4e38), -1000.0, np.float32(1e-40)]
 
 
-def test_list_that_is_not_utf8_names_the_line(tree, tmp_path):
-    root, _, _ = tree
+def test_list_that_is_not_utf8_names_the_line(small_tree, tmp_path):
+    root, _, _ = small_tree
     bad = tmp_path / "latin1.lst"
     bad.write_bytes(b"0\t0\talice/000.jpg\n1\t0\talice/caf\xe9.jpg\n")
     with pytest.raises(RectoolError, match=r"latin1.lst: line 2: not valid UTF-8"):
@@ -367,8 +359,8 @@ def test_list_that_is_not_utf8_names_the_line(tree, tmp_path):
         ("0\t0\ta.jpg\n1\t0\tb\0.jpg\n", "line 2: the image path holds a NUL character"),
     ],
 )
-def test_unusual_lists_are_checked_line_by_line(tree, tmp_path, text, message):
-    root, _, _ = tree
+def test_unusual_lists_are_checked_line_by_line(small_tree, tmp_path, text, message):
+    root, _, _ = small_tree
     lst = tmp_path / "odd.lst"
     lst.write_text(text, encoding="utf-8")
     with pytest.raises(RectoolError, match=message):
@@ -414,11 +406,11 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
     assert (tmp_path / "slow.idx").read_bytes() == (tmp_path / "fast.idx").read_bytes()
 
 
-def test_a_record_over_the_recordio_limit_is_refused(tree, tmp_path, monkeypatch):
+def test_a_record_over_the_recordio_limit_is_refused(small_tree, tmp_path, monkeypatch):
     import rectool.passthrough
     import rectool.writer
 
-    root, lst, items = tree
+    root, lst, items = small_tree
     largest = max((root / rel).stat().st_size for _, _, rel in items)
     # Pretend the 2**29 - 1 limit is one byte short of the largest record (header + image).
     monkeypatch.setattr(rectool.writer, "MAX_RECORD_BYTES", 24 + largest - 1)

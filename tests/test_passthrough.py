@@ -1,21 +1,21 @@
 """Pass-through blocks: the same records and refusals as framing and checking image by image.
 
-Expected bytes come from `tests/handmade.py` (dmlc framing written from FORMAT-NOTES, not from
-rectool), and expected refusals from `check_image` run on each file alone: the block code must
-agree with both, whatever the block boundaries.
+Expected bytes come from `helpers/handmade_datasets.py` (dmlc framing written from FORMAT-NOTES,
+not from rectool), and expected refusals from `check_image` run on each file alone: the block
+code must agree with both, whatever the block boundaries.
 """
 
 from __future__ import annotations
 
 import struct
-import time
 
 import numpy as np
 import pytest
-from handmade import frame, image_record
+from helpers.faults import slow_writes
+from helpers.handmade_datasets import frame, image_record
+from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from imagefiles import encode, image_array, jpeg_bytes, write_list
 
 import rectool.passthrough
 import rectool.shards
@@ -225,15 +225,9 @@ def test_a_pack_of_many_blocks_through_a_slow_writer(tmp_path, monkeypatch):
         if n % 37:
             expected.append(frame(image_record(data, float(n % 5), n * 2)))
     lst = write_list(tmp_path / "many.lst", items)
-    real_write = rectool.shards._write_all
-
-    def slow_write(fd, data):
-        time.sleep(0.002)
-        real_write(fd, data)
-
     monkeypatch.setattr(rectool.passthrough, "BLOCK_BYTES", 16 << 10)
     monkeypatch.setattr(rectool.passthrough, "BUFFERS", 1)
-    monkeypatch.setattr(rectool.shards, "_write_all", slow_write)
+    slow_writes(monkeypatch, ".rec.partial", 0.002)
     result = pack_images(lst, root, tmp_path / "many", PackOptions(max_failures=10))
     assert result.failures == 7
     assert (tmp_path / "many.rec").read_bytes() == b"".join(expected)

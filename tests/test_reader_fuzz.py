@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from handmade import MAGIC, write_insightface, write_pack
+from helpers.handmade_datasets import MAGIC, write_insightface, write_pack
+from helpers.image_files import jpeg_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from imagefiles import jpeg_bytes
 
 from rectool.indexcache import write_index_cache
 from rectool.reader import RectoolError, load_index, open_dataset

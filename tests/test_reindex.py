@@ -8,9 +8,7 @@ import shutil
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from recfiles import (
+from helpers.rec_files import (
     MAGIC,
     idx_lines,
     image_payload,
@@ -19,6 +17,8 @@ from recfiles import (
     write_records,
     xor_byte,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
@@ -33,11 +33,6 @@ def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-@pytest.fixture
-def pack(tmp_path):
-    return make_pack(tmp_path)
-
-
 def rebuilt(pack, **kwargs):
     """Reindex into a new file beside the pack; return (result, its lines)."""
     out = pack.rec.with_name("rebuilt.idx")
@@ -45,13 +40,13 @@ def rebuilt(pack, **kwargs):
     return result, idx_lines(out)
 
 
-def test_sound_pack_gives_an_identical_idx(pack):
-    original = pack.idx.read_bytes()
-    pack.idx.unlink()
-    result = reindex(pack.rec)
+def test_sound_pack_gives_an_identical_idx(small_pack):
+    original = small_pack.idx.read_bytes()
+    small_pack.idx.unlink()
+    result = reindex(small_pack.rec)
     assert result.sound
     assert (result.records, result.skipped, result.unkeyed) == (12, [], [])
-    assert pack.idx.read_bytes() == original
+    assert small_pack.idx.read_bytes() == original
 
 
 def test_insightface_pack_gives_an_identical_idx(tmp_path):
@@ -74,53 +69,53 @@ def test_split_records_are_indexed_once(tmp_path):
     assert (tmp_path / "r.idx").read_bytes() == original
 
 
-def test_refuses_to_replace_an_existing_idx(pack):
+def test_refuses_to_replace_an_existing_idx(small_pack):
     with pytest.raises(RectoolError, match="exists; use --overwrite"):
-        reindex(pack.rec)
+        reindex(small_pack.rec)
 
 
-def test_overwrite_removes_the_stale_sidecar_cache(pack):
-    keys = np.array([k for k, _ in pack.lines], np.int64)
-    write_index_cache(pack.idx, keys, np.array([o for _, o in pack.lines], np.int64))
-    assert os.path.exists(index_cache_path(pack.idx))
-    reindex(pack.rec, overwrite=True)
-    assert not os.path.exists(index_cache_path(pack.idx))
-    assert idx_lines(pack.idx) == pack.lines
+def test_overwrite_removes_the_stale_sidecar_cache(small_pack):
+    keys = np.array([k for k, _ in small_pack.lines], np.int64)
+    write_index_cache(small_pack.idx, keys, np.array([o for _, o in small_pack.lines], np.int64))
+    assert os.path.exists(index_cache_path(small_pack.idx))
+    reindex(small_pack.rec, overwrite=True)
+    assert not os.path.exists(index_cache_path(small_pack.idx))
+    assert idx_lines(small_pack.idx) == small_pack.lines
 
 
-def test_bad_magic_is_skipped_up_to_the_next_record(pack):
-    _, start = pack.lines[4]
-    end = pack.lines[5][1]
-    xor_byte(pack.rec, start, 0x01)
-    result, lines = rebuilt(pack)
+def test_bad_magic_is_skipped_up_to_the_next_record(small_pack):
+    _, start = small_pack.lines[4]
+    end = small_pack.lines[5][1]
+    xor_byte(small_pack.rec, start, 0x01)
+    result, lines = rebuilt(small_pack)
     assert [(d.start, d.end, d.kind) for d in result.skipped] == [(start, end, "bad-magic")]
-    assert lines == pack.lines[:4] + pack.lines[5:]
+    assert lines == small_pack.lines[:4] + small_pack.lines[5:]
     assert not result.sound
 
 
-def test_garbage_inserted_between_records(pack):
-    _, at = pack.lines[7]
-    data = pack.rec.read_bytes()
-    pack.rec.write_bytes(data[:at] + b"not a record" + data[at:])  # 12 bytes keep alignment
-    result, lines = rebuilt(pack)
+def test_garbage_inserted_between_records(small_pack):
+    _, at = small_pack.lines[7]
+    data = small_pack.rec.read_bytes()
+    small_pack.rec.write_bytes(data[:at] + b"not a record" + data[at:])  # 12 bytes keep alignment
+    result, lines = rebuilt(small_pack)
     assert [(d.start, d.end, d.kind) for d in result.skipped] == [(at, at + 12, "bad-magic")]
-    assert lines == pack.lines[:7] + [(k, o + 12) for k, o in pack.lines[7:]]
+    assert lines == small_pack.lines[:7] + [(k, o + 12) for k, o in small_pack.lines[7:]]
 
 
-def test_truncated_tail(pack):
-    _, start = pack.lines[-1]
-    os.truncate(pack.rec, start + 30)
-    result, lines = rebuilt(pack)
+def test_truncated_tail(small_pack):
+    _, start = small_pack.lines[-1]
+    os.truncate(small_pack.rec, start + 30)
+    result, lines = rebuilt(small_pack)
     assert [(d.start, d.end, d.kind) for d in result.skipped] == [(start, start + 30, "truncated")]
-    assert lines == pack.lines[:-1]
+    assert lines == small_pack.lines[:-1]
 
 
-def test_a_rebuilt_index_leaves_only_the_damage_to_verify(pack):
-    key, start = pack.lines[2]
-    xor_byte(pack.rec, start, 0x01)
-    pack.manifest.unlink()
-    reindex(pack.rec, overwrite=True)
-    report = verify_dataset(pack.rec)
+def test_a_rebuilt_index_leaves_only_the_damage_to_verify(small_pack):
+    key, start = small_pack.lines[2]
+    xor_byte(small_pack.rec, start, 0x01)
+    small_pack.manifest.unlink()
+    reindex(small_pack.rec, overwrite=True)
+    report = verify_dataset(small_pack.rec)
     # The .rec.crc still names the record's place: the record the .idx lost is damaged.
     assert [(p.kind, p.key, p.offset) for p in report.problems] == [
         ("bad-magic", None, start),
@@ -128,10 +123,10 @@ def test_a_rebuilt_index_leaves_only_the_damage_to_verify(pack):
     ]
 
 
-def test_keys_by_position(pack):
-    result, lines = rebuilt(pack, keys="position")
+def test_keys_by_position(small_pack):
+    result, lines = rebuilt(small_pack, keys="position")
     assert result.sound
-    assert lines == [(i, o) for i, (_, o) in enumerate(pack.lines)]
+    assert lines == [(i, o) for i, (_, o) in enumerate(small_pack.lines)]
 
 
 def test_duplicate_and_missing_header_ids(tmp_path):
@@ -186,37 +181,37 @@ def test_property_reindex_reproduces_the_writer_idx(tmp_path, records):
 # -- the command line -----------------------------------------------------------------------------
 
 
-def test_cli_sound_exit_0(pack):
-    original = pack.idx.read_bytes()
-    result = invoke("reindex", pack.rec, "--overwrite")
+def test_cli_sound_exit_0(small_pack):
+    original = small_pack.idx.read_bytes()
+    result = invoke("reindex", small_pack.rec, "--overwrite")
     assert result.exit_code == 0, result.output
-    assert result.stderr == f"Wrote {pack.idx}: 12 records, keys from record headers.\n"
-    assert pack.idx.read_bytes() == original
+    assert result.stderr == f"Wrote {small_pack.idx}: 12 records, keys from record headers.\n"
+    assert small_pack.idx.read_bytes() == original
 
 
-def test_cli_existing_idx_is_an_error(pack):
-    result = invoke("reindex", pack.rec)
+def test_cli_existing_idx_is_an_error(small_pack):
+    result = invoke("reindex", small_pack.rec)
     assert result.exit_code == 1
-    assert result.stderr == f"Error: {pack.idx}: exists; use --overwrite to replace it\n"
+    assert result.stderr == f"Error: {small_pack.idx}: exists; use --overwrite to replace it\n"
 
 
-def test_cli_damage_exit_1_lists_the_skipped_ranges(pack):
-    _, start = pack.lines[4]
-    end = pack.lines[5][1]
-    set_bytes(pack.rec, start, b"XXXX")
-    out = pack.rec.with_name("new.idx")
-    result = invoke("reindex", pack.rec, "-o", out)
+def test_cli_damage_exit_1_lists_the_skipped_ranges(small_pack):
+    _, start = small_pack.lines[4]
+    end = small_pack.lines[5][1]
+    set_bytes(small_pack.rec, start, b"XXXX")
+    out = small_pack.rec.with_name("new.idx")
+    result = invoke("reindex", small_pack.rec, "-o", out)
     assert result.exit_code == 1
     assert result.stderr.splitlines() == [
         f"Wrote {out}: 11 records, keys from record headers.",
         f"Skipped 1 damaged byte range ({end - start:,} bytes):",
         f"  bytes {start}..{end} ({end - start:,} bytes): bad-magic: bad magic 0x58585858 "
         "(expected 0xced7230a)",
-        f"1 damaged record (per {pack.rec}.crc):",
+        f"1 damaged record (per {small_pack.rec}.crc):",
         f"  byte offset {start}: bytes {start}..{end} differ from their CRC-32; "
         "no record starts there any more (record 4 of faces.rec.crc)",
     ]
-    assert idx_lines(out) == pack.lines[:4] + pack.lines[5:]
+    assert idx_lines(out) == small_pack.lines[:4] + small_pack.lines[5:]
 
 
 def test_cli_json_and_duplicates(tmp_path):
@@ -237,6 +232,6 @@ def test_cli_json_and_duplicates(tmp_path):
     assert [k for k, _ in idx_lines(tmp_path / "x.idx")] == [0, 1, 2]
 
 
-def test_cli_usage_errors(tmp_path, pack):
+def test_cli_usage_errors(tmp_path, small_pack):
     assert invoke("reindex", tmp_path / "missing.rec").exit_code == 2
-    assert invoke("reindex", pack.rec, "--keys", "bogus").exit_code == 2
+    assert invoke("reindex", small_pack.rec, "--keys", "bogus").exit_code == 2

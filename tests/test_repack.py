@@ -1,7 +1,7 @@
 """`rectool.repack`: merging, filtering, relabelling, ordering and converting packs.
 
-Expected values come from the sources as written by hand (tests/handmade.py) or from packing
-the trees themselves, never from the code under test.
+Expected values come from the sources as written by hand (helpers/handmade_datasets.py) or from
+packing the trees themselves, never from the code under test.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import zlib
 
 import numpy as np
 import pytest
-from handmade import MAGIC, frame, image_record, write_insightface, write_pack
+from helpers.handmade_datasets import MAGIC, frame, image_record, write_insightface, write_pack
+from helpers.image_files import encode, image_array, jpeg_bytes, write_list, write_pack_tree
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from imagefiles import encode, image_array, jpeg_bytes, write_list, write_pack_tree
 
 from rectool import repack as repack_module
 from rectool.errors import RectoolError, UsageError

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import pytest
-from handmade import write_insightface
-from imagefiles import jpeg_bytes
-from oracle import run_mxnet
+from helpers.handmade_datasets import write_insightface
+from helpers.image_files import jpeg_bytes
+from helpers.mxnet_oracle import run_mxnet
 from test_dali import dali_python, dali_read
 
 from rectool.dali import write_dali_index

@@ -23,9 +23,9 @@ import cv2
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from handmade import MAGIC, write_insightface, write_pack
-from imagefiles import jpeg_bytes, write_list
-from recfiles import make_pack
+from helpers.handmade_datasets import MAGIC, write_insightface, write_pack
+from helpers.image_files import jpeg_bytes, write_list
+from helpers.rec_files import make_pack
 
 from rectool.cli import cli
 from rectool.listfile import write_label_map
@@ -41,7 +41,7 @@ def invoke(*args):
 
 
 @pytest.fixture(scope="module")
-def pack(tmp_path_factory):
+def report_pack(tmp_path_factory):
     """A pack of COUNTS (+ a duplicate across ann/ben, one within eve) and three refusals.
 
     Refused: `ben/empty.jpg` (empty; replaced after packing by a good JPEG, so its source
@@ -82,11 +82,13 @@ def manifest(pack):
 
 
 @pytest.fixture(scope="module")
-def page(pack):
+def page(report_pack):
     """The report of `pack` (thumbnails of refused sources on), and its parsed HTML."""
-    out = pack / "report.html"
+    out = report_pack / "report.html"
     options = ["--thumb", THUMB, "--identities", 3, "--per-identity", 4]
-    result = invoke("report", manifest(pack), "-o", out, "--images-root", pack / "tree", *options)
+    result = invoke(
+        "report", manifest(report_pack), "-o", out, "--images-root", report_pack / "tree", *options
+    )
     assert result.exit_code == 0, result.output
     return out, parse(out.read_text(encoding="utf-8"))
 
@@ -168,23 +170,25 @@ def info_json(target):
 # --- the numbers -------------------------------------------------------------------------------
 
 
-def test_summary_matches_info_json_and_the_tree(pack, page):
+def test_summary_matches_info_json_and_the_tree(report_pack, page):
     _, html = page
-    info = info_json(manifest(pack))
+    info = info_json(manifest(report_pack))
     summary = html.summary()
     packed = sum(COUNTS.values()) + 2  # the two copies
     assert (summary["Records"], summary["Images"]) == (info["records"], info["images"])
     assert (summary["Records"], summary["Images"], summary["Identities"]) == (packed, packed, 5)
     assert summary["Identities"] == info["identities"]
     assert summary["Shards"] == info["shards"] == 1
-    assert summary[".rec bytes"] == info["rec_bytes"] == (pack / "out/faces.rec").stat().st_size
+    assert (
+        summary[".rec bytes"] == info["rec_bytes"] == (report_pack / "out/faces.rec").stat().st_size
+    )
     assert summary["Image bytes"] == info["image_bytes"]["total"]
     assert summary["Refused by the pack"] == 3
 
 
-def test_images_per_identity_table_matches_info_json(pack, page):
+def test_images_per_identity_table_matches_info_json(report_pack, page):
     _, html = page
-    info = info_json(manifest(pack))
+    info = info_json(manifest(report_pack))
     rows = html.rows("per-identity-table")
     assert rows[0] == ["Images per identity", "Identities"]
     histogram = info["images_per_identity"]["histogram"]
@@ -271,11 +275,13 @@ def test_duplicates_of_split_records_are_found(tmp_path):
 # --- inputs and options -----------------------------------------------------------------------
 
 
-def test_same_seed_same_page_other_seed_other_sample(pack, tmp_path):
+def test_same_seed_same_page_other_seed_other_sample(report_pack, tmp_path):
     pages = []
     for seed in (5, 5, 6):
         out = tmp_path / f"{len(pages)}.html"
-        result = invoke("report", manifest(pack), "-o", out, "--seed", seed, "--identities", 2)
+        result = invoke(
+            "report", manifest(report_pack), "-o", out, "--seed", seed, "--identities", 2
+        )
         assert result.exit_code == 0, result.output
         pages.append(out.read_bytes())
     assert pages[0] == pages[1]
@@ -309,9 +315,9 @@ def test_label_vectors_are_said_beside_the_layout(tmp_path):
     assert html.rows("summary-table")[2] == ["Layout", "images, label vectors"]
 
 
-def test_missing_failures_file_is_said_on_the_page(pack, tmp_path):
+def test_missing_failures_file_is_said_on_the_page(report_pack, tmp_path):
     copy = tmp_path / "out"
-    shutil.copytree(pack / "out", copy)
+    shutil.copytree(report_pack / "out", copy)
     (copy / "faces.failures.jsonl").unlink()
     out = tmp_path / "r.html"
     result = invoke("report", copy / "faces.manifest.json", "-o", out)
@@ -362,9 +368,9 @@ def test_labels_that_are_not_class_ids(tmp_path):
     assert len([a for s, a in html.images if s == "contact-sheet"]) == 3
 
 
-def test_verify_result_on_the_page(pack, tmp_path):
+def test_verify_result_on_the_page(report_pack, tmp_path):
     copy = tmp_path / "out"
-    shutil.copytree(pack / "out", copy)
+    shutil.copytree(report_pack / "out", copy)
     target = copy / "faces.manifest.json"
     out = tmp_path / "r.html"
     assert invoke("report", target, "-o", out, "--verify", "--decode").exit_code == 0
@@ -418,16 +424,19 @@ def test_unreadable_pack_is_a_clear_error(tmp_path, make, message):
     assert not (tmp_path / "r.html").exists()
 
 
-def test_usage_errors(pack, tmp_path):
-    assert invoke("report", manifest(pack)).exit_code == 2
-    assert invoke("report", manifest(pack), "-o", tmp_path / "r.html", "--decode").exit_code == 2
-    result = invoke("report", manifest(pack), "--sheet", tmp_path / "s.gif")
+def test_usage_errors(report_pack, tmp_path):
+    assert invoke("report", manifest(report_pack)).exit_code == 2
+    assert (
+        invoke("report", manifest(report_pack), "-o", tmp_path / "r.html", "--decode").exit_code
+        == 2
+    )
+    result = invoke("report", manifest(report_pack), "--sheet", tmp_path / "s.gif")
     assert result.exit_code == 2 and ".jpg or .png" in result.output
 
 
-def test_page_stays_within_max_bytes(pack, tmp_path):
+def test_page_stays_within_max_bytes(report_pack, tmp_path):
     out = tmp_path / "r.html"
-    result = invoke("report", manifest(pack), "-o", out, "--max-bytes", "400KB")
+    result = invoke("report", manifest(report_pack), "-o", out, "--max-bytes", "400KB")
     assert result.exit_code == 0, result.output
     assert out.stat().st_size <= 400_000
     html = parse(out.read_text())
@@ -435,9 +444,9 @@ def test_page_stays_within_max_bytes(pack, tmp_path):
     assert "thumbnails left out to keep the page within 400,000 bytes" in "".join(html.text)
 
 
-def test_sheet_alone(pack, tmp_path):
+def test_sheet_alone(report_pack, tmp_path):
     sheet = tmp_path / "sheet.png"
-    result = invoke("report", manifest(pack), "--sheet", sheet, "--thumb", 32,
+    result = invoke("report", manifest(report_pack), "--sheet", sheet, "--thumb", 32,
                     "--identities", 2, "--per-identity", 3)  # fmt: skip
     assert result.exit_code == 0, result.output
     assert list(tmp_path.iterdir()) == [sheet]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.rec_files import MAGIC, image_payload, raw_record
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from recfiles import MAGIC, image_payload, raw_record
 
 from rectool.errors import RecordFormatError
 from rectool.scan import find_record_start, locate_records, scan_framing

@@ -1,7 +1,8 @@
 """The reader under the real torch DataLoader: workers under fork and spawn, ranks, resuming.
 
 Runs against `rectool.reader`, and through tests/test_emit.py against the emitted copy (see
-reader_module.py). Datasets are small and written by hand, so every sample can be checked.
+helpers/reader_under_test.py). Datasets are small and written by hand, so every sample can be
+checked.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ import sys
 
 import numpy as np
 import pytest
-from handmade import write_pack
-from imagefiles import jpeg_bytes
-from reader_module import EMITTED, rd
-from training_module import tr
+from helpers.handmade_datasets import write_pack
+from helpers.image_files import jpeg_bytes
+from helpers.reader_under_test import EMITTED, rd
+from helpers.training_under_test import tr
 
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader  # noqa: E402
@@ -24,7 +25,7 @@ SAMPLES = 37
 
 
 @pytest.fixture(scope="module")
-def pack(tmp_path_factory):
+def torch_shards(tmp_path_factory):
     """37 JPEGs in three shards; label = 0.5 * sample number (exact in float32)."""
     folder = tmp_path_factory.mktemp("torch")
     items = [(1000 + n, jpeg_bytes(n, 12, 10), n * 0.5) for n in range(SAMPLES)]
@@ -52,8 +53,8 @@ def collected(loader):
 @pytest.mark.parametrize(
     ("workers", "context"), [(0, None), (2, "fork"), (2, "spawn")], ids=["main", "fork", "spawn"]
 )
-def test_every_sample_exactly_once_per_epoch(pack, workers, context):
-    prefix, samples = pack
+def test_every_sample_exactly_once_per_epoch(torch_shards, workers, context):
+    prefix, samples = torch_shards
     ds = rd.open_dataset(prefix)
     sampler = tr.RankSampler(ds, seed=1)
     loader = DataLoader(
@@ -77,8 +78,8 @@ def test_every_sample_exactly_once_per_epoch(pack, workers, context):
 
 
 @pytest.mark.parametrize("context", ["fork", "spawn"])
-def test_decoded_batches(pack, context):
-    prefix, samples = pack
+def test_decoded_batches(torch_shards, context):
+    prefix, samples = torch_shards
     ds = rd.open_dataset(prefix, decode="rgb")
     loader = DataLoader(ds, batch_size=8, num_workers=2, multiprocessing_context=context)
     images, labels = next(iter(loader))
@@ -88,8 +89,8 @@ def test_decoded_batches(pack, context):
         assert np.array_equal(images[n].numpy(), ds[n][0])
 
 
-def test_workers_do_not_parse_the_index_again(pack, monkeypatch):
-    prefix, samples = pack
+def test_workers_do_not_parse_the_index_again(torch_shards, monkeypatch):
+    prefix, samples = torch_shards
     ds = rd.open_dataset(prefix)
 
     def refuse(*args, **kwargs):
@@ -103,8 +104,8 @@ def test_workers_do_not_parse_the_index_again(pack, monkeypatch):
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
-def test_no_descriptors_left_in_the_main_process(pack):
-    prefix, _ = pack
+def test_no_descriptors_left_in_the_main_process(torch_shards):
+    prefix, _ = torch_shards
 
     def rec_fds():
         return [
@@ -125,8 +126,8 @@ def test_no_descriptors_left_in_the_main_process(pack):
 
 
 @pytest.mark.parametrize("world", [1, 3, 8])
-def test_rank_loaders_split_the_epoch(pack, world):
-    prefix, samples = pack
+def test_rank_loaders_split_the_epoch(torch_shards, world):
+    prefix, samples = torch_shards
     ds = rd.open_dataset(prefix)
     per_rank = []
     for rank in range(world):
@@ -140,8 +141,8 @@ def test_rank_loaders_split_the_epoch(pack, world):
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_resume_mid_epoch_through_a_loader(pack, workers):
-    prefix, _ = pack
+def test_resume_mid_epoch_through_a_loader(torch_shards, workers):
+    prefix, _ = torch_shards
     ds = rd.open_dataset(prefix)
 
     def loader_for(sampler):

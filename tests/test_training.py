@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-from training_module import tr as rd
+from helpers.training_under_test import tr as rd
 
 # --- RankSampler and epoch_order --------------------------------------------------------------
 

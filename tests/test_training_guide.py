@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from imagefiles import jpeg_bytes, write_list, write_pack_tree
+from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
 from rectool.emit import emit_reader
 from rectool.packing import pack_images

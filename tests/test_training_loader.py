@@ -1,7 +1,8 @@
 """Loader and BatchDecoder: batches in order, bad samples, sizes, ranks, shared memory, torch.
 
-Packs are written by hand (handmade.py) and every expected pixel comes from cv2.imdecode of
-the image bytes the test wrote, so nothing expected is computed by the loader or the reader.
+Packs are written by hand (helpers/handmade_datasets.py) and every expected pixel comes from
+cv2.imdecode of the image bytes the test
+wrote, so nothing expected is computed by the loader or the reader.
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ import signal
 import cv2
 import numpy as np
 import pytest
-from handmade import write_pack
-from imagefiles import encode, image_array, jpeg_bytes
+from helpers.handmade_datasets import write_pack
+from helpers.image_files import encode, image_array, jpeg_bytes
 
 from rectool.reader import RecordFormatError, RectoolError, open_dataset
 from rectool.training import (
@@ -33,7 +34,7 @@ def decoded(image_bytes, flag=cv2.IMREAD_COLOR):
 
 
 @pytest.fixture(scope="module")
-def pack(tmp_path_factory):
+def loader_shards(tmp_path_factory):
     """37 JPEGs of 40x32 in three shards; label = sample number."""
     folder = tmp_path_factory.mktemp("loader")
     items = [(1000 + n, jpeg_bytes(n, 40, 32), float(n)) for n in range(SAMPLES)]
@@ -52,7 +53,7 @@ def broken(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def mixed(tmp_path_factory):
+def mixed_size_shards(tmp_path_factory):
     """Images of 64x64, 40x32 and 20x60 (height x width); label = sample number."""
     folder = tmp_path_factory.mktemp("mixed")
     shapes = [(64, 64), (40, 32), (20, 60), (64, 64), (40, 32)]
@@ -76,8 +77,8 @@ def collect(loader):
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
-def test_every_sample_once_per_epoch_with_its_pixels(pack, start_method):
-    prefix, samples = pack
+def test_every_sample_once_per_epoch_with_its_pixels(loader_shards, start_method):
+    prefix, samples = loader_shards
     with Loader(open_dataset(prefix), 8, workers=2, seed=5, start_method=start_method) as loader:
         for epoch in (0, 1):
             loader.set_epoch(epoch)
@@ -91,8 +92,8 @@ def test_every_sample_once_per_epoch_with_its_pixels(pack, start_method):
     assert shm_segments() == []
 
 
-def test_order_depends_on_seed_and_epoch_only(pack):
-    prefix, _ = pack
+def test_order_depends_on_seed_and_epoch_only(loader_shards):
+    prefix, _ = loader_shards
     ds = open_dataset(prefix)
     orders = {}
     for workers, seed, epoch in [(1, 5, 0), (3, 5, 0), (2, 5, 1), (2, 6, 0)]:
@@ -105,8 +106,8 @@ def test_order_depends_on_seed_and_epoch_only(pack):
     assert all(sorted(order) == list(range(SAMPLES)) for order in orders.values())
 
 
-def test_drop_last_bgr_and_int64_labels(pack):
-    prefix, samples = pack
+def test_drop_last_bgr_and_int64_labels(loader_shards):
+    prefix, samples = loader_shards
     with Loader(open_dataset(prefix), 8, mode="bgr", drop_last=True, shuffle=False) as loader:
         batches = [(images.copy(), labels.copy()) for images, labels in loader]
     assert [len(images) for images, _ in batches] == [8, 8, 8, 8]
@@ -132,8 +133,8 @@ def test_label_vectors_stay_float32_even_of_zeros_and_ones(tmp_path):
         assert labels.dtype == np.float32 and labels.tolist() == [[0, 1, 1], [1, 0, 1]] * 2
 
 
-def test_gray_mode(pack):
-    prefix, samples = pack
+def test_gray_mode(loader_shards):
+    prefix, samples = loader_shards
     with Loader(open_dataset(prefix), 4, mode="gray", shuffle=False, workers=1) as loader:
         images, labels = next(iter(loader))
         assert images.shape == (4, 40, 32, 1)
@@ -141,8 +142,8 @@ def test_gray_mode(pack):
         assert np.array_equal(images[2, :, :, 0], expected)
 
 
-def test_size_decodes_at_reduced_scale_and_crops_the_centre(mixed):
-    prefix, samples = mixed
+def test_size_decodes_at_reduced_scale_and_crops_the_centre(mixed_size_shards):
+    prefix, samples = mixed_size_shards
     with Loader(open_dataset(prefix), 5, size=(16, 16), mode="bgr", shuffle=False) as loader:
         ((images, labels),) = [(i.copy(), lab.copy()) for i, lab in loader]
     assert images.shape == (5, 16, 16, 3) and labels.tolist() == [0, 1, 2, 3, 4]
@@ -156,16 +157,16 @@ def test_size_decodes_at_reduced_scale_and_crops_the_centre(mixed):
     assert np.array_equal(images[2], expected)
 
 
-def test_size_enlarges_small_images(mixed):
-    prefix, samples = mixed
+def test_size_enlarges_small_images(mixed_size_shards):
+    prefix, samples = mixed_size_shards
     decoder = BatchDecoder(open_dataset(prefix), size=(48, 48), mode="bgr")
     images, labels = decoder[[1]]
     middle = decoded(samples[1].image)[4:36]  # 40x32 to cover 48x48: the middle 32 rows
     assert np.array_equal(images[0], cv2.resize(middle, (48, 48), interpolation=cv2.INTER_LINEAR))
 
 
-def test_mixed_shapes_without_size_name_the_first_mismatch(mixed):
-    prefix, samples = mixed
+def test_mixed_shapes_without_size_name_the_first_mismatch(mixed_size_shards):
+    prefix, samples = mixed_size_shards
     with Loader(open_dataset(prefix), 5, shuffle=False, workers=1) as loader:
         with pytest.raises(RectoolError, match=r"key 1, byte offset \d+: image of shape") as info:
             list(loader)
@@ -219,8 +220,8 @@ def test_batch_decoder_counts_skips(broken):
     assert decoder.stats["skipped"] == 1
 
 
-def test_ranks_partition_the_epoch(pack):
-    prefix, _ = pack
+def test_ranks_partition_the_epoch(loader_shards):
+    prefix, _ = loader_shards
     ds = open_dataset(prefix)
     shares = []
     for rank in range(3):
@@ -232,8 +233,8 @@ def test_ranks_partition_the_epoch(pack):
     assert len(seen) - len(set(seen)) == 2  # only the padding repeats
 
 
-def test_no_shared_memory_left_after_an_exception_in_the_loop(pack):
-    prefix, _ = pack
+def test_no_shared_memory_left_after_an_exception_in_the_loop(loader_shards):
+    prefix, _ = loader_shards
     before = shm_segments()
     with pytest.raises(ZeroDivisionError):
         with Loader(open_dataset(prefix), 4, workers=2) as loader:
@@ -244,16 +245,16 @@ def test_no_shared_memory_left_after_an_exception_in_the_loop(pack):
     assert loader._processes == []
 
 
-def test_abandoned_epoch_then_a_full_one(pack):
-    prefix, _ = pack
+def test_abandoned_epoch_then_a_full_one(loader_shards):
+    prefix, _ = loader_shards
     with Loader(open_dataset(prefix), 4, workers=2, seed=2) as loader:
         first = next(iter(loader))[1].tolist()
         labels = collect(loader)[1]
         assert labels[:4] == first and sorted(labels) == list(range(SAMPLES))
 
 
-def test_copy_survives_the_next_step_and_tensors(pack):
-    prefix, samples = pack
+def test_copy_survives_the_next_step_and_tensors(loader_shards):
+    prefix, samples = loader_shards
     torch = pytest.importorskip("torch")
     with Loader(open_dataset(prefix), 4, copy=True, tensors=True, shuffle=False) as loader:
         batches = list(loader)
@@ -264,8 +265,8 @@ def test_copy_survives_the_next_step_and_tensors(pack):
 
 
 @pytest.mark.parametrize("slots", [8, 0])
-def test_batch_decoder_in_a_torch_dataloader(pack, slots):
-    prefix, samples = pack
+def test_batch_decoder_in_a_torch_dataloader(loader_shards, slots):
+    prefix, samples = loader_shards
     torch = pytest.importorskip("torch")
     ds = open_dataset(prefix)
     batches = BatchDecoder(ds, mode="bgr", slots=slots)
@@ -282,8 +283,8 @@ def test_batch_decoder_in_a_torch_dataloader(pack, slots):
     assert shm_segments() == []
 
 
-def test_options_are_checked(pack):
-    ds = open_dataset(pack[0])
+def test_options_are_checked(loader_shards):
+    ds = open_dataset(loader_shards[0])
     with pytest.raises(ValueError, match="size"):
         Loader(ds, 4, size=(16,))
     with pytest.raises(ValueError, match="on_error"):
@@ -313,8 +314,8 @@ def test_crop_box_keeps_the_centre_at_the_target_aspect():
     assert crop_box((100, 100), (50, 100)) == (25, 0, 50, 100)
 
 
-def test_a_dead_worker_is_an_error_and_the_next_pass_starts_afresh(pack):
-    prefix, _ = pack
+def test_a_dead_worker_is_an_error_and_the_next_pass_starts_afresh(loader_shards):
+    prefix, _ = loader_shards
     with Loader(open_dataset(prefix), 2, workers=2, shuffle=False) as loader:
         passes = iter(loader)
         next(passes)
@@ -351,7 +352,7 @@ if __name__ == "__main__":
 """
 
 
-def test_the_emitted_pair_works_without_rectool(pack, broken, tmp_path):
+def test_the_emitted_pair_works_without_rectool(loader_shards, broken, tmp_path):
     import subprocess
     import sys
 
@@ -362,13 +363,13 @@ def test_the_emitted_pair_works_without_rectool(pack, broken, tmp_path):
     (tmp_path / "run.py").write_text(STANDALONE, encoding="utf-8")
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     out = subprocess.run(
-        [sys.executable, str(tmp_path / "run.py"), str(pack[0]), str(broken[0])],
+        [sys.executable, str(tmp_path / "run.py"), str(loader_shards[0]), str(broken[0])],
         capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
     )  # fmt: skip
     assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr
 
 
-def test_a_worker_that_cannot_start_is_named(pack, tmp_path):
+def test_a_worker_that_cannot_start_is_named(loader_shards, tmp_path):
     import subprocess
     import sys
 
@@ -377,7 +378,7 @@ def test_a_worker_that_cannot_start_is_named(pack, tmp_path):
     script += "    pass\n"  # no __main__ guard: each spawned worker runs this again and fails
     (tmp_path / "unguarded.py").write_text(script, encoding="utf-8")
     out = subprocess.run(
-        [sys.executable, str(tmp_path / "unguarded.py"), str(pack[0])],
+        [sys.executable, str(tmp_path / "unguarded.py"), str(loader_shards[0])],
         capture_output=True, text=True, check=False,
     )  # fmt: skip
     last = out.stderr.strip().splitlines()[-1]

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from imagefiles import jpeg_bytes
+from helpers.image_files import jpeg_bytes
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 SIZES = [(120, 100), (60, 80), (112, 112), (300, 240), (90, 200)]  # height x width

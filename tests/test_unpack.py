@@ -7,10 +7,8 @@ import shutil
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from imagefiles import encode, image_array, jpeg_bytes, write_list, write_pack_tree
-from recfiles import (
+from helpers.image_files import encode, image_array, jpeg_bytes, write_list, write_pack_tree
+from helpers.rec_files import (
     MAGIC,
     NAMES,
     image_payload,
@@ -18,6 +16,8 @@ from recfiles import (
     make_pack,
     write_records,
 )
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rectool.cli import cli
 from rectool.errors import RectoolError

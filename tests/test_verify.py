@@ -1,6 +1,6 @@
 """`rectool verify`: every kind of damage is caught and named with its file, key and offset.
 
-Expected keys and offsets come from the .idx text and the raw bytes (tests/recfiles.py), never
+Expected keys and offsets come from the .idx text and the raw bytes (helpers/rec_files.py), never
 from the code under test.
 """
 
@@ -14,9 +14,9 @@ import struct
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from damaged import DAMAGES, good_jpeg
-from imagefiles import encode, image_array, jpeg_bytes
-from recfiles import (
+from helpers.damaged_jpegs import DAMAGES, good_jpeg
+from helpers.image_files import encode, image_array, jpeg_bytes
+from helpers.rec_files import (
     idx_lines,
     image_payload,
     label_vector_payload,
@@ -46,28 +46,23 @@ def found(report):
 
 
 @pytest.fixture
-def pack(tmp_path):
-    return make_pack(tmp_path)
-
-
-@pytest.fixture
-def bare(pack):
+def bare(small_pack):
     """The same pack without its manifest and .rec.crc: only the .rec and .idx speak."""
-    pack.manifest.unlink()
-    os.unlink(checksum_path(pack.rec))
-    return pack
+    small_pack.manifest.unlink()
+    os.unlink(checksum_path(small_pack.rec))
+    return small_pack
 
 
 # -- sound data ---------------------------------------------------------------------------------
 
 
-def test_sound_pack_by_manifest_prefix_and_rec(pack):
-    for target in (pack.manifest, pack.rec.with_suffix(""), pack.rec):
+def test_sound_pack_by_manifest_prefix_and_rec(small_pack):
+    for target in (small_pack.manifest, small_pack.rec.with_suffix(""), small_pack.rec):
         report = verify_dataset(target)
         assert report.sound, report.problems
         assert (report.records, report.images, report.checksums) == (12, 12, 3)
         assert report.layouts == ["images"]
-        assert report.rec_bytes == pack.size
+        assert report.rec_bytes == small_pack.size
 
 
 def test_sound_insightface_pack(tmp_path):
@@ -326,15 +321,15 @@ def test_huge_flag_in_header(bare):
     )
 
 
-def test_label_outside_the_class_count(pack):
-    line = next(i for i, (_, _, rel) in enumerate(pack.items) if rel.startswith("bob/"))
-    key, offset = pack.lines[line]
-    xor_byte(pack.rec, offset + 8 + 4 + 3, 0x7F)  # 1.0 (3f 80 00 00) -> 4.0 (40 80 00 00)
-    report = verify_dataset(pack.manifest)
+def test_label_outside_the_class_count(small_pack):
+    line = next(i for i, (_, _, rel) in enumerate(small_pack.items) if rel.startswith("bob/"))
+    key, offset = small_pack.lines[line]
+    xor_byte(small_pack.rec, offset + 8 + 4 + 3, 0x7F)  # 1.0 (3f 80 00 00) -> 4.0 (40 80 00 00)
+    report = verify_dataset(small_pack.manifest)
     assert found(report) == [
-        ("bad-label", pack.r, key, offset),
-        ("record-checksum-mismatch", pack.r, key, offset),
-        ("checksum-mismatch", pack.r, None, None),
+        ("bad-label", small_pack.r, key, offset),
+        ("record-checksum-mismatch", small_pack.r, key, offset),
+        ("checksum-mismatch", small_pack.r, None, None),
     ]
     assert report.problems[0].message == "label 4.0 is outside the 3 classes 0..2"
 
@@ -405,50 +400,51 @@ def test_label_vectors_are_the_images_layout(tmp_path):
 # -- the manifest ---------------------------------------------------------------------------------
 
 
-def test_payload_flip_is_caught_by_the_checksum(pack):
-    key, offset = pack.lines[7]
-    xor_byte(pack.rec, offset + 8 + 24 + 200, 0x01)  # inside the JPEG's entropy-coded data
-    report = verify_dataset(pack.manifest)
+def test_payload_flip_is_caught_by_the_checksum(small_pack):
+    key, offset = small_pack.lines[7]
+    xor_byte(small_pack.rec, offset + 8 + 24 + 200, 0x01)  # inside the JPEG's entropy-coded data
+    report = verify_dataset(small_pack.manifest)
     assert found(report) == [
-        ("record-checksum-mismatch", pack.r, key, offset),
-        ("checksum-mismatch", pack.r, None, None),
+        ("record-checksum-mismatch", small_pack.r, key, offset),
+        ("checksum-mismatch", small_pack.r, None, None),
     ]
-    end = pack.lines[8][1]
+    end = small_pack.lines[8][1]
     assert report.problems[0].message.startswith(
         f"record 7 of faces.rec.crc: bytes {offset}..{end} differ from their CRC-32 ("
     )
     assert report.record_checksums == 12
 
 
-def test_manifest_counts_sizes_and_keys(pack):
-    write_idx_lines(pack.idx, pack.lines[:-1])  # the last record loses its line
-    key, offset = pack.lines[-1]
+def test_manifest_counts_sizes_and_keys(small_pack):
+    write_idx_lines(small_pack.idx, small_pack.lines[:-1])  # the last record loses its line
+    key, offset = small_pack.lines[-1]
     lost_line = len(f"{key}\t{offset}\n")
-    report = verify_dataset(pack.manifest)
+    report = verify_dataset(small_pack.manifest)
     assert found(report) == [
-        ("unindexed-record", pack.r, key, offset),
-        ("size-mismatch", pack.i, None, None),
-        ("count-mismatch", pack.i, None, None),
-        ("key-mismatch", pack.i, pack.lines[-2][0], None),
+        ("unindexed-record", small_pack.r, key, offset),
+        ("size-mismatch", small_pack.i, None, None),
+        ("count-mismatch", small_pack.i, None, None),
+        ("key-mismatch", small_pack.i, small_pack.lines[-2][0], None),
     ]
     assert [p.message for p in report.problems[1:]] == [
-        f"{pack.idx.stat().st_size} bytes; the manifest says {pack.idx.stat().st_size + lost_line}",
+        f"{small_pack.idx.stat().st_size} bytes; "
+        f"the manifest says {small_pack.idx.stat().st_size + lost_line}",
         "11 entries; the manifest says 12",
-        f"the last key is {pack.lines[-2][0]}; the manifest says {key}",
+        f"the last key is {small_pack.lines[-2][0]}; the manifest says {key}",
     ]
 
 
-def test_duplicate_key_with_manifest_also_reports_the_header_id(pack):
-    lines = list(pack.lines)
+def test_duplicate_key_with_manifest_also_reports_the_header_id(small_pack):
+    lines = list(small_pack.lines)
     first_key = lines[2][0]
     _, offset = lines[9]
     lines[9] = (first_key, offset)
-    write_idx_lines(pack.idx, lines)
-    report = verify_dataset(pack.manifest)
+    write_idx_lines(small_pack.idx, lines)
+    report = verify_dataset(small_pack.manifest)
     assert found(report) == [
-        ("duplicate-key", pack.i, first_key, offset),
-        ("id-mismatch", pack.i, first_key, offset),
-        ("checksum-mismatch", pack.i, None, None),
+        ("duplicate-key", small_pack.i, first_key, offset),
+        ("id-mismatch", small_pack.i, first_key, offset),
+        ("checksum-mismatch", small_pack.i, None, None),
     ]
 
 
@@ -719,12 +715,13 @@ def test_keep_limits_the_listed_problems_not_the_count(bare):
 # -- the command line -----------------------------------------------------------------------------
 
 
-def test_cli_sound_exit_0(pack):
-    result = invoke("verify", pack.manifest)
+def test_cli_sound_exit_0(small_pack):
+    result = invoke("verify", small_pack.manifest)
     assert result.exit_code == 0, result.output
     first, second = result.stderr.splitlines()
     assert first.startswith(
-        f"Verified {pack.manifest}: 12 records (12 images) in 1 shard, 0.0 MB, layout images; "
+        f"Verified {small_pack.manifest}: 12 records (12 images) in 1 shard, 0.0 MB, "
+        "layout images; "
         "3 checksums compared ("
     )
     assert second == "Sound: no problems found."
@@ -778,27 +775,27 @@ def test_cli_json(bare):
     ]
 
 
-def test_cli_exit_2_for_unreadable_input_and_usage(tmp_path, pack):
+def test_cli_exit_2_for_unreadable_input_and_usage(tmp_path, small_pack):
     result = invoke("verify", tmp_path / "nothing")
     assert result.exit_code == 2
     assert "no dataset here" in result.stderr
-    result = invoke("verify", pack.rec, "--size", "112x112")
+    result = invoke("verify", small_pack.rec, "--size", "112x112")
     assert result.exit_code == 2
     assert "--size/--channels" in result.stderr
     result = invoke("verify")
     assert result.exit_code == 2
-    result = invoke("verify", pack.rec, "--decode", "--size", "big")
+    result = invoke("verify", small_pack.rec, "--decode", "--size", "big")
     assert result.exit_code == 2
 
 
-def test_cli_quiet_and_several_targets(tmp_path, pack):
+def test_cli_quiet_and_several_targets(tmp_path, small_pack):
     other = tmp_path / "copy.rec"
-    shutil.copy(pack.rec, other)
-    shutil.copy(pack.idx, tmp_path / "copy.idx")
-    result = invoke("verify", pack.rec, other, "-q")
+    shutil.copy(small_pack.rec, other)
+    shutil.copy(small_pack.idx, tmp_path / "copy.idx")
+    result = invoke("verify", small_pack.rec, other, "-q")
     assert (result.exit_code, result.output) == (0, "")
     xor_byte(other, 0, 0x01)
-    result = invoke("verify", pack.rec, other, "-q")
+    result = invoke("verify", small_pack.rec, other, "-q")
     assert (result.exit_code, result.output) == (1, "")
 
 

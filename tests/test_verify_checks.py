@@ -1,6 +1,6 @@
 """verify's checks are functions of a shard's facts: each runs alone, in any order, as often.
 
-Expected keys and offsets come from the .idx text and the raw bytes (tests/recfiles.py).
+Expected keys and offsets come from the .idx text and the raw bytes (tests/helpers/rec_files.py).
 """
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import zlib
 
 import pytest
-from recfiles import make_pack, xor_byte
+from helpers.rec_files import make_pack, xor_byte
 
 from rectool.reader import RecordFile, resolve_source
 from rectool.scan import mapped

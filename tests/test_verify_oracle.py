@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from imagefiles import jpeg_bytes
-from oracle import run_mxnet
-from recfiles import MAGIC, idx_lines, part_length, xor_byte
+from helpers.image_files import jpeg_bytes
+from helpers.mxnet_oracle import run_mxnet
+from helpers.rec_files import MAGIC, idx_lines, part_length, xor_byte
 
 from rectool.cli import cli
 from rectool.info import dataset_info

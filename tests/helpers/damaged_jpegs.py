@@ -7,7 +7,7 @@ warnings tells them from good ones.
 
 from __future__ import annotations
 
-from imagefiles import jpeg_bytes
+from helpers.image_files import jpeg_bytes
 
 
 def scan_start(data):

@@ -130,3 +130,20 @@ def write_insightface(rec, idx, identities, images, header_last=True):
         Sample(image, label, key, os.fspath(rec), offsets[key]) for image, label, key in samples
     ]
     return expected, ranges
+
+
+def images(n, start=0):
+    """n distinct JPEGs of 24x20 (seeds start .. start + n - 1)."""
+    from helpers.image_files import jpeg_bytes
+
+    return [jpeg_bytes(start + k, 24, 20) for k in range(n)]
+
+
+def as_pairs(ds):
+    """Every (image, label) a dataset yields, in order."""
+    return [(image, label) for image, label in ds]
+
+
+def expected_pairs(samples):
+    """The (image, label) pairs the reader must yield for these samples."""
+    return [(s.image, s.label) for s in samples]

@@ -1,6 +1,6 @@
 """Build small identity-per-folder trees of real, distinct images under tmp_path.
 
-    from trees import Symlink, make_tree
+    from helpers.image_trees import Symlink, make_tree
     files = make_tree(tmp_path / "faces", {
         "alice": {"1.jpg": None, "2.PNG": None, "notes.txt": b"not an image"},
         "bob": {"sub": {"3.jpg": None}, "loop": Symlink("..")},

@@ -9,8 +9,7 @@ from __future__ import annotations
 import struct
 from types import SimpleNamespace
 
-from imagefiles import write_list, write_pack_tree
-
+from helpers.image_files import write_list, write_pack_tree
 from rectool.listfile import write_label_map
 from rectool.packing import PackOptions, pack_images
 
