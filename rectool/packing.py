@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import glob
 import hashlib
 import itertools
 import json
@@ -27,16 +26,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import __version__
 from .atomic import (
-    LOCK_SUFFIX,
     OutputLock,
     create_new,
     open_existing,
     write_atomic,
     write_json_atomic,
 )
-from .checksums import SUFFIX as CHECKSUM_SUFFIX
 from .errors import RectoolError, UsageError
 from .images import (
     CHECK_MODES,
@@ -48,6 +44,28 @@ from .images import (
 )
 from .keys import FLOAT32_EXACT
 from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
+from .manifest import (
+    FAILURES_SUFFIX,
+    PARTIAL_SUFFIX,
+    STAGING_SUFFIX,  # noqa: F401 (the CLI names the staging folder in messages)
+    STATE_SUFFIX,
+    STDIN_COPY_SUFFIX,
+    build_manifest,
+    check_resume_state,
+    check_same_source,
+    copy_stream,
+    is_complete,
+    manifest_path,
+    manifest_source,
+    output_files,  # noqa: F401 (public: every file a pack may have written)
+    prepare_outputs,
+    remove_stale_temporaries,
+    shard_files,
+    shard_stem,
+    source_state,
+    staging_prefix,
+    swap_in,
+)
 from .passthrough import (
     OPEN_FLAGS,
     OUTSIDE_ROOT,
@@ -58,27 +76,15 @@ from .passthrough import (
     resolve_path,
 )
 from .reader import (
-    MANIFEST_FORMAT,
-    MANIFEST_VERSION,
     MAX_RECORD_BYTES,
     read_manifest,
     unpack_header,
 )
 from .records import IndexedRecordFile
-from .shards import (
-    PARTIAL_SUFFIX,
-    ShardWriter,
-    describe_shard,
-    manifest_path,
-    plan_shards,
-    shard_stem,
-)
+from .shards import ShardWriter, describe_shard, plan_shards
 from .writer import frame_record, pack_image_record
 
 LAYOUTS = ("images", "insightface")
-FAILURES_SUFFIX = ".failures.jsonl"
-STATE_SUFFIX = ".pack-state.json"
-STDIN_COPY_SUFFIX = ".stdin.lst"
 # Items go to worker threads in chunks: one future per image would cost more than a check.
 CHUNK_ITEMS = 32
 # Pass-through from a fast disk takes about 10 us an image, all Python; a network file system
@@ -179,37 +185,6 @@ class PackResult:
         }
 
 
-def output_files(prefix):
-    """Return every file a pack to `prefix` may have written (existing ones only)."""
-    prefix = os.fspath(prefix)
-    names = [
-        prefix + suffix
-        for suffix in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
-    ]
-    names.append(prefix + ".rec" + CHECKSUM_SUFFIX)
-    names.append(prefix + ".manifest.json")
-    escaped = glob.escape(prefix)
-    for pattern in ("-[0-9][0-9][0-9][0-9][0-9].rec", "-[0-9][0-9][0-9][0-9][0-9].idx"):
-        names += glob.glob(escaped + pattern)
-        names += glob.glob(escaped + pattern + ".rtc")
-        names += glob.glob(escaped + pattern + CHECKSUM_SUFFIX)
-    names += [n + PARTIAL_SUFFIX for n in list(names)]
-    names += _stale_temporaries(prefix)
-    return sorted({n for n in names if os.path.exists(n)})
-
-
-def _stale_temporaries(prefix):
-    """Return temporary files (`.NAME.XXXX.tmp`, see `write_atomic`) that a killed run of this
-    pack left behind."""
-    folder, name = os.path.split(os.fspath(prefix))
-    return glob.glob(os.path.join(glob.escape(folder), "." + glob.escape(name) + "*.tmp"))
-
-
-def _remove_stale_temporaries(prefix):
-    for name in _stale_temporaries(prefix):
-        os.unlink(name)
-
-
 def pack_images(
     list_path,
     root,
@@ -261,7 +236,7 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
     with OutputLock(prefix):
         if overwrite and output_files(prefix):
             # The old pack stays whole until the new one is: pack beside it, then swap.
-            staging = _staging_prefix(prefix)
+            staging = staging_prefix(prefix)
             try:
                 result = _pack_all(
                     list_path, root, staging, options, False, False, label_map, progress,
@@ -281,58 +256,14 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
         )
 
 
-STAGING_SUFFIX = ".overwrite"
-
-
-def _staging_prefix(prefix):
-    """Return a fresh prefix in a hidden folder beside `prefix` (`.NAME.overwrite/NAME`), where
-    `--overwrite` builds the new pack; what a killed run left there is removed first."""
-    folder, name = os.path.split(prefix)
-    staging = os.path.join(folder, f".{name}{STAGING_SUFFIX}")
-    if os.path.lexists(staging):
-        if os.path.islink(staging) or not os.path.isdir(staging):
-            os.unlink(staging)
-        else:
-            shutil.rmtree(staging)
-    os.mkdir(staging)
-    return os.path.join(staging, name)
-
-
-def swap_in(staging, prefix):
-    """Replace the pack at `prefix` with the complete one at `staging` (see `_staging_prefix`).
-
-    The old manifest goes first, so that a pack half swapped never looks complete; the new
-    manifest comes last. Old files that the new pack does not have (more shards, index caches)
-    are removed.
-    """
-    folder = os.path.dirname(prefix) or "."
-    staged = os.path.dirname(staging)
-    new_names = sorted(os.listdir(staged))
-    old = set(output_files(prefix)) - {os.path.join(folder, n) for n in new_names}
-    manifest_name = os.path.basename(manifest_path(prefix))
-    for name in [n for n in new_names if n.endswith(LOCK_SUFFIX)]:
-        os.unlink(os.path.join(staged, name))  # a lock a killed task left: not part of a pack
-        new_names.remove(name)
-    if os.path.exists(manifest_path(prefix)):
-        os.unlink(manifest_path(prefix))
-    for name in new_names:
-        if name != manifest_name:
-            os.replace(os.path.join(staged, name), os.path.join(folder, name))
-    for name in old:
-        if os.path.exists(name):
-            os.unlink(name)
-    os.replace(os.path.join(staged, manifest_name), manifest_path(prefix))
-    os.rmdir(staged)
-
-
 def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, progress,
               list_stream):  # fmt: skip
-    complete = resume and _is_complete(prefix)
+    complete = resume and is_complete(prefix)
     if not complete:
-        _prepare_outputs(prefix, resume, overwrite)
+        prepare_outputs(prefix, resume, overwrite)
     from_stdin = list_path == "-"
     if from_stdin:
-        list_path = _copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
+        list_path = copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
     list_path = os.fspath(list_path)
     try:
         list_digest, total = _validate_list(list_path, options.layout)
@@ -346,7 +277,7 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
             if list_path == prefix + STDIN_COPY_SUFFIX:
                 os.unlink(list_path)
             raise
-    state = _source_state(list_digest, root, options)
+    state = source_state(list_digest, root, options)
     if complete:
         # A finished pack "resumes" only with what made it, as an interrupted one does.
         return completed_if_same(prefix, state)
@@ -356,7 +287,7 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     identities = _load_identities(None if from_stdin else list_path, label_map)
     state_path = prefix + STATE_SUFFIX
     if resume and os.path.exists(state_path):
-        _check_resume_state(state_path, state)
+        check_resume_state(state_path, state)
     else:
         write_json_atomic(state_path, state)
 
@@ -364,7 +295,7 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     run.execute(resume)
 
     classes = run.max_label + 1 if options.layout == "insightface" else None
-    manifest = _manifest(
+    manifest = build_manifest(
         options, "-" if from_stdin else list_path, prefix, run.writer.finished, run.images,
         run.failures, classes, identities, state,
     )  # fmt: skip
@@ -372,7 +303,7 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     os.replace(run.failures_partial, final_failures)
     if options.layout == "insightface":
         _write_property(prefix, run, identities)
-    _remove_stale_temporaries(prefix)
+    remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
     os.unlink(state_path)
     if os.path.exists(prefix + STDIN_COPY_SUFFIX):
@@ -431,13 +362,6 @@ class ShardResult:
         }
 
 
-def _shard_files(stem):
-    names = [stem + s for s in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX)]
-    names.append(stem + ".rec" + CHECKSUM_SUFFIX)
-    names += [n + PARTIAL_SUFFIX for n in names]
-    return [n for n in names if os.path.exists(n)]
-
-
 def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, progress):
     if list_path == "-":
         raise UsageError("--only-shard needs the list as a file that every task can read, not -")
@@ -450,9 +374,9 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
         raise UsageError(f"--only-shard {number}: the plan has shards 0..{len(plan) - 1}")
     stem = shard_stem(prefix, number)
     state_path = stem + STATE_SUFFIX
-    existing = _shard_files(stem)
+    existing = shard_files(stem)
     done = os.path.exists(stem + FAILURES_SUFFIX) and not os.path.exists(state_path)
-    if existing and overwrite and _is_complete(prefix):
+    if existing and overwrite and is_complete(prefix):
         raise RectoolError(
             f"{manifest_path(prefix)}: the pack is complete; packing shard {number} again with "
             "--overwrite would break it (pack the whole list with --overwrite, or shards to "
@@ -463,9 +387,9 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
             os.unlink(name)
     elif existing and not resume:
         raise RectoolError(f"{existing[0]}: shard output exists; use --resume or --overwrite")
-    state = _source_state(digest, root, options)
+    state = source_state(digest, root, options)
     if resume and os.path.exists(state_path):
-        _check_resume_state(state_path, state)
+        check_resume_state(state_path, state)
     elif not (resume and done):
         write_json_atomic(state_path, state)
     run = _PackRun(
@@ -515,15 +439,15 @@ def _finalize(list_path, root, prefix, options, label_map):
     """`finalize_pack` once the prefix is locked."""
     list_path = os.fspath(list_path)
     digest, total = _validate_list(list_path, options.layout)
-    if _is_complete(prefix):
-        return completed_if_same(prefix, _source_state(digest, root, options))
+    if is_complete(prefix):
+        return completed_if_same(prefix, source_state(digest, root, options))
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     infos, refused = [], []
     for number in range(len(plan)):
         stem = shard_stem(prefix, number)
         rec, idx, failures = stem + ".rec", stem + ".idx", stem + FAILURES_SUFFIX
         unfinished = [p for p in (rec, idx, failures) if not os.path.exists(p)]
-        unfinished += [p for p in _shard_files(stem) if p.endswith((PARTIAL_SUFFIX, STATE_SUFFIX))]
+        unfinished += [p for p in shard_files(stem) if p.endswith((PARTIAL_SUFFIX, STATE_SUFFIX))]
         if unfinished:
             raise RectoolError(
                 f"{unfinished[0]}: shard {number} of {len(plan)} is missing or unfinished; "
@@ -541,11 +465,11 @@ def _finalize(list_path, root, prefix, options, label_map):
         os.unlink(shard_stem(prefix, number) + FAILURES_SUFFIX)
     images = sum(info.records for info in infos)
     identities = _load_identities(list_path, label_map)
-    source = _source_state(digest, root, options)
-    manifest = _manifest(
+    source = source_state(digest, root, options)
+    manifest = build_manifest(
         options, list_path, prefix, infos, images, len(refused), None, identities, source
     )
-    _remove_stale_temporaries(prefix)
+    remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
     return PackResult(
         manifest_path(prefix), manifest, images, len(refused), final_failures, refused[:100],
@@ -610,39 +534,11 @@ def _check_options(options):
         raise UsageError("--workers must be at least 1")
 
 
-def _prepare_outputs(prefix, resume, overwrite):
-    existing = output_files(prefix)
-    if not existing:
-        return
-    if overwrite:
-        for name in existing:
-            os.unlink(name)
-        return
-    if resume:
-        if not os.path.exists(prefix + STATE_SUFFIX):
-            raise RectoolError(
-                f"{prefix}: files exist but no {STATE_SUFFIX} records how they were made; "
-                "cannot resume safely (use --overwrite to start again)"
-            )
-        return
-    partial = [n for n in existing if n.endswith(PARTIAL_SUFFIX) or n.endswith(STATE_SUFFIX)]
-    if partial:
-        raise RectoolError(
-            f"{partial[0]}: an interrupted pack left files here; "
-            "use --resume to continue it or --overwrite to start again"
-        )
-    raise RectoolError(f"{existing[0]}: output exists; use --overwrite to replace it")
-
-
-def _is_complete(prefix):
-    return os.path.exists(manifest_path(prefix)) and not os.path.exists(prefix + STATE_SUFFIX)
-
-
 def completed_if_same(prefix, state):
-    """Describe the complete pack at `prefix` if it was made as `state` (a `_source_state`)
+    """Describe the complete pack at `prefix` if it was made as `state` (a `source_state`)
     says; else raise naming what differs."""
     manifest = read_manifest(manifest_path(prefix))
-    _check_same_source(manifest_path(prefix), _manifest_source(manifest), state, "pack")
+    check_same_source(manifest_path(prefix), manifest_source(manifest), state, "pack")
     return _completed_result(prefix)
 
 
@@ -663,15 +559,6 @@ def _completed_result(prefix):
         totals["images"] + totals["failures"],
         COMPLETE,
     )
-
-
-def _copy_stream(stream, prefix):
-    target = prefix + STDIN_COPY_SUFFIX
-    tmp = target + PARTIAL_SUFFIX
-    with open(create_new(tmp), "w", encoding="utf-8", newline="\n") as f:
-        shutil.copyfileobj(stream, f)
-    os.replace(tmp, target)
-    return target
 
 
 # Ordinary lines (`index<TAB>number...<TAB>path`), matched a block at a time at C speed. Their
@@ -764,108 +651,6 @@ def _check_class_label(item, path):
             path,
             item.line,
         )
-
-
-def _source_state(list_digest, root, options):
-    """Return what a pack is made from, compared on --resume: list, ROOT and byte options."""
-    return {
-        "list_sha256": list_digest,
-        "root": os.path.abspath(root),
-        "options": options.byte_options(),
-    }
-
-
-def _manifest_source(manifest):
-    """Return the `_source_state` a complete pack was made from, as its manifest records it
-    (options without the ones that do not change the bytes)."""
-    source = dict(manifest.get("source") or {})
-    options = dict(manifest.get("options") or {})
-    for name in ("workers", "max_failures"):
-        options.pop(name, None)
-    options.setdefault("allow_outside_root", False)  # packs made before the option
-    source["options"] = options
-    return source
-
-
-def _check_resume_state(state_path, state):
-    with open(state_path, encoding="utf-8") as f:
-        saved = json.load(f)
-    _check_same_source(state_path, saved, state, "interrupted pack")
-
-
-# How each byte option is given at the command line, for messages.
-_OPTION_NAMES = {
-    "check": "--check",
-    "pack_label": "--pack-label",
-    "shard_bytes": "--shard-size",
-    "shard_records": "--shard-records",
-    "layout": "--layout",
-    "allow_outside_root": "--allow-outside-root",
-    "resize": "--resize",
-    "center_crop": "--center-crop",
-    "quality": "--quality",
-    "encoding": "--encoding",
-    "color": "--color",
-}
-
-
-def _check_same_source(path, saved, state, what):
-    """Raise naming each way `state` differs from the `saved` one of the pack at `path`."""
-    differences = []
-    if saved.get("list_sha256") != state["list_sha256"]:
-        was = saved.get("list_sha256") or "not recorded"
-        differences.append(
-            f"the list differs (sha256 {state['list_sha256'][:16]}... now, "
-            f"{was[:16]}{'...' if saved.get('list_sha256') else ''} in the {what})"
-        )
-    if saved.get("root") != state["root"]:
-        differences.append(
-            f"ROOT differs ({state['root']} now, {saved.get('root') or 'not recorded'} "
-            f"in the {what})"
-        )
-    now_options, was_options = state["options"], saved.get("options") or {}
-    now, was = _flat_options(now_options), _flat_options(was_options)
-    if (now_options.get("transform") is None) != (was_options.get("transform") is None):
-        differences.append(
-            f"re-encoding differs ({_show_transform(now_options)} now, "
-            f"{_show_transform(was_options)} in the {what})"
-        )
-        now, was = (
-            _flat_options({**now_options, "transform": None}),
-            _flat_options({**was_options, "transform": None}),
-        )
-    for name in sorted(set(now) | set(was), key=list(_OPTION_NAMES).index):
-        if now.get(name) != was.get(name):
-            differences.append(
-                f"{_OPTION_NAMES[name]} differs ({_show(now.get(name))} now, "
-                f"{_show(was.get(name))} in the {what})"
-            )
-    if differences:
-        raise RectoolError(
-            f"{path}: cannot resume: {'; '.join(differences)}. "
-            "Resume with the same list, ROOT and options, or start again with --overwrite"
-        )
-
-
-def _flat_options(options):
-    """Return byte options as {name: value}, a re-encoding's fields among them (pass-through:
-    none of them)."""
-    flat = {k: v for k, v in options.items() if k != "transform" and k in _OPTION_NAMES}
-    flat.update(options.get("transform") or {})
-    return flat
-
-
-def _show_transform(options):
-    transform = options.get("transform")
-    if transform is None:
-        return "pass-through"
-    return " ".join(f"{_OPTION_NAMES[k]} {_show(v)}" for k, v in transform.items())
-
-
-def _show(value):
-    if value is None:
-        return "not given"
-    return json.dumps(value)
 
 
 def _load_identities(list_path, label_map):
@@ -1320,35 +1105,3 @@ def _write_property(prefix, run, identities):
         os.path.join(os.path.dirname(prefix) or ".", "property"),
         f"{run.max_label + 1},{height},{width}\n",
     )
-
-
-def _manifest(options, list_path, prefix, shards, images, failures, classes, identities, source):
-    shards = [s.to_json() for s in shards]
-    if classes is None and identities is not None:
-        classes = len(identities)
-    return {
-        "format": MANIFEST_FORMAT,
-        "format_version": MANIFEST_VERSION,
-        "rectool_version": __version__,
-        "layout": options.layout,
-        "options": {
-            **options.byte_options(),
-            "transform": asdict(options.transform) if options.transform else None,
-            "workers": options.workers,
-            "max_failures": options.max_failures,
-        },
-        "list": os.path.basename(list_path),  # "-": read from standard input
-        # What --resume compares (the options are above).
-        "source": {"list_sha256": source["list_sha256"], "root": source["root"]},
-        "shards": shards,
-        "totals": {
-            "shards": len(shards),
-            "records": sum(s["records"] for s in shards),
-            "images": images,
-            "rec_bytes": sum(s["rec_bytes"] for s in shards),
-            "failures": failures,
-        },
-        "failures_file": os.path.basename(prefix + FAILURES_SUFFIX),
-        "classes": classes,
-        "identities": {str(k): v for k, v in sorted(identities.items())} if identities else None,
-    }

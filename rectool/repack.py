@@ -36,15 +36,16 @@ from .images import ImageRefused, Transform, decode_image, jpeg_size, reencode_i
 from .keys import FLOAT32_EXACT
 from .listfile import LABEL_MAP_SUFFIX, read_label_map
 
-# Pack's output conventions and its --resume/--overwrite rules, reused as they are: the call
-# points to re-point when pack's output machinery moves.
-from .packing import (
+# Pack's output conventions and its --resume/--overwrite rules, reused as they are.
+from .manifest import (
     FAILURES_SUFFIX,
+    PARTIAL_SUFFIX,
     STATE_SUFFIX,
+    is_complete,
+    manifest_path,
+    prepare_outputs,
+    remove_stale_temporaries,
 )
-from .packing import _is_complete as is_complete_pack
-from .packing import _prepare_outputs as prepare_outputs
-from .packing import _remove_stale_temporaries as remove_stale_temporaries
 from .reader import (
     IMAGE_HEADER_SIZE,
     LENGTH_BITS,
@@ -57,7 +58,7 @@ from .reader import (
     read_manifest,
     unpack_header,
 )
-from .shards import PARTIAL_SUFFIX, ShardWriter, manifest_path
+from .shards import ShardWriter
 from .writer import frame_image_record, frame_record, pack_image_record
 
 LAYOUTS = ("images", "insightface")
@@ -762,7 +763,7 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
     plan = plan_repack(opened, catalog, options, targets)
     check_plan(plan, options)
     os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    if resume and is_complete_pack(prefix):
+    if resume and is_complete(prefix):
         return _completed_result(prefix)
     prepare_outputs(prefix, resume, overwrite)
     if not resume:

@@ -1,8 +1,9 @@
-"""Shards and the manifest: file names, rollover, atomic finishing, and the pack manifest.
+"""Shards: the plan, rollover, atomic finishing, and resuming what a killed run left.
 
 A shard is an independent `.rec` + `.idx` pair. One shard is `PREFIX.rec`/`PREFIX.idx`; with a
-size or count limit shards are `PREFIX-00000.rec`, `PREFIX-00001.rec`, ... While a shard is being
-written its files carry a `.partial` suffix; they get their final names only once complete.
+size or count limit shards are `PREFIX-00000.rec`, `PREFIX-00001.rec`, ... (the names are
+`manifest.py`'s). While a shard is being written its files carry a `.partial` suffix; they get
+their final names only once complete.
 """
 
 from __future__ import annotations
@@ -22,33 +23,20 @@ from .checksums import RecordChecksums, checksum_path
 from .digest import sha256_file, sha256_hasher
 from .errors import RectoolError, UsageError
 from .indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
+from .manifest import PARTIAL_SUFFIX, shard_paths
 from .reader import (
-    MANIFEST_SUFFIX,
     load_index,
     parse_index,
 )
 from .records import RecordFile
 from .writer import INDEX_LINE, format_index_line
 
-PARTIAL_SUFFIX = ".partial"
-SHARD_DIGITS = 5
 # Records are buffered and written in batches; kill -9 can then only cut between two writes.
 FLUSH_BYTES = 4 << 20
 WRITE_BYTES = 1 << 20
 # Writeback to disk is started every this many bytes written (see `_OrderedWriter`).
 WRITEBACK_BYTES = 8 << 20
 _ADVISE = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform.startswith("linux") else None
-
-
-def shard_paths(prefix, number, numbered):
-    """Return the final (rec, idx) paths of shard `number`."""
-    stem = shard_stem(prefix, number) if numbered else os.fspath(prefix)
-    return stem + ".rec", stem + ".idx"
-
-
-def shard_stem(prefix, number):
-    """Return the name stem of numbered shard `number` (`PREFIX-00003`)."""
-    return f"{prefix}-{number:0{SHARD_DIGITS}d}"
 
 
 def plan_shards(total, shard_bytes=None, shard_records=None):
@@ -65,11 +53,6 @@ def plan_shards(total, shard_bytes=None, shard_records=None):
     if not shard_records:
         return [range(total)]
     return [range(k, min(k + shard_records, total)) for k in range(0, max(total, 1), shard_records)]
-
-
-def manifest_path(prefix):
-    """Return the manifest path of a pack written to `prefix`."""
-    return os.fspath(prefix) + MANIFEST_SUFFIX
 
 
 def parse_size(text):
