@@ -30,7 +30,6 @@ from .atomic import (
     OutputLock,
     create_new,
     open_existing,
-    write_atomic,
     write_json_atomic,
 )
 from .errors import RectoolError, UsageError
@@ -39,10 +38,13 @@ from .images import (
     ImageRefused,
     Transform,
     check_image,
-    decode_image,
     reencode_image,
 )
-from .keys import FLOAT32_EXACT
+from .layout import (
+    LAYOUTS,  # noqa: F401 (the CLI offers them)
+    image_size,
+    layout_named,
+)
 from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
 from .manifest import (
     FAILURES_SUFFIX,
@@ -82,9 +84,7 @@ from .reader import (
 )
 from .records import IndexedRecordFile
 from .shards import ShardWriter, describe_shard, plan_shards
-from .writer import frame_record, pack_image_record
 
-LAYOUTS = ("images", "insightface")
 # Items go to worker threads in chunks: one future per image would cost more than a check.
 CHUNK_ITEMS = 32
 # Pass-through from a fast disk takes about 10 us an image, all Python; a network file system
@@ -294,15 +294,15 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     run = _PackRun(list_path, root, prefix, options, total, progress)
     run.execute(resume)
 
-    classes = run.max_label + 1 if options.layout == "insightface" else None
     manifest = build_manifest(
         options, "-" if from_stdin else list_path, prefix, run.writer.finished, run.images,
-        run.failures, classes, identities, state,
+        run.failures, run.classes, identities, state,
     )  # fmt: skip
     final_failures = prefix + FAILURES_SUFFIX
     os.replace(run.failures_partial, final_failures)
-    if options.layout == "insightface":
-        _write_property(prefix, run, identities)
+    if run.layout.numbered:  # a layout with a `property` file
+        size = _property_size(prefix, run)
+        run.layout.write_property(os.path.dirname(prefix), run.classes, size)
     remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
     os.unlink(state_path)
@@ -519,15 +519,7 @@ def check_prefix(prefix):
 
 
 def _check_options(options):
-    if options.layout not in LAYOUTS:
-        raise UsageError(f"unknown layout {options.layout!r}; choose from {', '.join(LAYOUTS)}")
-    if options.layout == "insightface" and (options.shard_bytes or options.shard_records):
-        raise UsageError(
-            "--layout insightface writes one .rec (its readers expect one file); "
-            "drop --shard-size/--shard-records"
-        )
-    if options.layout == "insightface" and options.pack_label:
-        raise UsageError("--layout insightface stores one class label per image; drop --pack-label")
+    layout_named(options.layout).check_options(options)
     if options.check not in CHECK_MODES:
         raise UsageError(f"unknown check {options.check!r}; choose from {', '.join(CHECK_MODES)}")
     if options.workers < 1:
@@ -578,10 +570,11 @@ _LIST_BLOCK = 1 << 20
 def _validate_list(path, layout):
     """Parse every line once before packing; return (sha256 of the file, number of items).
 
-    A bad line or a repeated index stops the run here, before anything is written. The file is
-    read a block at a time, so memory does not grow with the list (but for 8 bytes an index
-    when the indices are not in increasing order).
+    A bad line, a repeated index or a label the layout (a name) cannot key stops the run here,
+    before anything is written. The file is read a block at a time, so memory does not grow
+    with the list (but for 8 bytes an index when the indices are not in increasing order).
     """
+    layout = layout_named(layout)
     digest = hashlib.sha256()
     count, last, unordered = 0, -1, []
     try:
@@ -598,7 +591,8 @@ def _validate_list(path, layout):
                 else:
                     cut = data.rfind(b"\n") + 1
                     data, rest = data[:cut], data[cut:]
-                if layout == "insightface" or not _PLAIN_LINES.fullmatch(data):
+                # A numbered layout checks each item's label: line by line.
+                if layout.numbered or not _PLAIN_LINES.fullmatch(data):
                     return _validate_list_slowly(path, layout)  # names the bad line
                 if data:
                     data.decode("utf-8")  # raises for invalid UTF-8, reported slowly below
@@ -637,20 +631,9 @@ def _validate_list_slowly(path, layout):
             item = parse_list_line(text.rstrip("\n").rstrip("\r"), path, number)
             if not keys.add(item.index):
                 raise ListFormatError(f"index {item.index} appears twice", path, item.line)
-            if layout == "insightface":
-                _check_class_label(item, path)
+            layout.check_item(item, path)
             count += 1
     return digest.hexdigest(), count
-
-
-def _check_class_label(item, path):
-    label = item.labels[0]
-    if len(item.labels) != 1 or not label.is_integer() or label < 0:
-        raise ListFormatError(
-            f"--layout insightface needs one non-negative integer label, got {list(item.labels)}",
-            path,
-            item.line,
-        )
 
 
 def _load_identities(list_path, label_map):
@@ -695,6 +678,7 @@ class _PackRun:
     def __init__(self, list_path, root, prefix, options, total, progress, part=None):
         self.list_path, self.root, self.prefix = list_path, root, prefix
         self.options, self.total, self.progress = options, total, progress
+        self.layout = layout_named(options.layout)
         # `part`: (shard number, its list positions) when packing one shard of a plan.
         self.positions = part[1] if part else range(total)
         first, last = (part[0], part[0]) if part else (0, None)
@@ -710,7 +694,7 @@ class _PackRun:
         self.failures = 0
         self.first_refusals = []
         self.resumed_from = 0
-        self.label_counts = collections.Counter()  # insightface: images per class
+        self.label_counts = collections.Counter()  # numbered layouts: images per identity
         self.max_label = -1
         self.image_size = None
         self._fault = _test_fault()
@@ -718,18 +702,16 @@ class _PackRun:
     # -- items ------------------------------------------------------------------------------
     def _items(self):
         with open(self.list_path, encoding="utf-8", newline="\n") as f:
-            items = iter_list(f, self.list_path)
-            if self.options.layout == "insightface":
-                # Each identity's images must get contiguous keys: group by label (stable).
-                items = sorted(items, key=lambda item: item.labels[0])
-            yield from items
+            yield from self.layout.order(iter_list(f, self.list_path))
+
+    @property
+    def classes(self):
+        """Return the identities counted while writing (numbered layouts), else None."""
+        return self.max_label + 1 if self.layout.numbered else None
 
     # -- resume -----------------------------------------------------------------------------
     def _resume(self):
-        # Identity and header records (flag 2) follow every image in the insightface layout;
-        # a run killed while writing them writes them again.
-        drop = _is_identity_record if self.options.layout == "insightface" else None
-        written = self.writer.resume(drop_tail=drop)
+        written = self.writer.resume(drop_tail=self.layout.written_after_images)
         refused_lines = set()
         if os.path.islink(self.failures_partial):
             raise RectoolError(
@@ -809,7 +791,6 @@ class _PackRun:
             allow_outside_root=self.options.allow_outside_root,
         )
         timer = _ReadTimer()
-        insightface = self.options.layout == "insightface"
         while True:
             packer.wait_for_buffer()  # waiting for the writer is not reading: not timed
             timer.start()
@@ -817,8 +798,7 @@ class _PackRun:
                 items,
                 # Blocks no longer than a timing window, so that slow reads are noticed early.
                 SWITCH_WINDOW if may_switch else BLOCK_ITEMS,
-                # The insightface layout numbers images 1..N as they are written.
-                first_key=self.images + 1 if insightface else None,
+                first_key=self.layout.first_key(self.images),
             )
             if block is None:
                 return done, True
@@ -829,6 +809,7 @@ class _PackRun:
 
     def _consume_block(self, block, done):
         """Write one block's records and refusals in list order; return the new count done."""
+        numbered = self.layout.numbered
         for run in block.runs():
             if len(run) == 2:
                 self._refuse(*run)
@@ -837,10 +818,10 @@ class _PackRun:
             items, data, starts, first = run
             count = len(items)
             positions = range(self._position, self._position + count)
-            if self.options.layout == "insightface":
+            if numbered:
                 keys = list(range(self.images + 1, self.images + 1 + count))
                 if self.image_size is None:
-                    self.image_size = _image_size(block.image(first))
+                    self.image_size = image_size(block.image(first))
                 for item in items:
                     self._count_label(item)
             else:
@@ -855,16 +836,16 @@ class _PackRun:
 
     def _consume(self, chunk, results, done):
         """Write one chunk's results in list order; return the new count of items done."""
-        insightface = self.options.layout == "insightface"
+        numbered = self.layout.numbered
         for item, result in zip(chunk, results):
-            if insightface and not isinstance(result, ImageRefused):
+            if numbered and not isinstance(result, ImageRefused):
                 if self.image_size is None:
-                    self.image_size = _image_size(result)
+                    self.image_size = image_size(result)
                 result = frame_image(item, result, self.images + 1, False)
             if isinstance(result, ImageRefused):
                 self._refuse(item, result.reason)
             else:
-                key = self.images + 1 if insightface else item.index
+                key = self.images + 1 if numbered else item.index
                 self.writer.add(key, result, self._position)
                 self.images += 1
                 self._count_label(item)
@@ -874,7 +855,7 @@ class _PackRun:
         return done
 
     def _count_label(self, item):
-        if self.options.layout == "insightface":
+        if self.layout.numbered:
             label = int(item.labels[0])
             self.label_counts[label] += 1
             self.max_label = max(self.max_label, label)
@@ -897,28 +878,9 @@ class _PackRun:
             os.kill(os.getpid(), signal_number)
 
     def _finish(self):
-        if self.options.layout == "insightface":
-            self._write_identity_records()
+        for key, framed in self.layout.records_after(self.images, self.label_counts):
+            self.writer.add(key, framed)
         self.writer.close(self.last_shard)
-
-    def _write_identity_records(self):
-        n = self.images
-        classes = self.max_label + 1
-        last_key = n + classes + 1
-        if last_key >= FLOAT32_EXACT:
-            raise RectoolError(
-                f"--layout insightface stores record keys as float32 labels, exact only up to "
-                f"{FLOAT32_EXACT}; {n} images + {classes} identities need {last_key}. "
-                "Use the default layout (images only), which has no such limit"
-            )
-        start = 1
-        for label in range(classes):
-            end = start + self.label_counts.get(label, 0)
-            record = pack_image_record(b"", [float(start), float(end)], n + 1 + label, 0)
-            self.writer.add(n + 1 + label, frame_record(record))
-            start = end
-        header = pack_image_record(b"", [float(n + 1), float(n + 1 + classes)], 0, 1)
-        self.writer.add(0, frame_record(header))
 
 
 class _ImageWorker:
@@ -931,8 +893,8 @@ class _ImageWorker:
     def __init__(self, root, options):
         self.root, self.options = root, options
         self._prefix = os.path.join(root, "")
-        # The insightface layout numbers images as they are written, so the writer frames them.
-        self.frame = options.layout != "insightface"
+        # A layout that numbers images as written frames them where they are written.
+        self.frame = not layout_named(options.layout).numbered
 
     def prepare_chunk(self, chunk):
         """Return, per item, its framed record (or image bytes) or an `ImageRefused`."""
@@ -1082,26 +1044,11 @@ def _chunks(items, size):
         yield chunk
 
 
-def _is_identity_record(record):
-    return unpack_header(record)[0].flag == 2
-
-
-def _image_size(data):
-    try:
-        image = decode_image(data, Transform(color=-1))
-    except ImageRefused:
-        return None
-    return int(image.shape[0]), int(image.shape[1])
-
-
-def _write_property(prefix, run, identities):
+def _property_size(prefix, run):
+    """Return the (height, width) of the first image packed, or None when there is none."""
     size = run.image_size
     if size is None and run.images:
         # A resumed run may have written no image itself: take the size from key 1.
         with IndexedRecordFile(prefix + ".rec", prefix + ".idx") as records:
-            size = _image_size(unpack_header(records.read(1))[1])
-    height, width = size or (112, 112)
-    write_atomic(
-        os.path.join(os.path.dirname(prefix) or ".", "property"),
-        f"{run.max_label + 1},{height},{width}\n",
-    )
+            size = image_size(unpack_header(records.read(1))[1])
+    return size

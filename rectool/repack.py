@@ -34,6 +34,7 @@ from .digest import sha256_file
 from .errors import RectoolError, UsageError
 from .images import ImageRefused, Transform, decode_image, jpeg_size, reencode_image
 from .keys import FLOAT32_EXACT
+from .layout import layout_named
 from .listfile import LABEL_MAP_SUFFIX, read_label_map
 
 # Pack's output conventions and its --resume/--overwrite rules, reused as they are.
@@ -61,7 +62,6 @@ from .reader import (
 from .shards import ShardWriter
 from .writer import frame_image_record, frame_record, pack_image_record
 
-LAYOUTS = ("images", "insightface")
 LABELS_BY = ("offset", "name")
 RELABEL_SUFFIX = ".relabel.tsv"
 REPORT_SUFFIX = ".report.json"
@@ -458,14 +458,7 @@ def _shared_groups(digests, labels, mask, shared):
 
 def check_plan(plan, options):
     """Refuse, before writing, a plan the output layout cannot hold."""
-    if options.layout == "insightface":
-        last_key = len(plan.rows) + plan.classes + 1
-        if last_key >= FLOAT32_EXACT:
-            raise RectoolError(
-                f"--layout insightface stores record keys as float32 labels, exact only up to "
-                f"{FLOAT32_EXACT}; {len(plan.rows)} images + {plan.classes} identities need "
-                f"{last_key}. Use --layout images, which has no such limit"
-            )
+    layout_named(options.layout).check_keys(len(plan.rows), plan.classes)
     if plan.classes > FLOAT32_EXACT:
         raise RectoolError(
             f"{plan.classes} classes: labels above {FLOAT32_EXACT} are not exact as float32"
@@ -474,23 +467,17 @@ def check_plan(plan, options):
 
 def check_options(options):
     """Refuse options that cannot work together."""
-    if options.layout not in LAYOUTS:
-        raise UsageError(f"unknown layout {options.layout!r}; choose from {', '.join(LAYOUTS)}")
+    layout = layout_named(options.layout)
     if options.labels_by not in LABELS_BY:
         raise UsageError(f"unknown --labels-by {options.labels_by!r}")
     if options.order not in selection.ORDERS:
         raise UsageError(f"unknown order {options.order!r}")
-    if options.layout == "insightface":
-        if options.order != "identity":
-            raise UsageError(
-                "--layout insightface stores each identity's images as one key range: "
-                "it needs --order identity"
-            )
-        if options.shard_bytes or options.shard_records:
-            raise UsageError(
-                "--layout insightface writes one .rec (its readers expect one file); "
-                "drop --shard-size/--shard-records"
-            )
+    if layout.numbered and options.order != "identity":
+        raise UsageError(
+            "--layout insightface stores each identity's images as one key range: "
+            "it needs --order identity"
+        )
+    layout.check_options(options)
     if options.sample is not None and not 0 < options.sample <= 1:
         raise UsageError("--sample must be a fraction in (0, 1]")
     if options.sample_by not in selection.SAMPLE_UNITS:
@@ -840,7 +827,8 @@ class _RepackRun:
     def __init__(self, sources, targets, catalog, plan, prefix, options, progress):
         self.sources, self.targets, self.catalog, self.plan = sources, targets, catalog, plan
         self.prefix, self.options, self.progress = prefix, options, progress
-        self.insightface = options.layout == "insightface"
+        self.layout = layout_named(options.layout)
+        self.insightface = self.layout.numbered  # images keyed 1..N, identity records after
         self.total = len(plan.rows)
         self.last_shard = None
         if options.shard_records and not options.shard_bytes:
@@ -917,8 +905,7 @@ class _RepackRun:
     def execute(self, resume):
         done = 0
         if resume:
-            drop = _is_not_image if self.insightface else None
-            written = self.writer.resume(drop_tail=drop)
+            written = self.writer.resume(drop_tail=self.layout.written_after_images)
             if self.insightface and self.writer.finished:
                 self.complete = True  # killed after its one file was finished
         fd = self._open_failures(resume)
@@ -933,8 +920,7 @@ class _RepackRun:
                     self._copy(done)
                 else:
                     self._reencode(done)
-                if self.insightface:
-                    self._write_identity_records()
+                self._write_identity_records()
             self.writer.close(self.last_shard)
         except BaseException:
             self.writer.abort()
@@ -1015,17 +1001,13 @@ class _RepackRun:
         return position
 
     def _write_identity_records(self):
-        n, classes = self.images, self.plan.classes
+        """Write the records that follow the images (insightface: identities and header)."""
+        if not self.layout.numbered:
+            return
         kept = self.plan.rows[~self.refused]
-        counts = np.bincount(self.plan.new_label[kept], minlength=classes)
-        start = 1
-        for label in range(classes):
-            end = start + int(counts[label])
-            record = pack_image_record(b"", [float(start), float(end)], n + 1 + label, 0)
-            self.writer.add(n + 1 + label, frame_record(record))
-            start = end
-        header = pack_image_record(b"", [float(n + 1), float(n + 1 + classes)], 0, 1)
-        self.writer.add(0, frame_record(header))
+        counts = np.bincount(self.plan.new_label[kept], minlength=self.plan.classes)
+        for key, framed in self.layout.records_after(self.images, counts.tolist()):
+            self.writer.add(key, framed)
 
     def _report(self, done):
         if self.progress is not None:
@@ -1109,7 +1091,7 @@ class _RepackRun:
 
     def _write_property(self):
         """Write `property` (classes,height,width) beside the pack; return where H,W came from."""
-        height, width = 112, 112
+        size = None
         note = "no image written: 112x112 assumed"
         if self.total > self.refused.sum():
             with RecordFile(self.prefix + ".rec") as rf:
@@ -1123,10 +1105,9 @@ class _RepackRun:
                 except ImageRefused:
                     size = None
             if size is not None:
-                height, width = int(size[0]), int(size[1])
+                size = int(size[0]), int(size[1])
                 note = "height and width of image key 1 (the first image), read from its bytes"
-        folder = os.path.dirname(self.prefix) or "."
-        write_atomic(os.path.join(folder, "property"), f"{self.plan.classes},{height},{width}\n")
+        self.layout.write_property(os.path.dirname(self.prefix), self.plan.classes, size)
         return note
 
     def _report_document(self, refused, property_note):
@@ -1156,7 +1137,3 @@ class _RepackRun:
 
 def _label_map_text(names):
     return "".join(f"{label}\t{name}\n" for label, name in sorted(names.items()))
-
-
-def _is_not_image(record):
-    return unpack_header(record)[0].flag != 0
