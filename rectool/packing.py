@@ -766,7 +766,7 @@ class _PackRun:
                 return
         elif self.options.workers == 1:
             for chunk in chunks:
-                done = self._consume(chunk, worker.prepare_chunk(chunk), done)
+                done = self._consume(self._results(chunk, worker.prepare_chunk(chunk)), done)
             return
         window = collections.deque()
         limit = 4 * self.options.workers
@@ -775,10 +775,15 @@ class _PackRun:
                 window.append((chunk, pool.submit(worker.prepare_chunk, chunk)))
                 if len(window) >= limit:
                     chunk, pending = window.popleft()
-                    done = self._consume(chunk, pending.result(), done)
+                    done = self._consume(self._results(chunk, pending.result()), done)
             while window:
                 chunk, pending = window.popleft()
-                done = self._consume(chunk, pending.result(), done)
+                done = self._consume(self._results(chunk, pending.result()), done)
+
+    def _results(self, chunk, results):
+        """Return a chunk's worker results as a `_ChunkResults`, numbered (framed here) from
+        the next key when the layout numbers images as written."""
+        return _ChunkResults(chunk, results, self.layout.first_key(self.images))
 
     def _process_blocks(self, items, done, may_switch):
         """Pass images through a block at a time on this thread; return (done, finished),
@@ -803,12 +808,13 @@ class _PackRun:
             if block is None:
                 return done, True
             slow = timer.slow(len(block.items))
-            done = self._consume_block(block, done)
+            done = self._consume(block, done)
             if may_switch and slow:
                 return done, False
 
-    def _consume_block(self, block, done):
-        """Write one block's records and refusals in list order; return the new count done."""
+    def _consume(self, block, done):
+        """Write the records and refusals of a pass-through `Block` or a `_ChunkResults` in
+        list order; return the new count of items done."""
         numbered = self.layout.numbered
         for run in block.runs():
             if len(run) == 2:
@@ -829,28 +835,9 @@ class _PackRun:
             self.writer.add_run(data, keys, starts, positions)
             self.images += count
             self._position += count
-        block.written = self.writer.flush()  # the packer reuses the buffer once written
+        if block.reuses_buffer:
+            block.written = self.writer.flush()  # the packer reuses the buffer once written
         done += len(block.items)
-        self._report(done)
-        return done
-
-    def _consume(self, chunk, results, done):
-        """Write one chunk's results in list order; return the new count of items done."""
-        numbered = self.layout.numbered
-        for item, result in zip(chunk, results):
-            if numbered and not isinstance(result, ImageRefused):
-                if self.image_size is None:
-                    self.image_size = image_size(result)
-                result = frame_image(item, result, self.images + 1, False)
-            if isinstance(result, ImageRefused):
-                self._refuse(item, result.reason)
-            else:
-                key = self.images + 1 if numbered else item.index
-                self.writer.add(key, result, self._position)
-                self.images += 1
-                self._count_label(item)
-            self._position += 1
-        done += len(chunk)
         self._report(done)
         return done
 
@@ -1042,6 +1029,49 @@ def _chunks(items, size):
             chunk = []
     if chunk:
         yield chunk
+
+
+class _ChunkResults:
+    """A chunk's worker results in the shape of a pass-through `Block`: `runs()` gives the
+    framed records as runs, refusals between them, in list order.
+
+    Given `first_key`, the results are images, framed here and numbered from it in order (a
+    layout that numbers images as written: only the writer's thread knows the next key).
+    """
+
+    reuses_buffer = False  # its records are its own bytes
+
+    def __init__(self, items, results, first_key=None):
+        self.items = items
+        self._images = results if first_key is not None else None
+        if first_key is not None:
+            framed, key = [], first_key
+            for item, image in zip(items, results):
+                if not isinstance(image, ImageRefused):
+                    image = frame_image(item, image, key, False)
+                    key += not isinstance(image, ImageRefused)
+                framed.append(image)
+            results = framed
+        self._results = results
+
+    def image(self, j):
+        """Return the image bytes of record j (numbered results only)."""
+        return self._images[j]
+
+    def runs(self):
+        """Yield `(items, data, starts, j)` runs of records and `(item, reason)` refusals."""
+        items, results = self.items, self._results
+        first = 0
+        for j in range(len(items) + 1):
+            refused = j < len(items) and isinstance(results[j], ImageRefused)
+            if j == len(items) or refused:
+                if first < j:
+                    parts = results[first:j]
+                    starts = list(itertools.accumulate(map(len, parts[:-1]), initial=0))
+                    yield items[first:j], b"".join(parts), starts, first
+                if refused:
+                    yield items[j], results[j].reason
+                first = j + 1
 
 
 def _property_size(prefix, run):
