@@ -20,9 +20,7 @@ import hashlib
 import json
 import mmap
 import os
-import queue
 import re
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -493,47 +491,6 @@ def check_options(options):
 # -- writing ------------------------------------------------------------------------------------
 
 
-class _ParallelDigest:
-    """A hash fed on a thread of its own, so that checksumming overlaps writing.
-
-    `update` queues the buffer (which must not change afterwards: the copier makes a new
-    buffer per batch) and returns; `hexdigest` waits until the queue is hashed. hashlib
-    releases the GIL over large buffers, so with two cores the checksum costs no wall time
-    beside the writes.
-    """
-
-    def __init__(self, digest):
-        self._digest = digest
-        self._queue = queue.Queue(maxsize=8)
-        self._thread = None
-
-    def _run(self):
-        while (data := self._queue.get()) is not None:
-            self._digest.update(data)
-
-    def update(self, data):
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rectool-digest", daemon=True)
-            self._thread.start()
-        self._queue.put(data)
-
-    def hexdigest(self):
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
-        return self._digest.hexdigest()
-
-
-class _ShardWriter(ShardWriter):
-    """`shards.ShardWriter`, its .rec checksum computed on a thread of its own."""
-
-    def _start(self, number, resume_state=None):
-        shard = super()._start(number, resume_state)
-        shard.rec_hash = _ParallelDigest(shard.rec_hash)
-        return shard
-
-
 class _RecordCopier:
     """Frame kept records for the output from the mmapped sources, a batch at a time."""
 
@@ -837,7 +794,7 @@ class _RepackRun:
             # One shard: ShardWriter.resume must stop after it (with no last shard it would
             # look at the same finished file again and again).
             self.last_shard = 0
-        self.writer = _ShardWriter(
+        self.writer = ShardWriter(
             prefix, options.shard_bytes, options.shard_records, last_shard=self.last_shard
         )
         self.copier = _RecordCopier(sources, catalog)
