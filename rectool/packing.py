@@ -4,7 +4,11 @@ Worker threads read, check and (optionally) re-encode images; OpenCV releases th
 run in parallel. One writer consumes their results strictly in list order, so the bytes never
 depend on `workers` or timing, and at most a bounded window of images is in flight. Passing
 images through, which is reading rather than computing, runs a block at a time on the calling
-thread instead (see `passthrough.py`), until reads prove slow.
+thread instead (see `passthrough.py`), until reads prove slow. Both paths hand the writer the
+same shape, runs of framed records with refusals between them (`_PackRun._consume`).
+
+The pack's files and manifest are `manifest.py`'s; how records are keyed, and what follows the
+images, is the layout's (`layout.py`); shards are written by `shards.ShardWriter`.
 """
 
 from __future__ import annotations
