@@ -13,25 +13,28 @@ import os
 
 from .atomic import OutputLock
 from .errors import RectoolError, UsageError
-from .packing import (
+from .manifest import (
     FAILURES_SUFFIX,
+    is_complete,
+    manifest_path,
+    output_files,
+    source_state,
+    staging_prefix,
+    swap_in,
+)
+from .packing import (
     PACKED,
     RESUMED,
     PackOptions,
     _check_options,
     _finalize,
-    _is_complete,
-    _source_state,
-    _staging_prefix,
     _validate_list,
     check_prefix,
     check_root,
     completed_if_same,
-    output_files,
     pack_images,
-    swap_in,
 )
-from .shards import manifest_path, plan_shards
+from .shards import plan_shards
 
 INSTALL_HINT = (
     "--executor dask needs Dask: pip install 'rectool[dask]' from an index, or from a checkout "
@@ -98,8 +101,8 @@ def pack_on_dask(
 def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resume, overwrite,
                  label_map, progress, local_workers):  # fmt: skip
     digest, total = listed
-    if resume and _is_complete(prefix):
-        return completed_if_same(prefix, _source_state(digest, root, options))
+    if resume and is_complete(prefix):
+        return completed_if_same(prefix, source_state(digest, root, options))
     existing = output_files(prefix)
     if existing and not (overwrite or resume):
         raise RectoolError(f"{existing[0]}: output exists; use --resume or --overwrite")
@@ -109,7 +112,7 @@ def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resu
     final = None
     if existing and overwrite:
         # The old pack stays whole until the new one is: pack beside it, then swap.
-        final, prefix = prefix, _staging_prefix(prefix)
+        final, prefix = prefix, staging_prefix(prefix)
     try:
         from dask.distributed import as_completed
 

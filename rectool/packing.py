@@ -4,14 +4,17 @@ Worker threads read, check and (optionally) re-encode images; OpenCV releases th
 run in parallel. One writer consumes their results strictly in list order, so the bytes never
 depend on `workers` or timing, and at most a bounded window of images is in flight. Passing
 images through, which is reading rather than computing, runs a block at a time on the calling
-thread instead (see `passthrough.py`), until reads prove slow.
+thread instead (see `passthrough.py`), until reads prove slow. Both paths hand the writer the
+same shape, runs of framed records with refusals between them (`_PackRun._consume`).
+
+The pack's files and manifest are `manifest.py`'s; how records are keyed, and what follows the
+images, is the layout's (`layout.py`); shards are written by `shards.ShardWriter`.
 """
 
 from __future__ import annotations
 
 import collections
 import dataclasses
-import glob
 import hashlib
 import itertools
 import json
@@ -27,27 +30,48 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import __version__
 from .atomic import (
-    LOCK_SUFFIX,
     OutputLock,
     create_new,
     open_existing,
-    write_atomic,
     write_json_atomic,
 )
-from .checksums import SUFFIX as CHECKSUM_SUFFIX
 from .errors import RectoolError, UsageError
 from .images import (
     CHECK_MODES,
     ImageRefused,
     Transform,
     check_image,
-    decode_image,
     reencode_image,
 )
-from .keys import FLOAT32_EXACT
+from .layout import (
+    LAYOUTS,  # noqa: F401 (the CLI offers them)
+    image_size,
+    layout_named,
+)
 from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
+from .manifest import (
+    FAILURES_SUFFIX,
+    PARTIAL_SUFFIX,
+    STAGING_SUFFIX,  # noqa: F401 (the CLI names the staging folder in messages)
+    STATE_SUFFIX,
+    STDIN_COPY_SUFFIX,
+    build_manifest,
+    check_resume_state,
+    check_same_source,
+    copy_stream,
+    is_complete,
+    manifest_path,
+    manifest_source,
+    output_files,  # noqa: F401 (public: every file a pack may have written)
+    prepare_outputs,
+    remove_stale_temporaries,
+    shard_files,
+    shard_stem,
+    source_state,
+    staging_prefix,
+    swap_in,
+)
 from .passthrough import (
     OPEN_FLAGS,
     OUTSIDE_ROOT,
@@ -58,27 +82,13 @@ from .passthrough import (
     resolve_path,
 )
 from .reader import (
-    MANIFEST_FORMAT,
-    MANIFEST_VERSION,
     MAX_RECORD_BYTES,
     read_manifest,
     unpack_header,
 )
 from .records import IndexedRecordFile
-from .shards import (
-    PARTIAL_SUFFIX,
-    ShardWriter,
-    describe_shard,
-    manifest_path,
-    plan_shards,
-    shard_stem,
-)
-from .writer import frame_record, pack_image_record
+from .shards import ShardWriter, describe_shard, plan_shards
 
-LAYOUTS = ("images", "insightface")
-FAILURES_SUFFIX = ".failures.jsonl"
-STATE_SUFFIX = ".pack-state.json"
-STDIN_COPY_SUFFIX = ".stdin.lst"
 # Items go to worker threads in chunks: one future per image would cost more than a check.
 CHUNK_ITEMS = 32
 # Pass-through from a fast disk takes about 10 us an image, all Python; a network file system
@@ -179,37 +189,6 @@ class PackResult:
         }
 
 
-def output_files(prefix):
-    """Return every file a pack to `prefix` may have written (existing ones only)."""
-    prefix = os.fspath(prefix)
-    names = [
-        prefix + suffix
-        for suffix in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
-    ]
-    names.append(prefix + ".rec" + CHECKSUM_SUFFIX)
-    names.append(prefix + ".manifest.json")
-    escaped = glob.escape(prefix)
-    for pattern in ("-[0-9][0-9][0-9][0-9][0-9].rec", "-[0-9][0-9][0-9][0-9][0-9].idx"):
-        names += glob.glob(escaped + pattern)
-        names += glob.glob(escaped + pattern + ".rtc")
-        names += glob.glob(escaped + pattern + CHECKSUM_SUFFIX)
-    names += [n + PARTIAL_SUFFIX for n in list(names)]
-    names += _stale_temporaries(prefix)
-    return sorted({n for n in names if os.path.exists(n)})
-
-
-def _stale_temporaries(prefix):
-    """Return temporary files (`.NAME.XXXX.tmp`, see `write_atomic`) that a killed run of this
-    pack left behind."""
-    folder, name = os.path.split(os.fspath(prefix))
-    return glob.glob(os.path.join(glob.escape(folder), "." + glob.escape(name) + "*.tmp"))
-
-
-def _remove_stale_temporaries(prefix):
-    for name in _stale_temporaries(prefix):
-        os.unlink(name)
-
-
 def pack_images(
     list_path,
     root,
@@ -261,7 +240,7 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
     with OutputLock(prefix):
         if overwrite and output_files(prefix):
             # The old pack stays whole until the new one is: pack beside it, then swap.
-            staging = _staging_prefix(prefix)
+            staging = staging_prefix(prefix)
             try:
                 result = _pack_all(
                     list_path, root, staging, options, False, False, label_map, progress,
@@ -281,58 +260,14 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
         )
 
 
-STAGING_SUFFIX = ".overwrite"
-
-
-def _staging_prefix(prefix):
-    """Return a fresh prefix in a hidden folder beside `prefix` (`.NAME.overwrite/NAME`), where
-    `--overwrite` builds the new pack; what a killed run left there is removed first."""
-    folder, name = os.path.split(prefix)
-    staging = os.path.join(folder, f".{name}{STAGING_SUFFIX}")
-    if os.path.lexists(staging):
-        if os.path.islink(staging) or not os.path.isdir(staging):
-            os.unlink(staging)
-        else:
-            shutil.rmtree(staging)
-    os.mkdir(staging)
-    return os.path.join(staging, name)
-
-
-def swap_in(staging, prefix):
-    """Replace the pack at `prefix` with the complete one at `staging` (see `_staging_prefix`).
-
-    The old manifest goes first, so that a pack half swapped never looks complete; the new
-    manifest comes last. Old files that the new pack does not have (more shards, index caches)
-    are removed.
-    """
-    folder = os.path.dirname(prefix) or "."
-    staged = os.path.dirname(staging)
-    new_names = sorted(os.listdir(staged))
-    old = set(output_files(prefix)) - {os.path.join(folder, n) for n in new_names}
-    manifest_name = os.path.basename(manifest_path(prefix))
-    for name in [n for n in new_names if n.endswith(LOCK_SUFFIX)]:
-        os.unlink(os.path.join(staged, name))  # a lock a killed task left: not part of a pack
-        new_names.remove(name)
-    if os.path.exists(manifest_path(prefix)):
-        os.unlink(manifest_path(prefix))
-    for name in new_names:
-        if name != manifest_name:
-            os.replace(os.path.join(staged, name), os.path.join(folder, name))
-    for name in old:
-        if os.path.exists(name):
-            os.unlink(name)
-    os.replace(os.path.join(staged, manifest_name), manifest_path(prefix))
-    os.rmdir(staged)
-
-
 def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, progress,
               list_stream):  # fmt: skip
-    complete = resume and _is_complete(prefix)
+    complete = resume and is_complete(prefix)
     if not complete:
-        _prepare_outputs(prefix, resume, overwrite)
+        prepare_outputs(prefix, resume, overwrite)
     from_stdin = list_path == "-"
     if from_stdin:
-        list_path = _copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
+        list_path = copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
     list_path = os.fspath(list_path)
     try:
         list_digest, total = _validate_list(list_path, options.layout)
@@ -346,7 +281,7 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
             if list_path == prefix + STDIN_COPY_SUFFIX:
                 os.unlink(list_path)
             raise
-    state = _source_state(list_digest, root, options)
+    state = source_state(list_digest, root, options)
     if complete:
         # A finished pack "resumes" only with what made it, as an interrupted one does.
         return completed_if_same(prefix, state)
@@ -356,23 +291,23 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     identities = _load_identities(None if from_stdin else list_path, label_map)
     state_path = prefix + STATE_SUFFIX
     if resume and os.path.exists(state_path):
-        _check_resume_state(state_path, state)
+        check_resume_state(state_path, state)
     else:
         write_json_atomic(state_path, state)
 
     run = _PackRun(list_path, root, prefix, options, total, progress)
     run.execute(resume)
 
-    classes = run.max_label + 1 if options.layout == "insightface" else None
-    manifest = _manifest(
+    manifest = build_manifest(
         options, "-" if from_stdin else list_path, prefix, run.writer.finished, run.images,
-        run.failures, classes, identities, state,
+        run.failures, run.classes, identities, state,
     )  # fmt: skip
     final_failures = prefix + FAILURES_SUFFIX
     os.replace(run.failures_partial, final_failures)
-    if options.layout == "insightface":
-        _write_property(prefix, run, identities)
-    _remove_stale_temporaries(prefix)
+    if run.layout.numbered:  # a layout with a `property` file
+        size = _property_size(prefix, run)
+        run.layout.write_property(os.path.dirname(prefix), run.classes, size)
+    remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
     os.unlink(state_path)
     if os.path.exists(prefix + STDIN_COPY_SUFFIX):
@@ -431,13 +366,6 @@ class ShardResult:
         }
 
 
-def _shard_files(stem):
-    names = [stem + s for s in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX)]
-    names.append(stem + ".rec" + CHECKSUM_SUFFIX)
-    names += [n + PARTIAL_SUFFIX for n in names]
-    return [n for n in names if os.path.exists(n)]
-
-
 def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, progress):
     if list_path == "-":
         raise UsageError("--only-shard needs the list as a file that every task can read, not -")
@@ -450,9 +378,9 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
         raise UsageError(f"--only-shard {number}: the plan has shards 0..{len(plan) - 1}")
     stem = shard_stem(prefix, number)
     state_path = stem + STATE_SUFFIX
-    existing = _shard_files(stem)
+    existing = shard_files(stem)
     done = os.path.exists(stem + FAILURES_SUFFIX) and not os.path.exists(state_path)
-    if existing and overwrite and _is_complete(prefix):
+    if existing and overwrite and is_complete(prefix):
         raise RectoolError(
             f"{manifest_path(prefix)}: the pack is complete; packing shard {number} again with "
             "--overwrite would break it (pack the whole list with --overwrite, or shards to "
@@ -463,9 +391,9 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
             os.unlink(name)
     elif existing and not resume:
         raise RectoolError(f"{existing[0]}: shard output exists; use --resume or --overwrite")
-    state = _source_state(digest, root, options)
+    state = source_state(digest, root, options)
     if resume and os.path.exists(state_path):
-        _check_resume_state(state_path, state)
+        check_resume_state(state_path, state)
     elif not (resume and done):
         write_json_atomic(state_path, state)
     run = _PackRun(
@@ -515,15 +443,15 @@ def _finalize(list_path, root, prefix, options, label_map):
     """`finalize_pack` once the prefix is locked."""
     list_path = os.fspath(list_path)
     digest, total = _validate_list(list_path, options.layout)
-    if _is_complete(prefix):
-        return completed_if_same(prefix, _source_state(digest, root, options))
+    if is_complete(prefix):
+        return completed_if_same(prefix, source_state(digest, root, options))
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     infos, refused = [], []
     for number in range(len(plan)):
         stem = shard_stem(prefix, number)
         rec, idx, failures = stem + ".rec", stem + ".idx", stem + FAILURES_SUFFIX
         unfinished = [p for p in (rec, idx, failures) if not os.path.exists(p)]
-        unfinished += [p for p in _shard_files(stem) if p.endswith((PARTIAL_SUFFIX, STATE_SUFFIX))]
+        unfinished += [p for p in shard_files(stem) if p.endswith((PARTIAL_SUFFIX, STATE_SUFFIX))]
         if unfinished:
             raise RectoolError(
                 f"{unfinished[0]}: shard {number} of {len(plan)} is missing or unfinished; "
@@ -541,11 +469,11 @@ def _finalize(list_path, root, prefix, options, label_map):
         os.unlink(shard_stem(prefix, number) + FAILURES_SUFFIX)
     images = sum(info.records for info in infos)
     identities = _load_identities(list_path, label_map)
-    source = _source_state(digest, root, options)
-    manifest = _manifest(
+    source = source_state(digest, root, options)
+    manifest = build_manifest(
         options, list_path, prefix, infos, images, len(refused), None, identities, source
     )
-    _remove_stale_temporaries(prefix)
+    remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
     return PackResult(
         manifest_path(prefix), manifest, images, len(refused), final_failures, refused[:100],
@@ -595,54 +523,18 @@ def check_prefix(prefix):
 
 
 def _check_options(options):
-    if options.layout not in LAYOUTS:
-        raise UsageError(f"unknown layout {options.layout!r}; choose from {', '.join(LAYOUTS)}")
-    if options.layout == "insightface" and (options.shard_bytes or options.shard_records):
-        raise UsageError(
-            "--layout insightface writes one .rec (its readers expect one file); "
-            "drop --shard-size/--shard-records"
-        )
-    if options.layout == "insightface" and options.pack_label:
-        raise UsageError("--layout insightface stores one class label per image; drop --pack-label")
+    layout_named(options.layout).check_options(options)
     if options.check not in CHECK_MODES:
         raise UsageError(f"unknown check {options.check!r}; choose from {', '.join(CHECK_MODES)}")
     if options.workers < 1:
         raise UsageError("--workers must be at least 1")
 
 
-def _prepare_outputs(prefix, resume, overwrite):
-    existing = output_files(prefix)
-    if not existing:
-        return
-    if overwrite:
-        for name in existing:
-            os.unlink(name)
-        return
-    if resume:
-        if not os.path.exists(prefix + STATE_SUFFIX):
-            raise RectoolError(
-                f"{prefix}: files exist but no {STATE_SUFFIX} records how they were made; "
-                "cannot resume safely (use --overwrite to start again)"
-            )
-        return
-    partial = [n for n in existing if n.endswith(PARTIAL_SUFFIX) or n.endswith(STATE_SUFFIX)]
-    if partial:
-        raise RectoolError(
-            f"{partial[0]}: an interrupted pack left files here; "
-            "use --resume to continue it or --overwrite to start again"
-        )
-    raise RectoolError(f"{existing[0]}: output exists; use --overwrite to replace it")
-
-
-def _is_complete(prefix):
-    return os.path.exists(manifest_path(prefix)) and not os.path.exists(prefix + STATE_SUFFIX)
-
-
 def completed_if_same(prefix, state):
-    """Describe the complete pack at `prefix` if it was made as `state` (a `_source_state`)
+    """Describe the complete pack at `prefix` if it was made as `state` (a `source_state`)
     says; else raise naming what differs."""
     manifest = read_manifest(manifest_path(prefix))
-    _check_same_source(manifest_path(prefix), _manifest_source(manifest), state, "pack")
+    check_same_source(manifest_path(prefix), manifest_source(manifest), state, "pack")
     return _completed_result(prefix)
 
 
@@ -665,15 +557,6 @@ def _completed_result(prefix):
     )
 
 
-def _copy_stream(stream, prefix):
-    target = prefix + STDIN_COPY_SUFFIX
-    tmp = target + PARTIAL_SUFFIX
-    with open(create_new(tmp), "w", encoding="utf-8", newline="\n") as f:
-        shutil.copyfileobj(stream, f)
-    os.replace(tmp, target)
-    return target
-
-
 # Ordinary lines (`index<TAB>number...<TAB>path`), matched a block at a time at C speed. Their
 # numbers have no exponent and at most 38 integer digits, so every one fits a float32, and
 # paths hold no NUL; other lines (rare) are checked one by one, which names a bad one.
@@ -691,10 +574,11 @@ _LIST_BLOCK = 1 << 20
 def _validate_list(path, layout):
     """Parse every line once before packing; return (sha256 of the file, number of items).
 
-    A bad line or a repeated index stops the run here, before anything is written. The file is
-    read a block at a time, so memory does not grow with the list (but for 8 bytes an index
-    when the indices are not in increasing order).
+    A bad line, a repeated index or a label the layout (a name) cannot key stops the run here,
+    before anything is written. The file is read a block at a time, so memory does not grow
+    with the list (but for 8 bytes an index when the indices are not in increasing order).
     """
+    layout = layout_named(layout)
     digest = hashlib.sha256()
     count, last, unordered = 0, -1, []
     try:
@@ -711,7 +595,8 @@ def _validate_list(path, layout):
                 else:
                     cut = data.rfind(b"\n") + 1
                     data, rest = data[:cut], data[cut:]
-                if layout == "insightface" or not _PLAIN_LINES.fullmatch(data):
+                # A numbered layout checks each item's label: line by line.
+                if layout.numbered or not _PLAIN_LINES.fullmatch(data):
                     return _validate_list_slowly(path, layout)  # names the bad line
                 if data:
                     data.decode("utf-8")  # raises for invalid UTF-8, reported slowly below
@@ -750,122 +635,9 @@ def _validate_list_slowly(path, layout):
             item = parse_list_line(text.rstrip("\n").rstrip("\r"), path, number)
             if not keys.add(item.index):
                 raise ListFormatError(f"index {item.index} appears twice", path, item.line)
-            if layout == "insightface":
-                _check_class_label(item, path)
+            layout.check_item(item, path)
             count += 1
     return digest.hexdigest(), count
-
-
-def _check_class_label(item, path):
-    label = item.labels[0]
-    if len(item.labels) != 1 or not label.is_integer() or label < 0:
-        raise ListFormatError(
-            f"--layout insightface needs one non-negative integer label, got {list(item.labels)}",
-            path,
-            item.line,
-        )
-
-
-def _source_state(list_digest, root, options):
-    """Return what a pack is made from, compared on --resume: list, ROOT and byte options."""
-    return {
-        "list_sha256": list_digest,
-        "root": os.path.abspath(root),
-        "options": options.byte_options(),
-    }
-
-
-def _manifest_source(manifest):
-    """Return the `_source_state` a complete pack was made from, as its manifest records it
-    (options without the ones that do not change the bytes)."""
-    source = dict(manifest.get("source") or {})
-    options = dict(manifest.get("options") or {})
-    for name in ("workers", "max_failures"):
-        options.pop(name, None)
-    options.setdefault("allow_outside_root", False)  # packs made before the option
-    source["options"] = options
-    return source
-
-
-def _check_resume_state(state_path, state):
-    with open(state_path, encoding="utf-8") as f:
-        saved = json.load(f)
-    _check_same_source(state_path, saved, state, "interrupted pack")
-
-
-# How each byte option is given at the command line, for messages.
-_OPTION_NAMES = {
-    "check": "--check",
-    "pack_label": "--pack-label",
-    "shard_bytes": "--shard-size",
-    "shard_records": "--shard-records",
-    "layout": "--layout",
-    "allow_outside_root": "--allow-outside-root",
-    "resize": "--resize",
-    "center_crop": "--center-crop",
-    "quality": "--quality",
-    "encoding": "--encoding",
-    "color": "--color",
-}
-
-
-def _check_same_source(path, saved, state, what):
-    """Raise naming each way `state` differs from the `saved` one of the pack at `path`."""
-    differences = []
-    if saved.get("list_sha256") != state["list_sha256"]:
-        was = saved.get("list_sha256") or "not recorded"
-        differences.append(
-            f"the list differs (sha256 {state['list_sha256'][:16]}... now, "
-            f"{was[:16]}{'...' if saved.get('list_sha256') else ''} in the {what})"
-        )
-    if saved.get("root") != state["root"]:
-        differences.append(
-            f"ROOT differs ({state['root']} now, {saved.get('root') or 'not recorded'} "
-            f"in the {what})"
-        )
-    now_options, was_options = state["options"], saved.get("options") or {}
-    now, was = _flat_options(now_options), _flat_options(was_options)
-    if (now_options.get("transform") is None) != (was_options.get("transform") is None):
-        differences.append(
-            f"re-encoding differs ({_show_transform(now_options)} now, "
-            f"{_show_transform(was_options)} in the {what})"
-        )
-        now, was = (
-            _flat_options({**now_options, "transform": None}),
-            _flat_options({**was_options, "transform": None}),
-        )
-    for name in sorted(set(now) | set(was), key=list(_OPTION_NAMES).index):
-        if now.get(name) != was.get(name):
-            differences.append(
-                f"{_OPTION_NAMES[name]} differs ({_show(now.get(name))} now, "
-                f"{_show(was.get(name))} in the {what})"
-            )
-    if differences:
-        raise RectoolError(
-            f"{path}: cannot resume: {'; '.join(differences)}. "
-            "Resume with the same list, ROOT and options, or start again with --overwrite"
-        )
-
-
-def _flat_options(options):
-    """Return byte options as {name: value}, a re-encoding's fields among them (pass-through:
-    none of them)."""
-    flat = {k: v for k, v in options.items() if k != "transform" and k in _OPTION_NAMES}
-    flat.update(options.get("transform") or {})
-    return flat
-
-
-def _show_transform(options):
-    transform = options.get("transform")
-    if transform is None:
-        return "pass-through"
-    return " ".join(f"{_OPTION_NAMES[k]} {_show(v)}" for k, v in transform.items())
-
-
-def _show(value):
-    if value is None:
-        return "not given"
-    return json.dumps(value)
 
 
 def _load_identities(list_path, label_map):
@@ -910,6 +682,7 @@ class _PackRun:
     def __init__(self, list_path, root, prefix, options, total, progress, part=None):
         self.list_path, self.root, self.prefix = list_path, root, prefix
         self.options, self.total, self.progress = options, total, progress
+        self.layout = layout_named(options.layout)
         # `part`: (shard number, its list positions) when packing one shard of a plan.
         self.positions = part[1] if part else range(total)
         first, last = (part[0], part[0]) if part else (0, None)
@@ -925,7 +698,7 @@ class _PackRun:
         self.failures = 0
         self.first_refusals = []
         self.resumed_from = 0
-        self.label_counts = collections.Counter()  # insightface: images per class
+        self.label_counts = collections.Counter()  # numbered layouts: images per identity
         self.max_label = -1
         self.image_size = None
         self._fault = _test_fault()
@@ -933,18 +706,16 @@ class _PackRun:
     # -- items ------------------------------------------------------------------------------
     def _items(self):
         with open(self.list_path, encoding="utf-8", newline="\n") as f:
-            items = iter_list(f, self.list_path)
-            if self.options.layout == "insightface":
-                # Each identity's images must get contiguous keys: group by label (stable).
-                items = sorted(items, key=lambda item: item.labels[0])
-            yield from items
+            yield from self.layout.order(iter_list(f, self.list_path))
+
+    @property
+    def classes(self):
+        """Return the identities counted while writing (numbered layouts), else None."""
+        return self.max_label + 1 if self.layout.numbered else None
 
     # -- resume -----------------------------------------------------------------------------
     def _resume(self):
-        # Identity and header records (flag 2) follow every image in the insightface layout;
-        # a run killed while writing them writes them again.
-        drop = _is_identity_record if self.options.layout == "insightface" else None
-        written = self.writer.resume(drop_tail=drop)
+        written = self.writer.resume(drop_tail=self.layout.written_after_images)
         refused_lines = set()
         if os.path.islink(self.failures_partial):
             raise RectoolError(
@@ -999,7 +770,7 @@ class _PackRun:
                 return
         elif self.options.workers == 1:
             for chunk in chunks:
-                done = self._consume(chunk, worker.prepare_chunk(chunk), done)
+                done = self._consume(self._results(chunk, worker.prepare_chunk(chunk)), done)
             return
         window = collections.deque()
         limit = 4 * self.options.workers
@@ -1008,10 +779,15 @@ class _PackRun:
                 window.append((chunk, pool.submit(worker.prepare_chunk, chunk)))
                 if len(window) >= limit:
                     chunk, pending = window.popleft()
-                    done = self._consume(chunk, pending.result(), done)
+                    done = self._consume(self._results(chunk, pending.result()), done)
             while window:
                 chunk, pending = window.popleft()
-                done = self._consume(chunk, pending.result(), done)
+                done = self._consume(self._results(chunk, pending.result()), done)
+
+    def _results(self, chunk, results):
+        """Return a chunk's worker results as a `_ChunkResults`, numbered (framed here) from
+        the next key when the layout numbers images as written."""
+        return _ChunkResults(chunk, results, self.layout.first_key(self.images))
 
     def _process_blocks(self, items, done, may_switch):
         """Pass images through a block at a time on this thread; return (done, finished),
@@ -1024,7 +800,6 @@ class _PackRun:
             allow_outside_root=self.options.allow_outside_root,
         )
         timer = _ReadTimer()
-        insightface = self.options.layout == "insightface"
         while True:
             packer.wait_for_buffer()  # waiting for the writer is not reading: not timed
             timer.start()
@@ -1032,18 +807,19 @@ class _PackRun:
                 items,
                 # Blocks no longer than a timing window, so that slow reads are noticed early.
                 SWITCH_WINDOW if may_switch else BLOCK_ITEMS,
-                # The insightface layout numbers images 1..N as they are written.
-                first_key=self.images + 1 if insightface else None,
+                first_key=self.layout.first_key(self.images),
             )
             if block is None:
                 return done, True
             slow = timer.slow(len(block.items))
-            done = self._consume_block(block, done)
+            done = self._consume(block, done)
             if may_switch and slow:
                 return done, False
 
-    def _consume_block(self, block, done):
-        """Write one block's records and refusals in list order; return the new count done."""
+    def _consume(self, block, done):
+        """Write the records and refusals of a pass-through `Block` or a `_ChunkResults` in
+        list order; return the new count of items done."""
+        numbered = self.layout.numbered
         for run in block.runs():
             if len(run) == 2:
                 self._refuse(*run)
@@ -1052,10 +828,10 @@ class _PackRun:
             items, data, starts, first = run
             count = len(items)
             positions = range(self._position, self._position + count)
-            if self.options.layout == "insightface":
+            if numbered:
                 keys = list(range(self.images + 1, self.images + 1 + count))
                 if self.image_size is None:
-                    self.image_size = _image_size(block.image(first))
+                    self.image_size = image_size(block.image(first))
                 for item in items:
                     self._count_label(item)
             else:
@@ -1063,33 +839,14 @@ class _PackRun:
             self.writer.add_run(data, keys, starts, positions)
             self.images += count
             self._position += count
-        block.written = self.writer.flush()  # the packer reuses the buffer once written
+        if block.reuses_buffer:
+            block.written = self.writer.flush()  # the packer reuses the buffer once written
         done += len(block.items)
         self._report(done)
         return done
 
-    def _consume(self, chunk, results, done):
-        """Write one chunk's results in list order; return the new count of items done."""
-        insightface = self.options.layout == "insightface"
-        for item, result in zip(chunk, results):
-            if insightface and not isinstance(result, ImageRefused):
-                if self.image_size is None:
-                    self.image_size = _image_size(result)
-                result = frame_image(item, result, self.images + 1, False)
-            if isinstance(result, ImageRefused):
-                self._refuse(item, result.reason)
-            else:
-                key = self.images + 1 if insightface else item.index
-                self.writer.add(key, result, self._position)
-                self.images += 1
-                self._count_label(item)
-            self._position += 1
-        done += len(chunk)
-        self._report(done)
-        return done
-
     def _count_label(self, item):
-        if self.options.layout == "insightface":
+        if self.layout.numbered:
             label = int(item.labels[0])
             self.label_counts[label] += 1
             self.max_label = max(self.max_label, label)
@@ -1112,28 +869,9 @@ class _PackRun:
             os.kill(os.getpid(), signal_number)
 
     def _finish(self):
-        if self.options.layout == "insightface":
-            self._write_identity_records()
+        for key, framed in self.layout.records_after(self.images, self.label_counts):
+            self.writer.add(key, framed)
         self.writer.close(self.last_shard)
-
-    def _write_identity_records(self):
-        n = self.images
-        classes = self.max_label + 1
-        last_key = n + classes + 1
-        if last_key >= FLOAT32_EXACT:
-            raise RectoolError(
-                f"--layout insightface stores record keys as float32 labels, exact only up to "
-                f"{FLOAT32_EXACT}; {n} images + {classes} identities need {last_key}. "
-                "Use the default layout (images only), which has no such limit"
-            )
-        start = 1
-        for label in range(classes):
-            end = start + self.label_counts.get(label, 0)
-            record = pack_image_record(b"", [float(start), float(end)], n + 1 + label, 0)
-            self.writer.add(n + 1 + label, frame_record(record))
-            start = end
-        header = pack_image_record(b"", [float(n + 1), float(n + 1 + classes)], 0, 1)
-        self.writer.add(0, frame_record(header))
 
 
 class _ImageWorker:
@@ -1146,8 +884,8 @@ class _ImageWorker:
     def __init__(self, root, options):
         self.root, self.options = root, options
         self._prefix = os.path.join(root, "")
-        # The insightface layout numbers images as they are written, so the writer frames them.
-        self.frame = options.layout != "insightface"
+        # A layout that numbers images as written frames them where they are written.
+        self.frame = not layout_named(options.layout).numbered
 
     def prepare_chunk(self, chunk):
         """Return, per item, its framed record (or image bytes) or an `ImageRefused`."""
@@ -1297,58 +1035,54 @@ def _chunks(items, size):
         yield chunk
 
 
-def _is_identity_record(record):
-    return unpack_header(record)[0].flag == 2
+class _ChunkResults:
+    """A chunk's worker results in the shape of a pass-through `Block`: `runs()` gives the
+    framed records as runs, refusals between them, in list order.
+
+    Given `first_key`, the results are images, framed here and numbered from it in order (a
+    layout that numbers images as written: only the writer's thread knows the next key).
+    """
+
+    reuses_buffer = False  # its records are its own bytes
+
+    def __init__(self, items, results, first_key=None):
+        self.items = items
+        self._images = results if first_key is not None else None
+        if first_key is not None:
+            framed, key = [], first_key
+            for item, image in zip(items, results):
+                if not isinstance(image, ImageRefused):
+                    image = frame_image(item, image, key, False)
+                    key += not isinstance(image, ImageRefused)
+                framed.append(image)
+            results = framed
+        self._results = results
+
+    def image(self, j):
+        """Return the image bytes of record j (numbered results only)."""
+        return self._images[j]
+
+    def runs(self):
+        """Yield `(items, data, starts, j)` runs of records and `(item, reason)` refusals."""
+        items, results = self.items, self._results
+        first = 0
+        for j in range(len(items) + 1):
+            refused = j < len(items) and isinstance(results[j], ImageRefused)
+            if j == len(items) or refused:
+                if first < j:
+                    parts = results[first:j]
+                    starts = list(itertools.accumulate(map(len, parts[:-1]), initial=0))
+                    yield items[first:j], b"".join(parts), starts, first
+                if refused:
+                    yield items[j], results[j].reason
+                first = j + 1
 
 
-def _image_size(data):
-    try:
-        image = decode_image(data, Transform(color=-1))
-    except ImageRefused:
-        return None
-    return int(image.shape[0]), int(image.shape[1])
-
-
-def _write_property(prefix, run, identities):
+def _property_size(prefix, run):
+    """Return the (height, width) of the first image packed, or None when there is none."""
     size = run.image_size
     if size is None and run.images:
         # A resumed run may have written no image itself: take the size from key 1.
         with IndexedRecordFile(prefix + ".rec", prefix + ".idx") as records:
-            size = _image_size(unpack_header(records.read(1))[1])
-    height, width = size or (112, 112)
-    write_atomic(
-        os.path.join(os.path.dirname(prefix) or ".", "property"),
-        f"{run.max_label + 1},{height},{width}\n",
-    )
-
-
-def _manifest(options, list_path, prefix, shards, images, failures, classes, identities, source):
-    shards = [s.to_json() for s in shards]
-    if classes is None and identities is not None:
-        classes = len(identities)
-    return {
-        "format": MANIFEST_FORMAT,
-        "format_version": MANIFEST_VERSION,
-        "rectool_version": __version__,
-        "layout": options.layout,
-        "options": {
-            **options.byte_options(),
-            "transform": asdict(options.transform) if options.transform else None,
-            "workers": options.workers,
-            "max_failures": options.max_failures,
-        },
-        "list": os.path.basename(list_path),  # "-": read from standard input
-        # What --resume compares (the options are above).
-        "source": {"list_sha256": source["list_sha256"], "root": source["root"]},
-        "shards": shards,
-        "totals": {
-            "shards": len(shards),
-            "records": sum(s["records"] for s in shards),
-            "images": images,
-            "rec_bytes": sum(s["rec_bytes"] for s in shards),
-            "failures": failures,
-        },
-        "failures_file": os.path.basename(prefix + FAILURES_SUFFIX),
-        "classes": classes,
-        "identities": {str(k): v for k, v in sorted(identities.items())} if identities else None,
-    }
+            size = image_size(unpack_header(records.read(1))[1])
+    return size

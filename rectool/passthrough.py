@@ -69,6 +69,9 @@ class Block:
         "written",
     )
 
+    # Its records are views of a buffer that the packer fills again once `written` says so.
+    reuses_buffer = True
+
     def __init__(self, buffer):
         self.buffer = buffer
         self.items, self.starts, self.ends = [], [], []

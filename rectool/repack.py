@@ -20,9 +20,7 @@ import hashlib
 import json
 import mmap
 import os
-import queue
 import re
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
@@ -34,17 +32,19 @@ from .digest import sha256_file
 from .errors import RectoolError, UsageError
 from .images import ImageRefused, Transform, decode_image, jpeg_size, reencode_image
 from .keys import FLOAT32_EXACT
+from .layout import layout_named
 from .listfile import LABEL_MAP_SUFFIX, read_label_map
 
-# Pack's output conventions and its --resume/--overwrite rules, reused as they are: the call
-# points to re-point when pack's output machinery moves.
-from .packing import (
+# Pack's output conventions and its --resume/--overwrite rules, reused as they are.
+from .manifest import (
     FAILURES_SUFFIX,
+    PARTIAL_SUFFIX,
     STATE_SUFFIX,
+    is_complete,
+    manifest_path,
+    prepare_outputs,
+    remove_stale_temporaries,
 )
-from .packing import _is_complete as is_complete_pack
-from .packing import _prepare_outputs as prepare_outputs
-from .packing import _remove_stale_temporaries as remove_stale_temporaries
 from .reader import (
     IMAGE_HEADER_SIZE,
     LENGTH_BITS,
@@ -57,10 +57,9 @@ from .reader import (
     read_manifest,
     unpack_header,
 )
-from .shards import PARTIAL_SUFFIX, ShardWriter, manifest_path
+from .shards import ShardWriter
 from .writer import frame_image_record, frame_record, pack_image_record
 
-LAYOUTS = ("images", "insightface")
 LABELS_BY = ("offset", "name")
 RELABEL_SUFFIX = ".relabel.tsv"
 REPORT_SUFFIX = ".report.json"
@@ -457,14 +456,7 @@ def _shared_groups(digests, labels, mask, shared):
 
 def check_plan(plan, options):
     """Refuse, before writing, a plan the output layout cannot hold."""
-    if options.layout == "insightface":
-        last_key = len(plan.rows) + plan.classes + 1
-        if last_key >= FLOAT32_EXACT:
-            raise RectoolError(
-                f"--layout insightface stores record keys as float32 labels, exact only up to "
-                f"{FLOAT32_EXACT}; {len(plan.rows)} images + {plan.classes} identities need "
-                f"{last_key}. Use --layout images, which has no such limit"
-            )
+    layout_named(options.layout).check_keys(len(plan.rows), plan.classes)
     if plan.classes > FLOAT32_EXACT:
         raise RectoolError(
             f"{plan.classes} classes: labels above {FLOAT32_EXACT} are not exact as float32"
@@ -473,23 +465,17 @@ def check_plan(plan, options):
 
 def check_options(options):
     """Refuse options that cannot work together."""
-    if options.layout not in LAYOUTS:
-        raise UsageError(f"unknown layout {options.layout!r}; choose from {', '.join(LAYOUTS)}")
+    layout = layout_named(options.layout)
     if options.labels_by not in LABELS_BY:
         raise UsageError(f"unknown --labels-by {options.labels_by!r}")
     if options.order not in selection.ORDERS:
         raise UsageError(f"unknown order {options.order!r}")
-    if options.layout == "insightface":
-        if options.order != "identity":
-            raise UsageError(
-                "--layout insightface stores each identity's images as one key range: "
-                "it needs --order identity"
-            )
-        if options.shard_bytes or options.shard_records:
-            raise UsageError(
-                "--layout insightface writes one .rec (its readers expect one file); "
-                "drop --shard-size/--shard-records"
-            )
+    if layout.numbered and options.order != "identity":
+        raise UsageError(
+            "--layout insightface stores each identity's images as one key range: "
+            "it needs --order identity"
+        )
+    layout.check_options(options)
     if options.sample is not None and not 0 < options.sample <= 1:
         raise UsageError("--sample must be a fraction in (0, 1]")
     if options.sample_by not in selection.SAMPLE_UNITS:
@@ -503,47 +489,6 @@ def check_options(options):
 
 
 # -- writing ------------------------------------------------------------------------------------
-
-
-class _ParallelDigest:
-    """A hash fed on a thread of its own, so that checksumming overlaps writing.
-
-    `update` queues the buffer (which must not change afterwards: the copier makes a new
-    buffer per batch) and returns; `hexdigest` waits until the queue is hashed. hashlib
-    releases the GIL over large buffers, so with two cores the checksum costs no wall time
-    beside the writes.
-    """
-
-    def __init__(self, digest):
-        self._digest = digest
-        self._queue = queue.Queue(maxsize=8)
-        self._thread = None
-
-    def _run(self):
-        while (data := self._queue.get()) is not None:
-            self._digest.update(data)
-
-    def update(self, data):
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="rectool-digest", daemon=True)
-            self._thread.start()
-        self._queue.put(data)
-
-    def hexdigest(self):
-        if self._thread is not None:
-            self._queue.put(None)
-            self._thread.join()
-            self._thread = None
-        return self._digest.hexdigest()
-
-
-class _ShardWriter(ShardWriter):
-    """`shards.ShardWriter`, its .rec checksum computed on a thread of its own."""
-
-    def _start(self, number, resume_state=None):
-        shard = super()._start(number, resume_state)
-        shard.rec_hash = _ParallelDigest(shard.rec_hash)
-        return shard
 
 
 class _RecordCopier:
@@ -762,7 +707,7 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
     plan = plan_repack(opened, catalog, options, targets)
     check_plan(plan, options)
     os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    if resume and is_complete_pack(prefix):
+    if resume and is_complete(prefix):
         return _completed_result(prefix)
     prepare_outputs(prefix, resume, overwrite)
     if not resume:
@@ -839,7 +784,8 @@ class _RepackRun:
     def __init__(self, sources, targets, catalog, plan, prefix, options, progress):
         self.sources, self.targets, self.catalog, self.plan = sources, targets, catalog, plan
         self.prefix, self.options, self.progress = prefix, options, progress
-        self.insightface = options.layout == "insightface"
+        self.layout = layout_named(options.layout)
+        self.insightface = self.layout.numbered  # images keyed 1..N, identity records after
         self.total = len(plan.rows)
         self.last_shard = None
         if options.shard_records and not options.shard_bytes:
@@ -848,7 +794,7 @@ class _RepackRun:
             # One shard: ShardWriter.resume must stop after it (with no last shard it would
             # look at the same finished file again and again).
             self.last_shard = 0
-        self.writer = _ShardWriter(
+        self.writer = ShardWriter(
             prefix, options.shard_bytes, options.shard_records, last_shard=self.last_shard
         )
         self.copier = _RecordCopier(sources, catalog)
@@ -916,8 +862,7 @@ class _RepackRun:
     def execute(self, resume):
         done = 0
         if resume:
-            drop = _is_not_image if self.insightface else None
-            written = self.writer.resume(drop_tail=drop)
+            written = self.writer.resume(drop_tail=self.layout.written_after_images)
             if self.insightface and self.writer.finished:
                 self.complete = True  # killed after its one file was finished
         fd = self._open_failures(resume)
@@ -932,8 +877,7 @@ class _RepackRun:
                     self._copy(done)
                 else:
                     self._reencode(done)
-                if self.insightface:
-                    self._write_identity_records()
+                self._write_identity_records()
             self.writer.close(self.last_shard)
         except BaseException:
             self.writer.abort()
@@ -1014,17 +958,13 @@ class _RepackRun:
         return position
 
     def _write_identity_records(self):
-        n, classes = self.images, self.plan.classes
+        """Write the records that follow the images (insightface: identities and header)."""
+        if not self.layout.numbered:
+            return
         kept = self.plan.rows[~self.refused]
-        counts = np.bincount(self.plan.new_label[kept], minlength=classes)
-        start = 1
-        for label in range(classes):
-            end = start + int(counts[label])
-            record = pack_image_record(b"", [float(start), float(end)], n + 1 + label, 0)
-            self.writer.add(n + 1 + label, frame_record(record))
-            start = end
-        header = pack_image_record(b"", [float(n + 1), float(n + 1 + classes)], 0, 1)
-        self.writer.add(0, frame_record(header))
+        counts = np.bincount(self.plan.new_label[kept], minlength=self.plan.classes)
+        for key, framed in self.layout.records_after(self.images, counts.tolist()):
+            self.writer.add(key, framed)
 
     def _report(self, done):
         if self.progress is not None:
@@ -1108,7 +1048,7 @@ class _RepackRun:
 
     def _write_property(self):
         """Write `property` (classes,height,width) beside the pack; return where H,W came from."""
-        height, width = 112, 112
+        size = None
         note = "no image written: 112x112 assumed"
         if self.total > self.refused.sum():
             with RecordFile(self.prefix + ".rec") as rf:
@@ -1122,10 +1062,9 @@ class _RepackRun:
                 except ImageRefused:
                     size = None
             if size is not None:
-                height, width = int(size[0]), int(size[1])
+                size = int(size[0]), int(size[1])
                 note = "height and width of image key 1 (the first image), read from its bytes"
-        folder = os.path.dirname(self.prefix) or "."
-        write_atomic(os.path.join(folder, "property"), f"{self.plan.classes},{height},{width}\n")
+        self.layout.write_property(os.path.dirname(self.prefix), self.plan.classes, size)
         return note
 
     def _report_document(self, refused, property_note):
@@ -1155,7 +1094,3 @@ class _RepackRun:
 
 def _label_map_text(names):
     return "".join(f"{label}\t{name}\n" for label, name in sorted(names.items()))
-
-
-def _is_not_image(record):
-    return unpack_header(record)[0].flag != 0

@@ -1,8 +1,9 @@
-"""Shards and the manifest: file names, rollover, atomic finishing, and the pack manifest.
+"""Shards: the plan, rollover, atomic finishing, and resuming what a killed run left.
 
 A shard is an independent `.rec` + `.idx` pair. One shard is `PREFIX.rec`/`PREFIX.idx`; with a
-size or count limit shards are `PREFIX-00000.rec`, `PREFIX-00001.rec`, ... While a shard is being
-written its files carry a `.partial` suffix; they get their final names only once complete.
+size or count limit shards are `PREFIX-00000.rec`, `PREFIX-00001.rec`, ... (the names are
+`manifest.py`'s). While a shard is being written its files carry a `.partial` suffix; they get
+their final names only once complete.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import queue
 import sys
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -22,33 +23,20 @@ from .checksums import RecordChecksums, checksum_path
 from .digest import sha256_file, sha256_hasher
 from .errors import RectoolError, UsageError
 from .indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
+from .manifest import PARTIAL_SUFFIX, shard_paths
 from .reader import (
-    MANIFEST_SUFFIX,
     load_index,
     parse_index,
 )
 from .records import RecordFile
 from .writer import INDEX_LINE, format_index_line
 
-PARTIAL_SUFFIX = ".partial"
-SHARD_DIGITS = 5
 # Records are buffered and written in batches; kill -9 can then only cut between two writes.
 FLUSH_BYTES = 4 << 20
 WRITE_BYTES = 1 << 20
 # Writeback to disk is started every this many bytes written (see `_OrderedWriter`).
 WRITEBACK_BYTES = 8 << 20
 _ADVISE = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform.startswith("linux") else None
-
-
-def shard_paths(prefix, number, numbered):
-    """Return the final (rec, idx) paths of shard `number`."""
-    stem = shard_stem(prefix, number) if numbered else os.fspath(prefix)
-    return stem + ".rec", stem + ".idx"
-
-
-def shard_stem(prefix, number):
-    """Return the name stem of numbered shard `number` (`PREFIX-00003`)."""
-    return f"{prefix}-{number:0{SHARD_DIGITS}d}"
 
 
 def plan_shards(total, shard_bytes=None, shard_records=None):
@@ -65,11 +53,6 @@ def plan_shards(total, shard_bytes=None, shard_records=None):
     if not shard_records:
         return [range(total)]
     return [range(k, min(k + shard_records, total)) for k in range(0, max(total, 1), shard_records)]
-
-
-def manifest_path(prefix):
-    """Return the manifest path of a pack written to `prefix`."""
-    return os.fspath(prefix) + MANIFEST_SUFFIX
 
 
 def parse_size(text):
@@ -114,27 +97,6 @@ class ShardInfo:
         if self.crc is None:
             del entry["crc"], entry["crc_sha256"]
         return entry
-
-
-@dataclass
-class _OpenShard:
-    number: int
-    rec_path: str
-    idx_path: str
-    rec_fd: int
-    idx_fd: int
-    rec_hash: object
-    idx_hash: object
-    records: int = 0
-    rec_bytes: int = 0
-    idx_bytes: int = 0
-    first_key: int | None = None
-    last_key: int | None = None
-    # 16 bytes a record, for the shard's .idx cache; nothing else grows with the dataset.
-    keys: array.array = field(default_factory=lambda: array.array("q"))
-    offsets: array.array = field(default_factory=lambda: array.array("q"))
-    checksums: RecordChecksums | None = None  # fed the .rec bytes with rec_hash
-    rec_digests: object = None
 
 
 class _Digests:
@@ -256,11 +218,138 @@ class _OrderedWriter:
         self._raise()
 
 
+class ShardFile:
+    """One shard being written: its `.rec.partial` and `.idx.partial`, the checksum sidecar,
+    and its finishing (fsync, then the final names); it knows nothing of rollover.
+
+    Records are buffered and written in batches through the shared `_OrderedWriter`, .rec bytes
+    before their .idx lines, so whatever a kill -9 leaves behind is a prefix of complete
+    records (see `ShardWriter.resume`). `resumed` continues the `.partial` files an
+    interrupted run left, with the state `ShardWriter.resume` read from them.
+    """
+
+    def __init__(self, number, rec_path, idx_path, io, resumed=None):
+        self.number, self.rec_path, self.idx_path = number, rec_path, idx_path
+        self._io = io
+        rec_p, idx_p = rec_path + PARTIAL_SUFFIX, idx_path + PARTIAL_SUFFIX
+        append = bool(resumed)
+        self._rec_fd = _open_for_writing(rec_p, append)
+        self._idx_fd = _open_for_writing(idx_p, append)
+        io.names[self._rec_fd], io.names[self._idx_fd] = rec_p, idx_p
+        resumed = resumed or {}
+        self.records = resumed.get("records", 0)
+        self.rec_bytes = resumed.get("rec_bytes", 0)
+        self.idx_bytes = resumed.get("idx_bytes", 0)
+        self.first_key = resumed.get("first_key")
+        self.last_key = resumed.get("last_key")
+        # 16 bytes a record, for the shard's .idx cache; nothing else grows with the dataset.
+        self._keys = resumed.get("keys", array.array("q"))
+        self._offsets = resumed.get("offsets", array.array("q"))
+        self._rec_hash = resumed.get("rec_hash") or hashlib.sha256()
+        self._idx_hash = resumed.get("idx_hash") or hashlib.sha256()
+        checksums = resumed.get("checksums")
+        self._checksums = RecordChecksums(self._offsets) if checksums is None else checksums
+        self._rec_digests = _Digests(self._rec_hash, self._checksums)
+        self._rec_buf: list = []
+        self._idx_buf: list[bytes] = []
+        self.buffered = 0  # bytes of records not yet handed to the writer thread
+
+    def add(self, key, framed):
+        """Append one framed record under `key`; return its offset in the .rec."""
+        offset = self.rec_bytes
+        self._append(framed, format_index_line(key, offset).encode("ascii"), [key], [offset])
+        return offset
+
+    def add_run(self, data, keys, starts):
+        """Append records framed back to back in `data` (record i from `starts[i]`) under
+        `keys`: the same bytes as `add` for each in turn."""
+        base = self.rec_bytes
+        offsets = [base + start for start in starts]
+        lines = "".join(map(INDEX_LINE.__mod__, zip(keys, offsets))).encode("ascii")
+        self._append(data, lines, keys, offsets)
+
+    def _append(self, data, lines, keys, offsets):
+        self._rec_buf.append(data)
+        self._idx_buf.append(lines)
+        self.buffered += len(data)
+        self.records += len(keys)
+        self.rec_bytes += len(data)
+        self.idx_bytes += len(lines)
+        self._keys.extend(keys)
+        self._offsets.extend(offsets)
+        if self.first_key is None:
+            self.first_key = keys[0]
+        self.last_key = keys[-1]
+        if self.buffered >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self):
+        """Write buffered records: all their .rec bytes first, then their .idx lines.
+
+        Return a number to give `_OrderedWriter.wait`: the buffers added so far are then
+        written.
+        """
+        if not self._rec_buf:
+            return self._io.submitted
+        parts = self._rec_buf
+        if len(parts) > 1 and self.buffered < len(parts) * WRITE_BYTES // 4:
+            parts = [b"".join(parts)]  # many small records: one write, not one each
+        self._io.submit(self._rec_fd, parts, self._rec_digests)
+        self._io.submit(self._idx_fd, b"".join(self._idx_buf), self._idx_hash)
+        self._rec_buf = []  # the writer thread owns the list it was given
+        self._idx_buf.clear()
+        self.buffered = 0
+        return self._io.submitted
+
+    def finish(self):
+        """Flush, fsync and give the shard its final names; write its .idx cache; return
+        its `ShardInfo`."""
+        self.flush()
+        self._io.drain()
+        for fd in (self._rec_fd, self._idx_fd):
+            os.fsync(fd)
+            self._io.forget(fd)
+            os.close(fd)
+        # Before the renames: a shard with its final names always has its checksum file.
+        crc_path = checksum_path(self.rec_path)
+        crc_sha256 = self._checksums.write(crc_path, self.rec_bytes)
+        os.replace(self.idx_path + PARTIAL_SUFFIX, self.idx_path)
+        os.replace(self.rec_path + PARTIAL_SUFFIX, self.rec_path)
+        if len(self._keys) >= INDEX_CACHE_MIN_RECORDS:
+            write_index_cache(
+                self.idx_path,
+                np.frombuffer(self._keys, np.int64),
+                np.frombuffer(self._offsets, np.int64),
+            )
+        return ShardInfo(
+            os.path.basename(self.rec_path),
+            os.path.basename(self.idx_path),
+            self.records,
+            self.rec_bytes,
+            self.idx_bytes,
+            self._rec_hash.hexdigest(),
+            self._idx_hash.hexdigest(),
+            self.first_key,
+            self.last_key,
+            os.path.basename(crc_path),
+            crc_sha256,
+        )
+
+    def abort(self):
+        """Queue what is buffered, then (once the writer thread is stopped) `close`."""
+        self.flush()
+
+    def close(self):
+        """Close the `.partial` files as they are, to be resumed."""
+        os.close(self._rec_fd)
+        os.close(self._idx_fd)
+
+
 class ShardWriter:
     """Write framed records into shards that roll over by bytes and/or record count.
 
-    Records are buffered and written with `os.write`, .rec bytes before their .idx lines, so
-    whatever a kill -9 leaves behind is a prefix of complete records (see `resume`).
+    Each shard is written by a `ShardFile`; this class decides when one ends and the next
+    begins, and adopts what an interrupted run left (`resume`).
     """
 
     def __init__(
@@ -274,10 +363,7 @@ class ShardWriter:
         self.planned = bool(shard_records) and not shard_bytes
         self.first_shard, self.last_shard = first_shard, last_shard
         self.finished: list[ShardInfo] = []
-        self._shard: _OpenShard | None = None
-        self._rec_buf: list[bytes] = []
-        self._idx_buf: list[bytes] = []
-        self._buffered = 0
+        self._shard: ShardFile | None = None
         self._io = _OrderedWriter()
 
     # -- state ------------------------------------------------------------------------------
@@ -297,28 +383,12 @@ class ShardWriter:
 
     def add(self, key, framed, position=0):
         """Append one framed record under `key` (list position `position`), rolling over first
-        when the shard limits say so."""
+        when the shard limits say so; return its offset in its shard's .rec."""
         if self.planned:
             self.open_through(position // self.shard_records)
         elif self._shard and self._shard.records and self._full(self._shard, len(framed)):
             self.finish_shard()
-        shard = self._shard or self._start(self._number())
-        offset = shard.rec_bytes
-        line = format_index_line(key, offset).encode("ascii")
-        self._rec_buf.append(framed)
-        self._idx_buf.append(line)
-        self._buffered += len(framed)
-        shard.records += 1
-        shard.rec_bytes += len(framed)
-        shard.idx_bytes += len(line)
-        shard.keys.append(key)
-        shard.offsets.append(offset)
-        if shard.first_key is None:
-            shard.first_key = key
-        shard.last_key = key
-        if self._buffered >= FLUSH_BYTES:
-            self.flush()
-        return offset
+        return (self._shard or self._start(self._number())).add(key, framed)
 
     def add_run(self, data, keys, starts, positions):
         """Append records framed back to back in `data` (record i from `starts[i]`), under
@@ -346,23 +416,7 @@ class ShardWriter:
             for key, start, end, position in zip(keys, starts, ends, positions):
                 self.add(key, data[start:end], position)
             return
-        shard = shard or self._start(self._number())
-        base = shard.rec_bytes
-        offsets = [base + start for start in starts]
-        lines = "".join(map(INDEX_LINE.__mod__, zip(keys, offsets))).encode("ascii")
-        self._rec_buf.append(data)
-        self._idx_buf.append(lines)
-        self._buffered += len(data)
-        shard.records += count
-        shard.rec_bytes += len(data)
-        shard.idx_bytes += len(lines)
-        shard.keys.extend(keys)
-        shard.offsets.extend(offsets)
-        if shard.first_key is None:
-            shard.first_key = keys[0]
-        shard.last_key = keys[-1]
-        if self._buffered >= FLUSH_BYTES:
-            self.flush()
+        (shard or self._start(self._number())).add_run(data, keys, starts)
 
     def open_through(self, number):
         """Finish shards, empty ones included, until shard `number` is the open one.
@@ -383,46 +437,16 @@ class ShardWriter:
             return True
         return bool(self.shard_bytes) and shard.rec_bytes + incoming > self.shard_bytes
 
-    def _start(self, number, resume_state=None):
-        rec, idx = self.paths(number)
-        rec_p, idx_p = rec + PARTIAL_SUFFIX, idx + PARTIAL_SUFFIX
-        append = bool(resume_state)
-        shard = _OpenShard(
-            number,
-            rec,
-            idx,
-            _open_for_writing(rec_p, append),
-            _open_for_writing(idx_p, append),
-            hashlib.sha256(),
-            hashlib.sha256(),
-        )
-        self._io.names[shard.rec_fd], self._io.names[shard.idx_fd] = rec_p, idx_p
-        if resume_state:
-            for name, value in resume_state.items():
-                setattr(shard, name, value)
-        if shard.checksums is None:
-            shard.checksums = RecordChecksums(shard.offsets)
-        shard.rec_digests = _Digests(shard.rec_hash, shard.checksums)
-        self._shard = shard
-        return shard
+    def _start(self, number, resumed=None):
+        self._shard = ShardFile(number, *self.paths(number), self._io, resumed)
+        return self._shard
 
     def flush(self):
-        """Write buffered records: all their .rec bytes first, then their .idx lines.
-
-        Return a number to give `wait_written`: the buffers added so far are then written.
-        """
-        shard = self._shard
-        if shard is None or not self._rec_buf:
+        """Write buffered records; return a number to give `wait_written`: the buffers
+        added so far are then written."""
+        if self._shard is None:
             return self._io.submitted
-        parts = self._rec_buf
-        if len(parts) > 1 and self._buffered < len(parts) * WRITE_BYTES // 4:
-            parts = [b"".join(parts)]  # many small records: one write, not one each
-        self._io.submit(shard.rec_fd, parts, shard.rec_digests)
-        self._io.submit(shard.idx_fd, b"".join(self._idx_buf), shard.idx_hash)
-        self._rec_buf = []  # the writer thread owns the list it was given
-        self._idx_buf.clear()
-        self._buffered = 0
-        return self._io.submitted
+        return self._shard.flush()
 
     def wait_written(self, job):
         """Wait until what `flush` returned `job` for is written (its buffers may be reused)."""
@@ -438,40 +462,10 @@ class ShardWriter:
         self._io.submit(fd, data)
 
     def finish_shard(self):
-        """Flush, fsync and give the open shard its final names; write its .idx cache."""
-        shard = self._shard
-        if shard is None:
+        """Finish the open shard (see `ShardFile.finish`); return its `ShardInfo`."""
+        if self._shard is None:
             return None
-        self.flush()
-        self._io.drain()
-        for fd in (shard.rec_fd, shard.idx_fd):
-            os.fsync(fd)
-            self._io.forget(fd)
-            os.close(fd)
-        # Before the renames: a shard with its final names always has its checksum file.
-        crc_path = checksum_path(shard.rec_path)
-        crc_sha256 = shard.checksums.write(crc_path, shard.rec_bytes)
-        os.replace(shard.idx_path + PARTIAL_SUFFIX, shard.idx_path)
-        os.replace(shard.rec_path + PARTIAL_SUFFIX, shard.rec_path)
-        if len(shard.keys) >= INDEX_CACHE_MIN_RECORDS:
-            write_index_cache(
-                shard.idx_path,
-                np.frombuffer(shard.keys, np.int64),
-                np.frombuffer(shard.offsets, np.int64),
-            )
-        info = ShardInfo(
-            os.path.basename(shard.rec_path),
-            os.path.basename(shard.idx_path),
-            shard.records,
-            shard.rec_bytes,
-            shard.idx_bytes,
-            shard.rec_hash.hexdigest(),
-            shard.idx_hash.hexdigest(),
-            shard.first_key,
-            shard.last_key,
-            os.path.basename(crc_path),
-            crc_sha256,
-        )
+        info = self._shard.finish()
         self.finished.append(info)
         self._shard = None
         return info
@@ -493,12 +487,11 @@ class ShardWriter:
         shard = self._shard
         try:
             if shard is not None:
-                self.flush()
+                shard.abort()
         finally:
             self._io.close()
             if shard is not None:
-                os.close(shard.rec_fd)
-                os.close(shard.idx_fd)
+                shard.close()
                 self._shard = None
 
     # -- resuming ---------------------------------------------------------------------------

@@ -131,7 +131,8 @@ def test_insightface_resume_rewrites_identity_records_cut_by_a_kill(tmp_path):
 
     from helpers.image_files import write_pack_tree
 
-    from rectool.packing import STATE_SUFFIX, _validate_list
+    from rectool.manifest import STATE_SUFFIX
+    from rectool.packing import _validate_list
 
     root = tmp_path / "tree"
     items = write_pack_tree(root, ["a", "b", "c"], 4)

@@ -320,10 +320,10 @@ def test_insightface_layout_refuses_shards_and_bad_labels(small_tree, tmp_path):
 
 
 def test_insightface_layout_refuses_numbers_float32_cannot_hold(small_tree, tmp_path, monkeypatch):
-    import rectool.packing
+    import rectool.layout
 
     root, lst, _ = small_tree
-    monkeypatch.setattr(rectool.packing, "FLOAT32_EXACT", 16)
+    monkeypatch.setattr(rectool.layout, "FLOAT32_EXACT", 16)
     with pytest.raises(RectoolError, match="exact only up to 16; 12 images \\+ 3 identities"):
         pack_images(lst, root, tmp_path / "z", PackOptions(layout="insightface"))
 

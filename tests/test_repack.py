@@ -318,7 +318,9 @@ def test_insightface_layout_needs_identity_order(tmp_path):
 
 def test_insightface_key_limit_is_checked_before_writing(tmp_path, monkeypatch):
     counted_pack(tmp_path, [3, 3])
-    monkeypatch.setattr(repack_module, "FLOAT32_EXACT", 8)
+    import rectool.layout
+
+    monkeypatch.setattr(rectool.layout, "FLOAT32_EXACT", 8)
     with pytest.raises(RectoolError, match="6 images \\+ 2 identities need 9"):
         repack([tmp_path / "src"], tmp_path / "o" / "train", RepackOptions(layout="insightface"))
     assert not (tmp_path / "o").exists()
