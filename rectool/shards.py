@@ -14,6 +14,7 @@ import os
 import queue
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,8 +113,14 @@ class _Digests:
             digest.update(data)
 
 
+def _feed(digest, parts):
+    for data in parts:
+        digest.update(data)
+
+
 class _OrderedWriter:
-    """One background thread that runs writes in submission order, so writing overlaps work.
+    """One background thread that runs writes in submission order, so writing overlaps work;
+    the bytes of each write are hashed on a second thread meanwhile.
 
     A bounded queue keeps memory flat; an error in the thread is raised in the caller at its
     next `submit` or `drain`.
@@ -129,6 +136,7 @@ class _OrderedWriter:
         self._thread = None  # started on first use, so a process pool can fork before it
         self.names = {}  # fd -> file name, for error messages
         self._written = {}  # fd -> offset up to which writeback was started
+        self._hasher = None  # a second thread: a job's bytes are hashed while they are written
 
     def _started(self):
         if self._thread is None:
@@ -144,11 +152,16 @@ class _OrderedWriter:
             try:
                 if self._error is None:
                     fd, parts, digest = job
-                    for data in parts:
-                        _write_all(fd, data)
-                        if digest is not None:
-                            digest.update(data)
-                    self._start_writeback(fd)
+                    hashed = (
+                        None if digest is None else self._hashing().submit(_feed, digest, parts)
+                    )
+                    try:
+                        for data in parts:
+                            _write_all(fd, data)
+                        self._start_writeback(fd)
+                    finally:  # the job is done with its buffers only once they are hashed too
+                        if hashed is not None:
+                            hashed.result()
             except OSError as exc:  # a full disk, say: re-raised in the submitting thread
                 name = self.names.get(job[0], f"file descriptor {job[0]}")
                 self._error = RectoolError(f"{name}: cannot write ({exc.strerror or exc})")
@@ -158,6 +171,11 @@ class _OrderedWriter:
                 with self._done:
                     self._completed += 1
                     self._done.notify_all()
+
+    def _hashing(self):
+        if self._hasher is None:
+            self._hasher = ThreadPoolExecutor(1, thread_name_prefix="rectool-hash")
+        return self._hasher
 
     def _start_writeback(self, fd):
         """Have the kernel start writing what this fd wrote to disk, without waiting for it.
@@ -215,6 +233,9 @@ class _OrderedWriter:
             self._queue.put(None)
             self._thread.join()
             self._thread = None
+        if self._hasher is not None:
+            self._hasher.shutdown()
+            self._hasher = None
         self._raise()
 
 
