@@ -593,11 +593,33 @@ class _Ring:
 # --- Loader: worker processes that fill the ring, and the loop that reads it ------------------
 
 
-def _work(decoder, table, ring_path, ring_spec, conn, parent, on_error, seed):
+class _forking:
+    """Fork with OpenCV's thread pool at one thread, then give the parent its threads back.
+
+    A child forked while the pool's threads exist inherits their condition variables in use:
+    its first `cv2.setNumThreads` blocks forever. With one thread while forking, the child
+    starts with the single-threaded pool a worker wants anyway.
+    """
+
+    def __init__(self, forked):
+        self.cv2 = sys.modules.get("cv2") if forked else None
+        self.threads = None
+
+    def __enter__(self):
+        if self.cv2 is not None:
+            self.threads = self.cv2.getNumThreads()
+            self.cv2.setNumThreads(1)
+
+    def __exit__(self, *exc):
+        if self.threads is not None:
+            self.cv2.setNumThreads(self.threads)
+
+
+def _work(decoder, table, ring_path, ring_spec, conn, parent, on_error, seed, forked):
     """A worker: decode each batch it is sent into its slot, answer with the report."""
     try:
         cv2 = decoder.cv2()
-        if cv2:
+        if cv2 and not forked:  # a forked worker inherits one thread (see _forking)
             cv2.setNumThreads(1)  # one process per core already
         ring = _Ring.attach(ring_path, ring_spec)
         conn.send(("ready",))
@@ -759,6 +781,7 @@ class Loader:
         import multiprocessing
 
         context = multiprocessing.get_context(self.start_method)
+        forked = context.get_start_method() == "fork"
         self._ring = _Ring(
             self.slots, self.batch_size, self.shape, self._labels.shape[1:], self._labels.dtype
         )
@@ -776,11 +799,13 @@ class Loader:
                         os.getpid(),
                         self.on_error,
                         self.seed,
+                        forked,
                     ),
                     name="rectool-loader",
                     daemon=True,
                 )
-                process.start()
+                with _forking(forked):
+                    process.start()
                 theirs.close()
                 self._processes.append(process)
                 self._conns.append(ours)

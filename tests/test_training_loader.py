@@ -384,3 +384,29 @@ def test_a_worker_that_cannot_start_is_named(loader_shards, tmp_path):
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("rectool.reader.RectoolError: loader worker 0 (pid"), out.stderr
     assert "if __name__ == '__main__':" in last
+
+
+def test_forked_workers_start_after_opencv_ran_threads_in_the_parent(loader_shards, tmp_path):
+    # A child forked while OpenCV's thread pool runs inherits its condition variables in use:
+    # the worker's first cv2.setNumThreads blocked forever (a hang at the Loader's start). The
+    # subprocess's timeout only guards the test run; the assertion is that it finishes.
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, numpy as np, cv2\n"
+        "big = np.random.default_rng(0).integers(0, 255, (2000, 2000, 3), np.uint8)\n"
+        "for _ in range(3):\n"
+        "    cv2.GaussianBlur(big, (31, 31), 5)  # runs on OpenCV's thread pool\n"
+        "from rectool.reader import open_dataset\n"
+        "from rectool.training import Loader\n"
+        "with Loader(open_dataset(sys.argv[1]), 8, workers=2, start_method='fork') as loader:\n"
+        "    print(sum(len(images) for images, _ in loader), cv2.getNumThreads())\n"
+    )
+    (tmp_path / "pooled.py").write_text(script, encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, str(tmp_path / "pooled.py"), str(loader_shards[0])],
+        capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["37", str(cv2.getNumThreads())]  # the parent's threads kept

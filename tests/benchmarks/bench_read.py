@@ -45,7 +45,7 @@ from common import best_in_turns  # noqa: E402
 from tree import ensure_tree  # noqa: E402
 
 from rectool.reader import MAGIC, open_dataset  # noqa: E402
-from rectool.training import RankSampler  # noqa: E402
+from rectool.training import BatchDecoder, RankSampler  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_DIR = REPO / ".bench-cache" / "read"
@@ -263,25 +263,26 @@ def cpu_seconds(pids):
     return sum(process_cpu_seconds(pid) for pid in pids)
 
 
-def loader_rate(prefix, count, collate_fn, windows=1):
+def loader_rate(prefix, count, collate_fn, windows=1, batch_decoder=False):
     """Return (images/s, CPU s per image) through a 2-worker DataLoader: the best of `windows`.
 
     Each window times `count` images, the first one after the first batch (start-up does not
     count). CPU counts the main process and both workers, so that it does not depend on what
-    else the machine runs; the wall-clock rate does.
+    else the machine runs; the wall-clock rate does. With `batch_decoder`, the DataLoader is
+    given the training module's `BatchDecoder` (one decoded batch per worker call), the way
+    docs/training.md recommends for users who keep torch's DataLoader.
     """
     import torch
 
-    ds = open_dataset(prefix, decode="bgr")
+    ds = open_dataset(prefix, decode=None if batch_decoder else "bgr")
     sampler = RankSampler(ds, seed=0)
-    loader = torch.utils.data.DataLoader(
-        ds,
-        batch_size=BATCH,
-        sampler=sampler,
-        num_workers=2,
-        collate_fn=collate_fn,
-        persistent_workers=True,
-    )
+    if batch_decoder:
+        batches = torch.utils.data.BatchSampler(sampler, BATCH, drop_last=False)
+        options = {"batch_size": None, "sampler": batches}
+        ds = BatchDecoder(ds, mode="bgr")
+    else:
+        options = {"batch_size": BATCH, "sampler": sampler, "collate_fn": collate_fn}
+    loader = torch.utils.data.DataLoader(ds, num_workers=2, persistent_workers=True, **options)
     workers = []
 
     def batches():
@@ -347,6 +348,8 @@ def run(raw=100_000, decoded=10_000, loader=20_000, repeats=3, mxnet=True, log=p
     rate, cpu = loader_rate(prefix, loader, collate, windows=repeats)
     figures["loader_per_s"], figures["loader_cpu_us"] = rate, cpu * 1e6
     figures["loader_default_collate_per_s"] = loader_rate(prefix, loader, None)[0]
+    rate, cpu = loader_rate(prefix, loader, None, windows=repeats, batch_decoder=True)
+    figures["batch_decoder_per_s"], figures["batch_decoder_cpu_us"] = rate, cpu * 1e6
 
     if mxnet:
         python = oracle_python()
@@ -370,6 +373,7 @@ def run(raw=100_000, decoded=10_000, loader=20_000, repeats=3, mxnet=True, log=p
         figures["raw_vs_mxnet"] = figures["raw_per_s"] / mx["raw_per_s"]
         figures["decoded_vs_gluon"] = figures["decoded_per_s"] / mx["decoded_per_s"]
         figures["loader_vs_iter"] = figures["loader_per_s"] / mx["loader_per_s"]
+        figures["batch_decoder_vs_iter"] = figures["batch_decoder_per_s"] / mx["loader_per_s"]
     figures["raw_vs_bare"] = figures["raw_per_s"] / figures["bare_per_s"]
     return figures
 
@@ -407,6 +411,8 @@ def report(figures):
             "decoded_vs_gluon"),
         row("DataLoader 2 workers, decoded", f["loader_per_s"], f.get("mxnet_loader_per_s"),
             "ImageRecordIter", "loader_vs_iter"),
+        row("DataLoader 2 workers + BatchDecoder", f["batch_decoder_per_s"],
+            f.get("mxnet_loader_per_s"), "ImageRecordIter", "batch_decoder_vs_iter"),
         row("raw reads vs one file per sample", f["raw_per_s"], f["folder_raw_per_s"],
             "files", "raw_vs_folder"),
         row("decoded vs one file per sample", f["decoded_per_s"], f["folder_decoded_per_s"],

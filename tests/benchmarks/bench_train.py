@@ -39,7 +39,13 @@ from bench_read import cpu_seconds, ensure_pack  # noqa: E402
 from common import CACHE, best_in_turns  # noqa: E402
 
 from rectool.reader import open_dataset  # noqa: E402
-from rectool.training import BatchDecoder, Loader, RankSampler, epoch_order  # noqa: E402
+from rectool.training import (  # noqa: E402
+    BatchDecoder,
+    Loader,
+    RankSampler,
+    _forking,
+    epoch_order,
+)
 
 BATCH = 128
 BIG_SIDE, SMALL_SIDE, BIG_IMAGES = 448, 112, 2_000
@@ -63,7 +69,6 @@ TARGETS = [
 def _bare_worker(rec, offsets, conn):
     import mmap
 
-    cv2.setNumThreads(1)
     with open(rec, "rb") as f:
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     lengths = [int.from_bytes(mm[o + 4 : o + 8], "little") & 0x1FFFFFFF for o in offsets.tolist()]
@@ -94,7 +99,9 @@ class BareDecoders:
             process = context.Process(
                 target=_bare_worker, args=(rec, ds.offsets[order[k::processes]], theirs)
             )
-            process.start()
+            with _forking(True):  # OpenCV's pool, used earlier in this process, at one thread
+                process.start()
+            theirs.close()  # so that a worker's death is an EOFError here, not a hang
             self.conns.append(ours)
             self.processes.append(process)
         self.decode(processes * 64)  # warm up: mappings, OpenCV

@@ -61,6 +61,12 @@ TARGETS = {
         ("raw_vs_bare", "random raw reads: ours / bare mmap + struct loop", ">=", 0.5),
         ("decoded_vs_gluon", "decoded reads: ours / gluon ImageRecordDataset", ">=", 3),
         ("loader_vs_iter", "DataLoader 2 workers: ours / ImageRecordIter 2 threads", ">=", 2),
+        (
+            "batch_decoder_vs_iter",
+            "DataLoader 2 workers + BatchDecoder: ours / ImageRecordIter 2 threads",
+            ">=",
+            2,
+        ),
         ("raw_vs_folder", "random raw reads: ours / one file per sample (ImageFolder)", ">=", 1),
         ("decoded_vs_folder", "decoded reads: ours / one file per sample (ImageFolder)", ">=", 1),
     ],
