@@ -63,7 +63,10 @@ def mixed_size_shards(tmp_path_factory):
 
 
 def shm_segments():
-    return sorted(name for name in os.listdir("/dev/shm") if name.startswith("rectool-loader-"))
+    """This process's ring files in /dev/shm (named by the pid that made them): what other
+    processes left, a run killed earlier say, is theirs to account for."""
+    mine = f"rectool-loader-{os.getpid()}-"
+    return sorted(name for name in os.listdir("/dev/shm") if name.startswith(mine))
 
 
 def collect(loader):
