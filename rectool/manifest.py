@@ -273,11 +273,14 @@ def _show(value):
 def build_manifest(
     options, list_path, prefix, shards, images, failures, classes, identities, source
 ):
-    """Return the manifest of a pack (`shards`: their `ShardInfo`s); `list_path` "-" is stdin."""
+    """Return the manifest of a pack (`shards`: their `ShardInfo`s); `list_path` "-" is stdin.
+
+    A repack has no list and no ROOT: `list_path` and `source` None (it adds its `sources`).
+    """
     shards = [s.to_json() for s in shards]
     if classes is None and identities is not None:
         classes = len(identities)
-    return {
+    document = {
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
         "rectool_version": __version__,
@@ -288,9 +291,9 @@ def build_manifest(
             "workers": options.workers,
             "max_failures": options.max_failures,
         },
-        "list": os.path.basename(list_path),  # "-": read from standard input
+        "list": None if list_path is None else os.path.basename(list_path),  # "-": stdin
         # What --resume compares (the options are above).
-        "source": {"list_sha256": source["list_sha256"], "root": source["root"]},
+        "source": None if source is None else {k: source[k] for k in ("list_sha256", "root")},
         "shards": shards,
         "totals": {
             "shards": len(shards),
@@ -303,3 +306,6 @@ def build_manifest(
         "classes": classes,
         "identities": {str(k): v for k, v in sorted(identities.items())} if identities else None,
     }
+    if source is None:
+        del document["source"]
+    return document

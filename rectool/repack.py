@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import __version__, selection
+from . import selection
 from .atomic import write_atomic, write_json_atomic
 from .digest import sha256_file
 from .errors import RectoolError, UsageError
@@ -40,6 +40,7 @@ from .manifest import (
     FAILURES_SUFFIX,
     PARTIAL_SUFFIX,
     STATE_SUFFIX,
+    build_manifest,
     is_complete,
     manifest_path,
     prepare_outputs,
@@ -50,8 +51,6 @@ from .reader import (
     LENGTH_BITS,
     LENGTH_MASK,
     MAGIC,
-    MANIFEST_FORMAT,
-    MANIFEST_VERSION,
     RecordFile,
     open_dataset,
     read_manifest,
@@ -987,32 +986,11 @@ class _RepackRun:
             property_note = self._write_property()
         report = self._report_document(refused, property_note)
         write_json_atomic(prefix + REPORT_SUFFIX, report)
-        shards = [s.to_json() for s in self.writer.finished]
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "format_version": MANIFEST_VERSION,
-            "rectool_version": __version__,
-            "layout": options.layout,
-            "options": {
-                **options.byte_options(),
-                "transform": asdict(options.transform) if options.transform else None,
-                "workers": options.workers,
-                "max_failures": options.max_failures,
-            },
-            "list": None,
-            "sources": [s.spec for s in self.sources],
-            "shards": shards,
-            "totals": {
-                "shards": len(shards),
-                "records": sum(s["records"] for s in shards),
-                "images": images,
-                "rec_bytes": sum(s["rec_bytes"] for s in shards),
-                "failures": failures,
-            },
-            "failures_file": os.path.basename(final_failures),
-            "classes": plan.classes,
-            "identities": {str(k): v for k, v in sorted(names.items())} if names else None,
-        }
+        manifest = build_manifest(
+            options, None, prefix, self.writer.finished, images, failures, plan.classes, names,
+            None,
+        )  # fmt: skip
+        manifest["sources"] = [s.spec for s in self.sources]
         remove_stale_temporaries(prefix)
         write_json_atomic(manifest_path(prefix), manifest)
         os.unlink(state_path)
