@@ -44,11 +44,10 @@ def checksum_path(rec_path):
 
 
 class RecordChecksums:
-    """Accumulate the CRC-32 of each record of a shard as its bytes are written, in order.
+    """Accumulate the CRC-32 of each record of a shard as its records are added, in order.
 
-    `offsets` is the writer's own array of record starts, appended to as records are added:
-    `update(data)` must be given the shard's bytes in order, each piece a run of whole
-    records (as `ShardWriter` hands them to its writer thread), and computes their CRCs.
+    `offsets` is the writer's own array of record starts, appended to as records are added;
+    `add` takes the same records' bytes.
     """
 
     def __init__(self, offsets, crcs=None, position=0):
@@ -75,21 +74,16 @@ class RecordChecksums:
                 crcs.append(crc)
         return cls(offsets, crcs, end)
 
-    def update(self, data):
-        """Take the next bytes of the shard: whole records, starting where the last ended."""
-        view = memoryview(data)
-        offsets, crcs, crc32 = self.offsets, self.crcs, zlib.crc32
-        base, end = self.position, self.position + len(view)
-        i = len(crcs)
-        count = len(offsets)  # records added later than these bytes are not in them
-        while i < count:
-            start = offsets[i] - base
-            if start >= len(view):
-                break
-            stop = offsets[i + 1] - base if i + 1 < count else len(view)
-            crcs.append(crc32(view[start : min(stop, len(view))]))
-            i += 1
-        self.position = end
+    def add(self, data, starts):
+        """Take records framed back to back in `data` (record i from `starts[i]`), the next
+        bytes of the shard.
+
+        `ShardWriter` calls it on its hashing thread, beside the shard's SHA-256, as the
+        bytes are written.
+        """
+        view, crc32 = memoryview(data), zlib.crc32
+        self.crcs.extend([crc32(view[a:b]) for a, b in zip(starts, [*starts[1:], len(view)])])
+        self.position += len(view)
 
     def table(self, size):
         """Return the entries (offset, length, crc) of a shard of `size` bytes."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import array
 import hashlib
+import itertools
 import os
 import queue
 import sys
@@ -100,17 +101,16 @@ class ShardInfo:
         return entry
 
 
-class _Digests:
-    """Feed written bytes to several digests (the .rec's SHA-256 and its record checksums)."""
+class _ShardDigest:
+    """What the hashing thread feeds a shard's written buffers to, in order: the .rec's
+    SHA-256, and the CRC-32 of each record (`starts`: per buffer, where its records start)."""
 
-    __slots__ = ("digests",)
-
-    def __init__(self, *digests):
-        self.digests = digests
+    def __init__(self, sha256, checksums, starts):
+        self.sha256, self.checksums, self.starts = sha256, checksums, iter(starts)
 
     def update(self, data):
-        for digest in self.digests:
-            digest.update(data)
+        self.sha256.update(data)
+        self.checksums.add(data, next(self.starts))
 
 
 def _feed(digest, parts):
@@ -270,15 +270,16 @@ class ShardFile:
         self._idx_hash = resumed.get("idx_hash") or hashlib.sha256()
         checksums = resumed.get("checksums")
         self._checksums = RecordChecksums(self._offsets) if checksums is None else checksums
-        self._rec_digests = _Digests(self._rec_hash, self._checksums)
         self._rec_buf: list = []
+        self._rec_starts: list = []  # per buffer, where its records start (for their CRCs)
         self._idx_buf: list[bytes] = []
         self.buffered = 0  # bytes of records not yet handed to the writer thread
 
     def add(self, key, framed):
         """Append one framed record under `key`; return its offset in the .rec."""
         offset = self.rec_bytes
-        self._append(framed, format_index_line(key, offset).encode("ascii"), [key], [offset])
+        lines = format_index_line(key, offset).encode("ascii")
+        self._append(framed, lines, [key], [offset], [0])
         return offset
 
     def add_run(self, data, keys, starts):
@@ -287,10 +288,11 @@ class ShardFile:
         base = self.rec_bytes
         offsets = [base + start for start in starts]
         lines = "".join(map(INDEX_LINE.__mod__, zip(keys, offsets))).encode("ascii")
-        self._append(data, lines, keys, offsets)
+        self._append(data, lines, keys, offsets, starts)
 
-    def _append(self, data, lines, keys, offsets):
+    def _append(self, data, lines, keys, offsets, starts):
         self._rec_buf.append(data)
+        self._rec_starts.append(starts)
         self._idx_buf.append(lines)
         self.buffered += len(data)
         self.records += len(keys)
@@ -312,12 +314,15 @@ class ShardFile:
         """
         if not self._rec_buf:
             return self._io.submitted
-        parts = self._rec_buf
+        parts, starts = self._rec_buf, self._rec_starts
         if len(parts) > 1 and self.buffered < len(parts) * WRITE_BYTES // 4:
+            bases = itertools.accumulate(map(len, parts[:-1]), initial=0)
+            starts = [[base + s for b, base in zip(starts, bases) for s in b]]
             parts = [b"".join(parts)]  # many small records: one write, not one each
-        self._io.submit(self._rec_fd, parts, self._rec_digests)
+        digest = _ShardDigest(self._rec_hash, self._checksums, starts)
+        self._io.submit(self._rec_fd, parts, digest)
         self._io.submit(self._idx_fd, b"".join(self._idx_buf), self._idx_hash)
-        self._rec_buf = []  # the writer thread owns the list it was given
+        self._rec_buf, self._rec_starts = [], []  # the writer thread owns what it was given
         self._idx_buf.clear()
         self.buffered = 0
         return self._io.submitted
