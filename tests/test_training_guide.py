@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -53,8 +54,12 @@ def train(workdir, *args, ranks=1):
     env = {k: v for k, v in os.environ.items() if k not in ("WORLD_SIZE", "RANK", "LOCAL_RANK")}
     env["PYTHONPATH"] = str(workdir)  # the emitted reader only: rectool is not needed
     launcher = [sys.executable]
+    logs = Path(tempfile.mkdtemp(dir=workdir, prefix="ranks-"))
     if ranks > 1:
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"]
+        # Each rank's stdout to a file of its own: read from the launcher's one pipe, a rank's
+        # line went missing once in a full test run.
+        launcher += ["--redirects", "1", "--log-dir", str(logs)]
         env["GLOO_SOCKET_IFNAME"] = "lo"  # the ranks talk over the loopback interface only
     proc = subprocess.run(
         [*launcher, "train.py", "out/faces", "--batch-size", "4", *map(str, args)],
@@ -65,7 +70,12 @@ def train(workdir, *args, ranks=1):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-4000:]
-    return sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    outputs = [proc.stdout] + [p.read_text() for p in sorted(logs.rglob("stdout.log"))]
+    if ranks > 1:
+        assert len(outputs) == 1 + ranks, (sorted(logs.rglob("*")), proc.stderr[-4000:])
+    return sorted(
+        line for text in outputs for line in text.splitlines() if line.startswith("rank ")
+    )
 
 
 def samples_per_epoch(lines):
