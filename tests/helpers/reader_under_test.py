@@ -14,21 +14,20 @@ import sys
 EMITTED = os.environ.get("RECTOOL_EMITTED_READER")
 
 
-def load_reader():
-    """Import and return the reader module under test."""
-    if not EMITTED:
-        from rectool import reader
-
-        return reader
-    folder, name = os.path.split(os.path.abspath(EMITTED))
+def load_module(package_module, emitted):
+    """Import and return `package_module` (`rectool.reader`), or the emitted copy of it at the
+    path `emitted` when one is given."""
+    if not emitted:
+        return importlib.import_module(package_module)
+    folder, name = os.path.split(os.path.abspath(emitted))
     # Importable by name, so that spawned DataLoader workers (which inherit sys.path) can
     # unpickle its datasets.
     if folder not in sys.path:
         sys.path.insert(0, folder)
     module = importlib.import_module(os.path.splitext(name)[0])
-    if not os.path.samefile(module.__file__, EMITTED):
-        raise ImportError(f"{name} resolves to {module.__file__}, not {EMITTED}")
+    if not os.path.samefile(module.__file__, emitted):
+        raise ImportError(f"{name} resolves to {module.__file__}, not {emitted}")
     return module
 
 
-rd = load_reader()
+rd = load_module("rectool.reader", EMITTED)
