@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -84,3 +85,16 @@ def mixed_tree(tmp_path):
     """MIXED_TREE (odd names, symlinks, a FIFO, skipped files) under tmp_path/faces."""
     root = tmp_path / "faces"
     return MixedTree(root, make_mixed_tree(root))
+
+
+@pytest.fixture
+def alarm():
+    """Return `arm(seconds)`: past that, the test fails as blocked (SIGALRM; disarmed after)."""
+
+    def blocked(*args):
+        raise AssertionError("blocked: the alarm went off")
+
+    previous = signal.signal(signal.SIGALRM, blocked)
+    yield signal.alarm
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)

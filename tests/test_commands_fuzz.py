@@ -10,7 +10,6 @@ another exception out of the command, never a block (an alarm fails an example t
 
 from __future__ import annotations
 
-import signal
 import tempfile
 import traceback
 from pathlib import Path
@@ -81,17 +80,6 @@ COMMANDS = [
 ]
 
 
-@pytest.fixture
-def alarm():
-    def blocked(*args):
-        raise AssertionError("a command blocked for 30 s")
-
-    previous = signal.signal(signal.SIGALRM, blocked)
-    yield lambda: signal.alarm(30)
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
 def run_all(folder):
     """Run every command; return (command, exit code, exception text) for each bad ending."""
     bad = []
@@ -128,7 +116,7 @@ def test_damaged_packs_get_an_exit_code_not_a_traceback(pristine, alarm, name, k
         for file_name, data in pristine.items():
             (folder / file_name).write_bytes(data)
         (folder / name).write_bytes(mutate(pristine[name], kind, at, blob))
-        alarm()
+        alarm(30)
         bad = run_all(folder)
         assert not bad, "\n\n".join(f"{args}: exit {code}\n{text}" for args, code, text in bad)
 

@@ -10,12 +10,10 @@ must be a `RectoolError` (or nothing). An alarm fails an example that blocks.
 from __future__ import annotations
 
 import os
-import signal
 import tempfile
 from pathlib import Path
 
 import numpy as np
-import pytest
 from helpers.handmade_datasets import MAGIC, write_insightface, write_pack
 from helpers.image_files import jpeg_bytes
 from hypothesis import HealthCheck, given, settings
@@ -55,17 +53,6 @@ def read_everything(source):
     return samples, ds.labels, ds.identity_ranges, open_dataset(source, layout="images").labels
 
 
-@pytest.fixture
-def alarm():
-    def blocked(*args):
-        raise AssertionError("the reader blocked for 20 s")
-
-    previous = signal.signal(signal.SIGALRM, blocked)
-    yield lambda: signal.alarm(20)
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
 @settings(
     max_examples=250,
     deadline=None,
@@ -90,7 +77,7 @@ def test_damaged_files_raise_only_rectool_errors(alarm, name, kind, at, blob):
         if name.endswith(".rtc"):  # keep the cache fresh against its .idx: only its bytes differ
             st_idx = os.stat(folder / "faces-00000.idx")
             os.utime(path, ns=(st_idx.st_atime_ns, st_idx.st_mtime_ns))
-        alarm()
+        alarm(20)
         for source in (folder / "faces", folder / "f.rec"):
             try:
                 read_everything(source)
