@@ -22,8 +22,8 @@ import zlib
 
 import numpy as np
 
-from .atomic import write_atomic
 from .errors import RectoolError
+from .output import write_atomic
 
 SUFFIX = ".crc"
 FILE_MAGIC = b"RTCRC32\n"

@@ -183,6 +183,11 @@ def quiet_option(help="No progress bar and no summary."):
     return click.option("--quiet", "-q", is_flag=True, help=help)
 
 
+def overwrite_option(help="Replace an existing output file."):
+    """--overwrite: without it no existing output is replaced (a pack's files never are)."""
+    return click.option("--overwrite", is_flag=True, help=help)
+
+
 def json_option(help="Print the summary as JSON on stdout."):
     """--json, passed to the command as `as_json`."""
     return click.option("--json", "as_json", is_flag=True, help=help)
@@ -417,6 +422,7 @@ def pack_command(
         return
     update, close = progress_bar(quiet or as_json, "img")
     update, seen = _remember_progress(update)
+    replaces = overwrite and only_shard is None and not finalize and _has_output(prefix)
     try:
         if only_shard is not None:
             result = pack_images(
@@ -437,7 +443,7 @@ def pack_command(
             )  # fmt: skip
     except KeyboardInterrupt:
         close()
-        message = _interrupted_message(prefix, seen, overwrite, finalize, only_shard)
+        message = _interrupted_message(prefix, seen, replaces, finalize, only_shard)
         raise CommandFailed(message, 130) from None
     finally:
         close()
@@ -470,12 +476,22 @@ def _remember_progress(update):
     return remember, seen
 
 
+def _has_output(prefix):
+    from .manifest import output_files
+
+    return bool(output_files(prefix))
+
+
 def _interrupted_message(prefix, seen, overwrite, finalize, only_shard):
     """Say what an interrupted pack kept and how to continue it."""
-    from .packing import STAGING_SUFFIX
+    from .manifest import journal_path
 
-    folder, name = os.path.split(prefix)
-    if overwrite and os.path.isdir(os.path.join(folder, f".{name}{STAGING_SUFFIX}")):
+    if os.path.exists(journal_path(prefix)):
+        return (
+            f"Interrupted: the new pack at {prefix} was complete and is being moved into place; "
+            "run the command again (or `rectool verify` on it) to finish that."
+        )
+    if overwrite:  # the run packed beside the old files (see `_replaces`)
         return (
             f"Interrupted: the pack at {prefix} is unchanged; the new one was not finished "
             "(run the command again to start it over)."
@@ -636,12 +652,13 @@ def parse_extensions(ctx, param, value):
     help="Write the label map here. Default: PREFIX.labels.tsv beside OUT; "
     "with OUT - it is written only if this is given.",
 )
+@overwrite_option("Replace existing lists and label map (all or none are written).")
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON: on stdout, or on stderr when OUT is -.")
 @library_errors
 def list_command(
     root, out, recursive, exts, shuffle, seed, chunks, train_ratio, val_ratio, test_ratio,
-    split_by, min_per_id, max_per_id, threads, labels, quiet, as_json,
+    split_by, min_per_id, max_per_id, threads, labels, overwrite, quiet, as_json,
 ):  # fmt: skip
     """List the images under ROOT, one identity per folder, into OUT (.lst, or - for stdout).
 
@@ -672,6 +689,7 @@ def list_command(
             root,
             click.open_file("-", "wb") if to_stdout else out,
             labels=labels,
+            overwrite=overwrite,
             exts=exts,
             recursive=recursive,
             threads=threads,
@@ -1089,9 +1107,10 @@ def unpack_command(target, out_dir, quiet, as_json):
     is_flag=True,
     help="Write the training module instead: Loader, BatchDecoder, RankSampler, prefetch.",
 )
+@overwrite_option("Replace an existing file at --output.")
 @json_option("Print what was written as JSON on stdout (needs --output FILE).")
 @library_errors
-def reader_command(output, training_module, as_json):
+def reader_command(output, training_module, overwrite, as_json):
     """Write the standalone reader module for training code (standard library + numpy).
 
     It is rectool's own reader (rectool/reader.py) copied verbatim under a header naming the
@@ -1114,7 +1133,7 @@ def reader_command(output, training_module, as_json):
             raise click.UsageError("--json needs --output FILE (with -o -, stdout is the module)")
         click.echo(reader_source(training_module), nl=False)
         return
-    path = emit_reader(output, training_module)
+    path = emit_reader(output, training_module, overwrite)
     what = "training" if training_module else "reader"
     if as_json:
         emit_json({what: os.fspath(path)})
@@ -1150,9 +1169,10 @@ def index_cache_command(target, as_json):
 @cli.command("dali-index")
 @click.argument("target")
 @click.argument("output", type=click.Path(dir_okay=False))
+@overwrite_option("Replace an existing file at OUTPUT (never a file of a pack).")
 @json_option("Print the index and the .rec paths as JSON on stdout.")
 @library_errors
-def dali_index_command(target, output, as_json):
+def dali_index_command(target, output, overwrite, as_json):
     """Write the one .idx that DALI's fn.readers.mxnet needs for TARGET's shards.
 
     DALI reads its .rec files as one stream, so OUTPUT holds offsets counted from the start
@@ -1165,7 +1185,7 @@ def dali_index_command(target, output, as_json):
     """
     from .dali import write_dali_index
 
-    recs = [os.fspath(rec) for rec in write_dali_index(target, output)]
+    recs = [os.fspath(rec) for rec in write_dali_index(target, output, overwrite)]
     if as_json:
         emit_json({"idx": output, "recs": recs})
         return
@@ -1303,11 +1323,12 @@ def render_bench_report(report):
 )
 @click.option("--verify", is_flag=True, help="Verify the dataset too and show the result.")
 @click.option("--decode", is_flag=True, help="With --verify: decode every image too.")
+@overwrite_option("Replace an existing page or sheet (never a file of a pack).")
 @json_option("Print what was written as JSON on stdout.")
 @library_errors
 def report_command(
     target, output, sheet, seed, identities, per_identity, thumb, sample, max_bytes,
-    images_root, verify, decode, as_json,
+    images_root, verify, decode, overwrite, as_json,
 ):  # fmt: skip
     """Write a report of TARGET (manifest, prefix, .rec or train.rec folder) as one HTML page.
 
@@ -1340,7 +1361,7 @@ def report_command(
         decode=decode,
         images_root=None if images_root is None else os.fspath(images_root),
     )
-    result = write_report(target, output, sheet, settings)
+    result = write_report(target, output, sheet, settings, overwrite)
     report = result.report
     info = report.info
     if as_json:

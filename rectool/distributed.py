@@ -11,17 +11,20 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .atomic import OutputLock
 from .errors import RectoolError, UsageError
 from .manifest import (
     FAILURES_SUFFIX,
+    discard_staging,
+    finish_interrupted,
     is_complete,
+    journal_path,
     manifest_path,
     output_files,
     source_state,
     staging_prefix,
     swap_in,
 )
+from .output import OutputLock, make_folders
 from .packing import (
     PACKED,
     RESUMED,
@@ -56,8 +59,10 @@ def _client_for(scheduler, workers):
     return Client(cluster), cluster
 
 
-def _pack_task(list_path, root, prefix, options, number):
-    return pack_images(list_path, root, prefix, options, resume=True, only_shard=number)
+def _pack_task(list_path, root, prefix, options, number, lock_token=None):
+    return pack_images(
+        list_path, root, prefix, options, resume=True, only_shard=number, lock_token=lock_token
+    )
 
 
 def pack_on_dask(
@@ -86,11 +91,12 @@ def pack_on_dask(
     _check_options(options)
     digest, total = _validate_list(list_path, options.layout)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
-    os.makedirs(os.path.dirname(prefix), exist_ok=True)
-    with OutputLock(prefix):
+    make_folders(os.path.dirname(prefix))
+    with OutputLock(prefix) as lock:
+        finish_interrupted(prefix)
         result = _pack_locked(
             list_path, root, prefix, options, plan, (digest, total), scheduler, resume, overwrite,
-            label_map, progress, local_workers,
+            label_map, progress, local_workers, lock.token,
         )  # fmt: skip
     # Workers need absolute paths; the caller gets its own back, as it gave them.
     return dataclasses.replace(
@@ -99,7 +105,7 @@ def pack_on_dask(
 
 
 def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resume, overwrite,
-                 label_map, progress, local_workers):  # fmt: skip
+                 label_map, progress, local_workers, token):  # fmt: skip
     digest, total = listed
     if resume and is_complete(prefix):
         return completed_if_same(prefix, source_state(digest, root, options))
@@ -113,11 +119,27 @@ def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resu
     if existing and overwrite:
         # The old pack stays whole until the new one is: pack beside it, then swap.
         final, prefix = prefix, staging_prefix(prefix)
+        token = None  # the staging prefix is this run's own: its tasks lock it themselves
+    try:
+        return _run_and_finish(
+            client, cluster, list_path, root, prefix, final, options, plan, total, label_map,
+            progress, token,
+        )  # fmt: skip
+    except BaseException:
+        if final is not None and not os.path.exists(journal_path(final)):
+            discard_staging(prefix)  # not committed: the old pack stays as it was
+        raise
+
+
+def _run_and_finish(client, cluster, list_path, root, prefix, final, options, plan, total,
+                    label_map, progress, token):  # fmt: skip
     try:
         from dask.distributed import as_completed
 
         futures = [
-            client.submit(_pack_task, list_path, root, prefix, options, k, pure=False, retries=2)
+            client.submit(
+                _pack_task, list_path, root, prefix, options, k, token, pure=False, retries=2
+            )
             for k in range(len(plan))
         ]
         done = refused = resumed_from = 0

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import os
 
-from .atomic import write_atomic
 from .errors import RectoolError, UsageError
 from .images import ImageRefused, Transform, decode_image
 from .keys import FLOAT32_EXACT
 from .listfile import ListFormatError
+from .output import write_atomic
 from .reader import unpack_header
 from .writer import frame_record, pack_image_record
 

@@ -222,11 +222,16 @@ def find_label_map(list_path):
     return None
 
 
-def write_label_map(path, identities):
-    """Write `identities` (label -> identity name) as a label map file."""
-    from .atomic import write_atomic  # (atomic imports errors, which imports the reader)
+def label_map_text(identities):
+    """Return the text of a label map file of `identities` (label -> identity name)."""
+    return "".join(f"{label}\t{identities[label]}\n" for label in sorted(identities))
 
-    write_atomic(path, "".join(f"{label}\t{identities[label]}\n" for label in sorted(identities)))
+
+def write_label_map(path, identities):
+    """Write `identities` (label -> identity name) as a label map file, replacing one."""
+    from .output import write_atomic  # (output imports errors, which imports the reader)
+
+    write_atomic(path, label_map_text(identities))
 
 
 def read_label_map(path):

@@ -20,23 +20,22 @@ from __future__ import annotations
 import os
 import queue
 import random
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from pathlib import Path
 
-from .atomic import current_umask
 from .errors import ListingError, RectoolError, UsageError
 from .listfile import (
     LIST_SUFFIX,
     format_list_lines,
     is_writable_path,
     label_map_path,
+    label_map_text,
     unwritable_paths,
-    write_label_map,
 )
+from .output import JOURNAL_SUFFIX, OutputFiles, check_target, write_output
 
 # Extensions OpenCV decodes that image datasets commonly use.
 DEFAULT_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
@@ -569,31 +568,20 @@ def list_paths(out, suffixes):
     return {suffix: out if suffix == "" else f"{stem}{suffix}{LIST_SUFFIX}" for suffix in suffixes}
 
 
-def _write_rows(stream, rows, block=65536):
+def _row_blocks(rows, block=65536):
     for start in range(0, len(rows), block):
-        stream.write(format_list_lines(rows[start : start + block]).encode("utf-8"))
+        yield format_list_lines(rows[start : start + block]).encode("utf-8")
 
 
-def _write_file_atomically(path, rows):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".rectool-", suffix=".lst.tmp")
-    try:
-        with os.fdopen(fd, "wb") as stream:
-            _write_rows(stream, rows)
-            # mkstemp makes it 0600: give it the mode of a file created normally.
-            os.fchmod(stream.fileno(), 0o666 & ~current_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
-def write_lists(listing, out, labels=None):
+def write_lists(listing, out, labels=None, overwrite=False):
     """Write a listing's lists to `out` (a path or a binary stream) and its label map.
 
     With a path, each list goes where `list_paths` says; the label map goes to `labels`, by
-    default `PREFIX.labels.tsv` beside `out` (`listfile.label_map_path`). A stream can only
-    take a single list, and the label map is written only if `labels` is given.
+    default `PREFIX.labels.tsv` beside `out` (`listfile.label_map_path`). The files are one
+    output (`output.OutputFiles`): all are checked before any is written, an existing one is
+    replaced only with `overwrite` (a pack's file never), and after a failure or a crash the
+    old files are as they were, or all the new ones are in place. A stream can only take a
+    single list, and the label map is written only if `labels` is given.
     Updates and returns `listing` (`written`: suffix -> path, `label_map`).
     """
     is_stream = hasattr(out, "write")
@@ -601,27 +589,36 @@ def write_lists(listing, out, labels=None):
         raise UsageError(STDOUT_SINGLE_LIST)
     if not is_stream and labels is None:
         labels = label_map_path(out)
-    try:
-        # The label map first: a `pack -` reading these lines from a pipe may read it as soon
-        # as the list ends.
+    if is_stream:
         if labels is not None:
-            try:
-                write_label_map(labels, listing.identities)
-            except RectoolError as exc:  # it names the file and the reason
-                raise ListingError(str(exc)) from None
+            # The label map first: a `pack -` reading these lines from a pipe may read it as
+            # soon as the list ends.
+            write_output(labels, label_map_text(listing.identities), overwrite, "label map")
             listing.label_map = os.fspath(labels)
-        where = "standard output" if is_stream else os.fspath(out)
-        if is_stream:
-            _write_rows(out, listing.lists[""])
+        try:
+            for block in _row_blocks(listing.lists[""]):
+                out.write(block)
             out.flush()
-            listing.written = {"": "-"}
-        else:
-            paths = list_paths(out, listing.lists)
+        except OSError as exc:
+            raise ListingError(f"cannot write standard output: {exc.strerror or exc}") from exc
+        listing.written = {"": "-"}
+        return listing
+    paths = list_paths(out, listing.lists)
+    folder, name = os.path.split(os.fspath(out))
+    output = OutputFiles(os.path.join(folder, f".{name}{JOURNAL_SUFFIX}"), overwrite, "list")
+    try:
+        with output:
+            for path in [labels, *paths.values()]:
+                output.check(path)
+            output.add(labels, label_map_text(listing.identities))
             for suffix, where in paths.items():
-                _write_file_atomically(where, listing.lists[suffix])
-            listing.written = paths
-    except OSError as exc:
-        raise ListingError(f"cannot write {where}: {exc.strerror or exc}") from exc
+                output.add(where, _row_blocks(listing.lists[suffix]))
+    except ListingError:
+        raise
+    except RectoolError as exc:  # it names the file and the reason
+        raise ListingError(str(exc)) from None
+    listing.label_map = os.fspath(labels)
+    listing.written = paths
     return listing
 
 
@@ -634,6 +631,7 @@ def list_images(
     recursive=True,
     threads=None,
     progress=None,
+    overwrite=False,
     **listing_options,
 ):
     """Walk `root`, then write its lists to `out` and its label map; return the `Listing`.
@@ -658,6 +656,10 @@ def list_images(
     )
     if hasattr(out, "write") and (ratios is not None or listing_options.get("chunks", 1) > 1):
         raise UsageError(STDOUT_SINGLE_LIST)
+    if not hasattr(out, "write"):  # refuse an output before the walk, which may take hours
+        check_target(out, overwrite, "list")
+    if labels is not None:
+        check_target(labels, overwrite, "label map")
     scan = walk_tree(root, exts, recursive, threads, progress)
     listing = make_listing(scan, **listing_options)
     if not listing.image_count:
@@ -669,7 +671,7 @@ def list_images(
             + (f" (passed over: {passed})" if passed else " (it has no identity folders)")
             + f"; image extensions: {' '.join(normalize_extensions(exts))}"
         )
-    return write_lists(listing, out, labels)
+    return write_lists(listing, out, labels, overwrite)
 
 
 __all__ = [

@@ -12,13 +12,23 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
 from dataclasses import asdict
 
 from . import __version__
-from .atomic import LOCK_SUFFIX, create_new
 from .checksums import SUFFIX as CHECKSUM_SUFFIX
 from .errors import RectoolError
+from .listfile import LABEL_MAP_SUFFIX
+from .output import (
+    JOURNAL_SUFFIX,
+    LOCK_SUFFIX,
+    commit,
+    finish_commit,
+    make_folders,
+    remove,
+    remove_tree,
+    rename,
+    stage_file,
+)
 from .reader import MANIFEST_FORMAT, MANIFEST_SUFFIX, MANIFEST_VERSION
 
 PARTIAL_SUFFIX = ".partial"
@@ -27,6 +37,9 @@ FAILURES_SUFFIX = ".failures.jsonl"
 STATE_SUFFIX = ".pack-state.json"
 STDIN_COPY_SUFFIX = ".stdin.lst"
 STAGING_SUFFIX = ".overwrite"
+# What a repack writes beside its shards.
+RELABEL_SUFFIX = ".relabel.tsv"
+REPORT_SUFFIX = ".report.json"
 
 
 def manifest_path(prefix):
@@ -48,10 +61,9 @@ def shard_paths(prefix, number, numbered):
 def output_files(prefix):
     """Return every file a pack to `prefix` may have written (existing ones only)."""
     prefix = os.fspath(prefix)
-    names = [
-        prefix + suffix
-        for suffix in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
-    ]
+    suffixes = (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
+    suffixes += (RELABEL_SUFFIX, REPORT_SUFFIX, LABEL_MAP_SUFFIX)
+    names = [prefix + suffix for suffix in suffixes]
     names.append(prefix + ".rec" + CHECKSUM_SUFFIX)
     names.append(prefix + ".manifest.json")
     escaped = glob.escape(prefix)
@@ -74,7 +86,18 @@ def _stale_temporaries(prefix):
 def remove_stale_temporaries(prefix):
     """Remove the temporary files a killed run of the pack at `prefix` left."""
     for name in _stale_temporaries(prefix):
-        os.unlink(name)
+        remove(name)
+
+
+def journal_path(prefix):
+    """Return the commit journal of the pack at `prefix` (see `output.commit`)."""
+    return os.fspath(prefix) + JOURNAL_SUFFIX
+
+
+def finish_interrupted(prefix):
+    """Complete a replacement of the pack at `prefix` that a killed run committed but did not
+    finish; return whether there was one. Call it holding the prefix's lock."""
+    return finish_commit(journal_path(prefix))
 
 
 def staging_prefix(prefix):
@@ -82,40 +105,37 @@ def staging_prefix(prefix):
     `--overwrite` builds the new pack; what a killed run left there is removed first."""
     folder, name = os.path.split(prefix)
     staging = os.path.join(folder, f".{name}{STAGING_SUFFIX}")
-    if os.path.lexists(staging):
-        if os.path.islink(staging) or not os.path.isdir(staging):
-            os.unlink(staging)
-        else:
-            shutil.rmtree(staging)
-    os.mkdir(staging)
+    remove_tree(staging)
+    make_folders(staging)
     return os.path.join(staging, name)
+
+
+def discard_staging(staging):
+    """Remove the staging folder of `staging_prefix` and everything a failed run put there."""
+    remove_tree(os.path.dirname(staging))
 
 
 def swap_in(staging, prefix):
     """Replace the pack at `prefix` with the complete one at `staging` (see `staging_prefix`).
 
-    The old manifest goes first, so that a pack half swapped never looks complete; the new
-    manifest comes last. Old files that the new pack does not have (more shards, index caches)
-    are removed.
+    One commit (`output.commit`): its journal lists every move, the old files the new pack
+    does not have (more shards, index caches), and the new manifest, moved last. After a
+    crash at any instant the old pack is whole, or the journal is there and
+    `finish_interrupted` completes the new one.
     """
     folder = os.path.dirname(prefix) or "."
     staged = os.path.dirname(staging)
     new_names = sorted(os.listdir(staged))
+    for name in [n for n in new_names if n.endswith(LOCK_SUFFIX)]:
+        remove(os.path.join(staged, name))  # a lock a killed task left: not part of a pack
+        new_names.remove(name)
     old = set(output_files(prefix)) - {os.path.join(folder, n) for n in new_names}
     manifest_name = os.path.basename(manifest_path(prefix))
-    for name in [n for n in new_names if n.endswith(LOCK_SUFFIX)]:
-        os.unlink(os.path.join(staged, name))  # a lock a killed task left: not part of a pack
-        new_names.remove(name)
-    if os.path.exists(manifest_path(prefix)):
-        os.unlink(manifest_path(prefix))
-    for name in new_names:
-        if name != manifest_name:
-            os.replace(os.path.join(staged, name), os.path.join(folder, name))
-    for name in old:
-        if os.path.exists(name):
-            os.unlink(name)
-    os.replace(os.path.join(staged, manifest_name), manifest_path(prefix))
-    os.rmdir(staged)
+    moves = [
+        (os.path.join(staged, n), os.path.join(folder, n)) for n in new_names if n != manifest_name
+    ]
+    last = (os.path.join(staged, manifest_name), manifest_path(prefix))
+    commit(journal_path(prefix), moves, sorted(old), last)
 
 
 def shard_files(stem):
@@ -134,7 +154,7 @@ def prepare_outputs(prefix, resume, overwrite):
         return
     if overwrite:
         for name in existing:
-            os.unlink(name)
+            remove(name)
         return
     if resume:
         if not os.path.exists(prefix + STATE_SUFFIX):
@@ -160,11 +180,13 @@ def is_complete(prefix):
 def copy_stream(stream, prefix):
     """Copy a list read from `stream` beside the pack (so it can be resumed); return its path."""
     target = prefix + STDIN_COPY_SUFFIX
-    tmp = target + PARTIAL_SUFFIX
-    with open(create_new(tmp), "w", encoding="utf-8", newline="\n") as f:
-        shutil.copyfileobj(stream, f)
-    os.replace(tmp, target)
+    rename(stage_file(target, _chunks_of(stream)), target)
     return target
+
+
+def _chunks_of(stream, size=1 << 20):
+    while block := stream.read(size):
+        yield block.encode("utf-8") if isinstance(block, str) else block
 
 
 def source_state(list_digest, root, options):

@@ -20,7 +20,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import signal
 import stat
 import sys
@@ -30,12 +29,6 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .atomic import (
-    OutputLock,
-    create_new,
-    open_existing,
-    write_json_atomic,
-)
 from .errors import RectoolError, UsageError
 from .images import (
     CHECK_MODES,
@@ -60,7 +53,10 @@ from .manifest import (
     check_resume_state,
     check_same_source,
     copy_stream,
+    discard_staging,
+    finish_interrupted,
     is_complete,
+    journal_path,
     manifest_path,
     manifest_source,
     output_files,  # noqa: F401 (public: every file a pack may have written)
@@ -71,6 +67,16 @@ from .manifest import (
     source_state,
     staging_prefix,
     swap_in,
+)
+from .output import (
+    OutputLock,
+    create_new,
+    make_folders,
+    open_existing,
+    remove,
+    rename,
+    stage_file,
+    write_json_atomic,
 )
 from .passthrough import (
     OPEN_FLAGS,
@@ -200,6 +206,7 @@ def pack_images(
     progress=None,
     list_stream=None,
     only_shard=None,
+    lock_token=None,
 ):
     """Pack the images of a .lst under `root` into shards at `prefix`; return a `PackResult`.
 
@@ -208,6 +215,8 @@ def pack_images(
     finish. Refused images are recorded, never written. With `only_shard=K` (which needs a
     shard plan: `shard_records` without `shard_bytes`) only shard K is packed, with its own
     failures file, and no manifest: `finalize_pack` writes it once every shard is done.
+    A shard task started by a run that holds the prefix's lock (Dask's client) passes that
+    lock's `lock_token` to join it.
     """
     options = options or PackOptions()
     prefix = check_prefix(prefix)
@@ -215,11 +224,11 @@ def pack_images(
     _check_options(options)
     out_dir = os.path.dirname(prefix) or "."
     made = not os.path.isdir(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
+    make_folders(out_dir)
     try:
         return _pack_locked(
             list_path, root, prefix, options, resume, overwrite, label_map, progress,
-            list_stream, only_shard,
+            list_stream, only_shard, lock_token,
         )  # fmt: skip
     except WrongRootError:
         if made:  # nothing was written: leave nothing behind
@@ -231,13 +240,17 @@ def pack_images(
 
 
 def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map, progress,
-                 list_stream, only_shard):  # fmt: skip
+                 list_stream, only_shard, lock_token=None):  # fmt: skip
     if only_shard is not None:
-        with OutputLock(shard_stem(prefix, only_shard)):
-            return _pack_shard(
-                list_path, root, prefix, options, only_shard, resume, overwrite, progress
-            )
+        # Shard tasks of one plan run side by side (a shared lock on the prefix), never beside
+        # a whole run of the prefix; each also holds its own shard.
+        with OutputLock(prefix, shared=True, token=lock_token):
+            with OutputLock(shard_stem(prefix, only_shard)):
+                return _pack_shard(
+                    list_path, root, prefix, options, only_shard, resume, overwrite, progress
+                )
     with OutputLock(prefix):
+        finish_interrupted(prefix)
         if overwrite and output_files(prefix):
             # The old pack stays whole until the new one is: pack beside it, then swap.
             staging = staging_prefix(prefix)
@@ -246,10 +259,11 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
                     list_path, root, staging, options, False, False, label_map, progress,
                     list_stream,
                 )  # fmt: skip
-            except RectoolError:
-                shutil.rmtree(os.path.dirname(staging), ignore_errors=True)
+                swap_in(staging, prefix)
+            except BaseException:
+                if not os.path.exists(journal_path(prefix)):  # not committed: the old pack stays
+                    discard_staging(staging)
                 raise
-            swap_in(staging, prefix)
             return dataclasses.replace(
                 result,
                 manifest_path=manifest_path(prefix),
@@ -273,13 +287,13 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
         list_digest, total = _validate_list(list_path, options.layout)
     finally:
         if complete and list_path == prefix + STDIN_COPY_SUFFIX:
-            os.unlink(list_path)
+            remove(list_path)
     if not resume:
         try:
             check_root(list_path, root, options.allow_outside_root)
         except WrongRootError:
             if list_path == prefix + STDIN_COPY_SUFFIX:
-                os.unlink(list_path)
+                remove(list_path)
             raise
     state = source_state(list_digest, root, options)
     if complete:
@@ -303,15 +317,15 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
         run.failures, run.classes, identities, state,
     )  # fmt: skip
     final_failures = prefix + FAILURES_SUFFIX
-    os.replace(run.failures_partial, final_failures)
+    rename(run.failures_partial, final_failures)
     if run.layout.numbered:  # a layout with a `property` file
         size = _property_size(prefix, run)
         run.layout.write_property(os.path.dirname(prefix), run.classes, size)
     remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
-    os.unlink(state_path)
+    remove(state_path)
     if os.path.exists(prefix + STDIN_COPY_SUFFIX):
-        os.unlink(prefix + STDIN_COPY_SUFFIX)
+        remove(prefix + STDIN_COPY_SUFFIX)
     return PackResult(
         manifest_path(prefix),
         manifest,
@@ -388,7 +402,7 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
         )
     if existing and overwrite:
         for name in existing:
-            os.unlink(name)
+            remove(name)
     elif existing and not resume:
         raise RectoolError(f"{existing[0]}: shard output exists; use --resume or --overwrite")
     state = source_state(digest, root, options)
@@ -407,8 +421,8 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
                            refused[:100], info.records + len(refused),
                            options.max_failures)  # fmt: skip
     run.execute(resume)
-    os.replace(run.failures_partial, stem + FAILURES_SUFFIX)
-    os.unlink(state_path)
+    rename(run.failures_partial, stem + FAILURES_SUFFIX)
+    remove(state_path)
     return ShardResult(
         number, len(plan), run.writer.finished[0], run.failures, stem + FAILURES_SUFFIX,
         run.first_refusals, run.resumed_from, options.max_failures,
@@ -436,6 +450,7 @@ def finalize_pack(list_path, root, prefix, options=None, label_map=None):
     prefix = check_prefix(prefix)
     _check_options(options)
     with OutputLock(prefix):
+        finish_interrupted(prefix)
         return _finalize(list_path, root, prefix, options, label_map)
 
 
@@ -460,13 +475,8 @@ def _finalize(list_path, root, prefix, options, label_map):
         infos.append(describe_shard(rec, idx))
         refused += _read_refusals(failures)
     final_failures = prefix + FAILURES_SUFFIX
-    with open(create_new(final_failures + PARTIAL_SUFFIX), "wb") as out:
-        for number in range(len(plan)):
-            with open(shard_stem(prefix, number) + FAILURES_SUFFIX, "rb") as f:
-                shutil.copyfileobj(f, out)
-    os.replace(final_failures + PARTIAL_SUFFIX, final_failures)
-    for number in range(len(plan)):
-        os.unlink(shard_stem(prefix, number) + FAILURES_SUFFIX)
+    shard_failures = [shard_stem(prefix, n) + FAILURES_SUFFIX for n in range(len(plan))]
+    rename(stage_file(final_failures, _concatenated(shard_failures)), final_failures)
     images = sum(info.records for info in infos)
     identities = _load_identities(list_path, label_map)
     source = source_state(digest, root, options)
@@ -475,10 +485,19 @@ def _finalize(list_path, root, prefix, options, label_map):
     )
     remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
+    for name in shard_failures:  # only now: until the manifest, a rerun needs them
+        remove(name)
     return PackResult(
         manifest_path(prefix), manifest, images, len(refused), final_failures, refused[:100],
         0, FINALIZED,
     )  # fmt: skip
+
+
+def _concatenated(paths, size=1 << 20):
+    for path in paths:
+        with open(path, "rb") as f:
+            while block := f.read(size):
+                yield block
 
 
 # A wrong ROOT is told from a few missing files by this many list items, all missing.

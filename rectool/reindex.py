@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .atomic import write_atomic
 from .checksums import (
     ChecksumFileError,
     checksum_path,
@@ -25,6 +24,7 @@ from .checksums import (
     stale_reason,
 )
 from .errors import RectoolError, UsageError
+from .output import write_atomic
 from .reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
 from .scan import mapped, read_headers, scan_framing
 from .writer import format_index_line

@@ -16,7 +16,9 @@ failures file, the state file for `--resume`, the manifest last.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import itertools
 import json
 import mmap
 import os
@@ -27,7 +29,6 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import selection
-from .atomic import write_atomic, write_json_atomic
 from .digest import sha256_file
 from .errors import RectoolError, UsageError
 from .images import ImageRefused, Transform, decode_image, jpeg_size, reencode_image
@@ -39,12 +40,30 @@ from .listfile import LABEL_MAP_SUFFIX, read_label_map
 from .manifest import (
     FAILURES_SUFFIX,
     PARTIAL_SUFFIX,
+    RELABEL_SUFFIX,
+    REPORT_SUFFIX,
     STATE_SUFFIX,
     build_manifest,
+    discard_staging,
+    finish_interrupted,
     is_complete,
+    journal_path,
     manifest_path,
+    output_files,
     prepare_outputs,
     remove_stale_temporaries,
+    staging_prefix,
+    swap_in,
+)
+from .output import (
+    OutputLock,
+    make_folders,
+    open_existing,
+    remove,
+    rename,
+    stage_file,
+    write_atomic,
+    write_json_atomic,
 )
 from .reader import (
     IMAGE_HEADER_SIZE,
@@ -60,8 +79,6 @@ from .shards import ShardWriter
 from .writer import frame_image_record, frame_record, pack_image_record
 
 LABELS_BY = ("offset", "name")
-RELABEL_SUFFIX = ".relabel.tsv"
-REPORT_SUFFIX = ".report.json"
 # Records are copied this many at a time (and at most BATCH_BYTES of them).
 BATCH_RECORDS = 8192
 BATCH_BYTES = 8 << 20
@@ -705,14 +722,39 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
     catalog = build_catalog(opened, options.labels_by)
     plan = plan_repack(opened, catalog, options, targets)
     check_plan(plan, options)
-    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
-    if resume and is_complete(prefix):
-        return _completed_result(prefix)
+    make_folders(os.path.dirname(prefix))
+    with OutputLock(prefix):
+        finish_interrupted(prefix)
+        if resume and is_complete(prefix):
+            return _completed_result(prefix)
+        if not (overwrite and output_files(prefix)):
+            return _repack_into(opened, targets, catalog, plan, prefix, options, resume,
+                                overwrite, progress)  # fmt: skip
+        # The old pack stays whole until the new one is: repack beside it, then swap.
+        staging = staging_prefix(prefix)
+        try:
+            result = _repack_into(
+                opened, targets, catalog, plan, staging, options, False, False, progress
+            )
+            swap_in(staging, prefix)
+        except BaseException:
+            if not os.path.exists(journal_path(prefix)):  # not committed: the old pack stays
+                discard_staging(staging)
+            raise
+        return dataclasses.replace(
+            result,
+            manifest_path=manifest_path(prefix),
+            failures_path=prefix + FAILURES_SUFFIX,
+            report_path=prefix + REPORT_SUFFIX,
+        )
+
+
+def _repack_into(opened, targets, catalog, plan, prefix, options, resume, overwrite, progress):
+    """Write the planned repack at `prefix` (locked, and the final or a staging prefix)."""
     prepare_outputs(prefix, resume, overwrite)
     if not resume:
         for stale in (prefix + RELABEL_SUFFIX, prefix + REPORT_SUFFIX):
-            if os.path.exists(stale):
-                os.unlink(stale)
+            remove(stale)
     state = {
         "command": "repack",
         "sources": [s.fingerprint() for s in opened],
@@ -845,15 +887,10 @@ class _RepackRun:
             kept = b"".join(line for line in lines if b'"stage": "write"' in line)
             for line in kept.splitlines():
                 self.refused[json.loads(line)["position"]] = True
-        tmp = self.failures_partial + ".tmp"
-        with open(tmp, "wb") as f:
-            for line in self._plan_lines():
-                f.write(line.encode("utf-8"))
-            f.write(kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.failures_partial)
-        self._fd = os.open(self.failures_partial, os.O_WRONLY | os.O_APPEND)
+        lines = (line.encode("utf-8") for line in self._plan_lines())
+        staged = stage_file(self.failures_partial, itertools.chain(lines, [kept]))
+        rename(staged, self.failures_partial)
+        self._fd = open_existing(self.failures_partial)
         self.writer.register(self._fd, self.failures_partial)
         return self._fd
 
@@ -976,7 +1013,7 @@ class _RepackRun:
         refused = int(self.refused.sum())
         failures = len(plan.removed_rows) + refused
         final_failures = prefix + FAILURES_SUFFIX
-        os.replace(self.failures_partial, final_failures)
+        rename(self.failures_partial, final_failures)
         names = self._new_names()
         if names:
             write_atomic(prefix + LABEL_MAP_SUFFIX, _label_map_text(names))
@@ -993,7 +1030,7 @@ class _RepackRun:
         manifest["sources"] = [s.spec for s in self.sources]
         remove_stale_temporaries(prefix)
         write_json_atomic(manifest_path(prefix), manifest)
-        os.unlink(state_path)
+        remove(state_path)
         return RepackResult(
             manifest_path(prefix), manifest, images, plan.classes, failures, final_failures,
             prefix + REPORT_SUFFIX, report, self.resumed_from,

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from .atomic import write_atomic
 from .errors import RectoolError, UsageError
 from .info import dataset_info
+from .output import JOURNAL_SUFFIX, OutputFiles
 from .report_page import render_html, render_sheet
 
 DEFAULT_IDENTITIES = 12
@@ -132,12 +132,13 @@ class ReportResult:
     report: Report
 
 
-def write_report(target, html_path=None, sheet_path=None, options=ReportOptions()):
+def write_report(target, html_path=None, sheet_path=None, options=ReportOptions(), overwrite=False):
     """Build the report of `target`; write the page to `html_path`, the sheet to `sheet_path`.
 
-    Either path may be None, not both. Files are written whole or not at all. Raises
-    `RectoolError` when the dataset cannot be read, `UsageError` for a sheet format other
-    than .jpg/.png.
+    Either path may be None, not both. The files are written as one output (both or neither,
+    each whole); an existing file is replaced only with `overwrite`, a pack's file never.
+    Raises `RectoolError` when the dataset cannot be read or an output may not be written,
+    `UsageError` for a sheet format other than .jpg/.png.
     """
     if html_path is None and sheet_path is None:
         raise UsageError("nothing to write: give an HTML output, a sheet, or both")
@@ -145,23 +146,35 @@ def write_report(target, html_path=None, sheet_path=None, options=ReportOptions(
         SHEET_FORMATS
     ):
         raise UsageError(f"{sheet_path}: the sheet must be a .jpg or .png file")
+    first = os.fspath(html_path if html_path is not None else sheet_path)
+    output = OutputFiles(_journal_beside(first), overwrite, "report")
+    for path in (html_path, sheet_path):
+        if path is not None:
+            output.check(path)  # before the work: a refusal costs nothing
     report = build_report(target, options)
     size = 0
-    if html_path is not None:
-        page = render_html(report).encode("utf-8")
-        write_atomic(html_path, page)
-        size = len(page)
-    if sheet_path is not None:
-        ok, encoded = cv2.imencode(os.path.splitext(os.fspath(sheet_path))[1], render_sheet(report))
-        if not ok:
-            raise RectoolError(f"{sheet_path}: cannot encode the contact sheet")
-        write_atomic(sheet_path, encoded.tobytes())
+    with output:
+        if html_path is not None:
+            page = render_html(report).encode("utf-8")
+            output.add(html_path, page)
+            size = len(page)
+        if sheet_path is not None:
+            kind = os.path.splitext(os.fspath(sheet_path))[1]
+            ok, encoded = cv2.imencode(kind, render_sheet(report))
+            if not ok:
+                raise RectoolError(f"{sheet_path}: cannot encode the contact sheet")
+            output.add(sheet_path, encoded.tobytes())
     return ReportResult(
         None if html_path is None else os.fspath(html_path),
         size,
         None if sheet_path is None else os.fspath(sheet_path),
         report,
     )
+
+
+def _journal_beside(path):
+    folder, name = os.path.split(path)
+    return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
 
 
 def build_report(target, options=ReportOptions()):

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .atomic import create_new, open_existing
 from .checksums import RecordChecksums, checksum_path
 from .digest import sha256_file, sha256_hasher
 from .errors import RectoolError, UsageError
 from .indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
 from .manifest import PARTIAL_SUFFIX, shard_paths
+from .output import create_new, open_existing
 from .reader import (
     load_index,
     parse_index,

@@ -169,7 +169,9 @@ def test_upper_case_extensions_and_the_exts_option(tmp_path):
     out = tmp_path / "x.lst"
     assert run(tmp_path / "faces", out, "-q").exit_code == 0
     assert lines(out) == ["0\t0\ta/1.JPG", "1\t0\ta/2.PNG", "2\t0\ta/3.bmp"]
-    result = run(tmp_path / "faces", out, "--exts", "jpg", "--exts", "BMP,.tiff", "--json")
+    result = run(
+        tmp_path / "faces", out, "--exts", "jpg", "--exts", "BMP,.tiff", "--json", "--overwrite"
+    )
     assert result.exit_code == 0
     assert lines(out) == ["0\t0\ta/1.JPG", "1\t0\ta/3.bmp"]
     assert json.loads(result.stdout)["skipped_examples"]["not_image"] == ["a/2.PNG"]
@@ -180,7 +182,7 @@ def test_no_recursive_skips_and_counts_subfolders(tmp_path):
     out = tmp_path / "x.lst"
     result = run(tmp_path / "faces", out)
     assert lines(out) == ["0\t0\ta/1.jpg", "1\t0\ta/s/2.jpg"]
-    result = run(tmp_path / "faces", out, "--no-recursive")
+    result = run(tmp_path / "faces", out, "--no-recursive", "--overwrite")
     assert result.exit_code == 0
     assert lines(out) == ["0\t0\ta/1.jpg"]
     assert "  subfolders of identities, not scanned without recursion: 1 (a/s)\n" in (result.stderr)
@@ -198,9 +200,9 @@ def test_shuffle_with_seed_repeats_and_without_reports_its_seed(faces, tmp_path)
     assert sorted(line.split("\t", 1)[1] for line in shuffled) == sorted(
         line.split("\t", 1)[1] for line in in_order
     )
-    result = run(faces, b, "--shuffle")
+    result = run(faces, b, "--shuffle", "--overwrite")
     seed = int(re.search(r"Shuffled with --seed (\d+)\.", result.stderr).group(1))
-    assert run(faces, a, "--shuffle", "--seed", seed, "-q").exit_code == 0
+    assert run(faces, a, "--shuffle", "--seed", seed, "-q", "--overwrite").exit_code == 0
     assert a.read_bytes() == b.read_bytes()
 
 
@@ -323,13 +325,16 @@ def test_no_images_is_an_error_naming_what_was_passed_over(tmp_path):
 
 
 def test_unwritable_output_is_an_error(faces, tmp_path):
-    result = run(faces, tmp_path / "missing" / "x.lst")
+    (tmp_path / "blocked").write_text("a file where the output folder should be")
+    result = run(faces, tmp_path / "blocked" / "x.lst")
     assert result.exit_code == 1
-    # The label map is written first (a `pack -` at the other end of a pipe may need it).
-    assert result.stderr == (
-        f"Error: {tmp_path / 'missing' / 'x.labels.tsv'}: cannot write (No such file or "
-        "directory)\n"
-    )
+    assert result.stderr == f"Error: {tmp_path / 'blocked'}: exists and is not a folder\n"
+
+
+def test_a_missing_output_folder_is_created(faces, tmp_path):
+    result = run(faces, tmp_path / "new" / "deeper" / "x.lst", "-q")
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(tmp_path / "new" / "deeper")) == ["x.labels.tsv", "x.lst"]
 
 
 @pytest.mark.parametrize(

@@ -67,7 +67,7 @@ def args_for(command, world, case):
         },
         "reader": {
             "ok": ["-o", t / "reader_copy.py"],
-            "library": ["-o", t / "missing" / "reader_copy.py"],
+            "library": ["-o", world["rec"]],  # a pack's shard: never replaced
             "usage": [],  # -o - with --json: stdout would be the module
         },
         "bench": {

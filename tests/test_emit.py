@@ -72,8 +72,29 @@ def test_stdout(tmp_path):
 def test_overwrites_an_older_copy(tmp_path):
     out = tmp_path / "r.py"
     out.write_text("old")
-    assert invoke("reader", "--output", out).exit_code == 0
+    assert invoke("reader", "--output", out, "--overwrite").exit_code == 0
     assert out.read_text(encoding="utf-8") == HEADER + SOURCE
+
+
+def test_refuses_an_existing_file_without_overwrite(tmp_path):
+    out = tmp_path / "r.py"
+    out.write_text("old")
+    result = invoke("reader", "--output", out)
+    assert result.exit_code == 1
+    assert result.stderr == f"Error: {out}: exists; use --overwrite to replace it\n"
+    assert out.read_text() == "old"
+
+
+def test_never_replaces_a_shard_of_a_pack_even_with_overwrite(tmp_path):
+    (tmp_path / "x.rec").write_bytes(b"shard bytes")
+    (tmp_path / "x.idx").write_text("0\t0\n")
+    result = invoke("reader", "-o", tmp_path / "x.rec", "--overwrite")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {tmp_path / 'x.rec'}: exists and x.rec is a shard of a pack (x.rec/.idx); "
+        "refusing to replace it with the module (choose another name)\n"
+    )
+    assert (tmp_path / "x.rec").read_bytes() == b"shard bytes"
 
 
 def test_refuses_to_overwrite_rectools_own_reader():
@@ -94,9 +115,10 @@ def test_refuses_a_folder(tmp_path):
 
 
 def test_unwritable_path(tmp_path):
-    result = invoke("reader", "-o", tmp_path / "missing" / "r.py")
+    (tmp_path / "blocked").write_text("a file where the folder should be")
+    result = invoke("reader", "-o", tmp_path / "blocked" / "r.py")
     assert result.exit_code == 1
-    assert result.stderr.startswith(f"Error: {tmp_path / 'missing' / 'r.py'}: cannot write")
+    assert result.stderr.startswith(f"Error: {tmp_path / 'blocked'}: exists and is not a folder")
 
 
 def test_library_call(tmp_path):

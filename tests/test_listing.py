@@ -499,8 +499,9 @@ def test_a_stream_takes_no_split(tmp_path):
 
 def test_an_unwritable_output_is_a_listing_error(tmp_path):
     face_tree(tmp_path / "faces", identities=1, per_identity=1)
-    with pytest.raises(ListingError, match="cannot write"):
-        list_images(tmp_path / "faces", tmp_path / "missing" / "x.lst")
+    (tmp_path / "blocked").write_text("a file where the folder should be")
+    with pytest.raises(ListingError, match="exists and is not a folder"):
+        list_images(tmp_path / "faces", tmp_path / "blocked" / "x.lst")
 
 
 def test_list_images_refuses_a_tree_without_images(tmp_path):

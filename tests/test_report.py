@@ -381,7 +381,7 @@ def test_verify_result_on_the_page(report_pack, tmp_path):
     data = bytearray(rec.read_bytes())
     data[-8] ^= 0xFF  # inside the last image: the checksum no longer matches
     rec.write_bytes(bytes(data))
-    assert invoke("report", target, "-o", out, "--verify").exit_code == 0
+    assert invoke("report", target, "-o", out, "--verify", "--overwrite").exit_code == 0
     html = parse(out.read_text())
     assert html.rows("summary-table")[-1] == [
         "Verify", "2 problems (checksum-mismatch 1, record-checksum-mismatch 1); checked framing, "
