@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -65,6 +66,19 @@ def emit_json(document, exit_code=0, err=False):
     click.echo(json.dumps(document, ensure_ascii=False, indent=2), err=err)
     if exit_code:
         sys.exit(exit_code)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process was so that it cleans up as for Ctrl-C; exit 143."""
+
+
+def _on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def interrupted_status(exc):
+    """Return the exit status of an interruption: 143 for SIGTERM, 130 for Ctrl-C."""
+    return 143 if isinstance(exc, Terminated) else 130
 
 
 class CommandFailed(click.ClickException):
@@ -130,11 +144,13 @@ class RectoolCommand(click.Command):
             if not as_json:
                 raise
             raise JsonFailure(exc.format_message(), exc.exit_code, _seconds(ctx), err) from exc
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
+            status = interrupted_status(exc)
+            word = "terminated" if status == 143 else "interrupted"
             if not as_json:
-                click.echo("Interrupted.", err=True)
-                sys.exit(130)
-            raise JsonFailure("interrupted", 130, _seconds(ctx), err) from None
+                click.echo(f"{word.capitalize()}.", err=True)
+                sys.exit(status)
+            raise JsonFailure(word, status, _seconds(ctx), err) from None
 
 
 class RectoolGroup(click.Group):
@@ -441,10 +457,13 @@ def pack_command(
                 list_file, root, prefix, options, resume=resume, overwrite=overwrite,
                 label_map=label_map, progress=update,
             )  # fmt: skip
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         close()
         message = _interrupted_message(prefix, seen, replaces, finalize, only_shard)
-        raise CommandFailed(message, 130) from None
+        status = interrupted_status(exc)
+        if status == 143:
+            message = "Terminated (SIGTERM)" + message[len("Interrupted") :]
+        raise CommandFailed(message, status) from None
     finally:
         close()
     exit_code = 0 if result.accepted else 3
@@ -847,6 +866,13 @@ def verify_command(targets, decode, size, channels, workers, max_problems, quiet
         raise error from exc
     finally:
         close()
+    for prefix in report.finished:
+        if not (quiet or as_json):
+            click.echo(
+                f"Finished replacing {prefix}: an interrupted run had committed the new pack "
+                "but not moved all of it into place.",
+                err=True,
+            )
     exit_code = 0 if report.sound else 1
     if as_json:
         emit_json(report.to_json(), exit_code)
@@ -1665,4 +1691,6 @@ def render_repack_summary(result):
 
 def main():
     """Run the command line (the `rectool` console script)."""
+    # SIGTERM (a job scheduler's stop, `kill`) cleans up and reports as Ctrl-C does.
+    signal.signal(signal.SIGTERM, _on_sigterm)
     cli(prog_name="rectool")

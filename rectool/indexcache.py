@@ -8,12 +8,12 @@ for packs made by others (insightface's train.idx, im2rec's).
 from __future__ import annotations
 
 import os
-import tempfile
 import zlib
 
 import numpy as np
 
 from .errors import RectoolError
+from .output import write_atomic
 from .reader import (
     INDEX_CACHE_HEADER,
     INDEX_CACHE_MAGIC,
@@ -42,31 +42,16 @@ def write_index_cache(idx_path, keys, offsets, st=None, data=None):
             while block := f.read(1 << 24):
                 crc = zlib.crc32(block, crc)
     head = INDEX_CACHE_HEADER.pack(INDEX_CACHE_MAGIC, st.st_size, st.st_mtime_ns, len(keys), crc)
-    folder, name = os.path.split(final)
+    body = (
+        head,
+        np.ascontiguousarray(keys, np.int64).tobytes(),
+        np.ascontiguousarray(offsets, np.int64).tobytes(),
+    )
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", dir=folder or ".")
-    except OSError:
+        write_atomic(final, body)
+    except RectoolError:
         return False  # a read-only dataset folder is normal; the cache only saves time
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(head)
-            np.ascontiguousarray(keys, np.int64).tofile(f)
-            np.ascontiguousarray(offsets, np.int64).tofile(f)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, final)
-    except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        return False
     return True
-
-
-def _umask():
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def write_index_caches(target):

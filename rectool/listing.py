@@ -35,7 +35,7 @@ from .listfile import (
     label_map_text,
     unwritable_paths,
 )
-from .output import JOURNAL_SUFFIX, OutputFiles, check_target, write_output
+from .output import JOURNAL_SUFFIX, OutputFiles, check_target, finish_commit, write_output
 
 # Extensions OpenCV decodes that image datasets commonly use.
 DEFAULT_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
@@ -573,6 +573,11 @@ def _row_blocks(rows, block=65536):
         yield format_list_lines(rows[start : start + block]).encode("utf-8")
 
 
+def _journal_of(out):
+    folder, name = os.path.split(os.fspath(out))
+    return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
+
+
 def write_lists(listing, out, labels=None, overwrite=False):
     """Write a listing's lists to `out` (a path or a binary stream) and its label map.
 
@@ -604,8 +609,7 @@ def write_lists(listing, out, labels=None, overwrite=False):
         listing.written = {"": "-"}
         return listing
     paths = list_paths(out, listing.lists)
-    folder, name = os.path.split(os.fspath(out))
-    output = OutputFiles(os.path.join(folder, f".{name}{JOURNAL_SUFFIX}"), overwrite, "list")
+    output = OutputFiles(_journal_of(out), overwrite, "list")
     try:
         with output:
             for path in [labels, *paths.values()]:
@@ -657,6 +661,7 @@ def list_images(
     if hasattr(out, "write") and (ratios is not None or listing_options.get("chunks", 1) > 1):
         raise UsageError(STDOUT_SINGLE_LIST)
     if not hasattr(out, "write"):  # refuse an output before the walk, which may take hours
+        finish_commit(_journal_of(out))  # what an interrupted run committed comes first
         check_target(out, overwrite, "list")
     if labels is not None:
         check_target(labels, overwrite, "label map")

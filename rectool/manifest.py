@@ -17,10 +17,10 @@ from dataclasses import asdict
 from . import __version__
 from .checksums import SUFFIX as CHECKSUM_SUFFIX
 from .errors import RectoolError
-from .listfile import LABEL_MAP_SUFFIX
 from .output import (
     JOURNAL_SUFFIX,
     LOCK_SUFFIX,
+    OutputLock,
     commit,
     finish_commit,
     make_folders,
@@ -29,12 +29,17 @@ from .output import (
     rename,
     stage_file,
 )
-from .reader import MANIFEST_FORMAT, MANIFEST_SUFFIX, MANIFEST_VERSION
+from .reader import (
+    MANIFEST_FORMAT,
+    MANIFEST_SUFFIX,
+    MANIFEST_VERSION,
+    STATE_SUFFIX,
+    source_prefixes,
+)
 
 PARTIAL_SUFFIX = ".partial"
 SHARD_DIGITS = 5
 FAILURES_SUFFIX = ".failures.jsonl"
-STATE_SUFFIX = ".pack-state.json"
 STDIN_COPY_SUFFIX = ".stdin.lst"
 STAGING_SUFFIX = ".overwrite"
 # What a repack writes beside its shards.
@@ -62,7 +67,8 @@ def output_files(prefix):
     """Return every file a pack to `prefix` may have written (existing ones only)."""
     prefix = os.fspath(prefix)
     suffixes = (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
-    suffixes += (RELABEL_SUFFIX, REPORT_SUFFIX, LABEL_MAP_SUFFIX)
+    # (Not PREFIX.labels.tsv: beside a list of the same name, it is pack's input.)
+    suffixes += (RELABEL_SUFFIX, REPORT_SUFFIX)
     names = [prefix + suffix for suffix in suffixes]
     names.append(prefix + ".rec" + CHECKSUM_SUFFIX)
     names.append(prefix + ".manifest.json")
@@ -98,6 +104,22 @@ def finish_interrupted(prefix):
     """Complete a replacement of the pack at `prefix` that a killed run committed but did not
     finish; return whether there was one. Call it holding the prefix's lock."""
     return finish_commit(journal_path(prefix))
+
+
+def finish_interrupted_source(source):
+    """Finish the interrupted replacement of the pack `source` (what `open_dataset` takes)
+    names, under its lock; return the prefixes finished (`verify` runs this first)."""
+    if isinstance(source, (list, tuple)):
+        candidates = {p for s in source for p in source_prefixes(os.fspath(s))}
+    else:
+        candidates = set(source_prefixes(os.fspath(source)))
+    finished = []
+    for prefix in sorted(candidates):
+        if os.path.lexists(journal_path(prefix)):
+            with OutputLock(prefix):
+                if finish_interrupted(prefix):
+                    finished.append(prefix)
+    return finished
 
 
 def staging_prefix(prefix):

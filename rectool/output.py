@@ -36,9 +36,9 @@ import tempfile
 from collections.abc import Callable, Iterable
 
 from .errors import RectoolError
+from .reader import JOURNAL_SUFFIX  # the reader refuses a prefix that has one
 
 LOCK_SUFFIX = ".lock"
-JOURNAL_SUFFIX = ".commit-journal.json"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
@@ -46,9 +46,10 @@ _DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 # -- fault injection -----------------------------------------------------------------------
 
 FAULT_ENV = "RECTOOL_OUTPUT_FAULT"
-FAULT_STEPS = ("create", "write", "fsync", "rename", "journal", "swap", "manifest")
+FAULT_STEPS = ("create", "write", "fsync", "rename", "shard", "journal", "swap", "manifest")
 _fault_hook: Callable[[str, str], None] | None = None
 _fault_counts: dict[str, int] = {}
+_FAULT_SPEC = os.environ.get(FAULT_ENV)  # read once: fault_point runs on every write
 
 
 def set_fault_hook(hook: Callable[[str, str], None] | None) -> None:
@@ -68,7 +69,7 @@ def fault_point(step: str, path: str) -> None:
     """
     if _fault_hook is not None:
         _fault_hook(step, path)
-    spec = os.environ.get(FAULT_ENV)
+    spec = _FAULT_SPEC
     if not spec:
         return
     want, _, rest = spec.partition(":")
@@ -159,7 +160,8 @@ def _remove_quietly(path: str) -> None:
 
 
 def write_atomic(path, data) -> str:
-    """Write `data` (bytes, or text as UTF-8) to `path` so that it is complete or absent,
+    """Write `data` (bytes, text as UTF-8, or an iterable of bytes) to `path` so that it is
+    complete or absent,
     replacing what is there (for the files a command owns; see `write_output`).
 
     Raises `RectoolError` naming the cause and the path when it cannot be written.
@@ -176,14 +178,19 @@ def write_json_atomic(path, document) -> str:
 
 
 def rename(src: str, dst: str, step: str = "rename") -> None:
-    """Move `src` over `dst` (atomic on one file system); errors name the cause and `dst`."""
+    """Move `src` over `dst` (atomic on one file system); errors name the cause and `dst`.
+
+    `step` names it for `fault_point`: "rename" (a temporary into place: removed on an
+    error), "shard" (a finished shard's final name), "swap" or "manifest" (a commit's)."""
     try:
         fault_point(step, dst)
         os.replace(src, dst)
-    except OSError as exc:
-        if step == "rename":
+    except BaseException as exc:
+        if step in ("rename", "journal"):  # `src` is a temporary: never left behind
             _remove_quietly(src)
-        raise output_error(exc, dst) from None
+        if isinstance(exc, OSError):
+            raise output_error(exc, dst) from None
+        raise
 
 
 def remove(path: str) -> bool:
@@ -207,6 +214,27 @@ def remove_tree(path: str) -> None:
         remove(path)
     elif os.path.isdir(path):
         shutil.rmtree(path, ignore_errors=True)
+
+
+def truncate(path: str, size: int) -> None:
+    """Cut the file rectool was writing at `path` to `size` bytes (resuming it), never
+    through a symlink."""
+    fd = open_existing(path, os.O_WRONLY)
+    try:
+        fault_point("write", path)
+        os.ftruncate(fd, size)
+    except OSError as exc:
+        raise output_error(exc, path) from None
+    finally:
+        os.close(fd)
+
+
+def remove_empty_folder(folder: str) -> None:
+    """Remove `folder` if it is empty (one a failed run made and wrote nothing into)."""
+    try:
+        os.rmdir(folder)
+    except OSError:
+        pass
 
 
 def make_folders(folder: str) -> None:
@@ -314,8 +342,8 @@ def create_new(path, flags=os.O_WRONLY) -> int:
     A symlink (or anything else) at the name is removed, not followed: O_EXCL creates the file.
     """
     path = os.fspath(path)
-    fault_point("create", path)
     try:
+        fault_point("create", path)
         os.unlink(path)
     except FileNotFoundError:
         pass
@@ -601,7 +629,8 @@ class OutputFiles:
                 commit(self.journal, self.staged)
                 return
             except BaseException:
-                self._discard()
+                if not os.path.lexists(self.journal):  # past the commit point: rolled forward
+                    self._discard()  # by the next run, so what is staged must stay
                 raise
         self._discard()
 

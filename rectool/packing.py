@@ -74,8 +74,10 @@ from .output import (
     make_folders,
     open_existing,
     remove,
+    remove_empty_folder,
     rename,
     stage_file,
+    truncate,
     write_json_atomic,
 )
 from .passthrough import (
@@ -232,10 +234,7 @@ def pack_images(
         )  # fmt: skip
     except WrongRootError:
         if made:  # nothing was written: leave nothing behind
-            try:
-                os.rmdir(out_dir)
-            except OSError:
-                pass
+            remove_empty_folder(out_dir)
         raise
 
 
@@ -744,7 +743,7 @@ class _PackRun:
             with open(self.failures_partial, "rb") as f:
                 data = f.read()
             complete = data[: data.rfind(b"\n") + 1]
-            os.truncate(self.failures_partial, len(complete))
+            truncate(self.failures_partial, len(complete))
             for raw in complete.splitlines():
                 entry = json.loads(raw)
                 refused_lines.add(entry["line"])

@@ -56,6 +56,9 @@ IMAGE_HEADER_SIZE = IMAGE_HEADER.size
 INDEX_CACHE_MAGIC = b"RTIDXC02"
 INDEX_CACHE_HEADER = struct.Struct("<8sQqQI4x")
 MANIFEST_SUFFIX, MANIFEST_FORMAT, MANIFEST_VERSION = ".manifest.json", "rectool-manifest", 1
+# An unfinished pack's state file, and the journal of a replacement not yet finished: a prefix
+# with either is not a dataset to read (rectool's output module writes them).
+STATE_SUFFIX, JOURNAL_SUFFIX = ".pack-state.json", ".commit-journal.json"
 DATASET_LAYOUTS = ("images", "insightface")
 DECODE_MODES = ("bgr", "rgb", "gray")
 _RECORD_HEAD = struct.Struct("<IIIf")  # magic, lrec, flag, label: the fast path's one unpack
@@ -378,6 +381,8 @@ def resolve_source(source):
         if not source:
             raise RectoolError("no shard paths given")
         recs = [os.fspath(p) for p in source]
+        for prefix in {p for rec in recs for p in source_prefixes(rec)}:
+            refuse_unfinished(prefix)
     elif os.path.isdir(source := os.fspath(source)):
         if not os.path.exists(os.path.join(source, "train.rec")):
             raise RectoolError(
@@ -385,6 +390,8 @@ def resolve_source(source):
             )
         return resolve_source(os.path.join(source, "train.rec"))
     elif source.endswith(".json"):
+        for prefix in source_prefixes(source):
+            refuse_unfinished(prefix)
         manifest, folder = read_manifest(source), os.path.dirname(source)
         pairs = [
             tuple(os.path.join(folder, s[n]) for n in ("rec", "idx")) for s in manifest["shards"]
@@ -398,12 +405,15 @@ def resolve_source(source):
                 return found
         if not os.path.exists(source):
             raise RectoolError(f"{source}: record file not found")
+        for prefix in source_prefixes(source):
+            refuse_unfinished(prefix)
         recs = [source]
     elif os.path.exists(source + MANIFEST_SUFFIX):
         return resolve_source(source + MANIFEST_SUFFIX)
     elif os.path.exists(source + ".rec"):
         return resolve_source(source + ".rec")
     else:
+        refuse_unfinished(source)
         recs = sorted(glob.glob(glob.escape(source) + "-[0-9][0-9][0-9][0-9][0-9].rec"))
         if not recs:
             raise RectoolError(
@@ -411,6 +421,32 @@ def resolve_source(source):
                 f"{source}-00000.rec)"
             )
     return None, None, _checked([(p, os.path.splitext(p)[0] + ".idx") for p in recs])
+
+
+def refuse_unfinished(prefix):
+    """Raise when the pack at `prefix` is unfinished or half replaced (never read as whole)."""
+    if os.path.lexists(prefix + JOURNAL_SUFFIX):
+        raise RectoolError(
+            f"{prefix}: a run that was replacing this pack was interrupted after the new pack "
+            f"was complete ({prefix}{JOURNAL_SUFFIX} lists what is left to move); "
+            f"`rectool verify {prefix}` finishes it"
+        )
+    if os.path.lexists(prefix + STATE_SUFFIX):
+        raise RectoolError(
+            f"{prefix}: an unfinished pack ({prefix}{STATE_SUFFIX} is there); continue it: run "
+            "the command that wrote it again with --resume"
+        )
+
+
+def source_prefixes(source):
+    """Return the pack prefixes a source path may belong to (for `refuse_unfinished`)."""
+    if source.endswith(MANIFEST_SUFFIX):
+        return [source[: -len(MANIFEST_SUFFIX)]]
+    if source.endswith(".rec"):
+        stem = source[:-4]
+        numbered = len(stem) > 6 and stem[-6] == "-" and stem[-5:].isdigit()
+        return [stem, stem[:-6]] if numbered else [stem]
+    return [source]
 
 
 def _checked(pairs):

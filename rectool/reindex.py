@@ -24,7 +24,7 @@ from .checksums import (
     stale_reason,
 )
 from .errors import RectoolError, UsageError
-from .output import write_atomic
+from .output import check_target, make_folders, remove, write_atomic
 from .reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
 from .scan import mapped, read_headers, scan_framing
 from .writer import format_index_line
@@ -133,8 +133,12 @@ def reindex(rec_path, idx_path=None, keys="header", overwrite=False):
     if idx_path is None:
         idx_path = os.path.splitext(rec_path)[0] + ".idx"
     idx_path = os.fspath(idx_path)
+    own = os.path.splitext(os.fspath(rec_path))[0] + ".idx"
     if os.path.exists(idx_path) and not overwrite:
         raise RectoolError(f"{idx_path}: exists; use --overwrite to replace it")
+    if not (os.path.exists(own) and os.path.lexists(idx_path) and os.path.samefile(own, idx_path)):
+        check_target(idx_path, overwrite, "index")  # never another shard's .idx
+    make_folders(os.path.dirname(idx_path))
     result = ReindexResult(rec_path, idx_path, keys)
     with mapped(rec_path) as (buf, size), RecordFile(rec_path) as records:
         framing = scan_framing(buf, size)
@@ -171,8 +175,5 @@ def reindex(rec_path, idx_path=None, keys="header", overwrite=False):
     result.records = len(kept_keys)
     text = "".join(map(format_index_line, kept_keys, kept_offsets)).encode("ascii")
     write_atomic(idx_path, text)
-    try:
-        os.unlink(index_cache_path(idx_path))
-    except FileNotFoundError:
-        pass
+    remove(index_cache_path(idx_path))
     return result

@@ -25,7 +25,15 @@ from .digest import sha256_file, sha256_hasher
 from .errors import RectoolError, UsageError
 from .indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
 from .manifest import PARTIAL_SUFFIX, shard_paths
-from .output import create_new, open_existing
+from .output import (
+    create_new,
+    fault_point,
+    fsync_fd,
+    open_existing,
+    output_error,
+    rename,
+    truncate,
+)
 from .reader import (
     load_index,
     parse_index,
@@ -156,6 +164,7 @@ class _OrderedWriter:
                         None if digest is None else self._hashing().submit(_feed, digest, parts)
                     )
                     try:
+                        fault_point("write", self.names.get(fd, ""))
                         for data in parts:
                             _write_all(fd, data)
                         self._start_writeback(fd)
@@ -163,8 +172,7 @@ class _OrderedWriter:
                         if hashed is not None:
                             hashed.result()
             except OSError as exc:  # a full disk, say: re-raised in the submitting thread
-                name = self.names.get(job[0], f"file descriptor {job[0]}")
-                self._error = RectoolError(f"{name}: cannot write ({exc.strerror or exc})")
+                self._error = output_error(exc, self.names.get(job[0], f"descriptor {job[0]}"))
             except BaseException as exc:  # re-raised in the submitting thread
                 self._error = exc
             finally:
@@ -333,14 +341,13 @@ class ShardFile:
         self.flush()
         self._io.drain()
         for fd in (self._rec_fd, self._idx_fd):
-            os.fsync(fd)
-            self._io.forget(fd)
-            os.close(fd)
+            fsync_fd(fd, self._io.names.get(fd, self.rec_path))
+        self.close()  # before anything else can fail: an abort then has nothing to close
         # Before the renames: a shard with its final names always has its checksum file.
         crc_path = checksum_path(self.rec_path)
         crc_sha256 = self._checksums.write(crc_path, self.rec_bytes)
-        os.replace(self.idx_path + PARTIAL_SUFFIX, self.idx_path)
-        os.replace(self.rec_path + PARTIAL_SUFFIX, self.rec_path)
+        rename(self.idx_path + PARTIAL_SUFFIX, self.idx_path, "shard")
+        rename(self.rec_path + PARTIAL_SUFFIX, self.rec_path, "shard")
         if len(self._keys) >= INDEX_CACHE_MIN_RECORDS:
             write_index_cache(
                 self.idx_path,
@@ -366,9 +373,13 @@ class ShardFile:
         self.flush()
 
     def close(self):
-        """Close the `.partial` files as they are, to be resumed."""
-        os.close(self._rec_fd)
-        os.close(self._idx_fd)
+        """Close the `.partial` files as they are, to be resumed (once: later calls do
+        nothing)."""
+        for fd in (self._rec_fd, self._idx_fd):
+            if fd is not None:
+                self._io.forget(fd)
+                os.close(fd)
+        self._rec_fd = self._idx_fd = None
 
 
 class ShardWriter:
@@ -551,7 +562,7 @@ class ShardWriter:
         if not os.path.exists(idx_p):
             # The shard was renamed half-way (.idx already final): take that .idx back.
             if os.path.exists(idx):
-                os.replace(idx, idx_p)
+                rename(idx, idx_p, "shard")
             else:
                 os.close(_open_for_writing(idx_p, False))
         _refuse_links(rec_p, idx_p)
@@ -570,8 +581,8 @@ class ShardWriter:
             end = int(offsets[keep])
             complete = complete[: _line_start(complete, keep)]
             keys, offsets = keys[:keep], offsets[:keep]
-        os.truncate(rec_p, end)
-        os.truncate(idx_p, len(complete))
+        truncate(rec_p, end)
+        truncate(idx_p, len(complete))
         kept_offsets = array.array("q", offsets.tobytes())
         state = {
             "records": len(keys),

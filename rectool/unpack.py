@@ -28,6 +28,7 @@ from .checksums import (
 from .errors import RectoolError
 from .images import sniff_format
 from .keys import last_line_wins
+from .output import OutputFolder
 from .reader import insightface_header, resolve_source, unpack_header
 from .records import IndexedRecordFile
 from .scan import mapped
@@ -83,11 +84,13 @@ def unpack_dataset(target, out_dir, progress=None):
     result = UnpackResult(out_dir)
     folders = {}
     opened = [IndexedRecordFile(rec, idx) for rec, idx in shards]
+    out = None
     try:
         _refuse_damaged(opened)
         plans = [_plan(f) for f in opened]
         result.layout = "/".join(sorted({layout for layout, _, _ in plans})) or "empty"
         total = sum(len(keys) for _, keys, _ in plans)
+        out = OutputFolder(out_dir)  # never writes through a link planted inside it
         done = 0
         for records, (_, keys, offsets) in zip(opened, plans):
             for key, offset in zip(keys.tolist(), offsets.tolist()):
@@ -95,12 +98,10 @@ def unpack_dataset(target, out_dir, progress=None):
                 label = header.label if header.flag == 0 else header.label[0]
                 folder = folders.get(float(label))
                 if folder is None:
-                    folder = os.path.join(out_dir, _folder_name(label, names))
-                    os.makedirs(folder, exist_ok=True)
-                    folders[float(label)] = folder
+                    folder = folders[float(label)] = _folder_name(label, names)
                 kind = sniff_format(image[:16])
                 result.unknown_format += kind is None
-                _write_new(os.path.join(folder, f"{key}{EXTENSIONS[kind]}"), image)
+                out.write_new(folder, f"{key}{EXTENSIONS[kind]}", image)
                 result.images += 1
                 result.bytes += len(image)
                 done += 1
@@ -109,6 +110,8 @@ def unpack_dataset(target, out_dir, progress=None):
     finally:
         for f in opened:
             f.close()
+        if out is not None:
+            out.close()
     result.identities = len(folders)
     return result
 
@@ -189,13 +192,3 @@ def _folder_name(label, names):
     if not name or name in (".", "..") or "/" in name or "\0" in name or os.sep in name:
         return text
     return name
-
-
-def _write_new(path, data):
-    try:
-        with open(path, "xb") as f:
-            f.write(data)
-    except FileExistsError:
-        raise RectoolError(f"{path}: exists; unpack into an empty folder") from None
-    except OSError as exc:
-        raise RectoolError(f"{path}: cannot write ({exc.strerror or exc})") from None

@@ -36,6 +36,7 @@ from .digest import sha256_file
 from .errors import IndexFormatError, RectoolError
 from .images import ImageRefused, inspect_image
 from .keys import FLOAT32_EXACT
+from .manifest import finish_interrupted_source
 from .reader import (
     DATASET_LAYOUTS,
     IMAGE_HEADER_SIZE,
@@ -147,6 +148,8 @@ class VerifyReport:
     problems: list = field(default_factory=list)
     problem_count: int = 0
     counts: Counter = field(default_factory=Counter)
+    # Prefixes whose interrupted replacement verify finished before checking them.
+    finished: list = field(default_factory=list)
 
     @property
     def sound(self):
@@ -169,6 +172,7 @@ class VerifyReport:
             "problem_count": self.problem_count,
             "counts": dict(sorted(self.counts.items())),
             "problems": [p.to_json() for p in self.problems],
+            "finished_replacements": self.finished,
         }
 
 
@@ -251,8 +255,9 @@ def verify_dataset(targets, decode=None, workers=None, keep=DEFAULT_KEEP, progre
     targets = [os.fspath(t) for t in targets]
     if not targets:
         raise RectoolError("no dataset given to verify")
+    finished = [p for t in targets for p in finish_interrupted_source(t)]
     resolved = [resolve_source(t) for t in targets]
-    report = VerifyReport(targets)
+    report = VerifyReport(targets, finished=finished)
     findings = _Findings(report, keep)
     workers = workers or os.cpu_count() or 1
     start = time.perf_counter()

@@ -11,6 +11,7 @@ import os
 import numpy as np
 
 from .errors import RecordTooLargeError
+from .output import create_new, open_existing
 from .reader import (
     CFLAG_FIRST,
     CFLAG_LAST,
@@ -106,7 +107,8 @@ class RecordWriter:
 
     def __init__(self, path, append=False):
         self.path = os.fspath(path)
-        self._file = open(self.path, "ab" if append else "wb")
+        fd = open_existing(self.path) if append else create_new(self.path)
+        self._file = os.fdopen(fd, "ab" if append else "wb")
         self._pos = self._file.tell()
 
     def __enter__(self):
@@ -159,7 +161,8 @@ class IndexedRecordWriter:
     def __init__(self, rec_path, idx_path, append=False):
         self.records = RecordWriter(rec_path, append=append)
         self.idx_path = os.fspath(idx_path)
-        self._idx = open(self.idx_path, "a" if append else "w", encoding="ascii", newline="\n")
+        fd = open_existing(self.idx_path) if append else create_new(self.idx_path)
+        self._idx = os.fdopen(fd, "a" if append else "w", encoding="ascii", newline="\n")
 
     def __enter__(self):
         return self
