@@ -230,17 +230,20 @@ def read_index_cache(idx_path, st=None):
 class RecordFile:
     """A .rec mapped read-only on first use in each process: records by offset, parts rejoined.
 
-    Pickles as its path (for DataLoader workers); a forked child maps the file afresh.
+    Pickles as its path (for DataLoader workers); a forked child maps the file afresh. The
+    file mapped first is the one it reads: mapping again (after `close`, a fork or pickling)
+    refuses another file at the path (a pack replaced by `--overwrite`), by one fstat.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, identity=None):
         self.path, self._mm, self._size, self._generation = os.fspath(path), None, 0, -1
+        self._identity = identity  # (st_dev, st_ino, st_size, st_mtime_ns) of the file mapped
 
     def __getstate__(self):
-        return {"path": self.path}
+        return {"path": self.path, "identity": self._identity}
 
     def __setstate__(self, state):
-        self.__init__(state["path"])
+        self.__init__(state["path"], state.get("identity"))
 
     def __enter__(self):
         return self
@@ -256,6 +259,13 @@ class RecordFile:
             if self._generation != _generation:
                 self.close()
                 fd, st = open_regular(self.path, "record file")
+                identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                if self._identity not in (None, identity):
+                    os.close(fd)
+                    raise RectoolError(
+                        f"{self.path} was replaced after the dataset was opened; open it again"
+                    )
+                self._identity = identity
                 try:  # the mapping keeps its own descriptor
                     self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
                 finally:
