@@ -342,7 +342,7 @@ if hasattr(os, "register_at_fork"):
 MAX_MANIFEST_BYTES = 1 << 30
 MAX_MANIFEST_DEPTH = 16  # rectool writes 3 levels (shards[0], options.transform)
 MAX_CLASS_ID = 1 << 24  # float32 labels are exact integers below 2**24 (FLOAT32_EXACT)
-_HEX = frozenset("0123456789abcdef")
+_HEX, _DIGITS = frozenset("0123456789abcdef"), frozenset("0123456789")
 
 
 def _plain_name(v):
@@ -356,10 +356,7 @@ _FLAG = (lambda v: type(v) is bool, "true or false")
 _NAME = (_plain_name, "a plain file name in the manifest's folder")
 _SHA256 = (lambda v: isinstance(v, str) and len(v) == 64 and _HEX >= set(v), "64 hex digits")
 _LAYOUT = (lambda v: v in DATASET_LAYOUTS, f"one of {DATASET_LAYOUTS}")
-_CLASSES = (
-    lambda v: type(v) is int and 0 <= v <= MAX_CLASS_ID,
-    f"a class count (0 .. {MAX_CLASS_ID})",
-)
+_CLASSES = (lambda v: type(v) is int and 0 <= v <= MAX_CLASS_ID, f"an integer 0 .. {MAX_CLASS_ID}")
 _INT = (lambda v: type(v) is int and -(1 << 31) <= v < 1 << 31, "an integer")
 # Each object's fields: name -> (test, what it must be); null always means "not recorded".
 # Fields not named here are kept as they are (only the nesting depth limits them).
@@ -376,7 +373,6 @@ _MANIFEST = {"rectool_version": _TEXT, "created": _TEXT, "date": _TEXT, "layout"
              "options": _OPTIONS, "list": _TEXT, "source": {"list_sha256": _TEXT, "root": _TEXT},
              "totals": _TOTALS, "failures_file": _NAME, "classes": _CLASSES}  # fmt: skip
 _CLOSED = {"options.transform"}  # objects whose every field is known (--resume compares them)
-_CANONICAL_LABEL = frozenset("0123456789")
 
 
 def _too_deep(data, limit):
@@ -384,8 +380,6 @@ def _too_deep(data, limit):
     `limit`: its strings dropped, its brackets kept, innermost pairs removed `limit` times."""
     brackets = _JSON_STRING.sub(b"", data).translate(_BRACKETS, _NOT_BRACKETS)
     for _ in range(limit):
-        if not brackets:
-            return False
         brackets = brackets.replace(b"()", b"")
     return bool(brackets)
 
@@ -456,7 +450,7 @@ def read_manifest(path, require=()):
     if not isinstance(identities, (dict, type(None))):
         fail("identities", 'an object {"label": "name"}, a list of names or null')
     for label, name in (identities or {}).items():
-        canonical = 0 < len(label) <= 8 and _CANONICAL_LABEL >= set(label)
+        canonical = 0 < len(label) <= 8 and _DIGITS >= set(label)
         if not (canonical and (label == "0" or label[0] != "0") and int(label) < MAX_CLASS_ID):
             fail(f'identities["{label[:40]}"]', f"keyed by a label (0 .. {MAX_CLASS_ID - 1})")
         if not isinstance(name, str):
