@@ -199,3 +199,39 @@ def test_nesting_below_json_own_limit_is_refused_too(pack, tmp_path):
     manifest.write_text(json.dumps({**document, "options": {**document["options"], "x": deeper}}))
     with pytest.raises(rd.RectoolError, match="JSON nested more than 16 deep"):
         rd.read_manifest(manifest)
+
+
+def test_a_manifest_larger_than_the_limit_is_refused_unread(tmp_path):
+    manifest = tmp_path / "x.manifest.json"
+    with open(manifest, "wb") as f:
+        f.truncate(rd.MAX_MANIFEST_BYTES + 1)  # sparse: nothing is written or read
+    with pytest.raises(rd.RectoolError, match="larger than a manifest can be"):
+        rd.read_manifest(manifest)
+
+
+def test_identities_as_a_list_are_read_as_labels(pack, tmp_path):
+    _, document = pack
+    manifest = tmp_path / "x.manifest.json"
+    manifest.write_text(json.dumps({**document, "identities": ["ann", "bob"]}))
+    assert rd.read_manifest(manifest)["identities"] == {"0": "ann", "1": "bob"}
+
+
+def test_no_module_but_the_reader_parses_a_manifest():
+    """Every json.load(s) outside reader.py reads something else (a state file, a report)."""
+    import ast
+    from pathlib import Path
+
+    import rectool
+
+    found = []
+    for module in Path(rectool.__file__).parent.glob("*.py"):
+        if module.name == "reader.py":
+            continue
+        lines = module.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("json.load", "json.loads"):
+                # the call, and the line before it (where its file is opened)
+                text = "\n".join(lines[node.lineno - 2 : node.end_lineno])
+                if "manifest" in text.lower():
+                    found.append((module.name, node.lineno, text))
+    assert found == []
