@@ -548,6 +548,11 @@ def _check_options(options):
         raise UsageError("--workers must be at least 1")
 
 
+# The fields of a complete pack's manifest that describing it again reads.
+COMPLETE_FIELDS = ("failures_file", "totals.images", "totals.failures", "totals.rec_bytes",
+                   "options.max_failures")  # fmt: skip
+
+
 def completed_if_same(prefix, state):
     """Describe the complete pack at `prefix` if it was made as `state` (a `source_state`)
     says; else raise naming what differs."""
@@ -558,7 +563,7 @@ def completed_if_same(prefix, state):
 
 def _completed_result(prefix):
     """Describe a pack that is already complete (so `--resume` can be run again safely)."""
-    manifest = read_manifest(manifest_path(prefix))
+    manifest = read_manifest(manifest_path(prefix), require=COMPLETE_FIELDS)
     failures_path = os.path.join(os.path.dirname(prefix), manifest["failures_file"])
     with open(failures_path, encoding="utf-8") as f:
         refused = [Refusal(**json.loads(line)) for line in itertools.islice(f, 100)]

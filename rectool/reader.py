@@ -15,6 +15,7 @@ import json
 import mmap
 import operator
 import os
+import re
 import stat
 import struct
 import threading
@@ -232,17 +233,20 @@ def read_index_cache(idx_path, st=None):
 class RecordFile:
     """A .rec mapped read-only on first use in each process: records by offset, parts rejoined.
 
-    Pickles as its path (for DataLoader workers); a forked child maps the file afresh.
+    Pickles as its path (for DataLoader workers); a forked child maps the file afresh. The
+    file mapped first is the one it reads: mapping again (after `close`, a fork or pickling)
+    refuses another file at the path (a pack replaced by `--overwrite`), by one fstat.
     """
 
-    def __init__(self, path):
+    def __init__(self, path, identity=None):
         self.path, self._mm, self._size, self._generation = os.fspath(path), None, 0, -1
+        self._identity = identity  # (st_dev, st_ino, st_size, st_mtime_ns) of the file mapped
 
     def __getstate__(self):
-        return {"path": self.path}
+        return {"path": self.path, "identity": self._identity}
 
     def __setstate__(self, state):
-        self.__init__(state["path"])
+        self.__init__(state["path"], state.get("identity"))
 
     def __enter__(self):
         return self
@@ -258,6 +262,13 @@ class RecordFile:
             if self._generation != _generation:
                 self.close()
                 fd, st = open_regular(self.path, "record file")
+                identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                if self._identity not in (None, identity):
+                    os.close(fd)
+                    raise RectoolError(
+                        f"{self.path} was replaced after the dataset was opened; open it again"
+                    )
+                self._identity = identity
                 try:  # the mapping keeps its own descriptor
                     self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
                 finally:
@@ -327,46 +338,151 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def read_manifest(path):
-    """Read and check a pack manifest; raise `RectoolError` naming the file and field."""
+# The manifest schema: every field any rectool command reads, checked in `read_manifest`. A
+# manifest holds the identity names of its pack: about 37 bytes each for 2M identities named
+# like WebFace42M's (76 MB), up to ~280 bytes each for names of NAME_MAX (255) bytes. 1 GiB
+# holds 2M identities at any name length, twice over; parsing it takes a few GB at most.
+MAX_MANIFEST_BYTES = 1 << 30
+MAX_MANIFEST_DEPTH = 16  # rectool writes 3 levels (shards[0], options.transform)
+MAX_CLASS_ID = 1 << 24  # float32 labels are exact integers below 2**24 (FLOAT32_EXACT)
+_HEX, _DIGITS = frozenset("0123456789abcdef"), frozenset("0123456789")
+
+
+def _plain_name(v):
+    return isinstance(v, str) and v not in ("", ".", "..") and not {"/", "\\", "\0"} & set(v)
+
+
+_COUNT = (lambda v: type(v) is int and 0 <= v < 1 << 63, "a count (an integer >= 0)")
+_KEY = (lambda v: type(v) is int and 0 <= v < 1 << 64, "a record key (an integer 0 .. 2**64-1)")
+_TEXT = (lambda v: isinstance(v, str), "a string")
+_FLAG = (lambda v: type(v) is bool, "true or false")
+_NAME = (_plain_name, "a plain file name in the manifest's folder")
+_SHA256 = (lambda v: isinstance(v, str) and len(v) == 64 and _HEX >= set(v), "64 hex digits")
+_LAYOUT = (lambda v: v in DATASET_LAYOUTS, f"one of {DATASET_LAYOUTS}")
+_CLASSES = (lambda v: type(v) is int and 0 <= v <= MAX_CLASS_ID, f"an integer 0 .. {MAX_CLASS_ID}")
+_INT = (lambda v: type(v) is int and -(1 << 31) <= v < 1 << 31, "an integer")
+# Each object's fields: name -> (test, what it must be); null always means "not recorded".
+# Fields not named here are kept as they are (only the nesting depth limits them).
+_TRANSFORM = {"resize": _COUNT, "center_crop": _FLAG, "quality": _INT, "encoding": _TEXT,
+              "color": _INT}  # fmt: skip
+_OPTIONS = {"transform": _TRANSFORM, "check": _TEXT, "pack_label": _FLAG, "shard_bytes": _COUNT,
+            "shard_records": _COUNT, "layout": _LAYOUT, "allow_outside_root": _FLAG,
+            "workers": _COUNT, "max_failures": _COUNT}  # fmt: skip
+_SHARD = {"rec": _NAME, "idx": _NAME, "records": _COUNT, "rec_bytes": _COUNT,
+          "idx_bytes": _COUNT, "rec_sha256": _SHA256, "idx_sha256": _SHA256, "first_key": _KEY,
+          "last_key": _KEY, "crc": _NAME, "crc_sha256": _SHA256}  # fmt: skip
+_TOTALS = {n: _COUNT for n in ("shards", "records", "images", "rec_bytes", "failures")}
+_MANIFEST = {"rectool_version": _TEXT, "created": _TEXT, "date": _TEXT, "layout": _LAYOUT,
+             "options": _OPTIONS, "list": _TEXT, "source": {"list_sha256": _TEXT, "root": _TEXT},
+             "totals": _TOTALS, "failures_file": _NAME, "classes": _CLASSES}  # fmt: skip
+_CLOSED = {"options.transform"}  # objects whose every field is known (--resume compares them)
+
+
+def _too_deep(data, limit):
+    """Return True when the JSON text `data` (bytes) nests arrays and objects deeper than
+    `limit`: its strings dropped, its brackets kept, innermost pairs removed `limit` times."""
+    brackets = _JSON_STRING.sub(b"", data).translate(_BRACKETS, _NOT_BRACKETS)
+    for _ in range(limit):
+        brackets = brackets.replace(b"()", b"")
+    return bool(brackets)
+
+
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
+_BRACKETS = bytes.maketrans(b"[]{}", b"()()")
+_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+
+
+def read_manifest(path, require=()):
+    """Read and check a pack manifest; raise `RectoolError` naming the file and field.
+
+    Every field a command reads is checked here (type, range, nesting): `identities` comes
+    back as {"label": name} (a list of names is accepted as labels 0, 1, ...). `require`:
+    dotted names ("totals.images") of fields that must be present and not null.
+    """
     path = os.fspath(path)
+    fd, st = open_regular(path, "manifest")
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1) if st.st_size <= MAX_MANIFEST_BYTES else b""
+    if st.st_size > MAX_MANIFEST_BYTES or len(data) > MAX_MANIFEST_BYTES:
+        raise RectoolError(
+            f"{path}: {max(st.st_size, len(data)):,} bytes, larger than a manifest can be "
+            f"({MAX_MANIFEST_BYTES:,} bytes)"
+        )
     try:
-        doc = json.loads(_read_regular(path, "manifest")[0])
+        doc, deep = json.loads(data), False
+    except RecursionError:  # deeper than json's own limit
+        doc, deep = None, True
     except (ValueError, UnicodeDecodeError) as exc:
         raise RectoolError(f"{path}: not a JSON manifest ({exc})") from None
+    if deep or _too_deep(data, MAX_MANIFEST_DEPTH):
+        raise RectoolError(
+            f"{path}: not a rectool manifest (JSON nested more than {MAX_MANIFEST_DEPTH} deep)"
+        )
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise RectoolError(f'{path}: not a rectool manifest (no "format": "{MANIFEST_FORMAT}")')
 
-    def check(ok, field, want):
-        if not ok:
-            raise RectoolError(f"{path}: manifest field {field!r} must be {want}")
+    def fail(field, want):
+        raise RectoolError(f"{path}: manifest field {field!r} must be {want}")
 
-    version, layout = doc.get("format_version", 0), doc.get("layout")
-    check(type(version) is int, "format_version", "an integer")
+    def check_object(obj, fields, where):
+        for name, spec in fields.items():
+            value, field = obj.get(name), f"{where}{name}"
+            if value is None:
+                continue
+            if isinstance(spec, dict):
+                if not isinstance(value, dict):
+                    fail(field, "an object")
+                if field in _CLOSED and not set(value) <= set(spec):
+                    fail(field, f"an object of {', '.join(spec)} only")
+                check_object(value, spec, field + ".")
+            elif not spec[0](value):
+                fail(field, spec[1])
+
+    version = doc.get("format_version", 0)
+    if not (type(version) is int and version >= 0):
+        fail("format_version", "an integer >= 0")
     if version > MANIFEST_VERSION:
         raise RectoolError(
             f"{path}: manifest format version {version} is newer than this reader "
             f"understands ({MANIFEST_VERSION}); upgrade rectool"
         )
-    check(layout in (None, *DATASET_LAYOUTS), "layout", f"one of {DATASET_LAYOUTS}")
-    identities = doc.get("identities", {})
-    check(isinstance(identities, (dict, list, type(None))), "identities", "an object or a list")
-    check(isinstance(doc.get("shards"), list), "shards", "a list of {rec, idx, ...} objects")
+    check_object(doc, _MANIFEST, "")
+    identities = doc.get("identities")
+    if isinstance(identities, list):  # labels 0, 1, ...
+        identities = doc["identities"] = {str(i): name for i, name in enumerate(identities)}
+    if not isinstance(identities, (dict, type(None))):
+        fail("identities", 'an object {"label": "name"}, a list of names or null')
+    for label, name in (identities or {}).items():
+        canonical = 0 < len(label) <= 8 and _DIGITS >= set(label)
+        if not (canonical and (label == "0" or label[0] != "0") and int(label) < MAX_CLASS_ID):
+            fail(f'identities["{label[:40]}"]', f"keyed by a label (0 .. {MAX_CLASS_ID - 1})")
+        if not isinstance(name, str):
+            fail(f'identities["{label}"]', "a name (a string)")
+    sources = doc.get("sources")
+    if sources is not None and not (
+        isinstance(sources, list) and all(isinstance(s, str) for s in sources)
+    ):
+        fail("sources", "a list of strings")
+    shards = doc.get("shards")
+    if not isinstance(shards, list) or not shards:
+        fail("shards", "a list of {rec, idx, ...} objects, one or more")
     seen = set()
-    for i, shard in enumerate(doc["shards"]):
-        check(isinstance(shard, dict), f"shards[{i}]", "an object")
+    for i, shard in enumerate(shards):
+        if not isinstance(shard, dict):
+            fail(f"shards[{i}]", "an object")
         for name in ("rec", "idx"):
-            value = shard.get(name)
-            plain = isinstance(value, str) and value not in ("", ".", "..")
-            plain = plain and not {"/", "\\"} & set(value)
-            check(plain, f"shards[{i}].{name}", "a plain file name in the manifest's folder")
-            if value in seen:
-                raise RectoolError(f"{path}: manifest lists the shard file {value!r} twice")
-            seen.add(value)
-        for name in ("records", "rec_bytes"):
-            count = shard.get(name)
-            ok = count is None or type(count) is int and count >= 0
-            check(ok, f"shards[{i}].{name}", "a count (an integer >= 0)")
+            if not _plain_name(shard.get(name)):
+                fail(f"shards[{i}].{name}", _NAME[1])
+            if shard[name] in seen:
+                raise RectoolError(f"{path}: manifest lists the shard file {shard[name]!r} twice")
+            seen.add(shard[name])
+        check_object(shard, _SHARD, f"shards[{i}].")
+    for field in require:
+        value = doc
+        for part in field.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            raise RectoolError(f"{path}: manifest field {field!r} is missing (or null)")
     return doc
 
 

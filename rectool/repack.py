@@ -808,7 +808,9 @@ def _check_not_a_source(prefix, sources):
 
 
 def _completed_result(prefix):
-    manifest = read_manifest(manifest_path(prefix))
+    required = ("classes", "totals.images", "totals.failures", "totals.records",
+                "totals.rec_bytes", "options.max_failures")  # fmt: skip
+    manifest = read_manifest(manifest_path(prefix), require=required)
     with open(prefix + REPORT_SUFFIX, encoding="utf-8") as f:
         report = json.load(f)
     totals = manifest["totals"]

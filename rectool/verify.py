@@ -399,15 +399,14 @@ def check_totals(dataset):
     manifest, path = dataset.manifest, dataset.manifest_path
     if manifest is None:
         return
-    shards = manifest.get("shards") or []
+    shards = manifest["shards"]  # read_manifest checked every field used here
     totals = manifest.get("totals") or {}
-    checks = [
-        ("shards", len(shards)),
-        ("records", sum(s.get("records", 0) for s in shards)),
-        ("rec_bytes", sum(s.get("rec_bytes", 0) for s in shards)),
-    ]
+    checks = [("shards", len(shards))]
+    for name in ("records", "rec_bytes"):  # null: not recorded, as a missing field
+        if all(s.get(name) is not None for s in shards):
+            checks.append((name, sum(s[name] for s in shards)))
     for name, actual in checks:
-        if name in totals and totals[name] != actual:
+        if totals.get(name) is not None and totals[name] != actual:
             yield _one(
                 "manifest",
                 path,
@@ -1072,7 +1071,7 @@ def check_manifest_entry(facts):
     if entry is None:
         return
     for path, size_name in ((rec, "rec_bytes"), (idx, "idx_bytes")):
-        if size_name in entry and os.path.exists(path):
+        if entry.get(size_name) is not None and os.path.exists(path):
             actual = os.path.getsize(path)
             if actual != entry[size_name]:
                 yield _one(
@@ -1100,7 +1099,7 @@ def check_manifest_entry(facts):
             )
     if index is not None and len(index.keys):
         for name, actual in (("first_key", index.keys[0]), ("last_key", index.keys[-1])):
-            if name in entry and entry[name] != int(actual):
+            if entry.get(name) is not None and entry[name] != int(actual):
                 yield _one(
                     "key-mismatch",
                     idx,

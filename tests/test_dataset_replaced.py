@@ -1,0 +1,73 @@
+"""A dataset opened before `pack --overwrite` and read after it must not serve the new pack.
+
+`open_dataset` checks each shard against its index and then lets its mappings go; reads map
+the .rec again by path (and so does every DataLoader worker, forked or handed a pickled
+dataset). A file replaced in between would be read with the old index: the reader records the
+file it indexed and refuses another one.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from helpers.image_files import write_list, write_pack_tree
+
+from rectool import reader as rd
+from rectool.packing import PackOptions, pack_images
+
+
+def pack(tmp_path, name, height, overwrite=False):
+    root = tmp_path / name
+    items = write_pack_tree(root, ["ann", "bob"], 6, height=height)
+    lst = write_list(tmp_path / f"{name}.lst", items)
+    pack_images(lst, root, tmp_path / "out" / "faces", PackOptions(workers=1), overwrite=overwrite)
+    return tmp_path / "out" / "faces"
+
+
+def message(prefix):
+    return f"{prefix}.rec was replaced after the dataset was opened; open it again"
+
+
+def test_a_dataset_read_after_an_overwrite_refuses_the_new_files(tmp_path):
+    prefix = pack(tmp_path, "old", height=40)
+    old = [bytes(image) for image, _ in rd.open_dataset(prefix)]
+    ds = rd.open_dataset(prefix)  # indexed, not read yet: nothing mapped
+    pack(tmp_path, "new", height=48, overwrite=True)  # same prefix, other images
+    assert bytes(rd.open_dataset(prefix)[0][0]) != old[0]
+    with pytest.raises(rd.RectoolError) as caught:
+        ds[0]
+    assert str(caught.value) == message(prefix)
+
+
+def test_a_dataset_mapped_before_an_overwrite_keeps_reading_the_old_files(tmp_path):
+    prefix = pack(tmp_path, "old", height=40)
+    ds = rd.open_dataset(prefix)
+    first = bytes(ds[0][0])  # mapped: the mapping holds the old file
+    pack(tmp_path, "new", height=48, overwrite=True)
+    assert bytes(ds[0][0]) == first
+    ds.close()  # mapping again would find the new file
+    with pytest.raises(rd.RectoolError, match="was replaced after the dataset was opened"):
+        ds[0]
+
+
+def test_a_worker_given_the_pickled_dataset_refuses_the_new_files(tmp_path):
+    prefix = pack(tmp_path, "old", height=40)
+    ds = rd.open_dataset(prefix)
+    ds[0]  # mapped in the parent: it keeps reading the old file
+    state = pickle.dumps(ds)  # as a spawn worker receives it
+    pack(tmp_path, "new", height=48, overwrite=True)
+    ds[1]
+    worker = pickle.loads(state)
+    with pytest.raises(rd.RectoolError) as caught:
+        worker[0]
+    assert str(caught.value) == message(prefix)
+
+
+def test_the_same_file_opens_again(tmp_path):
+    prefix = pack(tmp_path, "old", height=40)
+    ds = rd.open_dataset(prefix)
+    expected = [bytes(ds[i][0]) for i in range(len(ds))]
+    ds.close()
+    assert [bytes(image) for image, _ in pickle.loads(pickle.dumps(ds))] == expected
+    assert [bytes(ds[i][0]) for i in range(len(ds))] == expected

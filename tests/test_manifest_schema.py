@@ -1,0 +1,237 @@
+"""One manifest schema: every field any command reads is checked in `reader.read_manifest`.
+
+A manifest with any field mutated to any JSON type either passes the schema (and then every
+command works on it) or is refused with a `RectoolError` naming the field; never a traceback.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import traceback
+
+import pytest
+from click.testing import CliRunner
+from helpers.rec_files import make_pack
+
+from rectool import reader as rd
+from rectool.cli import cli
+
+# Every JSON type, and the edge values of each.
+VALUES = {
+    "null": None,
+    "true": True,
+    "zero": 0,
+    "int": 7,
+    "negative": -3,
+    "float": 0.5,
+    "huge": 10**40,
+    "string": "many",
+    "path": "../x",
+    "empty string": "",
+    "list": [1, "a"],
+    "empty list": [],
+    "dict": {"a": 1},
+    "empty dict": {},
+    "deep": json.loads("[" * 12 + "]" * 12),
+}
+TRANSFORM = {"resize": 0, "center_crop": False, "quality": 95, "encoding": ".jpg", "color": 1}
+PACK_AS_RECORDED = ["--quality", "95", "--encoding", ".jpg", "--color", "1"]  # TRANSFORM
+# The fields of a manifest as `rectool pack` writes it (the `pack` fixture checks that these are
+# exactly its fields), with `transform` as a re-encoding pack records it, and `sources` as
+# `repack` adds it.
+OPTIONS = ["check", "pack_label", "shard_bytes", "shard_records", "layout",
+           "allow_outside_root", "workers", "max_failures"]  # fmt: skip
+SHARD = ["rec", "idx", "records", "rec_bytes", "idx_bytes", "rec_sha256", "idx_sha256",
+         "first_key", "last_key", "crc", "crc_sha256"]  # fmt: skip
+TOTALS = ["shards", "records", "images", "rec_bytes", "failures"]
+TOP = ["format_version", "rectool_version", "layout", "options", "list", "source", "shards",
+       "totals", "failures_file", "classes", "identities"]  # fmt: skip
+FIELDS = (
+    [(name,) for name in TOP]
+    + [("options", name) for name in [*OPTIONS, "transform"]]
+    + [("options", "transform", name) for name in TRANSFORM]
+    + [("source", "list_sha256"), ("source", "root"), ("shards", 0)]
+    + [("shards", 0, name) for name in SHARD]
+    + [("totals", name) for name in TOTALS]
+    + [("identities", "1"), ("identities", "7"), ("sources",)]
+)
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    """A pack made by rectool (label map, .rec.crc), its manifest given a re-encoding; returns
+    the pack's folder and its manifest document."""
+    base = tmp_path_factory.mktemp("schema")
+    made = make_pack(base)
+    document = json.loads(made.manifest.read_text())
+    assert sorted(document) == sorted(["format", *TOP])
+    assert sorted(document["options"]) == sorted([*OPTIONS, "transform"])
+    assert sorted(document["shards"][0]) == sorted(SHARD)
+    assert sorted(document["totals"]) == sorted(TOTALS)
+    document["options"]["transform"] = dict(TRANSFORM)
+    document["sources"] = ["a.manifest.json"]
+    made.manifest.write_text(json.dumps(document))
+    folder = made.manifest.parent
+    again = ["pack", str(base / "faces.lst"), str(base / "tree"), str(folder / "faces")]
+    result = CliRunner().invoke(cli, [*again, "--resume", *PACK_AS_RECORDED])
+    assert "Nothing to do: the pack was already complete" in result.output, result.output
+    return folder, document
+
+
+def mutated(document, path, value):
+    document = copy.deepcopy(document)
+    target = document
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = copy.deepcopy(value)
+    return document
+
+
+def field_name(path):
+    """The name read_manifest gives a field: `shards[0].rec`, `identities["1"]`."""
+    text = ""
+    for part in path:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        elif path[0] == "identities" and part != "identities":
+            text += f'["{part}"]'
+        else:
+            text += f".{part}" if text else part
+    return text
+
+
+def commands(folder, base):
+    m, out = str(folder / "faces.manifest.json"), folder / "outputs"
+    return [
+        ["verify", m, "-q"],
+        ["info", m, "--json"],
+        ["report", m, "-o", str(out / "r.html"), "--sample", "2"],
+        ["unpack", m, str(out / "unpacked")],
+        ["repack", m, str(out / "re")],
+        ["dali-index", m, str(out / "d.idx")],
+        ["index-cache", m],
+        [
+            "pack",
+            str(base / "faces.lst"),
+            str(base / "tree"),
+            str(folder / "faces"),
+            "--resume",
+            *PACK_AS_RECORDED,
+        ],
+    ]
+
+
+def run_commands(folder, base):
+    """Run each command; return (args, exit code, output) of each that ended badly."""
+    bad = []
+    for args in commands(folder, base):
+        (folder / "outputs").mkdir(exist_ok=True)
+        result = CliRunner().invoke(cli, args)
+        escaped = result.exception is not None and not isinstance(result.exception, SystemExit)
+        # verify: 2 is "unreadable"; pack: 3 is "more than --max-failures refused"
+        allowed = {"verify": (0, 1, 2), "pack": (0, 1, 3)}.get(args[0], (0, 1))
+        if escaped or result.exit_code not in allowed or "Traceback" in result.output:
+            text = "".join(traceback.format_exception(result.exception)) if escaped else ""
+            bad.append((args[0], result.exit_code, result.output[-300:] + text[-1500:]))
+        shutil.rmtree(folder / "outputs")
+    return bad
+
+
+@pytest.mark.parametrize("path", FIELDS, ids=field_name)
+def test_every_field_mutated_to_every_json_type(pack, tmp_path, path, alarm):
+    folder, document = pack
+    work = tmp_path / "pack"
+    shutil.copytree(folder, work, symlinks=True)
+    manifest = work / "faces.manifest.json"
+    alarm(120)
+    failures = []
+    for kind, value in VALUES.items():
+        manifest.write_text(json.dumps(mutated(document, path, value)))
+        try:
+            rd.read_manifest(manifest)
+        except rd.RectoolError as exc:
+            named = f"manifest field {field_name(path)!r}"[:-1]  # it or a field inside it
+            if named not in str(exc) and not (
+                path == ("format_version",) and "manifest format version" in str(exc)
+            ):
+                failures.append((kind, "read_manifest", str(exc)))
+        try:  # the emitted reader: a manifest that passes may still not fit the files
+            with rd.open_dataset(manifest) as ds:
+                ds[0], ds.labels  # noqa: B018
+        except rd.RectoolError:
+            pass
+        except Exception:  # noqa: BLE001
+            failures.append((kind, "open_dataset", traceback.format_exc()[-1500:]))
+        failures += [(kind, *b) for b in run_commands(work, folder.parent)]
+    assert not failures, "\n".join(map(str, failures))
+
+
+def test_a_manifest_nested_200000_deep_is_refused_by_every_command(pack, tmp_path):
+    folder, document = pack
+    work = tmp_path / "pack"
+    shutil.copytree(folder, work, symlinks=True)
+    manifest = work / "faces.manifest.json"
+    text = json.dumps({**document, "extra": 0})
+    manifest.write_text(text.replace("0}", "[" * 200_000 + "]" * 200_000 + "}"))
+    with pytest.raises(rd.RectoolError) as caught:
+        rd.open_dataset(manifest)
+    assert str(caught.value) == (
+        f"{manifest}: not a rectool manifest (JSON nested more than 16 deep)"
+    )
+    assert run_commands(work, folder.parent) == []
+    for args in commands(work, folder.parent):
+        result = CliRunner().invoke(cli, args)
+        assert f"{manifest}: not a rectool manifest (JSON nested" in result.output, args
+        assert result.exit_code == (2 if args[0] == "verify" else 1), args
+
+
+def test_nesting_below_json_own_limit_is_refused_too(pack, tmp_path):
+    """17 levels parse, but a manifest never nests so deep: refused before any field is used."""
+    folder, document = pack
+    manifest = tmp_path / "x.manifest.json"
+    manifest.write_text(
+        json.dumps({**document, "options": {**document["options"], "x": VALUES["deep"]}})
+    )
+    rd.read_manifest(manifest)  # 14 levels: kept as an unknown option
+    deeper = json.loads("[" * 15 + "]" * 15)
+    manifest.write_text(json.dumps({**document, "options": {**document["options"], "x": deeper}}))
+    with pytest.raises(rd.RectoolError, match="JSON nested more than 16 deep"):
+        rd.read_manifest(manifest)
+
+
+def test_a_manifest_larger_than_the_limit_is_refused_unread(tmp_path):
+    manifest = tmp_path / "x.manifest.json"
+    with open(manifest, "wb") as f:
+        f.truncate(rd.MAX_MANIFEST_BYTES + 1)  # sparse: nothing is written or read
+    with pytest.raises(rd.RectoolError, match="larger than a manifest can be"):
+        rd.read_manifest(manifest)
+
+
+def test_identities_as_a_list_are_read_as_labels(pack, tmp_path):
+    _, document = pack
+    manifest = tmp_path / "x.manifest.json"
+    manifest.write_text(json.dumps({**document, "identities": ["ann", "bob"]}))
+    assert rd.read_manifest(manifest)["identities"] == {"0": "ann", "1": "bob"}
+
+
+def test_no_module_but_the_reader_parses_a_manifest():
+    """Every json.load(s) outside reader.py reads something else (a state file, a report)."""
+    import ast
+    from pathlib import Path
+
+    import rectool
+
+    found = []
+    for module in Path(rectool.__file__).parent.glob("*.py"):
+        if module.name == "reader.py":
+            continue
+        lines = module.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(ast.parse("\n".join(lines))):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("json.load", "json.loads"):
+                # the call, and the line before it (where its file is opened)
+                text = "\n".join(lines[node.lineno - 2 : node.end_lineno])
+                if "manifest" in text.lower():
+                    found.append((module.name, node.lineno, text))
+    assert found == []
