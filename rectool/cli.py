@@ -6,6 +6,7 @@ Each command is a thin skin over one library call. Library errors (`RectoolError
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -62,9 +63,40 @@ def emit_json(document, exit_code=0, err=False):
     document.setdefault("seconds", _seconds(ctx))
     if exit_code:
         document["exit"] = exit_code
-    click.echo(json.dumps(document, ensure_ascii=False, indent=2), err=err)
+    write_output(json.dumps(document, ensure_ascii=False, indent=2), err=err)
     if exit_code:
         sys.exit(exit_code)
+
+
+def write_output(text, nl=True, err=False):
+    """Write a command's data or JSON document to stdout (`err`: to stderr) and flush it: the
+    one place commands write their output, so a closed pipe or a full disk (`> /dev/full`)
+    ends every command the same way, never with a traceback. A closed pipe exits 1 quietly, as
+    other command-line tools do; any other failure prints one `Error:` line on stderr, exit 1."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        click.echo(text, nl=nl, err=err)
+        stream.flush()
+    except OSError as exc:
+        _output_failed(stream, exc)
+
+
+def _output_failed(stream, exc):
+    # What is left in the stream's buffer would fail again when Python flushes it at exit:
+    # point the descriptor at /dev/null first (what the Python docs advise for SIGPIPE).
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, stream.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # not a real file (click's test runner)
+        pass
+    if exc.errno != errno.EPIPE and stream is sys.stdout:
+        message = f"Error: cannot write standard output: {exc.strerror or exc}"
+        try:
+            click.echo(message, err=True)
+        except OSError:
+            pass
+    sys.exit(1)
 
 
 class CommandFailed(click.ClickException):
@@ -89,7 +121,7 @@ class JsonFailure(click.ClickException):
 
     def show(self, file=None):
         document = {"error": self.message, "exit": self.exit_code, "seconds": self.seconds}
-        click.echo(json.dumps(document, ensure_ascii=False, indent=2), err=self.err)
+        write_output(json.dumps(document, ensure_ascii=False, indent=2), err=self.err)
 
 
 class RectoolCommand(click.Command):
@@ -1151,7 +1183,7 @@ def reader_command(output, training_module, as_json):
     if output == "-":
         if as_json:
             raise click.UsageError("--json needs --output FILE (with -o -, stdout is the module)")
-        click.echo(reader_source(training_module), nl=False)
+        write_output(reader_source(training_module), nl=False)
         return
     path = emit_reader(output, training_module)
     what = "training" if training_module else "reader"
@@ -1209,7 +1241,7 @@ def dali_index_command(target, output, as_json):
         emit_json({"idx": output, "recs": recs})
         return
     for rec in recs:
-        click.echo(rec)  # data: the paths to pass to DALI
+        write_output(rec)  # data: the paths to pass to DALI
 
 
 @cli.command("bench")
