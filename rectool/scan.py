@@ -9,7 +9,6 @@ reads the image header of many records at once, with numpy, for verify, info and
 
 from __future__ import annotations
 
-import mmap
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -32,6 +31,7 @@ from .reader import (
     Header,
     RecordFormatError,
     insightface_header,
+    map_readonly,
     open_regular,
     unpack_header,
 )
@@ -77,7 +77,7 @@ def mapped(path):
         if not size:
             yield b"", 0
             return
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        mm = map_readonly(f.fileno(), os.fspath(path))
         try:
             yield mm, size
         finally:
