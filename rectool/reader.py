@@ -226,14 +226,6 @@ def read_index_cache(idx_path, st=None):
     return (body[:count].copy(), body[count:].copy()) if crc_now == crc else None
 
 
-def map_readonly(fd, path):
-    """Map `fd` read-only; a refusal (ENOMEM under `ulimit -v`) is an error naming `path`."""
-    try:
-        return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-    except OSError as exc:
-        raise RectoolError(f"{path}: cannot map the record file ({exc.strerror})") from None
-
-
 class RecordFile:
     """A .rec mapped read-only on first use in each process: records by offset, parts rejoined.
 
@@ -264,7 +256,9 @@ class RecordFile:
                 self.close()
                 fd, st = open_regular(self.path, "record file")
                 try:  # the mapping keeps its own descriptor
-                    self._mm = map_readonly(fd, self.path) if st.st_size else b""
+                    self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
+                except OSError as exc:  # ENOMEM under a memory limit (ulimit -v)
+                    raise RectoolError(f"{self.path}: cannot map the record file ({exc})") from None
                 finally:
                     os.close(fd)
                 self._size, self._generation = st.st_size, _generation

@@ -9,6 +9,7 @@ reads the image header of many records at once, with numpy, for verify, info and
 
 from __future__ import annotations
 
+import mmap
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,8 +31,8 @@ from .reader import (
     PART_HEADER,
     Header,
     RecordFormatError,
+    RectoolError,
     insightface_header,
-    map_readonly,
     open_regular,
     unpack_header,
 )
@@ -77,7 +78,10 @@ def mapped(path):
         if not size:
             yield b"", 0
             return
-        mm = map_readonly(f.fileno(), os.fspath(path))
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:  # ENOMEM under a memory limit (ulimit -v)
+            raise RectoolError(f"{path}: cannot map the record file ({exc.strerror})") from None
         try:
             yield mm, size
         finally:
