@@ -6,6 +6,7 @@ Each command is a thin skin over one library call. Library errors (`RectoolError
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
@@ -19,6 +20,7 @@ import click
 from . import __version__
 from .errors import RectoolError, UsageError
 from .listing import DEFAULT_EXTENSIONS, SKIP_REASONS, display_path, list_images
+from .output import discard_stream
 
 # Commands import their library modules when they run: `rectool list` need not pay for OpenCV,
 # tqdm and the packing pipeline at start-up. The choices below are the library's own constants
@@ -63,7 +65,7 @@ def emit_json(document, exit_code=0, err=False):
     document.setdefault("seconds", _seconds(ctx))
     if exit_code:
         document["exit"] = exit_code
-    click.echo(json.dumps(document, ensure_ascii=False, indent=2), err=err)
+    write_stream(json.dumps(document, ensure_ascii=False, indent=2), err=err)
     if exit_code:
         sys.exit(exit_code)
 
@@ -79,6 +81,35 @@ def _on_sigterm(signum, frame):
 def interrupted_status(exc):
     """Return the exit status of an interruption: 143 for SIGTERM, 130 for Ctrl-C."""
     return 143 if isinstance(exc, Terminated) else 130
+
+
+def write_stream(text, nl=True, err=False):
+    """Write a command's data or JSON document to stdout (`err`: to stderr) and flush it: the
+    one place commands write their output, so a closed pipe or a full disk (`> /dev/full`)
+    ends every command the same way, never with a traceback. A closed pipe exits 1 quietly, as
+    other command-line tools do; any other failure prints one `Error:` line on stderr, exit 1."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        click.echo(text, nl=nl, err=err)
+        stream.flush()
+    except OSError as exc:
+        _output_failed(stream, exc)
+
+
+def _output_failed(stream, exc):
+    # What is left in the stream's buffer would fail again when Python flushes it at exit:
+    # point the descriptor at /dev/null first (what the Python docs advise for SIGPIPE).
+    try:
+        discard_stream(stream.fileno())
+    except (OSError, ValueError):  # not a real file (click's test runner)
+        pass
+    if exc.errno != errno.EPIPE and stream is sys.stdout:
+        message = f"Error: cannot write standard output: {exc.strerror or exc}"
+        try:
+            click.echo(message, err=True)
+        except OSError:
+            pass
+    sys.exit(1)
 
 
 class CommandFailed(click.ClickException):
@@ -103,7 +134,7 @@ class JsonFailure(click.ClickException):
 
     def show(self, file=None):
         document = {"error": self.message, "exit": self.exit_code, "seconds": self.seconds}
-        click.echo(json.dumps(document, ensure_ascii=False, indent=2), err=self.err)
+        write_stream(json.dumps(document, ensure_ascii=False, indent=2), err=self.err)
 
 
 class RectoolCommand(click.Command):
@@ -187,7 +218,7 @@ def workers_option(help):
     return click.option(
         "--workers",
         "-j",
-        type=click.IntRange(min=1),
+        type=Count(1),
         default=os.cpu_count() or 1,
         show_default="all cores",
         help=help,
@@ -222,6 +253,38 @@ def cli():
     """
 
 
+# Every numeric option is range-checked by its type, so nan, inf, negative and huge values are
+# usage errors naming the option (exit 2), never a traceback further down.
+# Counts fit the int64 that numpy and the index files hold them in.
+INT64_MAX = 2**63 - 1
+# Seeds: what `numpy.random.default_rng` and `random.Random` both take, as 64 bits.
+SEED = click.IntRange(0, 2**64 - 1)
+# Time limits: at most a day.
+MAX_SECONDS = 86400.0
+
+
+class Count(click.IntRange):
+    """An integer option from `min` to `max` (int64 at most, a bound help does not show)."""
+
+    def __init__(self, min, max=INT64_MAX):
+        super().__init__(min, max)
+
+    def _describe_range(self):
+        if self.max == INT64_MAX:
+            return f"x>={self.min}"
+        return super()._describe_range()
+
+
+class Finite(click.FloatRange):
+    """A `click.FloatRange` that also refuses nan (which compares false to every bound)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if number != number or number in (float("inf"), float("-inf")):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
 class ByteSize(click.ParamType):
     """A byte count written as `512MB`, `2GiB` or a plain number."""
 
@@ -233,9 +296,14 @@ class ByteSize(click.ParamType):
         from .shards import parse_size
 
         try:
-            return parse_size(value)
-        except ValueError as exc:
-            self.fail(str(exc), param, ctx)
+            size = parse_size(value)
+        except ValueError:  # (also nan)
+            self.fail(f"{value!r} is not a size (examples: 512MB, 2GiB, 1000000)", param, ctx)
+        except OverflowError:  # inf, 1e400
+            size = None
+        if size is None or size > INT64_MAX:
+            self.fail(f"{value!r} is too large: at most {INT64_MAX} bytes", param, ctx)
+        return size
 
 
 def progress_bar(quiet, unit):
@@ -280,7 +348,7 @@ def progress_bar(quiet, unit):
 @click.option("--no-check", is_flag=True, help="Same as --check none.")
 @click.option(
     "--resize",
-    type=click.IntRange(min=1),
+    type=Count(1),
     help="Re-encode with the shorter side resized to N pixels.",
 )
 @click.option("--center-crop", is_flag=True, help="Re-encode, cropping the centre square first.")
@@ -302,9 +370,7 @@ def progress_bar(quiet, unit):
     type=ByteSize(),
     help="Roll over to a new shard before a shard's .rec passes this size (e.g. 512MB, 2GiB).",
 )
-@click.option(
-    "--shard-records", type=click.IntRange(min=1), help="Roll over to a new shard every N records."
-)
+@click.option("--shard-records", type=Count(1), help="Roll over to a new shard every N records.")
 @click.option(
     "--layout",
     type=click.Choice(LAYOUTS),
@@ -316,7 +382,7 @@ def progress_bar(quiet, unit):
 @workers_option("Worker threads reading, checking and encoding images.")
 @click.option(
     "--max-failures",
-    type=click.IntRange(min=0),
+    type=Count(0),
     default=0,
     show_default=True,
     help="Refused images accepted before the exit status turns to 3.",
@@ -342,7 +408,7 @@ def progress_bar(quiet, unit):
 )
 @click.option(
     "--only-shard",
-    type=click.IntRange(min=0),
+    type=Count(0),
     metavar="K",
     help="Pack only shard K of the plan (needs --shard-records): one job-array task per shard.",
 )
@@ -613,29 +679,27 @@ def parse_extensions(ctx, param, value):
 @click.option("--shuffle", is_flag=True, help="Shuffle the images (default: in order).")
 @click.option(
     "--seed",
-    type=click.IntRange(min=0),
+    type=Count(0),
     help="Seed of --shuffle (default: a random one, shown in the summary).",
 )
 @click.option(
     "--chunks",
-    type=click.IntRange(min=1),
+    type=Count(1),
     default=1,
     show_default=True,
     help="Cut the images into N lists PREFIX_0.lst ... of nearly equal length.",
 )
 @click.option(
     "--train-ratio",
-    type=click.FloatRange(0, 1),
+    type=Finite(0, 1),
     help="Fraction written to PREFIX_train.lst (default: what val and test leave).",
 )
 @click.option(
     "--val-ratio",
-    type=click.FloatRange(0, 1),
+    type=Finite(0, 1),
     help="Fraction written to PREFIX_val.lst (default: what train and test leave).",
 )
-@click.option(
-    "--test-ratio", type=click.FloatRange(0, 1), help="Fraction written to PREFIX_test.lst."
-)
+@click.option("--test-ratio", type=Finite(0, 1), help="Fraction written to PREFIX_test.lst.")
 @click.option(
     "--split-by",
     type=click.Choice(["image", "identity"]),
@@ -646,14 +710,14 @@ def parse_extensions(ctx, param, value):
 )
 @click.option(
     "--min-per-id",
-    type=click.IntRange(min=1),
+    type=Count(1),
     default=1,
     show_default=True,
     help="Skip identities with fewer images.",
 )
 @click.option(
     "--max-per-id",
-    type=click.IntRange(min=1),
+    type=Count(1),
     help="Keep at most N images per identity (the first in path order).",
 )
 @click.option(
@@ -768,6 +832,10 @@ def render_list_summary(listing, seconds, shown=3):
     return "\n".join(lines)
 
 
+# The largest side any image format rectool decodes can have (PNG's 2**31 - 1).
+MAX_IMAGE_SIDE = 2**31 - 1
+
+
 class ImageSize(click.ParamType):
     """An image size written as HEIGHTxWIDTH (`112x112`), or one number for a square."""
 
@@ -779,7 +847,9 @@ class ImageSize(click.ParamType):
         parts = str(value).lower().split("x")
         if len(parts) == 1:
             parts = parts * 2
-        if len(parts) != 2 or not all(p.strip().isdigit() and int(p) > 0 for p in parts):
+        if len(parts) != 2 or not all(
+            p.strip().isdigit() and 0 < int(p) <= MAX_IMAGE_SIDE for p in parts
+        ):
             self.fail(f"{value!r} is not HEIGHTxWIDTH (example: 112x112)", param, ctx)
         return int(parts[0]), int(parts[1])
 
@@ -823,7 +893,7 @@ def phase_progress(quiet):
 @workers_option("Threads decoding images (--decode).")
 @click.option(
     "--max-problems",
-    type=click.IntRange(min=0),
+    type=Count(0),
     default=20,
     show_default=True,
     help="Problems listed one by one in the summary; the rest are counted.",
@@ -999,7 +1069,7 @@ def render_reindex_result(result, shown=20):
 @click.argument("target")
 @click.option(
     "--sample",
-    type=click.IntRange(min=0),
+    type=Count(0),
     default=200,
     show_default=True,
     help="Images decoded, spread over the dataset, for their dimensions.",
@@ -1157,7 +1227,7 @@ def reader_command(output, training_module, overwrite, as_json):
     if output == "-":
         if as_json:
             raise click.UsageError("--json needs --output FILE (with -o -, stdout is the module)")
-        click.echo(reader_source(training_module), nl=False)
+        write_stream(reader_source(training_module), nl=False)
         return
     path = emit_reader(output, training_module, overwrite)
     what = "training" if training_module else "reader"
@@ -1216,21 +1286,21 @@ def dali_index_command(target, output, overwrite, as_json):
         emit_json({"idx": output, "recs": recs})
         return
     for rec in recs:
-        click.echo(rec)  # data: the paths to pass to DALI
+        write_stream(rec)  # data: the paths to pass to DALI
 
 
 @cli.command("bench")
 @click.argument("target")
 @click.option(
     "--samples",
-    type=click.IntRange(min=1),
+    type=Count(1),
     default=5000,
     show_default=True,
     help="Samples read in each phase (at most).",
 )
 @click.option(
     "--seconds",
-    type=click.FloatRange(min=0.1),
+    type=Finite(0.1, MAX_SECONDS),
     default=10.0,
     show_default=True,
     help="Time limit of each phase.",
@@ -1305,18 +1375,18 @@ def render_bench_report(report):
     help="Also (or only) write the contact sheet as an image (.jpg or .png).",
 )
 @click.option(
-    "--seed", type=int, default=0, show_default=True, help="Seed of the identities sampled."
+    "--seed", type=SEED, default=0, show_default=True, help="Seed of the identities sampled."
 )
 @click.option(
     "--identities",
-    type=click.IntRange(min=0),
+    type=Count(0),
     default=12,
     show_default=True,
     help="Identities sampled for the contact sheet.",
 )
 @click.option(
     "--per-identity",
-    type=click.IntRange(min=1),
+    type=Count(1),
     default=8,
     show_default=True,
     help="Thumbnails shown per identity.",
@@ -1330,7 +1400,7 @@ def render_bench_report(report):
 )
 @click.option(
     "--sample",
-    type=click.IntRange(min=0),
+    type=Count(0),
     default=200,
     show_default=True,
     help="Images decoded, spread over the dataset, for the dimensions chart.",
@@ -1424,7 +1494,7 @@ def transform_options(func):
         [
             click.option(
                 "--resize",
-                type=click.IntRange(min=1),
+                type=Count(1),
                 help="Re-encode with the shorter side resized to N pixels.",
             ),
             click.option(
@@ -1472,10 +1542,8 @@ def transform_options(func):
     type=click.Path(exists=True, dir_okay=False),
     help="Drop these identities: a file of names or labels, one a line.",
 )
-@click.option("--min-per-id", type=click.IntRange(min=1), help="Drop identities with fewer images.")
-@click.option(
-    "--max-per-id", type=click.IntRange(min=1), help="Keep at most N images of each identity."
-)
+@click.option("--min-per-id", type=Count(1), help="Drop identities with fewer images.")
+@click.option("--max-per-id", type=Count(1), help="Keep at most N images of each identity.")
 @click.option(
     "--pick",
     type=click.Choice(["first", "random"]),
@@ -1485,7 +1553,7 @@ def transform_options(func):
 )
 @click.option(
     "--sample",
-    type=click.FloatRange(0, 1, min_open=True),
+    type=Finite(0, 1, min_open=True),
     metavar="FRACTION",
     help="Keep a seeded fraction of the identities (or images, see --sample-by).",
 )
@@ -1498,7 +1566,7 @@ def transform_options(func):
 )
 @click.option(
     "--seed",
-    type=int,
+    type=SEED,
     default=0,
     show_default=True,
     help="Seed of --order shuffle, --sample and --pick random.",
@@ -1529,9 +1597,7 @@ def transform_options(func):
     type=ByteSize(),
     help="Roll over to a new shard before a shard's .rec passes this size (e.g. 512MB, 2GiB).",
 )
-@click.option(
-    "--shard-records", type=click.IntRange(min=1), help="Roll over to a new shard every N records."
-)
+@click.option("--shard-records", type=Count(1), help="Roll over to a new shard every N records.")
 @click.option(
     "--dedupe",
     is_flag=True,
@@ -1548,7 +1614,7 @@ def transform_options(func):
 @workers_option("Worker threads re-encoding images.")
 @click.option(
     "--max-failures",
-    type=click.IntRange(min=0),
+    type=Count(0),
     default=0,
     show_default=True,
     help="Images that fail to re-encode accepted before the exit status turns to 3.",

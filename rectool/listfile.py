@@ -237,8 +237,12 @@ def write_label_map(path, identities):
 def read_label_map(path):
     """Read a label map file into a dict label (int) -> identity name."""
     identities = {}
-    with open(path, encoding="utf-8", newline="\n") as f:
-        for number, text in enumerate(f, start=1):
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ListFormatError(f"not valid UTF-8 ({exc.reason})", path, number) from None
             label, sep, name = text.rstrip("\n").partition("\t")
             if not sep or not label.isdigit():
                 raise ListFormatError(

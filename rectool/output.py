@@ -387,6 +387,16 @@ def fsync_fd(fd: int, path: str) -> None:
         raise output_error(exc, path) from None
 
 
+def discard_stream(fd: int) -> None:
+    """Point the descriptor `fd` (a stdout that failed) at /dev/null, so nothing is written
+    through it again (Python flushes its buffer at exit)."""
+    devnull = os.open(os.devnull, os.O_WRONLY | _CLOEXEC)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
 # -- locks ---------------------------------------------------------------------------------
 
 

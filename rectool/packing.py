@@ -37,12 +37,20 @@ from .images import (
     check_image,
     reencode_image,
 )
+from .keys import FLOAT32_EXACT
 from .layout import (
     LAYOUTS,  # noqa: F401 (the CLI offers them)
     image_size,
     layout_named,
 )
-from .listfile import ListFormatError, find_label_map, iter_list, parse_list_line, read_label_map
+from .listfile import (
+    ListFormatError,
+    find_label_map,
+    format_label,
+    iter_list,
+    parse_list_line,
+    read_label_map,
+)
 from .manifest import (
     FAILURES_SUFFIX,
     PARTIAL_SUFFIX,
@@ -282,8 +290,12 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     if from_stdin:
         list_path = copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
     list_path = os.fspath(list_path)
+    # Read only now, once the whole list has arrived: `rectool list ROOT - --labels F` writes F
+    # before its first list line, so a pipe into `pack - ... --labels F` finds it. A list read
+    # from stdin has no file beside which a label map could be found.
+    identities = _load_identities(None if from_stdin else list_path, label_map)
     try:
-        list_digest, total = _validate_list(list_path, options.layout)
+        list_digest, total = _validate_list(list_path, options.layout, identities)
     finally:
         if complete and list_path == prefix + STDIN_COPY_SUFFIX:
             remove(list_path)
@@ -298,10 +310,6 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     if complete:
         # A finished pack "resumes" only with what made it, as an interrupted one does.
         return completed_if_same(prefix, state)
-    # Read only now, once the whole list has arrived: `rectool list ROOT - --labels F` writes F
-    # before its first list line, so a pipe into `pack - ... --labels F` finds it. A list read
-    # from stdin has no file beside which a label map could be found.
-    identities = _load_identities(None if from_stdin else list_path, label_map)
     state_path = prefix + STATE_SUFFIX
     if resume and os.path.exists(state_path):
         check_resume_state(state_path, state)
@@ -456,7 +464,8 @@ def finalize_pack(list_path, root, prefix, options=None, label_map=None):
 def _finalize(list_path, root, prefix, options, label_map):
     """`finalize_pack` once the prefix is locked."""
     list_path = os.fspath(list_path)
-    digest, total = _validate_list(list_path, options.layout)
+    identities = _load_identities(list_path, label_map)
+    digest, total = _validate_list(list_path, options.layout, identities)
     if is_complete(prefix):
         return completed_if_same(prefix, source_state(digest, root, options))
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
@@ -477,7 +486,6 @@ def _finalize(list_path, root, prefix, options, label_map):
     shard_failures = [shard_stem(prefix, n) + FAILURES_SUFFIX for n in range(len(plan))]
     rename(stage_file(final_failures, _concatenated(shard_failures)), final_failures)
     images = sum(info.records for info in infos)
-    identities = _load_identities(list_path, label_map)
     source = source_state(digest, root, options)
     manifest = build_manifest(
         options, list_path, prefix, infos, images, len(refused), None, identities, source
@@ -581,9 +589,10 @@ def _completed_result(prefix):
 
 
 # Ordinary lines (`index<TAB>number...<TAB>path`), matched a block at a time at C speed. Their
-# numbers have no exponent and at most 38 integer digits, so every one fits a float32, and
-# paths hold no NUL; other lines (rare) are checked one by one, which names a bad one.
-_NUMBER = rb"[-+]?(?:[0-9]{1,38}(?:\.[0-9]*)?|\.[0-9]+)"
+# numbers have no exponent and at most 7 integer digits, so a float32 holds every integral one
+# exactly (below 2**24), and paths hold no NUL; other lines (rare) are checked one by one,
+# which names a bad one.
+_NUMBER = rb"[-+]?(?:[0-9]{1,7}(?:\.[0-9]*)?|\.[0-9]+)"
 # Possessive (`++`, `*+`): no backtracking, several times faster. A label must be followed by a
 # tab, so the path (followed by the newline) is never taken for one.
 try:
@@ -591,14 +600,19 @@ try:
 except re.error:  # Python 3.10: the same lines, with backtracking
     _PLAIN_LINES = re.compile(rb"(?:[0-9]+(?:\t" + _NUMBER + rb")+\t[^\t\n\0]+\n)*")
 _LINE_INDEX = re.compile(rb"^([0-9]+)\t", re.M)
+# With a label map: ordinary lines whose one label is an integer (`3`, or im2rec's `3.000000`);
+# their index and label, taken a block at a time.
+_MAPPED_LINES = re.compile(rb"(?:[0-9]+\t[0-9]{1,7}(?:\.0*)?\t[^\t\n\0]+\n)*")
+_LINE_INDEX_LABEL = re.compile(rb"^([0-9]+)\t([0-9]+)(?:\.0*)?\t", re.M)
 _LIST_BLOCK = 1 << 20
 
 
-def _validate_list(path, layout):
+def _validate_list(path, layout, identities=None):
     """Parse every line once before packing; return (sha256 of the file, number of items).
 
-    A bad line, a repeated index or a label the layout (a name) cannot key stops the run here,
-    before anything is written. The file is read a block at a time, so memory does not grow
+    A bad line, a repeated index, a label the layout (a name) cannot key or, given the label
+    map `identities` (label -> name), a label not in it stops the run here, before anything
+    is written. The file is read a block at a time, so memory does not grow
     with the list (but for 8 bytes an index when the indices are not in increasing order).
     """
     layout = layout_named(layout)
@@ -619,11 +633,18 @@ def _validate_list(path, layout):
                     cut = data.rfind(b"\n") + 1
                     data, rest = data[:cut], data[cut:]
                 # A numbered layout checks each item's label: line by line.
-                if layout.numbered or not _PLAIN_LINES.fullmatch(data):
-                    return _validate_list_slowly(path, layout)  # names the bad line
+                lines = _MAPPED_LINES if identities is not None else _PLAIN_LINES
+                if layout.numbered or not lines.fullmatch(data):
+                    return _validate_list_slowly(path, layout, identities)  # names the line
                 if data:
                     data.decode("utf-8")  # raises for invalid UTF-8, reported slowly below
-                    found = np.array(_LINE_INDEX.findall(data)).astype(np.int64)
+                    if identities is None:
+                        found = np.array(_LINE_INDEX.findall(data)).astype(np.int64)
+                    else:
+                        pairs = np.array(_LINE_INDEX_LABEL.findall(data)).astype(np.int64)
+                        found = pairs[:, 0]
+                        if not _all_mapped(pairs[:, 1], identities):
+                            return _validate_list_slowly(path, layout, identities)
                     count += len(found)
                     if unordered or found[0] <= last or (found[1:] <= found[:-1]).any():
                         unordered.append(found)
@@ -633,15 +654,58 @@ def _validate_list(path, layout):
     except FileNotFoundError:
         raise RectoolError(f"{path}: list file not found") from None
     except (UnicodeDecodeError, OverflowError, ValueError):
-        return _validate_list_slowly(path, layout)
+        return _validate_list_slowly(path, layout, identities)
     if unordered:
         everything = np.concatenate(unordered)
         if len(np.unique(everything)) != len(everything):
-            return _validate_list_slowly(path, layout)  # names the repeated index
+            return _validate_list_slowly(path, layout, identities)  # names the repeated index
     return digest.hexdigest(), count
 
 
-def _validate_list_slowly(path, layout):
+def _all_mapped(labels, identities):
+    """Return whether every label (int64, none negative) is a label of the map."""
+    if not len(labels):
+        return True
+    if len(identities) and max(identities) == len(identities) - 1:  # 0..N-1, the usual map
+        return int(labels.max()) < len(identities)
+    return bool(np.isin(labels, np.fromiter(identities, np.int64, len(identities))).all())
+
+
+# A label spelled as an integer (`16777217`, im2rec's `16777217.000000`): a class id, which
+# must reach the record as written. (Other spellings are real values, rounded as floats are.)
+_INTEGER_LABEL = re.compile(r"[-+]?[0-9]+(?:\.0*)?")
+
+
+def _check_float32(text, item, path):
+    """Raise `ListFormatError` for an integer label that float32, the records' label type, would
+    store as another integer (16777217 as 16777216)."""
+    for spelled, label in zip(text.split("\t")[1:-1], item.labels):
+        if abs(label) > FLOAT32_EXACT and _INTEGER_LABEL.fullmatch(spelled.strip()):
+            stored = float(np.float32(label))
+            if stored != label:
+                raise ListFormatError(
+                    f"label {format_label(label)} is not a float32, the type records store "
+                    f"labels in: it would be stored as {format_label(stored)}",
+                    path,
+                    item.line,
+                )
+
+
+def _check_mapped(item, identities, path):
+    """Raise `ListFormatError` for a label of `item` that the label map does not hold."""
+    for label in item.labels:
+        if not (label.is_integer() and int(label) in identities):
+            known = f"{len(identities)} identities, labels {min(identities, default=0)}.."
+            known += f"{max(identities, default=-1)}"
+            raise ListFormatError(
+                f"label {format_label(label)} is not in the label map ({known}): a label "
+                "must be the integer of one of its identities",
+                path,
+                item.line,
+            )
+
+
+def _validate_list_slowly(path, layout, identities=None):
     """Parse line by line, naming the first bad line or repeated index."""
     digest = hashlib.sha256()
     keys = _KeyRegistry()
@@ -659,6 +723,9 @@ def _validate_list_slowly(path, layout):
             if not keys.add(item.index):
                 raise ListFormatError(f"index {item.index} appears twice", path, item.line)
             layout.check_item(item, path)
+            _check_float32(text, item, path)
+            if identities is not None:
+                _check_mapped(item, identities, path)
             count += 1
     return digest.hexdigest(), count
 

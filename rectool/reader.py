@@ -271,6 +271,8 @@ class RecordFile:
                 self._identity = identity
                 try:  # the mapping keeps its own descriptor
                     self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
+                except OSError as exc:  # ENOMEM under a memory limit (ulimit -v)
+                    raise RectoolError(f"{self.path}: cannot map the record file ({exc})") from None
                 finally:
                     os.close(fd)
                 self._size, self._generation = st.st_size, _generation
@@ -883,6 +885,12 @@ class RecordDataset:
         return self._identity_ranges
 
 
+def _runs(starts, counts):
+    """Return the indices of a run of `counts[i]` consecutive items from each `starts[i]`."""
+    ends = np.cumsum(counts)
+    return np.repeat(starts - ends + counts, counts) + np.arange(ends[-1] if len(ends) else 0)
+
+
 def _header_labels(files, shard_of, offsets, keys):
     """Return the header labels of the records at `offsets`, without reading image bytes.
 
@@ -890,7 +898,7 @@ def _header_labels(files, shard_of, offsets, keys):
     Whole, aligned records are gathered with numpy from the mappings; any other is read and
     checked one by one, so damage raises a `RecordFormatError`.
     """
-    n, columns = len(offsets), []  # columns: (j, rows, values) of label j of fast records
+    n, columns = len(offsets), []  # columns: (rows, flags, their labels) of fast records
     flags, scalars, fast = np.zeros(n, np.int64), np.zeros(n, np.float32), np.zeros(n, bool)
     for s, rf in enumerate(files):
         rows = np.flatnonzero(shard_of == s) if len(files) > 1 else np.arange(n)
@@ -906,8 +914,8 @@ def _header_labels(files, shard_of, offsets, keys):
             ok &= (w * 4 + 11 + lrec) & ~3 <= rf._size
             rows, w, flag = rows[ok], w[ok], flag[ok]
             fast[rows], flags[rows], scalars[rows] = True, flag, words[w + 3].view(np.float32)
-            for j in range(int(flag.max()) if len(flag) else 0):
-                columns.append((j, rows[flag > j], words[w[flag > j] + 8 + j].view(np.float32)))
+            v = flag > 0  # label vectors: their labels, gathered flat
+            columns.append((rows[v], flag[v], words[_runs(w[v] + 8, flag[v])].view(np.float32)))
         finally:
             del words
     slow = []
@@ -926,15 +934,14 @@ def _header_labels(files, shard_of, offsets, keys):
     if not width:
         scalars.flags.writeable = False
         return scalars
-    vectors = np.zeros((n, width), np.float32)
-    for j, rows, values in columns:
-        vectors[rows, j] = values
+    starts = np.cumsum(flags) - flags  # every label, row after row: no n x width matrix
+    flat = np.zeros(int(flags.sum()), np.float32)
+    for rows, counts, values in columns:
+        flat[_runs(starts[rows], counts)] = values
     for row, label in slow:
-        vectors[row, : len(label)] = label
-    out = vectors
-    if not (flags == width).all():
-        out = np.empty(n, object)
-        for row, f in enumerate(flags.tolist()):
-            out[row] = vectors[row, :f].copy() if f else float(scalars[row])
+        flat[starts[row] : starts[row] + len(label)] = label
+    out = flat.reshape(n, width) if (flags == width).all() else np.empty(n, object)
+    for row, f in enumerate(flags.tolist() if out.dtype == object else []):
+        out[row] = flat[starts[row] : starts[row] + f].copy() if f else float(scalars[row])
     out.flags.writeable = False
     return out

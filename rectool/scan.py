@@ -31,6 +31,7 @@ from .reader import (
     PART_HEADER,
     Header,
     RecordFormatError,
+    RectoolError,
     insightface_header,
     open_regular,
     unpack_header,
@@ -77,7 +78,10 @@ def mapped(path):
         if not size:
             yield b"", 0
             return
-        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:  # ENOMEM under a memory limit (ulimit -v)
+            raise RectoolError(f"{path}: cannot map the record file ({exc.strerror})") from None
         try:
             yield mm, size
         finally:

@@ -532,19 +532,24 @@ def _sample_shape(decoder, mode, size, count):
 class _Ring:
     """`slots` batch slots (images [B, H, W, C] uint8 and labels [B, ...]) in one shared mapping.
 
-    The mapping is a file under /dev/shm (or the temporary folder) that every worker maps by
-    name and that is unlinked as soon as all have (`unlink`), so nothing is left behind even
-    if the process is killed later.
+    The mapping is a file under /dev/shm (or the temporary folder). `named=False` (the
+    Loader's): unlinked at once, before any worker starts, and shared as its descriptor
+    (`handle()`), so even SIGKILL of the parent leaves nothing; else mapped by name and
+    unlinked as soon as every process that needs it has (`unlink`).
     """
 
-    def __init__(self, slots, batch, shape, label_shape, label_dtype, path=None):
+    def __init__(
+        self, slots, batch, shape, label_shape, label_dtype, path=None, fd=None, named=True
+    ):
         self.spec = (slots, batch, tuple(shape), tuple(label_shape), np.dtype(label_dtype).str)
         image_bytes = slots * batch * int(np.prod(shape))
         self._label_start = -(-image_bytes // 64) * 64
         label_bytes = slots * batch * int(np.prod(label_shape, dtype=np.int64))
         label_bytes *= np.dtype(label_dtype).itemsize
         total = max(1, self._label_start + label_bytes)
-        if path is None:
+        if fd is not None:
+            pass  # a descriptor passed to this process (`handle()`): mapped, then closed
+        elif path is None:
             folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
             path = os.path.join(folder, f"rectool-loader-{os.getpid()}-{os.urandom(6).hex()}")
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
@@ -554,13 +559,19 @@ class _Ring:
                 os.close(fd)
                 os.unlink(path)
                 raise
+            if not named:
+                os.unlink(path)
+                path = None
         else:
             fd = os.open(path, os.O_RDWR)
-        self.path = path
+        self.path, self._fd = path, None
         try:
             self._mm = mmap.mmap(fd, total)
         finally:
-            os.close(fd)
+            if named or path is not None:
+                os.close(fd)
+            else:
+                self._fd = fd  # shared with the workers until they have mapped it
         self.images = np.frombuffer(self._mm, np.uint8, slots * batch * int(np.prod(shape)))
         self.images = self.images.reshape(slots, batch, *shape)
         self.labels = np.frombuffer(
@@ -572,7 +583,18 @@ class _Ring:
         slots, batch, shape, label_shape, label_dtype = spec
         return cls(slots, batch, shape, label_shape, label_dtype, path=path)
 
+    def handle(self):
+        """Return the ring's descriptor as workers receive it (see `_SharedFd`)."""
+        return _SharedFd(self._fd)
+
+    def release(self):
+        """Close the descriptor kept for the workers (the mapping stays)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
     def unlink(self):
+        self.release()
         if self.path is not None:
             try:
                 os.unlink(self.path)
@@ -588,6 +610,23 @@ class _Ring:
             self._mm.close()
         except BufferError:
             pass
+
+
+class _SharedFd:
+    """A descriptor handed to a worker process: inherited under fork, duplicated into the
+    child by multiprocessing under spawn and forkserver (as it passes a Pipe's ends)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+
+        return _SharedFd._rebuild, (reduction.DupFd(self.fd),)
+
+    @staticmethod
+    def _rebuild(dup):
+        return _SharedFd(dup.detach())
 
 
 # --- Loader: worker processes that fill the ring, and the loop that reads it ------------------
@@ -615,13 +654,14 @@ class _forking:
             self.cv2.setNumThreads(self.threads)
 
 
-def _work(decoder, table, ring_path, ring_spec, conn, parent, on_error, seed, forked):
+def _work(decoder, table, ring_fd, ring_spec, conn, parent, on_error, seed, forked):
     """A worker: decode each batch it is sent into its slot, answer with the report."""
     try:
         cv2 = decoder.cv2()
         if cv2 and not forked:  # a forked worker inherits one thread (see _forking)
             cv2.setNumThreads(1)  # one process per core already
-        ring = _Ring.attach(ring_path, ring_spec)
+        slots, batch, shape, label_shape, label_dtype = ring_spec
+        ring = _Ring(slots, batch, shape, label_shape, label_dtype, fd=ring_fd.fd)
         conn.send(("ready",))
     except BaseException as exc:
         conn.send(("error", None, _portable_error(exc)))
@@ -783,7 +823,12 @@ class Loader:
         context = multiprocessing.get_context(self.start_method)
         forked = context.get_start_method() == "fork"
         self._ring = _Ring(
-            self.slots, self.batch_size, self.shape, self._labels.shape[1:], self._labels.dtype
+            self.slots,
+            self.batch_size,
+            self.shape,
+            self._labels.shape[1:],
+            self._labels.dtype,
+            named=False,  # no name in /dev/shm that a killed parent could leave behind
         )
         try:
             for _ in range(self.workers):
@@ -793,7 +838,7 @@ class Loader:
                     args=(
                         self._decoder,
                         self._labels,
-                        self._ring.path,
+                        self._ring.handle(),
                         self._ring.spec,
                         theirs,
                         os.getpid(),
@@ -822,7 +867,7 @@ class Loader:
             raise
         finally:
             if self._ring is not None:
-                self._ring.unlink()
+                self._ring.release()  # every worker has mapped it (or none will)
 
     def close(self):
         """Stop the workers and release the shared memory (batches still held stay readable)."""
