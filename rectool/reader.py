@@ -10,6 +10,7 @@ training code. It never writes a file. Decoding imports OpenCV on first use.
 from __future__ import annotations
 
 import bisect
+import errno
 import glob
 import json
 import mmap
@@ -89,28 +90,73 @@ class SampleIndexError(RectoolError, IndexError):
     """A sample index outside the dataset (an `IndexError`, so iteration protocols stop)."""
 
 
-def open_regular(path, what):
+def inside(path, folder):
+    """Return whether `path` is `folder` or lies below it, both as real paths (links resolved)."""
+    path, folder = os.path.realpath(path), os.path.realpath(folder)
+    return path == folder or path.startswith(os.path.join(folder, ""))
+
+
+def _opened_path(fd, path):
+    """Return the real path of the file open as `fd` (Linux: where the kernel opened it)."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return os.path.realpath(path)
+
+
+def open_regular(path, what, max_bytes=None, follow=True, within=None):
     """Open `path` read-only and return (fd, stat); refuse anything but a regular file.
 
-    Opened non-blocking and checked with fstat first: a FIFO would block, a device never end.
+    Every file rectool reads is opened here. Opened non-blocking and checked with fstat first:
+    a FIFO would block, a device never end. `max_bytes` bounds the size (a larger file is
+    refused, so a reader allocates at most that); `follow=False` refuses a symbolic link as
+    the last part of the path (`O_NOFOLLOW`); `within`, a folder, refuses a file whose real
+    path (the file actually opened, links resolved) is not inside that folder's real path.
     """
+    path = os.fspath(path)
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    if not follow:
+        flags |= getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise RectoolError(f"{path}: {what} not found") from None
     except OSError as exc:
+        if not follow and exc.errno == errno.ELOOP:
+            raise RectoolError(
+                f"{path}: a symbolic link (the {what} must not be one)"
+            ) from None  # fmt: skip
         raise RectoolError(f"{path}: cannot open the {what} ({exc.strerror})") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise RectoolError(f"{path}: not a regular file (the {what} must be one)")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise RectoolError(
+                f"{path}: the {what} is {st.st_size} bytes, over the limit of {max_bytes}"
+            )  # fmt: skip
+        if within is not None:
+            real, folder = _opened_path(fd, path), os.path.realpath(within)
+            if real != folder and not real.startswith(os.path.join(folder, "")):
+                raise RectoolError(
+                    f"{path}: the {what} leads outside {os.fspath(within)} (to {real}); "
+                    "it must be inside that folder"
+                )  # fmt: skip
+    except BaseException:
         os.close(fd)
-        raise RectoolError(f"{path}: not a regular file (the {what} must be one)")
+        raise
     return fd, st
 
 
-def _read_regular(path, what):
-    fd, st = open_regular(path, what)
+def read_regular(path, what, max_bytes=None, follow=True, within=None):
+    """Return (bytes, stat) of a file opened by `open_regular`: at most the size it had when
+    opened (a file that grows is read as it was, so memory is bounded by `max_bytes`)."""
+    fd, st = open_regular(path, what, max_bytes, follow, within)
     with os.fdopen(fd, "rb") as f:
-        return f.read(), st
+        return f.read(st.st_size), st
+
+
+_read_regular = read_regular
 
 
 def unpack_header(record, path=None, offset=None):
@@ -218,7 +264,7 @@ def read_index_cache(idx_path, st=None):
         return None
     if len(data) != INDEX_CACHE_HEADER.size + 16 * count:
         return None
-    with open(idx_path, "rb") as f:
+    with os.fdopen(open_regular(idx_path, "index file")[0], "rb") as f:
         crc_now = 0
         while block := f.read(1 << 24):
             crc_now = zlib.crc32(block, crc_now)
