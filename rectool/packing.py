@@ -73,10 +73,12 @@ from .manifest import (
     swap_in,
 )
 from .passthrough import (
-    OPEN_FLAGS,
     OUTSIDE_ROOT,
+    OUTSIDE_ROOT_LINK,
     TOO_LARGE,
+    OutsideRoot,
     PassThroughPacker,
+    RootGuard,
     frame_image,
     not_regular,
     resolve_path,
@@ -884,6 +886,7 @@ class _ImageWorker:
     def __init__(self, root, options):
         self.root, self.options = root, options
         self._prefix = os.path.join(root, "")
+        self._guard = RootGuard(root, options.allow_outside_root)
         # A layout that numbers images as written frames them where they are written.
         self.frame = not layout_named(options.layout).numbered
 
@@ -903,9 +906,11 @@ class _ImageWorker:
         if path is None:
             return ImageRefused(OUTSIDE_ROOT)
         try:
-            data = _read_file(path)
+            data = _read_file(path, self._guard.open)
         except ImageRefused as refusal:
             return refusal
+        except OutsideRoot:
+            return ImageRefused(OUTSIDE_ROOT_LINK)
         except FileNotFoundError:
             return ImageRefused("file not found")
         except IsADirectoryError:
@@ -993,13 +998,13 @@ def _io_bound(options):
     return options.transform is None and options.check != "decode"
 
 
-def _read_file(path):
+def _read_file(path, open_):
     """Return a file's bytes with four system calls for a small file, and no file object.
 
     Raises `ImageRefused` for anything but a regular file (opened without waiting: a FIFO
     does not block) and for one over the record limit; reads at most the size it had.
     """
-    fd = os.open(path, OPEN_FLAGS)
+    fd = open_(path)  # a `RootGuard`'s: a link cannot lead out of ROOT
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
