@@ -636,12 +636,18 @@ def parse_extensions(ctx, param, value):
     help="Write the label map here. Default: PREFIX.labels.tsv beside OUT; "
     "with OUT - it is written only if this is given.",
 )
+@click.option(
+    "--allow-outside-root",
+    is_flag=True,
+    help="Follow symbolic links that lead out of ROOT (each folder is still listed once); "
+    "by default they are skipped as outside-root.",
+)
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON: on stdout, or on stderr when OUT is -.")
 @library_errors
 def list_command(
     root, out, recursive, exts, shuffle, seed, chunks, train_ratio, val_ratio, test_ratio,
-    split_by, min_per_id, max_per_id, threads, labels, quiet, as_json,
+    split_by, min_per_id, max_per_id, threads, labels, allow_outside_root, quiet, as_json,
 ):  # fmt: skip
     """List the images under ROOT, one identity per folder, into OUT (.lst, or - for stdout).
 
@@ -655,10 +661,13 @@ def list_command(
     Passed over, counted by reason and summarised on stderr: files without an image
     extension, hidden files and folders (.name), files directly in ROOT, empty identity
     folders, unreadable folders, names a .lst line cannot hold (tab, newline, CR, not UTF-8,
-    leading or trailing whitespace), broken links and special files, symlink loops.
+    leading or trailing whitespace), broken links and special files, symlink loops and
+    repeats, links that lead out of ROOT.
 
-    Symbolic links are followed, to files and to folders; a linked folder that leads back to
-    one of its own ancestors is a loop, skipped and counted, so a scan always ends.
+    Symbolic links are followed, to files and to folders, while they stay inside ROOT (see
+    --allow-outside-root). Every folder is listed once: a linked folder that leads back to
+    one of its own ancestors, or to a folder already listed, is skipped and counted, so a
+    scan always ends.
 
     \b
     Example:
@@ -676,6 +685,7 @@ def list_command(
             recursive=recursive,
             threads=threads,
             progress=update and (lambda folders, images: update(folders, None, 0)),
+            allow_outside_root=allow_outside_root,
             shuffle=shuffle,
             seed=seed,
             chunks=chunks,
