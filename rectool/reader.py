@@ -159,6 +159,23 @@ def read_regular(path, what, max_bytes=None, follow=True, within=None):
 _read_regular = read_regular
 
 
+def dataset_path(folder, name, what):
+    """Return the path of a file that a dataset names (`name`, from its manifest or index),
+    inside `folder`; raise `RectoolError` for a name that is absolute or climbs out with `..`.
+
+    Paths named inside a dataset stay inside its folder, no exceptions; open them with
+    `open_regular(path, what, within=folder)`, which also refuses a link leading out.
+    """
+    text = os.fspath(name)
+    parts = text.replace(os.sep, "/").split("/")
+    if not text or os.path.isabs(text) or ".." in parts or "\0" in text:
+        raise RectoolError(
+            f"{os.path.join(os.fspath(folder), '')}: the {what} {text!r} is not a path inside "
+            "the dataset's folder (it must be, with no .. and not absolute)"
+        )  # fmt: skip
+    return os.path.join(os.fspath(folder), text)
+
+
 def unpack_header(record, path=None, offset=None):
     """Split one record into its `Header` and image bytes, as `mxnet.recordio.unpack` does."""
     if len(record) < IMAGE_HEADER_SIZE:

@@ -79,3 +79,73 @@ def test_pack_does_not_pack_proc_or_etc_through_a_link(tmp_path):
     refused = pack_refusals(tmp_path, root, ["alice/passwd.jpg", "alice/environ.jpg"],
                             ["--check", "none"])  # fmt: skip
     assert refused == {"alice/passwd.jpg": LINK_OUT, "alice/environ.jpg": LINK_OUT}
+
+
+# -- report: paths named inside a dataset stay inside its folder -------------------------------
+
+
+def read_refusals(folder, failures_file, images_root=None):
+    from rectool.report import ReportOptions, _read_refusals, _ThumbBudget
+
+    manifest = {"failures_file": failures_file, "totals": {"failures": 1}}
+    options = ReportOptions(images_root=None if images_root is None else str(images_root))
+    return _read_refusals(
+        manifest, str(folder / "faces.manifest.json"), options, _ThumbBudget(1 << 24), 1
+    )
+
+
+@pytest.mark.parametrize("name", ["../../../etc/passwd", "/etc/passwd", "sub/../../x.jsonl"])
+def test_report_reads_no_failures_file_outside_the_dataset(tmp_path, name):
+    pack = tmp_path / "a" / "b" / "c" / "pack"
+    pack.mkdir(parents=True)
+    (tmp_path / "x.jsonl").write_text('{"path": "secret.jpg", "reason": "leaked"}\n')
+    out = read_refusals(pack, name)
+    assert out.total == 0 and not out.reasons
+    assert "is not a path inside the dataset's folder" in out.note
+    assert repr(name) in out.note
+
+
+def test_report_does_not_follow_a_failures_link_out_or_read_a_fifo_or_device(tmp_path, alarm):
+    alarm(60)  # a guard only: without the fix the FIFO blocks for ever, /dev/zero never ends
+    os.symlink("/etc/passwd", tmp_path / "link.jsonl")
+    os.symlink("/dev/zero", tmp_path / "zero.jsonl")
+    os.mkfifo(tmp_path / "fifo.jsonl")  # opening it would wait for a writer forever
+    out = read_refusals(tmp_path, "link.jsonl")
+    assert out.total == 0 and "leads outside" in out.note, out.note
+    for name in ("zero.jsonl", "fifo.jsonl"):
+        out = read_refusals(tmp_path, name)
+        assert out.total == 0 and "not a regular file" in out.note, out.note
+
+
+def test_report_holds_at_most_one_bounded_line_of_a_failures_file(tmp_path, monkeypatch):
+    from rectool import report
+
+    monkeypatch.setattr(report, "MAX_FAILURES_LINE", 64)
+    good = b'{"path": "a/1.jpg", "reason": "empty file"}\n'
+    (tmp_path / "f.jsonl").write_bytes(good + b"x" * 1000 + b"\n" + good)
+    out = read_refusals(tmp_path, "f.jsonl")
+    assert out.total == 2 and out.bad_lines == [2]
+
+
+def test_report_shows_no_thumbnail_of_an_image_outside_images_root(tmp_path):
+    secret = tmp_path / "secret.jpg"
+    secret.write_bytes(jpeg_bytes(3))
+    root = tmp_path / "tree"
+    (root / "alice").mkdir(parents=True)
+    (root / "alice" / "1.jpg").write_bytes(jpeg_bytes(4))
+    os.symlink(secret, root / "alice" / "link.jpg")
+    pack = tmp_path / "pack"
+    pack.mkdir()
+    lines = [
+        {"line": 1, "path": str(secret), "reason": "r"},
+        {"line": 2, "path": "../secret.jpg", "reason": "r"},
+        {"line": 3, "path": "alice/link.jpg", "reason": "r"},
+        {"line": 4, "path": "alice/1.jpg", "reason": "r"},  # inside: shown
+    ]
+    (pack / "f.jsonl").write_text("".join(json.dumps(entry) + "\n" for entry in lines))
+    out = read_refusals(pack, "f.jsonl", images_root=root)
+    thumbs = {path: thumb for _, path, _, thumb, _ in out.rows}
+    assert thumbs["alice/1.jpg"] is not None
+    assert [thumbs[entry["path"]] for entry in lines[:3]] == [None, None, None]
+    notes = {path: note for _, path, _, _, note in out.rows}
+    assert notes[str(secret)] == "source outside --images-root or not a regular file"
