@@ -31,7 +31,7 @@ from .atomic import write_atomic, write_json_atomic
 from .digest import sha256_file
 from .errors import RectoolError, UsageError
 from .images import ImageRefused, Transform, decode_image, jpeg_size, reencode_image
-from .keys import FLOAT32_EXACT
+from .keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
 from .layout import layout_named
 from .listfile import LABEL_MAP_SUFFIX, read_label_map
 
@@ -145,6 +145,7 @@ class _Source:
         except RectoolError as exc:
             raise RectoolError(f"source {self.spec}: {exc}") from None
         self.shard_of = _sample_shards(self.dataset)
+        _refuse_shared_offsets(self.dataset, self.shard_of)
         self.labels = _identity_labels(self.dataset, self.spec)
         self.names = _identity_names(self.dataset)
         self.dataset.close()  # its mappings are touched end to end: let them go
@@ -157,6 +158,16 @@ class _Source:
             files.append([os.path.abspath(rec), st_rec.st_size, st_rec.st_mtime_ns,
                           st_idx.st_size, st_idx.st_mtime_ns])  # fmt: skip
         return files
+
+
+def _refuse_shared_offsets(dataset, shard_of):
+    """Refuse a source whose index names one record under several keys: repack would copy it
+    once per key (work bounded by the records that exist, not by the index's lines)."""
+    keys, offsets = np.asarray(dataset.keys), np.asarray(dataset.offsets)
+    count, number, _ = shared_offsets(keys, offsets, shard_of)
+    if count:
+        mine = shard_of == number
+        refuse_shared_offsets(dataset.shards[number][1], keys[mine], offsets[mine], "repack")
 
 
 def _sample_shards(dataset):

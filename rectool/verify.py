@@ -772,7 +772,7 @@ def check_index(facts):
     order = np.argsort(offsets, kind="stable")
     so = offsets[order]
     shared = np.flatnonzero(so[1:] == so[:-1]) + 1
-    shared = [i for i in shared.tolist() if keys[order[i]] != keys[order[i - 1]]]
+    shared = shared[keys[order[shared]] != keys[order[shared - 1]]].tolist()  # no loop per line
 
     def shared_problems():
         for i in shared:

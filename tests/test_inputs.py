@@ -149,3 +149,66 @@ def test_report_shows_no_thumbnail_of_an_image_outside_images_root(tmp_path):
     assert [thumbs[entry["path"]] for entry in lines[:3]] == [None, None, None]
     notes = {path: note for _, path, _, _, note in out.rows}
     assert notes[str(secret)] == "source outside --images-root or not a regular file"
+
+
+# -- many keys naming one record ---------------------------------------------------------------
+
+
+def test_shared_offsets_counts_offsets_named_by_several_keys():
+    import numpy as np
+
+    from rectool.keys import shared_offsets
+
+    keys = np.array([0, 1, 2, 3, 4, 4])
+    offsets = np.array([0, 40, 40, 40, 80, 80])  # 40: keys 1-3; 80: key 4 twice (one key)
+    assert shared_offsets(keys, offsets) == (1, 0, 40)
+    assert shared_offsets(keys, np.array([0, 40, 80, 120, 160, 200])) == (0, None, None)
+    # within a shard only: the same offset in two shards is two records
+    assert shared_offsets(np.array([0, 1]), np.array([8, 8]), np.array([0, 1])) == (0, None, None)
+    keys, offsets, shards = np.array([5, 1, 2, 3]), np.array([8, 0, 8, 0]), np.array([1, 0, 1, 0])
+    assert shared_offsets(keys, offsets, shards) == (2, 0, 0)  # shard 0 offset 0, shard 1 8
+
+
+@pytest.fixture
+def one_record_many_keys(tmp_path):
+    """A pack of 3 images, no manifest, whose .idx names the record at offset 0 under 1,000
+    more keys."""
+    root = tmp_path / "tree"
+    items = write_pack_tree(root, ["alice"], 3)
+    lst = write_list(tmp_path / "faces.lst", items)
+    prefix = tmp_path / "out" / "faces"
+    assert invoke("pack", lst, root, prefix, "-q").exit_code == 0
+    idx = tmp_path / "out" / "faces.idx"
+    os.remove(f"{prefix}.manifest.json")  # as another tool writes it: the .idx alone says
+    with open(idx, "a", encoding="ascii") as f:
+        f.writelines(f"{key}\t0\n" for key in range(100, 1100))
+    return prefix, idx
+
+
+def test_unpack_refuses_an_index_naming_one_record_under_many_keys(one_record_many_keys, tmp_path):
+    prefix, idx = one_record_many_keys
+    out = tmp_path / "images"
+    result = invoke("unpack", f"{prefix}.rec", out, "-q")
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"Error: {idx}: byte offset 0 is named by 1,001 keys ")
+    assert "(0, 100, 101, 102, 103 and 996 more)" in result.output
+    assert "unpack refuses" in result.output
+    assert not out.exists() or not any(out.rglob("*.jpg"))  # nothing written
+
+
+def test_repack_refuses_an_index_naming_one_record_under_many_keys(one_record_many_keys, tmp_path):
+    prefix, idx = one_record_many_keys
+    result = invoke("repack", f"{prefix}.rec", tmp_path / "again", "-q")
+    assert result.exit_code == 1, result.output
+    assert f"{idx}: byte offset 0 is named by 1,001 keys" in result.output
+    assert "repack refuses" in result.output
+    assert not list(tmp_path.glob("again*"))
+
+
+def test_verify_reports_the_shared_offset(one_record_many_keys):
+    prefix, _ = one_record_many_keys
+    result = invoke("verify", f"{prefix}.rec", "--json")
+    found = json.loads(result.output)
+    assert result.exit_code != 0
+    text = json.dumps(found)
+    assert "duplicate-offset" in text
