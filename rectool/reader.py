@@ -159,6 +159,15 @@ def read_regular(path, what, max_bytes=None, follow=True, within=None):
 _read_regular = read_regular
 
 
+def open_input(path, what, encoding=None, newline=None, **checks):
+    """Return a file object for reading a file opened by `open_regular` (`checks`: its
+    `max_bytes`, `follow`, `within`): binary, or text in `encoding` (`newline` as `open`'s)."""
+    fd, _ = open_regular(path, what, **checks)
+    if encoding is None:
+        return os.fdopen(fd, "rb")
+    return os.fdopen(fd, "r", encoding=encoding, newline=newline)
+
+
 def dataset_path(folder, name, what):
     """Return the path of a file that a dataset names (`name`, from its manifest or index),
     inside `folder`; raise `RectoolError` for a name that is absolute or climbs out with `..`.

@@ -53,6 +53,7 @@ from .reader import (
     MAGIC,
     RecordFile,
     open_dataset,
+    open_input,
     read_manifest,
     unpack_header,
 )
@@ -532,7 +533,7 @@ class _RecordCopier:
         if self._files[f] is None:
             k = int(np.searchsorted(self._base, f, side="right") - 1)
             rec = self.sources[k].dataset.shards[f - self._base[k]][0]
-            with open(rec, "rb") as fh:
+            with open_input(rec, "record file") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b"\0" * 8
             self._files[f] = (mm, np.frombuffer(mm, "<u4", len(mm) // 4), size)
@@ -746,9 +747,9 @@ def _check_state(state_path, state):
     """Refuse to resume a repack that an interrupted run started with other sources or
     options."""
     try:
-        with open(state_path, encoding="utf-8") as f:
+        with open_input(state_path, "repack state", "utf-8") as f:
             saved = json.load(f)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RectoolError) as exc:
         raise RectoolError(
             f"{state_path}: cannot read ({exc}); start again with --overwrite"
         ) from None
@@ -778,7 +779,7 @@ def _check_not_a_source(prefix, sources):
 
 def _completed_result(prefix):
     manifest = read_manifest(manifest_path(prefix))
-    with open(prefix + REPORT_SUFFIX, encoding="utf-8") as f:
+    with open_input(prefix + REPORT_SUFFIX, "repack report", "utf-8") as f:
         report = json.load(f)
     totals = manifest["totals"]
     return RepackResult(
@@ -850,7 +851,7 @@ class _RepackRun:
         if not os.path.exists(earlier):  # killed after renaming it, before the manifest
             earlier = self.prefix + FAILURES_SUFFIX
         if resume and os.path.exists(earlier):
-            with open(earlier, "rb") as f:
+            with open_input(earlier, "failures file") as f:
                 data = f.read()
             lines = data[: data.rfind(b"\n") + 1].splitlines(keepends=True)
             kept = b"".join(line for line in lines if b'"stage": "write"' in line)

@@ -41,6 +41,7 @@ from .reader import (
     IMAGE_HEADER_SIZE,
     MAGIC_BYTES,
     RecordFile,
+    open_input,
     parse_index,
     read_index_cache,
     resolve_source,
@@ -564,7 +565,7 @@ def read_index(idx):
     if not os.path.exists(idx):
         return None
     try:
-        with open(idx, "rb") as f:
+        with open_input(idx, "index file") as f:
             data = f.read()
     except OSError as exc:
         raise RectoolError(f"{idx}: cannot read ({exc.strerror or exc})") from None
@@ -961,9 +962,9 @@ def _check_insightface(facts):
 def _check_property(facts, identities):
     path = os.path.join(os.path.dirname(facts.rec), "property")
     try:
-        with open(path, encoding="ascii") as f:
+        with open_input(path, "property file", "ascii", max_bytes=1 << 16) as f:
             text = f.read().strip()
-    except (OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError, RectoolError):
         return
     first = text.split(",")[0]
     if first.strip().isdigit() and int(first) != identities:
