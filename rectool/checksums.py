@@ -24,7 +24,7 @@ import numpy as np
 
 from .atomic import write_atomic
 from .errors import RectoolError
-from .reader import open_input
+from .inputs import open_input
 
 SUFFIX = ".crc"
 FILE_MAGIC = b"RTCRC32\n"

@@ -14,12 +14,12 @@ import zlib
 import numpy as np
 
 from .errors import RectoolError
+from .inputs import open_input
 from .reader import (
     INDEX_CACHE_HEADER,
     INDEX_CACHE_MAGIC,
     index_cache_path,
     load_index,
-    open_input,
     resolve_source,
 )
 

@@ -13,7 +13,7 @@ import re
 from typing import NamedTuple
 
 from .errors import RectoolError
-from .reader import open_input
+from .inputs import open_input
 
 LIST_SUFFIX = ".lst"
 # Records store labels as float32 (MXNet's IRHeader); a larger label cannot be written.

@@ -90,99 +90,34 @@ class SampleIndexError(RectoolError, IndexError):
     """A sample index outside the dataset (an `IndexError`, so iteration protocols stop)."""
 
 
-def inside(path, folder):
-    """Return whether `path` is `folder` or lies below it, both as real paths (links resolved)."""
-    path, folder = os.path.realpath(path), os.path.realpath(folder)
-    return path == folder or path.startswith(os.path.join(folder, ""))
-
-
-def _opened_path(fd, path):
-    """Return the real path of the file open as `fd` (Linux: where the kernel opened it)."""
-    try:
-        return os.readlink(f"/proc/self/fd/{fd}")
-    except OSError:
-        return os.path.realpath(path)
-
-
-def open_regular(path, what, max_bytes=None, follow=True, within=None):
+def open_regular(path, what, max_bytes=None, follow=True):
     """Open `path` read-only and return (fd, stat); refuse anything but a regular file.
 
-    Every file rectool reads is opened here. Opened non-blocking and checked with fstat first:
-    a FIFO would block, a device never end. `max_bytes` bounds the size (a larger file is
-    refused, so a reader allocates at most that); `follow=False` refuses a symbolic link as
-    the last part of the path (`O_NOFOLLOW`); `within`, a folder, refuses a file whose real
-    path (the file actually opened, links resolved) is not inside that folder's real path.
+    Every file rectool reads is opened here (`rectool.inputs` adds the folder rule). Opened
+    non-blocking and checked with fstat first: a FIFO would block, a device never end.
+    `max_bytes` bounds the size; `follow=False` refuses a link (`O_NOFOLLOW`).
     """
-    path = os.fspath(path)
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    if not follow:
-        flags |= getattr(os, "O_NOFOLLOW", 0)
+    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | nofollow)
     except FileNotFoundError:
         raise RectoolError(f"{path}: {what} not found") from None
     except OSError as exc:
-        if not follow and exc.errno == errno.ELOOP:
-            raise RectoolError(
-                f"{path}: a symbolic link (the {what} must not be one)"
-            ) from None  # fmt: skip
-        raise RectoolError(f"{path}: cannot open the {what} ({exc.strerror})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise RectoolError(f"{path}: not a regular file (the {what} must be one)")
-        if max_bytes is not None and st.st_size > max_bytes:
-            raise RectoolError(
-                f"{path}: the {what} is {st.st_size} bytes, over the limit of {max_bytes}"
-            )  # fmt: skip
-        if within is not None:
-            real, folder = _opened_path(fd, path), os.path.realpath(within)
-            if real != folder and not real.startswith(os.path.join(folder, "")):
-                raise RectoolError(
-                    f"{path}: the {what} leads outside {os.fspath(within)} (to {real}); "
-                    "it must be inside that folder"
-                )  # fmt: skip
-    except BaseException:
+        why = "is a symbolic link" if nofollow and exc.errno == errno.ELOOP else exc.strerror
+        raise RectoolError(f"{path}: cannot open the {what} ({why})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or (max_bytes is not None and st.st_size > max_bytes):
         os.close(fd)
-        raise
+        if stat.S_ISREG(st.st_mode):
+            raise RectoolError(f"{path}: the {what} is {st.st_size} bytes, over {max_bytes}")
+        raise RectoolError(f"{path}: not a regular file (the {what} must be one)")
     return fd, st
 
 
-def read_regular(path, what, max_bytes=None, follow=True, within=None):
-    """Return (bytes, stat) of a file opened by `open_regular`: at most the size it had when
-    opened (a file that grows is read as it was, so memory is bounded by `max_bytes`)."""
-    fd, st = open_regular(path, what, max_bytes, follow, within)
+def _read_regular(path, what, **checks):
+    fd, st = open_regular(path, what, **checks)
     with os.fdopen(fd, "rb") as f:
-        return f.read(st.st_size), st
-
-
-_read_regular = read_regular
-
-
-def open_input(path, what, encoding=None, newline=None, **checks):
-    """Return a file object for reading a file opened by `open_regular` (`checks`: its
-    `max_bytes`, `follow`, `within`): binary, or text in `encoding` (`newline` as `open`'s)."""
-    fd, _ = open_regular(path, what, **checks)
-    if encoding is None:
-        return os.fdopen(fd, "rb")
-    return os.fdopen(fd, "r", encoding=encoding, newline=newline)
-
-
-def dataset_path(folder, name, what):
-    """Return the path of a file that a dataset names (`name`, from its manifest or index),
-    inside `folder`; raise `RectoolError` for a name that is absolute or climbs out with `..`.
-
-    Paths named inside a dataset stay inside its folder, no exceptions; open them with
-    `open_regular(path, what, within=folder)`, which also refuses a link leading out.
-    """
-    text = os.fspath(name)
-    parts = text.replace(os.sep, "/").split("/")
-    if not text or os.path.isabs(text) or ".." in parts or "\0" in text:
-        raise RectoolError(
-            f"{os.path.join(os.fspath(folder), '')}: the {what} {text!r} is not a path inside "
-            "the dataset's folder (it must be, with no .. and not absolute)"
-        )  # fmt: skip
-    return os.path.join(os.fspath(folder), text)
+        return f.read(st.st_size), st  # as large as when opened: a growing file is not read on
 
 
 def unpack_header(record, path=None, offset=None):
@@ -281,7 +216,7 @@ def load_index(idx_path, cache=True):
 def read_index_cache(idx_path, st=None):
     """Return (keys, offsets) from the .idx cache, or None when missing, stale or damaged."""
     try:
-        data, _ = _read_regular(index_cache_path(idx_path), "index cache")
+        data, _ = _read_regular(index_cache_path(idx_path), "index cache", follow=False)
         magic, size, mtime_ns, count, crc = INDEX_CACHE_HEADER.unpack_from(data)
     except (RectoolError, struct.error):
         return None

@@ -31,6 +31,7 @@ from .atomic import write_atomic, write_json_atomic
 from .digest import sha256_file
 from .errors import RectoolError, UsageError
 from .images import ImageRefused, Transform, decode_image, jpeg_size, reencode_image
+from .inputs import open_input
 from .keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
 from .layout import layout_named
 from .listfile import LABEL_MAP_SUFFIX, read_label_map
@@ -53,7 +54,6 @@ from .reader import (
     MAGIC,
     RecordFile,
     open_dataset,
-    open_input,
     read_manifest,
     unpack_header,
 )
@@ -747,7 +747,7 @@ def _check_state(state_path, state):
     """Refuse to resume a repack that an interrupted run started with other sources or
     options."""
     try:
-        with open_input(state_path, "repack state", "utf-8") as f:
+        with open_input(state_path, "repack state", "utf-8", follow=False) as f:
             saved = json.load(f)
     except (OSError, ValueError, RectoolError) as exc:
         raise RectoolError(
@@ -851,7 +851,7 @@ class _RepackRun:
         if not os.path.exists(earlier):  # killed after renaming it, before the manifest
             earlier = self.prefix + FAILURES_SUFFIX
         if resume and os.path.exists(earlier):
-            with open_input(earlier, "failures file") as f:
+            with open_input(earlier, "failures file", follow=False) as f:
                 data = f.read()
             lines = data[: data.rfind(b"\n") + 1].splitlines(keepends=True)
             kept = b"".join(line for line in lines if b'"stage": "write"' in line)

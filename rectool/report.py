@@ -26,7 +26,7 @@ import numpy as np
 from .atomic import write_atomic
 from .errors import RectoolError, UsageError
 from .info import dataset_info
-from .reader import dataset_path, open_regular, read_regular
+from .inputs import dataset_path, open_checked, read_regular
 from .report_page import render_html, render_sheet
 
 DEFAULT_IDENTITIES = 12
@@ -509,7 +509,7 @@ def _read_refusals(manifest, manifest_path, options, budget, reduce):
         out.note = f"The failures file {out.path} is missing{said}."
         return out
     try:
-        fd, _ = open_regular(out.path, "failures file", within=folder)
+        fd, _ = open_checked(out.path, "failures file", within=folder)
     except RectoolError as exc:
         out.note = f"The failures file cannot be read: {exc}."
         return out
@@ -572,7 +572,7 @@ def _source_thumb(path, line, options, reduce):
     except RectoolError as exc:
         if not os.path.lexists(os.path.join(options.images_root, path)):
             return None, "source not found"
-        if "over the limit" in str(exc):
+        if "bytes, over" in str(exc):
             return None, "source too large to show"
         return None, "source outside --images-root or not a regular file"
     thumb = _thumbnail(data, options.thumb, reduce, f"refused image {path} (list line {line})", "")

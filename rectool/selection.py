@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import RectoolError
-from .reader import open_input
+from .inputs import open_input
 
 ORDERS = ("identity", "source", "shuffle")
 SAMPLE_UNITS = ("identities", "images")

@@ -35,13 +35,13 @@ from .checksums import (
 from .digest import sha256_file
 from .errors import IndexFormatError, RectoolError
 from .images import ImageRefused, inspect_image
+from .inputs import open_input
 from .keys import FLOAT32_EXACT
 from .reader import (
     DATASET_LAYOUTS,
     IMAGE_HEADER_SIZE,
     MAGIC_BYTES,
     RecordFile,
-    open_input,
     parse_index,
     read_index_cache,
     resolve_source,
