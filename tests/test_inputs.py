@@ -212,3 +212,33 @@ def test_verify_reports_the_shared_offset(one_record_many_keys):
     assert result.exit_code != 0
     text = json.dumps(found)
     assert "duplicate-offset" in text
+
+
+# -- the opener ----------------------------------------------------------------------------------
+
+
+def test_the_opener_bounds_size_refuses_links_and_keeps_files_in_a_folder(tmp_path, alarm):
+    from rectool.errors import RectoolError
+    from rectool.inputs import dataset_path, open_input, read_regular
+
+    alarm(60)  # a guard only: a FIFO opened for reading would block
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "f.txt").write_bytes(b"0123456789")
+    (tmp_path / "secret").write_bytes(b"s")
+    os.symlink(tmp_path / "secret", tmp_path / "data" / "out")
+    os.symlink("f.txt", tmp_path / "data" / "in")
+    os.mkfifo(tmp_path / "data" / "fifo")
+    folder = tmp_path / "data"
+    assert read_regular(folder / "f.txt", "x", max_bytes=10)[0] == b"0123456789"
+    assert read_regular(folder / "in", "x", within=folder)[0] == b"0123456789"
+    with pytest.raises(RectoolError, match=r"f\.txt: the x is 10 bytes, over 9"):
+        read_regular(folder / "f.txt", "x", max_bytes=9)
+    with pytest.raises(RectoolError, match=r"in: cannot open the x \(is a symbolic link\)"):
+        open_input(folder / "in", "x", follow=False)
+    with pytest.raises(RectoolError, match=r"out: the x leads outside .*data \(to .*secret\)"):
+        open_input(folder / "out", "x", within=folder)
+    with pytest.raises(RectoolError, match=r"fifo: not a regular file \(the x must be one\)"):
+        open_input(folder / "fifo", "x")
+    with pytest.raises(RectoolError, match="is not a path inside the dataset's folder"):
+        dataset_path(folder, "../secret", "failures file")
+    assert dataset_path(folder, "a/b.jsonl", "failures file") == str(folder / "a/b.jsonl")
