@@ -27,6 +27,7 @@ from .atomic import write_atomic
 from .errors import RectoolError, UsageError
 from .info import dataset_info
 from .inputs import dataset_path, open_checked, read_regular
+from .keys import shared_offsets
 from .report_page import render_html, render_sheet
 
 DEFAULT_IDENTITIES = 12
@@ -229,6 +230,15 @@ class _ImageTable:
         number = len(self.recs)
         self.recs.append(rec)
         n = len(facts["offsets"])
+        offsets = np.asarray(facts["offsets"], np.int64)  # one per key (the last line wins)
+        count, _, offset = shared_offsets(np.arange(n), offsets)
+        if count:  # a report of one record shown once per key would run on for every key
+            raise RectoolError(
+                f"{rec}: byte offset {offset} is named by "
+                f"{int(np.count_nonzero(offsets == offset)):,} keys of its index"
+                + (f" ({count - 1:,} other offsets too)" if count > 1 else "")
+                + "; each record has one key, so report refuses it (`rectool verify` lists them)"
+            )
         self._parts.append(
             (
                 np.full(n, number, np.int32),

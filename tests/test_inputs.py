@@ -242,3 +242,11 @@ def test_the_opener_bounds_size_refuses_links_and_keeps_files_in_a_folder(tmp_pa
     with pytest.raises(RectoolError, match="is not a path inside the dataset's folder"):
         dataset_path(folder, "../secret", "failures file")
     assert dataset_path(folder, "a/b.jsonl", "failures file") == str(folder / "a/b.jsonl")
+
+
+def test_report_refuses_an_index_naming_one_record_under_many_keys(one_record_many_keys, tmp_path):
+    prefix, _ = one_record_many_keys
+    result = invoke("report", f"{prefix}.rec", "-o", tmp_path / "r.html")
+    assert result.exit_code == 1, result.output
+    assert result.output.startswith(f"Error: {prefix}.rec: byte offset 0 is named by 1,001 keys")
+    assert not (tmp_path / "r.html").exists()
