@@ -310,8 +310,8 @@ def progress_bar(quiet, unit):
 @click.option(
     "--allow-outside-root",
     is_flag=True,
-    help="Pack list paths that leave ROOT (absolute, or climbing out with ..); "
-    "by default they are refused as outside-root.",
+    help="Pack list paths that leave ROOT (absolute, climbing out with .., or through a "
+    "symbolic link); by default they are refused as outside-root.",
 )
 @click.option("--resume", is_flag=True, help="Continue an interrupted pack where it stopped.")
 @click.option(
