@@ -695,8 +695,10 @@ class _RecordCopier:
 def _file_digest(path):
     try:
         return sha256_file(path)
-    except FileNotFoundError:
-        raise RectoolError(f"{path}: identity list not found") from None
+    except RectoolError:
+        if not os.path.lexists(path):
+            raise RectoolError(f"{path}: identity list not found") from None
+        raise
 
 
 def repack(sources, prefix, options=None, resume=False, overwrite=False, progress=None):

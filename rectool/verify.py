@@ -369,7 +369,7 @@ class _ShardHashes:
             return False
         try:
             return future.result() == expected
-        except OSError:  # reported by `check`
+        except (OSError, RectoolError):  # reported by `check`
             return False
 
     def check(self):

@@ -24,8 +24,6 @@ ALLOWED = {
     ("training.py", "__init__"): "the Loader's shared-memory ring, which it creates (O_RDWR)",
     ("emit.py", "reader_source"): "rectool's own module source, shipped with the package",
     ("demo.py", "make_tree"): "a file the demo itself just wrote",
-    ("digest.py", "sha256_hasher"): "hashes files its callers already opened or stat-ed; they "
-    "rely on OSError (pending: route through open_regular)",
     ("manifest.py", "check_resume_state"): "pending: the pack state file, in the manifest "
     "staging code another part of issue 19 rewrites",
     ("shards.py", "resume"): "pending: a shard's own .idx on --resume, in the shard "

@@ -250,3 +250,13 @@ def test_report_refuses_an_index_naming_one_record_under_many_keys(one_record_ma
     assert result.exit_code == 1, result.output
     assert result.output.startswith(f"Error: {prefix}.rec: byte offset 0 is named by 1,001 keys")
     assert not (tmp_path / "r.html").exists()
+
+
+def test_sha256_of_a_fifo_is_refused_not_waited_on(tmp_path, alarm):
+    from rectool.digest import sha256_file
+    from rectool.errors import RectoolError
+
+    alarm(60)  # a guard only: without the opener, open() of a FIFO waits for a writer
+    os.mkfifo(tmp_path / "x.rec")
+    with pytest.raises(RectoolError, match=r"x\.rec: not a regular file"):
+        sha256_file(tmp_path / "x.rec")
