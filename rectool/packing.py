@@ -44,6 +44,7 @@ from .images import (
     check_image,
     reencode_image,
 )
+from .inputs import dataset_path, open_input
 from .layout import (
     LAYOUTS,  # noqa: F401 (the CLI offers them)
     image_size,
@@ -418,7 +419,7 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
 
 
 def _read_refusals(path):
-    with open(path, encoding="utf-8") as f:
+    with open_input(path, "failures file", "utf-8", follow=False) as f:
         return [Refusal(**json.loads(line)) for line in f]
 
 
@@ -464,7 +465,7 @@ def _finalize(list_path, root, prefix, options, label_map):
     final_failures = prefix + FAILURES_SUFFIX
     with open(create_new(final_failures + PARTIAL_SUFFIX), "wb") as out:
         for number in range(len(plan)):
-            with open(shard_stem(prefix, number) + FAILURES_SUFFIX, "rb") as f:
+            with open_input(shard_stem(prefix, number) + FAILURES_SUFFIX, "failures file") as f:
                 shutil.copyfileobj(f, out)
     os.replace(final_failures + PARTIAL_SUFFIX, final_failures)
     for number in range(len(plan)):
@@ -496,7 +497,7 @@ def check_root(list_path, root, allow_outside_root=False):
     `root`: ROOT is wrong, and packing would only refuse every image."""
     prefix = os.path.join(os.fspath(root), "")
     try:
-        with open(list_path, encoding="utf-8", newline="\n") as f:
+        with open_input(list_path, "list file", "utf-8", "\n") as f:
             items = list(itertools.islice(iter_list(f, os.fspath(list_path)),
                                           ROOT_CHECK_ITEMS))  # fmt: skip
     except (OSError, UnicodeDecodeError, RectoolError):
@@ -543,8 +544,9 @@ def completed_if_same(prefix, state):
 def _completed_result(prefix):
     """Describe a pack that is already complete (so `--resume` can be run again safely)."""
     manifest = read_manifest(manifest_path(prefix))
-    failures_path = os.path.join(os.path.dirname(prefix), manifest["failures_file"])
-    with open(failures_path, encoding="utf-8") as f:
+    folder = os.path.dirname(prefix) or "."
+    failures_path = dataset_path(folder, manifest["failures_file"], "failures file")
+    with open_input(failures_path, "failures file", "utf-8", within=folder) as f:
         refused = [Refusal(**json.loads(line)) for line in itertools.islice(f, 100)]
     totals = manifest["totals"]
     return PackResult(
@@ -584,7 +586,7 @@ def _validate_list(path, layout):
     digest = hashlib.sha256()
     count, last, unordered = 0, -1, []
     try:
-        with open(path, "rb") as f:
+        with open_input(path, "list file") as f:
             rest = b""
             while True:
                 block = f.read(_LIST_BLOCK)
@@ -625,7 +627,7 @@ def _validate_list_slowly(path, layout):
     digest = hashlib.sha256()
     keys = _KeyRegistry()
     count = 0
-    with open(path, "rb") as f:
+    with open_input(path, "list file") as f:
         for number, raw in enumerate(f, start=1):
             digest.update(raw)
             try:
@@ -707,7 +709,7 @@ class _PackRun:
 
     # -- items ------------------------------------------------------------------------------
     def _items(self):
-        with open(self.list_path, encoding="utf-8", newline="\n") as f:
+        with open_input(self.list_path, "list file", "utf-8", "\n") as f:
             yield from self.layout.order(iter_list(f, self.list_path))
 
     @property
@@ -724,7 +726,7 @@ class _PackRun:
                 f"{self.failures_partial}: is a symlink, not a file this pack wrote; remove it"
             )
         if os.path.exists(self.failures_partial):
-            with open(self.failures_partial, "rb") as f:
+            with open_input(self.failures_partial, "failures file", follow=False) as f:
                 data = f.read()
             complete = data[: data.rfind(b"\n") + 1]
             os.truncate(self.failures_partial, len(complete))

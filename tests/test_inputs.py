@@ -260,3 +260,13 @@ def test_sha256_of_a_fifo_is_refused_not_waited_on(tmp_path, alarm):
     os.mkfifo(tmp_path / "x.rec")
     with pytest.raises(RectoolError, match=r"x\.rec: not a regular file"):
         sha256_file(tmp_path / "x.rec")
+
+
+def test_pack_refuses_a_fifo_as_its_list_instead_of_waiting(tmp_path, alarm):
+    alarm(60)  # a guard only: without the opener, pack waits for a writer for ever
+    root = tmp_path / "tree"
+    write_pack_tree(root, ["alice"], 1)
+    os.mkfifo(tmp_path / "faces.lst")
+    result = invoke("pack", tmp_path / "faces.lst", root, tmp_path / "out" / "faces", "-q")
+    assert result.exit_code == 1, result.output
+    assert "faces.lst: not a regular file (the list file must be one)" in result.output
