@@ -270,3 +270,14 @@ def test_pack_refuses_a_fifo_as_its_list_instead_of_waiting(tmp_path, alarm):
     result = invoke("pack", tmp_path / "faces.lst", root, tmp_path / "out" / "faces", "-q")
     assert result.exit_code == 1, result.output
     assert "faces.lst: not a regular file (the list file must be one)" in result.output
+
+
+def test_a_root_given_through_a_link_is_packed_and_listed_whole(tmp_path):
+    real = tmp_path / "disk" / "faces"
+    items = write_pack_tree(real, ["alice", "bob"], 2)
+    os.symlink(real, tmp_path / "faces")  # ROOT itself is a link: its inside is inside
+    refused = pack_refusals(tmp_path, tmp_path / "faces", [p for _, _, p in items], [])
+    assert refused == {}
+    lst = tmp_path / "t.lst"
+    assert invoke("list", tmp_path / "faces", lst, "-q").exit_code == 0
+    assert len(lst.read_text().splitlines()) == 4
