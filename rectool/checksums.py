@@ -14,15 +14,16 @@ dependency is needed; `RecordChecksums` computes it as the shard's bytes are wri
 from __future__ import annotations
 
 import array
+import errno
 import hashlib
 import os
-import stat
 import struct
 import zlib
 
 import numpy as np
 
 from .errors import RectoolError
+from .inputs import open_input
 from .output import write_atomic
 
 SUFFIX = ".crc"
@@ -61,7 +62,7 @@ class RecordChecksums:
         (a resumed shard, cut back to `end`)."""
         crcs = array.array("I")
         bounds = [*offsets.tolist(), end]
-        with open(path, "rb") as f:
+        with open_input(path, "record file") as f:
             for start, stop in zip(bounds, bounds[1:]):
                 crc, left = 0, stop - start
                 f.seek(start)
@@ -139,16 +140,15 @@ def load_checksums(path):
 
     Raises `FileNotFoundError` when it is absent, `ChecksumFileError` when it is not one.
     """
+    if not os.path.lexists(path):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.fspath(path))
     try:
         # Non-blocking, then fstat: a FIFO in its place must not hang the caller.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except FileNotFoundError:
-        raise
-    except OSError as exc:
-        raise ChecksumFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    with open(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ChecksumFileError(f"{path}: not a regular file")
+        f = open_input(path, "checksum file")
+    except RectoolError as exc:
+        reason = "not a regular file" if "not a regular file" in str(exc) else str(exc)
+        raise ChecksumFileError(f"{path}: {reason}" if reason != str(exc) else reason) from None
+    with f:
         try:
             data = f.read()
         except OSError as exc:

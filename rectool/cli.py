@@ -397,8 +397,8 @@ def progress_bar(quiet, unit):
 @click.option(
     "--allow-outside-root",
     is_flag=True,
-    help="Pack list paths that leave ROOT (absolute, or climbing out with ..); "
-    "by default they are refused as outside-root.",
+    help="Pack list paths that leave ROOT (absolute, climbing out with .., or through a "
+    "symbolic link); by default they are refused as outside-root.",
 )
 @click.option("--resume", is_flag=True, help="Continue an interrupted pack where it stopped.")
 @click.option(
@@ -736,12 +736,19 @@ def parse_extensions(ctx, param, value):
     "with OUT - it is written only if this is given.",
 )
 @overwrite_option("Replace existing lists and label map (all or none are written).")
+@click.option(
+    "--allow-outside-root",
+    is_flag=True,
+    help="Follow symbolic links that lead out of ROOT (each folder is still listed once); "
+    "by default they are skipped as outside-root.",
+)
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON: on stdout, or on stderr when OUT is -.")
 @library_errors
 def list_command(
     root, out, recursive, exts, shuffle, seed, chunks, train_ratio, val_ratio, test_ratio,
-    split_by, min_per_id, max_per_id, threads, labels, overwrite, quiet, as_json,
+    split_by, min_per_id, max_per_id, threads, labels, allow_outside_root, overwrite, quiet,
+    as_json,
 ):  # fmt: skip
     """List the images under ROOT, one identity per folder, into OUT (.lst, or - for stdout).
 
@@ -755,10 +762,13 @@ def list_command(
     Passed over, counted by reason and summarised on stderr: files without an image
     extension, hidden files and folders (.name), files directly in ROOT, empty identity
     folders, unreadable folders, names a .lst line cannot hold (tab, newline, CR, not UTF-8,
-    leading or trailing whitespace), broken links and special files, symlink loops.
+    leading or trailing whitespace), broken links and special files, symlink loops and
+    repeats, links that lead out of ROOT.
 
-    Symbolic links are followed, to files and to folders; a linked folder that leads back to
-    one of its own ancestors is a loop, skipped and counted, so a scan always ends.
+    Symbolic links are followed, to files and to folders, while they stay inside ROOT (see
+    --allow-outside-root). Every folder is listed once: a linked folder that leads back to
+    one of its own ancestors, or to a folder already listed, is skipped and counted, so a
+    scan always ends.
 
     \b
     Example:
@@ -777,6 +787,7 @@ def list_command(
             recursive=recursive,
             threads=threads,
             progress=update and (lambda folders, images: update(folders, None, 0)),
+            allow_outside_root=allow_outside_root,
             shuffle=shuffle,
             seed=seed,
             chunks=chunks,

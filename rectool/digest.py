@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import os
+
+from .inputs import open_checked
 
 _CHUNK = 4 << 20
 
@@ -11,13 +14,14 @@ def sha256_hasher(path, size=None):
     """Return a `hashlib.sha256` object fed the first `size` bytes of `path` (all when None).
 
     Reads into one reused buffer (no allocation per block); the caller may keep feeding it.
-    Stops early at the end of a file shorter than `size`.
+    Stops early at the end of a file shorter than `size`. Opened by `inputs.open_checked`
+    (a FIFO or device is refused, as `RectoolError`).
     """
     h = hashlib.sha256()
     buf = bytearray(_CHUNK)
     view = memoryview(buf)
     left = size
-    with open(path, "rb", buffering=0) as f:
+    with os.fdopen(open_checked(path, "file")[0], "rb", buffering=0) as f:
         while left is None or left > 0:
             n = f.readinto(view if left is None or left >= _CHUNK else view[:left])
             if not n:

@@ -13,6 +13,7 @@ import zlib
 import numpy as np
 
 from .errors import RectoolError
+from .inputs import open_input
 from .output import write_atomic
 from .reader import (
     INDEX_CACHE_HEADER,
@@ -38,7 +39,7 @@ def write_index_cache(idx_path, keys, offsets, st=None, data=None):
         crc = zlib.crc32(data)
     else:
         crc = 0
-        with open(idx_path, "rb") as f:
+        with open_input(idx_path, "index file") as f:
             while block := f.read(1 << 24):
                 crc = zlib.crc32(block, crc)
     head = INDEX_CACHE_HEADER.pack(INDEX_CACHE_MAGIC, st.st_size, st.st_mtime_ns, len(keys), crc)

@@ -13,6 +13,7 @@ import re
 from typing import NamedTuple
 
 from .errors import RectoolError
+from .inputs import open_input
 
 LIST_SUFFIX = ".lst"
 # Records store labels as float32 (MXNet's IRHeader); a larger label cannot be written.
@@ -193,10 +194,8 @@ _READ_CHARS = 1 << 20
 def read_list(path):
     """Read a whole .lst file into a list of `ListItem`s."""
     try:
-        with open(path, encoding="utf-8", newline="\n") as f:
+        with open_input(path, "list file", "utf-8", "\n") as f:
             return list(iter_list(f, os.fspath(path)))
-    except FileNotFoundError:
-        raise RectoolError(f"{os.fspath(path)}: list file not found") from None
     except UnicodeDecodeError as exc:
         raise RectoolError(
             f"{os.fspath(path)}: not valid UTF-8 ({exc.reason} at byte {exc.start})"
@@ -237,7 +236,7 @@ def write_label_map(path, identities):
 def read_label_map(path):
     """Read a label map file into a dict label (int) -> identity name."""
     identities = {}
-    with open(path, "rb") as f:
+    with open_input(path, "label map") as f:  # bytes: a bad line is named by its number
         for number, raw in enumerate(f, start=1):
             try:
                 text = raw.decode("utf-8")

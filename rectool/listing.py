@@ -5,14 +5,19 @@ code-point order of their folder names, so a tree always gives the same labels; 
 listed by identity, then by path (unless shuffled), and numbered 0..N-1 in that order before
 any split, so indices stay unique across the train/val/test lists and chunks.
 
-Walking the tree uses `os.scandir` only: file and folder types come from the directory entries, and
-nothing is stat-ed except symlinked folders (to detect loops). Folders are read by a pool of
-threads, which is what matters on network file systems where every listing waits on a round
-trip; the result does not depend on the number of threads.
+Walking the tree uses `os.scandir`: file and folder types come from the directory entries;
+each folder is stat-ed once (its device and inode), and symbolic links are resolved. Folders
+are read by a pool of threads, which is what matters on network file systems where every
+listing waits on a round trip; the result does not depend on the number of threads.
 
-Symbolic links are followed, to files and to folders alike. A symlinked folder that leads
-back to one of its own ancestors (same device and inode) is a loop: it is skipped and counted,
-so a walk always ends. A folder reached through several links is listed once per path.
+Every folder is listed once, by device and inode, so a walk ends and its memory is bounded
+by what it lists, whatever links the tree holds. The tree's real folders are walked first;
+then symlinked folders, in path order, round by round (those found inside linked folders in
+the next round): a link that leads back to one of its own ancestors is a `symlink_loop`, one
+that leads to a folder already listed a `symlink_repeat`, and both are skipped and counted.
+Links, to files and to folders, are followed only where their real path stays inside ROOT's
+real path; those leading out are skipped as `outside_root` unless `allow_outside_root`
+(`rectool list --allow-outside-root`).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ SKIP_REASONS = {
     "leading or trailing whitespace)",
     "not_regular": "broken symbolic links and special files",
     "symlink_loop": "symlinked folders that lead back to their own ancestor",
+    "symlink_repeat": "symlinked folders that lead to a folder already listed",
+    "outside_root": "symbolic links that lead out of ROOT (--allow-outside-root follows them)",
     "subfolder": "subfolders of identities, not scanned without recursion",
     "below_min_per_id": "identities with fewer images than the minimum per identity",
     "above_max_per_id": "images beyond the maximum per identity",
@@ -117,18 +124,32 @@ class _FolderScan:
     folder: _Folder
     images: list = field(default_factory=list)
     subfolders: list = field(default_factory=list)
+    links: list = field(default_factory=list)  # symlinked subfolders, walked in a later round
     skipped: list = field(default_factory=list)
     error: OSError | None = None
+    repeat: bool = False  # the folder was listed already (reached again through a link)
 
 
 class _Scanner:
     """Scan folders: classify every entry with what `os.scandir` already knows."""
 
-    def __init__(self, exts, recursive):
+    def __init__(self, exts, recursive, root, allow_outside_root=False):
         self.exts = frozenset(exts)
         self.recursive = recursive
-        # (st_dev, st_ino) of folders, computed only when a symlinked folder needs them.
+        self.allow_outside_root = allow_outside_root
+        self._real_root = os.path.realpath(root)
+        self._below_root = os.path.join(self._real_root, "")
+        # (st_dev, st_ino) of ancestors, computed only when a symlinked folder needs them.
         self._keys = {}
+        # (st_dev, st_ino) of every folder listed: none is listed twice.
+        self.visited = set()
+
+    def leads_out(self, entry):
+        """Return whether a symbolic link entry's real path is outside ROOT (and not allowed)."""
+        if self.allow_outside_root:
+            return False
+        real = os.path.realpath(entry.path)
+        return real != self._real_root and not real.startswith(self._below_root)
 
     def folder_key(self, path):
         key = self._keys.get(path)
@@ -151,6 +172,13 @@ class _Scanner:
         skipped, exts, rel = result.skipped, self.exts, folder.rel
         names = []
         try:
+            st = os.stat(folder.path)
+            key = (st.st_dev, st.st_ino)
+            # One walk at a time adds to `visited`, and it reaches each real folder once.
+            if key in self.visited:
+                result.repeat = True
+                return result
+            self.visited.add(key)
             with os.scandir(folder.path) as entries:
                 for entry in entries:
                     name = entry.name
@@ -163,7 +191,10 @@ class _Scanner:
                         dot = name.rfind(".")
                         if dot > 0 and name[dot:].lower() in exts:
                             if entry.is_file():
-                                names.append(name)
+                                if entry.is_symlink() and self.leads_out(entry):
+                                    skipped.append(("outside_root", f"{rel}/{name}"))
+                                else:
+                                    names.append(name)
                             elif entry.is_dir():
                                 self._add_subfolder(result, entry)
                             else:
@@ -192,8 +223,15 @@ class _Scanner:
             result.skipped.append(("unwritable_name", rel))
         elif not self.recursive:
             result.skipped.append(("subfolder", rel))
-        elif entry.is_symlink() and self.is_loop(entry, folder.ancestors):
-            result.skipped.append(("symlink_loop", rel))
+        elif entry.is_symlink():
+            if self.leads_out(entry):
+                result.skipped.append(("outside_root", rel))
+            elif self.is_loop(entry, folder.ancestors):
+                result.skipped.append(("symlink_loop", rel))
+            else:
+                result.links.append(
+                    _Folder(folder.identity, entry.path, rel, folder.ancestors + (entry.path,))
+                )
         else:
             result.subfolders.append(
                 _Folder(folder.identity, entry.path, rel, folder.ancestors + (entry.path,))
@@ -215,7 +253,14 @@ def _batches(items, count):
     return _chunks(items, max(1, min(count, len(items)))) if items else []
 
 
-def walk_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progress=None):
+def walk_tree(
+    root,
+    exts=DEFAULT_EXTENSIONS,
+    recursive=True,
+    threads=None,
+    progress=None,
+    allow_outside_root=False,
+):
     """Walk the folder tree at `root`; return its identities, their images and what was passed over.
 
     `exts` are the image extensions (case-insensitive). With `recursive`, images in subfolders
@@ -224,7 +269,9 @@ def walk_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progr
     calling thread while listings are fast (a local or cached disk, where threads only contend
     for the GIL) and on `default_threads()` threads once they prove slow (a network file
     system, where latency dominates). `progress`, if given, is
-    called from the calling thread as `progress(folders_scanned, images_found)`.
+    called from the calling thread as `progress(folders_scanned, images_found)`. Links that
+    lead out of ROOT are skipped unless `allow_outside_root`; every folder is listed once
+    (see the module's docstring).
 
     Raises `ListingError` when the root itself cannot be read.
     """
@@ -233,11 +280,13 @@ def walk_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progr
     threads = default_threads() if threads is None else threads
     if threads < 1:
         raise UsageError(f"threads must be at least 1, got {threads}")
-    scanner = _Scanner(normalize_extensions(exts), recursive)
     root_path = os.fspath(root)
+    scanner = _Scanner(normalize_extensions(exts), recursive, root_path, allow_outside_root)
     skipped = {reason: [] for reason in SKIP_REASONS}
-    names = []
+    names, linked = [], set()
     try:
+        st = os.stat(root_path)
+        scanner.visited.add((st.st_dev, st.st_ino))
         with os.scandir(root_path) as entries:
             for entry in entries:
                 name = entry.name
@@ -247,17 +296,21 @@ def walk_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progr
                     skipped["outside_identity"].append(name)
                 elif not is_writable_path(name):
                     skipped["unwritable_name"].append(name)
+                elif entry.is_symlink() and scanner.leads_out(entry):
+                    skipped["outside_root"].append(name)
                 elif entry.is_symlink() and scanner.is_loop(entry, (root_path,)):
                     skipped["symlink_loop"].append(name)
                 else:
                     names.append(name)
+                    if entry.is_symlink():
+                        linked.add(name)
     except OSError as exc:
         raise ListingError(f"cannot read the root folder {root_path}: {exc.strerror}") from exc
     names.sort()
-    folders = [
-        _Folder(i, os.path.join(root_path, name), name, (root_path, os.path.join(root_path, name)))
-        for i, name in enumerate(names)
-    ]
+    folders, links = [], []
+    for i, name in enumerate(names):
+        path = os.path.join(root_path, name)
+        (links if name in linked else folders).append(_Folder(i, path, name, (root_path, path)))
     images = [[] for _ in names]
     nested = [False] * len(names)
     unreadable = [False] * len(names)
@@ -266,6 +319,12 @@ def walk_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progr
     def merge(result):
         nonlocal scanned, found
         folder = result.folder
+        links.extend(result.links)
+        if result.repeat:
+            skipped["symlink_repeat"].append(folder.rel)
+            if folder.rel == names[folder.identity]:
+                unreadable[folder.identity] = True  # not empty: listed under another name
+            return
         scanned += 1
         if result.error is not None:
             skipped["unreadable_folder"].append(folder.rel)
@@ -278,12 +337,19 @@ def walk_tree(root, exts=DEFAULT_EXTENSIONS, recursive=True, threads=None, progr
         for reason, path in result.skipped:
             skipped[reason].append(path)
 
+    report = lambda: progress and progress(scanned, found)  # noqa: E731
     if folders:
-        report = lambda: progress and progress(scanned, found)  # noqa: E731
         if adaptive and threads > 1:
             folders = _run_while_fast(scanner, folders, merge, report)
         if folders:
             _run(scanner, folders, threads, merge, report)
+    # Then symlinked folders, round by round in path order, each walked to the end before the
+    # next: which path lists a folder reached several ways does not depend on the threads.
+    while links:
+        batch = sorted(links, key=lambda folder: _path_key(folder.rel))
+        links.clear()
+        for link in batch:
+            _run(scanner, [link], 1 if adaptive else threads, merge, report)
     identities = []
     for i, name in enumerate(names):
         paths = images[i]
@@ -636,6 +702,7 @@ def list_images(
     threads=None,
     progress=None,
     overwrite=False,
+    allow_outside_root=False,
     **listing_options,
 ):
     """Walk `root`, then write its lists to `out` and its label map; return the `Listing`.
@@ -665,7 +732,7 @@ def list_images(
         check_target(out, overwrite, "list")
     if labels is not None:
         check_target(labels, overwrite, "label map")
-    scan = walk_tree(root, exts, recursive, threads, progress)
+    scan = walk_tree(root, exts, recursive, threads, progress, allow_outside_root)
     listing = make_listing(scan, **listing_options)
     if not listing.image_count:
         passed = ", ".join(

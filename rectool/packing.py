@@ -37,6 +37,7 @@ from .images import (
     check_image,
     reencode_image,
 )
+from .inputs import dataset_path, open_input
 from .keys import FLOAT32_EXACT
 from .layout import (
     LAYOUTS,  # noqa: F401 (the CLI offers them)
@@ -89,10 +90,12 @@ from .output import (
     write_json_atomic,
 )
 from .passthrough import (
-    OPEN_FLAGS,
     OUTSIDE_ROOT,
+    OUTSIDE_ROOT_LINK,
     TOO_LARGE,
+    OutsideRoot,
     PassThroughPacker,
+    RootGuard,
     frame_image,
     not_regular,
     resolve_path,
@@ -437,7 +440,7 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
 
 
 def _read_refusals(path):
-    with open(path, encoding="utf-8") as f:
+    with open_input(path, "failures file", "utf-8", follow=False) as f:
         return [Refusal(**json.loads(line)) for line in f]
 
 
@@ -502,7 +505,7 @@ def _finalize(list_path, root, prefix, options, label_map):
 
 def _concatenated(paths, size=1 << 20):
     for path in paths:
-        with open(path, "rb") as f:
+        with open_input(path, "failures file") as f:
             while block := f.read(size):
                 yield block
 
@@ -520,7 +523,7 @@ def check_root(list_path, root, allow_outside_root=False):
     `root`: ROOT is wrong, and packing would only refuse every image."""
     prefix = os.path.join(os.fspath(root), "")
     try:
-        with open(list_path, encoding="utf-8", newline="\n") as f:
+        with open_input(list_path, "list file", "utf-8", "\n") as f:
             items = list(itertools.islice(iter_list(f, os.fspath(list_path)),
                                           ROOT_CHECK_ITEMS))  # fmt: skip
     except (OSError, UnicodeDecodeError, RectoolError):
@@ -572,8 +575,9 @@ def completed_if_same(prefix, state):
 def _completed_result(prefix):
     """Describe a pack that is already complete (so `--resume` can be run again safely)."""
     manifest = read_manifest(manifest_path(prefix), require=COMPLETE_FIELDS)
-    failures_path = os.path.join(os.path.dirname(prefix), manifest["failures_file"])
-    with open(failures_path, encoding="utf-8") as f:
+    folder = os.path.dirname(prefix) or "."
+    failures_path = dataset_path(folder, manifest["failures_file"], "failures file")
+    with open_input(failures_path, "failures file", "utf-8", within=folder) as f:
         refused = [Refusal(**json.loads(line)) for line in itertools.islice(f, 100)]
     totals = manifest["totals"]
     return PackResult(
@@ -619,7 +623,7 @@ def _validate_list(path, layout, identities=None):
     digest = hashlib.sha256()
     count, last, unordered = 0, -1, []
     try:
-        with open(path, "rb") as f:
+        with open_input(path, "list file") as f:
             rest = b""
             while True:
                 block = f.read(_LIST_BLOCK)
@@ -710,7 +714,7 @@ def _validate_list_slowly(path, layout, identities=None):
     digest = hashlib.sha256()
     keys = _KeyRegistry()
     count = 0
-    with open(path, "rb") as f:
+    with open_input(path, "list file") as f:
         for number, raw in enumerate(f, start=1):
             digest.update(raw)
             try:
@@ -795,7 +799,7 @@ class _PackRun:
 
     # -- items ------------------------------------------------------------------------------
     def _items(self):
-        with open(self.list_path, encoding="utf-8", newline="\n") as f:
+        with open_input(self.list_path, "list file", "utf-8", "\n") as f:
             yield from self.layout.order(iter_list(f, self.list_path))
 
     @property
@@ -812,7 +816,7 @@ class _PackRun:
                 f"{self.failures_partial}: is a symlink, not a file this pack wrote; remove it"
             )
         if os.path.exists(self.failures_partial):
-            with open(self.failures_partial, "rb") as f:
+            with open_input(self.failures_partial, "failures file", follow=False) as f:
                 data = f.read()
             complete = data[: data.rfind(b"\n") + 1]
             truncate(self.failures_partial, len(complete))
@@ -974,6 +978,7 @@ class _ImageWorker:
     def __init__(self, root, options):
         self.root, self.options = root, options
         self._prefix = os.path.join(root, "")
+        self._guard = RootGuard(root, options.allow_outside_root)
         # A layout that numbers images as written frames them where they are written.
         self.frame = not layout_named(options.layout).numbered
 
@@ -993,9 +998,11 @@ class _ImageWorker:
         if path is None:
             return ImageRefused(OUTSIDE_ROOT)
         try:
-            data = _read_file(path)
+            data = _read_file(path, self._guard.open)
         except ImageRefused as refusal:
             return refusal
+        except OutsideRoot:
+            return ImageRefused(OUTSIDE_ROOT_LINK)
         except FileNotFoundError:
             return ImageRefused("file not found")
         except IsADirectoryError:
@@ -1083,13 +1090,13 @@ def _io_bound(options):
     return options.transform is None and options.check != "decode"
 
 
-def _read_file(path):
+def _read_file(path, open_):
     """Return a file's bytes with four system calls for a small file, and no file object.
 
     Raises `ImageRefused` for anything but a regular file (opened without waiting: a FIFO
     does not block) and for one over the record limit; reads at most the size it had.
     """
-    fd = os.open(path, OPEN_FLAGS)
+    fd = open_(path)  # a `RootGuard`'s: a link cannot lead out of ROOT
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):

@@ -17,6 +17,7 @@ them. `Block.runs()` gives them to the writer as contiguous runs and single refu
 
 from __future__ import annotations
 
+import errno
 import itertools
 import os
 import stat
@@ -141,6 +142,7 @@ class PassThroughPacker:
         """
         self._prefix = os.path.join(root, "")
         self._allow_outside_root = allow_outside_root
+        self._guard = RootGuard(root, allow_outside_root)
         self._check = check
         self._pack_label = pack_label
         self._size = (block_bytes or BLOCK_BYTES) & ~3  # whole words, for the magic search
@@ -175,7 +177,7 @@ class PassThroughPacker:
         refused = block.refused
         view, prefix = memoryview(buffer), self._prefix
         pack_into = _RECORD_HEADER.pack_into
-        open_, readv, close, read_only = os.open, os.readv, os.close, OPEN_FLAGS
+        open_, readv, close = self._guard.open, os.readv, os.close
         fstat, is_regular = os.fstat, stat.S_ISREG
         allow_outside = self._allow_outside_root
         add_item, add_start, add_end = entries.append, starts.append, ends.append
@@ -206,7 +208,7 @@ class PassThroughPacker:
                 if path is None:
                     refused[j] = OUTSIDE_ROOT
                 else:
-                    fd = open_(path, read_only)
+                    fd = open_(path)
                     try:
                         info = fstat(fd)
                         if not is_regular(info.st_mode):
@@ -220,6 +222,9 @@ class PassThroughPacker:
                         close(fd)
             except OSError as exc:
                 refused[j] = _read_error(exc)
+                n, rest = 0, None
+            except OutsideRoot:
+                refused[j] = OUTSIDE_ROOT_LINK
                 n, rest = 0, None
             if 0 < n < room:
                 if first_key is None:
@@ -419,6 +424,55 @@ def not_regular(mode):
         if test(mode):
             return reason
     return "not a regular file"
+
+
+OUTSIDE_ROOT_LINK = (
+    "outside-root: a symbolic link leads out of ROOT (--allow-outside-root packs it)"
+)
+_NOFOLLOW_FLAGS = OPEN_FLAGS | getattr(os, "O_NOFOLLOW", 0)
+
+
+class OutsideRoot(Exception):
+    """An image path under ROOT whose real path (links resolved) is outside ROOT."""
+
+
+class RootGuard:
+    """Open images under ROOT so that a symbolic link cannot lead out of it.
+
+    The folder part of a path is resolved once per folder (a cached `realpath`); the file
+    itself is opened with `O_NOFOLLOW`, and only a link there is resolved and checked. With
+    `allow_outside_root`, paths are opened as they are.
+    """
+
+    def __init__(self, root, allow_outside_root=False):
+        self.allow = allow_outside_root
+        self._real = os.path.realpath(root)
+        self._below = os.path.join(self._real, "")
+        self._folders = {}
+
+    def inside(self, real):
+        """Return whether a real path is ROOT or below it."""
+        return real == self._real or real.startswith(self._below)
+
+    def open(self, path):
+        """Return a read-only fd for `path`; raise `OutsideRoot` where it leads out of ROOT."""
+        if self.allow:
+            return os.open(path, OPEN_FLAGS)
+        folder = path[: path.rfind("/") + 1]
+        ok = self._folders.get(folder)
+        if ok is None:
+            ok = self._folders[folder] = self.inside(os.path.realpath(folder or "."))
+        if not ok:
+            raise OutsideRoot(path)
+        try:
+            return os.open(path, _NOFOLLOW_FLAGS)
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise
+        real = os.path.realpath(path)  # the file is a link: see where it leads
+        if not self.inside(real):
+            raise OutsideRoot(path)
+        return os.open(real, _NOFOLLOW_FLAGS)
 
 
 def resolve_path(prefix, path, allow_outside_root):

@@ -10,6 +10,7 @@ training code. It never writes a file. Decoding imports OpenCV on first use.
 from __future__ import annotations
 
 import bisect
+import errno
 import glob
 import json
 import mmap
@@ -93,28 +94,34 @@ class SampleIndexError(RectoolError, IndexError):
     """A sample index outside the dataset (an `IndexError`, so iteration protocols stop)."""
 
 
-def open_regular(path, what):
+def open_regular(path, what, max_bytes=None, follow=True):
     """Open `path` read-only and return (fd, stat); refuse anything but a regular file.
 
-    Opened non-blocking and checked with fstat first: a FIFO would block, a device never end.
+    Every file rectool reads is opened here (`rectool.inputs` adds the folder rule). Opened
+    non-blocking and checked with fstat first: a FIFO would block, a device never end.
+    `max_bytes` bounds the size; `follow=False` refuses a link (`O_NOFOLLOW`).
     """
+    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | nofollow)
     except FileNotFoundError:
         raise RectoolError(f"{path}: {what} not found") from None
     except OSError as exc:
-        raise RectoolError(f"{path}: cannot open the {what} ({exc.strerror})") from None
+        why = "is a symbolic link" if nofollow and exc.errno == errno.ELOOP else exc.strerror
+        raise RectoolError(f"{path}: cannot open the {what} ({why})") from None
     st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
+    if not stat.S_ISREG(st.st_mode) or (max_bytes is not None and st.st_size > max_bytes):
         os.close(fd)
+        if stat.S_ISREG(st.st_mode):
+            raise RectoolError(f"{path}: the {what} is {st.st_size} bytes, over {max_bytes}")
         raise RectoolError(f"{path}: not a regular file (the {what} must be one)")
     return fd, st
 
 
-def _read_regular(path, what):
-    fd, st = open_regular(path, what)
+def _read_regular(path, what, **checks):
+    fd, st = open_regular(path, what, **checks)
     with os.fdopen(fd, "rb") as f:
-        return f.read(), st
+        return f.read(st.st_size), st  # as large as when opened: a growing file is not read on
 
 
 def unpack_header(record, path=None, offset=None):
@@ -213,7 +220,7 @@ def load_index(idx_path, cache=True):
 def read_index_cache(idx_path, st=None):
     """Return (keys, offsets) from the .idx cache, or None when missing, stale or damaged."""
     try:
-        data, _ = _read_regular(index_cache_path(idx_path), "index cache")
+        data, _ = _read_regular(index_cache_path(idx_path), "index cache", follow=False)
         magic, size, mtime_ns, count, crc = INDEX_CACHE_HEADER.unpack_from(data)
     except (RectoolError, struct.error):
         return None
@@ -222,7 +229,7 @@ def read_index_cache(idx_path, st=None):
         return None
     if len(data) != INDEX_CACHE_HEADER.size + 16 * count:
         return None
-    with open(idx_path, "rb") as f:
+    with os.fdopen(open_regular(idx_path, "index file")[0], "rb") as f:
         crc_now = 0
         while block := f.read(1 << 24):
             crc_now = zlib.crc32(block, crc_now)
@@ -404,7 +411,7 @@ def read_manifest(path, require=()):
     path = os.fspath(path)
     fd, st = open_regular(path, "manifest")
     with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_MANIFEST_BYTES + 1) if st.st_size <= MAX_MANIFEST_BYTES else b""
+        data = f.read(st.st_size + 1) if st.st_size <= MAX_MANIFEST_BYTES else b""
     if st.st_size > MAX_MANIFEST_BYTES or len(data) > MAX_MANIFEST_BYTES:
         raise RectoolError(
             f"{path}: {max(st.st_size, len(data)):,} bytes, larger than a manifest can be "

@@ -32,7 +32,8 @@ from . import selection
 from .digest import sha256_file
 from .errors import RectoolError, UsageError
 from .images import ImageRefused, Transform, decode_image, jpeg_size, reencode_image
-from .keys import FLOAT32_EXACT
+from .inputs import open_input
+from .keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
 from .layout import layout_named
 from .listfile import LABEL_MAP_SUFFIX, read_label_map
 
@@ -162,6 +163,7 @@ class _Source:
         except RectoolError as exc:
             raise RectoolError(f"source {self.spec}: {exc}") from None
         self.shard_of = _sample_shards(self.dataset)
+        _refuse_shared_offsets(self.dataset, self.shard_of)
         self.labels = _identity_labels(self.dataset, self.spec)
         self.names = _identity_names(self.dataset)
         self.dataset.close()  # its mappings are touched end to end: let them go
@@ -174,6 +176,16 @@ class _Source:
             files.append([os.path.abspath(rec), st_rec.st_size, st_rec.st_mtime_ns,
                           st_idx.st_size, st_idx.st_mtime_ns])  # fmt: skip
         return files
+
+
+def _refuse_shared_offsets(dataset, shard_of):
+    """Refuse a source whose index names one record under several keys: repack would copy it
+    once per key (work bounded by the records that exist, not by the index's lines)."""
+    keys, offsets = np.asarray(dataset.keys), np.asarray(dataset.offsets)
+    count, number, _ = shared_offsets(keys, offsets, shard_of)
+    if count:
+        mine = shard_of == number
+        refuse_shared_offsets(dataset.shards[number][1], keys[mine], offsets[mine], "repack")
 
 
 def _sample_shards(dataset):
@@ -538,7 +550,7 @@ class _RecordCopier:
         if self._files[f] is None:
             k = int(np.searchsorted(self._base, f, side="right") - 1)
             rec = self.sources[k].dataset.shards[f - self._base[k]][0]
-            with open(rec, "rb") as fh:
+            with open_input(rec, "record file") as fh:
                 size = os.fstat(fh.fileno()).st_size
                 mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b"\0" * 8
             self._files[f] = (mm, np.frombuffer(mm, "<u4", len(mm) // 4), size)
@@ -700,8 +712,10 @@ class _RecordCopier:
 def _file_digest(path):
     try:
         return sha256_file(path)
-    except FileNotFoundError:
-        raise RectoolError(f"{path}: identity list not found") from None
+    except RectoolError:
+        if not os.path.lexists(path):
+            raise RectoolError(f"{path}: identity list not found") from None
+        raise
 
 
 def repack(sources, prefix, options=None, resume=False, overwrite=False, progress=None):
@@ -777,9 +791,9 @@ def _check_state(state_path, state):
     """Refuse to resume a repack that an interrupted run started with other sources or
     options."""
     try:
-        with open(state_path, encoding="utf-8") as f:
+        with open_input(state_path, "repack state", "utf-8", follow=False) as f:
             saved = json.load(f)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RectoolError) as exc:
         raise RectoolError(
             f"{state_path}: cannot read ({exc}); start again with --overwrite"
         ) from None
@@ -811,7 +825,7 @@ def _completed_result(prefix):
     required = ("classes", "totals.images", "totals.failures", "totals.records",
                 "totals.rec_bytes", "options.max_failures")  # fmt: skip
     manifest = read_manifest(manifest_path(prefix), require=required)
-    with open(prefix + REPORT_SUFFIX, encoding="utf-8") as f:
+    with open_input(prefix + REPORT_SUFFIX, "repack report", "utf-8") as f:
         report = json.load(f)
     totals = manifest["totals"]
     return RepackResult(
@@ -883,7 +897,7 @@ class _RepackRun:
         if not os.path.exists(earlier):  # killed after renaming it, before the manifest
             earlier = self.prefix + FAILURES_SUFFIX
         if resume and os.path.exists(earlier):
-            with open(earlier, "rb") as f:
+            with open_input(earlier, "failures file", follow=False) as f:
                 data = f.read()
             lines = data[: data.rfind(b"\n") + 1].splitlines(keepends=True)
             kept = b"".join(line for line in lines if b'"stage": "write"' in line)

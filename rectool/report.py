@@ -25,6 +25,8 @@ import numpy as np
 
 from .errors import RectoolError, UsageError
 from .info import dataset_info
+from .inputs import dataset_path, open_checked, read_regular
+from .keys import shared_offsets
 from .output import JOURNAL_SUFFIX, OutputFiles
 from .report_page import render_html, render_sheet
 
@@ -241,6 +243,15 @@ class _ImageTable:
         number = len(self.recs)
         self.recs.append(rec)
         n = len(facts["offsets"])
+        offsets = np.asarray(facts["offsets"], np.int64)  # one per key (the last line wins)
+        count, _, offset = shared_offsets(np.arange(n), offsets)
+        if count:  # a report of one record shown once per key would run on for every key
+            raise RectoolError(
+                f"{rec}: byte offset {offset} is named by "
+                f"{int(np.count_nonzero(offsets == offset)):,} keys of its index"
+                + (f" ({count - 1:,} other offsets too)" if count > 1 else "")
+                + "; each record has one key, so report refuses it (`rectool verify` lists them)"
+            )
         self._parts.append(
             (
                 np.full(n, number, np.int32),
@@ -508,23 +519,31 @@ def _read_refusals(manifest, manifest_path, options, budget, reduce):
     if not name:
         out.note = "The manifest names no failures file."
         return out
-    out.path = os.path.join(os.path.dirname(manifest_path), name)
+    folder = os.path.dirname(manifest_path) or "."
     try:
-        f = open(out.path, encoding="utf-8", errors="replace")
-    except FileNotFoundError:
+        # Named inside the dataset: it must be a file in the dataset's folder, nowhere else.
+        out.path = dataset_path(folder, str(name), "failures file")
+    except RectoolError as exc:
+        out.note = f"The failures file is not read: {exc}."
+        return out
+    if not os.path.lexists(out.path):
         expected = (manifest.get("totals") or {}).get("failures")
         said = f" (the manifest counts {expected:,} refusals)" if expected else ""
         out.note = f"The failures file {out.path} is missing{said}."
         return out
-    except OSError as exc:
-        out.note = f"The failures file {out.path} cannot be read ({exc.strerror or exc})."
+    try:
+        fd, _ = open_checked(out.path, "failures file", within=folder)
+    except RectoolError as exc:
+        out.note = f"The failures file cannot be read: {exc}."
         return out
-    with f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
+    with os.fdopen(fd, "rb") as f:
+        for number, line in enumerate(_bounded_lines(f), 1):
+            if line is None or not line.strip():
+                if line is None and len(out.bad_lines) < REFUSALS_SHOWN:
+                    out.bad_lines.append(number)
                 continue
             try:
-                entry = json.loads(line)
+                entry = json.loads(line.decode("utf-8", "replace"))
                 if not isinstance(entry, dict):
                     raise ValueError
             except ValueError:
@@ -546,18 +565,39 @@ def _read_refusals(manifest, manifest_path, options, budget, reduce):
     return out
 
 
+# A failures line longer than this is a bad line (a refusal's line is a few hundred bytes).
+MAX_FAILURES_LINE = 1 << 20
+
+
+def _bounded_lines(f):
+    """Yield the lines of a binary file, None for one over `MAX_FAILURES_LINE` bytes (read
+    past, never held whole)."""
+    while line := f.readline(MAX_FAILURES_LINE + 1):
+        if len(line) > MAX_FAILURES_LINE and not line.endswith(b"\n"):
+            while (rest := f.readline(MAX_FAILURES_LINE)) and not rest.endswith(b"\n"):
+                pass
+            yield None
+        else:
+            yield line
+
+
 def _source_thumb(path, line, options, reduce):
-    """Return (Thumb or None, note) for a refused image, if its source file is still there."""
+    """Return (Thumb or None, note) for a refused image, if its source file is still there.
+
+    The path comes from the failures file: only a path inside --images-root is read."""
     if options.images_root is None:
         return None, "source folder not given (--images-root)"
-    source = os.path.join(options.images_root, path)
     try:
-        if os.path.getsize(source) > SOURCE_LIMIT:
+        source = dataset_path(options.images_root, path, "refused image path")
+        data, _ = read_regular(
+            source, "refused image", max_bytes=SOURCE_LIMIT, within=options.images_root
+        )
+    except RectoolError as exc:
+        if not os.path.lexists(os.path.join(options.images_root, path)):
+            return None, "source not found"
+        if "bytes, over" in str(exc):
             return None, "source too large to show"
-        with open(source, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None, "source not found"
+        return None, "source outside --images-root or not a regular file"
     thumb = _thumbnail(data, options.thumb, reduce, f"refused image {path} (list line {line})", "")
     if thumb.jpeg is None:
         return None, "source does not decode"

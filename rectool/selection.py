@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import RectoolError
+from .inputs import open_input
 
 ORDERS = ("identity", "source", "shuffle")
 SAMPLE_UNITS = ("identities", "images")
@@ -36,10 +37,8 @@ def read_id_list(path, names):
             by_name.setdefault(name, label)
     labels, unknown = [], []
     try:
-        with open(path, encoding="utf-8", newline="\n") as f:
+        with open_input(path, "identity list", "utf-8", "\n") as f:
             lines = f.read().splitlines()
-    except FileNotFoundError:
-        raise RectoolError(f"{path}: identity list not found") from None
     except UnicodeDecodeError as exc:
         raise RectoolError(f"{path}: not UTF-8 text ({exc.reason})") from None
     known_labels = set(names) if names else None

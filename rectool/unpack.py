@@ -27,7 +27,7 @@ from .checksums import (
 )
 from .errors import RectoolError
 from .images import sniff_format
-from .keys import last_line_wins
+from .keys import last_line_wins, refuse_shared_offsets
 from .output import OutputFolder
 from .reader import insightface_header, resolve_source, unpack_header
 from .records import IndexedRecordFile
@@ -163,6 +163,7 @@ def _plan(records):
     record 0 announces must be in the index, as the reader requires.
     """
     keys, offsets = last_line_wins(records.keys, records.offsets)
+    refuse_shared_offsets(records.idx_path, keys, offsets, "unpack")  # one file per record
     rf = records.rec
 
     def read(line):

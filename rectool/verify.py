@@ -35,6 +35,7 @@ from .checksums import (
 from .digest import sha256_file
 from .errors import IndexFormatError, RectoolError
 from .images import ImageRefused, inspect_image
+from .inputs import open_input
 from .keys import FLOAT32_EXACT
 from .manifest import finish_interrupted_source
 from .reader import (
@@ -373,7 +374,7 @@ class _ShardHashes:
             return False
         try:
             return future.result() == expected
-        except OSError:  # reported by `check`
+        except (OSError, RectoolError):  # reported by `check`
             return False
 
     def check(self):
@@ -568,7 +569,7 @@ def read_index(idx):
     if not os.path.exists(idx):
         return None
     try:
-        with open(idx, "rb") as f:
+        with open_input(idx, "index file") as f:
             data = f.read()
     except OSError as exc:
         raise RectoolError(f"{idx}: cannot read ({exc.strerror or exc})") from None
@@ -776,7 +777,7 @@ def check_index(facts):
     order = np.argsort(offsets, kind="stable")
     so = offsets[order]
     shared = np.flatnonzero(so[1:] == so[:-1]) + 1
-    shared = [i for i in shared.tolist() if keys[order[i]] != keys[order[i - 1]]]
+    shared = shared[keys[order[shared]] != keys[order[shared - 1]]].tolist()  # no loop per line
 
     def shared_problems():
         for i in shared:
@@ -965,9 +966,9 @@ def _check_insightface(facts):
 def _check_property(facts, identities):
     path = os.path.join(os.path.dirname(facts.rec), "property")
     try:
-        with open(path, encoding="ascii") as f:
+        with open_input(path, "property file", "ascii", max_bytes=1 << 16) as f:
             text = f.read().strip()
-    except (OSError, UnicodeDecodeError):
+    except (OSError, UnicodeDecodeError, RectoolError):
         return
     first = text.split(",")[0]
     if first.strip().isdigit() and int(first) != identities:

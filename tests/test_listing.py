@@ -145,11 +145,16 @@ def test_symlinked_identity_and_subfolders_are_followed(tmp_path):
     root = tmp_path / "faces"
     make_tree(root, {"a": {"more": Symlink(str(tmp_path / "elsewhere" / "p"))}})
     os.symlink(tmp_path / "elsewhere", root / "b")
-    walk = walk_tree(root)
+    # Both links lead out of ROOT: followed only when that is allowed.
+    walk = walk_tree(root, allow_outside_root=True)
     assert [(i.name, i.images) for i in walk.identities] == [
         ("a", ("a/more/1.jpg",)),
-        ("b", ("b/2.jpg", "b/p/1.jpg")),
+        ("b", ("b/2.jpg",)),  # b/p is a/more, listed first (links go in path order)
     ]
+    assert walk.skipped["symlink_repeat"] == ["b/p"]
+    walk = walk_tree(root)
+    assert walk.identities == []
+    assert walk.skipped["outside_root"] == ["a/more", "b"]
 
 
 @pytest.mark.parametrize("threads", [1, 4])
@@ -164,26 +169,22 @@ def test_symlink_loops_end_and_are_counted(tmp_path, threads):
         },
     )
     walk = walk_tree(tmp_path / "faces", threads=threads)
-    # b/x/to_c leads to c, no ancestor of it: followed, until c's link leads back to b/x.
+    # Every folder is listed once, by its real path: b/x/to_c is c, c/to_b_x is b/x.
     assert [(i.name, i.images) for i in walk.identities] == [
         ("a", ("a/1.jpg",)),
-        ("b", ("b/2.jpg", "b/x/to_c/3.jpg")),
+        ("b", ("b/2.jpg",)),
         ("c", ("c/3.jpg",)),
     ]
-    assert walk.skipped["symlink_loop"] == [
-        "a/self",
-        "a/up",
-        "b/x/to_c/to_b_x",
-        "c/to_b_x/to_c",
-        "root",
-    ]
-    assert walk.folders == 6
+    assert walk.skipped["symlink_loop"] == ["a/self", "a/up", "root"]
+    assert walk.skipped["symlink_repeat"] == ["b/x/to_c", "c/to_b_x"]
+    assert walk.folders == 4
 
 
-def test_two_links_to_one_folder_list_it_twice(tmp_path):
+def test_two_links_to_one_folder_list_it_once(tmp_path):
     make_tree(tmp_path, {"a": {"1.jpg": None}, "b": {"x": Symlink("../a"), "y": Symlink("../a")}})
     walk = walk_tree(tmp_path)
-    assert walk.identities[1].images == ("b/x/1.jpg", "b/y/1.jpg")
+    assert [(i.name, i.images) for i in walk.identities] == [("a", ("a/1.jpg",))]
+    assert walk.skipped["symlink_repeat"] == ["b/x", "b/y"]
 
 
 def make_unreadable(monkeypatch, path):

@@ -389,9 +389,9 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
     pack_images(lst, root, tmp_path / "fast", PackOptions(workers=2))
     assert pools == []  # fast local reads: all on the calling thread
 
-    def slow_read(path):
+    def slow_read(*args):
         time.sleep(0.0005)  # as on a network file system
-        return real_read(path)
+        return real_read(*args)
 
     def slow_readv(fd, buffers):
         time.sleep(0.0005)

@@ -147,6 +147,8 @@ MIXED_TREE_SKIPPED = {
     ],
     "not_regular": ["alice/broken.jpg", "alice/pipe.jpg"],
     "symlink_loop": ["alice/loop"],
+    "symlink_repeat": [],
+    "outside_root": [],
     "subfolder": [],
     "below_min_per_id": [],
     "above_max_per_id": [],
