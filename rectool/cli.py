@@ -18,9 +18,9 @@ from pathlib import Path
 import click
 
 from . import __version__
+from .build.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, display_path, list_images
+from .doors.output import discard_stream
 from .errors import RectoolError, UsageError
-from .listing import DEFAULT_EXTENSIONS, SKIP_REASONS, display_path, list_images
-from .output import discard_stream
 
 # Commands import their library modules when they run: `rectool list` need not pay for OpenCV,
 # tqdm and the packing pipeline at start-up. The choices below are the library's own constants
@@ -293,7 +293,7 @@ class ByteSize(click.ParamType):
     def convert(self, value, param, ctx):
         if isinstance(value, int):
             return value
-        from .shards import parse_size
+        from .build.shards import parse_size
 
         try:
             size = parse_size(value)
@@ -463,9 +463,9 @@ def pack_command(
         rectool pack faces.lst faces/ out/faces112 --resize 112 --quality 95
         rectool list faces/ - --labels faces.tsv | rectool pack - faces/ out/f --labels faces.tsv
     """
-    from .distributed import pack_on_dask
-    from .images import transform_from_options
-    from .packing import PackOptions, finalize_pack, pack_images
+    from .build.distributed import pack_on_dask
+    from .build.images import transform_from_options
+    from .build.packing import PackOptions, finalize_pack, pack_images
 
     if no_check and check != "structure":
         raise click.BadParameter(f"--no-check contradicts --check {check}", param_hint="--no-check")
@@ -562,14 +562,14 @@ def _remember_progress(update):
 
 
 def _has_output(prefix):
-    from .manifest import output_files
+    from .build.manifest import output_files
 
     return bool(output_files(prefix))
 
 
 def _interrupted_message(prefix, seen, overwrite, finalize, only_shard):
     """Say what an interrupted pack kept and how to continue it."""
-    from .manifest import journal_path
+    from .build.manifest import journal_path
 
     if os.path.exists(journal_path(prefix)):
         return (
@@ -594,7 +594,7 @@ def _interrupted_message(prefix, seen, overwrite, finalize, only_shard):
 
 def shard_plan(list_file, options):
     """Return the shard plan of a list as JSON-ready data (list lines are 1-based)."""
-    from .packing import plan_list
+    from .build.packing import plan_list
 
     plan = plan_list(list_file, options)
     return {
@@ -620,7 +620,7 @@ def render_shard_result(shard):
 
 def render_pack_summary(result, shown=10):
     """Return the human summary of a pack."""
-    from .packing import COMPLETE, FINALIZED, RESUMED
+    from .build.packing import COMPLETE, FINALIZED, RESUMED
 
     shards = result.manifest["shards"]
     totals = result.manifest["totals"]
@@ -930,7 +930,7 @@ def verify_command(targets, decode, size, channels, workers, max_problems, quiet
         rectool verify faces_emore/train.rec --decode --size 112x112 --channels 3
         rectool verify out/faces --json > report.json
     """
-    from .verify import DecodeOptions, verify_dataset
+    from .inspect.verify import DecodeOptions, verify_dataset
 
     if (size or channels) and not decode:
         raise click.BadParameter("needs --decode", param_hint="--size/--channels")
@@ -1027,7 +1027,7 @@ def reindex_command(rec, idx, keys, overwrite, quiet, as_json):
         rectool reindex faces_emore/train.rec --overwrite
         rectool reindex broken.rec -o recovered.idx
     """
-    from .reindex import reindex
+    from .inspect.reindex import reindex
 
     result = reindex(rec, idx, keys=keys, overwrite=overwrite)
     exit_code = 0 if result.sound else 1
@@ -1100,7 +1100,7 @@ def info_command(target, sample, as_json):
         rectool info out/faces
         rectool info faces_emore/train.rec --json
     """
-    from .info import dataset_info
+    from .inspect.info import dataset_info
 
     info = dataset_info(target, sample=sample)
     if as_json:
@@ -1180,7 +1180,7 @@ def unpack_command(target, out_dir, quiet, as_json):
     Example:
         rectool unpack out/faces.manifest.json faces-again/
     """
-    from .unpack import unpack_dataset
+    from .inspect.unpack import unpack_dataset
 
     update, close = progress_bar(quiet or as_json, "img")
     try:
@@ -1263,7 +1263,7 @@ def index_cache_command(target, as_json):
     Example:
         rectool index-cache faces_emore/
     """
-    from .indexcache import write_index_caches
+    from .format.indexcache import write_index_caches
 
     paths = [os.fspath(p) for p in write_index_caches(target)]
     if as_json:
@@ -1290,7 +1290,7 @@ def dali_index_command(target, output, overwrite, as_json):
     Example:
         rectool dali-index out/faces.manifest.json out/faces.dali.idx
     """
-    from .dali import write_dali_index
+    from .inspect.dali import write_dali_index
 
     recs = [os.fspath(rec) for rec in write_dali_index(target, output, overwrite)]
     if as_json:
@@ -1338,7 +1338,7 @@ def bench_command(target, samples, seconds, workers, decode, as_json):
     Example:
         rectool bench out/faces.manifest.json --workers 8
     """
-    from .bench import bench_dataset
+    from .inspect.bench import bench_dataset
 
     def announce(name):
         if not as_json and sys.stderr.isatty():
@@ -1451,7 +1451,7 @@ def report_command(
         rectool report faces_emore/train.rec -o report.html --verify
         rectool report out/faces --sheet sheet.jpg
     """
-    from .report import ReportOptions, write_report
+    from .report.data import ReportOptions, write_report
 
     if output is None and sheet is None:
         raise click.UsageError("give --output/-o PAGE.html, --sheet IMAGE, or both")
@@ -1655,8 +1655,8 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
         rectool repack a.manifest.json b.manifest.json out/ab --labels-by name
         rectool repack out/ab out/clean --dedupe --drop-overlap lfw/ --min-per-id 2
     """
-    from .images import transform_from_options
-    from .repack import RepackOptions, repack
+    from .build.images import transform_from_options
+    from .repack.pipeline import RepackOptions, repack
 
     if len(paths) < 2:
         raise click.UsageError("give at least one SOURCE and the OUT_PREFIX")

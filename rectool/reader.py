@@ -97,7 +97,7 @@ class SampleIndexError(RectoolError, IndexError):
 def open_regular(path, what, max_bytes=None, follow=True):
     """Open `path` read-only and return (fd, stat); refuse anything but a regular file.
 
-    Every file rectool reads is opened here (`rectool.inputs` adds the folder rule). Opened
+    Every file rectool reads is opened here (`rectool.doors.inputs` adds the folder rule). Opened
     non-blocking and checked with fstat first: a FIFO would block, a device never end.
     `max_bytes` bounds the size; `follow=False` refuses a link (`O_NOFOLLOW`).
     """

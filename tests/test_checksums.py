@@ -1,7 +1,7 @@
 """Per-record CRC-32 files (.rec.crc): written by pack, used by verify, reindex and unpack.
 
 Expected values are computed here from the files' bytes with zlib and struct, never by
-rectool.checksums.
+rectool.format.checksums.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 from helpers.rec_files import idx_lines, image_payload, make_pack, write_records, xor_byte
 
+from rectool.build.packing import PackOptions, pack_images
+from rectool.build.shards import ShardWriter
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.packing import PackOptions, pack_images
-from rectool.reindex import reindex
-from rectool.shards import ShardWriter
-from rectool.unpack import unpack_dataset
-from rectool.verify import verify_dataset
+from rectool.inspect.reindex import reindex
+from rectool.inspect.unpack import unpack_dataset
+from rectool.inspect.verify import verify_dataset
 
 
 def found(report):

@@ -9,9 +9,9 @@ from click.testing import CliRunner
 
 from rectool import __version__
 from rectool import cli as cli_module
+from rectool.build.images import CHECK_MODES, ENCODINGS
+from rectool.build.packing import LAYOUTS
 from rectool.cli import cli
-from rectool.images import CHECK_MODES, ENCODINGS
-from rectool.packing import LAYOUTS
 
 
 def test_version_and_help():
@@ -39,7 +39,8 @@ def test_cli_choices_are_the_library_constants():
 def test_start_up_does_not_import_numpy_opencv_tqdm_or_the_pipeline():
     probe = (
         "import sys, rectool.cli; "
-        "print(sorted(m for m in ('numpy', 'cv2', 'tqdm', 'rectool.packing', 'rectool.images') "
+        "print(sorted(m for m in ('numpy', 'cv2', 'tqdm', 'rectool.build.packing', "
+        "'rectool.build.images') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

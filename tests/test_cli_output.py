@@ -178,12 +178,12 @@ def test_pack_exit_3_is_the_summary_with_error_and_exit(world):
 
 
 def test_ctrl_c_is_one_document_with_exit_130(world, monkeypatch):
-    import rectool.packing
+    import rectool.build.packing
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rectool.packing, "pack_images", interrupted)
+    monkeypatch.setattr(rectool.build.packing, "pack_images", interrupted)
     args = args_for("pack", world, "ok")
     result = invoke([*args, "--json"])
     assert result.exit_code == 130

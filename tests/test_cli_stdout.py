@@ -74,7 +74,7 @@ def test_a_closed_pipe_exits_quietly(small_pack, tmp_path, command):
 LIMITED = textwrap.dedent(
     """
     import resource, sys
-    import rectool.verify, rectool.scan  # everything verify imports, before the limit
+    import rectool.inspect.verify, rectool.inspect.scan  # what verify imports, before the limit
     from rectool.cli import main
 
     def mapped_bytes():

@@ -21,9 +21,9 @@ from helpers.image_files import write_list, write_pack_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rectool.build.packing import PackOptions, pack_images
 from rectool.cli import cli
-from rectool.indexcache import write_index_cache
-from rectool.packing import PackOptions, pack_images
+from rectool.format.indexcache import write_index_cache
 from rectool.reader import load_index
 
 FILES = [

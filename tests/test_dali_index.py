@@ -1,4 +1,4 @@
-"""`rectool dali-index` and `rectool.dali.write_dali_index`: one .idx for DALI over all shards."""
+"""`rectool dali-index` and `rectool.inspect.dali.write_dali_index`: one .idx for DALI."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from helpers.handmade_datasets import MAGIC, write_insightface
 from helpers.image_files import jpeg_bytes
 
 from rectool.cli import cli
-from rectool.dali import write_dali_index
 from rectool.errors import RectoolError
+from rectool.inspect.dali import write_dali_index
 
 
 def face(key):

@@ -1,10 +1,10 @@
-"""rectool.digest: the one SHA-256 file helper (manifest checksums, pack resume, verify)."""
+"""rectool.format.digest: the one SHA-256 file helper (manifest checksums, pack resume, verify)."""
 
 from __future__ import annotations
 
 import hashlib
 
-from rectool.digest import sha256_file, sha256_hasher
+from rectool.format.digest import sha256_file, sha256_hasher
 
 
 def test_sha256_file_is_the_sha256_of_the_bytes(tmp_path):

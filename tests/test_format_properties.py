@@ -13,18 +13,18 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rectool.reader import (
-    IndexFormatError,
-    parse_index,
-    unpack_header,
-)
-from rectool.records import IndexedRecordFile, RecordFile
-from rectool.writer import (
+from rectool.format.records import IndexedRecordFile, RecordFile
+from rectool.format.writer import (
     IndexedRecordWriter,
     RecordWriter,
     format_index_line,
     frame_record,
     pack_image_record,
+)
+from rectool.reader import (
+    IndexFormatError,
+    parse_index,
+    unpack_header,
 )
 
 M = b"\x0a\x23\xd7\xce"  # the magic 0xced7230a as it lies in the file

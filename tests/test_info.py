@@ -10,11 +10,11 @@ from click.testing import CliRunner
 from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from helpers.rec_files import image_payload, make_pack, write_records
 
+from rectool.build.listfile import write_label_map
+from rectool.build.packing import pack_images
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.info import dataset_info
-from rectool.listfile import write_label_map
-from rectool.packing import pack_images
+from rectool.inspect.info import dataset_info
 
 COUNTS = {"ann": 2, "ben": 3, "cyd": 7}
 
@@ -215,9 +215,9 @@ def mixed_sizes(tmp_path):
 
 
 def test_mixed_sizes_are_described_as_a_distribution(mixed_sizes, monkeypatch):
-    import rectool.info
+    import rectool.inspect.info
 
-    monkeypatch.setattr(rectool.info, "COMMON_SIZES", 3)
+    monkeypatch.setattr(rectool.inspect.info, "COMMON_SIZES", 3)
     dims = dataset_info(mixed_sizes)["dimensions"]
     assert dims["distinct"] == 5
     assert dims["most_common"] == [

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
 from rectool.cli import cli
-from rectool.records import IndexedRecordFile
+from rectool.format.records import IndexedRecordFile
 
 LINK_OUT = "outside-root: a symbolic link leads out of ROOT (--allow-outside-root packs it)"
 PACK_MODES = {
@@ -85,7 +85,7 @@ def test_pack_does_not_pack_proc_or_etc_through_a_link(tmp_path):
 
 
 def read_refusals(folder, failures_file, images_root=None):
-    from rectool.report import ReportOptions, _read_refusals, _ThumbBudget
+    from rectool.report.data import ReportOptions, _read_refusals, _ThumbBudget
 
     manifest = {"failures_file": failures_file, "totals": {"failures": 1}}
     options = ReportOptions(images_root=None if images_root is None else str(images_root))
@@ -118,7 +118,7 @@ def test_report_does_not_follow_a_failures_link_out_or_read_a_fifo_or_device(tmp
 
 
 def test_report_holds_at_most_one_bounded_line_of_a_failures_file(tmp_path, monkeypatch):
-    from rectool import report
+    from rectool.report import data as report
 
     monkeypatch.setattr(report, "MAX_FAILURES_LINE", 64)
     good = b'{"path": "a/1.jpg", "reason": "empty file"}\n'
@@ -157,7 +157,7 @@ def test_report_shows_no_thumbnail_of_an_image_outside_images_root(tmp_path):
 def test_shared_offsets_counts_offsets_named_by_several_keys():
     import numpy as np
 
-    from rectool.keys import shared_offsets
+    from rectool.format.keys import shared_offsets
 
     keys = np.array([0, 1, 2, 3, 4, 4])
     offsets = np.array([0, 40, 40, 40, 80, 80])  # 40: keys 1-3; 80: key 4 twice (one key)
@@ -218,8 +218,8 @@ def test_verify_reports_the_shared_offset(one_record_many_keys):
 
 
 def test_the_opener_bounds_size_refuses_links_and_keeps_files_in_a_folder(tmp_path, alarm):
+    from rectool.doors.inputs import dataset_path, open_input, read_regular
     from rectool.errors import RectoolError
-    from rectool.inputs import dataset_path, open_input, read_regular
 
     alarm(60)  # a guard only: a FIFO opened for reading would block
     (tmp_path / "data").mkdir()
@@ -253,8 +253,8 @@ def test_report_refuses_an_index_naming_one_record_under_many_keys(one_record_ma
 
 
 def test_sha256_of_a_fifo_is_refused_not_waited_on(tmp_path, alarm):
-    from rectool.digest import sha256_file
     from rectool.errors import RectoolError
+    from rectool.format.digest import sha256_file
 
     alarm(60)  # a guard only: without the opener, open() of a FIFO waits for a writer
     os.mkfifo(tmp_path / "x.rec")

@@ -1,10 +1,10 @@
-"""rectool.keys: a repeated .idx key keeps its last line; the float32 limit on keys."""
+"""rectool.format.keys: a repeated .idx key keeps its last line; the float32 limit on keys."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from rectool.keys import FLOAT32_EXACT, last_line_wins
+from rectool.format.keys import FLOAT32_EXACT, last_line_wins
 
 
 def test_a_repeated_key_keeps_its_last_line_in_file_order():

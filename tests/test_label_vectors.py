@@ -43,7 +43,7 @@ LIMITED = textwrap.dedent(
     import resource, sys
     from rectool.errors import RectoolError
     from rectool.reader import open_dataset
-    import rectool.repack
+    import rectool.repack.pipeline
 
     def mapped_bytes():
         with open("/proc/self/status") as f:
@@ -54,7 +54,7 @@ LIMITED = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     print(len(ds.labels), len(ds.labels[7]))
     try:
-        rectool.repack.repack([sys.argv[1]], sys.argv[2])
+        rectool.repack.pipeline.repack([sys.argv[1]], sys.argv[2])
     except RectoolError as exc:
         print("refused:", exc)
     """

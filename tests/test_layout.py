@@ -10,11 +10,11 @@ import pytest
 from helpers.image_files import jpeg_bytes
 from helpers.rec_files import image_payload, label_vector_payload, write_records
 
-from rectool.info import dataset_info
+from rectool.inspect.info import dataset_info
+from rectool.inspect.unpack import unpack_dataset
+from rectool.inspect.verify import verify_dataset
 from rectool.reader import RecordFormatError, open_dataset
-from rectool.report import ReportOptions, build_report
-from rectool.unpack import unpack_dataset
-from rectool.verify import verify_dataset
+from rectool.report.data import ReportOptions, build_report
 
 
 def header_flag_3(tmp_path):

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import rectool.listfile as listfile
-from rectool.listfile import ListFormatError, iter_list, parse_list_line
+import rectool.build.listfile as listfile
+from rectool.build.listfile import ListFormatError, iter_list, parse_list_line
 
 names = st.text(
     st.characters(blacklist_characters="\t\n\r\0", blacklist_categories=["Cs"]), min_size=1

@@ -1,4 +1,4 @@
-"""rectool.listing: walking an identity tree, labels, splits, chunks, and the files written."""
+"""rectool.build.listing: walking an identity tree, labels, splits, chunks, the files written."""
 
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ from helpers.image_trees import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rectool import listing as listing_module
-from rectool.errors import ListingError, RectoolError, UsageError
-from rectool.listfile import (
+from rectool.build import listing as listing_module
+from rectool.build.listfile import (
     find_label_map,
     format_list_line,
     format_list_lines,
@@ -31,7 +30,7 @@ from rectool.listfile import (
     read_list,
     unwritable_paths,
 )
-from rectool.listing import (
+from rectool.build.listing import (
     SKIP_REASONS,
     display_path,
     list_images,
@@ -42,6 +41,7 @@ from rectool.listing import (
     walk_tree,
     write_lists,
 )
+from rectool.errors import ListingError, RectoolError, UsageError
 
 
 def rows_of(listing):

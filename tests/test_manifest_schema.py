@@ -224,7 +224,7 @@ def test_no_module_but_the_reader_parses_a_manifest():
     import rectool
 
     found = []
-    for module in Path(rectool.__file__).parent.glob("*.py"):
+    for module in Path(rectool.__file__).parent.glob("**/*.py"):
         if module.name == "reader.py":
             continue
         lines = module.read_text(encoding="utf-8").splitlines()

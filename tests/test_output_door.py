@@ -20,8 +20,8 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
-from rectool import output
 from rectool.cli import cli
+from rectool.doors import output
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -353,7 +353,7 @@ class LockHolder:
 
     def __init__(self, prefix, shared=False):
         code = (
-            "import sys; from rectool.output import OutputLock\n"
+            "import sys; from rectool.doors.output import OutputLock\n"
             f"with OutputLock({str(prefix)!r}, shared={shared}):\n"
             "    print('locked', flush=True); sys.stdin.read()\n"
         )

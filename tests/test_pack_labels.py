@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from rectool.build.listfile import ListFormatError
+from rectool.build.packing import PackOptions, pack_images
 from rectool.cli import cli
-from rectool.listfile import ListFormatError
-from rectool.packing import PackOptions, pack_images
 from rectool.reader import open_dataset
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -15,8 +15,8 @@ import sys
 import pytest
 from helpers.image_files import encode, image_array, write_list
 
-from rectool.packing import PackOptions, pack_images
-from rectool.shards import ShardWriter
+from rectool.build.packing import PackOptions, pack_images
+from rectool.build.shards import ShardWriter
 
 ARGS = ["--resize", "24", "--shard-records", "97", "--workers", "2", "--quiet"]
 
@@ -131,8 +131,8 @@ def test_insightface_resume_rewrites_identity_records_cut_by_a_kill(tmp_path):
 
     from helpers.image_files import write_pack_tree
 
-    from rectool.manifest import STATE_SUFFIX
-    from rectool.packing import _validate_list
+    from rectool.build.manifest import STATE_SUFFIX
+    from rectool.build.packing import validate_list
 
     root = tmp_path / "tree"
     items = write_pack_tree(root, ["a", "b", "c"], 4)
@@ -149,7 +149,7 @@ def test_insightface_resume_rewrites_identity_records_cut_by_a_kill(tmp_path):
     (out / "train.idx.partial").write_bytes(b"".join(idx_lines))
     (out / "train.rec.partial").write_bytes(reference["train.rec"][:cut])
     (out / "train.failures.jsonl.partial").write_bytes(b"")
-    digest, _ = _validate_list(str(lst), "insightface")
+    digest, _ = validate_list(str(lst), "insightface")
     state = {
         "list_sha256": digest,
         "root": os.path.abspath(root),

@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
+from rectool.build.packing import PackOptions, finalize_pack, pack_images, validate_list
+from rectool.build.shards import plan_shards
 from rectool.cli import cli
 from rectool.errors import RectoolError, UsageError
-from rectool.packing import PackOptions, _validate_list, finalize_pack, pack_images
-from rectool.shards import plan_shards
 
 
 def test_plan_is_a_pure_function_of_length_and_count():
@@ -154,7 +154,7 @@ def cluster():
 
 
 def test_dask_cluster_gives_the_same_bytes_as_a_local_pack(tree_with_refusals, tmp_path, cluster):
-    from rectool.distributed import pack_on_dask
+    from rectool.build.distributed import pack_on_dask
 
     root, lst = tree_with_refusals
     options = PackOptions(shard_records=7, max_failures=5, workers=1)
@@ -171,7 +171,7 @@ def test_dask_cluster_gives_the_same_bytes_as_a_local_pack(tree_with_refusals, t
 def test_dask_overwrite_replaces_the_old_pack_only_once_the_new_one_is_complete(
     tree_with_refusals, tmp_path, cluster
 ):
-    from rectool.distributed import pack_on_dask
+    from rectool.build.distributed import pack_on_dask
 
     root, lst = tree_with_refusals
     options = PackOptions(shard_records=7, max_failures=5, workers=1)
@@ -186,7 +186,7 @@ def test_dask_overwrite_replaces_the_old_pack_only_once_the_new_one_is_complete(
 
 
 def test_dask_worker_killed_mid_run_still_gives_a_correct_pack(tmp_path, cluster):
-    from rectool.distributed import pack_on_dask
+    from rectool.build.distributed import pack_on_dask
 
     root = tmp_path / "tree"
     items = write_pack_tree(root, [f"id{i}" for i in range(12)], 40, height=96, width=80)
@@ -237,7 +237,7 @@ def test_resuming_a_shard_killed_after_its_rename_leaves_the_next_shard_alone(
     # failures file still .partial and the state file still there.
     failures = tmp_path / "out" / "f-00001.failures.jsonl"
     failures.rename(str(failures) + ".partial")
-    digest, _ = _validate_list(str(lst), "images")
+    digest, _ = validate_list(str(lst), "images")
     state = {
         "list_sha256": digest,
         "root": os.path.abspath(root),
@@ -252,8 +252,8 @@ def test_resuming_a_shard_killed_after_its_rename_leaves_the_next_shard_alone(
 
 
 def test_dask_wrong_root_stops_before_the_cluster_or_any_file(tree_with_refusals, tmp_path):
-    from rectool.distributed import pack_on_dask
-    from rectool.packing import WrongRootError
+    from rectool.build.distributed import pack_on_dask
+    from rectool.build.packing import WrongRootError
 
     _, lst = tree_with_refusals
     wrong = tmp_path / "elsewhere"

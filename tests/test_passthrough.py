@@ -17,12 +17,12 @@ from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rectool.passthrough
-import rectool.shards
-from rectool.images import ImageRefused, check_image
-from rectool.listfile import ListItem
-from rectool.packing import PackOptions, pack_images
-from rectool.passthrough import PassThroughPacker, _walk_jpegs
+import rectool.build.passthrough
+import rectool.build.shards
+from rectool.build.images import ImageRefused, check_image
+from rectool.build.listfile import ListItem
+from rectool.build.packing import PackOptions, pack_images
+from rectool.build.passthrough import PassThroughPacker, _walk_jpegs
 
 MAGIC = struct.pack("<I", 0xCED7230A)
 
@@ -225,8 +225,8 @@ def test_a_pack_of_many_blocks_through_a_slow_writer(tmp_path, monkeypatch):
         if n % 37:
             expected.append(frame(image_record(data, float(n % 5), n * 2)))
     lst = write_list(tmp_path / "many.lst", items)
-    monkeypatch.setattr(rectool.passthrough, "BLOCK_BYTES", 16 << 10)
-    monkeypatch.setattr(rectool.passthrough, "BUFFERS", 1)
+    monkeypatch.setattr(rectool.build.passthrough, "BLOCK_BYTES", 16 << 10)
+    monkeypatch.setattr(rectool.build.passthrough, "BUFFERS", 1)
     slow_writes(monkeypatch, ".rec.partial", 0.002)
     result = pack_images(lst, root, tmp_path / "many", PackOptions(max_failures=10))
     assert result.failures == 7
@@ -275,7 +275,7 @@ def test_numbered_records_skip_the_refused(tmp_path, block_bytes):
 def test_blocks_and_worker_threads_pack_the_same_bytes(tmp_path, monkeypatch, layout):
     # Two implementations of pass-through: blocks on the calling thread (fast disks) and
     # image by image in worker threads (slow ones). Their files must be the same.
-    import rectool.packing
+    import rectool.build.packing
 
     root = tmp_path / "tree"
     (root / "a").mkdir(parents=True)
@@ -296,7 +296,7 @@ def test_blocks_and_worker_threads_pack_the_same_bytes(tmp_path, monkeypatch, la
     lst = write_list(tmp_path / "mixed.lst", items)
     options = PackOptions(layout=layout, max_failures=100, workers=2)
     pack_images(lst, root, tmp_path / "blocks" / "p", options)
-    monkeypatch.setattr(rectool.packing, "_io_bound", lambda options: False)
+    monkeypatch.setattr(rectool.build.packing, "_io_bound", lambda options: False)
     pack_images(lst, root, tmp_path / "threads" / "p", options)
     for suffix in (".rec", ".idx", ".failures.jsonl"):
         blocks = (tmp_path / "blocks" / f"p{suffix}").read_bytes()

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from rectool import errors, reader
 from rectool.cli import cli
-from rectool.indexcache import write_index_cache
+from rectool.format.indexcache import write_index_cache
+from rectool.format.records import IndexedRecordFile, RecordFile
 from rectool.reader import (
     IndexFormatError,
     RecordFormatError,
@@ -28,7 +29,6 @@ from rectool.reader import (
     parse_index,
     unpack_header,
 )
-from rectool.records import IndexedRecordFile, RecordFile
 
 MAGIC = b"\x0a\x23\xd7\xce"  # 0xced7230a, little-endian
 

@@ -19,7 +19,7 @@ from helpers.image_files import jpeg_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rectool.indexcache import write_index_cache
+from rectool.format.indexcache import write_index_cache
 from rectool.reader import RectoolError, load_index, open_dataset
 
 FILES = ["faces-00000.rec", "faces-00001.idx", "faces.manifest.json", "faces-00000.idx.rtc",

@@ -22,11 +22,11 @@ from hypothesis import strategies as st
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.indexcache import write_index_cache
+from rectool.format.indexcache import write_index_cache
+from rectool.format.writer import IndexedRecordWriter, pack_image_record
+from rectool.inspect.reindex import reindex
+from rectool.inspect.verify import verify_dataset
 from rectool.reader import index_cache_path
-from rectool.reindex import reindex
-from rectool.verify import verify_dataset
-from rectool.writer import IndexedRecordWriter, pack_image_record
 
 
 def invoke(*args):

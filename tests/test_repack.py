@@ -1,4 +1,4 @@
-"""`rectool.repack`: merging, filtering, relabelling, ordering and converting packs.
+"""`rectool.repack.pipeline`: merging, filtering, relabelling, ordering and converting packs.
 
 Expected values come from the sources as written by hand (helpers/handmade_datasets.py) or from
 packing the trees themselves, never from the code under test.
@@ -20,15 +20,15 @@ from helpers.image_files import encode, image_array, jpeg_bytes, write_list, wri
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rectool import repack as repack_module
+from rectool.build.images import Transform
+from rectool.build.listfile import write_label_map
+from rectool.build.listing import list_images
+from rectool.build.packing import PackOptions, pack_images
 from rectool.errors import RectoolError, UsageError
-from rectool.images import Transform
-from rectool.listfile import write_label_map
-from rectool.listing import list_images
-from rectool.packing import PackOptions, pack_images
+from rectool.inspect.verify import verify_dataset
 from rectool.reader import open_dataset
-from rectool.repack import RepackOptions, repack
-from rectool.verify import verify_dataset
+from rectool.repack import pipeline as repack_module
+from rectool.repack.pipeline import RepackOptions, repack
 
 
 def pack_tree(tmp_path, name, identities, per_identity=3, first_seed=0, layout="images"):
@@ -318,9 +318,9 @@ def test_insightface_layout_needs_identity_order(tmp_path):
 
 def test_insightface_key_limit_is_checked_before_writing(tmp_path, monkeypatch):
     counted_pack(tmp_path, [3, 3])
-    import rectool.layout
+    import rectool.build.layout
 
-    monkeypatch.setattr(rectool.layout, "FLOAT32_EXACT", 8)
+    monkeypatch.setattr(rectool.build.layout, "FLOAT32_EXACT", 8)
     with pytest.raises(RectoolError, match="6 images \\+ 2 identities need 9"):
         repack([tmp_path / "src"], tmp_path / "o" / "train", RepackOptions(layout="insightface"))
     assert not (tmp_path / "o").exists()
@@ -422,8 +422,8 @@ def test_output_exists_needs_overwrite_and_resume_of_a_complete_pack_is_a_no_op(
 
 KILL_AT = """
 import os, signal, sys
-from rectool import repack as m
-from rectool.images import Transform
+from rectool.repack import pipeline as m
+from rectool.build.images import Transform
 m.BATCH_RECORDS = 7
 m.REENCODE_CHUNK = 5
 sources, prefix, kill_at, layout, reencode = sys.argv[1:-4], sys.argv[-4], int(sys.argv[-3]), \

@@ -9,8 +9,8 @@ from helpers.image_files import jpeg_bytes
 from helpers.mxnet_oracle import run_mxnet
 from test_dali import dali_python, dali_read
 
-from rectool.dali import write_dali_index
-from rectool.repack import RepackOptions, repack
+from rectool.inspect.dali import write_dali_index
+from rectool.repack.pipeline import RepackOptions, repack
 
 pytestmark = pytest.mark.oracle
 

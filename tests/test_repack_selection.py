@@ -1,4 +1,4 @@
-"""`rectool.selection`: the pure functions that choose, relabel and order records."""
+"""`rectool.repack.selection`: the pure functions that choose, relabel and order records."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rectool import selection
 from rectool.errors import RectoolError
+from rectool.repack import selection
 
 labels_strategy = st.lists(st.integers(0, 6), min_size=0, max_size=40).map(
     lambda xs: np.array(xs, np.int64)

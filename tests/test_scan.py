@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rectool.errors import RecordFormatError
-from rectool.scan import find_record_start, locate_records, scan_framing
-from rectool.writer import frame_record
+from rectool.format.writer import frame_record
+from rectool.inspect.scan import find_record_start, locate_records, scan_framing
 
 
 def framed_file(payloads):

@@ -1,11 +1,11 @@
-"""`rectool.images.transform_from_options`: im2rec's re-encoding options and their defaults."""
+"""`rectool.build.images.transform_from_options`: im2rec's re-encoding options, defaults."""
 
 from __future__ import annotations
 
 import pytest
 
+from rectool.build.images import Transform, transform_from_options
 from rectool.errors import UsageError
-from rectool.images import Transform, transform_from_options
 
 
 def test_no_reencoding_option_means_pass_through():

@@ -19,11 +19,11 @@ from helpers.rec_files import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rectool.build.packing import pack_images
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.packing import pack_images
-from rectool.unpack import unpack_dataset
-from rectool.writer import IndexedRecordWriter, pack_image_record
+from rectool.format.writer import IndexedRecordWriter, pack_image_record
+from rectool.inspect.unpack import unpack_dataset
 
 
 def invoke(*args):

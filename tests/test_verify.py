@@ -28,12 +28,12 @@ from helpers.rec_files import (
     xor_byte,
 )
 
-from rectool.checksums import checksum_path
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.indexcache import write_index_cache
-from rectool.verify import DecodeOptions, verify_dataset
-from rectool.writer import IndexedRecordWriter, pack_image_record
+from rectool.format.checksums import checksum_path
+from rectool.format.indexcache import write_index_cache
+from rectool.format.writer import IndexedRecordWriter, pack_image_record
+from rectool.inspect.verify import DecodeOptions, verify_dataset
 
 
 def invoke(*args):

@@ -10,9 +10,8 @@ import zlib
 import pytest
 from helpers.rec_files import make_pack, xor_byte
 
-from rectool.reader import RecordFile, resolve_source
-from rectool.scan import mapped
-from rectool.verify import (
+from rectool.inspect.scan import mapped
+from rectool.inspect.verify import (
     DatasetFacts,
     Found,
     check_framing,
@@ -24,6 +23,7 @@ from rectool.verify import (
     check_record_checksums,
     read_shard,
 )
+from rectool.reader import RecordFile, resolve_source
 
 
 def never_vouched(path, expected):

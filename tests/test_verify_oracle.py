@@ -9,10 +9,10 @@ from helpers.mxnet_oracle import run_mxnet
 from helpers.rec_files import MAGIC, idx_lines, part_length, xor_byte
 
 from rectool.cli import cli
-from rectool.info import dataset_info
-from rectool.reindex import reindex
-from rectool.unpack import unpack_dataset
-from rectool.verify import verify_dataset
+from rectool.inspect.info import dataset_info
+from rectool.inspect.reindex import reindex
+from rectool.inspect.unpack import unpack_dataset
+from rectool.inspect.verify import verify_dataset
 
 pytestmark = pytest.mark.oracle
 

@@ -1,4 +1,4 @@
-"""rectool.writer against byte layouts written out by hand from FORMAT-NOTES §1-3."""
+"""rectool.format.writer against byte layouts written out by hand from FORMAT-NOTES §1-3."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rectool import writer
 from rectool.errors import RecordTooLargeError, RectoolError
-from rectool.writer import (
+from rectool.format import writer
+from rectool.format.writer import (
     IndexedRecordWriter,
     RecordWriter,
     format_index_line,

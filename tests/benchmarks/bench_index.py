@@ -25,7 +25,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from common import CACHE, best_time  # noqa: E402
 
-from rectool.indexcache import write_index_cache  # noqa: E402
+from rectool.format.indexcache import write_index_cache  # noqa: E402
 from rectool.reader import index_cache_path, load_index, read_index_cache  # noqa: E402
 
 CACHE_DIR = CACHE / "index"

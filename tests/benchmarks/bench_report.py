@@ -27,8 +27,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).parent))
 from common import CACHE, best_in_turns  # noqa: E402
 
-from rectool.info import dataset_info  # noqa: E402
-from rectool.report import ReportOptions, write_report  # noqa: E402
+from rectool.inspect.info import dataset_info  # noqa: E402
+from rectool.report.data import ReportOptions, write_report  # noqa: E402
 
 DEFAULT_RECORDS = 200_000
 IDENTITIES = 10_000

@@ -183,7 +183,7 @@ def window(stream, images):
 
 def ensure_big_pack(prefix_small, log=print):
     """Return the prefix of a pack of 448x448 JPEGs (upscaled from the 112 pack), made once."""
-    from rectool.writer import IndexedRecordWriter, pack_image_record
+    from rectool.format.writer import IndexedRecordWriter, pack_image_record
 
     folder = CACHE / "train-448"
     prefix = folder / "faces448"

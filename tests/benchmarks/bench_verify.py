@@ -33,11 +33,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import best_time  # noqa: E402
 from tree import ensure_tree  # noqa: E402
 
-from rectool.checksums import checksum_path, damaged_records, load_checksums  # noqa: E402
+from rectool.format.checksums import checksum_path, damaged_records, load_checksums  # noqa: E402
+from rectool.format.records import IndexedRecordFile  # noqa: E402
+from rectool.inspect.scan import mapped  # noqa: E402
+from rectool.inspect.verify import DecodeOptions, verify_dataset  # noqa: E402
 from rectool.reader import unpack_header  # noqa: E402
-from rectool.records import IndexedRecordFile  # noqa: E402
-from rectool.scan import mapped  # noqa: E402
-from rectool.verify import DecodeOptions, verify_dataset  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_DIR = REPO / ".bench-cache" / "verify"

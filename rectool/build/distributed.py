@@ -1,0 +1,169 @@
+"""Pack on a Dask cluster: one task per planned shard, then the manifest on the client.
+
+Each task is `pack_images(..., only_shard=K, resume=True)` on whichever worker runs it, so
+the cluster uses the same packing code path as a local run. A task that is retried after its
+worker died continues the shard from its `.partial` files; a shard gets its final name only
+when complete, and the manifest is written only when every shard is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from ..errors import RectoolError, UsageError
+from .manifest import (
+    FAILURES_SUFFIX,
+    discard_staging,
+    finish_interrupted,
+    is_complete,
+    journal_path,
+    manifest_path,
+    output_files,
+    source_state,
+    staging_prefix,
+    swap_in,
+)
+from ..doors.output import OutputLock, make_folders
+from .packing import (
+    PACKED,
+    RESUMED,
+    PackOptions,
+    check_options,
+    finalize_locked,
+    validate_list,
+    check_prefix,
+    check_root,
+    completed_if_same,
+    pack_images,
+)
+from .shards import plan_shards
+
+INSTALL_HINT = (
+    "--executor dask needs Dask: pip install 'rectool[dask]' from an index, or from a checkout "
+    "of rectool: pip install -e '.[dask]'"
+)
+
+
+def _client_for(scheduler, workers):
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError:
+        raise UsageError(INSTALL_HINT) from None
+    if scheduler:
+        try:
+            return Client(scheduler, timeout="30s"), None
+        except OSError as exc:
+            raise RectoolError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+    cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True)
+    return Client(cluster), cluster
+
+
+def _pack_task(list_path, root, prefix, options, number, lock_token=None):
+    return pack_images(
+        list_path, root, prefix, options, resume=True, only_shard=number, lock_token=lock_token
+    )
+
+
+def pack_on_dask(
+    list_path,
+    root,
+    prefix,
+    options=None,
+    scheduler=None,
+    resume=False,
+    overwrite=False,
+    label_map=None,
+    progress=None,
+    local_workers=None,
+):
+    """Pack every shard of the plan as a task on a Dask cluster; return `finalize_pack`'s result.
+
+    `scheduler` is the address of a running `dask.distributed` scheduler; None starts a local
+    cluster of `local_workers` processes. Workers must see `list_path`, `root` and `prefix` at
+    the same paths (a shared file system). Within a task, `options.workers` threads are used.
+    """
+    options = options or PackOptions()
+    if list_path == "-":
+        raise UsageError("--executor dask needs the list as a file that every worker can read")
+    given = check_prefix(prefix)
+    list_path, root, prefix = (os.path.abspath(os.fspath(p)) for p in (list_path, root, prefix))
+    check_options(options)
+    digest, total = validate_list(list_path, options.layout)
+    plan = plan_shards(total, options.shard_bytes, options.shard_records)
+    make_folders(os.path.dirname(prefix))
+    with OutputLock(prefix) as lock:
+        finish_interrupted(prefix)
+        result = _pack_locked(
+            list_path, root, prefix, options, plan, (digest, total), scheduler, resume, overwrite,
+            label_map, progress, local_workers, lock.token,
+        )  # fmt: skip
+    # Workers need absolute paths; the caller gets its own back, as it gave them.
+    return dataclasses.replace(
+        result, manifest_path=manifest_path(given), failures_path=given + FAILURES_SUFFIX
+    )
+
+
+def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resume, overwrite,
+                 label_map, progress, local_workers, token):  # fmt: skip
+    digest, total = listed
+    if resume and is_complete(prefix):
+        return completed_if_same(prefix, source_state(digest, root, options))
+    existing = output_files(prefix)
+    if existing and not (overwrite or resume):
+        raise RectoolError(f"{existing[0]}: output exists; use --resume or --overwrite")
+    if not resume:
+        check_root(list_path, root, options.allow_outside_root)
+    client, cluster = _client_for(scheduler, local_workers or os.cpu_count() or 1)
+    final = None
+    if existing and overwrite:
+        # The old pack stays whole until the new one is: pack beside it, then swap.
+        final, prefix = prefix, staging_prefix(prefix)
+        token = None  # the staging prefix is this run's own: its tasks lock it themselves
+    try:
+        return _run_and_finish(
+            client, cluster, list_path, root, prefix, final, options, plan, total, label_map,
+            progress, token,
+        )  # fmt: skip
+    except BaseException:
+        if final is not None and not os.path.exists(journal_path(final)):
+            discard_staging(prefix)  # not committed: the old pack stays as it was
+        raise
+
+
+def _run_and_finish(client, cluster, list_path, root, prefix, final, options, plan, total,
+                    label_map, progress, token):  # fmt: skip
+    try:
+        from dask.distributed import as_completed
+
+        futures = [
+            client.submit(
+                _pack_task, list_path, root, prefix, options, k, token, pure=False, retries=2
+            )
+            for k in range(len(plan))
+        ]
+        done = refused = resumed_from = 0
+        for future in as_completed(futures):
+            shard = future.result()  # re-raises a task's error here, on the client
+            done += len(plan[shard.shard])
+            refused += shard.failures
+            resumed_from += shard.resumed_from
+            if progress is not None:
+                progress(done, total, refused)
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    result = finalize_locked(list_path, root, prefix, options, label_map)
+    # The tasks did the packing (finalizing is this function's last step): say what they did.
+    result = dataclasses.replace(
+        result, resumed_from=resumed_from, outcome=RESUMED if resumed_from else PACKED
+    )
+    if final is None:
+        return result
+    swap_in(prefix, final)
+    return dataclasses.replace(
+        result,
+        manifest_path=manifest_path(final),
+        failures_path=final + FAILURES_SUFFIX,
+    )

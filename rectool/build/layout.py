@@ -1,0 +1,150 @@
+"""The layouts a pack is written in: which key each image gets, and what follows the images.
+
+- `images` (the default): one record per image, keyed by its list index (a repack: its plan
+  position), nothing else; it may be cut into shards.
+- `insightface`, what insightface's and arcface's `MXFaceDataset` read: one `.rec`; images keyed
+  1..N in the order written, each identity's images together; then one record per identity
+  (key N+1+label, labels [start, end) of its image keys) and record 0, the header (labels
+  [N+1, N+1+classes)); and a `property` file `classes,height,width` beside the `.rec`. Those
+  labels are float32, so every key must stay below `keys.FLOAT32_EXACT`.
+
+This module is the writing side of the rule; `reader.insightface_header` is the reading side.
+`pack` and `repack` ask a `Layout` rather than comparing layout names.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import RectoolError, UsageError
+from .images import ImageRefused, Transform, decode_image
+from ..format.keys import FLOAT32_EXACT
+from .listfile import ListFormatError
+from ..doors.output import write_atomic
+from ..reader import unpack_header
+from ..format.writer import frame_record, pack_image_record
+
+# The flag of identity and header records: their two float32 labels.
+IDENTITY_FLAG = 2
+# `property`'s height and width when no image was written to read them from.
+DEFAULT_SIZE = (112, 112)
+
+
+class Layout:
+    """One layout's writing rules; `IMAGES` and `INSIGHTFACE` are the two."""
+
+    def __init__(self, name, numbered):
+        self.name = name
+        # Images are keyed 1..N as written (else by list index) and followed by identity
+        # records, a header and a `property` file.
+        self.numbered = numbered
+        # What `ShardWriter.resume` cuts from a partial file's end: the records that follow
+        # the images, written again after the images that remain (None: nothing).
+        self.written_after_images = _is_identity_record if numbered else None
+
+    def __repr__(self):
+        return f"<layout {self.name}>"
+
+    def first_key(self, images_written):
+        """Return the key of the next image written, or None when keys are list indices."""
+        return images_written + 1 if self.numbered else None
+
+    def check_options(self, options):
+        """Refuse shard limits, and labels packed whole, in a layout that cannot hold them."""
+        if not self.numbered:
+            return
+        if options.shard_bytes or options.shard_records:
+            raise UsageError(
+                "--layout insightface writes one .rec (its readers expect one file); "
+                "drop --shard-size/--shard-records"
+            )
+        if getattr(options, "pack_label", False):
+            raise UsageError(
+                "--layout insightface stores one class label per image; drop --pack-label"
+            )
+
+    def check_item(self, item, path):
+        """Raise `ListFormatError` for a list item this layout cannot key (insightface: one
+        non-negative integer label, the identity)."""
+        label = item.labels[0]
+        if self.numbered and (len(item.labels) != 1 or not label.is_integer() or label < 0):
+            raise ListFormatError(
+                f"--layout insightface needs one non-negative integer label, got "
+                f"{list(item.labels)}",
+                path,
+                item.line,
+            )
+
+    def order(self, items):
+        """Return list items in the order they are written: each identity's together (a
+        stable sort by label) when images are numbered."""
+        return sorted(items, key=lambda item: item.labels[0]) if self.numbered else items
+
+    def check_keys(self, images, classes, remedy="Use --layout images"):
+        """Raise when `images` images and `classes` identities need keys float32 cannot hold."""
+        if not self.numbered:
+            return
+        last_key = images + classes + 1
+        if last_key >= FLOAT32_EXACT:
+            raise RectoolError(
+                f"--layout insightface stores record keys as float32 labels, exact only up to "
+                f"{FLOAT32_EXACT}; {images} images + {classes} identities need {last_key}. "
+                f"{remedy}, which has no such limit"
+            )
+
+    def records_after(self, images, counts):
+        """Return the (key, framed record) pairs that follow `images` images, whose identity
+        `label` has `counts[label]` of them (a list, or a mapping that may lack a label)."""
+        if not self.numbered:
+            return []
+        classes = len(counts) if isinstance(counts, list) else max(counts, default=-1) + 1
+        self.check_keys(images, classes, "Use the default layout (images only)")
+        out = []
+        start = 1
+        for label in range(classes):
+            end = start + int(counts[label] if isinstance(counts, list) else counts.get(label, 0))
+            key = images + 1 + label
+            out.append((key, _labels_record([start, end], key, 0)))
+            start = end
+        out.append((0, _labels_record([images + 1, images + 1 + classes], 0, 1)))
+        return out
+
+    def write_property(self, folder, classes, size):
+        """Write `property` (`classes,height,width`) into `folder`; `size` (height, width) or
+        None for DEFAULT_SIZE."""
+        if not self.numbered:
+            return
+        height, width = size or DEFAULT_SIZE
+        write_atomic(os.path.join(folder or ".", "property"), f"{classes},{height},{width}\n")
+
+
+def _is_identity_record(record):
+    """Return True for an identity or header record (written by `records_after`)."""
+    return unpack_header(record)[0].flag == IDENTITY_FLAG
+
+
+def _labels_record(labels, key, id2):
+    return frame_record(pack_image_record(b"", [float(label) for label in labels], key, id2))
+
+
+IMAGES = Layout("images", numbered=False)
+INSIGHTFACE = Layout("insightface", numbered=True)
+LAYOUTS = (IMAGES.name, INSIGHTFACE.name)
+_BY_NAME = {layout.name: layout for layout in (IMAGES, INSIGHTFACE)}
+
+
+def layout_named(name):
+    """Return the `Layout` called `name`; raise `UsageError` naming the choices."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise UsageError(f"unknown layout {name!r}; choose from {', '.join(LAYOUTS)}") from None
+
+
+def image_size(data):
+    """Return the (height, width) of an encoded image, or None when it does not decode."""
+    try:
+        image = decode_image(data, Transform(color=-1))
+    except ImageRefused:
+        return None
+    return int(image.shape[0]), int(image.shape[1])

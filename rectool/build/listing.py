@@ -1,0 +1,764 @@
+"""List an identity-per-folder image tree as im2rec .lst files, with its label map.
+
+Each first-level folder of the root is one identity. Identities get labels 0..K-1 in
+code-point order of their folder names, so a tree always gives the same labels; images are
+listed by identity, then by path (unless shuffled), and numbered 0..N-1 in that order before
+any split, so indices stay unique across the train/val/test lists and chunks.
+
+Walking the tree uses `os.scandir`: file and folder types come from the directory entries;
+each folder is stat-ed once (its device and inode), and symbolic links are resolved. Folders
+are read by a pool of threads, which is what matters on network file systems where every
+listing waits on a round trip; the result does not depend on the number of threads.
+
+Every folder is listed once, by device and inode, so a walk ends and its memory is bounded
+by what it lists, whatever links the tree holds. The tree's real folders are walked first;
+then symlinked folders, in path order, round by round (those found inside linked folders in
+the next round): a link that leads back to one of its own ancestors is a `symlink_loop`, one
+that leads to a folder already listed a `symlink_repeat`, and both are skipped and counted.
+Links, to files and to folders, are followed only where their real path stays inside ROOT's
+real path; those leading out are skipped as `outside_root` unless `allow_outside_root`
+(`rectool list --allow-outside-root`).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from itertools import chain, repeat
+from pathlib import Path
+
+from ..errors import ListingError, RectoolError, UsageError
+from .listfile import (
+    LIST_SUFFIX,
+    format_list_lines,
+    is_writable_path,
+    label_map_path,
+    label_map_text,
+    unwritable_paths,
+)
+from ..doors.output import JOURNAL_SUFFIX, OutputFiles, check_target, finish_commit, write_output
+
+# Extensions OpenCV decodes that image datasets commonly use.
+DEFAULT_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
+SPLIT_BY = ("image", "identity")
+SPLITS = ("train", "val", "test")
+
+# Why an entry was passed over: key -> what is counted. Keys are stable (they are the JSON
+# summary's keys); the order is the order of the human summary.
+SKIP_REASONS = {
+    "not_image": "files without an image extension",
+    "hidden": "hidden files and folders (name starts with '.')",
+    "outside_identity": "entries directly in the root, outside any identity folder",
+    "empty_identity": "identity folders without any image",
+    "unreadable_folder": "folders that cannot be read",
+    "unwritable_name": "names a .lst line cannot hold (tab, newline, CR, not UTF-8, "
+    "leading or trailing whitespace)",
+    "not_regular": "broken symbolic links and special files",
+    "symlink_loop": "symlinked folders that lead back to their own ancestor",
+    "symlink_repeat": "symlinked folders that lead to a folder already listed",
+    "outside_root": "symbolic links that lead out of ROOT (--allow-outside-root follows them)",
+    "subfolder": "subfolders of identities, not scanned without recursion",
+    "below_min_per_id": "identities with fewer images than the minimum per identity",
+    "above_max_per_id": "images beyond the maximum per identity",
+}
+
+
+def default_threads():
+    """Return the default number of scanning threads: 4 per CPU, at most 32."""
+    return min(32, 4 * (os.cpu_count() or 1))
+
+
+def normalize_extensions(exts):
+    """Return extensions as a sorted tuple of lower-case `.ext` strings ("JPG" -> ".jpg")."""
+    normalized = set()
+    for ext in exts:
+        ext = ext.strip().lower()
+        if not ext or ext == ".":
+            raise UsageError(f"empty image extension in {list(exts)!r}")
+        normalized.add(ext if ext.startswith(".") else "." + ext)
+    if not normalized:
+        raise UsageError("no image extensions given")
+    return tuple(sorted(normalized))
+
+
+@dataclass(frozen=True)
+class Identity:
+    """One identity folder: its name and its images' paths relative to the root, in order."""
+
+    name: str
+    images: tuple
+
+
+@dataclass
+class TreeWalk:
+    """What `walk_tree` found: identities with images, in name order, and what it skipped."""
+
+    root: Path
+    identities: list
+    # reason (a key of SKIP_REASONS) -> sorted paths relative to the root
+    skipped: dict
+    folders: int = 0
+
+    @property
+    def image_count(self):
+        """Return the number of images found."""
+        return sum(len(identity.images) for identity in self.identities)
+
+
+@dataclass(frozen=True)
+class _Folder:
+    """A folder to scan: the identity it belongs to, where it is, and its ancestors' paths."""
+
+    identity: int
+    path: str
+    rel: str
+    ancestors: tuple
+
+
+@dataclass
+class _FolderScan:
+    folder: _Folder
+    images: list = field(default_factory=list)
+    subfolders: list = field(default_factory=list)
+    links: list = field(default_factory=list)  # symlinked subfolders, walked in a later round
+    skipped: list = field(default_factory=list)
+    error: OSError | None = None
+    repeat: bool = False  # the folder was listed already (reached again through a link)
+
+
+class _Scanner:
+    """Scan folders: classify every entry with what `os.scandir` already knows."""
+
+    def __init__(self, exts, recursive, root, allow_outside_root=False):
+        self.exts = frozenset(exts)
+        self.recursive = recursive
+        self.allow_outside_root = allow_outside_root
+        self._real_root = os.path.realpath(root)
+        self._below_root = os.path.join(self._real_root, "")
+        # (st_dev, st_ino) of ancestors, computed only when a symlinked folder needs them.
+        self._keys = {}
+        # (st_dev, st_ino) of every folder listed: none is listed twice.
+        self.visited = set()
+
+    def leads_out(self, entry):
+        """Return whether a symbolic link entry's real path is outside ROOT (and not allowed)."""
+        if self.allow_outside_root:
+            return False
+        real = os.path.realpath(entry.path)
+        return real != self._real_root and not real.startswith(self._below_root)
+
+    def folder_key(self, path):
+        key = self._keys.get(path)
+        if key is None:
+            st = os.stat(path)
+            key = self._keys[path] = (st.st_dev, st.st_ino)
+        return key
+
+    def is_loop(self, entry, ancestors):
+        """Return whether a symlinked folder entry is one of `ancestors` (paths)."""
+        st = entry.stat()  # follows the link; DirEntry caches it from is_dir()
+        key = (st.st_dev, st.st_ino)
+        return any(self.folder_key(path) == key for path in ancestors)
+
+    def scan_batch(self, folders):
+        return [self.scan(folder) for folder in folders]
+
+    def scan(self, folder):
+        result = _FolderScan(folder)
+        skipped, exts, rel = result.skipped, self.exts, folder.rel
+        names = []
+        try:
+            st = os.stat(folder.path)
+            key = (st.st_dev, st.st_ino)
+            # One walk at a time adds to `visited`, and it reaches each real folder once.
+            if key in self.visited:
+                result.repeat = True
+                return result
+            self.visited.add(key)
+            with os.scandir(folder.path) as entries:
+                for entry in entries:
+                    name = entry.name
+                    if name[0] == ".":
+                        skipped.append(("hidden", f"{rel}/{name}"))
+                        continue
+                    # One question per entry in the usual case, answered from the entry's
+                    # type (no stat) unless it is a symbolic link.
+                    try:
+                        dot = name.rfind(".")
+                        if dot > 0 and name[dot:].lower() in exts:
+                            if entry.is_file():
+                                if entry.is_symlink() and self.leads_out(entry):
+                                    skipped.append(("outside_root", f"{rel}/{name}"))
+                                else:
+                                    names.append(name)
+                            elif entry.is_dir():
+                                self._add_subfolder(result, entry)
+                            else:
+                                skipped.append(("not_regular", f"{rel}/{name}"))
+                        elif entry.is_dir():
+                            self._add_subfolder(result, entry)
+                        else:
+                            skipped.append(("not_image", f"{rel}/{name}"))
+                    except OSError:
+                        skipped.append(("not_regular", f"{rel}/{name}"))
+        except OSError as exc:
+            # A folder that cannot be read to the end contributes nothing but its error.
+            return _FolderScan(folder, error=exc)
+        bad = unwritable_paths(names)
+        if bad:
+            skipped.extend(("unwritable_name", f"{rel}/{name}") for name in bad)
+            bad = set(bad)
+            names = [name for name in names if name not in bad]
+        prefix = rel + "/"
+        result.images = [prefix + name for name in names]
+        return result
+
+    def _add_subfolder(self, result, entry):
+        folder, rel = result.folder, f"{result.folder.rel}/{entry.name}"
+        if not is_writable_path(entry.name):
+            result.skipped.append(("unwritable_name", rel))
+        elif not self.recursive:
+            result.skipped.append(("subfolder", rel))
+        elif entry.is_symlink():
+            if self.leads_out(entry):
+                result.skipped.append(("outside_root", rel))
+            elif self.is_loop(entry, folder.ancestors):
+                result.skipped.append(("symlink_loop", rel))
+            else:
+                result.links.append(
+                    _Folder(folder.identity, entry.path, rel, folder.ancestors + (entry.path,))
+                )
+        else:
+            result.subfolders.append(
+                _Folder(folder.identity, entry.path, rel, folder.ancestors + (entry.path,))
+            )
+
+
+def _path_key(path):
+    return path.split("/")
+
+
+def _chunks(items, count):
+    """Split `items` into exactly `count` contiguous runs whose lengths differ by at most 1."""
+    bounds = [len(items) * i // count for i in range(count + 1)]
+    return [items[bounds[i] : bounds[i + 1]] for i in range(count)]
+
+
+def _batches(items, count):
+    """Split `items` into at most `count` contiguous, nearly equal, non-empty lists."""
+    return _chunks(items, max(1, min(count, len(items)))) if items else []
+
+
+def walk_tree(
+    root,
+    exts=DEFAULT_EXTENSIONS,
+    recursive=True,
+    threads=None,
+    progress=None,
+    allow_outside_root=False,
+):
+    """Walk the folder tree at `root`; return its identities, their images and what was passed over.
+
+    `exts` are the image extensions (case-insensitive). With `recursive`, images in subfolders
+    of an identity folder belong to it; without, such subfolders are skipped and counted.
+    `threads` folders are read at once. By default (`threads=None`) folders are read on the
+    calling thread while listings are fast (a local or cached disk, where threads only contend
+    for the GIL) and on `default_threads()` threads once they prove slow (a network file
+    system, where latency dominates). `progress`, if given, is
+    called from the calling thread as `progress(folders_scanned, images_found)`. Links that
+    lead out of ROOT are skipped unless `allow_outside_root`; every folder is listed once
+    (see the module's docstring).
+
+    Raises `ListingError` when the root itself cannot be read.
+    """
+    root = Path(root)
+    adaptive = threads is None
+    threads = default_threads() if threads is None else threads
+    if threads < 1:
+        raise UsageError(f"threads must be at least 1, got {threads}")
+    root_path = os.fspath(root)
+    scanner = _Scanner(normalize_extensions(exts), recursive, root_path, allow_outside_root)
+    skipped = {reason: [] for reason in SKIP_REASONS}
+    names, linked = [], set()
+    try:
+        st = os.stat(root_path)
+        scanner.visited.add((st.st_dev, st.st_ino))
+        with os.scandir(root_path) as entries:
+            for entry in entries:
+                name = entry.name
+                if name[0] == ".":
+                    skipped["hidden"].append(name)
+                elif not _is_dir(entry):
+                    skipped["outside_identity"].append(name)
+                elif not is_writable_path(name):
+                    skipped["unwritable_name"].append(name)
+                elif entry.is_symlink() and scanner.leads_out(entry):
+                    skipped["outside_root"].append(name)
+                elif entry.is_symlink() and scanner.is_loop(entry, (root_path,)):
+                    skipped["symlink_loop"].append(name)
+                else:
+                    names.append(name)
+                    if entry.is_symlink():
+                        linked.add(name)
+    except OSError as exc:
+        raise ListingError(f"cannot read the root folder {root_path}: {exc.strerror}") from exc
+    names.sort()
+    folders, links = [], []
+    for i, name in enumerate(names):
+        path = os.path.join(root_path, name)
+        (links if name in linked else folders).append(_Folder(i, path, name, (root_path, path)))
+    images = [[] for _ in names]
+    nested = [False] * len(names)
+    unreadable = [False] * len(names)
+    scanned = found = 0
+
+    def merge(result):
+        nonlocal scanned, found
+        folder = result.folder
+        links.extend(result.links)
+        if result.repeat:
+            skipped["symlink_repeat"].append(folder.rel)
+            if folder.rel == names[folder.identity]:
+                unreadable[folder.identity] = True  # not empty: listed under another name
+            return
+        scanned += 1
+        if result.error is not None:
+            skipped["unreadable_folder"].append(folder.rel)
+            if folder.rel == names[folder.identity]:
+                unreadable[folder.identity] = True
+        if folder.rel != names[folder.identity]:
+            nested[folder.identity] = True
+        images[folder.identity].extend(result.images)
+        found += len(result.images)
+        for reason, path in result.skipped:
+            skipped[reason].append(path)
+
+    report = lambda: progress and progress(scanned, found)  # noqa: E731
+    if folders:
+        if adaptive and threads > 1:
+            folders = _run_while_fast(scanner, folders, merge, report)
+        if folders:
+            _run(scanner, folders, threads, merge, report)
+    # Then symlinked folders, round by round in path order, each walked to the end before the
+    # next: which path lists a folder reached several ways does not depend on the threads.
+    while links:
+        batch = sorted(links, key=lambda folder: _path_key(folder.rel))
+        links.clear()
+        for link in batch:
+            _run(scanner, [link], 1 if adaptive else threads, merge, report)
+    identities = []
+    for i, name in enumerate(names):
+        paths = images[i]
+        if not paths:
+            if not unreadable[i]:
+                skipped["empty_identity"].append(name)
+            continue
+        paths.sort(key=_path_key if nested[i] else None)
+        identities.append(Identity(name, tuple(paths)))
+    for paths in skipped.values():
+        paths.sort(key=_path_key)
+    return TreeWalk(root, identities, skipped, scanned)
+
+
+def _is_dir(entry):
+    try:
+        return entry.is_dir()
+    except OSError:
+        return False
+
+
+# A cached local folder of face crops lists in about 0.1 ms; a network file system takes a
+# millisecond or more, and then reading folders on many threads pays.
+SLOW_LISTING_SECONDS = 0.0005
+_PROBE_FOLDERS = 16
+# What times folder listings: an injection point, so that tests can give listings a latency
+# without sleeping (and without depending on how busy the machine is).
+listing_clock = time.perf_counter
+
+
+def _run_while_fast(scanner, folders, merge, report):
+    """Scan identity folders on this thread while they list fast; return those left to scan."""
+    pending = list(reversed(folders))
+    spent = 0.0
+    done = 0
+    clock = listing_clock
+    while pending:
+        started = clock()
+        result = scanner.scan(pending.pop())
+        spent += clock() - started
+        done += 1
+        merge(result)
+        pending.extend(reversed(result.subfolders))
+        report()
+        if done % _PROBE_FOLDERS == 0:
+            if spent / _PROBE_FOLDERS > SLOW_LISTING_SECONDS:
+                return list(reversed(pending))
+            spent = 0.0
+    return []
+
+
+def _run(scanner, folders, threads, merge, report):
+    """Scan `folders` and every subfolder they lead to on `threads` threads; merge results."""
+    if threads == 1:
+        pending = list(reversed(folders))
+        while pending:
+            result = scanner.scan(pending.pop())
+            merge(result)
+            pending.extend(reversed(result.subfolders))
+            report()
+        return
+    # Batches, not one task per folder: a hand-off between threads costs more than reading a
+    # small cached folder, so a few tasks per thread keep the pool busy at a fraction of it.
+    done = queue.SimpleQueue()
+    outstanding = 0
+    with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rectool-scan") as pool:
+
+        def submit(batch):
+            nonlocal outstanding
+            pool.submit(scanner.scan_batch, batch).add_done_callback(done.put)
+            outstanding += 1
+
+        for batch in _batches(folders, threads * 4):
+            submit(batch)
+        while outstanding:
+            results = done.get().result()
+            outstanding -= 1
+            subfolders = []
+            for result in results:
+                merge(result)
+                subfolders.extend(result.subfolders)
+            for batch in _batches(subfolders, threads):
+                submit(batch)
+            report()
+
+
+@dataclass
+class Listing:
+    """A tree's lists: the rows of each output list, the label map, and what was passed over.
+
+    `lists` maps a file-name suffix to rows `(index, label, path)`: `""` for a single list,
+    `"_train"`, `"_val"`, `"_test"` for splits, `"_0"`, `"_1"`... for chunks, and
+    `"_0_train"`... for both. `identities` maps label -> identity folder name.
+    """
+
+    root: Path
+    identities: dict
+    lists: dict
+    skipped: dict
+    folders: int = 0
+    seed: int | None = None
+    written: dict = field(default_factory=dict)
+    label_map: str | None = None
+
+    @property
+    def image_count(self):
+        """Return the number of images listed, over all lists."""
+        return sum(len(rows) for rows in self.lists.values())
+
+    def summary(self):
+        """Return the summary as plain data (what `rectool list --json` prints)."""
+        return {
+            "root": os.fspath(self.root),
+            "images": self.image_count,
+            "identities": len(self.identities),
+            "folders_scanned": self.folders,
+            "lists": {
+                path: {"images": len(self.lists[suffix]), "suffix": suffix}
+                for suffix, path in self.written.items()
+            },
+            "label_map": self.label_map,
+            "seed": self.seed,
+            "skipped": {reason: len(paths) for reason, paths in self.skipped.items()},
+            "skipped_examples": {
+                reason: [display_path(p) for p in paths[:5]]
+                for reason, paths in self.skipped.items()
+                if paths
+            },
+        }
+
+
+def display_path(path):
+    """Return a path as printable text: undecodable bytes as `\\xNN`, tabs/newlines escaped."""
+    text = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+STDOUT_SINGLE_LIST = "OUT - (standard output) takes a single list: no --chunks or ratios"
+
+
+def resolve_ratios(train=None, val=None, test=None):
+    """Return the (train, val, test) fractions, or None when the list is not split.
+
+    A missing ratio takes what the others leave: train first, then val (as im2rec, whose val
+    list gets the rest), then test. The three must add up to 1; train 1 alone means no split.
+    """
+    if train is None and val is None and test is None:
+        return None
+    for name, value in (("train", train), ("val", val), ("test", test)):
+        if value is not None and not 0 <= value <= 1:
+            raise UsageError(f"the {name} ratio must be between 0 and 1, got {value}")
+    given = [(n, v) for n, v in (("train", train), ("val", val), ("test", test)) if v is not None]
+    total = sum(v for _, v in given)
+    terms = " + ".join(f"--{name}-ratio {value:g}" for name, value in given)
+    must = "the train, val and test ratios must add up to 1"
+    if total > 1 + 1e-6:
+        raise UsageError(f"{must}: {terms} = {total:g} > 1")
+    if len(given) == 3 and abs(total - 1) > 1e-6:
+        raise UsageError(f"{must}: {terms} = {total:g}")
+    if train is None:
+        train = 1 - (val or 0) - (test or 0)
+    elif val is None:
+        val = 1 - train - (test or 0)
+    elif test is None:
+        test = 1 - train - val
+    val, test = val or 0.0, test or 0.0
+    if min(train, val, test) < -1e-9 or abs(train + val + test - 1) > 1e-6:
+        raise UsageError(
+            f"the train, val and test ratios must add up to 1, got {train:g} + {val:g} + {test:g}"
+        )
+    train, val, test = (max(0.0, r) for r in (train, val, test))
+    if train >= 1 - 1e-9:
+        return None
+    return train, val, test
+
+
+def _cut(count, ratios):
+    """Return the end of each split's run when `count` things are cut by `ratios`."""
+    train, val, _ = ratios
+    ends = [round(count * train), round(count * (train + val)), count]
+    return [min(end, count) for end in ends]
+
+
+def make_listing(
+    scan,
+    *,
+    min_per_id=1,
+    max_per_id=None,
+    shuffle=False,
+    seed=None,
+    train_ratio=None,
+    val_ratio=None,
+    test_ratio=None,
+    split_by="image",
+    chunks=1,
+):
+    """Assign labels and indices to a tree walk's images and cut them into lists.
+
+    Identities with fewer than `min_per_id` images are dropped; of larger ones only the first
+    `max_per_id` images (in path order) are kept. Labels count the remaining identities in name
+    order. With `shuffle`, the rows are shuffled with `random.Random(seed)` (a random seed when
+    None; `Listing.seed` tells which). Indices run 0..N-1 in that order.
+
+    `chunks` cuts the rows into that many nearly equal runs; ratios (see `resolve_ratios`)
+    then cut each chunk into train, val and test: by image (runs of rows, as im2rec) or by
+    identity (whole identities, so no identity is in two splits; the ratios then count
+    identities, taken in name order or, with `shuffle`, in shuffled order).
+    """
+    ratios = resolve_ratios(train_ratio, val_ratio, test_ratio)
+    _check_listing_options(min_per_id, max_per_id, shuffle, seed, split_by, chunks, ratios)
+    skipped = {reason: list(paths) for reason, paths in scan.skipped.items()}
+    kept = []
+    for identity in scan.identities:
+        if len(identity.images) < min_per_id:
+            skipped["below_min_per_id"].append(identity.name)
+            continue
+        paths = identity.images
+        if max_per_id is not None and len(paths) > max_per_id:
+            skipped["above_max_per_id"].extend(paths[max_per_id:])
+            paths = paths[:max_per_id]
+        kept.append((identity.name, paths))
+    labels = list(chain.from_iterable(repeat(label, len(p)) for label, (_, p) in enumerate(kept)))
+    paths = list(chain.from_iterable(p for _, p in kept))
+    if shuffle:
+        if seed is None:
+            seed = random.SystemRandom().randrange(2**32)
+        rng = random.Random(seed)
+        # Drawn first, so that the identity split does not change with the number of images.
+        identity_order = rng.sample(range(len(kept)), len(kept))
+        order = list(range(len(paths)))
+        rng.shuffle(order)
+        labels = [labels[i] for i in order]
+        paths = [paths[i] for i in order]
+    else:
+        identity_order = range(len(kept))
+    rows = list(zip(range(len(paths)), labels, paths))
+    split_of = None
+    if ratios is not None and split_by == "identity":
+        ends = _cut(len(kept), ratios)
+        split_of = {}
+        for position, label in enumerate(identity_order):
+            split_of[label] = next(s for s, end in zip(SPLITS, ends) if position < end)
+    lists = {}
+    for number, chunk in enumerate(_chunks(rows, chunks)):
+        prefix = f"_{number}" if chunks > 1 else ""
+        if ratios is None:
+            lists[prefix] = chunk
+            continue
+        if split_of is None:
+            ends = _cut(len(chunk), ratios)
+            runs = dict(zip(SPLITS, (chunk[a:b] for a, b in zip([0, *ends], ends))))
+        else:
+            runs = {s: [row for row in chunk if split_of[row[1]] == s] for s in SPLITS}
+        for split, ratio in zip(SPLITS, ratios):
+            if ratio > 0:
+                lists[f"{prefix}_{split}"] = runs[split]
+    identities = {label: name for label, (name, _) in enumerate(kept)}
+    return Listing(scan.root, identities, lists, skipped, scan.folders, seed if shuffle else None)
+
+
+def _check_listing_options(min_per_id, max_per_id, shuffle, seed, split_by, chunks, ratios):
+    if min_per_id < 1:
+        raise UsageError(f"--min-per-id must be at least 1, got {min_per_id}")
+    if max_per_id is not None and max_per_id < min_per_id:
+        raise UsageError(f"--max-per-id {max_per_id} is below --min-per-id {min_per_id}")
+    if seed is not None and not shuffle:
+        raise UsageError("--seed needs --shuffle")
+    if split_by not in SPLIT_BY:
+        raise UsageError(f"--split-by must be one of {', '.join(SPLIT_BY)}, got {split_by!r}")
+    if split_by != "image" and ratios is None:
+        raise UsageError(
+            f"--split-by {split_by} needs --train-ratio, --val-ratio or --test-ratio (below 1)"
+        )
+    if chunks < 1:
+        raise UsageError(f"--chunks must be at least 1, got {chunks}")
+
+
+def list_paths(out, suffixes):
+    """Return where each list goes: `out` itself for `""`, else `PREFIX<suffix>.lst`."""
+    out = os.fspath(out)
+    stem = out[: -len(LIST_SUFFIX)] if out.endswith(LIST_SUFFIX) else out
+    return {suffix: out if suffix == "" else f"{stem}{suffix}{LIST_SUFFIX}" for suffix in suffixes}
+
+
+def _row_blocks(rows, block=65536):
+    for start in range(0, len(rows), block):
+        yield format_list_lines(rows[start : start + block]).encode("utf-8")
+
+
+def _journal_of(out):
+    folder, name = os.path.split(os.fspath(out))
+    return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
+
+
+def write_lists(listing, out, labels=None, overwrite=False):
+    """Write a listing's lists to `out` (a path or a binary stream) and its label map.
+
+    With a path, each list goes where `list_paths` says; the label map goes to `labels`, by
+    default `PREFIX.labels.tsv` beside `out` (`listfile.label_map_path`). The files are one
+    output (`output.OutputFiles`): all are checked before any is written, an existing one is
+    replaced only with `overwrite` (a pack's file never), and after a failure or a crash the
+    old files are as they were, or all the new ones are in place. A stream can only take a
+    single list, and the label map is written only if `labels` is given.
+    Updates and returns `listing` (`written`: suffix -> path, `label_map`).
+    """
+    is_stream = hasattr(out, "write")
+    if is_stream and set(listing.lists) != {""}:
+        raise UsageError(STDOUT_SINGLE_LIST)
+    if not is_stream and labels is None:
+        labels = label_map_path(out)
+    if is_stream:
+        if labels is not None:
+            # The label map first: a `pack -` reading these lines from a pipe may read it as
+            # soon as the list ends.
+            write_output(labels, label_map_text(listing.identities), overwrite, "label map")
+            listing.label_map = os.fspath(labels)
+        try:
+            for block in _row_blocks(listing.lists[""]):
+                out.write(block)
+            out.flush()
+        except OSError as exc:
+            raise ListingError(f"cannot write standard output: {exc.strerror or exc}") from exc
+        listing.written = {"": "-"}
+        return listing
+    paths = list_paths(out, listing.lists)
+    output = OutputFiles(_journal_of(out), overwrite, "list")
+    try:
+        with output:
+            for path in [labels, *paths.values()]:
+                output.check(path)
+            output.add(labels, label_map_text(listing.identities))
+            for suffix, where in paths.items():
+                output.add(where, _row_blocks(listing.lists[suffix]))
+    except ListingError:
+        raise
+    except RectoolError as exc:  # it names the file and the reason
+        raise ListingError(str(exc)) from None
+    listing.label_map = os.fspath(labels)
+    listing.written = paths
+    return listing
+
+
+def list_images(
+    root,
+    out,
+    *,
+    labels=None,
+    exts=DEFAULT_EXTENSIONS,
+    recursive=True,
+    threads=None,
+    progress=None,
+    overwrite=False,
+    allow_outside_root=False,
+    **listing_options,
+):
+    """Walk `root`, then write its lists to `out` and its label map; return the `Listing`.
+
+    `listing_options` are those of `make_listing`; see `walk_tree` and `write_lists` for the
+    rest. Options are checked before the walk. Raises `ListingError` when nothing under
+    `root` is an image, or a file cannot be written.
+    """
+    ratios = resolve_ratios(
+        listing_options.get("train_ratio"),
+        listing_options.get("val_ratio"),
+        listing_options.get("test_ratio"),
+    )
+    _check_listing_options(
+        listing_options.get("min_per_id", 1),
+        listing_options.get("max_per_id"),
+        listing_options.get("shuffle", False),
+        listing_options.get("seed"),
+        listing_options.get("split_by", "image"),
+        listing_options.get("chunks", 1),
+        ratios,
+    )
+    if hasattr(out, "write") and (ratios is not None or listing_options.get("chunks", 1) > 1):
+        raise UsageError(STDOUT_SINGLE_LIST)
+    if not hasattr(out, "write"):  # refuse an output before the walk, which may take hours
+        finish_commit(_journal_of(out))  # what an interrupted run committed comes first
+        check_target(out, overwrite, "list")
+    if labels is not None:
+        check_target(labels, overwrite, "label map")
+    scan = walk_tree(root, exts, recursive, threads, progress, allow_outside_root)
+    listing = make_listing(scan, **listing_options)
+    if not listing.image_count:
+        passed = ", ".join(
+            f"{len(paths)} {reason}" for reason, paths in listing.skipped.items() if paths
+        )
+        raise ListingError(
+            f"no images to list under {os.fspath(root)}"
+            + (f" (passed over: {passed})" if passed else " (it has no identity folders)")
+            + f"; image extensions: {' '.join(normalize_extensions(exts))}"
+        )
+    return write_lists(listing, out, labels, overwrite)
+
+
+__all__ = [
+    "DEFAULT_EXTENSIONS",
+    "SKIP_REASONS",
+    "Identity",
+    "Listing",
+    "TreeWalk",
+    "default_threads",
+    "display_path",
+    "list_images",
+    "list_paths",
+    "make_listing",
+    "normalize_extensions",
+    "resolve_ratios",
+    "walk_tree",
+    "write_lists",
+]

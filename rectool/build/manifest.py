@@ -1,0 +1,355 @@
+"""A pack's files and its manifest: every name a pack writes, and when each may exist.
+
+One place decides the files of a pack at OUT_PREFIX: its shards' names (`PREFIX.rec`, or
+`PREFIX-00000.rec`, ...), the `.partial` names they carry until complete, the failures file,
+the state file that marks a pack as unfinished (and records what --resume compares), the copy
+of a list read from stdin, the staging folder of --overwrite, and the manifest, written last.
+`pack` and `repack` both go through it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import asdict
+
+from .. import __version__
+from ..format.checksums import SUFFIX as CHECKSUM_SUFFIX
+from ..errors import RectoolError
+from ..doors.output import (
+    JOURNAL_SUFFIX,
+    LOCK_SUFFIX,
+    OutputLock,
+    commit,
+    finish_commit,
+    make_folders,
+    remove,
+    remove_tree,
+    rename,
+    stage_file,
+)
+from ..reader import (
+    MANIFEST_FORMAT,
+    MANIFEST_SUFFIX,
+    MANIFEST_VERSION,
+    STATE_SUFFIX,
+    source_prefixes,
+)
+
+PARTIAL_SUFFIX = ".partial"
+SHARD_DIGITS = 5
+FAILURES_SUFFIX = ".failures.jsonl"
+STDIN_COPY_SUFFIX = ".stdin.lst"
+STAGING_SUFFIX = ".overwrite"
+# What a repack writes beside its shards.
+RELABEL_SUFFIX = ".relabel.tsv"
+REPORT_SUFFIX = ".report.json"
+
+
+def manifest_path(prefix):
+    """Return the manifest path of a pack written to `prefix`."""
+    return os.fspath(prefix) + MANIFEST_SUFFIX
+
+
+def shard_stem(prefix, number):
+    """Return the name stem of numbered shard `number` (`PREFIX-00003`)."""
+    return f"{prefix}-{number:0{SHARD_DIGITS}d}"
+
+
+def shard_paths(prefix, number, numbered):
+    """Return the final (rec, idx) paths of shard `number`."""
+    stem = shard_stem(prefix, number) if numbered else os.fspath(prefix)
+    return stem + ".rec", stem + ".idx"
+
+
+def output_files(prefix):
+    """Return every file a pack to `prefix` may have written (existing ones only)."""
+    prefix = os.fspath(prefix)
+    suffixes = (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
+    # (Not PREFIX.labels.tsv: beside a list of the same name, it is pack's input.)
+    suffixes += (RELABEL_SUFFIX, REPORT_SUFFIX)
+    names = [prefix + suffix for suffix in suffixes]
+    names.append(prefix + ".rec" + CHECKSUM_SUFFIX)
+    names.append(prefix + ".manifest.json")
+    escaped = glob.escape(prefix)
+    for pattern in ("-[0-9][0-9][0-9][0-9][0-9].rec", "-[0-9][0-9][0-9][0-9][0-9].idx"):
+        names += glob.glob(escaped + pattern)
+        names += glob.glob(escaped + pattern + ".rtc")
+        names += glob.glob(escaped + pattern + CHECKSUM_SUFFIX)
+    names += [n + PARTIAL_SUFFIX for n in list(names)]
+    names += _stale_temporaries(prefix)
+    return sorted({n for n in names if os.path.exists(n)})
+
+
+def _stale_temporaries(prefix):
+    """Return temporary files (`.NAME.XXXX.tmp`, see `write_atomic`) that a killed run of this
+    pack left behind."""
+    folder, name = os.path.split(os.fspath(prefix))
+    return glob.glob(os.path.join(glob.escape(folder), "." + glob.escape(name) + "*.tmp"))
+
+
+def remove_stale_temporaries(prefix):
+    """Remove the temporary files a killed run of the pack at `prefix` left."""
+    for name in _stale_temporaries(prefix):
+        remove(name)
+
+
+def journal_path(prefix):
+    """Return the commit journal of the pack at `prefix` (see `output.commit`)."""
+    return os.fspath(prefix) + JOURNAL_SUFFIX
+
+
+def finish_interrupted(prefix):
+    """Complete a replacement of the pack at `prefix` that a killed run committed but did not
+    finish; return whether there was one. Call it holding the prefix's lock."""
+    return finish_commit(journal_path(prefix))
+
+
+def finish_interrupted_source(source):
+    """Finish the interrupted replacement of the pack `source` (what `open_dataset` takes)
+    names, under its lock; return the prefixes finished (`verify` runs this first)."""
+    if isinstance(source, (list, tuple)):
+        candidates = {p for s in source for p in source_prefixes(os.fspath(s))}
+    else:
+        candidates = set(source_prefixes(os.fspath(source)))
+    finished = []
+    for prefix in sorted(candidates):
+        if os.path.lexists(journal_path(prefix)):
+            with OutputLock(prefix):
+                if finish_interrupted(prefix):
+                    finished.append(prefix)
+    return finished
+
+
+def staging_prefix(prefix):
+    """Return a fresh prefix in a hidden folder beside `prefix` (`.NAME.overwrite/NAME`), where
+    `--overwrite` builds the new pack; what a killed run left there is removed first."""
+    folder, name = os.path.split(prefix)
+    staging = os.path.join(folder, f".{name}{STAGING_SUFFIX}")
+    remove_tree(staging)
+    make_folders(staging)
+    return os.path.join(staging, name)
+
+
+def discard_staging(staging):
+    """Remove the staging folder of `staging_prefix` and everything a failed run put there."""
+    remove_tree(os.path.dirname(staging))
+
+
+def swap_in(staging, prefix):
+    """Replace the pack at `prefix` with the complete one at `staging` (see `staging_prefix`).
+
+    One commit (`output.commit`): its journal lists every move, the old files the new pack
+    does not have (more shards, index caches), and the new manifest, moved last. After a
+    crash at any instant the old pack is whole, or the journal is there and
+    `finish_interrupted` completes the new one.
+    """
+    folder = os.path.dirname(prefix) or "."
+    staged = os.path.dirname(staging)
+    new_names = sorted(os.listdir(staged))
+    for name in [n for n in new_names if n.endswith(LOCK_SUFFIX)]:
+        remove(os.path.join(staged, name))  # a lock a killed task left: not part of a pack
+        new_names.remove(name)
+    old = set(output_files(prefix)) - {os.path.join(folder, n) for n in new_names}
+    manifest_name = os.path.basename(manifest_path(prefix))
+    moves = [
+        (os.path.join(staged, n), os.path.join(folder, n)) for n in new_names if n != manifest_name
+    ]
+    last = (os.path.join(staged, manifest_name), manifest_path(prefix))
+    commit(journal_path(prefix), moves, sorted(old), last)
+
+
+def shard_files(stem):
+    """Return the files of one planned shard (`--only-shard`) that exist, `.partial`s included."""
+    names = [stem + s for s in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX)]
+    names.append(stem + ".rec" + CHECKSUM_SUFFIX)
+    names += [n + PARTIAL_SUFFIX for n in names]
+    return [n for n in names if os.path.exists(n)]
+
+
+def prepare_outputs(prefix, resume, overwrite):
+    """Make way for a pack at `prefix`: remove an old one (`overwrite`), keep an interrupted
+    one that a state file describes (`resume`), else refuse to write over files."""
+    existing = output_files(prefix)
+    if not existing:
+        return
+    if overwrite:
+        for name in existing:
+            remove(name)
+        return
+    if resume:
+        if not os.path.exists(prefix + STATE_SUFFIX):
+            raise RectoolError(
+                f"{prefix}: files exist but no {STATE_SUFFIX} records how they were made; "
+                "cannot resume safely (use --overwrite to start again)"
+            )
+        return
+    partial = [n for n in existing if n.endswith(PARTIAL_SUFFIX) or n.endswith(STATE_SUFFIX)]
+    if partial:
+        raise RectoolError(
+            f"{partial[0]}: an interrupted pack left files here; "
+            "use --resume to continue it or --overwrite to start again"
+        )
+    raise RectoolError(f"{existing[0]}: output exists; use --overwrite to replace it")
+
+
+def is_complete(prefix):
+    """Return True when the pack at `prefix` has its manifest and no state file."""
+    return os.path.exists(manifest_path(prefix)) and not os.path.exists(prefix + STATE_SUFFIX)
+
+
+def copy_stream(stream, prefix):
+    """Copy a list read from `stream` beside the pack (so it can be resumed); return its path."""
+    target = prefix + STDIN_COPY_SUFFIX
+    rename(stage_file(target, _chunks_of(stream)), target)
+    return target
+
+
+def _chunks_of(stream, size=1 << 20):
+    while block := stream.read(size):
+        yield block.encode("utf-8") if isinstance(block, str) else block
+
+
+def source_state(list_digest, root, options):
+    """Return what a pack is made from, compared on --resume: list, ROOT and byte options."""
+    return {
+        "list_sha256": list_digest,
+        "root": os.path.abspath(root),
+        "options": options.byte_options(),
+    }
+
+
+def manifest_source(manifest):
+    """Return the `source_state` a complete pack was made from, as its manifest records it
+    (options without the ones that do not change the bytes)."""
+    source = dict(manifest.get("source") or {})
+    options = dict(manifest.get("options") or {})
+    for name in ("workers", "max_failures"):
+        options.pop(name, None)
+    options.setdefault("allow_outside_root", False)  # packs made before the option
+    source["options"] = options
+    return source
+
+
+def check_resume_state(state_path, state):
+    """Raise naming what differs when the interrupted pack's state file is not `state`."""
+    with open(state_path, encoding="utf-8") as f:
+        saved = json.load(f)
+    check_same_source(state_path, saved, state, "interrupted pack")
+
+
+# How each byte option is given at the command line, for messages.
+_OPTION_NAMES = {
+    "check": "--check",
+    "pack_label": "--pack-label",
+    "shard_bytes": "--shard-size",
+    "shard_records": "--shard-records",
+    "layout": "--layout",
+    "allow_outside_root": "--allow-outside-root",
+    "resize": "--resize",
+    "center_crop": "--center-crop",
+    "quality": "--quality",
+    "encoding": "--encoding",
+    "color": "--color",
+}
+
+
+def check_same_source(path, saved, state, what):
+    """Raise naming each way `state` differs from the `saved` one of the pack at `path`."""
+    differences = []
+    if saved.get("list_sha256") != state["list_sha256"]:
+        was = saved.get("list_sha256") or "not recorded"
+        differences.append(
+            f"the list differs (sha256 {state['list_sha256'][:16]}... now, "
+            f"{was[:16]}{'...' if saved.get('list_sha256') else ''} in the {what})"
+        )
+    if saved.get("root") != state["root"]:
+        differences.append(
+            f"ROOT differs ({state['root']} now, {saved.get('root') or 'not recorded'} "
+            f"in the {what})"
+        )
+    now_options, was_options = state["options"], saved.get("options") or {}
+    now, was = _flat_options(now_options), _flat_options(was_options)
+    if (now_options.get("transform") is None) != (was_options.get("transform") is None):
+        differences.append(
+            f"re-encoding differs ({_show_transform(now_options)} now, "
+            f"{_show_transform(was_options)} in the {what})"
+        )
+        now, was = (
+            _flat_options({**now_options, "transform": None}),
+            _flat_options({**was_options, "transform": None}),
+        )
+    for name in sorted(set(now) | set(was), key=list(_OPTION_NAMES).index):
+        if now.get(name) != was.get(name):
+            differences.append(
+                f"{_OPTION_NAMES[name]} differs ({_show(now.get(name))} now, "
+                f"{_show(was.get(name))} in the {what})"
+            )
+    if differences:
+        raise RectoolError(
+            f"{path}: cannot resume: {'; '.join(differences)}. "
+            "Resume with the same list, ROOT and options, or start again with --overwrite"
+        )
+
+
+def _flat_options(options):
+    """Return byte options as {name: value}, a re-encoding's fields among them (pass-through:
+    none of them)."""
+    flat = {k: v for k, v in options.items() if k != "transform" and k in _OPTION_NAMES}
+    flat.update(options.get("transform") or {})
+    return flat
+
+
+def _show_transform(options):
+    transform = options.get("transform")
+    if transform is None:
+        return "pass-through"
+    return " ".join(f"{_OPTION_NAMES[k]} {_show(v)}" for k, v in transform.items())
+
+
+def _show(value):
+    if value is None:
+        return "not given"
+    return json.dumps(value)
+
+
+def build_manifest(
+    options, list_path, prefix, shards, images, failures, classes, identities, source
+):
+    """Return the manifest of a pack (`shards`: their `ShardInfo`s); `list_path` "-" is stdin.
+
+    A repack has no list and no ROOT: `list_path` and `source` None (it adds its `sources`).
+    """
+    shards = [s.to_json() for s in shards]
+    if classes is None and identities is not None:
+        classes = len(identities)
+    document = {
+        "format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "rectool_version": __version__,
+        "layout": options.layout,
+        "options": {
+            **options.byte_options(),
+            "transform": asdict(options.transform) if options.transform else None,
+            "workers": options.workers,
+            "max_failures": options.max_failures,
+        },
+        "list": None if list_path is None else os.path.basename(list_path),  # "-": stdin
+        # What --resume compares (the options are above).
+        "source": None if source is None else {k: source[k] for k in ("list_sha256", "root")},
+        "shards": shards,
+        "totals": {
+            "shards": len(shards),
+            "records": sum(s["records"] for s in shards),
+            "images": images,
+            "rec_bytes": sum(s["rec_bytes"] for s in shards),
+            "failures": failures,
+        },
+        "failures_file": os.path.basename(prefix + FAILURES_SUFFIX),
+        "classes": classes,
+        "identities": {str(k): v for k, v in sorted(identities.items())} if identities else None,
+    }
+    if source is None:
+        del document["source"]
+    return document

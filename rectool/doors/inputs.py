@@ -1,0 +1,75 @@
+"""One door in: how rectool's commands open the files they read.
+
+Every input is opened by `reader.open_regular` (a regular file only, opened without waiting;
+a size bound; `O_NOFOLLOW` where no link is expected). This module adds, for rectool's own
+commands, file objects on top of it and the one rule for paths named inside a dataset: they
+stay inside its folder, no exceptions (`dataset_path`, and `within=FOLDER`, which checks the
+real path of the file actually opened, so a link cannot lead out).
+`tests/test_input_door.py` fails when a module opens a file for reading another way.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import RectoolError
+from ..reader import open_regular
+
+
+def _opened_path(fd, path):
+    """Return the real path of the file open as `fd` (Linux: where the kernel opened it)."""
+    proc = f"/proc/self/fd/{fd}"
+    return os.path.realpath(proc if os.path.islink(proc) else path)
+
+
+def is_inside(real, folder):
+    """Return whether the real path `real` is the real path of `folder` or lies below it."""
+    folder = os.path.realpath(folder)
+    return real == folder or real.startswith(os.path.join(folder, ""))
+
+
+def open_checked(path, what, max_bytes=None, follow=True, within=None):
+    """Return (fd, stat) as `open_regular` does; with `within`, a folder, refuse a file whose
+    real path is outside it."""
+    fd, st = open_regular(os.fspath(path), what, max_bytes, follow)
+    if within is not None:
+        real = _opened_path(fd, path)
+        if not is_inside(real, within):
+            os.close(fd)
+            raise RectoolError(
+                f"{os.fspath(path)}: the {what} leads outside {os.fspath(within)} (to {real}); "
+                "it must be inside that folder"
+            )
+    return fd, st
+
+
+def open_input(path, what, encoding=None, newline=None, **checks):
+    """Return a file object for reading `path`, opened by `open_checked` (`checks`: its
+    `max_bytes`, `follow`, `within`): binary, or text in `encoding` (`newline` as `open`'s)."""
+    fd, _ = open_checked(path, what, **checks)
+    if encoding is None:
+        return os.fdopen(fd, "rb")
+    return os.fdopen(fd, "r", encoding=encoding, newline=newline)
+
+
+def read_regular(path, what, **checks):
+    """Return (bytes, stat) of a file opened by `open_checked`: at most the size it had when
+    opened, so memory is bounded by `max_bytes`."""
+    fd, st = open_checked(path, what, **checks)
+    with os.fdopen(fd, "rb") as f:
+        return f.read(st.st_size), st
+
+
+def dataset_path(folder, name, what):
+    """Return the path of a file that a dataset names (`name`, from its manifest or a
+    failures file), inside `folder`; raise `RectoolError` for a name that is absolute or
+    climbs out with `..`. Open it with `within=folder`, which also refuses a link leading out.
+    """
+    text = os.fspath(name)
+    parts = text.replace(os.sep, "/").split("/")
+    if not text or os.path.isabs(text) or ".." in parts or "\0" in text:
+        raise RectoolError(
+            f"{os.path.join(os.fspath(folder), '')}: the {what} {text!r} is not a path inside "
+            "the dataset's folder (it must be, with no .. and not absolute)"
+        )
+    return os.path.join(os.fspath(folder), text)

@@ -1,0 +1,71 @@
+"""Write the .idx sidecar cache (`<idx>.rtc`) that the reader only reads.
+
+The format (header, then int64 keys and offsets) is defined in `rectool.reader`, which reads
+it; this module is the one writer: `pack` calls it for large shards, `rectool index-cache`
+for packs made by others (insightface's train.idx, im2rec's).
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import numpy as np
+
+from ..doors.inputs import open_input
+from ..doors.output import write_atomic
+from ..errors import RectoolError
+from ..reader import (
+    INDEX_CACHE_HEADER,
+    INDEX_CACHE_MAGIC,
+    index_cache_path,
+    load_index,
+    resolve_source,
+)
+
+# Parsing a small index is instant; caching it would only litter the dataset folder.
+INDEX_CACHE_MIN_RECORDS = 100_000
+
+
+def write_index_cache(idx_path, keys, offsets, st=None, data=None):
+    """Write the sidecar cache for an .idx; return False when the folder is not writable.
+
+    `data`, the .idx bytes when the caller has them, saves reading the file for its CRC.
+    The cache is written to a fresh temporary (never following a planted name) and renamed.
+    """
+    st = st or os.stat(idx_path)
+    final = index_cache_path(idx_path)
+    if data is not None:
+        crc = zlib.crc32(data)
+    else:
+        crc = 0
+        with open_input(idx_path, "index file") as f:
+            while block := f.read(1 << 24):
+                crc = zlib.crc32(block, crc)
+    head = INDEX_CACHE_HEADER.pack(INDEX_CACHE_MAGIC, st.st_size, st.st_mtime_ns, len(keys), crc)
+    body = (
+        head,
+        np.ascontiguousarray(keys, np.int64).tobytes(),
+        np.ascontiguousarray(offsets, np.int64).tobytes(),
+    )
+    try:
+        write_atomic(final, body)
+    except RectoolError:
+        return False  # a read-only dataset folder is normal; the cache only saves time
+    return True
+
+
+def write_index_caches(target):
+    """Write the sidecar cache of every shard of a dataset; return the cache paths written.
+
+    `target` is what `open_dataset` takes. Raises `RectoolError` when a folder is not
+    writable or an .idx cannot be parsed.
+    """
+    _, _, shards = resolve_source(target)
+    written = []
+    for _, idx in shards:
+        keys, offsets = load_index(idx, cache=False)
+        if not write_index_cache(idx, keys, offsets):
+            raise RectoolError(f"{index_cache_path(idx)}: cannot write the index cache")
+        written.append(index_cache_path(idx))
+    return written

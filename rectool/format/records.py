@@ -1,0 +1,63 @@
+"""Records by key and in file order: what rectool's own commands need beyond the reader."""
+
+from __future__ import annotations
+
+import os
+
+from .. import reader
+from ..reader import RectoolError, load_index
+
+
+class RecordFile(reader.RecordFile):
+    """The reader's `RecordFile`, plus its size and walking its records."""
+
+    @property
+    def size(self):
+        """Return the file size in bytes."""
+        return len(self.open())
+
+    def next_offset(self, offset, key=None):
+        """Return the byte offset just past the record starting at `offset` (padding included)."""
+        return self.read_parts(offset, key)[1]
+
+    def scan(self, start=0):
+        """Yield (offset, record) for every record from byte `start` to the end, in file order."""
+        while start < self.size:
+            record, after = self.read_parts(start)
+            yield start, record
+            start = after
+
+
+class IndexedRecordFile:
+    """A .rec with its .idx: records by key (a repeated key's last line wins, as in MXNet)."""
+
+    def __init__(self, rec_path, idx_path=None, cache=True):
+        self.rec = RecordFile(rec_path)
+        self.idx_path = os.fspath(idx_path or os.path.splitext(self.rec.path)[0] + ".idx")
+        self.keys, self.offsets = load_index(self.idx_path, cache=cache)
+        self._lookup = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __len__(self):
+        return len(self.keys)
+
+    def close(self):
+        """Release the mapping of the .rec."""
+        self.rec.close()
+
+    def read(self, key):
+        """Return the record stored under `key` (bytes)."""
+        if self._lookup is None:
+            self._lookup = dict(zip(self.keys.tolist(), self.offsets.tolist()))
+        if key not in self._lookup:
+            raise RectoolError(f"{self.idx_path}: key {key} is not in the index")
+        return self.rec.read_at(self._lookup[key], key)
+
+    def read_at_position(self, i):
+        """Return the record of the i-th line of the index (bytes)."""
+        return self.rec.read_at(int(self.offsets[i]), int(self.keys[i]))

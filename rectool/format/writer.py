@@ -1,0 +1,200 @@
+"""Write dmlc RecordIO framing, MXNet image headers and .idx files, byte for byte as MXNet does.
+
+The format constants live in `rectool.reader`, the one place that defines the bytes.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+
+import numpy as np
+
+from ..doors.output import create_new, open_existing
+from ..errors import RecordTooLargeError
+from ..reader import (
+    CFLAG_FIRST,
+    CFLAG_LAST,
+    CFLAG_MIDDLE,
+    IMAGE_HEADER,
+    LENGTH_BITS,
+    MAGIC,
+    MAGIC_BYTES,
+    MAX_RECORD_BYTES,
+    PART_HEADER,
+)
+
+_PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")
+
+
+def pack_image_record(image, label, id=0, id2=0):
+    """Return one record: the MXNet image header, the labels, then `image` bytes.
+
+    A number gives flag 0 and the label in the header; a sequence or array gives
+    flag = its length and float32 labels before the image, as `mxnet.recordio.pack` does.
+    """
+    if type(label) is float or isinstance(label, numbers.Number):
+        return IMAGE_HEADER.pack(0, label, id, id2) + bytes(image)
+    labels = np.asarray(label, dtype="<f4").ravel()
+    return IMAGE_HEADER.pack(labels.size, 0.0, id, id2) + labels.tobytes() + bytes(image)
+
+
+def frame_record(payload, item=None):
+    """Return the framed bytes of one record: parts split at aligned magic words, zero padded.
+
+    dmlc's writer ends a part before every 4-byte-aligned occurrence of the magic in the payload
+    and drops those 4 bytes; readers put them back. `item` names the record in errors.
+    """
+    n = memoryview(payload).nbytes  # in bytes, whatever the item size of a buffer
+    if n > MAX_RECORD_BYTES:
+        raise RecordTooLargeError(
+            f"{item if item is not None else 'record'}: {n} bytes exceeds the RecordIO limit "
+            f"of {MAX_RECORD_BYTES} bytes (2**29 - 1)"
+        )
+    if not isinstance(payload, (bytes, bytearray)):
+        payload = bytes(payload)  # memoryviews and numpy buffers have no .find
+    splits = _aligned_magic_positions(payload)
+    if not splits:
+        return PART_HEADER.pack(MAGIC, n) + bytes(payload) + _PADDING[n & 3]
+    out = []
+    start = 0
+    for pos in splits:
+        cflag = CFLAG_FIRST if start == 0 else CFLAG_MIDDLE
+        out.append(PART_HEADER.pack(MAGIC, (cflag << LENGTH_BITS) | (pos - start)))
+        out.append(payload[start:pos])
+        start = pos + 4
+    out.append(PART_HEADER.pack(MAGIC, (CFLAG_LAST << LENGTH_BITS) | (n - start)))
+    out.append(payload[start:])
+    out.append(_PADDING[n & 3])
+    return b"".join(out)
+
+
+def frame_image_record(image, label, id=0, id2=0, item=None):
+    """Return `frame_record(pack_image_record(image, label, id, id2), item)`.
+
+    The common record (a float label, image bytes, no magic word anywhere) is built with a
+    single copy of the image; anything else takes the general path.
+    """
+    if type(label) is float and type(image) is bytes:
+        n = IMAGE_HEADER.size + len(image)
+        head = IMAGE_HEADER.pack(0, label, id, id2)
+        # No aligned word straddles the header's end (24 is a multiple of 4), so checking the
+        # header and the image apart finds every magic word that could split the record.
+        if n <= MAX_RECORD_BYTES and MAGIC_BYTES not in head and MAGIC_BYTES not in image:
+            return b"".join((PART_HEADER.pack(MAGIC, n), head, image, _PADDING[n & 3]))
+    return frame_record(pack_image_record(image, label, id, id2), item)
+
+
+def _aligned_magic_positions(payload):
+    positions = []
+    limit = len(payload) & ~3  # dmlc only looks at whole aligned words
+    i = payload.find(MAGIC_BYTES)
+    while 0 <= i and i + 4 <= limit:
+        if i & 3 == 0:
+            positions.append(i)
+            i = payload.find(MAGIC_BYTES, i + 4)
+        else:
+            i = payload.find(MAGIC_BYTES, i + 1)
+    return positions
+
+
+class RecordWriter:
+    """Append framed records to a .rec file; a context manager.
+
+    `write(payload)` returns the number of bytes written; `tell()` the offset the next record
+    will start at. Opening with `append=True` continues an existing file.
+    """
+
+    def __init__(self, path, append=False):
+        self.path = os.fspath(path)
+        fd = open_existing(self.path) if append else create_new(self.path)
+        self._file = os.fdopen(fd, "ab" if append else "wb")
+        self._pos = self._file.tell()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def tell(self):
+        """Return the byte offset at which the next record starts."""
+        return self._pos
+
+    def write(self, payload, item=None):
+        """Frame and append one record; return the bytes written."""
+        framed = frame_record(payload, item)
+        self._file.write(framed)
+        self._pos += len(framed)
+        return len(framed)
+
+    def write_framed(self, framed):
+        """Append bytes already produced by `frame_record`; return the bytes written."""
+        self._file.write(framed)
+        self._pos += len(framed)
+        return len(framed)
+
+    def flush(self, sync=False):
+        """Push buffered bytes to the OS, and to the disk with `sync=True`."""
+        self._file.flush()
+        if sync:
+            os.fsync(self._file.fileno())
+
+    def close(self):
+        """Flush and close the file."""
+        if not self._file.closed:
+            self._file.close()
+
+
+# One .idx line as MXNet's `MXIndexedRecordIO.write_idx` writes it: key, tab, offset.
+INDEX_LINE = "%d\t%d\n"
+
+
+def format_index_line(key, offset):
+    """Return one .idx line as MXNet's `MXIndexedRecordIO.write_idx` writes it."""
+    return INDEX_LINE % (key, offset)
+
+
+class IndexedRecordWriter:
+    """Write a .rec and its .idx together, as `mxnet.recordio.MXIndexedRecordIO` does."""
+
+    def __init__(self, rec_path, idx_path, append=False):
+        self.records = RecordWriter(rec_path, append=append)
+        self.idx_path = os.fspath(idx_path)
+        fd = open_existing(self.idx_path) if append else create_new(self.idx_path)
+        self._idx = os.fdopen(fd, "a" if append else "w", encoding="ascii", newline="\n")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def tell(self):
+        """Return the byte offset at which the next record starts."""
+        return self.records.tell()
+
+    def write(self, key, payload, item=None):
+        """Append one record under `key`; return its byte offset."""
+        framed = frame_record(payload, item if item is not None else f"key {key}")
+        return self.write_framed(key, framed)
+
+    def write_framed(self, key, framed):
+        """Append an already framed record under `key`; return its byte offset."""
+        offset = self.records.tell()
+        self.records.write_framed(framed)
+        self._idx.write(format_index_line(key, offset))
+        return offset
+
+    def flush(self, sync=False):
+        """Push buffered bytes of both files to the OS (and the disk with `sync=True`)."""
+        self.records.flush(sync)
+        self._idx.flush()
+        if sync:
+            os.fsync(self._idx.fileno())
+
+    def close(self):
+        """Flush and close both files."""
+        self.records.close()
+        if not self._idx.closed:
+            self._idx.close()

@@ -1,0 +1,252 @@
+"""Describe a dataset: records, identities, images per identity, payload sizes, formats, layout.
+
+The layout is "images" or "insightface", as `reader.insightface_header` decides it for each
+shard (a manifest's claim does not override it); `label_vectors` tells whether any image
+carries a label vector (header flag > 0) rather than one label.
+
+`dataset_info` reads every record header (with numpy, through the .idx when there is one) and
+decodes only a sample of images for their dimensions. It trusts the framing; `rectool verify`
+is the command that checks it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import cv2
+import numpy as np
+
+from ..errors import RecordFormatError, RectoolError
+from ..format.keys import last_line_wins
+from ..reader import RecordFile, load_index, resolve_source, unpack_header
+from .scan import (
+    image_formats,
+    insightface_ranges,
+    locate_records,
+    mapped,
+    read_headers,
+    scan_framing,
+)
+
+# Histogram of images per identity: (lowest, highest) count of each bin; None is unbounded.
+HISTOGRAM_BINS = (
+    (1, 1), (2, 2), (3, 5), (6, 10), (11, 20), (21, 50), (51, 100), (101, 200), (201, 500),
+    (501, 1000), (1001, None),
+)  # fmt: skip
+DEFAULT_SAMPLE = 200
+# Image sizes named one by one in a description; the rest are summarised per side.
+COMMON_SIZES = 5
+
+
+class DatasetInfo(dict):
+    """A dataset's description: a dict of plain data (as `report` reads it)."""
+
+    def to_json(self):
+        """Return the description as plain data (what `rectool info --json` prints)."""
+        return dict(self)
+
+
+def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None):
+    """Return a `DatasetInfo` describing the dataset at `target` (manifest, prefix, .rec or
+    folder).
+
+    `sample` images, spread evenly over the dataset, are decoded for their dimensions.
+    `on_shard(rec, facts)`, when given, sees each shard's facts as they are read: a dict whose
+    `labels`, `sizes` (image bytes) and `offsets` (record starts) arrays describe its images.
+    Raises `RectoolError` when the target cannot be read, or its framing where a record is
+    read (run `rectool verify` to see every problem).
+    """
+    manifest, manifest_path, shards = resolve_source(target)
+    identities_map = (manifest or {}).get("identities")
+    images_by_shard, layouts, label_vectors = [], Counter(), False
+    labels, sizes, formats, flags = [], [], Counter(), Counter()
+    records = rec_bytes = 0
+    insightface_classes = None
+    for rec, idx in shards:
+        shard = _read_shard(rec, idx)
+        if on_shard is not None:
+            on_shard(rec, shard)
+        records += shard["records"]
+        rec_bytes += shard["rec_bytes"]
+        layouts[shard["layout"]] += 1
+        label_vectors |= shard["label_vectors"]
+        if shard["classes"] is not None:
+            insightface_classes = (insightface_classes or 0) + shard["classes"]
+        labels.append(shard["labels"])
+        sizes.append(shard["sizes"])
+        formats.update(shard["formats"])
+        flags.update(shard["flags"])
+        images_by_shard.append((rec, shard["offsets"]))
+    labels = np.concatenate(labels) if labels else np.zeros(0, np.float32)
+    sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+    info = {
+        "target": os.fspath(target),
+        "manifest": manifest_path,
+        "layout": "/".join(sorted(layouts)) or "empty",
+        "label_vectors": label_vectors,
+        "shards": len(shards),
+        "records": records,
+        "images": int(len(labels)),
+        "rec_bytes": rec_bytes,
+        "label_flags": {str(k): v for k, v in sorted(flags.items())},
+    }
+    info.update(_identity_stats(labels, identities_map, insightface_classes, manifest))
+    info["image_bytes"] = _summary(sizes)
+    info["encodings"] = dict(formats.most_common())
+    info["dimensions"] = _sample_dimensions(images_by_shard, sample)
+    return DatasetInfo(info)
+
+
+def _read_shard(rec, idx):
+    with mapped(rec) as (buf, size), RecordFile(rec) as records:
+        if os.path.exists(idx):
+            keys, offsets = load_index(idx)
+            if not len(keys) and size:  # not "0 records": the index is lost, not the data
+                held = len(scan_framing(buf, size).starts)
+                raise RectoolError(
+                    f"{idx}: empty, but {os.path.basename(rec)} holds {held} records; "
+                    f"rebuild it with `rectool reindex {rec} --overwrite`"
+                )
+            keys, offsets = last_line_wins(keys, offsets)
+            lengths, split = locate_records(buf, size, offsets, rec, keys)
+        else:
+            framing = scan_framing(buf, size)
+            if framing.damage:
+                d = framing.damage[0]
+                raise RectoolError(
+                    f"{rec}: no .idx and damaged bytes at {d.start} ({d.reason}); "
+                    "run `rectool verify` or `rectool reindex`"
+                )
+            offsets, lengths, split = framing.starts, framing.lengths, framing.split
+            keys = None
+        headers = read_headers(buf, size, offsets, lengths, split, records.read_at)
+        if keys is None:
+            keys = headers.id.astype(np.int64)
+        images = headers.complete.copy()
+        layout, classes = "images", None
+        ranges = insightface_ranges(keys, offsets, headers, records.read_at)
+        if ranges is not None:
+            layout, classes = "insightface", len(ranges[1])
+            images &= (keys >= ranges[0].start) & (keys < ranges[0].stop)
+        rows = np.flatnonzero(images)
+        formats = image_formats(buf, size, offsets, headers, split, rows, records.read_at)
+        return {
+            "records": len(offsets),
+            "rec_bytes": size,
+            "layout": layout,
+            "label_vectors": bool((headers.flag[images] > 0).any()),
+            "classes": classes,
+            "labels": headers.label0[rows],
+            "sizes": headers.image[rows],
+            "formats": Counter("unknown" if f is None else f for f in formats),
+            "flags": Counter(headers.flag[rows].tolist()),
+            "offsets": offsets[rows],
+        }
+
+
+def _identity_stats(labels, identities_map, insightface_classes, manifest):
+    finite = labels[np.isfinite(labels)]
+    integral = bool(len(finite) == len(labels) and (finite == np.round(finite)).all())
+    out = {"labels_integral": integral}
+    if not integral or not len(labels):
+        out["identities"] = None if not integral else 0
+        out["images_per_identity"] = None
+        return out
+    values, counts = np.unique(labels.astype(np.int64), return_counts=True)
+    out["identities"] = int(len(values))
+    classes = (manifest or {}).get("classes") or insightface_classes
+    out["classes"] = classes
+    if classes is not None:
+        # Identities with no image at all count as 0 in the statistics.
+        out["identities_without_images"] = int(classes - len(values[values < classes]))
+    out["named_identities"] = len(identities_map) if identities_map else None
+    out["images_per_identity"] = {
+        **_summary(counts),
+        "histogram": _histogram(counts),
+    }
+    return out
+
+
+def _summary(values):
+    if not len(values):
+        return None
+    return {
+        "min": int(values.min()),
+        "median": float(np.median(values)),
+        "mean": round(float(values.mean()), 1),
+        "max": int(values.max()),
+        "total": int(values.sum()),
+    }
+
+
+def _histogram(counts):
+    rows = []
+    for low, high in HISTOGRAM_BINS:
+        hit = (counts >= low) & (counts <= high) if high is not None else counts >= low
+        n = int(hit.sum())
+        if n:
+            name = str(low) if low == high else f"{low}-{high}" if high else f"{low}+"
+            rows.append({"images": name, "identities": n})
+    return rows
+
+
+def _sample_dimensions(images_by_shard, sample):
+    """Decode up to `sample` images spread evenly; count their height x width x channels."""
+    total = sum(len(offsets) for _, offsets in images_by_shard)
+    if not total or sample <= 0:
+        return _dimension_summary(0, Counter(), [])
+    picks = np.unique(np.linspace(0, total - 1, min(sample, total)).astype(np.int64))
+    bounds = np.cumsum([len(offsets) for _, offsets in images_by_shard])
+    dims = Counter()
+    shapes = []
+    handles = {}
+    try:
+        for i in picks.tolist():
+            shard = int(np.searchsorted(bounds, i, side="right"))
+            rec, offsets = images_by_shard[shard]
+            offset = int(offsets[i - (bounds[shard - 1] if shard else 0)])
+            if rec not in handles:
+                handles[rec] = RecordFile(rec)
+            _, image = unpack_header(handles[rec].read_at(offset), rec, offset)
+            if not len(image):
+                raise RecordFormatError("empty image: a header and no image bytes", rec, offset)
+            array = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_UNCHANGED)
+            if array is None:
+                dims["undecodable"] += 1
+                continue
+            channels = 1 if array.ndim == 2 else array.shape[2]
+            dims[f"{array.shape[0]}x{array.shape[1]}x{channels}"] += 1
+            shapes.append(array.shape[:2])
+    finally:
+        for handle in handles.values():
+            handle.close()
+    return _dimension_summary(len(picks), dims, shapes)
+
+
+def _dimension_summary(sampled, dims, shapes):
+    """Describe the sampled sizes: every HxWxC with its count (`counts`, most common first),
+    how many differ, the most common few, and min / median / max of each side."""
+    counts = dict(dims.most_common())
+    decoded = {k: n for k, n in counts.items() if k != "undecodable"}
+    heights = np.array([h for h, _ in shapes], np.int64)
+    widths = np.array([w for _, w in shapes], np.int64)
+
+    def side(values):
+        if not len(values):
+            return None
+        return {
+            "min": int(values.min()),
+            "median": float(np.median(values)),
+            "max": int(values.max()),
+        }
+
+    return {
+        "sampled": sampled,
+        "counts": counts,
+        "distinct": len(decoded),
+        "most_common": [{"size": k, "images": n} for k, n in list(decoded.items())[:COMMON_SIZES]],
+        "height": side(heights),
+        "width": side(widths),
+        "undecodable": counts.get("undecodable", 0),
+    }

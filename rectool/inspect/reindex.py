@@ -1,0 +1,179 @@
+"""Rebuild a lost or damaged .idx by walking its .rec, resynchronising past damage.
+
+Keys come from the record headers' id field (rectool, im2rec and insightface all write the key
+there), or from the record's position with `keys="position"`. Damaged byte ranges are skipped
+and reported, never guessed at. When the .rec has a `.rec.crc` file (rectool packs write one),
+each record is also compared with its CRC-32: a record that still frames but whose bytes
+changed is indexed (it is where it was) and reported as damaged. Reindexing never changes the
+.rec, so its `.rec.crc` and the manifest's checksums of both stay valid.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..doors.output import check_target, make_folders, remove, write_atomic
+from ..errors import RectoolError, UsageError
+from ..format.checksums import (
+    ChecksumFileError,
+    checksum_path,
+    damaged_records,
+    load_checksums,
+    stale_reason,
+)
+from ..format.writer import format_index_line
+from ..reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
+from .scan import mapped, read_headers, scan_framing
+
+KEY_SOURCES = ("header", "position")
+_INT64_MAX = 2**63 - 1
+
+
+@dataclass
+class ReindexResult:
+    """What `reindex` wrote and what it had to leave out.
+
+    `skipped` lists the damaged byte ranges (`scan.Damage`); `unkeyed` the (offset, reason) of
+    readable records that could not be given a key; `duplicates` maps each key written more
+    than once to its count; `damaged` the (offset, key or None, reason) of records whose bytes
+    differ from their CRC-32 in the `.rec.crc` file (`checksums` names it, or is None);
+    `checksum_problem` says why that file could not be used.
+    """
+
+    rec_path: str
+    idx_path: str
+    keys_from: str
+    records: int = 0
+    rec_bytes: int = 0
+    skipped: list = field(default_factory=list)
+    unkeyed: list = field(default_factory=list)
+    duplicates: dict = field(default_factory=dict)
+    checksums: str | None = None
+    damaged: list = field(default_factory=list)
+    checksum_problem: str | None = None
+
+    @property
+    def sound(self):
+        """Return True when every byte of the .rec was a record, every key is unique and every
+        record matches its CRC-32 (when there is a .rec.crc)."""
+        return not (
+            self.skipped or self.unkeyed or self.duplicates or self.damaged or self.checksum_problem
+        )
+
+    def to_json(self):
+        return {
+            "rec": self.rec_path,
+            "idx": self.idx_path,
+            "keys_from": self.keys_from,
+            "records": self.records,
+            "rec_bytes": self.rec_bytes,
+            "sound": self.sound,
+            "skipped": [
+                {
+                    "start": d.start,
+                    "end": d.end,
+                    "bytes": d.end - d.start,
+                    "part": d.part,
+                    "kind": d.kind,
+                    "reason": d.reason,
+                }
+                for d in self.skipped
+            ],
+            "unkeyed": [{"offset": o, "reason": r} for o, r in self.unkeyed],
+            "duplicates": {str(k): n for k, n in sorted(self.duplicates.items())},
+            "checksums": self.checksums,
+            "damaged": [{"offset": o, "key": k, "reason": r} for o, k, r in self.damaged],
+            "checksum_problem": self.checksum_problem,
+        }
+
+
+def _check_records(result, buf, size, starts, keys, keyed):
+    """Fill `result.damaged` from the .rec.crc beside the .rec, when there is one."""
+    path = checksum_path(result.rec_path)
+    try:
+        entries, _ = load_checksums(path)
+    except FileNotFoundError:
+        return
+    except ChecksumFileError as exc:
+        result.checksums, result.checksum_problem = path, str(exc)
+        return
+    result.checksums = path
+    stale = stale_reason(entries, size)
+    if stale is not None:
+        result.checksum_problem = f"{path}: {stale}"
+        return
+    for i in damaged_records(buf, size, entries):
+        offset, length = int(entries["offset"][i]), int(entries["length"][i])
+        j = int(np.searchsorted(starts, offset))
+        found = j < len(starts) and starts[j] == offset
+        key = int(keys[j]) if found and keyed[j] else None
+        if offset + length > size:
+            why = f"bytes {offset}..{offset + length} run past the end of the file"
+        else:
+            why = f"bytes {offset}..{offset + length} differ from their CRC-32"
+        if not found:
+            why += "; no record starts there any more"
+        result.damaged.append((offset, key, f"{why} (record {i} of {os.path.basename(path)})"))
+
+
+def reindex(rec_path, idx_path=None, keys="header", overwrite=False):
+    """Write an .idx for `rec_path` (default: beside it) from a walk over the .rec.
+
+    Returns a `ReindexResult`. Refuses to replace an existing .idx unless `overwrite`; a
+    replaced .idx loses its stale `.rtc` sidecar cache. The .idx is written to a temporary
+    file and renamed, so it is whole or absent.
+    """
+    if keys not in KEY_SOURCES:
+        raise UsageError(f"unknown key source {keys!r}; choose from {', '.join(KEY_SOURCES)}")
+    rec_path = os.fspath(rec_path)
+    if idx_path is None:
+        idx_path = os.path.splitext(rec_path)[0] + ".idx"
+    idx_path = os.fspath(idx_path)
+    own = os.path.splitext(os.fspath(rec_path))[0] + ".idx"
+    if os.path.exists(idx_path) and not overwrite:
+        raise RectoolError(f"{idx_path}: exists; use --overwrite to replace it")
+    if not (os.path.exists(own) and os.path.lexists(idx_path) and os.path.samefile(own, idx_path)):
+        check_target(idx_path, overwrite, "index")  # never another shard's .idx
+    make_folders(os.path.dirname(idx_path))
+    result = ReindexResult(rec_path, idx_path, keys)
+    with mapped(rec_path) as (buf, size), RecordFile(rec_path) as records:
+        framing = scan_framing(buf, size)
+        result.rec_bytes = size
+        result.skipped = list(framing.damage)
+        starts = framing.starts
+        if keys == "position":
+            chosen = np.arange(len(starts), dtype=np.int64)
+            keep = np.ones(len(starts), bool)
+        else:
+            headers = read_headers(
+                buf, size, starts, framing.lengths, framing.split, records.read_at
+            )
+            short = framing.lengths < IMAGE_HEADER_SIZE
+            huge = headers.id > np.uint64(_INT64_MAX)
+            keep = ~short & ~huge
+            for j in np.flatnonzero(short).tolist():
+                result.unkeyed.append(
+                    (
+                        int(starts[j]),
+                        f"a record of {int(framing.lengths[j])} bytes has no image header to "
+                        "take a key from",
+                    )
+                )
+            for j in np.flatnonzero(huge).tolist():
+                result.unkeyed.append(
+                    (int(starts[j]), f"header id {int(headers.id[j])} does not fit an .idx key")
+                )
+            chosen = headers.id.astype(np.int64)
+        _check_records(result, buf, size, starts, chosen, keep)
+    kept_keys, kept_offsets = chosen[keep].tolist(), starts[keep].tolist()
+    counts = Counter(kept_keys)
+    result.duplicates = {k: n for k, n in counts.items() if n > 1}
+    result.records = len(kept_keys)
+    text = "".join(map(format_index_line, kept_keys, kept_offsets)).encode("ascii")
+    write_atomic(idx_path, text)
+    remove(index_cache_path(idx_path))
+    return result

@@ -1,0 +1,457 @@
+"""Walk a .rec file's framing from first byte to last, and read its record headers in bulk.
+
+`scan_framing` follows the parts without trusting any .idx. Where the bytes are not a record it
+resynchronises as dmlc's split reader does, on the next 4-byte-aligned magic followed by a part
+whose continuation flag is 0 or 1, and records the skipped range as `Damage`. `read_headers`
+reads the image header of many records at once, with numpy, for verify, info and reindex;
+`insightface_ranges` applies the reader's insightface rule to records read that way.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..build.images import sniff_format
+from ..reader import (
+    CFLAG_FIRST,
+    CFLAG_LAST,
+    CFLAG_MIDDLE,
+    CFLAG_WHOLE,
+    IMAGE_HEADER,
+    IMAGE_HEADER_SIZE,
+    LENGTH_BITS,
+    LENGTH_MASK,
+    MAGIC,
+    MAGIC_BYTES,
+    PART_HEADER,
+    Header,
+    RecordFormatError,
+    RectoolError,
+    insightface_header,
+    open_regular,
+    unpack_header,
+)
+
+_ZEROS = (b"", b"\0", b"\0\0", b"\0\0\0")
+_WORD = np.dtype("<u4")
+
+
+@dataclass(frozen=True)
+class Damage:
+    """Bytes `start`..`end` hold no readable record; reading failed at the part at `part`.
+
+    `kind` is "truncated" (the file ends inside the record), "bad-length" (a part runs past the
+    end of the file, yet records follow), "bad-magic" or "bad-cflag".
+    """
+
+    start: int
+    end: int
+    part: int
+    kind: str
+    reason: str
+
+
+@dataclass
+class Framing:
+    """What a walk over a .rec found: readable records in file order, and the damage between."""
+
+    size: int
+    starts: np.ndarray  # int64: byte offset of each record's first part
+    ends: np.ndarray  # int64: byte offset just past each record (padding included)
+    lengths: np.ndarray  # int64: payload bytes (a split record's parts rejoined)
+    split: np.ndarray  # bool: the record has more than one part
+    damage: list  # of Damage, in file order
+    bad_padding: list  # of (record start, part offset): padding bytes that are not zero
+
+
+@contextmanager
+def mapped(path):
+    """Map a file read-only; yield (buffer, size). An empty file yields (b"", 0)."""
+    fd, st = open_regular(os.fspath(path), "record file")  # a FIFO or device is refused
+    with os.fdopen(fd, "rb") as f:
+        size = st.st_size
+        if not size:
+            yield b"", 0
+            return
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except OSError as exc:  # ENOMEM under a memory limit (ulimit -v)
+            raise RectoolError(f"{path}: cannot map the record file ({exc.strerror})") from None
+        try:
+            yield mm, size
+        finally:
+            try:
+                mm.close()
+            except BufferError:
+                # A numpy view of the mapping is still alive; the mapping goes with it.
+                pass
+
+
+def find_record_start(buf, start, size):
+    """Return the first offset >= `start` where a record can begin, or `size` if there is none.
+
+    A record begins at a 4-byte-aligned magic followed by a length word whose continuation flag
+    is 0 (whole) or 1 (first part), as dmlc-core's resynchronising reader requires.
+    """
+    pos = (start + 3) & ~3
+    while True:
+        i = buf.find(MAGIC_BYTES, pos)
+        if i < 0 or i + 8 > size:
+            return size
+        if i & 3:
+            pos = i + 1
+            continue
+        lrec = int.from_bytes(buf[i + 4 : i + 8], "little")
+        if lrec >> LENGTH_BITS in (CFLAG_WHOLE, CFLAG_FIRST):
+            return i
+        pos = i + 4
+
+
+def _follow_parts(buf, size, offset):
+    """Read the record at `offset` part by part.
+
+    Return (True, end, payload length, [part offsets with non-zero padding]) or
+    (False, kind, part offset, reason).
+    """
+    unpack = PART_HEADER.unpack_from
+    pos, total, first, bad_padding = offset, 0, True, []
+    while True:
+        if pos + 8 > size:
+            if pos == size:
+                return False, "truncated", pos, "the file ends before the record's last part"
+            return (
+                False,
+                "truncated",
+                pos,
+                f"the file ends {size - pos} bytes into a part header",
+            )
+        magic, lrec = unpack(buf, pos)
+        if magic != MAGIC:
+            return False, "bad-magic", pos, f"bad magic 0x{magic:08x} (expected 0x{MAGIC:08x})"
+        cflag, length = lrec >> LENGTH_BITS, lrec & LENGTH_MASK
+        if first and cflag not in (CFLAG_WHOLE, CFLAG_FIRST):
+            return (
+                False,
+                "bad-cflag",
+                pos,
+                f"record starts with continuation flag {cflag} (expected 0 or 1)",
+            )
+        if not first and cflag not in (CFLAG_MIDDLE, CFLAG_LAST):
+            return (
+                False,
+                "bad-cflag",
+                pos,
+                f"split record continues with flag {cflag} (expected 2 or 3)",
+            )
+        end = pos + 8 + length
+        padded = (end + 3) & ~3
+        if padded > size:
+            return (
+                False,
+                "truncated",
+                pos,
+                f"a part of {length} bytes runs past the end of the file ({size} bytes)",
+            )
+        if padded != end and buf[end:padded] != _ZEROS[padded - end]:
+            bad_padding.append(pos)
+        total += length if first else length + 4
+        pos = padded
+        if cflag in (CFLAG_WHOLE, CFLAG_LAST):
+            return True, pos, total, bad_padding
+        first = False
+
+
+def scan_framing(buf, size, hint=None):
+    """Walk every part of a mapped .rec from byte 0 to `size`; return a `Framing`.
+
+    Never raises on bad bytes: damage is skipped up to the next record start and recorded.
+    `hint`, the offsets an .idx gives, lets a sound file be confirmed with numpy instead of
+    part by part; the result is the same as the walk's, which runs whenever the hint fails.
+    """
+    if hint is not None:
+        framing = _confirm_chain(buf, size, hint)
+        if framing is not None:
+            return framing
+    unpack = PART_HEADER.unpack_from
+    starts, ends, lengths, split_at = [], [], [], []
+    damage, bad_padding = [], []
+    offset = 0
+    whole_limit = 1 << LENGTH_BITS  # lrec below this: continuation flag 0, a whole record
+    while offset < size:
+        if offset + 8 <= size:
+            magic, lrec = unpack(buf, offset)
+            if magic == MAGIC and lrec < whole_limit:
+                end = offset + 8 + lrec
+                padded = (end + 3) & ~3
+                if padded <= size:
+                    if padded != end and buf[end:padded] != _ZEROS[padded - end]:
+                        bad_padding.append((offset, offset))
+                    starts.append(offset)
+                    ends.append(padded)
+                    lengths.append(lrec)
+                    offset = padded
+                    continue
+        result = _follow_parts(buf, size, offset)
+        if result[0]:
+            _, end, length, padding = result
+            split_at.append(len(starts))
+            starts.append(offset)
+            ends.append(end)
+            lengths.append(length)
+            bad_padding.extend((offset, part) for part in padding)
+            offset = end
+            continue
+        _, kind, part, reason = result
+        resume = find_record_start(buf, offset + 4, size)
+        if kind == "truncated" and resume < size and part + 8 <= size:
+            kind = "bad-length"
+            reason += f"; the next record starts at byte {resume}"
+        damage.append(Damage(offset, resume, part, kind, reason))
+        offset = resume
+    split = np.zeros(len(starts), bool)
+    split[split_at] = True
+    return Framing(
+        size,
+        np.array(starts, np.int64),
+        np.array(ends, np.int64),
+        np.array(lengths, np.int64),
+        split,
+        damage,
+        bad_padding,
+    )
+
+
+def _confirm_chain(buf, size, hint):
+    """Return the `Framing` of a file whose records are exactly `hint`, back to back, or None.
+
+    Checks at once what the walk checks one record at a time: the first record at byte 0,
+    each a magic and a whole-record length word (split records are followed part by part),
+    each ending, padding included, where the next begins and the last at the end of the
+    file, and zero padding.
+    """
+    starts = np.unique(np.asarray(hint, np.int64))
+    n = len(starts)
+    if not n or starts[0] != 0 or (starts & 3).any() or starts[-1] + 8 > size:
+        return None
+    words = np.frombuffer(buf, _WORD, size // 4)
+    try:
+        w = starts // 4
+        magic, lrec = words[w], words[w + 1]
+        if (magic != MAGIC).any():
+            return None
+        cflag = lrec >> LENGTH_BITS
+        lengths = (lrec & LENGTH_MASK).astype(np.int64)
+        ends = starts + 8 + ((lengths + 3) & ~3)
+        whole = cflag == CFLAG_WHOLE
+        if not (whole | (cflag == CFLAG_FIRST)).all():
+            return None
+        tail = whole & (ends <= size) & (lengths & 3 != 0)
+        last_word = words[np.minimum(ends[tail], size & ~3) // 4 - 1]
+        pad_bits = (8 * (lengths[tail] & 3)).astype(np.uint32)
+        # Little-endian: the record's last bytes are the low ones, padding the high ones.
+        padding_ok = (last_word >> pad_bits) == 0
+    finally:
+        del words
+    bad_padding = [(int(o), int(o)) for o in starts[tail][~padding_ok].tolist()]
+    split = ~whole
+    for i in np.flatnonzero(split).tolist():
+        result = _follow_parts(buf, size, int(starts[i]))
+        if not result[0]:
+            return None
+        _, ends[i], lengths[i], padding = result
+        bad_padding.extend((int(starts[i]), part) for part in padding)
+    if ends[-1] != size or (ends[:-1] != starts[1:]).any():
+        return None
+    bad_padding.sort()
+    return Framing(size, starts, ends, lengths, split, [], bad_padding)
+
+
+@dataclass
+class Headers:
+    """The image headers of many records, as parallel arrays.
+
+    `complete` is False where the record is too short for its header and the labels the header
+    announces; the other fields are then meaningless. `label0`/`label1` are the first two labels
+    (the header's float when flag is 0; NaN where absent). `image` is the image length in bytes.
+    """
+
+    complete: np.ndarray
+    flag: np.ndarray
+    label: np.ndarray
+    label0: np.ndarray
+    label1: np.ndarray
+    id: np.ndarray
+    id2: np.ndarray
+    image: np.ndarray
+
+    def __len__(self):
+        return len(self.flag)
+
+
+def read_headers(buf, size, starts, lengths, split, read_record):
+    """Read the header of each record at `starts` (whole records: vectorised; split: one by one).
+
+    `lengths` are payload lengths and `split` marks records with several parts, which are read
+    whole through `read_record(offset)`. Records must be known to be readable (see
+    `scan_framing` or `locate_records`).
+    """
+    n = len(starts)
+    out = Headers(
+        np.zeros(n, bool),
+        np.zeros(n, np.uint32),
+        np.zeros(n, np.float32),
+        np.full(n, np.nan, np.float32),
+        np.full(n, np.nan, np.float32),
+        np.zeros(n, np.uint64),
+        np.zeros(n, np.uint64),
+        np.zeros(n, np.int64),
+    )
+    if not n:
+        return out
+    words = np.frombuffer(buf, _WORD, size // 4)
+    try:
+        whole = np.flatnonzero(~split & (lengths >= IMAGE_HEADER_SIZE))
+        if whole.size:
+            w = starts[whole] // 4 + 2  # the payload's first word
+            flag = words[w]
+            out.flag[whole] = flag
+            out.label[whole] = words[w + 1].view(np.float32)
+            out.id[whole] = words[w + 2].astype(np.uint64) | (
+                words[w + 3].astype(np.uint64) << np.uint64(32)
+            )
+            out.id2[whole] = words[w + 4].astype(np.uint64) | (
+                words[w + 5].astype(np.uint64) << np.uint64(32)
+            )
+            need = IMAGE_HEADER_SIZE + 4 * flag.astype(np.int64)
+            complete = lengths[whole] >= need
+            out.complete[whole] = complete
+            out.image[whole] = np.where(complete, lengths[whole] - need, 0)
+            out.label0[whole] = np.where(flag == 0, out.label[whole], np.nan)
+            # Only whole words inside the record are read; the mask keeps others out of range.
+            for field, k in ((out.label0, 0), (out.label1, 1)):
+                has = complete & (flag > k)
+                idx = whole[has]
+                field[idx] = words[w[has] + 6 + k].view(np.float32)
+        for i in np.flatnonzero(split | (lengths < IMAGE_HEADER_SIZE)).tolist():
+            _read_one_header(out, i, read_record(int(starts[i])))
+    finally:
+        del words
+    return out
+
+
+def _read_one_header(out, i, record):
+    if len(record) < IMAGE_HEADER_SIZE:
+        return
+    flag, label, id1, id2 = IMAGE_HEADER.unpack_from(record, 0)
+    out.flag[i], out.label[i], out.id[i], out.id2[i] = flag, label, id1, id2
+    need = IMAGE_HEADER_SIZE + 4 * flag
+    if len(record) < need:
+        return
+    out.complete[i] = True
+    out.image[i] = len(record) - need
+    labels = np.frombuffer(record, np.float32, min(flag, 2), IMAGE_HEADER_SIZE)
+    if flag == 0:
+        out.label0[i] = label
+    else:
+        out.label0[i] = labels[0]
+        if flag > 1:
+            out.label1[i] = labels[1]
+
+
+def locate_records(buf, size, offsets, path=None, keys=None):
+    """Check that each offset starts a readable record; return (lengths, split) arrays.
+
+    Whole records are checked at once with numpy; split records are followed part by part.
+    Raises `RecordFormatError` naming the first offset that is not a record start.
+    """
+    offsets = np.asarray(offsets, np.int64)
+    n = len(offsets)
+    lengths, split = np.zeros(n, np.int64), np.zeros(n, bool)
+    if not n:
+        return lengths, split
+    bad = (offsets < 0) | (offsets & 3 != 0) | (offsets + 8 > size)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise RecordFormatError(
+            "offset is not a record start (unaligned or past the end of the file)",
+            path,
+            int(offsets[i]),
+            None if keys is None else int(keys[i]),
+        )
+    words = np.frombuffer(buf, _WORD, size // 4)
+    try:
+        w = offsets // 4
+        magic, lrec = words[w], words[w + 1]
+        lengths[:] = lrec & LENGTH_MASK
+        whole = (magic == MAGIC) & (lrec >> LENGTH_BITS == CFLAG_WHOLE)
+        whole &= offsets + 8 + ((lengths + 3) & ~3) <= size
+    finally:
+        del words
+    for i in np.flatnonzero(~whole).tolist():
+        result = _follow_parts(buf, size, int(offsets[i]))
+        if not result[0]:
+            raise RecordFormatError(
+                result[3], path, result[2], None if keys is None else int(keys[i])
+            )
+        lengths[i] = result[2]
+        split[i] = True
+    return lengths, split
+
+
+def image_formats(buf, size, starts, headers, split, rows, read_record):
+    """Return the image format (see `images.sniff_format`, None if unknown) of each record in
+    `rows`, as a list. JPEG and PNG signatures are recognised with numpy, the rest one by one.
+    """
+    rows = np.asarray(rows, np.int64)
+    out = [None] * len(rows)
+    if not len(rows):
+        return out
+    whole = ~split[rows] & (headers.image[rows] > 0)
+    at = starts[rows] + 8 + IMAGE_HEADER_SIZE + 4 * headers.flag[rows].astype(np.int64)
+    kinds = np.zeros(len(rows), np.int8)
+    if whole.any():
+        words = np.frombuffer(buf, _WORD, size // 4)
+        first = words[at[whole] // 4]
+        del words
+        kinds[whole] = np.where(
+            (first & 0xFFFFFF) == 0xFFD8FF, 1, np.where(first == 0x474E5089, 2, 0)
+        )
+    for i in np.flatnonzero(kinds == 1).tolist():
+        out[i] = "jpeg"
+    for i in np.flatnonzero(kinds == 2).tolist():
+        out[i] = "png"
+    for i in np.flatnonzero(kinds == 0).tolist():
+        j, length = int(rows[i]), int(headers.image[rows[i]])
+        if length == 0:
+            continue
+        if split[j]:
+            record = read_record(int(starts[j]))
+            head = record[len(record) - length :][:16]
+        else:
+            a = int(at[i])
+            head = bytes(buf[a : a + min(16, length)])
+        out[i] = sniff_format(head)
+    return out
+
+
+def insightface_ranges(keys, starts, headers, read_record):
+    """Return the key ranges (images, identities) of an insightface .rec read in bulk, or None.
+
+    The rule is `reader.insightface_header`'s, the one definition of the layout; this only feeds
+    it the records read here: record i has key `keys[i]`, starts at `starts[i]` and has header
+    `headers` row i; `read_record(offset)` returns a record's bytes. A record too short for its
+    header counts as one with the flag it shows (0 when even that is cut off) and no labels, so
+    a cut record 0 is no header; `rectool verify` names the record.
+    """
+
+    def read(row):
+        if not headers.complete[row]:
+            return Header(int(headers.flag[row]), np.full(2, np.nan, np.float32), 0, 0), b""
+        return unpack_header(read_record(int(starts[row])))
+
+    return insightface_header(read, keys)

@@ -1,0 +1,1 @@
+"""`rectool repack`: packs in, a pack out (identities chosen, dedupe, overlap, re-encoding)."""

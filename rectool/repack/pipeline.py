@@ -1,0 +1,1127 @@
+"""`rectool repack`: packs in, a pack out: merged, filtered, relabelled, reordered, converted.
+
+A repack runs in two steps. Planning reads only the sources' indexes and record headers (and,
+for `--dedupe` / `--drop-overlap`, digests of the images) into a few numpy arrays, one entry
+per record, and decides everything: which records are kept, their new labels and keys, and
+the order they are written in. Every error about the sources or options is raised there,
+before a byte is written. Writing then copies the kept records from the mmapped sources in
+large batches: the payload bytes are copied unchanged and the header words that change (label,
+key) are patched with numpy; only a record whose framing must change (a split record, or a new
+header word equal to the dmlc magic) is framed again by `writer.frame_record`. With a
+transform, images are re-encoded by worker threads and written in plan order.
+
+The output is a pack like `rectool pack` writes: shards through `shards.ShardWriter`, the
+failures file, the state file for `--resume`, the manifest last.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import mmap
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from ..build.images import ImageRefused, Transform, decode_image, jpeg_size, reencode_image
+from ..build.layout import layout_named
+from ..build.listfile import LABEL_MAP_SUFFIX, read_label_map
+
+# Pack's output conventions and its --resume/--overwrite rules, reused as they are.
+from ..build.manifest import (
+    FAILURES_SUFFIX,
+    PARTIAL_SUFFIX,
+    RELABEL_SUFFIX,
+    REPORT_SUFFIX,
+    STATE_SUFFIX,
+    build_manifest,
+    discard_staging,
+    finish_interrupted,
+    is_complete,
+    journal_path,
+    manifest_path,
+    output_files,
+    prepare_outputs,
+    remove_stale_temporaries,
+    staging_prefix,
+    swap_in,
+)
+from ..build.shards import ShardWriter
+from ..doors.inputs import open_input
+from ..doors.output import (
+    OutputLock,
+    make_folders,
+    open_existing,
+    remove,
+    rename,
+    stage_file,
+    write_atomic,
+    write_json_atomic,
+)
+from ..errors import RectoolError, UsageError
+from ..format.digest import sha256_file
+from ..format.keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
+from ..format.writer import frame_image_record, frame_record, pack_image_record
+from ..reader import (
+    IMAGE_HEADER_SIZE,
+    LENGTH_BITS,
+    LENGTH_MASK,
+    MAGIC,
+    RecordFile,
+    open_dataset,
+    read_manifest,
+    unpack_header,
+)
+from . import selection
+
+LABELS_BY = ("offset", "name")
+# Records are copied this many at a time (and at most BATCH_BYTES of them).
+BATCH_RECORDS = 8192
+BATCH_BYTES = 8 << 20
+REENCODE_CHUNK = 32
+# Source pages copied are unmapped every this many bytes (see `_RecordCopier._forget_pages`).
+RELEASE_BYTES = 64 << 20
+# Cross-identity duplicate groups listed in the report (all are counted).
+REPORT_GROUPS = 1000
+
+
+@dataclass(frozen=True)
+class RepackOptions:
+    """How to repack; every field but `workers` and `max_failures` can change the bytes."""
+
+    labels_by: str = "offset"  # offset: source after source; name: unified by identity name
+    keep_ids: str | None = None  # a file of names or labels, one a line
+    drop_ids: str | None = None
+    min_per_id: int | None = None
+    max_per_id: int | None = None
+    pick: str = "first"  # which images --max-per-id keeps: first | random
+    sample: float | None = None  # fraction kept, of identities or images
+    sample_by: str = "identities"
+    seed: int = 0
+    keep_labels: bool = False
+    order: str = "identity"
+    layout: str = "images"
+    shard_bytes: int | None = None
+    shard_records: int | None = None
+    dedupe: bool = False
+    drop_overlap: tuple = ()  # datasets whose images are removed
+    transform: Transform | None = None
+    workers: int = field(default_factory=lambda: os.cpu_count() or 1)
+    max_failures: int = 0
+
+    def byte_options(self):
+        """Return the options that determine the output bytes (compared on --resume)."""
+        doc = asdict(self)
+        doc.pop("workers")
+        doc.pop("max_failures")
+        doc["drop_overlap"] = [os.path.abspath(p) for p in self.drop_overlap]
+        for name in ("keep_ids", "drop_ids"):
+            if doc[name]:
+                doc[name] = _file_digest(doc[name])
+        return doc
+
+
+@dataclass
+class RepackResult:
+    """What `repack` did."""
+
+    manifest_path: str
+    manifest: dict
+    images: int
+    classes: int
+    failures: int  # images not written: removed duplicates/overlap, refused re-encodes
+    failures_path: str
+    report_path: str
+    report: dict
+    resumed_from: int = 0
+
+    @property
+    def accepted(self):
+        """Return True when no more images were refused than `max_failures` allows.
+
+        Only re-encoding refuses images; removals asked for (--dedupe, --drop-overlap) are
+        not refusals.
+        """
+        return self.report["refused"] <= self.manifest["options"]["max_failures"]
+
+
+# -- sources ------------------------------------------------------------------------------------
+
+
+class _Source:
+    """One opened source: its dataset, the shard of each sample, and its identity names."""
+
+    def __init__(self, spec):
+        self.spec = os.fspath(spec)
+        try:
+            self.dataset = open_dataset(self.spec)
+        except RectoolError as exc:
+            raise RectoolError(f"source {self.spec}: {exc}") from None
+        self.shard_of = _sample_shards(self.dataset)
+        _refuse_shared_offsets(self.dataset, self.shard_of)
+        self.labels = _identity_labels(self.dataset, self.spec)
+        self.names = _identity_names(self.dataset)
+        self.dataset.close()  # its mappings are touched end to end: let them go
+
+    def fingerprint(self):
+        """Return what identifies the source's files (compared on --resume)."""
+        files = []
+        for rec, idx in self.dataset.shards:
+            st_rec, st_idx = os.stat(rec), os.stat(idx)
+            files.append([os.path.abspath(rec), st_rec.st_size, st_rec.st_mtime_ns,
+                          st_idx.st_size, st_idx.st_mtime_ns])  # fmt: skip
+        return files
+
+
+def _refuse_shared_offsets(dataset, shard_of):
+    """Refuse a source whose index names one record under several keys: repack would copy it
+    once per key (work bounded by the records that exist, not by the index's lines)."""
+    keys, offsets = np.asarray(dataset.keys), np.asarray(dataset.offsets)
+    count, number, _ = shared_offsets(keys, offsets, shard_of)
+    if count:
+        mine = shard_of == number
+        refuse_shared_offsets(dataset.shards[number][1], keys[mine], offsets[mine], "repack")
+
+
+def _sample_shards(dataset):
+    """Return the shard number of every sample (int32), from the dataset's own table.
+
+    The one place that reads `reader.RecordDataset` internals (its per-sample shard table);
+    without them, `location(i)` of every sample says the same, slowly.
+    """
+    table = getattr(dataset, "_sample_shards", None)
+    if table is not None:
+        return np.asarray(table(), np.int32)
+    shard_ids, bounds = getattr(dataset, "_shard_ids", None), getattr(dataset, "_bounds", None)
+    if shard_ids is not None:
+        return np.asarray(shard_ids, np.int32)
+    if bounds is not None:
+        return np.repeat(np.arange(len(dataset.shards), dtype=np.int32), np.diff(bounds))
+    number = {rec: k for k, (rec, _) in enumerate(dataset.shards)}
+    count = len(dataset)
+    return np.fromiter((number[dataset.location(i)[0]] for i in range(count)), np.int32, count)
+
+
+def _identity_labels(dataset, spec):
+    """Return every sample's class label as int64, from the record headers."""
+    labels = dataset.labels
+    if labels.dtype == object:
+        raise RectoolError(
+            f"source {spec}: records carry labels of different widths; repack needs one class "
+            "label per image (the first label of a vector counts)"
+        )
+    if labels.ndim == 2:
+        labels = labels[:, 0]
+    bad = (labels < 0) | (labels != np.floor(labels)) | (labels >= FLOAT32_EXACT)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        rec, offset, key = dataset.location(i)
+        raise RectoolError(
+            f"{rec}: record key {key} at byte {offset}: label {float(labels[i])!r} is not a "
+            "class id (a non-negative integer below 2**24); repack groups images by class"
+        )
+    return labels.astype(np.int64)
+
+
+def _identity_names(dataset):
+    """Return label -> identity name from the manifest or a label map beside the pack, or None."""
+    names = (dataset.manifest or {}).get("identities")
+    if names:
+        return {int(label): name for label, name in names.items()}
+    rec = dataset.shards[0][0] if dataset.shards else None
+    if rec:
+        stem = rec[: -len(".rec")]
+        numbered = re.fullmatch(r"(.*)-[0-9]{5}", stem)  # PREFIX-00000.rec: PREFIX's map
+        for prefix in (stem, numbered.group(1)) if numbered else (stem,):
+            if os.path.exists(prefix + LABEL_MAP_SUFFIX):
+                return read_label_map(prefix + LABEL_MAP_SUFFIX)
+    return None
+
+
+@dataclass
+class Catalog:
+    """Every record of every source, one array entry each (no Python object per record)."""
+
+    source: np.ndarray  # int32: which source
+    sample: np.ndarray  # int64: sample index in that source
+    label: np.ndarray  # int64: the merged label (offset or by name)
+    names: dict | None  # merged label -> identity name
+    source_labels: list  # per source: merged label -> its label in that source (arrays)
+
+
+def build_catalog(sources, labels_by="offset"):
+    """Merge the sources' records; return a `Catalog`.
+
+    offset: source k's labels are shifted by the label count of sources 0..k-1 (one past each
+    one's largest label). name: identities with the same name share a label; labels are given
+    in code-point order of the names, as `rectool list` gives them to folders.
+    """
+    labels, source_ids, samples = [], [], []
+    names = None
+    if labels_by == "name":
+        missing = [s.spec for s in sources if not s.names]
+        if missing:
+            raise UsageError(
+                f"--labels-by name needs identity names, and {missing[0]} has none (no "
+                "manifest identities, no label map beside it); use --labels-by offset"
+            )
+        everything = sorted({name for s in sources for name in s.names.values()})
+        merged = {name: label for label, name in enumerate(everything)}
+        names = dict(enumerate(everything))
+        for s in sources:
+            table = np.full(max(s.names) + 1, -1, np.int64)
+            for label, name in s.names.items():
+                table[label] = merged[name]
+            inside = np.minimum(s.labels, len(table) - 1)
+            unnamed = s.labels[(s.labels >= len(table)) | (table[inside] < 0)]
+            if len(unnamed):
+                raise RectoolError(
+                    f"source {s.spec}: label {int(unnamed[0])} has no identity name; "
+                    "use --labels-by offset"
+                )
+            labels.append(table[s.labels])
+    else:
+        base = 0
+        named = all(s.names for s in sources)
+        names = {} if named else None
+        for s in sources:
+            labels.append(s.labels + base)
+            if named:
+                names.update({label + base: name for label, name in s.names.items()})
+            width = int(s.labels.max()) + 1 if len(s.labels) else 0
+            if s.names:
+                width = max(width, max(s.names) + 1)
+            base += width
+    for k, s in enumerate(sources):
+        source_ids.append(np.full(len(s.labels), k, np.int32))
+        samples.append(np.arange(len(s.labels), dtype=np.int64))
+    label = np.concatenate(labels) if labels else np.empty(0, np.int64)
+    source_labels = []
+    for merged_l, s in zip(labels, sources):
+        present, first = np.unique(s.labels, return_index=True)  # merged = f(source label)
+        source_labels.append(dict(zip(merged_l[first].tolist(), present.tolist())))
+    return Catalog(np.concatenate(source_ids), np.concatenate(samples), label, names, source_labels)
+
+
+# -- planning -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """What a repack writes: `rows` (catalog indices) in write order, with their new labels."""
+
+    rows: np.ndarray  # int64, catalog rows in write order
+    new_label: np.ndarray  # int64, per catalog row (-1 when not kept)
+    old_labels: np.ndarray  # merged labels in new-label order
+    classes: int
+    removed_rows: np.ndarray  # catalog rows removed as duplicates or overlap, in row order
+    removed_reason: np.ndarray  # int16 code per removed row (see `reason_of`)
+    removed_other: np.ndarray  # the catalog row / target sample each one repeats
+    counts: dict  # what each step kept and removed
+    shared_groups: list  # cross-identity duplicate groups (catalog rows), the first ones
+    shared_total: int
+
+
+def reason_of(code):
+    """Return the reason a plan removed a record: code 1 duplicate, 2 + t overlap (target t)."""
+    return "duplicate" if code == 1 else "overlap"
+
+
+def plan_repack(sources, catalog, options, targets=()):
+    """Decide which records are written, with what labels and in which order; return a `Plan`.
+
+    The steps run in this order: --keep-ids/--drop-ids, --drop-overlap, --dedupe, --sample,
+    --min-per-id, --max-per-id, relabelling, ordering.
+    """
+    labels = catalog.label
+    mask = np.ones(len(labels), bool)
+    counts = {"source_images": int(len(labels))}
+    for path, keep in ((options.keep_ids, True), (options.drop_ids, False)):
+        if path:
+            wanted = selection.read_id_list(path, catalog.names)
+            selection.check_labels_exist(path, wanted, labels)
+            before = int(mask.sum())
+            mask &= selection.identity_mask(labels, wanted, keep)
+            counts["keep_ids" if keep else "drop_ids"] = before - int(mask.sum())
+    removed_rows, removed_reason, removed_other = [], [], []
+    shared_groups, shared_total = [], 0
+    digests = None
+    if options.dedupe or targets:
+        digests = _catalog_digests(sources, catalog, mask)
+    for t, target in enumerate(targets):
+        rows, matches = _overlap(sources, catalog, digests, mask, target)
+        mask[rows] = False
+        removed_rows.append(rows)
+        removed_reason.append(np.full(len(rows), 2 + t, np.int16))
+        removed_other.append(matches)
+        counts[f"overlap:{target.spec}"] = len(rows)
+    if options.dedupe:
+        first, shared = selection.duplicate_groups(digests, labels, mask)
+        dup = np.flatnonzero((first >= 0) & (first != np.arange(len(first))))
+        dup = dup[[_same_bytes(sources, catalog, i, first[i]) for i in dup.tolist()]]
+        mask[dup] = False
+        removed_rows.append(dup)
+        removed_reason.append(np.full(len(dup), 1, np.int16))
+        removed_other.append(first[dup])
+        counts["duplicates"] = len(dup)
+        shared_groups, shared_total = _shared_groups(digests, labels, mask, shared)
+    if options.sample is not None:
+        before = int(mask.sum())
+        if options.sample_by == "identities":
+            mask = selection.sample_identities(labels, mask, options.sample, options.seed)
+        else:
+            mask = selection.sample_images(mask, options.sample, options.seed)
+        counts["sample"] = before - int(mask.sum())
+    if options.min_per_id:
+        before = int(mask.sum())
+        mask = selection.min_per_identity(labels, mask, options.min_per_id)
+        counts["min_per_id"] = before - int(mask.sum())
+    if options.max_per_id:
+        before = int(mask.sum())
+        mask = selection.max_per_identity(
+            labels, mask, options.max_per_id, options.pick, options.seed
+        )
+        counts["max_per_id"] = before - int(mask.sum())
+    new_label, old_labels = selection.relabel(labels, mask, options.keep_labels)
+    classes = int(new_label[mask].max()) + 1 if mask.any() else 0
+    rows = selection.output_order(new_label, mask, options.order, options.seed)
+    counts["images"] = len(rows)
+    counts["identities"] = len(old_labels)
+    removed = np.concatenate(removed_rows) if removed_rows else np.empty(0, np.int64)
+    order = np.argsort(removed, kind="stable")
+    return Plan(
+        rows,
+        new_label,
+        old_labels,
+        classes,
+        removed[order],
+        (np.concatenate(removed_reason) if removed_rows else np.empty(0, np.int16))[order],
+        (np.concatenate(removed_other) if removed_rows else np.empty(0, np.int64))[order],
+        counts,
+        shared_groups,
+        shared_total,
+    )
+
+
+def _digest(data):
+    return np.frombuffer(hashlib.blake2b(data, digest_size=16).digest(), "<u8")
+
+
+def _catalog_digests(sources, catalog, mask):
+    """Return a 128-bit BLAKE2b digest of the image bytes of every record in `mask`."""
+    digests = np.zeros((len(catalog.label), 2), np.uint64)
+    for k, s in enumerate(sources):
+        rows = np.flatnonzero(mask & (catalog.source == k))
+        ds = s.dataset
+        for row, i in zip(rows.tolist(), catalog.sample[rows].tolist()):
+            digests[row] = _digest(ds[i][0])
+        ds.close()
+    return digests
+
+
+def _dataset_digests(dataset):
+    out = np.zeros((len(dataset), 2), np.uint64)
+    for i in range(len(dataset)):
+        out[i] = _digest(dataset[i][0])
+    dataset.close()
+    return out
+
+
+def _image(sources, catalog, row):
+    return bytes(sources[catalog.source[row]].dataset[int(catalog.sample[row])][0])
+
+
+def _same_bytes(sources, catalog, a, b):
+    # A digest match is checked byte for byte: "identical" means identical.
+    return _image(sources, catalog, a) == _image(sources, catalog, b)
+
+
+def _as_pairs(digests):
+    return np.ascontiguousarray(digests).view([("a", "<u8"), ("b", "<u8")]).ravel()
+
+
+def _overlap(sources, catalog, digests, mask, target):
+    """Return (catalog rows in `mask` whose image is byte-identical to one of `target`, and
+    the target sample each one equals)."""
+    theirs = _dataset_digests(target.dataset)
+    pairs = _as_pairs(theirs)
+    order = np.argsort(pairs, kind="stable")
+    ours = _as_pairs(digests)
+    rows = np.flatnonzero(mask)
+    at = np.searchsorted(pairs[order], ours[rows])
+    at = np.minimum(at, max(len(order) - 1, 0))
+    hit = len(order) > 0
+    if not hit:
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    found = pairs[order][at] == ours[rows]
+    rows, matches = rows[found], order[at[found]]
+    same = [
+        _image(sources, catalog, r) == bytes(target.dataset[int(m)][0])
+        for r, m in zip(rows.tolist(), matches.tolist())
+    ]
+    return rows[same], matches[same]
+
+
+def _shared_groups(digests, labels, mask, shared):
+    """Return (the first REPORT_GROUPS groups of kept rows sharing an image across identities,
+    the number of such groups)."""
+    rows = np.flatnonzero(shared & mask)
+    if not len(rows):
+        return [], 0
+    pairs = _as_pairs(digests)[rows]
+    order = np.argsort(pairs, kind="stable")
+    rows, pairs = rows[order], pairs[order]
+    starts = np.flatnonzero(np.r_[True, pairs[1:] != pairs[:-1]])
+    ends = np.r_[starts[1:], len(rows)]
+    shown = zip(starts[:REPORT_GROUPS].tolist(), ends[:REPORT_GROUPS].tolist())
+    return [rows[a:b].tolist() for a, b in shown], len(starts)
+
+
+def check_plan(plan, options):
+    """Refuse, before writing, a plan the output layout cannot hold."""
+    layout_named(options.layout).check_keys(len(plan.rows), plan.classes)
+    if plan.classes > FLOAT32_EXACT:
+        raise RectoolError(
+            f"{plan.classes} classes: labels above {FLOAT32_EXACT} are not exact as float32"
+        )
+
+
+def check_options(options):
+    """Refuse options that cannot work together."""
+    layout = layout_named(options.layout)
+    if options.labels_by not in LABELS_BY:
+        raise UsageError(f"unknown --labels-by {options.labels_by!r}")
+    if options.order not in selection.ORDERS:
+        raise UsageError(f"unknown order {options.order!r}")
+    if layout.numbered and options.order != "identity":
+        raise UsageError(
+            "--layout insightface stores each identity's images as one key range: "
+            "it needs --order identity"
+        )
+    layout.check_options(options)
+    if options.sample is not None and not 0 < options.sample <= 1:
+        raise UsageError("--sample must be a fraction in (0, 1]")
+    if options.sample_by not in selection.SAMPLE_UNITS:
+        raise UsageError(f"unknown --sample-by {options.sample_by!r}")
+    if options.pick not in selection.PICKS:
+        raise UsageError(f"unknown --pick {options.pick!r}")
+    if options.keep_ids and options.drop_ids:
+        raise UsageError("give --keep-ids or --drop-ids, not both")
+    if options.workers < 1:
+        raise UsageError("--workers must be at least 1")
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+
+class _RecordCopier:
+    """Frame kept records for the output from the mmapped sources, a batch at a time."""
+
+    def __init__(self, sources, catalog):
+        self.sources, self.catalog = sources, catalog
+        self._files = []  # (source, shard) -> (mmap, uint32 words, size)
+        self._file_index = {}
+        self._base = np.cumsum([0] + [len(s.dataset.shards) for s in sources])
+        # Read by worker threads when re-encoding: made here, once, not on first use.
+        self._record_files = {rec: RecordFile(rec) for s in sources for rec, _ in s.dataset.shards}
+        self._copied = 0
+
+    def close(self):
+        maps = [entry[0] for entry in self._files if entry is not None]
+        self._files = []  # drops the numpy views first: a mapping with views cannot close
+        for mm in maps:
+            if isinstance(mm, mmap.mmap):
+                try:
+                    mm.close()
+                except BufferError:  # a view is still queued (after an error): let GC close it
+                    pass
+        for rf in self._record_files.values():
+            rf.close()
+
+    def _file(self, f):
+        """Return (mapping, its uint32 words, size) of source file `f`, mapping it if need be."""
+        while len(self._files) <= f:
+            self._files.append(None)
+        if self._files[f] is None:
+            k = int(np.searchsorted(self._base, f, side="right") - 1)
+            rec = self.sources[k].dataset.shards[f - self._base[k]][0]
+            with open_input(rec, "record file") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b"\0" * 8
+            self._files[f] = (mm, np.frombuffer(mm, "<u4", len(mm) // 4), size)
+        return self._files[f]
+
+    def locate(self, rows):
+        """Return (file number, byte offset) of catalog rows."""
+        cat = self.catalog
+        files = np.empty(len(rows), np.int64)
+        offsets = np.empty(len(rows), np.int64)
+        src = cat.source[rows]
+        for k in np.unique(src).tolist():
+            sel = np.flatnonzero(src == k)
+            samples = cat.sample[rows[sel]]
+            files[sel] = self._base[k] + self.sources[k].shard_of[samples]
+            offsets[sel] = self.sources[k].dataset.offsets[samples]
+        return files, offsets
+
+    def frame_batch(self, rows, labels, keys, scalar_only, max_bytes=BATCH_BYTES):
+        """Frame the first records of catalog `rows` (relabelled to `labels`, keyed `keys`)
+        that fit in `max_bytes` (at least one); return (framed records back to back, their
+        start offsets, how many rows that is).
+
+        Whole records are copied and their header words patched; any other record is read,
+        rejoined and framed again. `scalar_only` turns label vectors into one scalar label.
+        """
+        files, offsets = self.locate(rows)
+        n = len(rows)
+        magic = np.zeros(n, np.uint32)
+        lrec = np.zeros(n, np.uint32)
+        flag = np.zeros(n, np.uint32)
+        sizes = np.zeros(n, np.int64)
+        for f in np.unique(files).tolist():
+            sel = np.flatnonzero(files == f)
+            _, words, size = self._file(f)
+            o = offsets[sel]
+            ok = (o & 3 == 0) & (o >= 0) & (o + 32 <= size)
+            w = o[ok] >> 2
+            magic[sel[ok]] = words[w]
+            lrec[sel[ok]] = words[w + 1]
+            flag[sel[ok]] = words[w + 2]
+            sizes[sel] = size
+        length = (lrec & LENGTH_MASK).astype(np.int64)
+        framed = 8 + ((length + 3) & ~3)
+        n = max(1, int(np.searchsorted(np.cumsum(framed), max_bytes, side="right")))
+        rows, labels, keys = rows[:n], labels[:n], keys[:n]
+        files, offsets, framed = files[:n], offsets[:n], framed[:n]
+        magic, lrec, flag, length, sizes = magic[:n], lrec[:n], flag[:n], length[:n], sizes[:n]
+        label_bits = labels.astype("<f4").view("<u4")
+        key_lo = (keys & 0xFFFFFFFF).astype(np.uint32)
+        key_hi = (keys >> 32).astype(np.uint32)
+        fast = (
+            (magic == MAGIC)
+            & (lrec >> LENGTH_BITS == 0)
+            & (length >= IMAGE_HEADER_SIZE + 4 * flag.astype(np.int64))
+            & (offsets + framed <= sizes)
+            & (label_bits != MAGIC)
+            & (key_lo != MAGIC)
+            & (key_hi != MAGIC)
+        )
+        if scalar_only:
+            fast &= flag == 0
+        # Records that follow each other in one source file are copied as one slice.
+        joined = np.zeros(n, bool)
+        joined[1:] = (
+            fast[1:]
+            & fast[:-1]
+            & (files[1:] == files[:-1])
+            & (offsets[1:] == offsets[:-1] + framed[:-1])
+        )
+        if (
+            fast.all()
+            and joined[1:].all()
+            and self._unchanged(files[0], offsets, flag, label_bits, key_lo, key_hi)
+        ):
+            # One stretch of a source whose headers stay as they are (a pack resharded, or
+            # already in this order): handed to the writer as it is, without a copy.
+            mm = self._file(int(files[0]))[0]
+            first = int(offsets[0])
+            data = memoryview(mm)[first : int(offsets[-1] + framed[-1])]
+            self._forget_pages(framed)
+            return data, (offsets - first).tolist(), n
+        firsts = np.flatnonzero(~joined)
+        lasts = np.r_[firsts[1:], n] - 1
+        ends = offsets + framed
+        parts, sizes_out = [], framed.copy()
+        append = parts.append
+        views = {f: memoryview(self._file(f)[0]) for f in np.unique(files).tolist()}
+        for a, f, o, e, quick in zip(
+            firsts.tolist(),
+            files[firsts].tolist(),
+            offsets[firsts].tolist(),
+            ends[lasts].tolist(),
+            fast[firsts].tolist(),
+        ):
+            if quick:
+                append(views[f][o:e])
+            else:  # a run of one
+                record = self._reframe(int(rows[a]), float(labels[a]), int(keys[a]), scalar_only)
+                sizes_out[a] = len(record)
+                append(record)
+        data = bytearray().join(parts)
+        del parts, views
+        self._forget_pages(framed)
+        starts = np.zeros(n, np.int64)
+        np.cumsum(sizes_out[:-1], out=starts[1:])
+        out = np.frombuffer(data, "<u4")
+        w = starts[fast] >> 2
+        vector = flag[fast] > 0
+        out[w + np.where(vector, 8, 3)] = label_bits[fast]
+        out[w + 4] = key_lo[fast]
+        out[w + 5] = key_hi[fast]
+        del out
+        return data, starts.tolist(), n
+
+    def _unchanged(self, f, offsets, flag, label_bits, key_lo, key_hi):
+        """Return True when the records at `offsets` of file `f` already hold these labels
+        and keys."""
+        words = self._file(int(f))[1]
+        w = offsets >> 2
+        label_at = w + np.where(flag > 0, 8, 3)
+        return bool(
+            (words[label_at] == label_bits).all()
+            and (words[w + 4] == key_lo).all()
+            and (words[w + 5] == key_hi).all()
+        )
+
+    def _forget_pages(self, framed):
+        """Let go of the source mappings every RELEASE_BYTES copied: their pages stay in the
+        page cache, but no longer count in this process's memory, so RSS stays flat. (A
+        mapping is unmapped once the last view of it, maybe one queued for writing, is gone;
+        munmap costs far less than madvise(MADV_DONTNEED) with other threads running.)"""
+        self._copied += int(framed.sum())
+        if self._copied >= RELEASE_BYTES:
+            self._copied = 0
+            self._files = [None] * len(self._files)
+            for rf in self._record_files.values():  # only this thread reads them here
+                rf.close()
+
+    def _reframe(self, row, label, key, scalar_only):
+        head, image = self.read_record(row)
+        if head.flag and not scalar_only:
+            value = np.array(head.label, np.float32)
+            value[0] = label
+        else:
+            value = label
+        return frame_record(pack_image_record(image, value, key, head.id2), f"key {key}")
+
+    def read_record(self, row):
+        """Return (header, image bytes) of a catalog row, read record by record."""
+        s = self.sources[self.catalog.source[row]]
+        i = int(self.catalog.sample[row])
+        rec, offset, key = s.dataset.location(i)
+        record = self._record_files[rec].read_at(offset, key)
+        head, image = unpack_header(record, rec, offset)
+        return head, bytes(image)
+
+
+def _file_digest(path):
+    try:
+        return sha256_file(path)
+    except RectoolError:
+        if not os.path.lexists(path):
+            raise RectoolError(f"{path}: identity list not found") from None
+        raise
+
+
+def repack(sources, prefix, options=None, resume=False, overwrite=False, progress=None):
+    """Repack the records of `sources` (datasets `open_dataset` accepts) into a pack at
+    `prefix`; return a `RepackResult`.
+
+    Everything is planned, and every error about the sources or options raised, before a
+    file is written. `progress(done, total, refused)` is called as records are written.
+    """
+    options = options or RepackOptions()
+    check_options(options)
+    prefix = os.fspath(prefix)
+    if not sources:
+        raise UsageError("give at least one SOURCE")
+    opened = [_Source(s) for s in sources]
+    targets = [_Source(t) for t in options.drop_overlap]
+    _check_not_a_source(prefix, opened + targets)
+    catalog = build_catalog(opened, options.labels_by)
+    plan = plan_repack(opened, catalog, options, targets)
+    check_plan(plan, options)
+    make_folders(os.path.dirname(prefix))
+    with OutputLock(prefix):
+        finish_interrupted(prefix)
+        if resume and is_complete(prefix):
+            return _completed_result(prefix)
+        if not (overwrite and output_files(prefix)):
+            return _repack_into(opened, targets, catalog, plan, prefix, options, resume,
+                                overwrite, progress)  # fmt: skip
+        # The old pack stays whole until the new one is: repack beside it, then swap.
+        staging = staging_prefix(prefix)
+        try:
+            result = _repack_into(
+                opened, targets, catalog, plan, staging, options, False, False, progress
+            )
+            swap_in(staging, prefix)
+        except BaseException:
+            if not os.path.exists(journal_path(prefix)):  # not committed: the old pack stays
+                discard_staging(staging)
+            raise
+        return dataclasses.replace(
+            result,
+            manifest_path=manifest_path(prefix),
+            failures_path=prefix + FAILURES_SUFFIX,
+            report_path=prefix + REPORT_SUFFIX,
+        )
+
+
+def _repack_into(opened, targets, catalog, plan, prefix, options, resume, overwrite, progress):
+    """Write the planned repack at `prefix` (locked, and the final or a staging prefix)."""
+    prepare_outputs(prefix, resume, overwrite)
+    if not resume:
+        for stale in (prefix + RELABEL_SUFFIX, prefix + REPORT_SUFFIX):
+            remove(stale)
+    state = {
+        "command": "repack",
+        "sources": [s.fingerprint() for s in opened],
+        "options": options.byte_options(),
+    }
+    state_path = prefix + STATE_SUFFIX
+    if resume and os.path.exists(state_path):
+        _check_state(state_path, state)
+    else:
+        write_json_atomic(state_path, state)
+    run = _RepackRun(opened, targets, catalog, plan, prefix, options, progress)
+    try:
+        run.execute(resume)
+    finally:
+        run.copier.close()
+    return run.finish(state_path)
+
+
+def _check_state(state_path, state):
+    """Refuse to resume a repack that an interrupted run started with other sources or
+    options."""
+    try:
+        with open_input(state_path, "repack state", "utf-8", follow=False) as f:
+            saved = json.load(f)
+    except (OSError, ValueError, RectoolError) as exc:
+        raise RectoolError(
+            f"{state_path}: cannot read ({exc}); start again with --overwrite"
+        ) from None
+    differences = [name for name in state if saved.get(name) != state[name]]
+    if differences:
+        raise RectoolError(
+            f"{state_path}: cannot resume: the interrupted repack used different "
+            f"{', '.join(differences)} (start again with --overwrite)"
+        )
+
+
+_SHARD_NAME = re.compile(r"(?:-[0-9]{5})?\.(?:rec|idx)(?:\.rtc)?")
+
+
+def _check_not_a_source(prefix, sources):
+    """Refuse an OUT_PREFIX whose shards would replace a source's (or a target's) files."""
+    out = os.path.realpath(prefix)
+    for s in sources:
+        for path in (p for shard in s.dataset.shards for p in shard):
+            real = os.path.realpath(path)
+            if real.startswith(out) and _SHARD_NAME.fullmatch(real[len(out) :]):
+                raise UsageError(
+                    f"OUT_PREFIX {prefix} would write over {path}, a file of source {s.spec}; "
+                    "repack to another prefix"
+                )
+
+
+def _completed_result(prefix):
+    required = ("classes", "totals.images", "totals.failures", "totals.records",
+                "totals.rec_bytes", "options.max_failures")  # fmt: skip
+    manifest = read_manifest(manifest_path(prefix), require=required)
+    with open_input(prefix + REPORT_SUFFIX, "repack report", "utf-8") as f:
+        report = json.load(f)
+    totals = manifest["totals"]
+    return RepackResult(
+        manifest_path(prefix), manifest, totals["images"], manifest["classes"],
+        totals["failures"], prefix + FAILURES_SUFFIX, prefix + REPORT_SUFFIX, report,
+        totals["images"],
+    )  # fmt: skip
+
+
+class _RepackRun:
+    """One execution of a plan: writes the records, then the files that describe them."""
+
+    def __init__(self, sources, targets, catalog, plan, prefix, options, progress):
+        self.sources, self.targets, self.catalog, self.plan = sources, targets, catalog, plan
+        self.prefix, self.options, self.progress = prefix, options, progress
+        self.layout = layout_named(options.layout)
+        self.insightface = self.layout.numbered  # images keyed 1..N, identity records after
+        self.total = len(plan.rows)
+        self.last_shard = None
+        if options.shard_records and not options.shard_bytes:
+            self.last_shard = max(self.total - 1, 0) // options.shard_records
+        elif not options.shard_bytes:
+            # One shard: ShardWriter.resume must stop after it (with no last shard it would
+            # look at the same finished file again and again).
+            self.last_shard = 0
+        self.writer = ShardWriter(
+            prefix, options.shard_bytes, options.shard_records, last_shard=self.last_shard
+        )
+        self.copier = _RecordCopier(sources, catalog)
+        self.failures_partial = prefix + FAILURES_SUFFIX + PARTIAL_SUFFIX
+        self.refused = np.zeros(self.total, bool)  # plan positions refused while writing
+        self.images = 0
+        self.resumed_from = 0
+        self.complete = False
+
+    # -- the failures file ------------------------------------------------------------------
+    def _plan_lines(self):
+        """Yield the failures-file lines of the records the plan removes, in catalog order."""
+        plan = self.plan
+        for row, code, other in zip(
+            plan.removed_rows.tolist(), plan.removed_reason.tolist(), plan.removed_other.tolist()
+        ):
+            entry = self._describe(row)
+            if code == 1:
+                first = self._describe(other)
+                detail = f"byte-identical to key {first['key']} of {first['source']}, kept"
+            else:
+                target = self.targets[code - 2]
+                key = int(target.dataset.keys[other])
+                detail = f"byte-identical to key {key} of {target.spec}"
+            entry.update(stage="plan", reason=reason_of(code), detail=detail)
+            yield json.dumps(entry, ensure_ascii=False) + "\n"
+
+    def _describe(self, row):
+        cat = self.catalog
+        s = self.sources[int(cat.source[row])]
+        label = int(cat.label[row])
+        return {
+            "source": s.spec,
+            "key": int(s.dataset.keys[int(cat.sample[row])]),
+            "label": label,
+            "identity": (cat.names or {}).get(label),
+        }
+
+    def _open_failures(self, resume):
+        """Write the plan's removals, then keep the refusals an interrupted run wrote."""
+        kept = b""
+        earlier = self.failures_partial
+        if not os.path.exists(earlier):  # killed after renaming it, before the manifest
+            earlier = self.prefix + FAILURES_SUFFIX
+        if resume and os.path.exists(earlier):
+            with open_input(earlier, "failures file", follow=False) as f:
+                data = f.read()
+            lines = data[: data.rfind(b"\n") + 1].splitlines(keepends=True)
+            kept = b"".join(line for line in lines if b'"stage": "write"' in line)
+            for line in kept.splitlines():
+                self.refused[json.loads(line)["position"]] = True
+        lines = (line.encode("utf-8") for line in self._plan_lines())
+        staged = stage_file(self.failures_partial, itertools.chain(lines, [kept]))
+        rename(staged, self.failures_partial)
+        self._fd = open_existing(self.failures_partial)
+        self.writer.register(self._fd, self.failures_partial)
+        return self._fd
+
+    # -- writing ----------------------------------------------------------------------------
+    def execute(self, resume):
+        done = 0
+        if resume:
+            written = self.writer.resume(drop_tail=self.layout.written_after_images)
+            if self.insightface and self.writer.finished:
+                self.complete = True  # killed after its one file was finished
+        fd = self._open_failures(resume)
+        try:
+            if resume and not self.complete:
+                done = written + int(self.refused.sum())
+                self.images = written
+                self.resumed_from = done
+            if not self.complete:
+                self._report(done)
+                if self.options.transform is None:
+                    self._copy(done)
+                else:
+                    self._reencode(done)
+                self._write_identity_records()
+            self.writer.close(self.last_shard)
+        except BaseException:
+            self.writer.abort()
+            raise
+        finally:
+            os.close(fd)
+
+    def _keys(self, positions):
+        if self.insightface:
+            return np.arange(self.images + 1, self.images + 1 + len(positions), dtype=np.int64)
+        return np.arange(positions.start, positions.stop, dtype=np.int64)
+
+    def _copy(self, done):
+        rows, labels = self.plan.rows, self.plan.new_label
+        position = done
+        while position < self.total:
+            window = slice(position, min(position + BATCH_RECORDS, self.total))
+            batch = rows[window]
+            keys = self._keys(range(window.start, window.stop))
+            data, starts, count = self.copier.frame_batch(
+                batch, labels[batch], keys, self.insightface
+            )
+            positions = range(position, position + count)
+            self.writer.add_run(data, keys[:count].tolist(), starts, positions)
+            self.images += count
+            position += count
+            self._report(position)
+
+    def _reencode(self, done):
+        rows, labels = self.plan.rows, self.plan.new_label
+        transform = self.options.transform
+        copier = self.copier
+
+        def prepare(chunk):
+            out = []
+            for row in chunk.tolist():
+                head, image = copier.read_record(row)
+                try:
+                    out.append((head, reencode_image(image, transform)))
+                except ImageRefused as refusal:
+                    out.append((head, refusal))
+            return out
+
+        chunks = (
+            rows[start : start + REENCODE_CHUNK]
+            for start in range(done, self.total, REENCODE_CHUNK)
+        )
+        position = done
+        window = []
+        with ThreadPoolExecutor(self.options.workers, thread_name_prefix="rectool-repack") as pool:
+            for chunk in chunks:
+                window.append((chunk, pool.submit(prepare, chunk)))
+                if len(window) >= 4 * self.options.workers:
+                    position = self._consume(*window.pop(0), position, labels)
+            while window:
+                position = self._consume(*window.pop(0), position, labels)
+
+    def _consume(self, chunk, pending, position, labels):
+        for row, (head, result) in zip(chunk.tolist(), pending.result()):
+            if isinstance(result, ImageRefused):
+                entry = self._describe(row)
+                entry.update(stage="write", position=position, reason=result.reason)
+                line = json.dumps(entry, ensure_ascii=False) + "\n"
+                self.writer.write_after(self._fd, line.encode("utf-8"))
+                self.refused[position] = True
+            else:
+                label = float(labels[row])
+                if head.flag and not self.insightface:
+                    value = np.array(head.label, np.float32)
+                    value[0] = label
+                    label = value
+                key = self.images + 1 if self.insightface else position
+                framed = frame_image_record(result, label, key, head.id2, f"key {key}")
+                self.writer.add(key, framed, position)
+                self.images += 1
+            position += 1
+        self._report(position)
+        return position
+
+    def _write_identity_records(self):
+        """Write the records that follow the images (insightface: identities and header)."""
+        if not self.layout.numbered:
+            return
+        kept = self.plan.rows[~self.refused]
+        counts = np.bincount(self.plan.new_label[kept], minlength=self.plan.classes)
+        for key, framed in self.layout.records_after(self.images, counts.tolist()):
+            self.writer.add(key, framed)
+
+    def _report(self, done):
+        if self.progress is not None:
+            self.progress(done, self.total, int(self.refused.sum()))
+
+    # -- the files that describe the output -------------------------------------------------
+    def finish(self, state_path):
+        prefix, plan, options = self.prefix, self.plan, self.options
+        images = self.total - int(self.refused.sum())
+        refused = int(self.refused.sum())
+        failures = len(plan.removed_rows) + refused
+        final_failures = prefix + FAILURES_SUFFIX
+        rename(self.failures_partial, final_failures)
+        names = self._new_names()
+        if names:
+            write_atomic(prefix + LABEL_MAP_SUFFIX, _label_map_text(names))
+        write_atomic(prefix + RELABEL_SUFFIX, self._relabel_text())
+        property_note = None
+        if self.insightface:
+            property_note = self._write_property()
+        report = self._report_document(refused, property_note)
+        write_json_atomic(prefix + REPORT_SUFFIX, report)
+        manifest = build_manifest(
+            options, None, prefix, self.writer.finished, images, failures, plan.classes, names,
+            None,
+        )  # fmt: skip
+        manifest["sources"] = [s.spec for s in self.sources]
+        remove_stale_temporaries(prefix)
+        write_json_atomic(manifest_path(prefix), manifest)
+        remove(state_path)
+        return RepackResult(
+            manifest_path(prefix), manifest, images, plan.classes, failures, final_failures,
+            prefix + REPORT_SUFFIX, report, self.resumed_from,
+        )  # fmt: skip
+
+    def _new_names(self):
+        names = self.catalog.names
+        if not names:
+            return None
+        if self.options.keep_labels:
+            return {int(old): names[int(old)] for old in self.plan.old_labels if int(old) in names}
+        return {new: names[int(old)] for new, old in enumerate(self.plan.old_labels)
+                if int(old) in names}  # fmt: skip
+
+    def _relabel_text(self):
+        plan, names = self.plan, self.catalog.names or {}
+        lines = ["source\tsource_label\tlabel\tidentity\n"]
+        kept = set(plan.old_labels.tolist())
+        for s, table in zip(self.sources, self.catalog.source_labels):
+            for merged, original in sorted(table.items(), key=lambda kv: kv[1]):
+                if self.options.keep_labels:
+                    new = merged if merged in kept else None
+                else:
+                    at = int(np.searchsorted(plan.old_labels, merged))
+                    found = at < len(plan.old_labels) and plan.old_labels[at] == merged
+                    new = at if found else None
+                if new is not None:
+                    lines.append(f"{s.spec}\t{original}\t{new}\t{names.get(merged, '')}\n")
+        return "".join(lines)
+
+    def _write_property(self):
+        """Write `property` (classes,height,width) beside the pack; return where H,W came from."""
+        size = None
+        note = "no image written: 112x112 assumed"
+        if self.total > self.refused.sum():
+            with RecordFile(self.prefix + ".rec") as rf:
+                # Image key 1 is the first record of the file (identity records follow).
+                record = rf.read_at(0)
+            _, image = unpack_header(record)
+            size = jpeg_size(bytes(image)) if bytes(image[:3]) == b"\xff\xd8\xff" else None
+            if size is None:
+                try:
+                    size = decode_image(bytes(image), Transform(color=-1)).shape[:2]
+                except ImageRefused:
+                    size = None
+            if size is not None:
+                size = int(size[0]), int(size[1])
+                note = "height and width of image key 1 (the first image), read from its bytes"
+        self.layout.write_property(os.path.dirname(self.prefix), self.plan.classes, size)
+        return note
+
+    def _report_document(self, refused, property_note):
+        plan, cat = self.plan, self.catalog
+        per_identity = {}
+        for row, code in zip(plan.removed_rows.tolist(), plan.removed_reason.tolist()):
+            label = int(cat.label[row])
+            name = (cat.names or {}).get(label, str(label))
+            entry = per_identity.setdefault(name, {"duplicate": 0, "overlap": 0})
+            entry[reason_of(code)] += 1
+        groups = [[self._describe(row) for row in group] for group in plan.shared_groups]
+        duplicates = int((plan.removed_reason == 1).sum())
+        removed = {"duplicate": duplicates, "overlap": len(plan.removed_reason) - duplicates}
+        return {
+            "sources": [s.spec for s in self.sources],
+            "overlap_targets": [t.spec for t in self.targets],
+            "steps": plan.counts,
+            "images": self.total - refused,
+            "classes": plan.classes,
+            "removed": removed,
+            "refused": refused,
+            "removed_per_identity": per_identity,
+            "shared_across_identities": {"groups": plan.shared_total, "first_groups": groups},
+            "property": property_note,
+        }
+
+
+def _label_map_text(names):
+    return "".join(f"{label}\t{name}\n" for label, name in sorted(names.items()))

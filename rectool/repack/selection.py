@@ -1,0 +1,179 @@
+"""Choose, relabel and order records for `rectool repack`: pure functions over numpy arrays.
+
+Every function takes and returns arrays with one entry per record (or per identity), so the
+state of a repack stays a few numpy arrays however many records there are: no Python object
+per record. Seeded choices use `numpy.random.default_rng(seed)`, so the same seed always
+picks the same records.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..doors.inputs import open_input
+from ..errors import RectoolError
+
+ORDERS = ("identity", "source", "shuffle")
+SAMPLE_UNITS = ("identities", "images")
+PICKS = ("first", "random")
+
+
+def _rng(seed, purpose):
+    # One stream per purpose: adding a filter never changes what another one picks.
+    return np.random.default_rng([int(seed), purpose])
+
+
+def read_id_list(path, names):
+    """Read identities from a file, one a line (names or labels); return their labels.
+
+    `names` maps label -> identity name (or is None when the sources carry no names). A line
+    that is a known name means that identity; otherwise a line of digits is a label. Blank
+    lines and lines starting with `#` are skipped. Unknown identities raise `RectoolError`
+    naming the file and lines, so nothing is written.
+    """
+    by_name = {}
+    if names:
+        for label, name in names.items():
+            by_name.setdefault(name, label)
+    labels, unknown = [], []
+    try:
+        with open_input(path, "identity list", "utf-8", "\n") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError as exc:
+        raise RectoolError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    known_labels = set(names) if names else None
+    for number, text in enumerate(lines, start=1):
+        text = text.strip()
+        if not text or text.startswith("#"):
+            continue
+        if text in by_name:
+            labels.append(by_name[text])
+        elif text.isdigit() and (known_labels is None or int(text) in known_labels):
+            labels.append(int(text))
+        else:
+            unknown.append(f"line {number}: {text!r}")
+    if unknown:
+        more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
+        raise RectoolError(
+            f"{path}: {len(unknown)} unknown identit{'y' if len(unknown) == 1 else 'ies'}: "
+            f"{', '.join(unknown[:5])}{more}; give identity names or labels of the sources"
+        )
+    return np.array(sorted(set(labels)), np.int64)
+
+
+def check_labels_exist(path, wanted, labels):
+    """Raise `RectoolError` when a label of `wanted` has no record in `labels`."""
+    missing = np.setdiff1d(wanted, np.unique(labels))
+    if len(missing):
+        shown = ", ".join(map(str, missing[:5].tolist()))
+        raise RectoolError(
+            f"{path}: {len(missing)} label(s) have no images in the sources: {shown}"
+            f"{' ...' if len(missing) > 5 else ''}"
+        )
+
+
+def identity_mask(labels, wanted, keep):
+    """Return a mask keeping (keep=True) or dropping the records whose label is in `wanted`."""
+    inside = np.isin(labels, wanted)
+    return inside if keep else ~inside
+
+
+def sample_identities(labels, mask, fraction, seed):
+    """Keep a seeded `fraction` of the identities still present (rounded, at least one)."""
+    present = np.unique(labels[mask])
+    count = min(len(present), max(1, round(fraction * len(present)))) if len(present) else 0
+    chosen = np.sort(_rng(seed, 1).choice(present, count, replace=False))
+    return mask & np.isin(labels, chosen)
+
+
+def sample_images(mask, fraction, seed):
+    """Keep a seeded `fraction` of the records still present (rounded, at least one)."""
+    rows = np.flatnonzero(mask)
+    count = min(len(rows), max(1, round(fraction * len(rows)))) if len(rows) else 0
+    chosen = _rng(seed, 2).choice(rows, count, replace=False)
+    out = np.zeros_like(mask)
+    out[chosen] = True
+    return out
+
+
+def min_per_identity(labels, mask, minimum):
+    """Drop the identities with fewer than `minimum` records still present."""
+    counts = np.bincount(labels[mask], minlength=int(labels.max(initial=-1)) + 1)
+    return mask & (counts[labels] >= minimum)
+
+
+def max_per_identity(labels, mask, maximum, pick="first", seed=0):
+    """Keep at most `maximum` records of each identity: the first ones in record order, or
+    a seeded random choice (`pick="random"`)."""
+    rows = np.flatnonzero(mask)
+    if pick == "random":
+        tie = _rng(seed, 3).permutation(len(rows))
+    else:
+        tie = np.arange(len(rows))
+    order = np.lexsort((tie, labels[rows]))  # by label, then the tie-break
+    grouped = labels[rows][order]
+    starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    out = np.zeros_like(mask)
+    out[rows[order[rank < maximum]]] = True
+    return out
+
+
+def relabel(labels, mask, keep_labels=False):
+    """Return (new label per record, the old labels in new-label order).
+
+    New labels are 0..C-1 in the order of the old labels still present, so a loss sees no
+    gaps; with `keep_labels` they are the old labels themselves.
+    """
+    present = np.unique(labels[mask])
+    if keep_labels:
+        return labels.copy(), present
+    new = np.full(len(labels), -1, np.int64)
+    new[mask] = np.searchsorted(present, labels[mask])
+    return new, present
+
+
+def output_order(labels, mask, order, seed=0):
+    """Return the records to write, as indices in write order.
+
+    identity: grouped by label (ascending), record order within an identity; source: record
+    order; shuffle: a seeded permutation of all of them.
+    """
+    rows = np.flatnonzero(mask)
+    if order == "identity":
+        return rows[np.argsort(labels[rows], kind="stable")]
+    if order == "source":
+        return rows
+    if order == "shuffle":
+        return rows[_rng(seed, 4).permutation(len(rows))]
+    raise ValueError(f"unknown order {order!r}; choose from {', '.join(ORDERS)}")
+
+
+def duplicate_groups(digests, labels, mask):
+    """Find byte-identical records by digest; return (first copy per record, shared mask).
+
+    `digests` is an (N, 2) uint64 array (a 128-bit digest of each image). `first[i]` is the
+    earliest record with the same digest and label as i (i itself for a first copy, -1 for
+    records outside `mask`); `shared[i]` is True when a record of another identity has the
+    same digest.
+    """
+    rows = np.flatnonzero(mask)
+    first = np.full(len(labels), -1, np.int64)
+    shared = np.zeros(len(labels), bool)
+    if not len(rows):
+        return first, shared
+    d0, d1, lab = digests[rows, 0], digests[rows, 1], labels[rows]
+    order = np.lexsort((rows, lab, d1, d0))
+    sd0, sd1, slab, srows = d0[order], d1[order], lab[order], rows[order]
+    same_digest = np.r_[False, (sd0[1:] == sd0[:-1]) & (sd1[1:] == sd1[:-1])]
+    same_group = same_digest & np.r_[False, slab[1:] == slab[:-1]]
+    group_start = np.maximum.accumulate(np.where(same_group, 0, np.arange(len(order))))
+    first[srows] = srows[group_start]
+    digest_start = np.maximum.accumulate(np.where(same_digest, 0, np.arange(len(order))))
+    digest_end = np.r_[digest_start[1:] != digest_start[:-1], True]
+    # An identity differs within a digest run when its first and last label differ.
+    last_of_run = np.flatnonzero(digest_end)
+    run_of = np.searchsorted(last_of_run, np.arange(len(order)))
+    mixed = slab[digest_start] != slab[last_of_run[run_of]]
+    shared[srows] = mixed
+    return first, shared

@@ -1,0 +1,1 @@
+"""`rectool report`: the data a report shows, its HTML page and contact sheet, its charts."""

@@ -1,0 +1,460 @@
+"""Render a `rectool report`: one HTML page with no external resource, and the contact sheet.
+
+The page needs no network and runs no script: thumbnails are JPEG data: URIs, charts inline
+SVG (`svgcharts`), and a Content-Security-Policy forbids anything else, so a page that would
+reach out fails loudly in a browser. Numbers the tests compare carry `data-value` attributes.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from html import escape
+
+import cv2
+import numpy as np
+
+from .. import __version__
+from .charts import bar_chart
+
+CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+LISTED = 50  # verify problems and reporting problems listed one by one
+SHEET_TEXT_WIDTH = 220
+
+STYLE = """
+body{font:15px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:1100px;color:#111;
+padding:0 1em;background:#fff}
+h1{font-size:1.6em}h2{border-bottom:2px solid #333;margin-top:2em}
+table{border-collapse:collapse;margin:.5em 0}
+th,td{border:1px solid #999;padding:.2em .6em;text-align:left;vertical-align:top}
+td.n{text-align:right;font-variant-numeric:tabular-nums}
+th[scope=row]{background:#f2f2f2}
+.charts{display:grid;grid-template-columns:repeat(auto-fit,minmax(480px,1fr));gap:0 1.5em}
+.charts h2{grid-column:1/-1}
+.chart{width:100%;height:auto;border:1px solid #ccc}
+.chart text{font-size:12px;fill:#000}.chart .value{font-weight:bold}
+.chart .axis{font-size:13px}
+ul.thumbs{list-style:none;display:flex;flex-wrap:wrap;gap:6px;padding:0;margin:.3em 0 1em}
+figure{margin:0;text-align:center;font-size:12px}
+figure img{display:block;border:1px solid #666;background:#eee}
+.missing{display:flex;align-items:center;justify-content:center;border:1px dashed #666;
+font-size:11px;padding:2px;box-sizing:border-box}
+.note{border-left:4px solid #333;padding-left:.6em}
+code{font-size:.95em}
+summary{cursor:pointer;margin:.3em 0}
+"""
+
+
+def render_html(report):
+    """Return the report page: one HTML document with no external resource."""
+    title = f"rectool report: {os.path.basename(report.target.rstrip('/')) or report.target}"
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f'<meta http-equiv="Content-Security-Policy" content="{CSP}">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>{escape(title)}</title><style>{STYLE}</style></head><body>",
+        f"<header><h1>{escape(title)}</h1>",
+        f"<p>Written by rectool {escape(__version__)} from <code>{escape(report.target)}</code>"
+        f" (seed {report.options.seed}).</p></header><main>",
+        _summary_section(report),
+        _charts_section(report),
+        _sheet_section(report),
+        _refusals_section(report),
+        _duplicates_section(report),
+    ]
+    if report.problems or report.left_out:
+        parts.append(_problems_section(report))
+    parts.append("</main></body></html>\n")
+    return "\n".join(parts)
+
+
+def _row(name, value, number=None):
+    data = f' data-value="{number}"' if number is not None else ""
+    cls = ' class="n"' if number is not None else ""
+    return f'<tr><th scope="row">{escape(name)}</th><td{cls}{data}>{value}</td></tr>'
+
+
+def _summary_section(report):
+    info, manifest = report.info, report.manifest or {}
+    rows = [
+        _row("Target", f"<code>{escape(report.target)}</code>"),
+        _row(
+            "Manifest",
+            f"<code>{escape(info['manifest'])}</code>" if info.get("manifest") else "none",
+        ),
+        _row(
+            "Layout",
+            escape(info["layout"] + (", label vectors" if info.get("label_vectors") else "")),
+        ),
+        _row("Shards", f"{info['shards']:,}", info["shards"]),
+        _row("Records", f"{info['records']:,}", info["records"]),
+        _row("Images", f"{info['images']:,}", info["images"]),
+    ]
+    if info.get("identities") is None:
+        rows.append(_row("Identities", "labels are not integral class ids"))
+    else:
+        classes = info.get("classes")
+        of = f" (of {classes:,} classes)" if classes is not None else ""
+        rows.append(_row("Identities", f"{info['identities']:,}{of}", info["identities"]))
+    sizes = info.get("image_bytes")
+    if sizes:
+        rows.append(_row("Image bytes", f"{sizes['total']:,}", sizes["total"]))
+    rows.append(_row(".rec bytes", f"{info['rec_bytes']:,}", info["rec_bytes"]))
+    encodings = ", ".join(f"{escape(k)} {n:,}" for k, n in info["encodings"].items())
+    rows.append(_row("Encodings", encodings or "none"))
+    if manifest:
+        rows.append(_row("Packed by", f"rectool {escape(str(manifest.get('rectool_version')))}"))
+        date = manifest.get("created") or manifest.get("date")
+        rows.append(_row("Pack date", escape(str(date)) if date else "not recorded"))
+        options = manifest.get("options") or {}
+        text = ", ".join(
+            f"{escape(str(k))}={escape(json.dumps(v, ensure_ascii=False))}"
+            for k, v in options.items()
+        )
+        rows.append(_row("Pack options", f"<code>{text}</code>" if text else "none"))
+        if manifest.get("list"):
+            rows.append(_row("List", f"<code>{escape(str(manifest['list']))}</code>"))
+        failures = (manifest.get("totals") or {}).get("failures")
+        if failures is not None:
+            rows.append(_row("Refused by the pack", f"{failures:,}", failures))
+    rows.append(_row("Verify", _verify_text(report.verify)))
+    out = ['<section id="summary" aria-labelledby="summary-h">', '<h2 id="summary-h">Summary</h2>']
+    out.append('<table id="summary-table"><caption>The dataset at a glance</caption>')
+    out += rows
+    out.append("</table>")
+    if report.verify is not None and not report.verify.sound:
+        out.append(
+            '<table id="verify-problems"><caption>Verify: the first problems</caption>'
+            '<tr><th scope="col">Kind</th><th scope="col">Where and what</th></tr>'
+        )
+        for problem in report.verify.problems[:LISTED]:
+            out.append(f"<tr><td>{escape(problem.kind)}</td><td>{escape(str(problem))}</td></tr>")
+        out.append("</table>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _verify_text(verify):
+    if verify is None:
+        return "not run (use --verify)"
+    what = "framing, index, headers, checksums" + (", decoding" if verify.decoded else "")
+    if verify.sound:
+        return f"sound: no problems found ({escape(what)})"
+    counts = ", ".join(f"{escape(k)} {n:,}" for k, n in sorted(verify.counts.items()))
+    noun = "problem" if verify.problem_count == 1 else "problems"
+    return f"<strong>{verify.problem_count:,} {noun}</strong> ({counts}); checked {what}"
+
+
+def _table(table_id, caption, headers, rows):
+    out = [f'<table id="{table_id}"><caption>{escape(caption)}</caption><tr>']
+    out += [f'<th scope="col">{escape(h)}</th>' for h in headers]
+    out.append("</tr>")
+    for row in rows:
+        cells = []
+        for cell in row:
+            if isinstance(cell, int):
+                cells.append(f'<td class="n" data-value="{cell}">{cell:,}</td>')
+            else:
+                cells.append(f"<td>{escape(str(cell))}</td>")
+        out.append("<tr>" + "".join(cells) + "</tr>")
+    out.append("</table>")
+    return "".join(out)
+
+
+def _numbers(table):
+    """Fold a chart's table of numbers under the chart (the bars carry the same numbers)."""
+    return f"<details><summary>The chart's numbers as a table</summary>{table}</details>"
+
+
+def _charts_section(report):
+    info = report.info
+    out = [
+        '<section id="charts" aria-labelledby="charts-h" class="charts">',
+        '<h2 id="charts-h">Charts</h2>',
+    ]
+    out.append('<div class="chart-block"><h3 id="per-identity-h">Images per identity</h3>')
+    per = info.get("images_per_identity")
+    if per:
+        bars = [(row["images"], row["identities"]) for row in per["histogram"]]
+        counts = [v for _, v in bars]
+        log = max(counts) > 20 * max(1, min(counts))
+        out.append(
+            f"<p>min {per['min']:,}, median {per['median']:g}, mean {per['mean']:,}, "
+            f"max {per['max']:,} images per identity.</p>"
+        )
+        out.append(
+            bar_chart(
+                "chart-per-identity",
+                "Identities by number of images",
+                bars,
+                "images per identity",
+                "identities",
+                log=log,
+            )
+        )
+        out.append(
+            _numbers(
+                _table(
+                    "per-identity-table",
+                    "Identities by number of images",
+                    ["Images per identity", "Identities"],
+                    bars,
+                )
+            )
+        )
+    else:
+        out.append("<p>Not shown: the labels are not integral class ids.</p>")
+    out.append('</div><div class="chart-block"><h3 id="dimensions-h">Image dimensions</h3>')
+    dims = info["dimensions"]
+    if dims["sampled"]:
+        top = list(dims["counts"].items())[:10]
+        spread = _dimension_spread(dims["counts"])
+        out.append(
+            f"<p>From a sample of {dims['sampled']:,} images spread over the dataset "
+            f"(height x width x channels). {escape(spread)}</p>"
+        )
+        out.append(
+            bar_chart(
+                "chart-dimensions",
+                "Most common image sizes in the sample",
+                top,
+                "height x width x channels",
+                "sampled images",
+            )
+        )
+        out.append(
+            _numbers(
+                _table(
+                    "dimensions-table", "Most common image sizes", ["Size", "Sampled images"], top
+                )
+            )
+        )
+    else:
+        out.append("<p>No image was sampled.</p>")
+    out.append('</div><div class="chart-block"><h3 id="bytes-h">Image bytes</h3>')
+    sizes = info.get("image_bytes")
+    if sizes:
+        out.append(
+            f"<p>min {sizes['min']:,}, median {sizes['median']:,.0f}, mean {sizes['mean']:,}, "
+            f"max {sizes['max']:,} bytes per image.</p>"
+        )
+        hist = report.size_histogram
+        log = max(c for _, c in hist) > 20 * max(1, min(c for _, c in hist if c) or 1)
+        out.append(
+            bar_chart(
+                "chart-bytes",
+                "Images by payload size",
+                hist,
+                "image bytes" + (" (k = 1,000)" if any("k" in b for b, _ in hist) else ""),
+                "images",
+                log=log,
+            )
+        )
+        table = _table("bytes-table", "Images by payload size", ["Bytes", "Images"], hist)
+        out.append(_numbers(table))
+    else:
+        out.append("<p>No images.</p>")
+    out.append("</div></section>")
+    return "\n".join(out)
+
+
+def _dimension_spread(counts):
+    sizes = []
+    for key in counts:
+        try:
+            sizes.append(tuple(int(v) for v in key.split("x")[:2]))
+        except ValueError:
+            continue
+    if not sizes:
+        return "No sampled image decoded."
+    heights, widths = [h for h, _ in sizes], [w for _, w in sizes]
+    text = (
+        f"Heights {min(heights):,} to {max(heights):,} pixels, widths {min(widths):,} to "
+        f"{max(widths):,}; {len(counts):,} distinct sizes."
+    )
+    if "undecodable" in counts:
+        text += f" {counts['undecodable']:,} sampled images did not decode."
+    return text
+
+
+def _figure(thumb, size):
+    if thumb is None:
+        return ""
+    caption = f"<figcaption>{escape(thumb.caption)}</figcaption>" if thumb.caption else ""
+    if thumb.jpeg is None:
+        return (
+            f'<figure><div class="missing" style="width:{size}px;height:{size}px" role="img" '
+            f'aria-label="{escape(thumb.alt)}: {escape(thumb.problem or "")}">'
+            f"{escape(thumb.problem or '')}</div>{caption}</figure>"
+        )
+    height, width = thumb.pixels.shape[:2]
+    data = base64.b64encode(thumb.jpeg).decode("ascii")
+    return (
+        f'<figure><img src="data:image/jpeg;base64,{data}" alt="{escape(thumb.alt)}" '
+        f'width="{width}" height="{height}">{caption}</figure>'
+    )
+
+
+def _sheet_section(report):
+    size = report.options.thumb
+    out = [
+        '<section id="contact-sheet" aria-labelledby="sheet-h">',
+        '<h2 id="sheet-h">Contact sheet</h2>',
+    ]
+    if not report.rows:
+        out.append("<p>No images.</p></section>")
+        return "\n".join(out)
+    headings = {
+        "sample": f"A sample of identities (seed {report.options.seed})",
+        "smallest": "The smallest identities",
+        "largest": "The largest identities",
+    }
+    group = None
+    for row in report.rows:
+        if row.group != group:
+            group = row.group
+            out.append(f'<h3 id="sheet-{group}">{escape(headings[group])}</h3>')
+        if row.label is None:
+            heading = f"Images sampled from all {row.count:,}"
+        else:
+            name = f" ({row.name})" if row.name else ""
+            noun = "image" if row.count == 1 else "images"
+            heading = f"Identity {row.label}{name}: {row.count:,} {noun}"
+        out.append(f'<h4 class="identity">{escape(heading)}</h4><ul class="thumbs">')
+        out += [f"<li>{_figure(t, size)}</li>" for t in row.thumbs]
+        out.append("</ul>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _refusals_section(report):
+    ref = report.refusals
+    out = [
+        '<section id="refusals" aria-labelledby="refusals-h">',
+        '<h2 id="refusals-h">Refusals</h2>',
+    ]
+    if ref.note:
+        out.append(f'<p class="note">{escape(ref.note)}</p></section>')
+        return "\n".join(out)
+    out.append(
+        f"<p>{ref.total:,} images refused by the pack, from <code>{escape(ref.path)}</code>.</p>"
+    )
+    if ref.bad_lines:
+        lines = ", ".join(str(n) for n in ref.bad_lines)
+        out.append(f'<p class="note">Lines of the failures file that are not JSON: {lines}.</p>')
+    if ref.total:
+        out.append(
+            _table(
+                "refusal-reasons",
+                "Refusals by reason",
+                ["Reason", "Images"],
+                ref.reasons.most_common(),
+            )
+        )
+        shown = len(ref.rows)
+        out.append(
+            f'<table id="refusal-list"><caption>The first {shown:,} refusals</caption><tr>'
+            '<th scope="col">List line</th><th scope="col">Path</th><th scope="col">Reason</th>'
+            '<th scope="col">Image</th></tr>'
+        )
+        for line, path, reason, thumb, note in ref.rows:
+            image = _figure(thumb, report.options.thumb) if thumb else escape(note or "")
+            out.append(
+                f'<tr><td class="n">{escape(str(line))}</td><td><code>{escape(path)}</code></td>'
+                f"<td>{escape(reason)}</td><td>{image}</td></tr>"
+            )
+        out.append("</table>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _duplicates_section(report):
+    dup = report.duplicates
+    out = [
+        '<section id="duplicates" aria-labelledby="duplicates-h">',
+        '<h2 id="duplicates-h">Exact duplicates across identities</h2>',
+        f'<p id="duplicates-count" data-value="{dup.across}">{_count(dup.across, "image")} '
+        f"{'is' if dup.across == 1 else 'are'} stored byte for byte under more than one "
+        f"identity ({_count(dup.across_images, 'copy', 'copies')} in all); "
+        f"{_count(dup.within, 'more image')} {'is' if dup.within == 1 else 'are'} repeated "
+        "within one identity. Found by payload size and fingerprint, confirmed by BLAKE2b of "
+        f"{_count(dup.hashed, 'candidate image')}.</p>",
+    ]
+    if dup.groups:
+        out.append(
+            '<table id="duplicate-list"><caption>Images under several identities</caption><tr>'
+            '<th scope="col">Image</th><th scope="col">Copies</th>'
+            '<th scope="col">Identities and records</th><th scope="col">BLAKE2b</th></tr>'
+        )
+        for digest, copies, members, thumb in dup.groups:
+            listed = "<br>".join(
+                f"identity {escape(str(label))}: {escape(where)}" for label, where in members
+            )
+            if copies > len(members):
+                listed += f"<br>and {copies - len(members):,} more"
+            out.append(
+                f"<tr><td>{_figure(thumb, report.options.thumb)}</td>"
+                f'<td class="n">{copies:,}</td><td>{listed}</td><td><code>{digest}</code></td></tr>'
+            )
+        out.append("</table>")
+    out.append("</section>")
+    return "\n".join(out)
+
+
+def _count(n, noun, plural=None):
+    """Write `n noun`, the noun in the plural unless n is 1: 1 image, 2 images, 3 copies."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
+
+
+def _problems_section(report):
+    out = [
+        '<section id="problems" aria-labelledby="problems-h">',
+        '<h2 id="problems-h">Problems met while reporting</h2><ul>',
+    ]
+    out += [f"<li>{escape(p)}</li>" for p in report.problems[:LISTED]]
+    if len(report.problems) > LISTED:
+        out.append(f"<li>and {len(report.problems) - LISTED:,} more</li>")
+    if report.left_out:
+        out.append(
+            f"<li>{report.left_out:,} thumbnails left out to keep the page within "
+            f"{report.options.max_bytes:,} bytes (raise --max-bytes)</li>"
+        )
+    out.append("</ul></section>")
+    return "\n".join(out)
+
+
+# --- the contact sheet as an image ------------------------------------------------------------
+
+
+def render_sheet(report):
+    """Draw the contact sheet: a row per identity, its label and name, then its thumbnails."""
+    size, pad, text_w = report.options.thumb, 4, SHEET_TEXT_WIDTH
+    rows = report.rows
+    cols = max([len(r.thumbs) for r in rows] + [1])
+    height = max(1, len(rows)) * (size + pad) + pad
+    width = text_w + cols * (size + pad) + pad
+    sheet = np.full((height, width, 3), 255, np.uint8)
+    if not rows:
+        cv2.putText(sheet, "no images", (6, 22), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1)
+    for r, row in enumerate(rows):
+        top = pad + r * (size + pad)
+        label = "sample" if row.label is None else str(row.label)
+        lines = [f"{row.group}: {label}", _ascii(row.name or ""), f"{row.count:,} images"]
+        for k, text in enumerate(lines):
+            y = top + 18 + 18 * k
+            cv2.putText(sheet, text[:28], (6, y), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1)
+        for c, thumb in enumerate(row.thumbs):
+            x = text_w + pad + c * (size + pad)
+            if thumb.pixels is None:
+                cv2.rectangle(sheet, (x, top), (x + size - 1, top + size - 1), (0, 0, 0), 1)
+                cv2.line(sheet, (x, top), (x + size - 1, top + size - 1), (0, 0, 0), 1)
+                continue
+            h, w = thumb.pixels.shape[:2]
+            sheet[top : top + h, x : x + w] = thumb.pixels
+    return sheet
+
+
+def _ascii(text):
+    return text.encode("ascii", "replace").decode("ascii")

@@ -1,0 +1,48 @@
+"""The house: every module is described in docs/architecture.md under its folder, and no module
+imports another's private names (what is needed across modules has a public name)."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGE = REPO / "rectool"
+DOC = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
+def modules():
+    for path in sorted(PACKAGE.glob("**/*.py")):
+        if path.name not in ("__init__.py", "__main__.py"):
+            yield path.relative_to(PACKAGE).as_posix()
+
+
+def test_every_module_is_described_with_its_path():
+    described = set(re.findall(r"`([a-z_]+(?:/[a-z_]+)?\.py)`", DOC))
+    assert sorted(set(modules()) - described) == []
+
+
+def test_every_folder_has_its_section():
+    folders = sorted({p.parent.name for p in PACKAGE.glob("*/__init__.py")})
+    assert folders  # the package has folders
+    missing = [f for f in folders if f"## `{f}/`" not in DOC]
+    assert missing == []
+
+
+def test_no_module_imports_a_private_name_of_another():
+    offenders = []
+    for name in modules():
+        tree = ast.parse((PACKAGE / name).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                for alias in node.names:
+                    if alias.name.startswith("_") and not alias.name.startswith("__"):
+                        offenders.append(f"{name}:{node.lineno}: {alias.name}")
+    assert offenders == []
+
+
+def test_the_private_import_check_finds_one():
+    tree = ast.parse("from .packing import _finalize\n")
+    node = tree.body[0]
+    assert node.level == 1 and node.names[0].name.startswith("_")
