@@ -212,6 +212,7 @@ def test_damaged_files_are_refused_with_the_file_named(tmp_path):
     refused(write(tmp_path, b"", "empty.bin"), "before seeing STOP")
     refused(write(tmp_path, b"\x89PNG\r\n\x1a\n", "png.bin"), "protocol 2 to 5")
     refused(write(tmp_path, pickle.dumps((IMAGES, FLAGS), 0), "p0.bin"), "protocol 2 to 5")
+    refused(write(tmp_path, pickle.dumps((IMAGES, FLAGS), 1), "p1.bin"), "protocol 2 to 5")
     refused(tmp_path / "missing.bin", "not found")
     (tmp_path / "dir.bin").mkdir()
     refused(tmp_path / "dir.bin", "a folder")
@@ -220,3 +221,13 @@ def test_damaged_files_are_refused_with_the_file_named(tmp_path):
 def test_persistent_ids_are_refused(tmp_path):
     data = b"\x80\x02](X\x01\x00\x00\x00pQe]\x88a\x86."  # BINPERSID
     refused(write(tmp_path, data), "refused opcode BINPERSID")
+
+
+def test_the_docs_state_the_limits_the_code_has():
+    root = os.path.join(os.path.dirname(__file__), os.pardir, "docs")
+    assert evalsets.MAX_FILE_BYTES == 1 << 30  # "1 GiB" below
+    for page in ("repack.md", "architecture.md"):
+        with open(os.path.join(root, page), encoding="utf-8") as f:
+            text = " ".join(f.read().split())
+        assert "at most 1 GiB" in text, page
+        assert f"at most {evalsets.MAX_OBJECTS:,}" in text, page
