@@ -186,7 +186,10 @@ def _check_opcodes(path, data):
             elif name in _PUT:
                 if not stack or (marks and len(stack) == marks[-1]):
                     fail(pos, f"{name} with nothing to store")
-                memo[len(memo) if arg is None else arg] = stack[-1]
+                index = len(memo) if arg is None else arg
+                if index >= MAX_OBJECTS:  # the unpickler would size its memo to it
+                    fail(pos, f"{name} {index:,}: a memo index over {MAX_OBJECTS:,}")
+                memo[index] = stack[-1]
                 continue
             elif name in _GET:
                 if arg not in memo:

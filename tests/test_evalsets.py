@@ -150,6 +150,14 @@ def test_a_huge_declared_length_is_refused_without_allocating_it(tmp_path):
     refused(write(tmp_path, data), "damaged pickle")
 
 
+def test_a_huge_memo_index_is_refused(tmp_path):
+    # LONG_BINPUT 2**31 - 1: the unpickler would make room for that many memo entries.
+    data = b"\x80\x02]r" + struct.pack("<I", 2**31 - 1) + b"(U\x01aU\x01be]\x88a\x86."
+    refused(write(tmp_path, data), "LONG_BINPUT 2,147,483,647: a memo index over 1,000,000")
+    ok = data.replace(struct.pack("<I", 2**31 - 1), struct.pack("<I", 999_999))
+    assert read_eval_set(write(tmp_path, ok, "ok.bin")).images == [b"a", b"b"]
+
+
 def test_deep_nesting_is_refused(tmp_path):
     lists = b"\x80\x02" + b"]" * 100_000 + b"a" * 99_999 + b"]\x88a\x86."
     refused(write(tmp_path, lists), "not bytes or a bool")
