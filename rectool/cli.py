@@ -1619,7 +1619,8 @@ def transform_options(func):
     "--drop-overlap",
     metavar="TARGET",
     multiple=True,
-    help="Remove images byte-identical to any image of TARGET (a dataset; repeatable).",
+    help="Remove images byte-identical to any image of TARGET: a dataset, or an insightface "
+    "verification set such as lfw.bin (read without running the pickle). Repeatable.",
 )
 @transform_options
 @workers_option("Worker threads re-encoding images.")
@@ -1653,7 +1654,7 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     Example:
         rectool repack faces_emore/ out/train --order shuffle --seed 1
         rectool repack a.manifest.json b.manifest.json out/ab --labels-by name
-        rectool repack out/ab out/clean --dedupe --drop-overlap lfw/ --min-per-id 2
+        rectool repack out/ab out/clean --dedupe --drop-overlap faces_emore/lfw.bin --min-per-id 2
     """
     from .build.images import transform_from_options
     from .repack.pipeline import RepackOptions, repack

@@ -78,6 +78,7 @@ from ..reader import (
     unpack_header,
 )
 from . import selection
+from .evalsets import is_eval_set, read_eval_set
 
 LABELS_BY = ("offset", "name")
 # Records are copied this many at a time (and at most BATCH_BYTES of them).
@@ -109,7 +110,7 @@ class RepackOptions:
     shard_bytes: int | None = None
     shard_records: int | None = None
     dedupe: bool = False
-    drop_overlap: tuple = ()  # datasets whose images are removed
+    drop_overlap: tuple = ()  # datasets or verification sets (.bin) whose images are removed
     transform: Transform | None = None
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     max_failures: int = 0
@@ -186,6 +187,54 @@ def _refuse_shared_offsets(dataset, shard_of):
     if count:
         mine = shard_of == number
         refuse_shared_offsets(dataset.shards[number][1], keys[mine], offsets[mine], "repack")
+
+
+class _PackTarget:
+    """A --drop-overlap target that is a dataset: its images are compared, nothing else."""
+
+    def __init__(self, spec):
+        self.spec = os.fspath(spec)
+        try:
+            self.dataset = open_dataset(self.spec)
+        except RectoolError as exc:
+            raise RectoolError(f"--drop-overlap {self.spec}: {exc}") from None
+
+    def digests(self):
+        return _dataset_digests(self.dataset)
+
+    def image(self, i):
+        return bytes(self.dataset[i][0])
+
+    def where(self, i):
+        return f"key {int(self.dataset.keys[i])}"
+
+
+class _EvalTarget:
+    """A --drop-overlap target that is an insightface verification set (`lfw.bin`): images
+    without identities, read by `evalsets.read_eval_set` (no pickle code is run)."""
+
+    def __init__(self, spec):
+        self.spec = os.fspath(spec)
+        self.images = read_eval_set(self.spec).images
+        self.dataset = None  # no files a repack could write over: a .bin is no shard name
+
+    def digests(self):
+        out = np.zeros((len(self.images), 2), np.uint64)
+        for i, image in enumerate(self.images):
+            out[i] = _digest(image)
+        return out
+
+    def image(self, i):
+        return self.images[i]
+
+    def where(self, i):
+        return f"image {i} (pair {i // 2})"
+
+
+def _open_target(spec):
+    """Open a --drop-overlap TARGET: a verification set when it is a `.bin` file, else a
+    dataset."""
+    return _EvalTarget(spec) if is_eval_set(spec) else _PackTarget(spec)
 
 
 def _sample_shards(dataset):
@@ -448,7 +497,7 @@ def _as_pairs(digests):
 def _overlap(sources, catalog, digests, mask, target):
     """Return (catalog rows in `mask` whose image is byte-identical to one of `target`, and
     the target sample each one equals)."""
-    theirs = _dataset_digests(target.dataset)
+    theirs = target.digests()
     pairs = _as_pairs(theirs)
     order = np.argsort(pairs, kind="stable")
     ours = _as_pairs(digests)
@@ -461,7 +510,7 @@ def _overlap(sources, catalog, digests, mask, target):
     found = pairs[order][at] == ours[rows]
     rows, matches = rows[found], order[at[found]]
     same = [
-        _image(sources, catalog, r) == bytes(target.dataset[int(m)][0])
+        _image(sources, catalog, r) == target.image(int(m))
         for r, m in zip(rows.tolist(), matches.tolist())
     ]
     return rows[same], matches[same]
@@ -731,8 +780,8 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
     if not sources:
         raise UsageError("give at least one SOURCE")
     opened = [_Source(s) for s in sources]
-    targets = [_Source(t) for t in options.drop_overlap]
-    _check_not_a_source(prefix, opened + targets)
+    targets = [_open_target(t) for t in options.drop_overlap]
+    _check_not_a_source(prefix, opened + [t for t in targets if t.dataset is not None])
     catalog = build_catalog(opened, options.labels_by)
     plan = plan_repack(opened, catalog, options, targets)
     check_plan(plan, options)
@@ -874,8 +923,7 @@ class _RepackRun:
                 detail = f"byte-identical to key {first['key']} of {first['source']}, kept"
             else:
                 target = self.targets[code - 2]
-                key = int(target.dataset.keys[other])
-                detail = f"byte-identical to key {key} of {target.spec}"
+                detail = f"byte-identical to {target.where(other)} of {target.spec}"
             entry.update(stage="plan", reason=reason_of(code), detail=detail)
             yield json.dumps(entry, ensure_ascii=False) + "\n"
 
