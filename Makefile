@@ -58,9 +58,12 @@ lint: $(VENV)/.test-installed
 	$(BIN)/ruff check rectool tests
 	$(BIN)/ruff format --check rectool tests
 
-# Regenerate docs/cli.md from the real --help output (tests/test_docs.py checks it).
+# Regenerate every cogged page: docs/cli.md from the real --help output, the figures from
+# docs/benchmarks.md (tests/benchmarks/figures.py), the emitted reader's size
+# (tests/test_docs.py and tests/test_docs_figures.py check them).
+COGGED = $(shell grep -l '\[\[\[cog' README.md docs/*.md)
 docs: $(VENV)/.test-installed
-	$(BIN)/cog -r docs/cli.md
+	$(BIN)/cog -r -I tests/benchmarks $(COGGED)
 
 bench: $(VENV)/.test-installed $(ORACLE)/.installed
 	RECTOOL_ORACLE_PYTHON=$(CURDIR)/$(ORACLE)/bin/python $(BIN)/python tests/benchmarks/run_all.py

@@ -1225,7 +1225,7 @@ def reader_command(output, training_module, overwrite, as_json):
     writes a file. OpenCV is imported only to decode images. With --training,
     rectool/training.py instead: Loader and BatchDecoder (decoded batches through shared
     memory, size=, int64 labels, skip or replace bad samples), RankSampler, epoch_order(),
-    prefetch(). See docs/training.md.
+    prefetch(). The training guide in rectool's documentation shows them in use.
 
     \b
     Example:

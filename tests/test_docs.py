@@ -28,3 +28,19 @@ def test_every_command_help_has_an_example(command):
     result = CliRunner().invoke(cli, [command, "--help"], terminal_width=100)
     assert result.exit_code == 0
     assert "Example:\n      rectool " + command in result.output
+
+
+def _every_help(group=cli, path=()):
+    """(command path, --help output) for the group and every command under it."""
+    result = CliRunner().invoke(cli, [*path, "--help"], terminal_width=100)
+    assert result.exit_code == 0, result.output
+    yield path, result.output
+    for name, command in sorted(getattr(group, "commands", {}).items()):
+        yield from _every_help(command, (*path, name))
+
+
+def test_no_help_text_points_to_files_an_installed_user_lacks():
+    helps = dict(_every_help())
+    assert len(helps) > len(cli.commands)  # the group and each command were read
+    for path, text in helps.items():
+        assert "docs/" not in text and ".md" not in text, f"rectool {' '.join(path)} --help"
