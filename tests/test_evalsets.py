@@ -182,7 +182,7 @@ def test_a_file_over_the_size_limit_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(evalsets, "MAX_FILE_BYTES", len(data))
     assert read_eval_set(path).images == IMAGES
     monkeypatch.setattr(evalsets, "MAX_FILE_BYTES", len(data) - 1)
-    refused(path, f"{len(data):,} bytes, over the {len(data) - 1:,}")
+    refused(path, f"the verification set is {len(data):,} bytes, over {len(data) - 1:,}")
 
 
 @pytest.mark.parametrize(

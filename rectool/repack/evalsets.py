@@ -21,6 +21,7 @@ import pickle
 import pickletools
 from dataclasses import dataclass
 
+from ..doors.inputs import read_regular
 from ..errors import RectoolError
 
 # lfw.bin is about 60 MB; these leave room for larger sets and refuse a file that would take
@@ -81,21 +82,9 @@ def _refuse(path, why):
 
 
 def _read_bounded(path):
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_FILE_BYTES:
-                raise RectoolError(
-                    f"{path}: {size:,} bytes, over the {MAX_FILE_BYTES:,} a verification set "
-                    "may have"
-                )
-            data = f.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise RectoolError(f"{path}: verification set not found") from None
-    except IsADirectoryError:
-        raise RectoolError(f"{path}: a folder, not a verification set") from None
-    except OSError as exc:
-        raise RectoolError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if os.path.isdir(path):
+        raise RectoolError(f"{path}: a folder, not a verification set")
+    data, _ = read_regular(path, "verification set", max_bytes=MAX_FILE_BYTES)
     if len(data) > MAX_FILE_BYTES:  # grew while it was read
         raise RectoolError(f"{path}: over the {MAX_FILE_BYTES:,} bytes a verification set may have")
     return data
