@@ -1164,17 +1164,24 @@ def render_info(info, width=40):
 @cli.command("unpack")
 @click.argument("target")
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue an interrupted unpack: keep files that already hold their record's bytes.",
+)
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON on stdout.")
 @library_errors
-def unpack_command(target, out_dir, quiet, as_json):
+def unpack_command(target, out_dir, resume, quiet, as_json):
     """Write the images of TARGET back as an identity-per-folder tree under OUT_DIR.
 
     Each image becomes OUT_DIR/IDENTITY/KEY.EXT: IDENTITY is the folder name the manifest's
     label map gives the label (else the label), KEY the record's key, EXT from the image's
     signature (.bin when unknown). Bytes are written as stored, so a pass-through pack
-    unpacks to identical files. Existing files are never overwritten. When a record differs
-    from its CRC-32 in the shard's .rec.crc, nothing is written and the error names it.
+    unpacks to identical files. Each file is written whole under a hidden name, then linked to
+    its own; existing files are never overwritten (--resume keeps those that already hold
+    their record's bytes). When a record differs from its CRC-32 in the shard's .rec.crc,
+    nothing is written and the error names it.
 
     \b
     Example:
@@ -1183,17 +1190,29 @@ def unpack_command(target, out_dir, quiet, as_json):
     from .inspect.unpack import unpack_dataset
 
     update, close = progress_bar(quiet or as_json, "img")
+    update, seen = _remember_progress(update)
     try:
         result = unpack_dataset(
-            target, out_dir, progress=update and (lambda done, total: update(done, total, 0))
+            target, out_dir, progress=lambda done, total: update(done, total, 0), resume=resume
         )
+    except KeyboardInterrupt as exc:
+        close()
+        status = interrupted_status(exc)
+        word = "Terminated (SIGTERM)" if status == 143 else "Interrupted"
+        total = f" of {seen['total']:,}" if seen["total"] is not None else ""
+        raise CommandFailed(
+            f"{word} after about {seen['done']:,}{total} images: the files written under "
+            f"{out_dir} are whole.\nRun the same command with --resume to continue it.",
+            status,
+        ) from None
     finally:
         close()
     if as_json:
         emit_json(result.to_json())
     elif not quiet:
+        kept = f", {result.kept:,} of them already there" if result.kept else ""
         click.echo(
-            f"Unpacked {result.images:,} images of {result.identities:,} identities "
+            f"Unpacked {result.images:,} images{kept} of {result.identities:,} identities "
             f"({result.bytes / 1e6:,.1f} MB) into {result.out_dir}.",
             err=True,
         )

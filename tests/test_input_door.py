@@ -23,6 +23,7 @@ ALLOWED = {
     ("output.py", "read_journal"): "the commit journal: O_NOFOLLOW, regular, bounded",
     ("output.py", "__init__"): "OutputFolder's root folder descriptor (O_DIRECTORY)",
     ("output.py", "_folder"): "OutputFolder's folders, opened O_NOFOLLOW | O_DIRECTORY",
+    ("output.py", "_same_file"): "unpack --resume compares a file it would write (O_NOFOLLOW)",
     ("reader.py", "open"): "RecordFile maps the regular file `open_regular` opened",
     ("passthrough.py", "open"): "RootGuard.open, pack's image opener (one call per image, "
     "read with readv into the block): O_NOFOLLOW and the real path inside ROOT, checked by "

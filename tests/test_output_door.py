@@ -491,7 +491,9 @@ def test_unpack_never_writes_through_a_link_at_a_file_name(tree, tmp_path, pack)
     (out / "0" / "0.jpg").symlink_to(victim)
     result = invoke("unpack", pack, out)
     assert result.exit_code == 1
-    assert result.stderr == f"Error: {out / '0' / '0.jpg'}: exists; unpack into an empty folder\n"
+    assert result.stderr == (
+        f"Error: {out / '0' / '0.jpg'}: exists; unpack into an empty folder (or add --resume)\n"
+    )
     assert victim.read_bytes() == b"keep"
 
 
@@ -526,3 +528,58 @@ def test_sigterm_during_overwrite_removes_the_staging_folder(tree, tmp_path):
     )
     assert files_of(prefix.parent) == before
     assert sorted(os.listdir(prefix.parent)) == sorted(before)
+
+
+# -- unpack --resume --------------------------------------------------------------------------
+
+
+def _tree_bytes(folder):
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(Path(folder).rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_an_unpack_killed_half_way_leaves_whole_files_and_resume_finishes_it(tmp_path, pack):
+    whole = tmp_path / "whole"
+    assert invoke("unpack", pack, whole, "-q").exit_code == 0
+    out = tmp_path / "unpacked"
+    killed = rectool("unpack", pack, out, env={output.FAULT_ENV: "rename:4:kill"})
+    assert killed.returncode == -signal.SIGKILL
+    left = _tree_bytes(out)
+    finished = {n: b for n, b in left.items() if not Path(n).name.startswith(".")}
+    assert len(finished) == 3  # three linked into place, the fourth cut off before its name
+    assert all(whole_bytes == _tree_bytes(whole)[n] for n, whole_bytes in finished.items())
+    again = invoke("unpack", pack, out)
+    assert again.exit_code == 1
+    assert "exists; unpack into an empty folder (or add --resume)" in again.stderr
+    resumed = invoke("unpack", pack, out, "--resume")
+    assert resumed.exit_code == 0, resumed.output
+    assert "6 images, 3 of them already there" in resumed.stderr
+    assert _tree_bytes(out) == _tree_bytes(whole)  # the hidden partial file is gone too
+
+
+def test_unpack_resume_never_replaces_a_file_with_other_bytes(tmp_path, pack):
+    out = tmp_path / "unpacked"
+    assert invoke("unpack", pack, out, "-q").exit_code == 0
+    victim = sorted(out.rglob("*.jpg"))[2]
+    victim.write_bytes(b"someone else's")
+    result = invoke("unpack", pack, out, "--resume")
+    assert result.exit_code == 1
+    assert result.stderr == (
+        f"Error: {victim}: exists with other bytes than this record; it is never replaced "
+        "(unpack into an empty folder)\n"
+    )
+    assert victim.read_bytes() == b"someone else's"
+
+
+def test_an_interrupted_unpack_says_how_to_continue(tmp_path, pack):
+    out = tmp_path / "unpacked"
+    stopped = rectool("unpack", pack, out, env={output.FAULT_ENV: "create:3:term"})
+    assert stopped.returncode == 143
+    assert stopped.stderr.endswith(
+        f"the files written under {out} are whole.\n"
+        "Run the same command with --resume to continue it.\n"
+    )
+    assert stopped.stderr.startswith("Terminated (SIGTERM) after about ")

@@ -694,27 +694,72 @@ class OutputFolder:
         self._folders[name] = fd
         return fd
 
-    def write_new(self, folder: str, name: str, data) -> str:
-        """Write `data` to the new file FOLDER/NAME under the root; return its path."""
+    def write_new(self, folder: str, name: str, data, resume: bool = False) -> bool:
+        """Write `data` to the new file FOLDER/NAME under the root, whole or not at all;
+        return False when `resume` found it there already with these bytes (kept as it is).
+
+        The bytes go to a hidden `.NAME.partial` first, then are linked to NAME (a link never
+        replaces a file), so a file with its final name is always complete; an existing one
+        is refused, or with `resume` compared byte for byte.
+        """
         where = os.path.join(self.root, folder, name)
         if name in ("", ".", "..") or "/" in name or "\0" in name:
             raise RectoolError(f"{name!r}: not a plain file name inside {self.root}")
         dir_fd = self._folder(folder)
+        if resume and self._same_file(dir_fd, name, where, data):
+            return False
+        partial = f".{name}.partial"
         try:
             fault_point("create", where)
-            fd = os.open(
-                name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o666,
-                dir_fd=dir_fd,
-            )  # fmt: skip
-        except FileExistsError:
-            raise RectoolError(f"{where}: exists; unpack into an empty folder") from None
+            try:
+                os.unlink(partial, dir_fd=dir_fd)  # what a killed run was writing
+            except FileNotFoundError:
+                pass
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+            fd = os.open(partial, flags, 0o666, dir_fd=dir_fd)
         except OSError as exc:
             raise output_error(exc, where) from None
         try:
-            write_fd(fd, data, where)
+            try:
+                write_fd(fd, data, where)
+            finally:
+                os.close(fd)
+            fault_point("rename", where)
+            os.link(partial, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        except FileExistsError:
+            raise RectoolError(
+                f"{where}: exists; unpack into an empty folder (or add --resume)"
+            ) from None
+        except OSError as exc:
+            raise output_error(exc, where) from None
         finally:
-            os.close(fd)
-        return where
+            try:
+                os.unlink(partial, dir_fd=dir_fd)
+            except OSError:
+                pass
+        return True
+
+    def _same_file(self, dir_fd: int, name: str, where: str, data) -> bool:
+        """Return True when NAME holds exactly `data`; False when there is no NAME; raise
+        when it holds anything else (never replaced)."""
+        try:
+            fd = os.open(name, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise RectoolError(f"{where}: is a symlink; refusing to write through it") from None
+            raise output_error(exc, where, "cannot read") from None
+        with os.fdopen(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            same = stat.S_ISREG(st.st_mode) and st.st_size == len(data)
+            same = same and f.read(len(data) + 1) == bytes(data)
+        if not same:
+            raise RectoolError(
+                f"{where}: exists with other bytes than this record; it is never replaced "
+                "(unpack into an empty folder)"
+            )
+        return True
 
     def close(self) -> None:
         for fd in self._folders.values():

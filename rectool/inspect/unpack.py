@@ -65,17 +65,19 @@ class UnpackResult:
     identities: int = 0
     bytes: int = 0
     unknown_format: int = 0  # images written as .bin: no known image signature
+    kept: int = 0  # with resume: images an earlier run had written, found whole
 
     def to_json(self):
         return dict(self.__dict__)
 
 
-def unpack_dataset(target, out_dir, progress=None):
+def unpack_dataset(target, out_dir, progress=None, resume=False):
     """Write every image of the dataset at `target` under `out_dir`; return an `UnpackResult`.
 
     Only image records are written (the insightface layout's header and identity records are
     not images). A key repeated in an .idx is written once, from its last line, as readers
-    resolve it. Existing files are never overwritten. `progress(done, total)` is called as
+    resolve it. Existing files are never overwritten; with `resume`, one already holding its
+    record's bytes (what an interrupted run wrote) is kept. `progress(done, total)` is called as
     images are written.
     """
     manifest, _, shards = resolve_source(target)
@@ -101,7 +103,8 @@ def unpack_dataset(target, out_dir, progress=None):
                     folder = folders[float(label)] = _folder_name(label, names)
                 kind = sniff_format(image[:16])
                 result.unknown_format += kind is None
-                out.write_new(folder, f"{key}{EXTENSIONS[kind]}", image)
+                written = out.write_new(folder, f"{key}{EXTENSIONS[kind]}", image, resume)
+                result.kept += not written
                 result.images += 1
                 result.bytes += len(image)
                 done += 1
