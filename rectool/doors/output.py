@@ -715,8 +715,10 @@ class OutputFolder:
                 os.unlink(partial, dir_fd=dir_fd)  # what a killed run was writing
             except FileNotFoundError:
                 pass
-            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
-            fd = os.open(partial, flags, 0o666, dir_fd=dir_fd)
+            fd = os.open(
+                partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o666,
+                dir_fd=dir_fd,
+            )  # fmt: skip
         except OSError as exc:
             raise output_error(exc, where) from None
         try:
