@@ -433,6 +433,11 @@ def progress_bar(quiet, unit):
     metavar="ADDRESS",
     help="Dask scheduler address (tcp://host:8786); default: a local cluster.",
 )
+@click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="Pack an empty list as an empty dataset (by default an empty list is a usage error).",
+)
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON on stdout.")
 @library_errors
@@ -440,7 +445,7 @@ def pack_command(
     list_file, root, prefix, pack_label, check, no_check, resize, center_crop, quality, encoding,
     color, shard_size, shard_records, layout, workers, max_failures, label_map,
     allow_outside_root, resume, overwrite, only_shard, finalize, show_plan, executor, scheduler,
-    quiet, as_json,
+    allow_empty, quiet, as_json,
 ):  # fmt: skip
     """Pack the images of LIST (or - for stdin) under ROOT into OUT_PREFIX.rec/.idx shards.
 
@@ -521,7 +526,7 @@ def pack_command(
         else:
             result = pack_images(
                 list_file, root, prefix, options, resume=resume, overwrite=overwrite,
-                label_map=label_map, progress=update,
+                label_map=label_map, progress=update, allow_empty=allow_empty,
             )  # fmt: skip
     except KeyboardInterrupt as exc:
         close()

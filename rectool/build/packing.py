@@ -220,6 +220,7 @@ def pack_images(
     list_stream=None,
     only_shard=None,
     lock_token=None,
+    allow_empty=False,
 ):
     """Pack the images of a .lst under `root` into shards at `prefix`; return a `PackResult`.
 
@@ -229,7 +230,8 @@ def pack_images(
     shard plan: `shard_records` without `shard_bytes`) only shard K is packed, with its own
     failures file, and no manifest: `finalize_pack` writes it once every shard is done.
     A shard task started by a run that holds the prefix's lock (Dask's client) passes that
-    lock's `lock_token` to join it.
+    lock's `lock_token` to join it. An empty list raises `EmptyListError` (nothing is written)
+    unless `allow_empty`: a list that failed upstream must not become a "sound" empty pack.
     """
     options = options or PackOptions()
     prefix = check_prefix(prefix)
@@ -241,16 +243,16 @@ def pack_images(
     try:
         return _pack_locked(
             list_path, root, prefix, options, resume, overwrite, label_map, progress,
-            list_stream, only_shard, lock_token,
+            list_stream, only_shard, lock_token, allow_empty,
         )  # fmt: skip
-    except WrongRootError:
+    except (WrongRootError, EmptyListError):
         if made:  # nothing was written: leave nothing behind
             remove_empty_folder(out_dir)
         raise
 
 
 def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map, progress,
-                 list_stream, only_shard, lock_token=None):  # fmt: skip
+                 list_stream, only_shard, lock_token=None, allow_empty=False):  # fmt: skip
     if only_shard is not None:
         # Shard tasks of one plan run side by side (a shared lock on the prefix), never beside
         # a whole run of the prefix; each also holds its own shard.
@@ -267,7 +269,7 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
             try:
                 result = _pack_all(
                     list_path, root, staging, options, False, False, label_map, progress,
-                    list_stream,
+                    list_stream, allow_empty,
                 )  # fmt: skip
                 swap_in(staging, prefix)
             except BaseException:
@@ -280,12 +282,13 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
                 failures_path=prefix + FAILURES_SUFFIX,
             )
         return _pack_all(
-            list_path, root, prefix, options, resume, overwrite, label_map, progress, list_stream
-        )
+            list_path, root, prefix, options, resume, overwrite, label_map, progress, list_stream,
+            allow_empty,
+        )  # fmt: skip
 
 
 def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, progress,
-              list_stream):  # fmt: skip
+              list_stream, allow_empty=False):  # fmt: skip
     complete = resume and is_complete(prefix)
     if not complete:
         prepare_outputs(prefix, resume, overwrite)
@@ -302,6 +305,14 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     finally:
         if complete and list_path == prefix + STDIN_COPY_SUFFIX:
             remove(list_path)
+    if not total and not allow_empty and not complete:
+        if list_path == prefix + STDIN_COPY_SUFFIX:
+            remove(list_path)
+        shown = "standard input" if from_stdin else list_path
+        raise EmptyListError(
+            f"{shown}: the list holds no images, so nothing was packed (a list that failed on "
+            "the way here?); add --allow-empty to pack an empty dataset"
+        )
     if not resume:
         try:
             check_root(list_path, root, options.allow_outside_root)
@@ -512,6 +523,10 @@ def _concatenated(paths, size=1 << 20):
 
 # A wrong ROOT is told from a few missing files by this many list items, all missing.
 ROOT_CHECK_ITEMS = 100
+
+
+class EmptyListError(UsageError):
+    """The list holds no images and an empty pack was not asked for."""
 
 
 class WrongRootError(RectoolError):
