@@ -20,7 +20,7 @@ import click
 from . import __version__
 from .build.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, display_path, list_images
 from .doors.output import discard_stream
-from .errors import RectoolError, UsageError
+from .errors import InputError, RectoolError, UsageError
 
 # Commands import their library modules when they run: `rectool list` need not pay for OpenCV,
 # tqdm and the packing pipeline at start-up. The choices below are the library's own constants
@@ -112,6 +112,12 @@ def _output_failed(stream, exc):
     sys.exit(1)
 
 
+class UnusableInput(click.ClickException):
+    """An input that cannot be used at all (`InputError`): `Error: ...`, exit 2."""
+
+    exit_code = 2
+
+
 class CommandFailed(click.ClickException):
     """An exit with a status and a message printed as is (no `Error: ` prefix)."""
 
@@ -199,6 +205,8 @@ def library_errors(func):
             return func(*args, **kwargs)
         except UsageError as exc:
             raise click.UsageError(str(exc)) from exc
+        except InputError as exc:  # unusable input: exit 2, without click's usage text
+            raise UnusableInput(str(exc)) from exc
         except RectoolError as exc:
             raise click.ClickException(str(exc)) from exc
         except OSError as exc:
@@ -503,9 +511,9 @@ def pack_command(
         if as_json:
             emit_json(plan)
         elif not quiet:
-            click.echo(f"{len(plan['shards'])} shards of {plan['items']:,} list lines:", err=True)
+            write_stream(f"{len(plan['shards'])} shards of {plan['items']:,} list lines:")
             for number, (first, last) in enumerate(plan["shards"]):
-                click.echo(f"  shard {number}: lines {first + 1}-{last}", err=True)
+                write_stream(f"  shard {number}: lines {first + 1}-{last}")
         return
     update, close = progress_bar(quiet or as_json, "img")
     update, seen = _remember_progress(update)
@@ -963,7 +971,7 @@ def verify_command(targets, decode, size, channels, workers, max_problems, quiet
     if as_json:
         emit_json(report.to_json(), exit_code)
     elif not quiet:
-        click.echo(render_verify_report(report, max_problems), err=True)
+        write_stream(render_verify_report(report, max_problems))  # the answer: stdout
     sys.exit(exit_code)
 
 
@@ -1039,7 +1047,10 @@ def reindex_command(rec, idx, keys, overwrite, quiet, as_json):
     if as_json:
         emit_json(result.to_json(), exit_code)
     elif not quiet:
-        click.echo(render_reindex_result(result), err=True)
+        wrote, *findings = render_reindex_result(result).split("\n")
+        click.echo(wrote, err=True)  # the work done: stderr
+        if findings:
+            write_stream("\n".join(findings))  # its findings, the answer: stdout
     sys.exit(exit_code)
 
 
@@ -1111,7 +1122,7 @@ def info_command(target, sample, as_json):
     if as_json:
         emit_json(info.to_json())
     else:
-        click.echo(render_info(info), err=True)
+        write_stream(render_info(info))  # the answer: stdout
 
 
 def render_info(info, width=40):
@@ -1372,7 +1383,7 @@ def bench_command(target, samples, seconds, workers, decode, as_json):
     if as_json:
         emit_json(report.to_json())
         return
-    click.echo(render_bench_report(report), err=True)
+    write_stream(render_bench_report(report))  # the answer: stdout
 
 
 def render_bench_report(report):

@@ -6,10 +6,11 @@ emitted) and re-exported here with the rest, so callers import every error from 
 
 from __future__ import annotations
 
-from .reader import IndexFormatError, RecordFormatError, RectoolError
+from .reader import IndexFormatError, InputError, RecordFormatError, RectoolError
 
 __all__ = [
     "IndexFormatError",
+    "InputError",
     "ListingError",
     "RecordFormatError",
     "RecordTooLargeError",

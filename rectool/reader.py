@@ -90,6 +90,11 @@ class IndexFormatError(RecordFormatError):
         super().__init__(f"line {line}: {message}" if line is not None else message, path)
 
 
+class InputError(RectoolError):
+    """An input that cannot be used at all: missing, not a regular file, not a dataset, or a
+    manifest that cannot be read (the command line exits 2, as for a usage error)."""
+
+
 class SampleIndexError(RectoolError, IndexError):
     """A sample index outside the dataset (an `IndexError`, so iteration protocols stop)."""
 
@@ -105,16 +110,16 @@ def open_regular(path, what, max_bytes=None, follow=True):
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | nofollow)
     except FileNotFoundError:
-        raise RectoolError(f"{path}: {what} not found") from None
+        raise InputError(f"{path}: {what} not found") from None
     except OSError as exc:
         why = "is a symbolic link" if nofollow and exc.errno == errno.ELOOP else exc.strerror
-        raise RectoolError(f"{path}: cannot open the {what} ({why})") from None
+        raise InputError(f"{path}: cannot open the {what} ({why})") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or (max_bytes is not None and st.st_size > max_bytes):
         os.close(fd)
         if stat.S_ISREG(st.st_mode):
-            raise RectoolError(f"{path}: the {what} is {st.st_size} bytes, over {max_bytes}")
-        raise RectoolError(f"{path}: not a regular file (the {what} must be one)")
+            raise InputError(f"{path}: the {what} is {st.st_size} bytes, over {max_bytes}")
+        raise InputError(f"{path}: not a regular file (the {what} must be one)")
     return fd, st
 
 
@@ -413,7 +418,7 @@ def read_manifest(path, require=()):
     with os.fdopen(fd, "rb") as f:
         data = f.read(st.st_size + 1) if st.st_size <= MAX_MANIFEST_BYTES else b""
     if st.st_size > MAX_MANIFEST_BYTES or len(data) > MAX_MANIFEST_BYTES:
-        raise RectoolError(
+        raise InputError(
             f"{path}: {max(st.st_size, len(data)):,} bytes, larger than a manifest can be "
             f"({MAX_MANIFEST_BYTES:,} bytes)"
         )
@@ -422,16 +427,16 @@ def read_manifest(path, require=()):
     except RecursionError:  # deeper than json's own limit
         doc, deep = None, True
     except (ValueError, UnicodeDecodeError) as exc:
-        raise RectoolError(f"{path}: not a JSON manifest ({exc})") from None
+        raise InputError(f"{path}: not a JSON manifest ({exc})") from None
     if deep or _too_deep(data, MAX_MANIFEST_DEPTH):
-        raise RectoolError(
+        raise InputError(
             f"{path}: not a rectool manifest (JSON nested more than {MAX_MANIFEST_DEPTH} deep)"
         )
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
-        raise RectoolError(f'{path}: not a rectool manifest (no "format": "{MANIFEST_FORMAT}")')
+        raise InputError(f'{path}: not a rectool manifest (no "format": "{MANIFEST_FORMAT}")')
 
     def fail(field, want):
-        raise RectoolError(f"{path}: manifest field {field!r} must be {want}")
+        raise InputError(f"{path}: manifest field {field!r} must be {want}")
 
     def check_object(obj, fields, where):
         for name, spec in fields.items():
@@ -451,7 +456,7 @@ def read_manifest(path, require=()):
     if not (type(version) is int and version >= 0):
         fail("format_version", "an integer >= 0")
     if version > MANIFEST_VERSION:
-        raise RectoolError(
+        raise InputError(
             f"{path}: manifest format version {version} is newer than this reader "
             f"understands ({MANIFEST_VERSION}); upgrade rectool"
         )
@@ -483,7 +488,7 @@ def read_manifest(path, require=()):
             if not _plain_name(shard.get(name)):
                 fail(f"shards[{i}].{name}", _NAME[1])
             if shard[name] in seen:
-                raise RectoolError(f"{path}: manifest lists the shard file {shard[name]!r} twice")
+                raise InputError(f"{path}: manifest lists the shard file {shard[name]!r} twice")
             seen.add(shard[name])
         check_object(shard, _SHARD, f"shards[{i}].")
     for field in require:
@@ -491,7 +496,7 @@ def read_manifest(path, require=()):
         for part in field.split("."):
             value = value.get(part) if isinstance(value, dict) else None
         if value is None:
-            raise RectoolError(f"{path}: manifest field {field!r} is missing (or null)")
+            raise InputError(f"{path}: manifest field {field!r} is missing (or null)")
     return doc
 
 
@@ -504,13 +509,13 @@ def resolve_source(source):
     """
     if isinstance(source, (list, tuple)):
         if not source:
-            raise RectoolError("no shard paths given")
+            raise InputError("no shard paths given")
         recs = [os.fspath(p) for p in source]
         for prefix in {p for rec in recs for p in source_prefixes(rec)}:
             refuse_unfinished(prefix)
     elif os.path.isdir(source := os.fspath(source)):
         if not os.path.exists(os.path.join(source, "train.rec")):
-            raise RectoolError(
+            raise InputError(
                 f"{source}: a folder without train.rec; give a manifest, .rec or prefix"
             )
         return resolve_source(os.path.join(source, "train.rec"))
@@ -529,7 +534,7 @@ def resolve_source(source):
             if len(found[2]) == 1 and os.path.samefile(found[2][0][0], source):
                 return found
         if not os.path.exists(source):
-            raise RectoolError(f"{source}: record file not found")
+            raise InputError(f"{source}: record file not found")
         for prefix in source_prefixes(source):
             refuse_unfinished(prefix)
         recs = [source]
@@ -541,7 +546,7 @@ def resolve_source(source):
         refuse_unfinished(source)
         recs = sorted(glob.glob(glob.escape(source) + "-[0-9][0-9][0-9][0-9][0-9].rec"))
         if not recs:
-            raise RectoolError(
+            raise InputError(
                 f"{source}: no dataset here (looked for {source}{MANIFEST_SUFFIX}, {source}.rec, "
                 f"{source}-00000.rec)"
             )
@@ -576,10 +581,10 @@ def source_prefixes(source):
 
 def _checked(pairs):
     if len({os.path.realpath(rec) for rec, _ in pairs}) < len(pairs):
-        raise RectoolError(f"{pairs[0][0]}: a shard is listed twice")
+        raise InputError(f"{pairs[0][0]}: a shard is listed twice")
     for path in (p for pair in pairs for p in pair):
         if os.path.exists(path) and not os.path.isfile(path):  # a missing file: its opener says
-            raise RectoolError(f"{path}: not a regular file (shard files must be)")
+            raise InputError(f"{path}: not a regular file (shard files must be)")
     return pairs
 
 

@@ -54,7 +54,7 @@ def test_cli_table_and_json(packed):
     runner = CliRunner()
     text = runner.invoke(cli, ["bench", str(manifest), "--samples", "6", "-j", "2"])
     assert text.exit_code == 0, text.output
-    lines = text.stderr.splitlines()
+    lines = text.stdout.splitlines()  # the answer: stdout
     assert lines[0].startswith(f"{manifest}: 12 samples (images layout), opened in ")
     assert lines[1].split() == ["phase", "samples", "samples/s", "MB/s"]
     assert [line.split()[0:3] for line in lines[2:6]] == [
@@ -71,5 +71,5 @@ def test_cli_table_and_json(packed):
 
 def test_missing_dataset_is_an_error(tmp_path):
     result = CliRunner().invoke(cli, ["bench", str(tmp_path / "nothing")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # an unusable input
     assert result.stderr.startswith(f"Error: {tmp_path / 'nothing'}: no dataset here")

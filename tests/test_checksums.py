@@ -75,9 +75,9 @@ def test_a_flipped_byte_in_one_image_names_its_key_and_offset(small_pack):
     ]
     result = CliRunner().invoke(cli, ["verify", str(small_pack.manifest)])
     assert result.exit_code == 1
-    assert "; 3 checksums compared; 12 records compared with their CRC-32 (" in result.stderr
+    assert "; 3 checksums compared; 12 records compared with their CRC-32 (" in result.stdout
     assert f"record-checksum-mismatch: {small_pack.rec}, key {key}, byte offset {offset}: " in (
-        result.stderr
+        result.stdout
     )
 
 
@@ -199,7 +199,7 @@ def test_empty_index_beside_records_is_a_problem(small_pack):
     result = CliRunner().invoke(cli, ["verify", str(small_pack.rec)])
     assert result.exit_code == 1
     assert (
-        f"empty-index: {small_pack.idx}: no lines, but faces.rec holds 12 records" in result.stderr
+        f"empty-index: {small_pack.idx}: no lines, but faces.rec holds 12 records" in result.stdout
     )
 
 

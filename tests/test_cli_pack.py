@@ -116,7 +116,7 @@ def test_missing_root_and_list(tree_with_empty_image, tmp_path):
         f"Error: Invalid value for 'ROOT': Directory '{tmp_path / 'nope'}' does not exist."
     )
     result = invoke("pack", tmp_path / "none.lst", root, tmp_path / "x")
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # an unusable input
     assert result.stderr == f"Error: {tmp_path / 'none.lst'}: list file not found\n"
 
 
@@ -224,7 +224,7 @@ def test_a_piped_list_without_a_label_map_says_so(tmp_path):
     missing = run_pipe(
         "{rectool} list tree - -q | {rectool} pack - tree out/other --labels nowhere.tsv", tmp_path
     )
-    assert missing.returncode == 1
+    assert missing.returncode == 2  # an unusable input
     assert missing.stderr == "Error: nowhere.tsv: label map not found\n"
 
 

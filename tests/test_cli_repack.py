@@ -88,7 +88,7 @@ def test_unknown_identity_is_an_error_and_nothing_is_written(tmp_path):
 
 def test_missing_source_is_an_error(tmp_path):
     result = run("repack", tmp_path / "nothing", tmp_path / "out")
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # an unusable input
     assert result.output.startswith(f"Error: source {tmp_path / 'nothing'}: ")
 
 

@@ -126,7 +126,7 @@ def test_label_vectors_are_the_images_layout(tmp_path):
     assert (info["layout"], info["label_vectors"]) == ("images", True)
     assert info["label_flags"] == {"1": 12}
     assert info["identities"] == 3
-    first = invoke("info", pack.manifest).stderr.splitlines()[0]
+    first = invoke("info", pack.manifest).stdout.splitlines()[0]
     assert first.startswith(f"{pack.manifest}: layout images, label vectors, 1 shard, 12 records")
 
 
@@ -158,8 +158,8 @@ def test_cli_human_output(uneven):
     assert result.exit_code == 0, result.output
     bar = "#" * 40
     median = statistics.median(sizes)
-    assert result.stdout == ""
-    assert result.stderr.splitlines() == [
+    assert result.stderr == ""
+    assert result.stdout.splitlines() == [
         f"{prefix}: layout images, 1 shard, 12 records, 12 images, "
         f"{prefix.with_suffix('.rec').stat().st_size / 1e6:,.1f} MB",
         "Identities: 3 (of 3 classes)",
@@ -180,7 +180,7 @@ def test_cli_json_and_errors(uneven, tmp_path):
     assert result.exit_code == 0
     assert json.loads(result.stdout)["images"] == 12
     result = invoke("info", tmp_path / "nothing")
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # an unusable input
     assert result.stderr.startswith(f"Error: {tmp_path / 'nothing'}: no dataset here")
 
 
@@ -229,7 +229,7 @@ def test_mixed_sizes_are_described_as_a_distribution(mixed_sizes, monkeypatch):
     assert dims["width"] == {"min": 12, "median": 32.0, "max": 64}
     result = invoke("info", mixed_sizes)
     assert result.exit_code == 0, result.output
-    assert result.stderr.splitlines()[-4:] == [
+    assert result.stdout.splitlines()[-4:] == [
         "Dimensions (sample of 9): 5 different sizes",
         "  height: min 10, median 40, max 64",
         "  width: min 12, median 32, max 64",

@@ -268,7 +268,7 @@ def test_pack_refuses_a_fifo_as_its_list_instead_of_waiting(tmp_path, alarm):
     write_pack_tree(root, ["alice"], 1)
     os.mkfifo(tmp_path / "faces.lst")
     result = invoke("pack", tmp_path / "faces.lst", root, tmp_path / "out" / "faces", "-q")
-    assert result.exit_code == 1, result.output
+    assert result.exit_code == 2, result.output  # an unusable input
     assert "faces.lst: not a regular file (the list file must be one)" in result.output
 
 

@@ -35,7 +35,7 @@ def rectool(*args):
 
 
 # verify exits 2 when a target cannot be read at all (docs/verify.md), the others 1.
-EXIT = {"verify": 2, "info": 1, "reindex": 1, "unpack": 1}
+EXIT = {"verify": 2, "info": 2, "reindex": 2, "unpack": 2}  # an unusable input: 2
 # reindex writes the .idx without reading it, so only its .rec matters.
 CASES = [(c, w) for c in sorted(COMMANDS) for w in ("rec", "idx") if (c, w) != ("reindex", "idx")]
 

@@ -87,7 +87,7 @@ def test_cli_plan_and_usage_errors(tree_with_refusals, tmp_path):
     plan = runner.invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "f"),
                                "--shard-records", "7", "--plan"])  # fmt: skip
     assert plan.exit_code == 0
-    assert plan.stderr.splitlines() == [
+    assert plan.stdout.splitlines() == [
         "4 shards of 22 list lines:",
         "  shard 0: lines 1-7",
         "  shard 1: lines 8-14",

@@ -200,7 +200,7 @@ def test_cli_refuses_a_bin_that_is_not_a_verification_set(tmp_path):
     assert result.exit_code == 1
     assert result.output.startswith(f"Error: {bad}: not an insightface verification set: ")
     result = run("repack", src, tmp_path / "out", "--drop-overlap", tmp_path / "agedb_30.bin")
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # an unusable input
     assert result.output == f"Error: {tmp_path / 'agedb_30.bin'}: verification set not found\n"
     assert not (tmp_path / "out.rec").exists()
 
@@ -208,5 +208,5 @@ def test_cli_refuses_a_bin_that_is_not_a_verification_set(tmp_path):
 def test_a_missing_pack_target_is_named_as_a_target(tmp_path):
     src = training_pack(tmp_path)
     result = run("repack", src, tmp_path / "out", "--drop-overlap", tmp_path / "lfw")
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # an unusable input
     assert result.output.startswith(f"Error: --drop-overlap {tmp_path / 'lfw'}: ")

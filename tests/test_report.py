@@ -419,7 +419,7 @@ def test_images_that_do_not_decode_are_shown_as_such(tmp_path):
 def test_unreadable_pack_is_a_clear_error(tmp_path, make, message):
     make(tmp_path / "x")
     result = invoke("report", tmp_path / "x", "-o", tmp_path / "r.html")
-    assert result.exit_code == 1
+    assert result.exit_code in (1, 2)  # 2: no dataset at all, 1: a dataset that is damaged
     assert result.output.startswith("Error: ") and message in result.output
     assert not (tmp_path / "r.html").exists()
 

@@ -684,7 +684,7 @@ def test_cli_decode_names_the_damaged_scan(damaged_scans):
     rec, offsets = damaged_scans
     result = invoke("verify", rec, "--decode", "-j", "1")
     assert result.exit_code == 1
-    lines = result.stderr.splitlines()
+    lines = result.stdout.splitlines()
     assert lines[1] == "Found 3 problems (decode-failed 3):"
     assert lines[4] == (
         f"  decode-failed: {rec}, key 3, byte offset {offsets[3]}: corrupt JPEG data "
@@ -718,7 +718,7 @@ def test_keep_limits_the_listed_problems_not_the_count(bare):
 def test_cli_sound_exit_0(small_pack):
     result = invoke("verify", small_pack.manifest)
     assert result.exit_code == 0, result.output
-    first, second = result.stderr.splitlines()
+    first, second = result.stdout.splitlines()
     assert first.startswith(
         f"Verified {small_pack.manifest}: 12 records (12 images) in 1 shard, 0.0 MB, "
         "layout images; "
@@ -735,7 +735,7 @@ def test_cli_problems_exit_1_with_file_key_offset(bare):
     result = invoke("verify", bare.rec)
     assert result.exit_code == 1
     end = bare.lines[5][1]
-    assert result.stderr.splitlines()[1:] == [
+    assert result.stdout.splitlines()[1:] == [
         "Found 2 problems (bad-magic 1, trailing-garbage 1):",
         f"  bad-magic: {bare.rec}, key {key}, byte offset {offset}: bad magic 0xced7230b "
         f"(expected 0xced7230a); bytes {offset}..{end} ({end - offset} bytes) are unreadable",
@@ -748,7 +748,7 @@ def test_cli_max_problems(bare):
     write_idx_lines(bare.idx, bare.lines[:1])
     result = invoke("verify", bare.rec, "--max-problems", "2")
     assert result.exit_code == 1
-    lines = result.stderr.splitlines()
+    lines = result.stdout.splitlines()
     assert lines[1] == "Found 11 problems (unindexed-record 11):"
     assert len(lines) == 5
     assert lines[4] == "  ... and 9 more"

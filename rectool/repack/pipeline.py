@@ -63,7 +63,7 @@ from ..doors.output import (
     write_atomic,
     write_json_atomic,
 )
-from ..errors import RectoolError, UsageError
+from ..errors import InputError, RectoolError, UsageError
 from ..format.digest import sha256_file
 from ..format.keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
 from ..format.writer import frame_image_record, frame_record, pack_image_record
@@ -161,6 +161,8 @@ class _Source:
         self.spec = os.fspath(spec)
         try:
             self.dataset = open_dataset(self.spec)
+        except InputError as exc:  # still an unusable input, named as the source
+            raise InputError(f"source {self.spec}: {exc}") from None
         except RectoolError as exc:
             raise RectoolError(f"source {self.spec}: {exc}") from None
         self.shard_of = _sample_shards(self.dataset)
@@ -196,6 +198,8 @@ class _PackTarget:
         self.spec = os.fspath(spec)
         try:
             self.dataset = open_dataset(self.spec)
+        except InputError as exc:
+            raise InputError(f"--drop-overlap {self.spec}: {exc}") from None
         except RectoolError as exc:
             raise RectoolError(f"--drop-overlap {self.spec}: {exc}") from None
 
