@@ -248,6 +248,41 @@ def json_option(help="Print the summary as JSON on stdout."):
     return click.option("--json", "as_json", is_flag=True, help=help)
 
 
+class PixelCount(click.ParamType):
+    """A pixel count written as `50M`, `1.5G`, `250k` or a plain number (>= 1)."""
+
+    name = "pixels"
+    _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int) and not isinstance(value, bool):
+            number = value
+        else:
+            import re
+
+            match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kmg]?)\s*", str(value), re.IGNORECASE)
+            if match is None:
+                self.fail(f"{value!r} is not a pixel count (e.g. 50M, 120000000)", param, ctx)
+            digits, suffix = match.groups()
+            number = int(float(digits) * self._SUFFIXES[suffix.lower()])
+        if not 1 <= number <= 10**15:
+            self.fail(f"{value!r}: give 1 to 10**15 pixels", param, ctx)
+        return number
+
+
+def max_pixels_option(help="Refuse images whose header declares more pixels, before decoding."):
+    """--max-pixels N: the decode guard's budget (`reader.admit_image`), 50M by default."""
+    from .reader import DEFAULT_MAX_PIXELS
+
+    return click.option(
+        "--max-pixels",
+        type=PixelCount(),
+        default=f"{DEFAULT_MAX_PIXELS // 10**6}M",
+        show_default=True,
+        help=help + " E.g. 50M, 1.5G, 120000000.",
+    )
+
+
 @click.group(cls=RectoolGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rectool")
 def cli():
@@ -388,6 +423,10 @@ def progress_bar(quiet, unit):
     "(header record 0, identity ranges, property file).",
 )
 @workers_option("Worker threads reading, checking and encoding images.")
+@max_pixels_option(
+    "Refuse images whose header declares more pixels, before checking or re-encoding them "
+    "(not with --check none)."
+)
 @click.option(
     "--max-failures",
     type=Count(0),
@@ -451,7 +490,7 @@ def progress_bar(quiet, unit):
 @library_errors
 def pack_command(
     list_file, root, prefix, pack_label, check, no_check, resize, center_crop, quality, encoding,
-    color, shard_size, shard_records, layout, workers, max_failures, label_map,
+    color, shard_size, shard_records, layout, workers, max_pixels, max_failures, label_map,
     allow_outside_root, resume, overwrite, only_shard, finalize, show_plan, executor, scheduler,
     allow_empty, quiet, as_json,
 ):  # fmt: skip
@@ -492,6 +531,7 @@ def pack_command(
         workers=workers,
         max_failures=max_failures,
         allow_outside_root=allow_outside_root,
+        max_pixels=max_pixels,
     )
     by_shard = only_shard is not None or finalize or show_plan
     if executor == "dask" or by_shard:
@@ -915,6 +955,10 @@ def phase_progress(quiet):
     "--channels", type=click.IntRange(1, 4), help="With --decode: every image's channel count."
 )
 @workers_option("Threads decoding images (--decode).")
+@max_pixels_option(
+    "With --decode: images whose header declares more pixels are problems (image-too-large), "
+    "not decoded."
+)
 @click.option(
     "--max-problems",
     type=Count(0),
@@ -924,7 +968,9 @@ def phase_progress(quiet):
 )
 @quiet_option("Print nothing; only the exit status tells.")
 @json_option("Print the report as JSON on stdout.")
-def verify_command(targets, decode, size, channels, workers, max_problems, quiet, as_json):
+def verify_command(
+    targets, decode, size, channels, workers, max_pixels, max_problems, quiet, as_json
+):
     """Check that each TARGET (manifest, prefix, .rec files or train.rec folder) is sound.
 
     Checks the framing of every .rec from first byte to last (magic, lengths, continuation
@@ -947,7 +993,7 @@ def verify_command(targets, decode, size, channels, workers, max_problems, quiet
 
     if (size or channels) and not decode:
         raise click.BadParameter("needs --decode", param_hint="--size/--channels")
-    options = DecodeOptions(size, channels) if decode else None
+    options = DecodeOptions(size, channels, max_pixels) if decode else None
     update, close = phase_progress(quiet or as_json)
     try:
         report = verify_dataset(targets, decode=options, workers=workers, progress=update)
@@ -1101,9 +1147,12 @@ def render_reindex_result(result, shown=20):
     show_default=True,
     help="Images decoded, spread over the dataset, for their dimensions.",
 )
+@max_pixels_option(
+    "Sampled images whose header declares more pixels are counted as too large, not decoded."
+)
 @json_option("Print the description as JSON on stdout.")
 @library_errors
-def info_command(target, sample, as_json):
+def info_command(target, sample, max_pixels, as_json):
     """Describe TARGET (manifest, prefix, .rec or train.rec folder).
 
     Records, images, identities and images per identity (min / median / max and a small
@@ -1118,7 +1167,7 @@ def info_command(target, sample, as_json):
     """
     from .inspect.info import dataset_info
 
-    info = dataset_info(target, sample=sample)
+    info = dataset_info(target, sample=sample, max_pixels=max_pixels)
     if as_json:
         emit_json(info.to_json())
     else:
@@ -1166,6 +1215,7 @@ def render_info(info, width=40):
         lines.append(
             f"Dimensions (sample of {dims['sampled']:,}): {dims['distinct']:,} different sizes"
             + (f", {dims['undecodable']:,} undecodable" if dims["undecodable"] else "")
+            + (f", {dims['too_large']:,} over --max-pixels" if dims.get("too_large") else "")
         )
         for name in ("height", "width"):
             side = dims[name]
@@ -1359,9 +1409,10 @@ def dali_index_command(target, output, overwrite, as_json):
     show_default=True,
     help="Decoded format, as the reader's open_dataset(decode=...).",
 )
+@max_pixels_option("Refuse images whose header declares more pixels, as open_dataset does.")
 @json_option("Print the report as JSON.")
 @library_errors
-def bench_command(target, samples, seconds, workers, decode, as_json):
+def bench_command(target, samples, seconds, workers, decode, max_pixels, as_json):
     """Measure how fast TARGET reads, the way training will read it.
 
     TARGET is a manifest, a prefix, a .rec file or an insightface folder. Reports the time
@@ -1379,7 +1430,9 @@ def bench_command(target, samples, seconds, workers, decode, as_json):
         if not as_json and sys.stderr.isatty():
             click.echo(f"measuring: {name} ...", err=True)
 
-    report = bench_dataset(target, samples, seconds, workers, decode, progress=announce)
+    report = bench_dataset(
+        target, samples, seconds, workers, decode, progress=announce, max_pixels=max_pixels
+    )
     if as_json:
         emit_json(report.to_json())
         return
@@ -1466,11 +1519,14 @@ def render_bench_report(report):
 @click.option("--verify", is_flag=True, help="Verify the dataset too and show the result.")
 @click.option("--decode", is_flag=True, help="With --verify: decode every image too.")
 @overwrite_option("Replace an existing page or sheet (never a file of a pack).")
+@max_pixels_option(
+    "Images whose header declares more pixels get no thumbnail (and are not decoded)."
+)
 @json_option("Print what was written as JSON on stdout.")
 @library_errors
 def report_command(
     target, output, sheet, seed, identities, per_identity, thumb, sample, max_bytes,
-    images_root, verify, decode, overwrite, as_json,
+    images_root, verify, decode, overwrite, max_pixels, as_json,
 ):  # fmt: skip
     """Write a report of TARGET (manifest, prefix, .rec or train.rec folder) as one HTML page.
 
@@ -1502,6 +1558,7 @@ def report_command(
         verify=verify,
         decode=decode,
         images_root=None if images_root is None else os.fspath(images_root),
+        max_pixels=max_pixels,
     )
     result = write_report(target, output, sheet, settings, overwrite)
     report = result.report
@@ -1659,6 +1716,7 @@ def transform_options(func):
 )
 @transform_options
 @workers_option("Worker threads re-encoding images.")
+@max_pixels_option("Re-encoding: refuse images whose header declares more pixels, before decoding.")
 @click.option(
     "--max-failures",
     type=Count(0),
@@ -1719,6 +1777,7 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
         transform=transform_from_options(resize, center_crop, quality, encoding, color),
         workers=options["workers"],
         max_failures=options["max_failures"],
+        max_pixels=options["max_pixels"],
     )
     update, close = progress_bar(quiet or as_json, "rec")
     try:

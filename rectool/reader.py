@@ -4,7 +4,9 @@
     image, label = ds[0]                            # HWC uint8 array, float label
 
 rectool reads every record through this module, and `rectool reader` copies it verbatim into
-training code. It never writes a file. Decoding imports OpenCV on first use.
+training code. It never writes a file. Decoding imports OpenCV on first use, and reads each
+image's size from its header first: one over `max_pixels` (default 50 million) is refused,
+never decoded (`admit_image`, `ImageTooLargeError`).
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ import zlib
 from collections import namedtuple
 
 __all__ = [
-    "Header", "IndexFormatError", "RecordDataset", "RecordFile", "RecordFormatError",
-    "RectoolError", "decode_image", "insightface_header", "load_index", "open_dataset",
-    "unpack_header",
+    "Header", "ImageTooLargeError", "IndexFormatError", "RecordDataset", "RecordFile",
+    "RecordFormatError", "RectoolError", "decode_image", "insightface_header", "load_index",
+    "open_dataset", "unpack_header",
 ]  # fmt: skip
 
 
@@ -663,56 +665,239 @@ def _key_lines(keys, wanted, where):
     return lines
 
 
-_DECODERS = {}
+# --- decoding, behind one guard: the size an image's header declares is read, and refused
+# over a budget, before any decoder allocates for it (333 bytes of JPEG can ask for 65000^2).
+# The guard reads the formats rectool packs and refuses every other: a size it cannot read is
+# a size it cannot bound. A cut JPEG (no end marker after its scan) or PNG (no IEND) is refused
+# too: libjpeg would fill the missing rows with grey and return a picture that is not the image.
+
+# 50 megapixels: more than a 45-megapixel full-frame camera (8192x5464) or a 48-megapixel phone
+# (8000x6000) writes; 150 MB decoded in 8-bit colour (a progressive JPEG needs ~as much again).
+DEFAULT_MAX_PIXELS = 50_000_000
+JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # not DHT, JPG, DAC
+JPEG_STANDALONE_MARKERS = frozenset((0x01, *range(0xD0, 0xD8)))
 
 
-def decode_image(data, mode="bgr"):
-    """Decode image bytes into an HWC uint8 array ("bgr", "rgb" or "gray": H x W x 1).
+class ImageTooLargeError(RecordFormatError):
+    """An image whose header declares more pixels than the decode budget (`max_pixels`)."""
 
-    Raises `RecordFormatError` (without a location) when the bytes are empty or undecodable.
+
+def sniff_format(data):
+    """Return 'jpeg', 'png', 'bmp', 'gif', 'webp', 'tiff' or None from the first bytes."""
+    head = bytes(data[:12])
+    if head[:3] == b"\xff\xd8\xff":
+        return "jpeg"
+    for kind, signatures in _SIGNATURES:
+        if head.startswith(signatures):
+            return kind if kind != "webp" or head[8:] == b"WEBP" else None
+    return None
+
+
+_SIGNATURES = (
+    ("jpeg", b"\xff\xd8\xff"), ("png", b"\x89PNG\r\n\x1a\n"), ("bmp", b"BM"),
+    ("gif", (b"GIF87a", b"GIF89a")), ("webp", b"RIFF"), ("tiff", (b"II*\0", b"MM\0*")),
+)  # fmt: skip
+
+
+def admit_image(data, max_pixels=DEFAULT_MAX_PIXELS):
+    """Return (format, height, width) of image bytes that may be decoded, from their header.
+
+    The one rule before every decoder in rectool. A JPEG's markers are read as libjpeg reads
+    them, to its scan, which an end-of-image marker must follow; a PNG's chunks from IHDR to
+    IEND; the other formats' headers are read. Raises `RecordFormatError` (without a location)
+    for an unknown format or a cut header, and its subclass `ImageTooLargeError` when the
+    header declares more than `max_pixels` pixels.
     """
-    if not len(data):
-        raise RecordFormatError("empty image: the record holds a header and no image bytes")
-    decoder = _DECODERS.get(mode) or _DECODERS.setdefault(mode, _make_decoder(mode))
+    data = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+    kind = sniff_format(data)
+    if kind is None:
+        raise RecordFormatError("not an image (unknown file signature)" if data else "empty file")
     try:
-        image = decoder(data)
-    except Exception as exc:  # the decoder's own error types (cv2.error, OSError...)
-        raise RecordFormatError(f"the {len(data)} image bytes cannot be decoded ({exc})") from None
-    if image is None:
-        raise RecordFormatError(
-            f"the {len(data)} image bytes cannot be decoded (they start with {bytes(data[:8])!r})"
+        height, width = _HEADERS[kind](data)
+    except struct.error:
+        raise RecordFormatError(f"truncated {kind.upper()} (ends inside its header)") from None
+    if height <= 0 or width <= 0:
+        raise RecordFormatError(f"corrupt {kind.upper()} (declares {width}x{height} pixels)")
+    if height * width > max_pixels:
+        raise ImageTooLargeError(
+            f"the image declares {width}x{height} pixels ({height * width / 1e6:,.1f} "
+            f"megapixels), over the decode limit of {max_pixels:,} (raise it with "
+            "--max-pixels, or max_pixels=)"
         )
+    return kind, height, width
+
+
+def check_max_pixels(max_pixels):
+    """Return `max_pixels` when it is a pixel budget (an int >= 1); raise ValueError if not."""
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+        raise ValueError(f"max_pixels must be an int >= 1, not {max_pixels!r}")
+    return max_pixels
+
+
+def _jpeg_size(data):
+    # As libjpeg reads markers (jdmarker.c): bytes before a marker are skipped, and the first
+    # frame header sizes the image (a second one is an error).
+    n, i, size = len(data), 2, None
+    while True:
+        if i + 4 > n:
+            raise RecordFormatError("truncated JPEG (ends inside its headers)")
+        if data[i] != 0xFF:
+            i = data.find(b"\xff", i)
+            i = n if i < 0 else i
+            continue
+        step = _MARKER_STEP[data[i + 1]]  # FF fill, 00 (no marker), RSTn, TEM: no length
+        if step:
+            i += step
+            continue
+        marker, length = data[i + 1], (data[i + 2] << 8) | data[i + 3]
+        if marker == 0xDA:
+            if size is None:
+                raise RecordFormatError("corrupt JPEG (image data before any frame header)")
+            break
+        if marker in JPEG_FRAME_MARKERS and size is None:
+            size = struct.unpack_from(">HH", data, i + 5)
+        elif marker == 0xD9:
+            raise RecordFormatError("corrupt JPEG (end-of-image marker before any image data)")
+        i += 2 + length
+    # Entropy-coded data stuffs every 0xFF with 0x00, so FF D9 after the scan header can only
+    # be the end marker; bytes may follow it (camera trailers), so search from the end.
+    if data.rfind(b"\xff\xd9", i + 2 + length) < 0:
+        raise RecordFormatError("truncated JPEG (no end-of-image marker)")
+    return size
+
+
+_MARKER_STEP = bytes(1 if m == 0xFF else 2 if m in JPEG_STANDALONE_MARKERS or not m else 0
+                     for m in range(256))  # fmt: skip
+
+
+def _png_size(data):
+    # As libpng reads chunks: IHDR first, then each by its length, to IEND.
+    n, pos = len(data), 8
+    if data[12:16] != b"IHDR" or data[8:12] != b"\0\0\0\r":
+        raise RecordFormatError("corrupt PNG (no valid IHDR chunk first)")
+    while pos + 12 <= n:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        if kind == b"IEND":
+            return struct.unpack_from(">II", data, 16)[::-1]
+        pos += 12 + length
+    raise RecordFormatError("truncated PNG (no IEND chunk)")
+
+
+def _bmp_size(data):
+    if struct.unpack_from("<I", data, 14)[0] == 12:  # OS/2 1.x: 16-bit sides
+        return struct.unpack_from("<HH", data, 18)[::-1]
+    width, height = struct.unpack_from("<ii", data, 18)
+    return abs(height), width  # negative: rows stored top-down
+
+
+def _webp_size(data):
+    chunk = data[12:16]
+    if chunk == b"VP8X":  # the canvas: 24 bits a side, minus one
+        width, height = (struct.unpack_from("<I", data, at)[0] >> 8 for at in (23, 26))
+        return 1 + height, 1 + width
+    if chunk == b"VP8L":  # lossless: 14 bits a side, minus one
+        bits = struct.unpack_from("<I", data, 21)[0]
+        return 1 + (bits >> 14 & 0x3FFF), 1 + (bits & 0x3FFF)
+    if chunk == b"VP8 ":  # lossy: after the key frame's start code, 14 bits a side
+        width, height = struct.unpack_from("<HH", data, 26)
+        return height & 0x3FFF, width & 0x3FFF
+    raise RecordFormatError(f"corrupt WEBP (first chunk {bytes(chunk)!r})")
+
+
+def _tiff_size(data):
+    order = "<" if data[:1] == b"I" else ">"
+    ifd = struct.unpack_from(order + "I", data, 4)[0]  # the first page: what OpenCV decodes
+    found = {}
+    for at in range(ifd + 2, ifd + 2 + 12 * struct.unpack_from(order + "H", data, ifd)[0], 12):
+        tag, kind = struct.unpack_from(order + "HH", data, at)
+        if tag in (256, 257) and kind in (3, 4):  # image width, length: SHORT or LONG
+            found[tag] = struct.unpack_from(order + "HI"[kind - 3], data, at + 8)[0]
+    return found.get(257, 0), found.get(256, 0)
+
+
+_HEADERS = {
+    "jpeg": _jpeg_size, "png": _png_size, "bmp": _bmp_size, "webp": _webp_size, "tiff": _tiff_size,
+    "gif": lambda data: struct.unpack_from("<HH", data, 6)[::-1],  # the logical screen
+}  # fmt: skip
+
+
+def imdecode(data, flags, max_pixels=DEFAULT_MAX_PIXELS):
+    """Return `cv2.imdecode(data, flags)` of image bytes that `admit_image` admits.
+
+    The one call of OpenCV's decoder in rectool. `flags` is an `IMREAD_*` flag, or a function
+    of the admitted (format, height, width) returning one (to pick a reduced scale). Raises
+    `ImageTooLargeError` before decoding an image over `max_pixels`, `RecordFormatError`
+    (without a location) for any other refusal.
+    """
+    try:
+        header = admit_image(data, max_pixels)
+    except ImageTooLargeError:
+        raise
+    except RecordFormatError as exc:
+        why = f": {exc.reason}"
+        if sniff_format(data) is None:
+            why = f" (they start with {bytes(data[:8])!r}): not a format rectool decodes"
+            why += " (JPEG, PNG, BMP, GIF, WebP, TIFF)"
+        raise _undecodable(data, why) from None
+    cv2 = _opencv()
+    try:
+        image = cv2.imdecode(
+            np.frombuffer(data, np.uint8), flags(*header) if callable(flags) else flags
+        )
+    except cv2.error as exc:
+        raise _undecodable(data, f" (OpenCV: {str(exc).strip()[-120:]})") from None
+    if image is None or not image.size:
+        raise _undecodable(data, f" (they start with {bytes(data[:8])!r})")
     return image
 
 
-def _make_decoder(mode):
+def _undecodable(data, why):
+    return RecordFormatError(f"the {len(data)} image bytes cannot be decoded{why}")
+
+
+_cv2 = None
+
+
+def _opencv():
+    global _cv2
+    if _cv2 is None:
+        try:
+            import cv2 as _cv2
+        except ImportError:
+            raise RectoolError(
+                "decoding images needs OpenCV (pip install opencv-python-headless)"
+            ) from None
+    return _cv2
+
+
+def decode_image(data, mode="bgr", max_pixels=DEFAULT_MAX_PIXELS):
+    """Decode image bytes into an HWC uint8 array ("bgr", "rgb" or "gray": H x W x 1).
+
+    Raises `RecordFormatError` (without a location) when the bytes are empty, cut or
+    undecodable, and its `ImageTooLargeError`, before decoding, when their header declares more
+    than `max_pixels` pixels (see `admit_image`).
+    """
     if mode not in DECODE_MODES:
         raise ValueError(f"decode mode must be one of {DECODE_MODES}, not {mode!r}")
-    try:
-        import cv2
-    except ImportError:
-        raise RectoolError(
-            "decoding images needs OpenCV (pip install opencv-python-headless)"
-        ) from None
-    flag = cv2.IMREAD_GRAYSCALE if mode == "gray" else cv2.IMREAD_COLOR
-
-    def decode_cv2(data):
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
-        if image is None or mode == "bgr":
-            return image
-        return cv2.cvtColor(image, cv2.COLOR_BGR2RGB) if mode == "rgb" else image[:, :, None]
-
-    return decode_cv2
+    if not len(data):
+        raise RecordFormatError("empty image: the record holds a header and no image bytes")
+    cv2 = _opencv()
+    image = imdecode(data, cv2.IMREAD_GRAYSCALE if mode == "gray" else cv2.IMREAD_COLOR, max_pixels)
+    if mode == "bgr":
+        return image
+    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB) if mode == "rgb" else image[:, :, None]
 
 
-def open_dataset(source, decode=None, *, layout=None, cache=True):
+def open_dataset(source, decode=None, *, layout=None, cache=True, max_pixels=DEFAULT_MAX_PIXELS):
     """Open a packed dataset for training; return a `RecordDataset`.
 
     `source`: a manifest, pack prefix, .rec, list of .rec paths or insightface folder.
     `decode`: None (image bytes), "bgr", "rgb", "gray" (HWC uint8 arrays) or a function of
     the bytes. `layout` ("images" or "insightface") comes from the manifest or record 0.
+    `max_pixels`: images whose header declares more pixels are refused before decoding
+    (`ImageTooLargeError`); the training module's loaders take it from the dataset.
     """
-    return RecordDataset(source, decode=decode, layout=layout, cache=cache)
+    return RecordDataset(source, decode=decode, layout=layout, cache=cache, max_pixels=max_pixels)
 
 
 class RecordDataset:
@@ -723,9 +908,10 @@ class RecordDataset:
     without its open files, so it is ready for DataLoader workers (fork or spawn).
     """
 
-    def __init__(self, source, decode=None, layout=None, cache=True):
+    def __init__(self, source, decode=None, layout=None, cache=True, max_pixels=DEFAULT_MAX_PIXELS):
         if not (decode is None or decode in DECODE_MODES or callable(decode)):
             raise ValueError(f"decode must be None, one of {DECODE_MODES} or a function")
+        self.max_pixels = check_max_pixels(max_pixels)
         if layout is not None and layout not in DATASET_LAYOUTS:
             raise ValueError(f"layout must be one of {DATASET_LAYOUTS}, not {layout!r}")
         self.manifest, self.manifest_path, self.shards = resolve_source(source)
@@ -854,9 +1040,9 @@ class RecordDataset:
         if self.decode is None or callable(self.decode):
             return (payload if self.decode is None else self.decode(payload)), label
         try:
-            return decode_image(payload, self.decode), label
+            return decode_image(payload, self.decode, self.max_pixels), label
         except RecordFormatError as exc:
-            raise RecordFormatError(exc.reason, *self.location(i)) from None
+            raise type(exc)(exc.reason, *self.location(i)) from None
 
     @property
     def labels(self):

@@ -25,7 +25,8 @@ caller has imported it (`tensors=True`, DataLoader).
 
 The dataset is the reader's (`open_dataset`); this module reaches the reader only through it
 (`ds.raw`, `ds.location`, `ds.labels`, and the module that defines its class for
-`decode_image` and the errors), so it works beside an emitted reader of any file name.
+`decode_image`, `imdecode` and the errors: its decode guard), so it works beside an emitted
+reader of any file name.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ import mmap
 import os
 import pickle
 import queue
-import struct
 import sys
 import tempfile
 import threading
@@ -251,30 +251,6 @@ def _produce(iterable, fn, out, stop):
 # --- decoding one sample into a batch slot: full size, or scaled and cropped ------------------
 
 MODES = ("bgr", "rgb", "gray")
-_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # not DHT, JPG, DAC
-_U16 = struct.Struct(">H")
-
-
-def jpeg_size(data):
-    """Return (height, width) from a JPEG's frame header without decoding it, or None."""
-    n = len(data)
-    if n < 4 or data[0] != 0xFF or data[1] != 0xD8:
-        return None
-    pos = 2
-    while pos + 9 <= n:
-        if data[pos] != 0xFF:
-            return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-            continue
-        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # markers without a length
-            pos += 2
-            continue
-        if marker in _SOF_MARKERS:
-            return _U16.unpack_from(data, pos + 5)[0], _U16.unpack_from(data, pos + 7)[0]
-        pos += 2 + _U16.unpack_from(data, pos + 2)[0]
-    return None
 
 
 def reduction_factor(source, target):
@@ -314,16 +290,20 @@ class ShapeMismatchError(Exception):
 
 
 def _reader(ds):
-    """Return the reader module that defines the dataset: its `decode_image` and errors."""
+    """Return the reader module that defines the dataset: its decoders and errors."""
     return sys.modules[type(ds).__module__]
 
 
 class _SampleDecoder:
-    """Decodes one sample into a (H, W, C) slot of a batch; picklable for spawned workers."""
+    """Decodes one sample into a (H, W, C) slot of a batch; picklable for spawned workers.
 
-    def __init__(self, ds, mode, size):
-        self.ds, self.mode, self.size = ds, mode, size
-        self._cv2 = None
+    Every decode goes through the reader's guard (its `decode_image` and `imdecode`): an
+    image whose header declares more than `max_pixels` pixels is a bad sample, never decoded.
+    """
+
+    def __init__(self, ds, mode, size, max_pixels):
+        self.ds, self.mode, self.size, self.max_pixels = ds, mode, size, max_pixels
+        self._cv2 = self._flags = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -346,39 +326,44 @@ class _SampleDecoder:
         except _reader(self.ds).RecordFormatError as exc:
             raise _BadSample(exc) from None
 
+    def _bad(self, i, exc):
+        """Return the _BadSample of the reader's error `exc`, naming sample `i`'s location."""
+        return _BadSample(type(exc)(exc.reason, *self.ds.location(i)))
+
     def decode(self, i, payload):
         """Return sample `i` decoded at full size by the reader, as (H, W, C) uint8."""
         reader = _reader(self.ds)
         try:
-            return reader.decode_image(payload, self.mode)
+            return reader.decode_image(payload, self.mode, self.max_pixels)
         except reader.RecordFormatError as exc:
-            raise _BadSample(reader.RecordFormatError(exc.reason, *self.ds.location(i))) from None
+            raise self._bad(i, exc) from None
 
-    def _imdecode(self, i, payload, factor):
-        """Return sample `i` decoded by OpenCV at 1/`factor` scale, in BGR (or gray, 2-D)."""
-        cv2 = self.cv2()
-        flags = {
-            1: (cv2.IMREAD_COLOR, cv2.IMREAD_GRAYSCALE),
-            2: (cv2.IMREAD_REDUCED_COLOR_2, cv2.IMREAD_REDUCED_GRAYSCALE_2),
-            4: (cv2.IMREAD_REDUCED_COLOR_4, cv2.IMREAD_REDUCED_GRAYSCALE_4),
-            8: (cv2.IMREAD_REDUCED_COLOR_8, cv2.IMREAD_REDUCED_GRAYSCALE_8),
-        }[factor][self.mode == "gray"]
+    def _flag(self, factor):
+        """Return OpenCV's flag decoding at 1/`factor` scale, in BGR (or gray, 2-D)."""
+        if self._flags is None:
+            cv2, gray = self.cv2(), self.mode == "gray"
+            self._flags = {
+                1: (cv2.IMREAD_COLOR, cv2.IMREAD_GRAYSCALE)[gray],
+                2: (cv2.IMREAD_REDUCED_COLOR_2, cv2.IMREAD_REDUCED_GRAYSCALE_2)[gray],
+                4: (cv2.IMREAD_REDUCED_COLOR_4, cv2.IMREAD_REDUCED_GRAYSCALE_4)[gray],
+                8: (cv2.IMREAD_REDUCED_COLOR_8, cv2.IMREAD_REDUCED_GRAYSCALE_8)[gray],
+            }
+        return self._flags[factor]
+
+    def _imdecode(self, i, payload, flags):
+        """Return sample `i` decoded by the reader's `imdecode` (`flags`: a flag, or a function
+        of the image's format and size choosing one)."""
+        reader = _reader(self.ds)
         try:
-            image = cv2.imdecode(np.frombuffer(payload, np.uint8), flags)
-        except cv2.error:
-            image = None
-        if image is None:
-            self.decode(i, payload)  # the reader's error, naming what is wrong with the bytes
-            reader = _reader(self.ds)
-            reason = f"OpenCV cannot decode the {len(payload)} image bytes at 1/{factor} scale"
-            raise _BadSample(reader.RecordFormatError(reason, *self.ds.location(i)))
-        return image
+            return reader.imdecode(payload, flags, self.max_pixels)
+        except reader.RecordFormatError as exc:
+            raise self._bad(i, exc) from None
 
     def into(self, i, payload, out):
         """Decode sample `i` into `out` (H, W, C) uint8, resized per `size` when given."""
         if self.size is None:
             if self.mode == "rgb" and self.cv2():  # converted straight into the slot
-                image = self._imdecode(i, payload, 1)
+                image = self._imdecode(i, payload, self._flag(1))
                 self._check_shape(i, image.shape, out.shape)
                 self._cv2.cvtColor(image, self._cv2.COLOR_BGR2RGB, dst=out)
             else:
@@ -389,11 +374,16 @@ class _SampleDecoder:
         cv2 = self.cv2()
         if not cv2:
             raise _reader(self.ds).RectoolError("size= needs OpenCV (opencv-python-headless)")
-        source = jpeg_size(payload)
-        factor = 1 if source is None else reduction_factor(source, self.size)
-        image = self._imdecode(i, payload, factor)
-        if factor > 1 and (image.shape[0] < self.size[0] or image.shape[1] < self.size[1]):
-            image = self._imdecode(i, payload, 1)  # EXIF rotation turned it: decode in full
+        factor = [1]
+
+        def scaled(kind, height, width):  # the largest JPEG scale still covering the target
+            if kind == "jpeg":
+                factor[0] = reduction_factor((height, width), self.size)
+            return self._flag(factor[0])
+
+        image = self._imdecode(i, payload, scaled)
+        if factor[0] > 1 and (image.shape[0] < self.size[0] or image.shape[1] < self.size[1]):
+            image = self._imdecode(i, payload, self._flag(1))  # EXIF turned it: decode in full
         if self.mode == "rgb":
             image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
         y, x, h, w = crop_box(image.shape[:2], self.size)
@@ -503,6 +493,14 @@ def _check_options(mode, size, on_error):
         if len(size) != 2 or not all(isinstance(v, int) and v > 0 for v in size):
             raise ValueError(f"size must be (height, width) in pixels, not {size!r}")
     return size
+
+
+def _max_pixels(ds, max_pixels):
+    """Return the decode budget: `max_pixels`, else the dataset's (`open_dataset(max_pixels=)`)."""
+    reader = _reader(ds)
+    if max_pixels is None:
+        max_pixels = getattr(ds, "max_pixels", None) or reader.DEFAULT_MAX_PIXELS
+    return reader.check_max_pixels(max_pixels)
 
 
 def _default_mode(ds, mode):
@@ -736,7 +734,12 @@ class Loader:
     - **Bad samples.** `on_error="raise"` (default) raises the reader's RecordFormatError
       naming file, key and byte offset; "skip" drops the sample (that batch is shorter);
       "replace" decodes a substitute drawn from (seed, index), the same in every run. Both
-      are counted in `stats` and listed (first 1,000) in `bad_samples`.
+      are counted in `stats` and listed (first 1,000) in `bad_samples`. A sample is bad when
+      its record is damaged, its bytes do not decode or are cut (a JPEG without its end
+      marker, a PNG without IEND), or its header declares more than `max_pixels` pixels
+      (default: the dataset's, 50 million from `open_dataset`): such an image is refused
+      (`ImageTooLargeError`) before anything is allocated for it, so a worker's memory is
+      bounded by the budget.
     - **Processes.** Workers start on the first iteration and stay until `close()` (or
       `with`, or garbage collection); they exit by themselves if this process dies. Any
       start method works (`start_method`, default multiprocessing's); under spawn the dataset
@@ -761,6 +764,7 @@ class Loader:
         tensors=False,
         slots=None,
         start_method=None,
+        max_pixels=None,
     ):
         if batch_size < 1 or workers < 1:
             raise ValueError("batch_size and workers must be >= 1")
@@ -776,7 +780,7 @@ class Loader:
         if len(ds) == 0:
             raise _reader(ds).RectoolError(f"{ds!r} has no samples to load")
         self.sampler = RankSampler(len(ds), rank, world_size, shuffle, seed)
-        self._decoder = _SampleDecoder(ds, mode, self.size)
+        self._decoder = _SampleDecoder(ds, mode, self.size, _max_pixels(ds, max_pixels))
         self._labels = label_table(ds)
         self.shape = tuple(_sample_shape(self._decoder, mode, self.size, len(ds)))
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "replaced": 0}
@@ -928,8 +932,11 @@ class Loader:
 
     def _raise(self, name, message, fields, blob, text):
         reader = _reader(self._decoder.ds)
-        if fields is not None:
-            error = reader.RecordFormatError(*fields)
+        if fields is not None:  # the reader's error class, by name (ImageTooLargeError...)
+            kind = getattr(reader, name, None)
+            if not (isinstance(kind, type) and issubclass(kind, reader.RecordFormatError)):
+                kind = reader.RecordFormatError
+            error = kind(*fields)
         elif name == "ShapeMismatchError":
             error = reader.RectoolError(message)
         else:
@@ -1021,7 +1028,7 @@ class BatchDecoder:
         loader = DataLoader(batches, batch_size=None, sampler=sampler, num_workers=8)
 
     Images are uint8 (n, H, W, C), labels as in `Loader` (`label_table`), with `size`,
-    `mode` and `on_error` as in `Loader` (replacements drawn from `seed`).
+    `mode`, `on_error` and `max_pixels` as in `Loader` (replacements drawn from `seed`).
 
     Inside a DataLoader worker, each worker decodes into a ring of `slots` batch slots in
     shared memory that it reuses, and only the slot's name travels to the training loop,
@@ -1035,11 +1042,13 @@ class BatchDecoder:
     DataLoader worker's counts stay in that worker).
     """
 
-    def __init__(self, ds, *, size=None, mode=None, on_error="raise", seed=0, slots=8):
+    def __init__(
+        self, ds, *, size=None, mode=None, on_error="raise", seed=0, slots=8, max_pixels=None
+    ):
         mode = _default_mode(ds, mode)
         self.size = _check_options(mode, size, on_error)
         self.mode, self.on_error, self.seed, self.slots = mode, on_error, seed, slots
-        self._decoder = _SampleDecoder(ds, mode, self.size)
+        self._decoder = _SampleDecoder(ds, mode, self.size, _max_pixels(ds, max_pixels))
         self._labels = label_table(ds)
         self.shape = tuple(_sample_shape(self._decoder, mode, self.size, len(ds)))
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "replaced": 0}

@@ -57,7 +57,8 @@ def test_training_module(tmp_path):
 
 
 def test_the_emitted_reader_is_small_and_declares_its_api():
-    assert len((HEADER + SOURCE).splitlines()) <= 1000  # the aim is 500: see docs/architecture.md
+    # The aim is 500 (see docs/architecture.md); the decode guard (~190 lines) must stand alone.
+    assert len((HEADER + SOURCE).splitlines()) <= 1200
     assert len(reader.__all__) <= 12
     assert all(hasattr(reader, name) for name in reader.__all__)
 
@@ -170,6 +171,7 @@ def test_the_emitted_reader_passes_the_reader_suite_standalone(tmp_path):
             str(TESTS / "test_dataset_processes.py"),
             str(TESTS / "test_torch.py"),
             str(TESTS / "test_training.py"),
+            str(TESTS / "test_decode_guard_reader.py"),
         ],
         cwd=workdir,
         env=env,

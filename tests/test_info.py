@@ -29,6 +29,7 @@ def one_size(sampled):
         "height": {"min": 40, "median": 40.0, "max": 40},
         "width": {"min": 32, "median": 32.0, "max": 32},
         "undecodable": 0,
+        "too_large": 0,
     }
 
 
@@ -109,6 +110,7 @@ def test_sample_size(uneven):
         "height": None,
         "width": None,
         "undecodable": 0,
+        "too_large": 0,
     }
 
 

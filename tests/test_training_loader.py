@@ -14,7 +14,7 @@ import cv2
 import numpy as np
 import pytest
 from helpers.handmade_datasets import write_pack
-from helpers.image_files import encode, image_array, jpeg_bytes
+from helpers.image_files import jpeg_bytes
 
 from rectool.reader import RecordFormatError, RectoolError, open_dataset
 from rectool.training import (
@@ -22,7 +22,6 @@ from rectool.training import (
     Loader,
     RankSampler,
     crop_box,
-    jpeg_size,
     reduction_factor,
 )
 
@@ -294,12 +293,6 @@ def test_options_are_checked(loader_shards):
         Loader(ds, 4, on_error="ignore")
     with pytest.raises(ValueError, match="mode"):
         BatchDecoder(ds, mode="yuv")
-
-
-def test_jpeg_size_reads_the_frame_header():
-    assert jpeg_size(jpeg_bytes(1, 40, 32)) == (40, 32)
-    assert jpeg_size(encode(image_array(1, 8, 8), ".png")) is None
-    assert jpeg_size(b"\xff\xd8\xff") is None
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,10 @@
 """Check, decode, transform and encode one image, with im2rec's semantics for every option.
 
 Everything here works on bytes in memory, so non-ASCII paths never reach OpenCV, and raises
-`ImageRefused` with a short reason when an image must not be packed.
+`ImageRefused` with a short reason when an image must not be packed. Every decode goes
+through the reader's guard first (`reader.admit_image`: the header's dimensions against
+`max_pixels`, before anything is allocated): OpenCV through `reader.imdecode`, simplejpeg
+through `_simplejpeg_decode` here.
 """
 
 from __future__ import annotations
@@ -10,9 +13,16 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..errors import RectoolError, UsageError
+from ..errors import RecordFormatError, RectoolError, UsageError
+from ..reader import (  # the format constants and sniff_format: re-exported for pack's modules
+    DEFAULT_MAX_PIXELS,
+    JPEG_FRAME_MARKERS,  # noqa: F401
+    JPEG_STANDALONE_MARKERS,  # noqa: F401
+    ImageTooLargeError,
+    admit_image,
+    imdecode,
+    sniff_format,  # noqa: F401
+)
 
 
 class _LazyOpenCV:
@@ -59,6 +69,22 @@ class ImageRefused(RectoolError):
         super().__init__(reason)
 
 
+class ImageTooLarge(ImageRefused):
+    """An image whose header declares more pixels than `max_pixels`: refused before decoding
+    (what the reader raises as `ImageTooLargeError`)."""
+
+
+def admit(data, max_pixels=DEFAULT_MAX_PIXELS):
+    """Return (format, height, width) of bytes the decode guard admits (`reader.admit_image`);
+    raise `ImageRefused`, or `ImageTooLarge` over `max_pixels`."""
+    try:
+        return admit_image(data, max_pixels)
+    except ImageTooLargeError as exc:
+        raise ImageTooLarge(exc.reason) from None
+    except RecordFormatError as exc:
+        raise ImageRefused(exc.reason) from None
+
+
 @dataclass(frozen=True)
 class Transform:
     """Re-encoding options, as im2rec names them; `None` everywhere means pass-through."""
@@ -103,101 +129,62 @@ def transform_from_options(resize=None, center_crop=False, quality=None, encodin
     return Transform(resize or 0, bool(center_crop), quality, encoding, color)
 
 
-def sniff_format(data):
-    """Return 'jpeg', 'png', 'bmp', 'gif', 'webp', 'tiff' or None from the first bytes."""
-    if data[:3] == b"\xff\xd8\xff":
-        return "jpeg"
-    if data[:8] == b"\x89PNG\r\n\x1a\n":
-        return "png"
-    if data[:2] == b"BM":
-        return "bmp"
-    if data[:6] in (b"GIF87a", b"GIF89a"):
-        return "gif"
-    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
-        return "webp"
-    if data[:4] in (b"II*\0", b"MM\0*"):
-        return "tiff"
-    return None
-
-
-def jpeg_size(data):
-    """Return (height, width) from a JPEG's SOF marker, or None when it cannot be found."""
-    i, n = 2, len(data)
-    while i + 4 <= n:
-        if data[i] != 0xFF:
-            return None
-        marker = data[i + 1]
-        if marker == 0xFF:
-            i += 1
-            continue
-        if 0xD0 <= marker <= 0xD9 or marker == 0x01:
-            i += 2
-            continue
-        (length,) = struct.unpack_from(">H", data, i + 2)
-        if marker in (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF):
-            if i + 9 > n:
-                return None
-            height, width = struct.unpack_from(">HH", data, i + 5)
-            return height, width
-        i += 2 + length
-    return None
-
-
-def _decode(data, flag):
+def _decode(data, flag, max_pixels):
+    """Decode with OpenCV through the reader's guard (`reader.imdecode`)."""
     try:
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
-    except cv2.error as exc:
-        raise ImageRefused(f"cannot decode ({str(exc).strip().splitlines()[-1][:120]})") from None
-    if image is None or image.size == 0:
-        raise ImageRefused("cannot decode: not an image OpenCV reads, or corrupt/truncated")
-    return image
+        return imdecode(data, flag, max_pixels)
+    except ImageTooLargeError as exc:
+        raise ImageTooLarge(exc.reason) from None
+    except RecordFormatError:
+        raise ImageRefused(
+            "cannot decode: not an image OpenCV reads, or corrupt/truncated"
+        ) from None
 
 
 CHECK_MODES = ("structure", "decode", "none")
-JPEG_FRAME_MARKERS = frozenset(
-    (0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF)
-)
-JPEG_STANDALONE_MARKERS = frozenset((0x01, *range(0xD0, 0xD8)))
 
 
-def check_image(data, mode="structure"):
-    """Refuse bytes that are empty, not an image, truncated or corrupt; return the format name.
+def check_image(data, mode="structure", max_pixels=DEFAULT_MAX_PIXELS):
+    """Refuse bytes that are empty, not an image, truncated, corrupt or over `max_pixels`;
+    return the format name.
 
     `structure` walks the container (JPEG markers up to the scan and an end-of-image marker
-    after it; every PNG chunk with its CRC) at a few microseconds an image; other formats, and
-    every image in `decode` mode, are decoded. A JPEG is decoded by libjpeg-turbo at 1/8 scale
-    in `decode` mode, which still runs the entropy decoder over every scan, and refused when
-    libjpeg-turbo warns that its data is corrupt (OpenCV would return a damaged picture).
+    after it; every PNG chunk with its CRC) at a few microseconds an image, and reads the
+    dimensions of every format from its header (`admit`); other formats, and every image in
+    `decode` mode, are decoded. A JPEG is decoded by libjpeg-turbo at 1/8 scale in `decode`
+    mode, which still runs the entropy decoder over every scan, and refused when libjpeg-turbo
+    warns that its data is corrupt (OpenCV would return a damaged picture).
     """
-    kind = check_container(data)
+    kind, _, _ = check_container(data, max_pixels)
     if kind == "jpeg":
-        if mode == "decode" and not check_jpeg_data(data):
-            _decode(data, getattr(cv2, _CHECK_FLAG))
+        if mode == "decode" and not check_jpeg_data(data, max_pixels):
+            _decode(data, getattr(cv2, _CHECK_FLAG), max_pixels)
     elif kind == "png":
         if mode == "decode":
-            _decode(data, cv2.IMREAD_UNCHANGED)
+            _decode(data, cv2.IMREAD_UNCHANGED, max_pixels)
     else:
-        _decode(data, cv2.IMREAD_UNCHANGED)
+        _decode(data, cv2.IMREAD_UNCHANGED, max_pixels)
     return kind
 
 
-def inspect_image(data):
-    """Refuse what `check_image(data, "decode")` refuses; return (height, width, channels).
+def inspect_image(data, max_pixels=DEFAULT_MAX_PIXELS):
+    """Refuse what `check_image(data, "decode", max_pixels)` refuses; return (height, width,
+    channels).
 
     The shape is what `cv2.imdecode(..., IMREAD_UNCHANGED)` returns; a JPEG that libjpeg-turbo
     checks is not decoded a second time for it.
     """
-    kind = check_container(data)
+    kind, _, _ = check_container(data, max_pixels)
     if kind == "jpeg":
-        header = check_jpeg_data(data)
+        header = check_jpeg_data(data, max_pixels)
         if header:
             height, width, colorspace, _ = header
             return height, width, 1 if colorspace == "Gray" else 3
-    image = _decode(data, cv2.IMREAD_UNCHANGED)
+    image = _decode(data, cv2.IMREAD_UNCHANGED, max_pixels)
     return image.shape[0], image.shape[1], 1 if image.ndim == 2 else image.shape[2]
 
 
-def check_jpeg_data(data):
+def check_jpeg_data(data, max_pixels=DEFAULT_MAX_PIXELS):
     """Run libjpeg-turbo's entropy decoder over a JPEG's scans at 1/8 scale, refusing what it
     reports as corrupt data; return its header (height, width, colourspace, subsampling), or
     None when it cannot judge the file and OpenCV should decode it instead.
@@ -208,19 +195,38 @@ def check_jpeg_data(data):
     transform, odd scan parameters) say nothing about the pixels, and errors simplejpeg has but
     OpenCV may not (an unsupported colour conversion) are left to OpenCV.
     """
+    # libjpeg converts CMYK and YCCK to CMYK only; every other colourspace to gray.
+    decoded = _simplejpeg_decode(data, ("CMYK", "GRAY"), 8, max_pixels)
+    return None if decoded is None else decoded[0]
+
+
+def _simplejpeg_decode(data, spaces, factor, max_pixels):
+    """Decode a JPEG with simplejpeg's strict mode at 1/`factor` scale, after the guard
+    (`admit`); return (header, image), or None when simplejpeg cannot judge the file.
+
+    `spaces` is (colourspace for CMYK and YCCK files, colourspace for every other). Refuses
+    the JPEG when libjpeg-turbo reports its data corrupt. The one call of simplejpeg's decoder.
+    """
     import simplejpeg
 
+    admit(data, max_pixels)
     try:
         header = simplejpeg.decode_jpeg_header(data, strict=True)
-        # libjpeg converts CMYK and YCCK to CMYK only; every other colourspace to gray.
-        space = "CMYK" if header[2] in ("CMYK", "YCCK") else "GRAY"
-        simplejpeg.decode_jpeg(data, space, min_height=1, min_width=1, min_factor=8, strict=True)
+        height, width, colorspace, _ = header
+        image = simplejpeg.decode_jpeg(
+            data,
+            spaces[0] if colorspace in ("CMYK", "YCCK") else spaces[1],
+            min_height=-(-height // factor),
+            min_width=-(-width // factor),
+            min_factor=factor,
+            strict=True,
+        )
     except ValueError as exc:
         message = str(exc).strip()
         if message.startswith(_CORRUPT_JPEG_WARNINGS):
             raise ImageRefused(f"corrupt JPEG data (libjpeg-turbo: {message[:120]})") from None
         return None
-    return header
+    return header, image
 
 
 # libjpeg-turbo's warnings (jerror.h) that mean the entropy-coded data is damaged: bad Huffman
@@ -233,8 +239,13 @@ _CORRUPT_JPEG_WARNINGS = (
 )
 
 
-def check_container(data):
-    """Refuse empty, unknown, truncated or structurally corrupt JPEG/PNG bytes; return the kind."""
+def check_container(data, max_pixels=DEFAULT_MAX_PIXELS):
+    """Refuse empty, unknown, truncated or structurally corrupt bytes, or bytes whose header
+    declares more than `max_pixels` pixels; return (kind, height, width).
+
+    Stricter than the decode guard (`admit`, which also runs), which refuses only what libjpeg
+    and libpng would fail on or fill in: no byte between JPEG segments, every PNG CRC.
+    """
     if not data:
         raise ImageRefused("empty file")
     kind = sniff_format(data)
@@ -244,7 +255,7 @@ def check_container(data):
         _check_jpeg_structure(data)
     elif kind == "png":
         _check_png_structure(data)
-    return kind
+    return admit(data, max_pixels)
 
 
 def _check_jpeg_structure(data):
@@ -309,12 +320,10 @@ def _check_png_structure(data):
     raise ImageRefused("truncated PNG (no IEND chunk)")
 
 
-def _reduction(data, transform):
-    """Return the largest of 2/4/8 by which a JPEG can be decoded and still cover the target."""
-    if not transform.resize or transform.color == -1 or sniff_format(data) != "jpeg":
-        return 1
-    size = jpeg_size(data)
-    if size is None:
+def _reduction(size, transform):
+    """Return the largest of 2/4/8 by which a JPEG of `size` (height, width) can be decoded
+    and still cover the target."""
+    if not transform.resize or transform.color == -1:
         return 1
     shorter = min(size)
     for factor in (8, 4, 2):
@@ -324,48 +333,37 @@ def _reduction(data, transform):
     return 1
 
 
-def decode_image(data, transform):
+def decode_image(data, transform, max_pixels=DEFAULT_MAX_PIXELS):
     """Decode with the colour mode of `transform`, at reduced scale when a resize allows it.
 
-    A JPEG is refused when libjpeg-turbo reports its data corrupt (`check_jpeg_data`), so a
+    Refuses what `check_container` refuses (an image over `max_pixels` before decoding it). A
+    JPEG is refused when libjpeg-turbo reports its data corrupt (`check_jpeg_data`), so a
     damaged image is never re-encoded into a sound-looking one.
     """
-    kind = check_container(data)
-    factor = _reduction(data, transform)
+    kind, height, width = check_container(data, max_pixels)
+    factor = _reduction((height, width), transform) if kind == "jpeg" else 1
     if kind == "jpeg" and transform.color != -1:
         if _has_exif(data):
-            check_jpeg_data(data)  # then OpenCV decodes: it applies the EXIF orientation
+            check_jpeg_data(data, max_pixels)  # then OpenCV decodes: it applies EXIF rotation
         else:
-            image = _decode_jpeg_checked(data, transform.color, factor)
+            image = _decode_jpeg_checked(data, transform.color, factor, max_pixels)
             if image is not None:
                 return image
     if factor > 1:
         table = _REDUCED_COLOR if transform.color == 1 else _REDUCED_GRAY
-        return _decode(data, getattr(cv2, table[factor]))
-    return _decode(data, getattr(cv2, _COLOR_FLAGS[transform.color]))
+        return _decode(data, getattr(cv2, table[factor]), max_pixels)
+    return _decode(data, getattr(cv2, _COLOR_FLAGS[transform.color]), max_pixels)
 
 
-def _decode_jpeg_checked(data, color, factor):
+def _decode_jpeg_checked(data, color, factor, max_pixels):
     """Decode a JPEG as OpenCV's `IMREAD_(REDUCED_)COLOR/GRAYSCALE` would, pixel for pixel (both
     are libjpeg-turbo with its default IDCT and upsampling), refusing corrupt data; None when
     simplejpeg cannot judge the file (OpenCV decodes it then)."""
-    import simplejpeg
-
-    try:
-        height, width, _, _ = simplejpeg.decode_jpeg_header(data, strict=True)
-        image = simplejpeg.decode_jpeg(
-            data,
-            "BGR" if color == 1 else "GRAY",
-            min_height=-(-height // factor),
-            min_width=-(-width // factor),
-            min_factor=factor,
-            strict=True,
-        )
-    except ValueError as exc:
-        message = str(exc).strip()
-        if message.startswith(_CORRUPT_JPEG_WARNINGS):
-            raise ImageRefused(f"corrupt JPEG data (libjpeg-turbo: {message[:120]})") from None
+    space = "BGR" if color == 1 else "GRAY"
+    decoded = _simplejpeg_decode(data, (space, space), factor, max_pixels)
+    if decoded is None:
         return None
+    image = decoded[1]
     return image if color == 1 else image[:, :, 0]
 
 
@@ -415,6 +413,8 @@ def encode_image(image, transform):
     return buf.tobytes()
 
 
-def reencode_image(data, transform):
-    """Return `data` decoded, transformed and encoded again according to `transform`."""
-    return encode_image(apply_transform(decode_image(data, transform), transform), transform)
+def reencode_image(data, transform, max_pixels=DEFAULT_MAX_PIXELS):
+    """Return `data` decoded, transformed and encoded again according to `transform` (an image
+    over `max_pixels` refused before decoding)."""
+    image = decode_image(data, transform, max_pixels)
+    return encode_image(apply_transform(image, transform), transform)

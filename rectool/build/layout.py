@@ -17,11 +17,10 @@ from __future__ import annotations
 import os
 
 from ..errors import RectoolError, UsageError
-from .images import ImageRefused, Transform, decode_image
 from ..format.keys import FLOAT32_EXACT
 from .listfile import ListFormatError
 from ..doors.output import write_atomic
-from ..reader import unpack_header
+from ..reader import RecordFormatError, admit_image, unpack_header
 from ..format.writer import frame_record, pack_image_record
 
 # The flag of identity and header records: their two float32 labels.
@@ -142,9 +141,10 @@ def layout_named(name):
 
 
 def image_size(data):
-    """Return the (height, width) of an encoded image, or None when it does not decode."""
+    """Return the (height, width) of an encoded image from its header (as decoded unchanged,
+    EXIF orientation ignored), or None when the decode guard refuses it."""
     try:
-        image = decode_image(data, Transform(color=-1))
-    except ImageRefused:
+        _, height, width = admit_image(data, float("inf"))
+    except RecordFormatError:
         return None
-    return int(image.shape[0]), int(image.shape[1])
+    return height, width

@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import RectoolError, UsageError
 from .images import (
     CHECK_MODES,
+    DEFAULT_MAX_PIXELS,
     ImageRefused,
     Transform,
     check_image,
@@ -132,12 +133,19 @@ class PackOptions:
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     max_failures: int = 0
     allow_outside_root: bool = False  # pack list paths that leave ROOT (absolute, `..`)
+    # Images whose header declares more pixels are refused before decoding (--check none: kept).
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def byte_options(self):
-        """Return the options that determine the output bytes (compared on --resume)."""
+        """Return the options that determine the output bytes (compared on --resume).
+
+        Not `max_pixels`: a safety limit like `max_failures`; what it refuses is listed in the
+        failures file.
+        """
         doc = asdict(self)
         doc.pop("workers")
         doc.pop("max_failures")
+        doc.pop("max_pixels")
         return doc
 
 
@@ -907,6 +915,7 @@ class _PackRun:
             self.options.pack_label,
             wait=self.writer.wait_written,
             allow_outside_root=self.options.allow_outside_root,
+            max_pixels=self.options.max_pixels,
         )
         timer = _ReadTimer()
         while True:
@@ -1026,11 +1035,11 @@ class _ImageWorker:
             return ImageRefused(f"cannot read ({exc.strerror or exc})")
         try:
             if self.options.transform is not None:
-                return reencode_image(data, self.options.transform)
+                return reencode_image(data, self.options.transform, self.options.max_pixels)
             if not data:
                 raise ImageRefused("empty file")
             if self.options.check != "none":
-                check_image(data, self.options.check)
+                check_image(data, self.options.check, self.options.max_pixels)
         except ImageRefused as refusal:
             return refusal
         return data

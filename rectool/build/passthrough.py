@@ -26,7 +26,13 @@ import struct
 import numpy as np
 
 from ..errors import RecordTooLargeError
-from .images import JPEG_FRAME_MARKERS, JPEG_STANDALONE_MARKERS, ImageRefused, check_image
+from .images import (
+    DEFAULT_MAX_PIXELS,
+    JPEG_FRAME_MARKERS,
+    JPEG_STANDALONE_MARKERS,
+    ImageRefused,
+    check_image,
+)
 from ..reader import IMAGE_HEADER, LENGTH_MASK, MAGIC, MAX_RECORD_BYTES, PART_HEADER
 from ..format.writer import frame_image_record, frame_record
 
@@ -134,16 +140,19 @@ class PassThroughPacker:
         block_bytes=None,
         wait=None,
         allow_outside_root=False,
+        max_pixels=DEFAULT_MAX_PIXELS,
     ):
         """`wait(block.written)`, when given, is called before a block's buffer is reused.
 
         Paths that leave `root` (absolute, or with `..` climbing out) are refused as
-        `OUTSIDE_ROOT` unless `allow_outside_root`.
+        `OUTSIDE_ROOT` unless `allow_outside_root`; images whose header declares more than
+        `max_pixels` pixels as `check_image` refuses them (unless `check` is "none").
         """
         self._prefix = os.path.join(root, "")
         self._allow_outside_root = allow_outside_root
         self._guard = RootGuard(root, allow_outside_root)
         self._check = check
+        self._max_pixels = max_pixels
         self._pack_label = pack_label
         self._size = (block_bytes or BLOCK_BYTES) & ~3  # whole words, for the magic search
         self._wait = wait
@@ -284,7 +293,7 @@ class PassThroughPacker:
             )
         try:
             if self._check != "none":
-                check_image(data, self._check)
+                check_image(data, self._check, self._max_pixels)
         except ImageRefused as refusal:
             block.refused[j] = refusal.reason
             return
@@ -312,12 +321,12 @@ class PassThroughPacker:
         if self._pack_label:
             heads += 4 * np.array([len(block.items[j].labels) for j in jobs], np.int64)
         ends = starts + 8 + lengths.astype(np.int64)
-        passed = _walk_jpegs(u8, heads, ends)
+        passed = _walk_jpegs(u8, heads, ends, self._max_pixels)
         view = memoryview(block.buffer)
         for k in np.flatnonzero(~passed).tolist():
             j = jobs[k]
             try:
-                check_image(bytes(view[heads[k] : ends[k]]), self._check)
+                check_image(bytes(view[heads[k] : ends[k]]), self._check, self._max_pixels)
             except ImageRefused as refusal:
                 block.refused[j] = refusal.reason
 
@@ -338,12 +347,13 @@ class PassThroughPacker:
             block.framed[j] = frame_record(bytes(view[begin:end]))
 
 
-def _walk_jpegs(u8, heads, ends):
+def _walk_jpegs(u8, heads, ends, max_pixels=DEFAULT_MAX_PIXELS):
     """Return, per image `u8[heads[k]:ends[k]]`, whether it is a JPEG that passes the structure
     check without a doubt; False means: check it one by one.
 
     The same walk as `images._check_jpeg_structure`, over every image at once: segment by
-    segment up to the start of scan, then the end-of-image marker as the file's last bytes.
+    segment up to the start of scan, then the end-of-image marker as the file's last bytes;
+    a frame header declaring more than `max_pixels` pixels sends the image to `check_image`.
     """
     count = len(heads)
     passed = np.zeros(count, bool)
@@ -372,6 +382,8 @@ def _walk_jpegs(u8, heads, ends):
             # precision, height (2), width (2), components: the word from height's low byte.
             tail = words[at + 6]
             sound = (pos + 10 <= limit) & ((tail >> 8) & 0xFFFF != 0) & (tail & 0xFF != 0)
+            sides = words[at + 5]  # height (2), width (2)
+            sound &= (sides >> 16).astype(np.int64) * (sides & 0xFFFF) <= min(max_pixels, 1 << 32)
             ok &= ~is_frame | sound
             frame |= is_frame & ok
         scan = marker == 0xDA

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..reader import open_dataset
+from ..reader import DEFAULT_MAX_PIXELS, open_dataset
 
 
 @dataclass
@@ -79,9 +79,9 @@ def _timed_reads(ds, order, deadline):
 _DATASET = None
 
 
-def _init_worker(source, decode):
+def _init_worker(source, decode, max_pixels):
     global _DATASET
-    _DATASET = open_dataset(source, decode=decode)
+    _DATASET = open_dataset(source, decode=decode, max_pixels=max_pixels)
 
 
 def _decode_slice(args):
@@ -90,13 +90,15 @@ def _decode_slice(args):
 
 
 def bench_dataset(
-    source, samples=5000, seconds=10.0, workers=None, decode="rgb", seed=0, progress=None
-):
+    source, samples=5000, seconds=10.0, workers=None, decode="rgb", seed=0, progress=None,
+    max_pixels=DEFAULT_MAX_PIXELS,
+):  # fmt: skip
     """Measure the read speed of a dataset; return a `BenchReport`.
 
     Each phase reads at most `samples` samples and stops after about `seconds`. `workers`
     processes (default: all cores) decode in parallel in the last phase, as DataLoader
-    workers would. `progress(phase_name)` is called before each phase.
+    workers would. `progress(phase_name)` is called before each phase. Images are decoded as
+    `open_dataset(decode=decode, max_pixels=max_pixels)` decodes them.
     """
     workers = workers or os.cpu_count() or 1
     start = time.perf_counter()
@@ -118,7 +120,7 @@ def bench_dataset(
     with ds:
         phase("raw, file order", range(n), ds)
         phase("raw, random order", rng.permutation(len(ds))[:n], ds)
-    with open_dataset(source, decode=decode) as decoded:
+    with open_dataset(source, decode=decode, max_pixels=max_pixels) as decoded:
         phase(f"decoded {decode}, 1 process", rng.permutation(len(ds))[:n], decoded)
     if workers > 1 and n:
         if progress is not None:
@@ -128,7 +130,9 @@ def bench_dataset(
         context = multiprocessing.get_context(
             "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         )
-        with context.Pool(workers, initializer=_init_worker, initargs=(source, decode)) as pool:
+        with context.Pool(
+            workers, initializer=_init_worker, initargs=(source, decode, max_pixels)
+        ) as pool:
             pool.map(_decode_slice, [(part[:8], None) for part, _ in slices])  # warm up
             began = time.perf_counter()
             deadline = began + seconds

@@ -19,7 +19,15 @@ import numpy as np
 
 from ..errors import RecordFormatError, RectoolError
 from ..format.keys import last_line_wins
-from ..reader import RecordFile, load_index, resolve_source, unpack_header
+from ..reader import (
+    DEFAULT_MAX_PIXELS,
+    ImageTooLargeError,
+    RecordFile,
+    imdecode,
+    load_index,
+    resolve_source,
+    unpack_header,
+)
 from .scan import (
     image_formats,
     insightface_ranges,
@@ -47,11 +55,13 @@ class DatasetInfo(dict):
         return dict(self)
 
 
-def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None):
+def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAULT_MAX_PIXELS):
     """Return a `DatasetInfo` describing the dataset at `target` (manifest, prefix, .rec or
     folder).
 
-    `sample` images, spread evenly over the dataset, are decoded for their dimensions.
+    `sample` images, spread evenly over the dataset, are decoded for their dimensions (those
+    whose header declares more than `max_pixels` pixels are counted as "too large", not
+    decoded; those that do not decode as "undecodable").
     `on_shard(rec, facts)`, when given, sees each shard's facts as they are read: a dict whose
     `labels`, `sizes` (image bytes) and `offsets` (record starts) arrays describe its images.
     Raises `RectoolError` when the target cannot be read, or its framing where a record is
@@ -94,7 +104,7 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None):
     info.update(_identity_stats(labels, identities_map, insightface_classes, manifest))
     info["image_bytes"] = _summary(sizes)
     info["encodings"] = dict(formats.most_common())
-    info["dimensions"] = _sample_dimensions(images_by_shard, sample)
+    info["dimensions"] = _sample_dimensions(images_by_shard, sample, max_pixels)
     return DatasetInfo(info)
 
 
@@ -191,7 +201,7 @@ def _histogram(counts):
     return rows
 
 
-def _sample_dimensions(images_by_shard, sample):
+def _sample_dimensions(images_by_shard, sample, max_pixels):
     """Decode up to `sample` images spread evenly; count their height x width x channels."""
     total = sum(len(offsets) for _, offsets in images_by_shard)
     if not total or sample <= 0:
@@ -211,8 +221,12 @@ def _sample_dimensions(images_by_shard, sample):
             _, image = unpack_header(handles[rec].read_at(offset), rec, offset)
             if not len(image):
                 raise RecordFormatError("empty image: a header and no image bytes", rec, offset)
-            array = cv2.imdecode(np.frombuffer(image, np.uint8), cv2.IMREAD_UNCHANGED)
-            if array is None:
+            try:
+                array = imdecode(image, cv2.IMREAD_UNCHANGED, max_pixels)
+            except ImageTooLargeError:
+                dims["too large"] += 1
+                continue
+            except RecordFormatError:
                 dims["undecodable"] += 1
                 continue
             channels = 1 if array.ndim == 2 else array.shape[2]
@@ -228,7 +242,7 @@ def _dimension_summary(sampled, dims, shapes):
     """Describe the sampled sizes: every HxWxC with its count (`counts`, most common first),
     how many differ, the most common few, and min / median / max of each side."""
     counts = dict(dims.most_common())
-    decoded = {k: n for k, n in counts.items() if k != "undecodable"}
+    decoded = {k: n for k, n in counts.items() if k not in ("undecodable", "too large")}
     heights = np.array([h for h, _ in shapes], np.int64)
     widths = np.array([w for _, w in shapes], np.int64)
 
@@ -249,4 +263,5 @@ def _dimension_summary(sampled, dims, shapes):
         "height": side(heights),
         "width": side(widths),
         "undecodable": counts.get("undecodable", 0),
+        "too_large": counts.get("too large", 0),
     }

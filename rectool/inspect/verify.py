@@ -25,7 +25,7 @@ from functools import cached_property
 
 import numpy as np
 
-from ..build.images import ImageRefused, inspect_image
+from ..build.images import DEFAULT_MAX_PIXELS, ImageRefused, ImageTooLarge, inspect_image
 from ..build.manifest import finish_interrupted_source
 from ..doors.inputs import open_input
 from ..errors import IndexFormatError, RectoolError
@@ -91,6 +91,7 @@ PROBLEM_KINDS = {
     "insightface-label": "an image's label is not the identity whose range holds it",
     "float32-inexact": "a number stored as float32 exceeds 2**24, where float32 is not exact",
     "decode-failed": "an image does not decode",
+    "image-too-large": "an image's header declares more pixels than the decode limit",
     "image-size": "an image's size differs from the expected size",
     "image-channels": "an image's channel count differs from the expected one",
 }
@@ -237,10 +238,15 @@ class _Findings:
 
 @dataclass
 class DecodeOptions:
-    """What `--decode` checks: every image decodes; optionally its (height, width) and channels."""
+    """What `--decode` checks: every image decodes; optionally its (height, width) and channels.
+
+    An image whose header declares more than `max_pixels` pixels is not decoded: it is an
+    `image-too-large` problem.
+    """
 
     size: tuple | None = None
     channels: int | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
 
 def verify_dataset(targets, decode=None, workers=None, keep=DEFAULT_KEEP, progress=None):
@@ -1266,7 +1272,9 @@ def _decode_batch(read_record, offsets, options):
 def check_decoded(image, options):
     """Decode one image as `pack --check decode` does; return None, or (kind, message)."""
     try:
-        height, width, channels = inspect_image(image)
+        height, width, channels = inspect_image(image, options.max_pixels)
+    except ImageTooLarge as refusal:
+        return "image-too-large", refusal.reason
     except ImageRefused as refusal:
         return "decode-failed", refusal.reason
     if options.size is not None and (height, width) != tuple(options.size):

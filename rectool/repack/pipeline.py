@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..build.images import ImageRefused, Transform, decode_image, jpeg_size, reencode_image
-from ..build.layout import layout_named
+from ..build.images import DEFAULT_MAX_PIXELS, ImageRefused, Transform, reencode_image
+from ..build.layout import image_size, layout_named
 from ..build.listfile import LABEL_MAP_SUFFIX, read_label_map
 
 # Pack's output conventions and its --resume/--overwrite rules, reused as they are.
@@ -114,12 +114,14 @@ class RepackOptions:
     transform: Transform | None = None
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     max_failures: int = 0
+    max_pixels: int = DEFAULT_MAX_PIXELS  # re-encoding: larger images refused before decoding
 
     def byte_options(self):
         """Return the options that determine the output bytes (compared on --resume)."""
         doc = asdict(self)
         doc.pop("workers")
         doc.pop("max_failures")
+        doc.pop("max_pixels")  # a safety limit, like max_failures
         doc["drop_overlap"] = [os.path.abspath(p) for p in self.drop_overlap]
         for name in ("keep_ids", "drop_ids"):
             if doc[name]:
@@ -1012,7 +1014,7 @@ class _RepackRun:
 
     def _reencode(self, done):
         rows, labels = self.plan.rows, self.plan.new_label
-        transform = self.options.transform
+        transform, max_pixels = self.options.transform, self.options.max_pixels
         copier = self.copier
 
         def prepare(chunk):
@@ -1020,7 +1022,7 @@ class _RepackRun:
             for row in chunk.tolist():
                 head, image = copier.read_record(row)
                 try:
-                    out.append((head, reencode_image(image, transform)))
+                    out.append((head, reencode_image(image, transform, max_pixels)))
                 except ImageRefused as refusal:
                     out.append((head, refusal))
             return out
@@ -1138,12 +1140,7 @@ class _RepackRun:
                 # Image key 1 is the first record of the file (identity records follow).
                 record = rf.read_at(0)
             _, image = unpack_header(record)
-            size = jpeg_size(bytes(image)) if bytes(image[:3]) == b"\xff\xd8\xff" else None
-            if size is None:
-                try:
-                    size = decode_image(bytes(image), Transform(color=-1)).shape[:2]
-                except ImageRefused:
-                    size = None
+            size = image_size(bytes(image))  # from its header: nothing decoded
             if size is not None:
                 size = int(size[0]), int(size[1])
                 note = "height and width of image key 1 (the first image), read from its bytes"

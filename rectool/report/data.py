@@ -25,9 +25,10 @@ import numpy as np
 
 from ..doors.inputs import dataset_path, open_checked, read_regular
 from ..doors.output import JOURNAL_SUFFIX, OutputFiles
-from ..errors import RectoolError, UsageError
+from ..errors import RecordFormatError, RectoolError, UsageError
 from ..format.keys import shared_offsets
 from ..inspect.info import dataset_info
+from ..reader import DEFAULT_MAX_PIXELS, ImageTooLargeError, imdecode
 from .page import render_html, render_sheet
 
 DEFAULT_IDENTITIES = 12
@@ -60,6 +61,7 @@ class ReportOptions:
     images_root: str | None = None
     verify: bool = False
     decode: bool = False
+    max_pixels: int = DEFAULT_MAX_PIXELS  # larger images get no thumbnail, and are not decoded
 
 
 @dataclass
@@ -182,7 +184,9 @@ def _journal_beside(path):
 def build_report(target, options=ReportOptions()):
     """Gather what the report of `target` shows; raise `RectoolError` when it cannot be read."""
     images = _ImageTable()
-    info = dataset_info(target, sample=options.sample, on_shard=images.add)
+    info = dataset_info(
+        target, sample=options.sample, on_shard=images.add, max_pixels=options.max_pixels
+    )
     images.finish()
     manifest = _manifest_of(info)
     names = (manifest or {}).get("identities") or {}
@@ -200,7 +204,7 @@ def build_report(target, options=ReportOptions()):
                     problems.append(f"{alt}: {exc}")
                     decoded[i] = (None, None, "unreadable record")
                 else:
-                    thumb = _thumbnail(data, options.thumb, reduce, alt, caption)
+                    thumb = _thumbnail(data, options, reduce, alt, caption)
                     if thumb.problem:
                         problems.append(f"{alt}: {thumb.problem}")
                     decoded[i] = (thumb.jpeg, thumb.pixels, thumb.problem)
@@ -213,7 +217,8 @@ def build_report(target, options=ReportOptions()):
     if options.verify:
         from ..inspect.verify import DecodeOptions, verify_dataset
 
-        verify = verify_dataset(target, decode=DecodeOptions() if options.decode else None)
+        decode = DecodeOptions(max_pixels=options.max_pixels) if options.decode else None
+        verify = verify_dataset(target, decode=decode)
     return Report(
         target=os.fspath(target),
         options=options,
@@ -400,10 +405,15 @@ def _reduction(info, thumb):
     return 1
 
 
-def _thumbnail(data, size, reduce, alt, caption):
-    """Decode `data` at reduced scale, fit it in size x size, encode it as a small JPEG."""
-    array = cv2.imdecode(np.frombuffer(data, np.uint8), _REDUCED[reduce]) if data else None
-    if array is None:
+def _thumbnail(data, options, reduce, alt, caption):
+    """Decode `data` at reduced scale (through the decode guard), fit it in a square of
+    `options.thumb` pixels, encode it as a small JPEG."""
+    size = options.thumb
+    try:
+        array = imdecode(data, _REDUCED[reduce], options.max_pixels)
+    except ImageTooLargeError:
+        return Thumb(alt, caption, problem="not decoded: more pixels than --max-pixels")
+    except RecordFormatError:
         return Thumb(alt, caption, problem="does not decode")
     height, width = array.shape[:2]
     scale = size / max(height, width)
@@ -598,7 +608,7 @@ def _source_thumb(path, line, options, reduce):
         if "bytes, over" in str(exc):
             return None, "source too large to show"
         return None, "source outside --images-root or not a regular file"
-    thumb = _thumbnail(data, options.thumb, reduce, f"refused image {path} (list line {line})", "")
+    thumb = _thumbnail(data, options, reduce, f"refused image {path} (list line {line})", "")
     if thumb.jpeg is None:
         return None, "source does not decode"
     return thumb, None

@@ -276,6 +276,8 @@ def _dimension_spread(counts):
     )
     if "undecodable" in counts:
         text += f" {counts['undecodable']:,} sampled images did not decode."
+    if "too large" in counts:
+        text += f" {counts['too large']:,} declare more pixels than --max-pixels (not decoded)."
     return text
 
 

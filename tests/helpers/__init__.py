@@ -6,6 +6,7 @@
 - rec_files: build, read and damage .rec/.idx files byte by byte (verify, reindex, info, unpack).
 - image_trees: identity-per-folder trees with symlinks, FIFOs and odd names (list, scan).
 - damaged_jpegs: valid JPEGs damaged inside their entropy-coded scan.
+- oversized_images: tiny images of every format whose headers declare a huge size.
 - framing_cases: record payloads covering every corner of dmlc's framing.
 - faults: os.write failing or lagging for the named files only (a full disk, a slow one).
 - mxnet_oracle: run code under the real MXNet 1.9.1 in its own virtual environment.
