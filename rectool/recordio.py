@@ -115,10 +115,11 @@ class MXRecordIO:
 
     def __setstate__(self, d):
         """Unpickle as MXNet does: reopen the file if it was open."""
+        is_open = d["is_open"]
         self.__dict__ = d
         self._file = self._mm = None
         self.is_open = False
-        if d["is_open"]:
+        if is_open:
             self.open()
 
     def _check_pid(self, allow_reset=False):
