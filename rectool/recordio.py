@@ -62,7 +62,7 @@ class RecordFormatError(RectoolError):
         super().__init__(f"{', '.join(where)}: {message}" if where else message)
 
 
-class IndexFormatError(RectoolError, ValueError):
+class IndexFormatError(RectoolError, ValueError, IndexError):
     """An .idx line MXNet cannot parse either (it raises a bare ValueError or IndexError)."""
 
 

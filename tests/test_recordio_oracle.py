@@ -12,10 +12,10 @@ import os
 from pathlib import Path
 
 import pytest
+from helpers import recordio_ops
+from helpers.mxnet_oracle import run_mxnet
 
 from rectool import recordio
-from tests.helpers import recordio_ops
-from tests.helpers.mxnet_oracle import run_mxnet
 
 pytestmark = pytest.mark.oracle
 
