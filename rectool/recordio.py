@@ -272,6 +272,14 @@ class MXIndexedRecordIO(MXRecordIO):
 
     def read_idx(self, idx):
         """Return the record of key `idx`."""
+        if self.pid == os.getpid() and not self.writable:  # the common case, inlined
+            pos = self.idx.get(idx, -1)
+            if pos >= 0 and pos + 8 <= self._size:
+                magic, lrec = _PART.unpack_from(self._mm, pos)
+                end = pos + 8 + (lrec & _LENGTH_MASK)
+                if magic == MAGIC and not lrec >> _LENGTH_BITS and (end + 3) & ~3 <= self._size:
+                    self._pos, self._key = (end + 3) & ~3, None
+                    return self._mm[pos + 8 : end]
         self.seek(idx)
         return self.read()
 
