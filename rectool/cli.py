@@ -1299,10 +1299,16 @@ def unpack_command(target, out_dir, resume, quiet, as_json):
     is_flag=True,
     help="Write the training module instead: Loader, BatchDecoder, RankSampler, prefetch.",
 )
+@click.option(
+    "--recordio",
+    "recordio_module",
+    is_flag=True,
+    help="Write the recordio module instead: mxnet.recordio's API without MXNet.",
+)
 @overwrite_option("Replace an existing file at --output.")
 @json_option("Print what was written as JSON on stdout (needs --output FILE).")
 @library_errors
-def reader_command(output, training_module, overwrite, as_json):
+def reader_command(output, training_module, recordio_module, overwrite, as_json):
     """Write the standalone reader module for training code (standard library + numpy).
 
     It is rectool's own reader (rectool/reader.py) copied verbatim under a header naming the
@@ -1310,23 +1316,28 @@ def reader_command(output, training_module, overwrite, as_json):
     writes a file. OpenCV is imported only to decode images. With --training,
     rectool/training.py instead: Loader and BatchDecoder (decoded batches through shared
     memory, size=, int64 labels, skip or replace bad samples), RankSampler, epoch_order(),
-    prefetch(). The training guide in rectool's documentation shows them in use.
+    prefetch(). The training guide in rectool's documentation shows them in use. With
+    --recordio, rectool/recordio.py: MXNet 1.9.1's mxnet.recordio API (MXIndexedRecordIO,
+    unpack, pack_img, ...) and imdecode(), for code that imports MXNet only for recordio.
 
     \b
     Example:
         rectool reader -o train/rectool_reader.py
         rectool reader --training -o train/rectool_training.py
+        rectool reader --recordio -o train/recordio.py
         python -c "import rectool_reader as r; print(len(r.open_dataset('out/faces')))"
     """
     from .emit import emit_reader, reader_source
 
+    if training_module and recordio_module:
+        raise click.UsageError("--training and --recordio choose different modules: give one")
     if output == "-":
         if as_json:
             raise click.UsageError("--json needs --output FILE (with -o -, stdout is the module)")
-        write_stream(reader_source(training_module), nl=False)
+        write_stream(reader_source(training_module, recordio_module), nl=False)
         return
-    path = emit_reader(output, training_module, overwrite)
-    what = "training" if training_module else "reader"
+    path = emit_reader(output, training_module, overwrite, recordio_module)
+    what = "recordio" if recordio_module else "training" if training_module else "reader"
     if as_json:
         emit_json({what: os.fspath(path)})
         return

@@ -1,4 +1,5 @@
-"""Write the standalone modules: rectool/reader.py (or training.py) verbatim under a header.
+"""Write the standalone modules: rectool/reader.py (training.py, recordio.py) verbatim under a
+header.
 
 Each copy is the very module rectool uses, so it is tested once and cannot drift; both need
 only the standard library and numpy (the reader: OpenCV to decode images).
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from . import __version__, reader, training
+from . import __version__, reader, recordio, training
 from .doors.output import write_output
 from .errors import UsageError
 
@@ -22,34 +23,38 @@ HEADER = """\
 DECODERS = "; OpenCV is imported only to decode images"
 
 
-def reader_path(training_module=False):
-    """Return the path of the reader module's (or the training module's) source file."""
-    return os.path.abspath((training if training_module else reader).__file__)
+def _module(training_module, recordio_module):
+    return recordio if recordio_module else training if training_module else reader
 
 
-def reader_source(training_module=False):
-    """Return the text of the standalone reader (or training) module: a header, then the file."""
-    with open(reader_path(training_module), encoding="utf-8") as f:
+def reader_path(training_module=False, recordio_module=False):
+    """Return the path of the reader module's (the training or recordio module's) source file."""
+    return os.path.abspath(_module(training_module, recordio_module).__file__)
+
+
+def reader_source(training_module=False, recordio_module=False):
+    """Return the text of the standalone reader (training, recordio) module: a header, the file."""
+    with open(reader_path(training_module, recordio_module), encoding="utf-8") as f:
         source = f.read()
     header = HEADER.format(
-        option=" --training" if training_module else "",
+        option=" --recordio" if recordio_module else " --training" if training_module else "",
         version=__version__,
         format_version=reader.FORMAT_VERSION,
-        name="training.py" if training_module else "reader.py",
-        decoders="" if training_module else DECODERS,
+        name=os.path.basename(reader_path(training_module, recordio_module)),
+        decoders="" if training_module and not recordio_module else DECODERS,
     )
     return header + source
 
 
-def emit_reader(path, training_module=False, overwrite=False):
-    """Write the standalone reader (or training) module to `path` atomically; return the path.
+def emit_reader(path, training_module=False, overwrite=False, recordio_module=False):
+    """Write the standalone reader (training, recordio) module to `path` atomically; return it.
 
     An existing file is replaced only with `overwrite` (a pack's file never)."""
     path = os.fspath(path)
-    own = reader_path(training_module)
+    own = reader_path(training_module, recordio_module)
     if os.path.exists(path) and os.path.samefile(path, own):
         raise UsageError(
             f"{path} is rectool's own {os.path.basename(own)}; choose another output path"
         )
-    write_output(path, reader_source(training_module), overwrite, "module")
+    write_output(path, reader_source(training_module, recordio_module), overwrite, "module")
     return path

@@ -1,0 +1,381 @@
+"""MXNet 1.9.1's `mxnet.recordio` API without MXNet: the standard library and numpy only.
+
+Code that imports MXNet only for `recordio` moves off it by changing the import:
+
+    from mxnet import recordio          ->   import recordio   (or: from rectool import recordio)
+    mx.image.imdecode(img).asnumpy()    ->   recordio.imdecode(img)
+
+`MXRecordIO`, `MXIndexedRecordIO`, `IRHeader`, `pack`, `unpack`, `pack_img` and `unpack_img`
+behave as MXNet's: the same files byte for byte (records split at aligned magic words), the
+same return types and dtypes, the same pid check and reopening after pickling or a fork. Reads
+go through `mmap`. Where MXNet aborts with an opaque error or returns garbage (a damaged
+record, a key missing from the .idx, a record cut short, an unparsable .idx line), this module
+raises a named `RectoolError` naming the file, key and byte offset; rectool's
+docs/migration.md lists every difference. OpenCV is imported only by the image helpers.
+"""
+
+from __future__ import annotations
+
+import mmap
+import numbers
+import os
+import struct
+from collections import namedtuple
+
+import numpy as np
+
+__all__ = [
+    "IRHeader",
+    "IndexFormatError",
+    "MXIndexedRecordIO",
+    "MXRecordIO",
+    "MissingKeyError",
+    "RecordFormatError",
+    "RectoolError",
+    "imdecode",
+    "pack",
+    "pack_img",
+    "unpack",
+    "unpack_img",
+]
+
+MAGIC = 0xCED7230A
+MAGIC_BYTES = struct.pack("<I", MAGIC)
+_PART = struct.Struct("<II")
+_LENGTH_BITS = 29
+_LENGTH_MASK = MAX_RECORD_BYTES = (1 << _LENGTH_BITS) - 1
+_PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")
+
+
+class RectoolError(Exception):
+    """Base class of every error this module raises on purpose."""
+
+
+class RecordFormatError(RectoolError):
+    """Bytes in a .rec are not a record: names the file, key and byte offset."""
+
+    def __init__(self, message, path=None, offset=None, key=None):
+        self.reason, self.path, self.offset, self.key = message, path, offset, key
+        where = [f"{path}"] if path is not None else []
+        where += [f"key {key}"] if key is not None else []
+        where += [f"byte offset {offset}"] if offset is not None else []
+        super().__init__(f"{', '.join(where)}: {message}" if where else message)
+
+
+class IndexFormatError(RectoolError, ValueError, IndexError):
+    """An .idx line MXNet cannot parse either (it raises a bare ValueError or IndexError)."""
+
+
+class MissingKeyError(RectoolError, KeyError):
+    """A key that is not in the .idx; a `KeyError`, as MXNet raises."""
+
+    def __str__(self):
+        return str(self.args[0])
+
+
+class MXRecordIO:
+    """Read ('r') or write ('w') a RecordIO file sequentially, as `mxnet.recordio.MXRecordIO`."""
+
+    def __init__(self, uri, flag):
+        self.uri = os.fspath(uri)
+        self.flag = flag
+        self.pid = None
+        self.is_open = False
+        self._file = self._mm = None
+        self.open()
+
+    def open(self):
+        """Open the file: 'w' creates or truncates it, 'r' maps it."""
+        if self.flag == "w":
+            self._file = open(self.uri, "wb")  # noqa: SIM115 - closed by close()
+            self.writable = True
+        elif self.flag == "r":
+            with open(self.uri, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            self._size = size
+            self.writable = False
+        else:
+            raise ValueError(f"Invalid flag {self.flag!s}")
+        self._pos, self._key = 0, None
+        self.pid = os.getpid()
+        self.is_open = True
+
+    def __del__(self):
+        if getattr(self, "is_open", False):
+            self.close()
+
+    def __getstate__(self):
+        """Pickle as MXNet does: close here, remember whether it was open."""
+        is_open = self.is_open
+        self.close()
+        d = {k: v for k, v in self.__dict__.items() if k not in ("_file", "_mm")}
+        d["is_open"] = is_open
+        return d
+
+    def __setstate__(self, d):
+        """Unpickle as MXNet does: reopen the file if it was open."""
+        is_open = d["is_open"]
+        self.__dict__ = d
+        self._file = self._mm = None
+        self.is_open = False
+        if is_open:
+            self.open()
+
+    def _check_pid(self, allow_reset=False):
+        if self.pid != os.getpid():
+            if allow_reset:
+                self.reset()
+            else:
+                raise RuntimeError("Forbidden operation in multiple processes")
+
+    def close(self):
+        """Close the file (writes are flushed)."""
+        if not self.is_open:
+            return
+        if self.writable:
+            self._file.close()
+        elif isinstance(self._mm, mmap.mmap):
+            self._mm.close()
+        self._file = self._mm = None
+        self.is_open = False
+        self.pid = None
+
+    def reset(self):
+        """Go back to the first record; in 'w' mode this truncates the file, as in MXNet."""
+        self.close()
+        self.open()
+
+    def write(self, buf):
+        """Append `buf` (bytes) as one record."""
+        assert self.writable
+        self._check_pid(allow_reset=False)
+        n = len(buf)
+        if n > MAX_RECORD_BYTES:
+            raise RecordFormatError(
+                f"a record of {n} bytes exceeds RecordIO's limit of {MAX_RECORD_BYTES} bytes",
+                self.uri,
+                self._pos,
+            )
+        framed = _frame(bytes(buf))
+        self._file.write(framed)
+        self._pos += len(framed)
+
+    def read(self):
+        """Return the next record as bytes, or None at the end of the file."""
+        assert not self.writable
+        self._check_pid(allow_reset=False)
+        pos, key, self._key = self._pos, self._key, None
+        if pos == self._size:
+            return None
+        mm, size = self._mm, self._size
+        if pos + 8 <= size:  # the common record: one whole part
+            magic, lrec = _PART.unpack_from(mm, pos)
+            end = pos + 8 + (lrec & _LENGTH_MASK)
+            if magic == MAGIC and not lrec >> _LENGTH_BITS and (end + 3) & ~3 <= size:
+                self._pos = (end + 3) & ~3
+                return mm[pos + 8 : end]
+        data, self._pos = self._read_parts(pos, key)
+        return data
+
+    def _read_parts(self, start, key):
+        mm, size, offset, pieces, cflag = self._mm, self._size, start, [], None
+
+        def fail(message, at):
+            return RecordFormatError(message, self.uri, at, key)
+
+        if start > size:
+            raise fail(f"record starts past the end of the file ({size} bytes)", start)
+        while cflag not in (0, 3):
+            if offset + 8 > size:
+                found = "the end of the file" if offset == size else "a truncated part header"
+                raise fail(f"record cut short: expected a part header, found {found}", offset)
+            magic, lrec = _PART.unpack_from(mm, offset)
+            cflag, length = lrec >> _LENGTH_BITS, lrec & _LENGTH_MASK
+            if magic != MAGIC:
+                raise fail(f"bad magic 0x{magic:08x} (expected 0x{MAGIC:08x})", offset)
+            if not pieces and cflag not in (0, 1):
+                raise fail(f"part has continuation flag {cflag}: not a record start", offset)
+            if pieces and cflag not in (2, 3):
+                raise fail(f"split record continues with flag {cflag}, expected 2 or 3", offset)
+            if offset + 8 + ((length + 3) & ~3) > size:
+                raise fail(
+                    f"record cut short: a part of {length} bytes runs past the end of the file "
+                    f"({size} bytes)",
+                    offset,
+                )
+            pieces.append(mm[offset + 8 : offset + 8 + length])
+            offset += 8 + ((length + 3) & ~3)
+        return MAGIC_BYTES.join(pieces), offset
+
+
+class MXIndexedRecordIO(MXRecordIO):
+    """Random access through an .idx, as `mxnet.recordio.MXIndexedRecordIO`."""
+
+    def __init__(self, idx_path, uri, flag, key_type=int):
+        self.idx_path = idx_path
+        self.idx = {}
+        self.keys = []
+        self.key_type = key_type
+        self.fidx = None
+        super().__init__(uri, flag)
+
+    def open(self):
+        """Open both files; in 'r' mode parse the .idx as MXNet does (the last of duplicates)."""
+        super().open()
+        self.idx = {}
+        self.keys = []
+        self.fidx = open(self.idx_path, self.flag)  # noqa: SIM115 - closed by close()
+        if not self.writable:
+            idx, keys, key_type = self.idx, self.keys, self.key_type
+            for number, line in enumerate(iter(self.fidx.readline, ""), 1):
+                fields = line.strip().split("\t")
+                try:
+                    key = key_type(fields[0])
+                    idx[key] = int(fields[1])
+                except (IndexError, ValueError) as exc:
+                    self.close()
+                    raise IndexFormatError(
+                        f"{self.idx_path}: line {number}: {line!r} is not 'key<TAB>offset' "
+                        f"({type(exc).__name__}: {exc})"
+                    ) from None
+                keys.append(key)
+
+    def close(self):
+        """Close the record file and the .idx."""
+        if not self.is_open:
+            return
+        super().close()
+        self.fidx.close()
+
+    def __getstate__(self):
+        d = super().__getstate__()
+        d["fidx"] = None
+        return d
+
+    def seek(self, idx):
+        """Position the reader at the record of key `idx` (reopening in a new process)."""
+        assert not self.writable
+        self._check_pid(allow_reset=True)
+        try:
+            self._pos = self.idx[idx]
+        except KeyError:
+            raise MissingKeyError(
+                f"{self.idx_path}: key {idx!r} is not in the index ({len(self.idx)} keys)"
+            ) from None
+        self._key = idx
+
+    def tell(self):
+        """Return the byte offset at which the next record will be written."""
+        assert self.writable
+        return self._pos
+
+    def read_idx(self, idx):
+        """Return the record of key `idx`."""
+        if self.pid == os.getpid() and not self.writable:  # the common case, inlined
+            pos = self.idx.get(idx, -1)
+            if pos >= 0 and pos + 8 <= self._size:
+                magic, lrec = _PART.unpack_from(self._mm, pos)
+                end = pos + 8 + (lrec & _LENGTH_MASK)
+                if magic == MAGIC and not lrec >> _LENGTH_BITS and (end + 3) & ~3 <= self._size:
+                    self._pos, self._key = (end + 3) & ~3, None
+                    return self._mm[pos + 8 : end]
+        self.seek(idx)
+        return self.read()
+
+    def write_idx(self, idx, buf):
+        """Append `buf` as the record of key `idx` and add its .idx line."""
+        key = self.key_type(idx)
+        pos = self.tell()
+        self.write(buf)
+        self.fidx.write(f"{key!s}\t{pos:d}\n")
+        self.idx[key] = pos
+        self.keys.append(key)
+
+
+def _frame(payload):
+    """Return the framed bytes of `payload`: parts split at aligned magic words, zero padded."""
+    n, limit, splits = len(payload), len(payload) & ~3, []
+    i = payload.find(MAGIC_BYTES)
+    while 0 <= i and i + 4 <= limit:
+        if i & 3:
+            i = payload.find(MAGIC_BYTES, i + 1)
+        else:
+            splits.append(i)
+            i = payload.find(MAGIC_BYTES, i + 4)
+    if not splits:
+        return _PART.pack(MAGIC, n) + payload + _PADDING[n & 3]
+    out, start = [], 0
+    for pos in splits:
+        cflag = 1 if start == 0 else 2
+        out += [_PART.pack(MAGIC, (cflag << _LENGTH_BITS) | (pos - start)), payload[start:pos]]
+        start = pos + 4
+    out += [_PART.pack(MAGIC, (3 << _LENGTH_BITS) | (n - start)), payload[start:], _PADDING[n & 3]]
+    return b"".join(out)
+
+
+IRHeader = namedtuple("HEADER", ["flag", "label", "id", "id2"])
+_IR_FORMAT = "IfQQ"
+_IR_SIZE = struct.calcsize(_IR_FORMAT)
+
+
+def pack(header, s):
+    """Return header + `s`: a number label gives flag 0, an array gives flag = its size."""
+    header = IRHeader(*header)
+    if isinstance(header.label, numbers.Number):
+        header = header._replace(flag=0)
+    else:
+        label = np.asarray(header.label, dtype=np.float32)
+        header = header._replace(flag=label.size, label=0)
+        s = label.tobytes() + s
+    return struct.pack(_IR_FORMAT, *header) + s
+
+
+def unpack(s):
+    """Return (IRHeader, payload); the label is a float, or a float32 array when flag > 0."""
+    header = IRHeader(*struct.unpack(_IR_FORMAT, s[:_IR_SIZE]))
+    s = s[_IR_SIZE:]
+    if header.flag > 0:
+        header = header._replace(label=np.frombuffer(s, np.float32, header.flag))
+        s = s[header.flag * 4 :]
+    return header, s
+
+
+def _cv2():
+    import cv2
+
+    return cv2
+
+
+def unpack_img(s, iscolor=-1):
+    """Return (IRHeader, image): `cv2.imdecode(payload, iscolor)` (BGR; None if undecodable)."""
+    header, s = unpack(s)
+    return header, _cv2().imdecode(np.frombuffer(s, dtype=np.uint8), iscolor)
+
+
+def pack_img(header, img, quality=95, img_fmt=".jpg"):
+    """Encode `img` with OpenCV (JPEG quality 1-100 or PNG compression 0-9) and `pack` it."""
+    cv2 = _cv2()
+    encode_params = None
+    if img_fmt.upper() in (".JPG", ".JPEG"):
+        encode_params = [cv2.IMWRITE_JPEG_QUALITY, quality]
+    elif img_fmt.upper() == ".PNG":
+        encode_params = [cv2.IMWRITE_PNG_COMPRESSION, quality]
+    ret, buf = cv2.imencode(img_fmt, img, encode_params)
+    assert ret, "failed to encode image"
+    return pack(header, buf.tobytes())
+
+
+def imdecode(buf, flag=1, to_rgb=True):
+    """Decode image bytes as `mx.image.imdecode(buf, flag, to_rgb).asnumpy()` does.
+
+    flag=1: (H, W, 3) uint8, RGB unless to_rgb=False; flag=0: (H, W, 1) grayscale.
+    Undecodable bytes raise RectoolError (MXNet raises MXNetError).
+    """
+    cv2 = _cv2()
+    img = cv2.imdecode(np.frombuffer(buf, dtype=np.uint8), 1 if flag else 0)
+    if img is None:
+        raise RectoolError(f"cannot decode {len(buf)} bytes as an image")
+    if not flag:
+        return img[:, :, None]
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB) if to_rgb else img
