@@ -340,3 +340,25 @@ def test_kill_then_resume_rebuilds_version_2_digests_and_checksums(tmp_path):
     pack_images(lst, root, tmp_path / "ref" / "x", again)
     reference = json.loads((tmp_path / "ref" / "x.manifest.json").read_text())
     assert doc["shards"] == reference["shards"]
+
+
+def test_the_emitted_reader_opens_a_version_2_pack_without_xxhash(small_pack, tmp_path):
+    """The emitted reader reads manifests of both versions; it verifies nothing, so it needs
+    neither xxhash nor rectool."""
+    from rectool import emit
+
+    module = tmp_path / "standalone_reader.py"
+    emit.emit_reader(module)
+    script = f"""
+import sys
+sys.modules["rectool"] = None
+sys.modules["xxhash"] = None  # `import xxhash` now raises ImportError
+sys.path.insert(0, {str(tmp_path)!r})
+import standalone_reader as r
+for manifest in ({str(small_pack.manifest)!r}, {str(V1_PACK / "faces.manifest.json")!r}):
+    doc = r.read_manifest(manifest)
+    print(doc["format_version"], len(r.open_dataset(manifest)))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["2", "12", "1", "6"]
