@@ -59,7 +59,8 @@ IMAGE_HEADER_SIZE = IMAGE_HEADER.size
 # mtime_ns, record count, CRC-32 of the .idx, padding; then int64 keys, then int64 offsets.
 INDEX_CACHE_MAGIC = b"RTIDXC02"
 INDEX_CACHE_HEADER = struct.Struct("<8sQqQI4x")
-MANIFEST_SUFFIX, MANIFEST_FORMAT, MANIFEST_VERSION = ".manifest.json", "rectool-manifest", 1
+# Manifest version 2 gives each file's xxh3-128 (SHA-256 optional); version 1, SHA-256 only.
+MANIFEST_SUFFIX, MANIFEST_FORMAT, MANIFEST_VERSION = ".manifest.json", "rectool-manifest", 2
 # An unfinished pack's state file, and the journal of a replacement not yet finished: a prefix
 # with either is not a dataset to read (rectool's output module writes them).
 STATE_SUFFIX, JOURNAL_SUFFIX = ".pack-state.json", ".commit-journal.json"
@@ -374,6 +375,7 @@ _TEXT = (lambda v: isinstance(v, str), "a string")
 _FLAG = (lambda v: type(v) is bool, "true or false")
 _NAME = (_plain_name, "a plain file name in the manifest's folder")
 _SHA256 = (lambda v: isinstance(v, str) and len(v) == 64 and _HEX >= set(v), "64 hex digits")
+_XXH128 = (lambda v: isinstance(v, str) and len(v) == 32 and _HEX >= set(v), "32 hex digits")
 _LAYOUT = (lambda v: v in DATASET_LAYOUTS, f"one of {DATASET_LAYOUTS}")
 _CLASSES = (lambda v: type(v) is int and 0 <= v <= MAX_CLASS_ID, f"an integer 0 .. {MAX_CLASS_ID}")
 _INT = (lambda v: type(v) is int and -(1 << 31) <= v < 1 << 31, "an integer")
@@ -383,10 +385,11 @@ _TRANSFORM = {"resize": _COUNT, "center_crop": _FLAG, "quality": _INT, "encoding
               "color": _INT}  # fmt: skip
 _OPTIONS = {"transform": _TRANSFORM, "check": _TEXT, "pack_label": _FLAG, "shard_bytes": _COUNT,
             "shard_records": _COUNT, "layout": _LAYOUT, "allow_outside_root": _FLAG,
-            "workers": _COUNT, "max_failures": _COUNT}  # fmt: skip
+            "workers": _COUNT, "max_failures": _COUNT, "sha256": _FLAG}  # fmt: skip
 _SHARD = {"rec": _NAME, "idx": _NAME, "records": _COUNT, "rec_bytes": _COUNT,
           "idx_bytes": _COUNT, "rec_sha256": _SHA256, "idx_sha256": _SHA256, "first_key": _KEY,
-          "last_key": _KEY, "crc": _NAME, "crc_sha256": _SHA256}  # fmt: skip
+          "last_key": _KEY, "crc": _NAME, "crc_sha256": _SHA256, "rec_xxh3_128": _XXH128,
+          "idx_xxh3_128": _XXH128, "crc_xxh3_128": _XXH128}  # fmt: skip
 _TOTALS = {n: _COUNT for n in ("shards", "records", "images", "rec_bytes", "failures")}
 _MANIFEST = {"rectool_version": _TEXT, "created": _TEXT, "date": _TEXT, "layout": _LAYOUT,
              "options": _OPTIONS, "list": _TEXT, "source": {"list_sha256": _TEXT, "root": _TEXT},

@@ -1,18 +1,19 @@
-"""Per-record CRC-32 files (.rec.crc): written by pack, used by verify, reindex and unpack.
+"""Per-record checksum files (.rec.crc): written by pack, used by verify, reindex and unpack.
 
-Expected values are computed here from the files' bytes with zlib and struct, never by
-rectool.format.checksums.
+Packs are written with version 2 (xxh3-64 per record); version 1 (zlib CRC-32) is tested on
+a pack of the old rectool in test_checksums_v2.py. Expected values are computed here from the
+files' bytes with xxhash, zlib and struct, never by rectool.format.checksums.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import struct
 import zlib
 
 import pytest
+import xxhash
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 from helpers.rec_files import idx_lines, image_payload, make_pack, write_records, xor_byte
@@ -30,31 +31,39 @@ def found(report):
     return [(p.kind, p.path, p.key, p.offset) for p in report.problems]
 
 
+# Per version: an entry's layout (offset, length, checksum; packed) and the checksum.
+ENTRY = {1: "<QII", 2: "<QIQ"}
+CHECKSUM = {1: zlib.crc32, 2: xxhash.xxh3_64_intdigest}
+
+
 def crc_table(path):
-    """Parse a .rec.crc by hand: ((magic, version, reserved, count), [(offset, length, crc)])."""
+    """Parse a .rec.crc by hand: ((magic, version, reserved, count), [(offset, length, sum)])."""
     data = path.read_bytes()
     header = struct.unpack_from("<8sIIQ", data)
-    entries = [struct.unpack_from("<QII", data, 24 + 16 * i) for i in range(header[3])]
-    assert len(data) == 24 + 16 * header[3]
+    entry = ENTRY[header[1]]
+    size = struct.calcsize(entry)
+    entries = [struct.unpack_from(entry, data, 24 + size * i) for i in range(header[3])]
+    assert len(data) == 24 + size * header[3]
     return header, entries
 
 
-def expected_table(rec, idx):
-    """Each record's (offset, framed length, zlib CRC-32), from the .rec bytes and the .idx."""
+def expected_table(rec, idx, version=2):
+    """Each record's (offset, framed length, checksum), from the .rec bytes and the .idx."""
     data = rec.read_bytes()
     offsets = sorted(o for _, o in idx_lines(idx))
     ends = [*offsets[1:], len(data)]
-    return [(o, e - o, zlib.crc32(data[o:e])) for o, e in zip(offsets, ends)]
+    return [(o, e - o, CHECKSUM[version](data[o:e])) for o, e in zip(offsets, ends)]
 
 
 def test_pack_writes_a_checksum_per_record_and_names_the_file(small_pack):
     crc = small_pack.rec.with_name("faces.rec.crc")
     header, entries = crc_table(crc)
-    assert header == (b"RTCRC32\n", 1, 0, 12)
+    assert header == (b"RTXXH64\n", 2, 0, 12)
     assert entries == expected_table(small_pack.rec, small_pack.idx)
     entry = json.loads(small_pack.manifest.read_text())["shards"][0]
     assert entry["crc"] == "faces.rec.crc"
-    assert entry["crc_sha256"] == hashlib.sha256(crc.read_bytes()).hexdigest()
+    assert entry["crc_xxh3_128"] == xxhash.xxh3_128_hexdigest(crc.read_bytes())
+    assert "crc_sha256" not in entry  # only with --sha256
 
 
 def test_sharded_pass_through_pack_has_one_file_per_shard(tmp_path):
@@ -75,7 +84,9 @@ def test_a_flipped_byte_in_one_image_names_its_key_and_offset(small_pack):
     ]
     result = CliRunner().invoke(cli, ["verify", str(small_pack.manifest)])
     assert result.exit_code == 1
-    assert "; 3 checksums compared; 12 records compared with their CRC-32 (" in result.stdout
+    assert "; 3 checksums compared (xxh3-128); 12 records compared with their xxh3-64 (" in (
+        result.stdout
+    )
     assert f"record-checksum-mismatch: {small_pack.rec}, key {key}, byte offset {offset}: " in (
         result.stdout
     )
@@ -83,7 +94,7 @@ def test_a_flipped_byte_in_one_image_names_its_key_and_offset(small_pack):
 
 def test_a_tampered_checksum_file_is_reported_and_not_trusted(small_pack):
     crc = small_pack.rec.with_name("faces.rec.crc")
-    xor_byte(crc, 24 + 16 * 3 + 12, 0xFF)  # record 3's CRC: the table now lies about it
+    xor_byte(crc, 24 + 20 * 3 + 12, 0xFF)  # record 3's checksum: the table now lies about it
     report = verify_dataset(small_pack.manifest)
     assert [(p.kind, p.path) for p in report.problems] == [("checksum-file", str(crc))]
     assert "differs from the manifest's" in report.problems[0].message
@@ -92,7 +103,7 @@ def test_a_tampered_checksum_file_is_reported_and_not_trusted(small_pack):
 
 def test_a_missing_or_malformed_checksum_file_is_its_own_finding(small_pack):
     crc = small_pack.rec.with_name("faces.rec.crc")
-    crc.write_bytes(b"RTCRC32\n" + bytes(4))
+    crc.write_bytes(b"RTXXH64\n" + bytes(4))
     report = verify_dataset(small_pack.manifest)
     assert [(p.kind, p.path) for p in report.problems] == [("checksum-file", str(crc))]
     assert report.problems[0].message == "12 bytes, too short for a checksum file"
@@ -107,7 +118,7 @@ def test_a_pack_without_checksum_files_verifies_as_before(small_pack):
     small_pack.rec.with_name("faces.rec.crc").unlink()
     manifest = json.loads(small_pack.manifest.read_text())
     for entry in manifest["shards"]:
-        del entry["crc"], entry["crc_sha256"]
+        del entry["crc"], entry["crc_xxh3_128"]
     small_pack.manifest.write_text(json.dumps(manifest))
     report = verify_dataset(small_pack.manifest)
     assert report.sound, report.problems
@@ -176,7 +187,7 @@ def test_unpack_refuses_a_damaged_record_and_writes_nothing(small_pack, tmp_path
     with pytest.raises(RectoolError) as caught:
         unpack_dataset(small_pack.manifest, out)
     assert str(caught.value) == (
-        "1 damaged record (bytes differ from the CRC-32 taken when packed): "
+        "1 damaged record (bytes differ from the checksum taken when packed): "
         f"{small_pack.rec} key {key} at byte offset {offset}; nothing was written. "
         "`rectool verify` lists them all"
     )
@@ -221,8 +232,8 @@ def test_a_manifest_listing_one_shard_twice_is_a_problem(tmp_path):
     assert os.path.exists(pack.rec)
 
 
-def test_records_are_compared_one_by_one_only_where_the_sha256_does_not_vouch(small_pack):
-    assert verify_dataset(small_pack.manifest).record_checksums == 0  # the shard's SHA-256 matches
+def test_records_are_compared_one_by_one_only_where_the_digest_does_not_vouch(small_pack):
+    assert verify_dataset(small_pack.manifest).record_checksums == 0  # the shard's xxh3 matches
     small_pack.manifest.unlink()
     report = verify_dataset(small_pack.rec)  # no manifest: nothing else vouches for the bytes
     assert report.sound and report.record_checksums == 12
@@ -231,7 +242,7 @@ def test_records_are_compared_one_by_one_only_where_the_sha256_does_not_vouch(sm
 def test_a_truncated_shard_names_the_records_it_lost(small_pack):
     key, offset = small_pack.lines[-1]
     with open(small_pack.rec, "r+b") as f:
-        f.truncate(offset + 40)  # no SHA-256 is computed for a file of another size
+        f.truncate(offset + 40)  # no digest is computed for a file of another size
     report = verify_dataset(small_pack.manifest)
     assert ("record-checksum-mismatch", str(small_pack.rec), key, offset) in found(report)
     assert report.record_checksums == 12

@@ -42,9 +42,11 @@ PACK_AS_RECORDED = ["--quality", "95", "--encoding", ".jpg", "--color", "1"]  # 
 # exactly its fields), with `transform` as a re-encoding pack records it, and `sources` as
 # `repack` adds it.
 OPTIONS = ["check", "pack_label", "shard_bytes", "shard_records", "layout",
-           "allow_outside_root", "workers", "max_failures"]  # fmt: skip
-SHARD = ["rec", "idx", "records", "rec_bytes", "idx_bytes", "rec_sha256", "idx_sha256",
-         "first_key", "last_key", "crc", "crc_sha256"]  # fmt: skip
+           "allow_outside_root", "workers", "max_failures", "sha256"]  # fmt: skip
+# Packed with --sha256: every digest field a version-2 manifest can hold.
+SHARD = ["rec", "idx", "records", "rec_bytes", "idx_bytes", "rec_xxh3_128", "rec_sha256",
+         "idx_xxh3_128", "idx_sha256", "first_key", "last_key", "crc", "crc_xxh3_128",
+         "crc_sha256"]  # fmt: skip
 TOTALS = ["shards", "records", "images", "rec_bytes", "failures"]
 TOP = ["format_version", "rectool_version", "layout", "options", "list", "source", "shards",
        "totals", "failures_file", "classes", "identities"]  # fmt: skip
@@ -64,7 +66,7 @@ def pack(tmp_path_factory):
     """A pack made by rectool (label map, .rec.crc), its manifest given a re-encoding; returns
     the pack's folder and its manifest document."""
     base = tmp_path_factory.mktemp("schema")
-    made = make_pack(base)
+    made = make_pack(base, sha256=True)
     document = json.loads(made.manifest.read_text())
     assert sorted(document) == sorted(["format", *TOP])
     assert sorted(document["options"]) == sorted([*OPTIONS, "transform"])

@@ -208,7 +208,7 @@ def test_cli_damage_exit_1_lists_the_skipped_ranges(small_pack):
         f"  bytes {start}..{end} ({end - start:,} bytes): bad-magic: bad magic 0x58585858 "
         "(expected 0xced7230a)",
         f"1 damaged record (per {small_pack.rec}.crc):",
-        f"  byte offset {start}: bytes {start}..{end} differ from their CRC-32; "
+        f"  byte offset {start}: bytes {start}..{end} differ from their xxh3-64; "
         "no record starts there any more (record 4 of faces.rec.crc)",
     ]
     assert idx_lines(out) == small_pack.lines[:4] + small_pack.lines[5:]

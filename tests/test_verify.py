@@ -410,7 +410,7 @@ def test_payload_flip_is_caught_by_the_checksum(small_pack):
     ]
     end = small_pack.lines[8][1]
     assert report.problems[0].message.startswith(
-        f"record 7 of faces.rec.crc: bytes {offset}..{end} differ from their CRC-32 ("
+        f"record 7 of faces.rec.crc: bytes {offset}..{end} differ from their xxh3-64 ("
     )
     assert report.record_checksums == 12
 

@@ -225,7 +225,7 @@ def manifest_source(manifest):
     (options without the ones that do not change the bytes)."""
     source = dict(manifest.get("source") or {})
     options = dict(manifest.get("options") or {})
-    for name in ("workers", "max_failures"):
+    for name in ("workers", "max_failures", "sha256"):
         options.pop(name, None)
     options.setdefault("allow_outside_root", False)  # packs made before the option
     source["options"] = options
@@ -334,6 +334,7 @@ def build_manifest(
             "transform": asdict(options.transform) if options.transform else None,
             "workers": options.workers,
             "max_failures": options.max_failures,
+            "sha256": options.sha256,  # each file's SHA-256 too (the manifest's shards give it)
         },
         "list": None if list_path is None else os.path.basename(list_path),  # "-": stdin
         # What --resume compares (the options are above).

@@ -107,7 +107,7 @@ from ..reader import (
     unpack_header,
 )
 from ..format.records import IndexedRecordFile
-from .shards import ShardWriter, describe_shard, plan_shards
+from .shards import ShardWriter, describe_shard, plan_shards, shard_digests
 
 # Items go to worker threads in chunks: one future per image would cost more than a check.
 CHUNK_ITEMS = 32
@@ -135,6 +135,8 @@ class PackOptions:
     allow_outside_root: bool = False  # pack list paths that leave ROOT (absolute, `..`)
     # Images whose header declares more pixels are refused before decoding (--check none: kept).
     max_pixels: int = DEFAULT_MAX_PIXELS
+    # The manifest gives each file's SHA-256 beside its xxh3-128 (.rec/.idx bytes unchanged).
+    sha256: bool = False
 
     def byte_options(self):
         """Return the options that determine the output bytes (compared on --resume).
@@ -143,9 +145,8 @@ class PackOptions:
         failures file.
         """
         doc = asdict(self)
-        doc.pop("workers")
-        doc.pop("max_failures")
-        doc.pop("max_pixels")
+        for name in ("workers", "max_failures", "max_pixels", "sha256"):
+            doc.pop(name)
         return doc
 
 
@@ -502,7 +503,7 @@ def finalize_locked(list_path, root, prefix, options, label_map):
                 f"{unfinished[0]}: shard {number} of {len(plan)} is missing or unfinished; "
                 f"pack it with --only-shard {number} (add --resume to continue it)"
             )
-        infos.append(describe_shard(rec, idx))
+        infos.append(describe_shard(rec, idx, shard_digests(options.sha256)))
         refused += _read_refusals(failures)
     final_failures = prefix + FAILURES_SUFFIX
     shard_failures = [shard_stem(prefix, n) + FAILURES_SUFFIX for n in range(len(plan))]
@@ -807,8 +808,9 @@ class _PackRun:
             last = len(plan_shards(total, None, options.shard_records)) - 1
         self.last_shard = last
         self.writer = ShardWriter(
-            prefix, options.shard_bytes, options.shard_records, first_shard=first, last_shard=last
-        )
+            prefix, options.shard_bytes, options.shard_records, first_shard=first, last_shard=last,
+            sha256=options.sha256,
+        )  # fmt: skip
         stem = shard_stem(prefix, part[0]) if part else prefix
         self.failures_partial = stem + FAILURES_SUFFIX + PARTIAL_SUFFIX
         self.images = 0

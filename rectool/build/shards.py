@@ -9,7 +9,6 @@ their final names only once complete.
 from __future__ import annotations
 
 import array
-import hashlib
 import itertools
 import os
 import queue
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..format.checksums import RecordChecksums, checksum_path
-from ..format.digest import sha256_file, sha256_hasher
+from ..format.digest import SHA256, XXH3_128, Digests, field_name, file_digests
 from ..errors import RectoolError, UsageError
 from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
 from .manifest import PARTIAL_SUFFIX, shard_paths
@@ -85,39 +84,56 @@ def parse_size(text):
     return int(value * units[unit])
 
 
+def shard_digests(sha256=False):
+    """Return the whole-file digests a pack's manifest gives: xxh3-128, and SHA-256 with
+    `--sha256`."""
+    return (XXH3_128, SHA256) if sha256 else (XXH3_128,)
+
+
 @dataclass
 class ShardInfo:
-    """What the manifest says about one finished shard."""
+    """What the manifest says about one finished shard.
+
+    `digests` holds each file's digests: {"rec": {"xxh3-128": hex, ...}, "idx": ..., "crc":
+    ...}; the manifest gives them as `rec_xxh3_128`, `rec_sha256`, ... (see `to_json`).
+    """
 
     rec: str
     idx: str
     records: int
     rec_bytes: int
     idx_bytes: int
-    rec_sha256: str
-    idx_sha256: str
     first_key: int | None
     last_key: int | None
-    # The per-record checksum file (see rectool.format.checksums) and its SHA-256, when written.
+    # The per-record checksum file (see rectool.format.checksums), when written.
     crc: str | None = None
-    crc_sha256: str | None = None
+    digests: dict | None = None
 
     def to_json(self):
-        entry = dict(self.__dict__)
-        if self.crc is None:
-            del entry["crc"], entry["crc_sha256"]
+        digests = self.digests or {}
+
+        def fields(file):
+            return {field_name(file, a): h for a, h in (digests.get(file) or {}).items()}
+
+        entry = {"rec": self.rec, "idx": self.idx, "records": self.records,
+                 "rec_bytes": self.rec_bytes, "idx_bytes": self.idx_bytes,
+                 **fields("rec"), **fields("idx"),
+                 "first_key": self.first_key, "last_key": self.last_key}  # fmt: skip
+        if self.crc is not None:
+            entry["crc"] = self.crc
+            entry.update(fields("crc"))
         return entry
 
 
 class _ShardDigest:
     """What the hashing thread feeds a shard's written buffers to, in order: the .rec's
-    SHA-256, and the CRC-32 of each record (`starts`: per buffer, where its records start)."""
+    digests, and the checksum of each record (`starts`: per buffer, where its records start)."""
 
-    def __init__(self, sha256, checksums, starts):
-        self.sha256, self.checksums, self.starts = sha256, checksums, iter(starts)
+    def __init__(self, digests, checksums, starts):
+        self.digests, self.checksums, self.starts = digests, checksums, iter(starts)
 
     def update(self, data):
-        self.sha256.update(data)
+        self.digests.update(data)
         self.checksums.add(data, next(self.starts))
 
 
@@ -257,9 +273,10 @@ class ShardFile:
     interrupted run left, with the state `ShardWriter.resume` read from them.
     """
 
-    def __init__(self, number, rec_path, idx_path, io, resumed=None):
+    def __init__(self, number, rec_path, idx_path, io, resumed=None, digests=(XXH3_128,)):
         self.number, self.rec_path, self.idx_path = number, rec_path, idx_path
         self._io = io
+        self.algorithms = tuple(digests)
         rec_p, idx_p = rec_path + PARTIAL_SUFFIX, idx_path + PARTIAL_SUFFIX
         append = bool(resumed)
         self._rec_fd = _open_for_writing(rec_p, append)
@@ -274,12 +291,14 @@ class ShardFile:
         # 16 bytes a record, for the shard's .idx cache; nothing else grows with the dataset.
         self._keys = resumed.get("keys", array.array("q"))
         self._offsets = resumed.get("offsets", array.array("q"))
-        self._rec_hash = resumed.get("rec_hash") or hashlib.sha256()
-        self._idx_hash = resumed.get("idx_hash") or hashlib.sha256()
+        self._rec_hash = resumed.get("rec_hash") or Digests(self.algorithms)
+        self._idx_hash = resumed.get("idx_hash") or Digests(self.algorithms)
         checksums = resumed.get("checksums")
-        self._checksums = RecordChecksums(self._offsets) if checksums is None else checksums
+        if checksums is None:
+            checksums = RecordChecksums(self._offsets)
+        self._checksums = checksums
         self._rec_buf: list = []
-        self._rec_starts: list = []  # per buffer, where its records start (for their CRCs)
+        self._rec_starts: list = []  # per buffer, where its records start (their checksums)
         self._idx_buf: list[bytes] = []
         self.buffered = 0  # bytes of records not yet handed to the writer thread
 
@@ -345,7 +364,7 @@ class ShardFile:
         self.close()  # before anything else can fail: an abort then has nothing to close
         # Before the renames: a shard with its final names always has its checksum file.
         crc_path = checksum_path(self.rec_path)
-        crc_sha256 = self._checksums.write(crc_path, self.rec_bytes)
+        crc_digests = self._checksums.write(crc_path, self.rec_bytes, self.algorithms)
         rename(self.idx_path + PARTIAL_SUFFIX, self.idx_path, "shard")
         rename(self.rec_path + PARTIAL_SUFFIX, self.rec_path, "shard")
         if len(self._keys) >= INDEX_CACHE_MIN_RECORDS:
@@ -360,12 +379,14 @@ class ShardFile:
             self.records,
             self.rec_bytes,
             self.idx_bytes,
-            self._rec_hash.hexdigest(),
-            self._idx_hash.hexdigest(),
             self.first_key,
             self.last_key,
             os.path.basename(crc_path),
-            crc_sha256,
+            {
+                "rec": self._rec_hash.hexdigests(),
+                "idx": self._idx_hash.hexdigests(),
+                "crc": crc_digests,
+            },
         )
 
     def abort(self):
@@ -390,9 +411,12 @@ class ShardWriter:
     """
 
     def __init__(
-        self, prefix, shard_bytes=None, shard_records=None, first_shard=0, last_shard=None
-    ):
+        self, prefix, shard_bytes=None, shard_records=None, first_shard=0, last_shard=None,
+        sha256=False,
+    ):  # fmt: skip
         self.prefix = os.fspath(prefix)
+        # The manifest's digests of each file: xxh3-128, and SHA-256 too with `sha256`.
+        self.digests = shard_digests(sha256)
         self.shard_bytes = shard_bytes
         self.shard_records = shard_records
         self.numbered = bool(shard_bytes or shard_records)
@@ -475,7 +499,9 @@ class ShardWriter:
         return bool(self.shard_bytes) and shard.rec_bytes + incoming > self.shard_bytes
 
     def _start(self, number, resumed=None):
-        self._shard = ShardFile(number, *self.paths(number), self._io, resumed)
+        self._shard = ShardFile(
+            number, *self.paths(number), self._io, resumed, self.digests
+        )
         return self._shard
 
     def flush(self):
@@ -550,7 +576,7 @@ class ShardWriter:
                 and os.path.exists(idx)
                 and not os.path.exists(rec + PARTIAL_SUFFIX)
             ):
-                self.finished.append(describe_shard(rec, idx))
+                self.finished.append(describe_shard(rec, idx, self.digests))
                 number += 1
                 continue
             break
@@ -584,6 +610,8 @@ class ShardWriter:
         truncate(rec_p, end)
         truncate(idx_p, len(complete))
         kept_offsets = array.array("q", offsets.tobytes())
+        idx_hash = Digests(self.digests)
+        idx_hash.update(complete)
         state = {
             "records": len(keys),
             "rec_bytes": end,
@@ -593,8 +621,8 @@ class ShardWriter:
             "keys": array.array("q", keys.tobytes()),
             "offsets": kept_offsets,
             "checksums": RecordChecksums.of_file(rec_p, kept_offsets, end),
-            "rec_hash": sha256_hasher(rec_p, end),
-            "idx_hash": hashlib.sha256(complete),
+            "rec_hash": file_digests(rec_p, self.digests, end),
+            "idx_hash": idx_hash,
         }
         self._start(number, state)
         return self.records_written
@@ -608,22 +636,23 @@ def _line_start(data, n):
     return pos
 
 
-def describe_shard(rec, idx):
+def describe_shard(rec, idx, digests=(XXH3_128,)):
+    """Return the `ShardInfo` of a finished shard, read from its files (each read once, for
+    all the `digests`)."""
     keys, _ = load_index(idx, cache=False)
     crc = checksum_path(rec)
     has_crc = os.path.exists(crc)
+    files = {"rec": rec, "idx": idx, **({"crc": crc} if has_crc else {})}
     return ShardInfo(
         os.path.basename(rec),
         os.path.basename(idx),
         len(keys),
         os.path.getsize(rec),
         os.path.getsize(idx),
-        sha256_file(rec),
-        sha256_file(idx),
         int(keys[0]) if len(keys) else None,
         int(keys[-1]) if len(keys) else None,
         os.path.basename(crc) if has_crc else None,
-        sha256_file(crc) if has_crc else None,
+        {name: file_digests(path, digests).hexdigests() for name, path in files.items()},
     )
 
 

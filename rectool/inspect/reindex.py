@@ -3,7 +3,8 @@
 Keys come from the record headers' id field (rectool, im2rec and insightface all write the key
 there), or from the record's position with `keys="position"`. Damaged byte ranges are skipped
 and reported, never guessed at. When the .rec has a `.rec.crc` file (rectool packs write one),
-each record is also compared with its CRC-32: a record that still frames but whose bytes
+each record is also compared with its checksum (xxh3-64; CRC-32 in packs of manifest version
+1): a record that still frames but whose bytes
 changed is indexed (it is where it was) and reported as damaged. Reindexing never changes the
 .rec, so its `.rec.crc` and the manifest's checksums of both stay valid.
 """
@@ -20,11 +21,13 @@ from ..doors.output import check_target, make_folders, remove, write_atomic
 from ..errors import RectoolError, UsageError
 from ..format.checksums import (
     ChecksumFileError,
+    algorithm_of,
     checksum_path,
     damaged_records,
     load_checksums,
     stale_reason,
 )
+from ..format.digest import DIGEST_NAMES
 from ..format.writer import format_index_line
 from ..reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
 from .scan import mapped, read_headers, scan_framing
@@ -40,7 +43,7 @@ class ReindexResult:
     `skipped` lists the damaged byte ranges (`scan.Damage`); `unkeyed` the (offset, reason) of
     readable records that could not be given a key; `duplicates` maps each key written more
     than once to its count; `damaged` the (offset, key or None, reason) of records whose bytes
-    differ from their CRC-32 in the `.rec.crc` file (`checksums` names it, or is None);
+    differ from their checksum in the `.rec.crc` file (`checksums` names it, or is None);
     `checksum_problem` says why that file could not be used.
     """
 
@@ -59,7 +62,7 @@ class ReindexResult:
     @property
     def sound(self):
         """Return True when every byte of the .rec was a record, every key is unique and every
-        record matches its CRC-32 (when there is a .rec.crc)."""
+        record matches its checksum (when there is a .rec.crc)."""
         return not (
             self.skipped or self.unkeyed or self.duplicates or self.damaged or self.checksum_problem
         )
@@ -106,6 +109,7 @@ def _check_records(result, buf, size, starts, keys, keyed):
     if stale is not None:
         result.checksum_problem = f"{path}: {stale}"
         return
+    named = DIGEST_NAMES[algorithm_of(entries)]
     for i in damaged_records(buf, size, entries):
         offset, length = int(entries["offset"][i]), int(entries["length"][i])
         j = int(np.searchsorted(starts, offset))
@@ -114,7 +118,7 @@ def _check_records(result, buf, size, starts, keys, keyed):
         if offset + length > size:
             why = f"bytes {offset}..{offset + length} run past the end of the file"
         else:
-            why = f"bytes {offset}..{offset + length} differ from their CRC-32"
+            why = f"bytes {offset}..{offset + length} differ from their {named}"
         if not found:
             why += "; no record starts there any more"
         result.damaged.append((offset, key, f"{why} (record {i} of {os.path.basename(path)})"))

@@ -7,8 +7,9 @@ pass-through pack gives back the original files byte for byte; only their names 
 .rec does not store them).
 
 A shard with a `.rec.crc` file (rectool packs write one) has every record compared with its
-CRC-32 before anything is written: a damaged record stops the unpack with an error naming it,
-so that no damaged image is ever written as if it were sound.
+checksum (xxh3-64; CRC-32 in packs of manifest version 1) before anything is written: a
+damaged record stops the unpack with an error naming it, so that no damaged image is ever
+written as if it were sound.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ EXTENSIONS = {
 
 
 class DamagedRecordsError(RectoolError):
-    """Records whose bytes differ from their CRC-32: unpacking them would write damaged images.
+    """Records whose bytes differ from their checksum: unpacking them would write damaged images.
 
     `damaged` lists (rec path, key or None, byte offset) of every one found.
     """
@@ -120,7 +121,7 @@ def unpack_dataset(target, out_dir, progress=None, resume=False):
 
 
 def _refuse_damaged(opened, shown=5):
-    """Raise `DamagedRecordsError` when a record differs from its CRC-32 in a .rec.crc file."""
+    """Raise `DamagedRecordsError` when a record differs from its checksum in a .rec.crc file."""
     damaged = []
     for records in opened:
         rec = records.rec.path
@@ -152,7 +153,7 @@ def _refuse_damaged(opened, shown=5):
                           for rec, key, offset in damaged[:shown])  # fmt: skip
         more = f" and {n - shown} more" if n > shown else ""
         raise DamagedRecordsError(
-            f"{n} damaged record{'' if n == 1 else 's'} (bytes differ from the CRC-32 taken "
+            f"{n} damaged record{'' if n == 1 else 's'} (bytes differ from the checksum taken "
             f"when packed): {named}{more}; nothing was written. `rectool verify` lists them all",
             damaged,
         )

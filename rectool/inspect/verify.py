@@ -31,12 +31,14 @@ from ..doors.inputs import open_input
 from ..errors import IndexFormatError, RectoolError
 from ..format.checksums import (
     ChecksumFileError,
+    algorithm_of,
     checksum_path,
     damaged_records,
     load_checksums,
+    show_checksum,
     stale_reason,
 )
-from ..format.digest import sha256_file
+from ..format.digest import DIGEST_NAMES, FIELD, field_name, file_digests
 from ..format.keys import FLOAT32_EXACT
 from ..reader import (
     DATASET_LAYOUTS,
@@ -80,8 +82,8 @@ PROBLEM_KINDS = {
     "id-mismatch": "a record's header id differs from its .idx key (rectool packs write both)",
     "missing-file": "a file the manifest lists is missing",
     "size-mismatch": "a file's size differs from the manifest",
-    "checksum-mismatch": "a file's SHA-256 differs from the manifest",
-    "record-checksum-mismatch": "a record's bytes differ from their CRC-32 taken when packed",
+    "checksum-mismatch": "a file's digest (xxh3-128 or SHA-256) differs from the manifest",
+    "record-checksum-mismatch": "a record's bytes differ from their checksum taken when packed",
     "checksum-file": "a shard's .rec.crc per-record checksum file is missing, malformed or altered",
     "count-mismatch": "a record count differs from the manifest",
     "key-mismatch": "a shard's first or last key differs from the manifest",
@@ -143,8 +145,12 @@ class VerifyReport:
     images: int = 0
     rec_bytes: int = 0
     checksums: int = 0  # files compared with a manifest checksum
-    # Records compared with their CRC-32 (.rec.crc): in shards whose SHA-256 is not a match.
+    # Records compared with their checksum (.rec.crc): in shards whose digest is not a match.
     record_checksums: int = 0
+    # The digests verify computed and compared: of whole files ("xxh3-128", "sha256") and of
+    # records ("xxh3-64", "crc32"), each named once.
+    file_digests: list = field(default_factory=list)
+    record_digests: list = field(default_factory=list)
     decoded: int = 0
     seconds: float = 0.0
     problems: list = field(default_factory=list)
@@ -169,6 +175,7 @@ class VerifyReport:
             "rec_bytes": self.rec_bytes,
             "checksums": self.checksums,
             "record_checksums": self.record_checksums,
+            "digests": {"files": self.file_digests, "records": self.record_digests},
             "decoded": self.decoded,
             "seconds": round(self.seconds, 3),
             "problem_count": self.problem_count,
@@ -196,6 +203,14 @@ def _one(kind, path, key, offset, message):
 
 
 @dataclass(frozen=True)
+class Compared:
+    """A check compared data with an `algorithm` digest: `VerifyReport.<kind>` names it."""
+
+    kind: str  # "file_digests" or "record_digests"
+    algorithm: str
+
+
+@dataclass(frozen=True)
 class Tally:
     """Work a check did that the report counts: `VerifyReport.<name>` grows by `n`."""
 
@@ -214,6 +229,10 @@ class _Findings:
         for item in items:
             if isinstance(item, Tally):
                 setattr(self.report, item.name, getattr(self.report, item.name) + item.n)
+            elif isinstance(item, Compared):
+                names = getattr(self.report, item.kind)
+                if item.algorithm not in names:
+                    names.append(item.algorithm)
             else:
                 self._add(item)
 
@@ -270,9 +289,9 @@ def verify_dataset(targets, decode=None, workers=None, keep=DEFAULT_KEEP, progre
     start = time.perf_counter()
     total_bytes = sum(_size_or_zero(rec) for _, _, shards in resolved for rec, _ in shards)
     done_bytes = 0
-    # Checksums run on their own thread (hashlib releases the GIL) while the walk goes on.
+    # Digests run on their own thread (hashlib and xxhash release the GIL) during the walk.
     with (
-        ThreadPoolExecutor(1, thread_name_prefix="rectool-sha256") as hasher,
+        ThreadPoolExecutor(1, thread_name_prefix="rectool-digest") as hasher,
         ThreadPoolExecutor(workers, thread_name_prefix="rectool-decode") as decoder,
     ):
         for manifest, manifest_path, shards in resolved:
@@ -354,51 +373,70 @@ def check_listed_once(dataset, number, first):
     )
 
 
+def expected_digests(entry, file):
+    """Return {algorithm: hex} of the digests a manifest `entry` gives `file` ("rec", "idx",
+    "crc"): xxh3-128 and/or SHA-256 (version 2), SHA-256 (version 1)."""
+    found = {a: (entry or {}).get(field_name(file, a)) for a in FIELD}
+    return {a: h for a, h in found.items() if h}
+
+
 class _ShardHashes:
-    """The SHA-256 of each file whose manifest entry gives one (and the size it has), computed
-    on the `hasher` thread while the shards are walked."""
+    """The digests of each file whose manifest entry gives some (and the size it has),
+    computed on the `hasher` thread while the shards are walked: each file read once."""
 
     def __init__(self, dataset, hasher):
-        self.futures = {}  # (path, expected SHA-256) -> future
+        self.expected, self.futures = {}, {}  # path -> {algorithm: hex}, path -> future
         for (rec, idx), entry in zip(dataset.shards, dataset.entries):
             if entry is None:
                 continue
-            for path, field_name, size_name in ((rec, "rec_sha256", "rec_bytes"),
-                                                 (idx, "idx_sha256", "idx_bytes")):  # fmt: skip
-                expected = entry.get(field_name)
+            for path, file in ((rec, "rec"), (idx, "idx")):
+                expected = expected_digests(entry, file)
                 if (
                     expected
-                    and _size_or_zero(path) == entry.get(size_name)
+                    and _size_or_zero(path) == entry.get(f"{file}_bytes")
                     and os.path.exists(path)
                 ):
-                    self.futures[(path, expected)] = hasher.submit(sha256_file, path)
+                    self.expected[path] = expected
+                    self.futures[path] = hasher.submit(_hexdigests, path, list(expected))
 
-    def matches(self, path, expected):
-        """Return True when `path`'s SHA-256 was computed and is `expected` (waits for it)."""
-        future = self.futures.get((path, expected)) if expected else None
+    def matches(self, path):
+        """Return True when `path`'s digests were computed and are all the manifest's (waits
+        for them)."""
+        future = self.futures.get(path)
         if future is None:
             return False
         try:
-            return future.result() == expected
+            return future.result() == self.expected[path]
         except (OSError, RectoolError):  # reported by `check`
             return False
 
     def check(self):
-        """Each file's SHA-256 is the manifest's. Raises `RectoolError` for an unreadable one."""
-        for (path, expected), future in self.futures.items():
+        """Each file's digests are the manifest's. Raises `RectoolError` for an unreadable one."""
+        for path, future in self.futures.items():
             try:
                 actual = future.result()
             except OSError as exc:
                 raise RectoolError(f"{path}: cannot read ({exc.strerror or exc})") from None
             yield Tally("checksums", 1)
-            if actual != expected:
+            expected = self.expected[path]
+            for algorithm in expected:
+                yield Compared("file_digests", algorithm)
+            differ = [a for a in expected if actual[a] != expected[a]]
+            if differ:
                 yield _one(
                     "checksum-mismatch",
                     path,
                     None,
                     None,
-                    f"SHA-256 {actual} differs from the manifest's {expected}",
+                    "; ".join(
+                        f"{DIGEST_NAMES[a]} {actual[a]} differs from the manifest's {expected[a]}"
+                        for a in differ
+                    ),
                 )
+
+
+def _hexdigests(path, algorithms):
+    return file_digests(path, algorithms).hexdigests()
 
 
 def check_totals(dataset):
@@ -613,7 +651,7 @@ def _parse_index_leniently(idx, data):
 
 
 # -- a shard: its checks, in the order they report ----------------------------------------------
-def _verify_shard(dataset, number, findings, sha256_matches, decode, decoder, progress):
+def _verify_shard(dataset, number, findings, digests_match, decode, decoder, progress):
     """Run every check of shard `number`; return (layout name, its `ShardIndex`, bytes)."""
     rec, _ = dataset.shards[number]
     if not os.path.exists(rec):
@@ -630,7 +668,7 @@ def _verify_shard(dataset, number, findings, sha256_matches, decode, decoder, pr
             check_layout(facts),
             check_headers(facts),
             check_manifest_entry(facts),
-            check_record_checksums(facts, sha256_matches),
+            check_record_checksums(facts, digests_match),
         ):
             findings.take(check)
         report, records_found = findings.report, len(facts.framing.starts)
@@ -1133,17 +1171,17 @@ def _check_ids(facts):
 
 
 def _checksum_file(facts):
-    """Return (path, SHA-256 the manifest expects or None, problem or None) of the shard's
+    """Return (path, {algorithm: hex} the manifest expects, problem or None) of the shard's
     .rec.crc; path is None when it has none (files packed by other tools, or before rectool
     had one) or the manifest names it wrongly (the problem says so)."""
     named = (facts.entry or {}).get("crc")
     if named is None:
         path = checksum_path(facts.rec)
-        return (path, None, None) if os.path.exists(path) else (None, None, None)
+        return (path, {}, None) if os.path.exists(path) else (None, {}, None)
     if not isinstance(named, str) or os.path.basename(named) != named or named in ("", ".."):
         return (
             None,
-            None,
+            {},
             _one(
                 "manifest",
                 facts.dataset.manifest_path,
@@ -1152,18 +1190,20 @@ def _checksum_file(facts):
                 f"the checksum file of {facts.rec} is named {named!r}, not a file name beside it",
             ),
         )
-    return os.path.join(os.path.dirname(facts.rec), named), facts.entry.get("crc_sha256"), None
+    path = os.path.join(os.path.dirname(facts.rec), named)
+    return path, expected_digests(facts.entry, "crc"), None
 
 
-def check_record_checksums(facts, sha256_matches):
-    """Compare every record with its CRC-32 from the .rec.crc file, when there is one.
+def check_record_checksums(facts, digests_match):
+    """Compare every record with its checksum from the .rec.crc file, when there is one:
+    xxh3-64 (version 2) or zlib CRC-32 (version 1), as the file says.
 
-    Only where the shard's SHA-256 does not already vouch for every byte: it differs from
-    the manifest, or was not computed (no manifest, or a shard of another size);
-    `sha256_matches(path, expected)` tells (waiting for the hash if need be). On the 100k
-    benchmark pack the CRC pass took about a quarter of verify's time; a sound shard whose
-    SHA-256 matches has no damaged record to find. The .rec.crc itself is always read and its
-    SHA-256 compared (it is small).
+    Only where the shard's digests do not already vouch for every byte: they differ from
+    the manifest, or were not computed (no manifest, or a shard of another size);
+    `digests_match(path)` tells (waiting for the digests if need be). On the 100k
+    benchmark pack the CRC-32 pass took about a quarter of verify's time; a sound shard whose
+    digest matches has no damaged record to find. The .rec.crc itself is always read and its
+    digests compared (it is small).
     """
     path, expected, problem = _checksum_file(facts)
     if problem is not None:
@@ -1171,7 +1211,7 @@ def check_record_checksums(facts, sha256_matches):
     if path is None:
         return
     try:
-        entries, actual = load_checksums(path)
+        entries, actual = load_checksums(path, list(expected))
     except FileNotFoundError:
         yield _one(
             "checksum-file", path, None, None, "listed in the manifest, missing; "
@@ -1181,30 +1221,39 @@ def check_record_checksums(facts, sha256_matches):
     except ChecksumFileError as exc:
         yield _one("checksum-file", path, None, None, str(exc).removeprefix(f"{path}: "))
         return
-    if expected is not None:
+    if expected:
         yield Tally("checksums", 1)
-        if actual != expected:
+        for algorithm in expected:
+            yield Compared("file_digests", algorithm)
+        differ = [a for a in expected if actual[a] != expected[a]]
+        if differ:
             yield _one(
                 "checksum-file",
                 path,
                 None,
                 None,
-                f"SHA-256 {actual} differs from the manifest's {expected}; "
-                "its record checksums cannot be trusted and were not used",
+                "; ".join(
+                    f"{DIGEST_NAMES[a]} {actual[a]} differs from the manifest's {expected[a]}"
+                    for a in differ
+                )
+                + "; its record checksums cannot be trusted and were not used",
             )
             return
     size = facts.size
     stale = stale_reason(entries, size)
-    if expected is None and stale is not None:
+    if not expected and stale is not None:
         # Nothing vouches for the table, and it does not fit: another file's, say (a
         # .rec written again by another tool beside it). With the manifest's word for
         # the table, a size that differs is damage, and its records are compared.
         yield _one("checksum-file", path, None, None, f"{stale}; records not compared")
         return
-    if facts.entry is not None and sha256_matches(facts.rec, facts.entry.get("rec_sha256")):
+    if facts.entry is not None and digests_match(facts.rec):
         return
     bad = damaged_records(facts.buf, size, entries)
+    algorithm = algorithm_of(entries)
+    named = DIGEST_NAMES[algorithm]
     yield Tally("record_checksums", len(entries))
+    yield Compared("record_digests", algorithm)
     starts = facts.framing.starts
 
     def problems():
@@ -1218,13 +1267,13 @@ def check_record_checksums(facts, sha256_matches):
             if offset + length > size:
                 why = f"bytes {offset}..{offset + length} run past the end of the file"
             else:
-                why = f"bytes {offset}..{offset + length} differ from their CRC-32"
+                why = f"bytes {offset}..{offset + length} differ from their {named}"
             yield (
                 facts.rec,
                 key,
                 offset,
                 f"record {i} of {os.path.basename(path)}: {why} "
-                f"({entries['crc'][i]:08x} when packed); the record is damaged",
+                f"({show_checksum(entries, i)} when packed); the record is damaged",
             )
 
     yield Found("record-checksum-mismatch", len(bad), problems())

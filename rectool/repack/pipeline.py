@@ -115,13 +115,14 @@ class RepackOptions:
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     max_failures: int = 0
     max_pixels: int = DEFAULT_MAX_PIXELS  # re-encoding: larger images refused before decoding
+    # The manifest gives each file's SHA-256 beside its xxh3-128 (.rec/.idx bytes unchanged).
+    sha256: bool = False
 
     def byte_options(self):
         """Return the options that determine the output bytes (compared on --resume)."""
         doc = asdict(self)
-        doc.pop("workers")
-        doc.pop("max_failures")
-        doc.pop("max_pixels")  # a safety limit, like max_failures
+        for name in ("workers", "max_failures", "max_pixels", "sha256"):  # safety, not bytes
+            doc.pop(name)
         doc["drop_overlap"] = [os.path.abspath(p) for p in self.drop_overlap]
         for name in ("keep_ids", "drop_ids"):
             if doc[name]:
@@ -907,8 +908,9 @@ class _RepackRun:
             # look at the same finished file again and again).
             self.last_shard = 0
         self.writer = ShardWriter(
-            prefix, options.shard_bytes, options.shard_records, last_shard=self.last_shard
-        )
+            prefix, options.shard_bytes, options.shard_records, last_shard=self.last_shard,
+            sha256=options.sha256,
+        )  # fmt: skip
         self.copier = _RecordCopier(sources, catalog)
         self.failures_partial = prefix + FAILURES_SUFFIX + PARTIAL_SUFFIX
         self.refused = np.zeros(self.total, bool)  # plan positions refused while writing
