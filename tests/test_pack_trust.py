@@ -47,8 +47,15 @@ def rectool(*args, env=None, timeout=120, **kwargs):
     env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "rectool", *map(str, args)],
-        env=env, capture_output=True, text=True, timeout=timeout, **kwargs,
+        env=env, capture_output=True, text=True, timeout=timeout,
+        preexec_fn=_default_sigint, **kwargs,
     )  # fmt: skip
+
+
+def _default_sigint():
+    # A SIGINT that something in this test process ignores would be ignored by the child too
+    # (an ignored signal stays ignored across exec): the Ctrl-C tests need Python's handler.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class LockHolder:
