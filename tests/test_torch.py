@@ -108,12 +108,15 @@ def test_no_descriptors_left_in_the_main_process(torch_shards):
     prefix, _ = torch_shards
 
     def rec_fds():
-        return [
-            fd
-            for fd in os.listdir("/proc/self/fd")
-            if os.path.exists(f"/proc/self/fd/{fd}")
-            and os.readlink(f"/proc/self/fd/{fd}").endswith(".rec")
-        ]
+        found = []
+        for fd in os.listdir("/proc/self/fd"):
+            try:  # a descriptor may close between the listing and the look (a worker's pipe)
+                target = os.readlink(f"/proc/self/fd/{fd}")
+            except FileNotFoundError:
+                continue
+            if target.endswith(".rec"):
+                found.append(fd)
+        return found
 
     before = rec_fds()
     ds = rd.open_dataset(prefix)
