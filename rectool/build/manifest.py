@@ -137,6 +137,25 @@ def discard_staging(staging):
     remove_tree(os.path.dirname(staging))
 
 
+def replace_beside(prefix, build):
+    """Build a new pack beside the one at `prefix`, then swap it in; return what `build` did.
+
+    `build(staging)` writes the whole new pack at a staging prefix (`staging_prefix`). The old
+    pack stays whole until the new one is: a failure or an interruption before the commit
+    point removes what was staged; after it (`swap_in`'s journal), the replacement is kept for
+    `finish_interrupted` to complete. pack and repack --overwrite both go through here.
+    """
+    staging = staging_prefix(prefix)
+    try:
+        result = build(staging)
+        swap_in(staging, prefix)
+    except BaseException:
+        if not os.path.exists(journal_path(prefix)):  # not committed: the old pack stays
+            discard_staging(staging)
+        raise
+    return result
+
+
 def swap_in(staging, prefix):
     """Replace the pack at `prefix` with the complete one at `staging` (see `staging_prefix`).
 

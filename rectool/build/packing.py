@@ -63,10 +63,8 @@ from .manifest import (
     check_resume_state,
     check_same_source,
     copy_stream,
-    discard_staging,
     finish_interrupted,
     is_complete,
-    journal_path,
     manifest_path,
     manifest_source,
     output_files,  # noqa: F401 (public: every file a pack may have written)
@@ -75,8 +73,7 @@ from .manifest import (
     shard_files,
     shard_stem,
     source_state,
-    staging_prefix,
-    swap_in,
+    replace_beside,
 )
 from ..doors.output import (
     OutputLock,
@@ -273,18 +270,13 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
     with OutputLock(prefix):
         finish_interrupted(prefix)
         if overwrite and output_files(prefix):
-            # The old pack stays whole until the new one is: pack beside it, then swap.
-            staging = staging_prefix(prefix)
-            try:
-                result = _pack_all(
+            result = replace_beside(
+                prefix,
+                lambda staging: _pack_all(
                     list_path, root, staging, options, False, False, label_map, progress,
                     list_stream, allow_empty,
-                )  # fmt: skip
-                swap_in(staging, prefix)
-            except BaseException:
-                if not os.path.exists(journal_path(prefix)):  # not committed: the old pack stays
-                    discard_staging(staging)
-                raise
+                ),
+            )  # fmt: skip
             return dataclasses.replace(
                 result,
                 manifest_path=manifest_path(prefix),

@@ -40,16 +40,13 @@ from ..build.manifest import (
     REPORT_SUFFIX,
     STATE_SUFFIX,
     build_manifest,
-    discard_staging,
     finish_interrupted,
     is_complete,
-    journal_path,
     manifest_path,
     output_files,
     prepare_outputs,
     remove_stale_temporaries,
-    staging_prefix,
-    swap_in,
+    replace_beside,
 )
 from ..build.shards import ShardWriter
 from ..doors.inputs import open_input
@@ -800,17 +797,12 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
         if not (overwrite and output_files(prefix)):
             return _repack_into(opened, targets, catalog, plan, prefix, options, resume,
                                 overwrite, progress)  # fmt: skip
-        # The old pack stays whole until the new one is: repack beside it, then swap.
-        staging = staging_prefix(prefix)
-        try:
-            result = _repack_into(
+        result = replace_beside(
+            prefix,
+            lambda staging: _repack_into(
                 opened, targets, catalog, plan, staging, options, False, False, progress
-            )
-            swap_in(staging, prefix)
-        except BaseException:
-            if not os.path.exists(journal_path(prefix)):  # not committed: the old pack stays
-                discard_staging(staging)
-            raise
+            ),
+        )
         return dataclasses.replace(
             result,
             manifest_path=manifest_path(prefix),
