@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 from helpers.rec_files import make_pack
 
-from rectool.cli import RectoolCommand, cli
+from rectool.cli import cli
+from rectool.commands.conventions import RectoolCommand
 
 
 @pytest.fixture

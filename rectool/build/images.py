@@ -13,6 +13,7 @@ import struct
 import zlib
 from dataclasses import dataclass
 
+from .. import choices
 from ..errors import RecordFormatError, RectoolError, UsageError
 from ..reader import (  # the format constants and sniff_format: re-exported for pack's modules
     DEFAULT_MAX_PIXELS,
@@ -58,7 +59,7 @@ _REDUCED_GRAY = {
     8: "IMREAD_REDUCED_GRAYSCALE_8",
 }
 _COLOR_FLAGS = {1: "IMREAD_COLOR", 0: "IMREAD_GRAYSCALE", -1: "IMREAD_UNCHANGED"}
-ENCODINGS = (".jpg", ".png")
+ENCODINGS = choices.ENCODINGS
 
 
 class ImageRefused(RectoolError):
@@ -141,7 +142,7 @@ def _decode(data, flag, max_pixels):
         ) from None
 
 
-CHECK_MODES = ("structure", "decode", "none")
+CHECK_MODES = choices.CHECK_MODES
 
 
 def check_image(data, mode="structure", max_pixels=DEFAULT_MAX_PIXELS):

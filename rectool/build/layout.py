@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 
+from .. import choices
 from ..errors import RectoolError, UsageError
 from ..format.keys import FLOAT32_EXACT
 from .listfile import ListFormatError
@@ -128,7 +129,8 @@ def _labels_record(labels, key, id2):
 
 IMAGES = Layout("images", numbered=False)
 INSIGHTFACE = Layout("insightface", numbered=True)
-LAYOUTS = (IMAGES.name, INSIGHTFACE.name)
+LAYOUTS = choices.LAYOUTS
+assert LAYOUTS == (IMAGES.name, INSIGHTFACE.name)  # the layouts below are the choices
 _BY_NAME = {layout.name: layout for layout in (IMAGES, INSIGHTFACE)}
 
 

@@ -1,0 +1,211 @@
+"""The output convention of every command: one JSON document under --json, stdout for answers,
+stderr for summaries, one exit-code table, and the library's errors turned into click's.
+
+A command module gets all of it by defining its command with `cls=RectoolCommand` and
+wrapping it in `@library_errors`.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import sys
+import time
+
+import click
+
+from ..doors.output import discard_stream
+from ..errors import InputError, RectoolError, UsageError
+
+# The output convention, one place for every command (new ones get it by being defined with
+# `@click.command(cls=RectoolCommand)` and using `@json_option` and `@library_errors`):
+# - human summaries, progress bars and messages go to stderr; data goes to stdout;
+# - with --json, stdout holds exactly one JSON document, written by `emit_json`: the command's
+#   result, or `{"error": ..., "exit": N, "seconds": ...}` for every failure (library errors exit
+#   1, usage errors 2, click's own parse errors included, Ctrl-C 130). A result whose command
+#   exits non-zero (pack's 3, verify's 1) carries that `exit` too; every document has `seconds`;
+# - paths in a document are built from the paths given on the command line, as given: relative
+#   ones stay relative to the current directory, absolute ones stay absolute.
+# `list ... -` and `reader -o -` write their data to stdout: `list`'s JSON then goes to stderr.
+
+JSON_FLAG = "--json"
+
+
+def _wants_json(args):
+    """Return True when --json is on a command line (before any `--`)."""
+    args = list(args)
+    if "--" in args:
+        args = args[: args.index("--")]
+    return JSON_FLAG in args
+
+
+def seconds_since_start(ctx):
+    start = ctx.meta.get("rectool.start") if ctx is not None else None
+    return round(time.perf_counter() - start, 3) if start is not None else 0.0
+
+
+def emit_json(document, exit_code=0, err=False):
+    """Print `document` as the command's one JSON document (with `seconds`, and `exit` when
+    non-zero), then exit with `exit_code` when it is not 0."""
+    ctx = click.get_current_context(silent=True)
+    document = dict(document)
+    document.setdefault("seconds", seconds_since_start(ctx))
+    if exit_code:
+        document["exit"] = exit_code
+    write_stream(json.dumps(document, ensure_ascii=False, indent=2), err=err)
+    if exit_code:
+        sys.exit(exit_code)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process was so that it cleans up as for Ctrl-C; exit 143."""
+
+
+def on_sigterm(signum, frame):
+    raise Terminated()
+
+
+def interrupted_status(exc):
+    """Return the exit status of an interruption: 143 for SIGTERM, 130 for Ctrl-C."""
+    return 143 if isinstance(exc, Terminated) else 130
+
+
+def write_stream(text, nl=True, err=False):
+    """Write a command's data or JSON document to stdout (`err`: to stderr) and flush it: the
+    one place commands write their output, so a closed pipe or a full disk (`> /dev/full`)
+    ends every command the same way, never with a traceback. A closed pipe exits 1 quietly, as
+    other command-line tools do; any other failure prints one `Error:` line on stderr, exit 1."""
+    stream = sys.stderr if err else sys.stdout
+    try:
+        click.echo(text, nl=nl, err=err)
+        stream.flush()
+    except OSError as exc:
+        _output_failed(stream, exc)
+
+
+def _output_failed(stream, exc):
+    # What is left in the stream's buffer would fail again when Python flushes it at exit:
+    # point the descriptor at /dev/null first (what the Python docs advise for SIGPIPE).
+    try:
+        discard_stream(stream.fileno())
+    except (OSError, ValueError):  # not a real file (click's test runner)
+        pass
+    if exc.errno != errno.EPIPE and stream is sys.stdout:
+        message = f"Error: cannot write standard output: {exc.strerror or exc}"
+        try:
+            click.echo(message, err=True)
+        except OSError:
+            pass
+    sys.exit(1)
+
+
+class UnusableInput(click.ClickException):
+    """An input that cannot be used at all (`InputError`): `Error: ...`, exit 2."""
+
+    exit_code = 2
+
+
+class CommandFailed(click.ClickException):
+    """An exit with a status and a message printed as is (no `Error: ` prefix)."""
+
+    def __init__(self, message, exit_code):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+    def show(self, file=None):
+        click.echo(self.message, err=True)
+
+
+class JsonFailure(click.ClickException):
+    """A failure under --json: `{"error": ..., "exit": N, "seconds": ...}` on stdout."""
+
+    def __init__(self, message, exit_code, seconds, err=False):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.seconds = seconds
+        self.err = err
+
+    def show(self, file=None):
+        document = {"error": self.message, "exit": self.exit_code, "seconds": self.seconds}
+        write_stream(json.dumps(document, ensure_ascii=False, indent=2), err=self.err)
+
+
+class RectoolCommand(click.Command):
+    """A command that keeps the output convention above, whatever happens in it."""
+
+    # A command whose stdout may carry data: its JSON goes to stderr when the command line
+    # (its arguments, as given) says it does.
+    json_on_stderr = None  # callable(args) -> bool
+
+    def _json_on_stderr(self, args):
+        return bool(self.json_on_stderr and self.json_on_stderr(args))
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        given = list(args)
+        as_json = _wants_json(given)
+        start = time.perf_counter()
+        try:
+            ctx = super().make_context(info_name, args, parent=parent, **extra)
+        except click.exceptions.Exit:
+            raise
+        except click.ClickException as exc:
+            if not as_json or isinstance(exc, JsonFailure):
+                raise
+            err = self._json_on_stderr(given)
+            raise JsonFailure(exc.format_message(), exc.exit_code, 0.0, err) from exc
+        ctx.meta["rectool.start"] = start
+        ctx.meta["rectool.args"] = given
+        return ctx
+
+    def invoke(self, ctx):
+        as_json = bool(ctx.params.get("as_json"))
+        err = as_json and self._json_on_stderr(ctx.meta.get("rectool.args", []))
+        try:
+            return super().invoke(ctx)
+        except JsonFailure:
+            raise
+        except click.ClickException as exc:
+            if not as_json:
+                raise
+            raise JsonFailure(
+                exc.format_message(), exc.exit_code, seconds_since_start(ctx), err
+            ) from exc
+        except KeyboardInterrupt as exc:
+            status = interrupted_status(exc)
+            word = "terminated" if status == 143 else "interrupted"
+            if not as_json:
+                click.echo(f"{word.capitalize()}.", err=True)
+                sys.exit(status)
+            raise JsonFailure(word, status, seconds_since_start(ctx), err) from None
+
+
+class RectoolGroup(click.Group):
+    """The `rectool` group: its commands are `RectoolCommand`s."""
+
+    command_class = RectoolCommand
+
+
+def library_errors(func):
+    """Turn the library's own exceptions into click's: exit 1 (`Error: ...`) or 2 for usage."""
+
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        try:
+            return func(*args, **kwargs)
+        except UsageError as exc:
+            raise click.UsageError(str(exc)) from exc
+        except InputError as exc:  # unusable input: exit 2, without click's usage text
+            raise UnusableInput(str(exc)) from exc
+        except RectoolError as exc:
+            raise click.ClickException(str(exc)) from exc
+        except OSError as exc:
+            # The library names its files in its own errors; this is the net for the rest
+            # (a read-only output folder, a full disk): a message, never a traceback.
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise click.ClickException(f"{where}{exc.strerror or exc}") from exc
+
+    return wrapper
+
+
+# Options several commands share, defined once (as pip-tools does).

@@ -1,0 +1,41 @@
+"""`rectool index-cache`: the .idx sidecar caches of a pack made by others."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from .conventions import (
+    RectoolCommand,
+    emit_json,
+    library_errors,
+)
+from .options import (
+    json_option,
+)
+
+
+@click.command(cls=RectoolCommand, name="index-cache")
+@click.argument("target")
+@json_option("Print the caches written as JSON on stdout.")
+@library_errors
+def index_cache_command(target, as_json):
+    """Write the .idx sidecar cache (IDX.rtc) of every shard of TARGET.
+
+    The reader never writes: it reads the cache when one matches its .idx (size, mtime,
+    CRC-32) and otherwise parses the .idx text. `pack` writes the cache of large shards
+    itself; use this for packs made by others (insightface's train.idx, im2rec's).
+
+    \b
+    Example:
+        rectool index-cache faces_emore/
+    """
+    from ..format.indexcache import write_index_caches
+
+    paths = [os.fspath(p) for p in write_index_caches(target)]
+    if as_json:
+        emit_json({"caches": paths})
+        return
+    for path in paths:
+        click.echo(f"Wrote {path}.", err=True)

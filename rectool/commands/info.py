@@ -1,0 +1,106 @@
+"""`rectool info`: what a dataset holds."""
+
+from __future__ import annotations
+
+import click
+
+from .conventions import (
+    RectoolCommand,
+    emit_json,
+    library_errors,
+    write_stream,
+)
+from .options import (
+    Count,
+    json_option,
+    max_pixels_option,
+)
+
+
+@click.command(cls=RectoolCommand, name="info")
+@click.argument("target")
+@click.option(
+    "--sample",
+    type=Count(0),
+    default=200,
+    show_default=True,
+    help="Images decoded, spread over the dataset, for their dimensions.",
+)
+@max_pixels_option(
+    "Sampled images whose header declares more pixels are counted as too large, not decoded."
+)
+@json_option("Print the description as JSON on stdout.")
+@library_errors
+def info_command(target, sample, max_pixels, as_json):
+    """Describe TARGET (manifest, prefix, .rec or train.rec folder).
+
+    Records, images, identities and images per identity (min / median / max and a small
+    histogram), image payload sizes, encodings, dimensions of a sample, and the layout:
+    images, or insightface (record 0 with flag 2 announces the identities); "label vectors"
+    when images carry several labels each.
+
+    \b
+    Example:
+        rectool info out/faces
+        rectool info faces_emore/train.rec --json
+    """
+    from ..inspect.info import dataset_info
+
+    info = dataset_info(target, sample=sample, max_pixels=max_pixels)
+    if as_json:
+        emit_json(info.to_json())
+    else:
+        write_stream(render_info(info))  # the answer: stdout
+
+
+def render_info(info, width=40):
+    """Return the human description of a dataset."""
+    shards = info["shards"]
+    lines = [
+        f"{info['target']}: layout {info['layout']}"
+        f"{', label vectors' if info.get('label_vectors') else ''}, "
+        f"{shards} shard{'' if shards == 1 else 's'}, "
+        f"{info['records']:,} records, {info['images']:,} images, "
+        f"{info['rec_bytes'] / 1e6:,.1f} MB"
+    ]
+    per = info.get("images_per_identity")
+    if info.get("identities") is None:
+        lines.append("Identities: labels are not integral class ids")
+    else:
+        classes = info.get("classes")
+        of = f" (of {classes} classes)" if classes is not None else ""
+        lines.append(f"Identities: {info['identities']:,}{of}")
+    if per:
+        lines.append(
+            f"Images per identity: min {per['min']:,}, median {per['median']:g}, max {per['max']:,}"
+        )
+        most = max(row["identities"] for row in per["histogram"])
+        for row in per["histogram"]:
+            bar = "#" * max(1, round(width * row["identities"] / most))
+            lines.append(f"  {row['images']:>9} images: {row['identities']:>9,} {bar}")
+    sizes = info["image_bytes"]
+    if sizes:
+        lines.append(
+            f"Image bytes: min {sizes['min']:,}, median {sizes['median']:,.0f}, "
+            f"mean {sizes['mean']:,.1f}, max {sizes['max']:,}"
+        )
+    if info["encodings"]:
+        lines.append("Encodings: " + ", ".join(f"{k} {n:,}" for k, n in info["encodings"].items()))
+    dims = info["dimensions"]
+    if dims["sampled"] and dims["distinct"] <= len(dims["most_common"]):
+        counts = ", ".join(f"{k} {n:,}" for k, n in dims["counts"].items())
+        lines.append(f"Dimensions (HxWxC, sample of {dims['sampled']:,}): {counts}")
+    elif dims["sampled"]:
+        lines.append(
+            f"Dimensions (sample of {dims['sampled']:,}): {dims['distinct']:,} different sizes"
+            + (f", {dims['undecodable']:,} undecodable" if dims["undecodable"] else "")
+            + (f", {dims['too_large']:,} over --max-pixels" if dims.get("too_large") else "")
+        )
+        for name in ("height", "width"):
+            side = dims[name]
+            lines.append(
+                f"  {name}: min {side['min']:,}, median {side['median']:g}, max {side['max']:,}"
+            )
+        common = ", ".join(f"{row['size']} {row['images']:,}" for row in dims["most_common"])
+        lines.append(f"  most common (HxWxC): {common}")
+    return "\n".join(lines)

@@ -1,0 +1,218 @@
+"""`rectool list`: a tree in, im2rec's list and a label map out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..build.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, display_path, list_images
+from .conventions import (
+    RectoolCommand,
+    emit_json,
+    library_errors,
+    seconds_since_start,
+)
+from .options import (
+    Count,
+    Finite,
+    json_option,
+    overwrite_option,
+    progress_bar,
+    quiet_option,
+)
+
+
+def parse_extensions(ctx, param, value):
+    """Return `--exts` values (comma-separated and/or repeated) as one tuple."""
+    if not value:
+        return DEFAULT_EXTENSIONS
+    exts = tuple(e.strip() for text in value for e in text.split(","))
+    if not all(e.strip(".") for e in exts):
+        raise click.BadParameter(f"empty extension in {','.join(value)!r}")
+    return exts
+
+
+@click.command(cls=RectoolCommand, name="list")
+@click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
+@click.option(
+    "--recursive/--no-recursive",
+    default=True,
+    show_default=True,
+    help="Also list images in subfolders of an identity folder, with its label. "
+    "--no-recursive skips (and counts) such subfolders.",
+)
+@click.option(
+    "--exts",
+    multiple=True,
+    callback=parse_extensions,
+    metavar="EXT[,EXT...]",
+    help="Image extensions, case-insensitive, comma-separated or repeated.  "
+    f"[default: {','.join(e.lstrip('.') for e in DEFAULT_EXTENSIONS)}]",
+)
+@click.option("--shuffle", is_flag=True, help="Shuffle the images (default: in order).")
+@click.option(
+    "--seed",
+    type=Count(0),
+    help="Seed of --shuffle (default: a random one, shown in the summary).",
+)
+@click.option(
+    "--chunks",
+    type=Count(1),
+    default=1,
+    show_default=True,
+    help="Cut the images into N lists PREFIX_0.lst ... of nearly equal length.",
+)
+@click.option(
+    "--train-ratio",
+    type=Finite(0, 1),
+    help="Fraction written to PREFIX_train.lst (default: what val and test leave).",
+)
+@click.option(
+    "--val-ratio",
+    type=Finite(0, 1),
+    help="Fraction written to PREFIX_val.lst (default: what train and test leave).",
+)
+@click.option("--test-ratio", type=Finite(0, 1), help="Fraction written to PREFIX_test.lst.")
+@click.option(
+    "--split-by",
+    type=click.Choice(["image", "identity"]),
+    default="image",
+    show_default=True,
+    help="image: cut runs of images, as im2rec. identity: whole identities, so nobody is "
+    "in two splits (the ratios then count identities).",
+)
+@click.option(
+    "--min-per-id",
+    type=Count(1),
+    default=1,
+    show_default=True,
+    help="Skip identities with fewer images.",
+)
+@click.option(
+    "--max-per-id",
+    type=Count(1),
+    help="Keep at most N images per identity (the first in path order).",
+)
+@click.option(
+    "--threads",
+    "-j",
+    type=click.IntRange(1, 256),
+    default=None,
+    help="Folders read at once. Default: one at a time while folders list fast (a local or "
+    "cached disk), 4 per CPU (at most 32) once they prove slow (a network file system).",
+)
+@click.option(
+    "--labels",
+    "labels",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the label map here. Default: PREFIX.labels.tsv beside OUT; "
+    "with OUT - it is written only if this is given.",
+)
+@overwrite_option("Replace existing lists and label map (all or none are written).")
+@click.option(
+    "--allow-outside-root",
+    is_flag=True,
+    help="Follow symbolic links that lead out of ROOT (each folder is still listed once); "
+    "by default they are skipped as outside-root.",
+)
+@quiet_option("No progress bar and no summary.")
+@json_option("Print the summary as JSON: on stdout, or on stderr when OUT is -.")
+@library_errors
+def list_command(
+    root, out, recursive, exts, shuffle, seed, chunks, train_ratio, val_ratio, test_ratio,
+    split_by, min_per_id, max_per_id, threads, labels, allow_outside_root, overwrite, quiet,
+    as_json,
+):  # fmt: skip
+    """List the images under ROOT, one identity per folder, into OUT (.lst, or - for stdout).
+
+    Each first-level folder of ROOT is an identity. Labels 0, 1, ... go to identities in
+    sorted folder-name order, so the same tree always gets the same labels. Lines are
+    im2rec's `index<TAB>label<TAB>identity/file`, UTF-8, by identity then path unless
+    --shuffle; indices run 0..N-1 in that order before any split, so they are unique across
+    PREFIX_train/_val/_test.lst and PREFIX_0.lst ... chunks. The label map,
+    `label<TAB>identity` per line, goes to PREFIX.labels.tsv beside OUT (see --labels).
+
+    Passed over, counted by reason and summarised on stderr: files without an image
+    extension, hidden files and folders (.name), files directly in ROOT, empty identity
+    folders, unreadable folders, names a .lst line cannot hold (tab, newline, CR, not UTF-8,
+    leading or trailing whitespace), broken links and special files, symlink loops and
+    repeats, links that lead out of ROOT.
+
+    Symbolic links are followed, to files and to folders, while they stay inside ROOT (see
+    --allow-outside-root). Every folder is listed once: a linked folder that leads back to
+    one of its own ancestors, or to a folder already listed, is skipped and counted, so a
+    scan always ends.
+
+    \b
+    Example:
+        rectool list faces/ faces.lst
+        rectool list faces/ faces.lst --shuffle --seed 1 --val-ratio 0.05 --split-by identity
+    """
+    to_stdout = str(out) == "-"
+    update, close = progress_bar(quiet or as_json, "folder")
+    try:
+        listing = list_images(
+            root,
+            click.open_file("-", "wb") if to_stdout else out,
+            labels=labels,
+            overwrite=overwrite,
+            exts=exts,
+            recursive=recursive,
+            threads=threads,
+            progress=update and (lambda folders, images: update(folders, None, 0)),
+            allow_outside_root=allow_outside_root,
+            shuffle=shuffle,
+            seed=seed,
+            chunks=chunks,
+            train_ratio=train_ratio,
+            val_ratio=val_ratio,
+            test_ratio=test_ratio,
+            split_by=split_by,
+            min_per_id=min_per_id,
+            max_per_id=max_per_id,
+        )
+    finally:
+        close()
+    seconds = seconds_since_start(click.get_current_context())
+    if as_json:
+        # With OUT -, stdout carries the list: the summary goes to stderr.
+        emit_json({**listing.summary(), "seconds": seconds}, err=to_stdout)
+    elif not quiet:
+        click.echo(render_list_summary(listing, seconds), err=True)
+
+
+def _list_json_on_stderr(args):
+    return "-" in args  # OUT - (no option of `list` takes - as its value)
+
+
+list_command.json_on_stderr = _list_json_on_stderr
+
+
+def render_list_summary(listing, seconds, shown=3):
+    """Return the human summary of a listing: what was listed and written, what passed over."""
+
+    def count(n, noun):
+        return f"{n:,} {noun}{'' if n == 1 else 's'}"
+
+    lines = [
+        f"Listed {count(listing.image_count, 'image')} of "
+        f"{count(len(listing.identities), 'identity').replace('ys', 'ies')} "
+        f"({count(listing.folders, 'folder')} read in {seconds:.2f} s)."
+    ]
+    for suffix, path in listing.written.items():
+        where = "stdout" if path == "-" else path
+        lines.append(f"Wrote {where}: {count(len(listing.lists[suffix]), 'image')}.")
+    if listing.label_map:
+        lines.append(f"Wrote the label map {listing.label_map}.")
+    if listing.seed is not None:
+        lines.append(f"Shuffled with --seed {listing.seed}.")
+    skipped = [(reason, paths) for reason, paths in listing.skipped.items() if paths]
+    if skipped:
+        lines.append("Passed over:")
+    for reason, paths in skipped:
+        examples = ", ".join(display_path(p) for p in paths[:shown])
+        more = ", ..." if len(paths) > shown else ""
+        lines.append(f"  {SKIP_REASONS[reason]}: {len(paths):,} ({examples}{more})")
+    return "\n".join(lines)

@@ -1,0 +1,356 @@
+"""`rectool pack`: a list and a tree in, shards and a manifest out."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import click
+
+from ..choices import CHECK_MODES, ENCODINGS, LAYOUTS
+from .conventions import (
+    CommandFailed,
+    RectoolCommand,
+    emit_json,
+    interrupted_status,
+    library_errors,
+    write_stream,
+)
+from .options import (
+    ByteSize,
+    Count,
+    json_option,
+    max_pixels_option,
+    progress_bar,
+    quiet_option,
+    remember_progress,
+    workers_option,
+)
+
+
+@click.command(cls=RectoolCommand, name="pack")
+@click.argument("list_file", metavar="LIST", type=click.Path(dir_okay=False, allow_dash=True))
+@click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("prefix", metavar="OUT_PREFIX")
+@click.option(
+    "--pack-label",
+    is_flag=True,
+    help="Store every list label as a float32 vector (flag > 0), as im2rec.",
+)
+@click.option(
+    "--check",
+    type=click.Choice(CHECK_MODES),
+    default="structure",
+    show_default=True,
+    help="Pass-through check of each image. structure: walk the JPEG markers to the scan and "
+    "the end marker, every PNG chunk and CRC (other formats are decoded). decode: also decode "
+    "every image, refusing JPEGs whose data libjpeg-turbo reports corrupt (slower). none: only "
+    "refuse missing and empty files.",
+)
+@click.option("--no-check", is_flag=True, help="Same as --check none.")
+@click.option(
+    "--resize",
+    type=Count(1),
+    help="Re-encode with the shorter side resized to N pixels.",
+)
+@click.option("--center-crop", is_flag=True, help="Re-encode, cropping the centre square first.")
+@click.option(
+    "--quality",
+    type=click.IntRange(0, 100),
+    help="Re-encode: JPEG quality 1-100 (default 95) or PNG compression 0-9 (default 3).",
+)
+@click.option(
+    "--encoding", type=click.Choice(ENCODINGS), help="Re-encode as JPEG or PNG (default .jpg)."
+)
+@click.option(
+    "--color",
+    type=click.Choice(["-1", "0", "1"]),
+    help="Re-encode: 1 colour, 0 grayscale, -1 unchanged (default 1).",
+)
+@click.option(
+    "--shard-size",
+    type=ByteSize(),
+    help="Roll over to a new shard before a shard's .rec passes this size (e.g. 512MB, 2GiB).",
+)
+@click.option("--shard-records", type=Count(1), help="Roll over to a new shard every N records.")
+@click.option(
+    "--layout",
+    type=click.Choice(LAYOUTS),
+    default="images",
+    show_default=True,
+    help="images: keys as in the list. insightface: the face-dataset layout "
+    "(header record 0, identity ranges, property file).",
+)
+@workers_option("Worker threads reading, checking and encoding images.")
+@max_pixels_option(
+    "Refuse images whose header declares more pixels, before checking or re-encoding them "
+    "(not with --check none)."
+)
+@click.option(
+    "--max-failures",
+    type=Count(0),
+    default=0,
+    show_default=True,
+    help="Refused images accepted before the exit status turns to 3.",
+)
+@click.option(
+    "--labels",
+    "label_map",
+    type=click.Path(dir_okay=False),
+    help="Label map (label<TAB>identity) for the manifest; "
+    "default: the one `rectool list` wrote beside LIST.",
+)
+@click.option(
+    "--allow-outside-root",
+    is_flag=True,
+    help="Pack list paths that leave ROOT (absolute, climbing out with .., or through a "
+    "symbolic link); by default they are refused as outside-root.",
+)
+@click.option(
+    "--sha256",
+    is_flag=True,
+    help="Give each file's SHA-256 in the manifest as well as its xxh3-128 (a content address "
+    "for a published dataset; costs about 1 s a GB more).",
+)
+@click.option("--resume", is_flag=True, help="Continue an interrupted pack where it stopped.")
+@click.option(
+    "--overwrite",
+    is_flag=True,
+    help="Replace an existing pack at OUT_PREFIX, once the new one is complete.",
+)
+@click.option(
+    "--only-shard",
+    type=Count(0),
+    metavar="K",
+    help="Pack only shard K of the plan (needs --shard-records): one job-array task per shard.",
+)
+@click.option(
+    "--finalize",
+    is_flag=True,
+    help="After --only-shard runs: check every shard and write the failures file and manifest.",
+)
+@click.option(
+    "--plan", "show_plan", is_flag=True, help="Print the shard plan (count, list lines) and exit."
+)
+@click.option(
+    "--executor",
+    type=click.Choice(["local", "dask"]),
+    default="local",
+    show_default=True,
+    help="dask: one task per shard on a Dask cluster (needs Dask: in a checkout of rectool, "
+    "pip install -e '.[dask]').",
+)
+@click.option(
+    "--scheduler",
+    metavar="ADDRESS",
+    help="Dask scheduler address (tcp://host:8786); default: a local cluster.",
+)
+@click.option(
+    "--allow-empty",
+    is_flag=True,
+    help="Pack an empty list as an empty dataset (by default an empty list is a usage error).",
+)
+@quiet_option("No progress bar and no summary.")
+@json_option("Print the summary as JSON on stdout.")
+@library_errors
+def pack_command(
+    list_file, root, prefix, pack_label, check, no_check, resize, center_crop, quality, encoding,
+    color, shard_size, shard_records, layout, workers, max_pixels, max_failures, label_map,
+    allow_outside_root, sha256, resume, overwrite, only_shard, finalize, show_plan, executor,
+    scheduler, allow_empty, quiet, as_json,
+):  # fmt: skip
+    """Pack the images of LIST (or - for stdin) under ROOT into OUT_PREFIX.rec/.idx shards.
+
+    Images are passed through byte for byte, each checked as --check says (by default their
+    structure: JPEG markers, PNG chunks and CRCs), unless a re-encoding option (--resize,
+    --center-crop, --quality, --encoding, --color) is given. Broken images are never
+    written: each is recorded in OUT_PREFIX.failures.jsonl. Shards are written as .partial
+    files and renamed when complete; OUT_PREFIX.manifest.json is written last.
+
+    One run at a time writes an OUT_PREFIX (a second is refused, naming the first's pid).
+    Images that are not regular files, or whose paths leave ROOT, are refused.
+
+    Exit status: 0 packed (refusals within --max-failures), 1 error, 2 usage error,
+    3 packed but more images refused than --max-failures allows (with --only-shard: by that
+    shard), 130 interrupted (Ctrl-C: what was packed is kept; --resume continues it).
+
+    \b
+    Example:
+        rectool pack faces.lst faces/ out/faces --shard-size 2GiB
+        rectool pack faces.lst faces/ out/faces112 --resize 112 --quality 95
+        rectool list faces/ - --labels faces.tsv | rectool pack - faces/ out/f --labels faces.tsv
+    """
+    from ..build.distributed import pack_on_dask
+    from ..build.images import transform_from_options
+    from ..build.packing import PackOptions, finalize_pack, pack_images
+
+    if no_check and check != "structure":
+        raise click.BadParameter(f"--no-check contradicts --check {check}", param_hint="--no-check")
+    options = PackOptions(
+        transform=transform_from_options(resize, center_crop, quality, encoding, color),
+        check="none" if no_check else check,
+        pack_label=pack_label,
+        shard_bytes=shard_size,
+        shard_records=shard_records,
+        layout=layout,
+        workers=workers,
+        max_failures=max_failures,
+        allow_outside_root=allow_outside_root,
+        max_pixels=max_pixels,
+        sha256=sha256,
+    )
+    by_shard = only_shard is not None or finalize or show_plan
+    if executor == "dask" or by_shard:
+        if not shard_records or shard_size:
+            raise click.BadParameter(
+                "packing shard by shard needs a plan: give --shard-records N (not --shard-size)",
+                param_hint="--shard-records",
+            )
+        if sum([only_shard is not None, finalize, show_plan, executor == "dask"]) > 1:
+            raise click.UsageError(
+                "use one of --only-shard, --finalize, --plan, --executor dask at a time"
+            )
+    if scheduler and executor != "dask":
+        raise click.BadParameter("--scheduler needs --executor dask", param_hint="--scheduler")
+    if show_plan:
+        plan = shard_plan(list_file, options)
+        if as_json:
+            emit_json(plan)
+        elif not quiet:
+            write_stream(f"{len(plan['shards'])} shards of {plan['items']:,} list lines:")
+            for number, (first, last) in enumerate(plan["shards"]):
+                write_stream(f"  shard {number}: lines {first + 1}-{last}")
+        return
+    update, close = progress_bar(quiet or as_json, "img")
+    update, seen = remember_progress(update)
+    replaces = overwrite and only_shard is None and not finalize and _has_output(prefix)
+    try:
+        if only_shard is not None:
+            result = pack_images(
+                list_file, root, prefix, options, resume=resume, overwrite=overwrite,
+                progress=update, only_shard=only_shard,
+            )  # fmt: skip
+        elif finalize:
+            result = finalize_pack(list_file, root, prefix, options, label_map=label_map)
+        elif executor == "dask":
+            result = pack_on_dask(
+                list_file, root, prefix, options, scheduler=scheduler, resume=resume,
+                overwrite=overwrite, label_map=label_map, progress=update,
+            )  # fmt: skip
+        else:
+            result = pack_images(
+                list_file, root, prefix, options, resume=resume, overwrite=overwrite,
+                label_map=label_map, progress=update, allow_empty=allow_empty,
+            )  # fmt: skip
+    except KeyboardInterrupt as exc:
+        close()
+        message = _interrupted_message(prefix, seen, replaces, finalize, only_shard)
+        status = interrupted_status(exc)
+        if status == 143:
+            message = "Terminated (SIGTERM)" + message[len("Interrupted") :]
+        raise CommandFailed(message, status) from None
+    finally:
+        close()
+    exit_code = 0 if result.accepted else 3
+    if as_json:
+        document = result.to_json()
+        if exit_code:
+            document["error"] = _refused_too_many(result)
+        emit_json(document, exit_code)
+        return
+    if not quiet:
+        render = render_shard_result if only_shard is not None else render_pack_summary
+        click.echo(render(result), err=True)
+    sys.exit(exit_code)
+
+
+def _refused_too_many(result):
+    return f"more than --max-failures {result.max_failures} refused ({result.failures:,})"
+
+
+def _has_output(prefix):
+    from ..build.manifest import output_files
+
+    return bool(output_files(prefix))
+
+
+def _interrupted_message(prefix, seen, overwrite, finalize, only_shard):
+    """Say what an interrupted pack kept and how to continue it."""
+    from ..build.manifest import journal_path
+
+    if os.path.exists(journal_path(prefix)):
+        return (
+            f"Interrupted: the new pack at {prefix} was complete and is being moved into place; "
+            "run the command again (or `rectool verify` on it) to finish that."
+        )
+    if overwrite:  # the run packed beside the old files (see `_replaces`)
+        return (
+            f"Interrupted: the pack at {prefix} is unchanged; the new one was not finished "
+            "(run the command again to start it over)."
+        )
+    if finalize:
+        return f"Interrupted: no manifest was written for {prefix}; run --finalize again."
+    where = prefix if only_shard is None else f"shard {only_shard} of {prefix}"
+    total = f" of {seen['total']:,}" if seen["total"] is not None else ""
+    return (
+        f"Interrupted after {seen['done']:,}{total} list items: what was packed is kept "
+        f"({where}: finished shards and .partial files).\n"
+        "Run the same command with --resume to continue it."
+    )
+
+
+def shard_plan(list_file, options):
+    """Return the shard plan of a list as JSON-ready data (list lines are 1-based)."""
+    from ..build.packing import plan_list
+
+    plan = plan_list(list_file, options)
+    return {
+        "items": sum(len(r) for r in plan),
+        "shard_records": options.shard_records,
+        "shards": [[r.start, r.stop] for r in plan],
+    }
+
+
+def render_shard_result(shard):
+    """Return the human summary of packing one shard."""
+    lines = [
+        f"Packed shard {shard.shard} of {shard.shards}: {shard.info.records:,} images in "
+        f"{shard.rec_path}, {shard.failures:,} refused ({shard.failures_path}). "
+        "Run --finalize once every shard is packed."
+    ]
+    if not shard.accepted:
+        lines.append(
+            f"More than --max-failures {shard.max_failures} refused in this shard: exit status 3."
+        )
+    return "\n".join(lines)
+
+
+def render_pack_summary(result, shown=10):
+    """Return the human summary of a pack."""
+    from ..build.packing import COMPLETE, FINALIZED, RESUMED
+
+    shards = result.manifest["shards"]
+    totals = result.manifest["totals"]
+    verb = {COMPLETE: "Already packed", FINALIZED: "Finalized"}.get(result.outcome, "Packed")
+    lines = [
+        f"{verb} {result.images:,} images into {len(shards)} shard"
+        f"{'s' if len(shards) != 1 else ''} ({totals['rec_bytes'] / 1e6:,.1f} MB); "
+        f"manifest {result.manifest_path}"
+    ]
+    if result.outcome == RESUMED:
+        lines.append(f"Resumed after {result.resumed_from:,} list items done earlier.")
+    elif result.outcome == COMPLETE:
+        lines.append("Nothing to do: the pack was already complete, made the same way.")
+    elif result.outcome == FINALIZED:
+        noun = "shard" if len(shards) == 1 else "shards"
+        lines.append(f"Checked {len(shards)} {noun} packed one by one and wrote the manifest.")
+    if result.failures:
+        noun = "image" if result.failures == 1 else "images"
+        lines.append(f"Refused {result.failures:,} {noun} (all listed in {result.failures_path}):")
+        lines += [f"  line {r.line}: {r.path}: {r.reason}" for r in result.refused[:shown]]
+        if result.failures > shown:
+            lines.append(f"  ... and {result.failures - shown:,} more")
+        if not result.accepted:
+            lines.append(f"More than --max-failures {result.max_failures} refused: exit status 3.")
+    return "\n".join(lines)

@@ -1,0 +1,270 @@
+"""`rectool repack`: packs in, a pack out."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from ..choices import LAYOUTS
+from .conventions import (
+    RectoolCommand,
+    emit_json,
+    library_errors,
+)
+from .options import (
+    SEED,
+    ByteSize,
+    Count,
+    Finite,
+    json_option,
+    max_pixels_option,
+    progress_bar,
+    quiet_option,
+    transform_options,
+    workers_option,
+)
+
+
+@click.command(cls=RectoolCommand, name="repack")
+@click.argument("paths", metavar="SOURCE... OUT_PREFIX", nargs=-1, required=True)
+@click.option(
+    "--labels-by",
+    type=click.Choice(["offset", "name"]),
+    default="offset",
+    show_default=True,
+    help="Merging: offset puts each source's labels after the previous source's; name gives "
+    "identities of the same name one label (labels in name order, as `rectool list`).",
+)
+@click.option(
+    "--keep-ids",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Keep only these identities: a file of names or labels, one a line.",
+)
+@click.option(
+    "--drop-ids",
+    type=click.Path(exists=True, dir_okay=False),
+    help="Drop these identities: a file of names or labels, one a line.",
+)
+@click.option("--min-per-id", type=Count(1), help="Drop identities with fewer images.")
+@click.option("--max-per-id", type=Count(1), help="Keep at most N images of each identity.")
+@click.option(
+    "--pick",
+    type=click.Choice(["first", "random"]),
+    default="first",
+    show_default=True,
+    help="Which images --max-per-id keeps: the first in source order, or a seeded choice.",
+)
+@click.option(
+    "--sample",
+    type=Finite(0, 1, min_open=True),
+    metavar="FRACTION",
+    help="Keep a seeded fraction of the identities (or images, see --sample-by).",
+)
+@click.option(
+    "--sample-by",
+    type=click.Choice(["identities", "images"]),
+    default="identities",
+    show_default=True,
+    help="What --sample draws.",
+)
+@click.option(
+    "--seed",
+    type=SEED,
+    default=0,
+    show_default=True,
+    help="Seed of --order shuffle, --sample and --pick random.",
+)
+@click.option(
+    "--keep-labels",
+    is_flag=True,
+    help="Keep the (merged) source labels instead of relabelling 0..C-1.",
+)
+@click.option(
+    "--order",
+    type=click.Choice(["identity", "source", "shuffle"]),
+    default="identity",
+    show_default=True,
+    help="identity: grouped by label; source: as the sources hold them; shuffle: a seeded "
+    "global shuffle (for readers that stream in file order, such as DALI's).",
+)
+@click.option(
+    "--layout",
+    type=click.Choice(LAYOUTS),
+    default="images",
+    show_default=True,
+    help="images: only image records (what DALI and ImageRecordIter read). insightface: the "
+    "face-dataset layout (header record 0, identity ranges, property file).",
+)
+@click.option(
+    "--shard-size",
+    type=ByteSize(),
+    help="Roll over to a new shard before a shard's .rec passes this size (e.g. 512MB, 2GiB).",
+)
+@click.option("--shard-records", type=Count(1), help="Roll over to a new shard every N records.")
+@click.option(
+    "--dedupe",
+    is_flag=True,
+    help="Keep one copy of byte-identical images within an identity; report those shared "
+    "across identities.",
+)
+@click.option(
+    "--drop-overlap",
+    metavar="TARGET",
+    multiple=True,
+    help="Remove images byte-identical to any image of TARGET: a dataset, or an insightface "
+    "verification set such as lfw.bin (read without running the pickle). Repeatable.",
+)
+@transform_options
+@workers_option("Worker threads re-encoding images.")
+@max_pixels_option("Re-encoding: refuse images whose header declares more pixels, before decoding.")
+@click.option(
+    "--max-failures",
+    type=Count(0),
+    default=0,
+    show_default=True,
+    help="Images that fail to re-encode accepted before the exit status turns to 3.",
+)
+@click.option(
+    "--sha256",
+    is_flag=True,
+    help="Give each file's SHA-256 in the manifest as well as its xxh3-128 (a content address "
+    "for a published dataset; costs about 1 s a GB more).",
+)
+@click.option("--resume", is_flag=True, help="Continue an interrupted repack where it stopped.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing pack at OUT_PREFIX.")
+@quiet_option("No progress bar and no summary.")
+@json_option("Print the summary as JSON on stdout.")
+@library_errors
+def repack_command(paths, resize, center_crop, quality, encoding, color, resume, overwrite,
+                   quiet, as_json, **options):  # fmt: skip
+    """Repack the records of each SOURCE into a new pack at OUT_PREFIX, without the tree.
+
+    A SOURCE is anything the reader opens: a manifest or pack prefix, an im2rec .rec (with
+    its .idx), an insightface folder (train.rec, train.idx, property). Several are merged.
+    Identities are filtered, then relabelled 0..C-1, then written in --order. Records are
+    copied as bytes (only the label and key in the header change) unless a re-encoding option
+    is given. Removed duplicates and overlap are listed in OUT_PREFIX.failures.jsonl; counts
+    per identity in OUT_PREFIX.report.json; the label mapping in OUT_PREFIX.relabel.tsv.
+
+    Exit status: 0 repacked, 1 error, 2 usage error, 3 repacked but more images failed to
+    re-encode than --max-failures allows.
+
+    \b
+    Example:
+        rectool repack faces_emore/ out/train --order shuffle --seed 1
+        rectool repack a.manifest.json b.manifest.json out/ab --labels-by name
+        rectool repack out/ab out/clean --dedupe --drop-overlap faces_emore/lfw.bin --min-per-id 2
+    """
+    from ..build.images import transform_from_options
+    from ..repack.pipeline import RepackOptions, repack
+
+    if len(paths) < 2:
+        raise click.UsageError("give at least one SOURCE and the OUT_PREFIX")
+    *sources, prefix = paths
+    if options["keep_ids"] and options["drop_ids"]:
+        raise click.BadParameter("give --keep-ids or --drop-ids, not both", param_hint="--keep-ids")
+    repack_options = RepackOptions(
+        labels_by=options["labels_by"],
+        keep_ids=options["keep_ids"],
+        drop_ids=options["drop_ids"],
+        min_per_id=options["min_per_id"],
+        max_per_id=options["max_per_id"],
+        pick=options["pick"],
+        sample=options["sample"],
+        sample_by=options["sample_by"],
+        seed=options["seed"],
+        keep_labels=options["keep_labels"],
+        order=options["order"],
+        layout=options["layout"],
+        shard_bytes=options["shard_size"],
+        shard_records=options["shard_records"],
+        dedupe=options["dedupe"],
+        drop_overlap=tuple(options["drop_overlap"]),
+        transform=transform_from_options(resize, center_crop, quality, encoding, color),
+        workers=options["workers"],
+        max_failures=options["max_failures"],
+        max_pixels=options["max_pixels"],
+        sha256=options["sha256"],
+    )
+    update, close = progress_bar(quiet or as_json, "rec")
+    try:
+        result = repack(
+            sources, prefix, repack_options, resume=resume, overwrite=overwrite, progress=update
+        )
+    finally:
+        close()
+    if as_json:
+        document = repack_summary(result)
+        if not result.accepted:
+            allowed = result.manifest["options"]["max_failures"]
+            document["error"] = (
+                f"more than --max-failures {allowed} refused ({result.report['refused']:,})"
+            )
+        emit_json(document, 0 if result.accepted else 3)
+        return
+    if not quiet:
+        click.echo(render_repack_summary(result), err=True)
+    if not result.accepted:
+        sys.exit(3)
+
+
+def repack_summary(result):
+    """Return the JSON summary of a repack."""
+    totals = result.manifest["totals"]
+    return {
+        "manifest": result.manifest_path,
+        "shards": [
+            os.path.join(os.path.dirname(result.manifest_path), s["rec"])
+            for s in result.manifest["shards"]
+        ],
+        "images": result.images,
+        "classes": result.classes,
+        "records": totals["records"],
+        "rec_bytes": totals["rec_bytes"],
+        "steps": result.report["steps"],
+        "removed": result.report["removed"],
+        "refused": result.report["refused"],
+        "shared_across_identities": result.report["shared_across_identities"]["groups"],
+        "failures_file": result.failures_path,
+        "report": result.report_path,
+        "accepted": result.accepted,
+        "resumed_from": result.resumed_from,
+    }
+
+
+def render_repack_summary(result):
+    """Return the human summary of a repack."""
+    report, shards = result.report, result.manifest["shards"]
+    lines = [
+        f"Repacked {result.images:,} images of {result.classes:,} identities into "
+        f"{len(shards)} shard{'s' if len(shards) != 1 else ''} "
+        f"({result.manifest['totals']['rec_bytes'] / 1e6:,.1f} MB); manifest {result.manifest_path}"
+    ]
+    if result.resumed_from:
+        lines.append(f"Resumed after {result.resumed_from:,} records written earlier.")
+    steps = {k: v for k, v in report["steps"].items() if k not in ("images", "identities")}
+    dropped = [f"{name} {count:,}" for name, count in steps.items() if name != "source_images"]
+    if dropped:
+        lines.append(
+            f"From {steps['source_images']:,} source images, removed: {', '.join(dropped)}."
+        )
+    removed = report["removed"]
+    if removed["duplicate"] or removed["overlap"]:
+        lines.append(
+            f"Duplicates removed {removed['duplicate']:,}, overlap removed {removed['overlap']:,} "
+            f"(listed in {result.failures_path}; per identity in {result.report_path})."
+        )
+    shared = report["shared_across_identities"]["groups"]
+    if shared:
+        lines.append(
+            f"{shared:,} images are byte-identical across identities (label noise?): kept, "
+            f"listed in {result.report_path}."
+        )
+    if report["refused"]:
+        lines.append(f"{report['refused']:,} images failed to re-encode ({result.failures_path}).")
+        if not result.accepted:
+            allowed = result.manifest["options"]["max_failures"]
+            lines.append(f"More than --max-failures {allowed} refused: exit status 3.")
+    return "\n".join(lines)
