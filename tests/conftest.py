@@ -23,6 +23,11 @@ settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True
 settings.register_profile("explore", deadline=None, print_blob=True)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# Progress lines in a log come every RECTOOL_PROGRESS_SECONDS of wall time: never, in the suite
+# (here and in every rectool process a test starts), so no output depends on machine load.
+# tests/test_cli_progress.py injects a clock to see them.
+os.environ["RECTOOL_PROGRESS_SECONDS"] = "1e9"
+
 
 # --- Shared fixtures: each name means one thing across the suite. -----------------------------
 # Nothing here imports rectool at module level: tests/test_emit.py runs the dataset, torch and

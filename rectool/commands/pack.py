@@ -268,6 +268,8 @@ def pack_command(
     if not quiet:
         render = render_shard_result if only_shard is not None else render_pack_summary
         click.echo(render(result), err=True)
+    elif exit_code:  # quiet hides progress, never the reason for a non-zero exit
+        click.echo(f"Error: {_refused_too_many(result)}", err=True)
     sys.exit(exit_code)
 
 

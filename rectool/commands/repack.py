@@ -207,6 +207,12 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     if not quiet:
         click.echo(render_repack_summary(result), err=True)
     if not result.accepted:
+        if quiet:  # quiet hides progress, never the reason for a non-zero exit
+            allowed = result.manifest["options"]["max_failures"]
+            click.echo(
+                f"Error: more than --max-failures {allowed} refused ({result.report['refused']:,})",
+                err=True,
+            )
         sys.exit(3)
 
 
