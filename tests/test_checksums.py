@@ -254,7 +254,8 @@ def test_a_checksum_file_of_another_rec_is_one_finding_not_a_flood(small_pack, t
     records = [(k, image_payload(b"\xff\xd8\xff" + bytes([k]) * 50, 0.0, k)) for k in range(3)]
     write_records(small_pack.rec, small_pack.idx, records)
     crc = small_pack.rec.with_name("faces.rec.crc")
-    report = verify_dataset(small_pack.rec)
+    # (the payloads are JPEG signatures only: the image check would name each of them)
+    report = verify_dataset(small_pack.rec, image_check=False)
     assert found(report) == [("checksum-file", str(crc), None, None)]
     assert report.problems[0].message.startswith("describes 12 records ending at byte ")
     result = reindex(small_pack.rec, overwrite=True)

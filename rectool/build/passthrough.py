@@ -518,3 +518,28 @@ def _read_error(exc):
     if isinstance(exc, IsADirectoryError):
         return "is a directory, not an image file"
     return f"cannot read ({exc.strerror or exc})"
+
+
+def refused_images(u8, heads, ends, check=check_image, max_pixels=DEFAULT_MAX_PIXELS):
+    """Return {k: `ImageRefused`} for each image `u8[heads[k]:ends[k]]` that `check(data,
+    "structure", max_pixels)` refuses (default `check_image`, as pack checks what it packs).
+
+    The JPEG walk runs over every image at once (`_walk_jpegs`); only images it does not pass
+    cleanly (an empty one, a PNG, another format, a damaged JPEG) are checked one by one. For
+    verify and repack, which check the images already framed in a mapped .rec.
+    """
+    heads = np.asarray(heads, np.int64)
+    ends = np.asarray(ends, np.int64)
+    out = {}
+    if not len(heads):
+        return out
+    if len(u8) >= 16:
+        passed = _walk_jpegs(u8, heads, ends, max_pixels)
+    else:
+        passed = np.zeros(len(heads), bool)
+    for k in np.flatnonzero(~passed).tolist():
+        try:
+            check(u8[heads[k] : ends[k]].tobytes(), "structure", max_pixels)
+        except ImageRefused as refusal:
+            out[k] = refusal
+    return out

@@ -148,8 +148,8 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     is given. Removed duplicates and overlap are listed in OUT_PREFIX.failures.jsonl; counts
     per identity in OUT_PREFIX.report.json; the label mapping in OUT_PREFIX.relabel.tsv.
 
-    Exit status: 0 repacked, 1 error, 2 usage error, 3 repacked but more images failed to
-    re-encode than --max-failures allows.
+    Exit status: 0 repacked, 1 error, 2 usage error, 3 repacked but more images refused
+    (damaged, as pack checks them, or failing to re-encode) than --max-failures allows.
 
     \b
     Example:
@@ -269,7 +269,10 @@ def render_repack_summary(result):
             f"listed in {result.report_path}."
         )
     if report["refused"]:
-        lines.append(f"{report['refused']:,} images failed to re-encode ({result.failures_path}).")
+        lines.append(
+            f"{report['refused']:,} images refused: damaged, or failed to re-encode "
+            f"({result.failures_path})."
+        )
         if not result.accepted:
             allowed = result.manifest["options"]["max_failures"]
             lines.append(f"More than --max-failures {allowed} refused: exit status 3.")

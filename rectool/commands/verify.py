@@ -27,6 +27,11 @@ from .options import (
 @click.argument("targets", metavar="TARGET...", nargs=-1, required=True)
 @click.option("--decode", is_flag=True, help="Also decode every image, on all cores.")
 @click.option(
+    "--no-image-check",
+    is_flag=True,
+    help="Skip the structural image check (JPEG markers, PNG chunks) pack runs.",
+)
+@click.option(
     "--size",
     type=ImageSize(),
     help="With --decode: every image must be HEIGHTxWIDTH pixels (e.g. 112x112).",
@@ -49,8 +54,9 @@ from .options import (
 @quiet_option("Print nothing; only the exit status tells.")
 @json_option("Print the report as JSON on stdout.")
 def verify_command(
-    targets, decode, size, channels, workers, max_pixels, max_problems, quiet, as_json
-):
+    targets, decode, no_image_check, size, channels, workers, max_pixels, max_problems, quiet,
+    as_json,
+):  # fmt: skip
     """Check that each TARGET (manifest, prefix, .rec files or train.rec folder) is sound.
 
     Checks the framing of every .rec from first byte to last (magic, lengths, continuation
@@ -59,7 +65,8 @@ def verify_command(
     the class count when it is known); the manifest's sizes, counts and digests (xxh3-128,
     SHA-256 when the pack has them) when there is one; each record's checksum (xxh3-64, or
     CRC-32 in packs of manifest version 1) when the shard has a .rec.crc (rectool packs write
-    one); the insightface layout when record 0 announces it. --decode also decodes every
+    one); the insightface layout when record 0 announces it; every image's structure, as pack
+    checks it (JPEG markers and end marker, PNG chunks and CRCs). --decode also decodes every
     image. Each problem is named with its file, record key and byte offset.
 
     Exit status: 0 sound, 1 problems found, 2 unreadable input or usage error.
@@ -77,7 +84,10 @@ def verify_command(
     options = DecodeOptions(size, channels, max_pixels) if decode else None
     update, close = phase_progress(quiet or as_json)
     try:
-        report = verify_dataset(targets, decode=options, workers=workers, progress=update)
+        report = verify_dataset(
+            targets, decode=options, workers=workers, progress=update,
+            image_check=not no_image_check,
+        )  # fmt: skip
     except UsageError as exc:
         raise click.UsageError(str(exc)) from exc
     except RectoolError as exc:

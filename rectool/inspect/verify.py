@@ -25,8 +25,15 @@ from functools import cached_property
 
 import numpy as np
 
-from ..build.images import DEFAULT_MAX_PIXELS, ImageRefused, ImageTooLarge, inspect_image
+from ..build.images import (
+    DEFAULT_MAX_PIXELS,
+    ImageRefused,
+    ImageTooLarge,
+    check_container,
+    inspect_image,
+)
 from ..build.manifest import finish_interrupted_source
+from ..build.passthrough import refused_images
 from ..doors.inputs import open_input
 from ..errors import IndexFormatError, RectoolError
 from ..format.checksums import (
@@ -92,6 +99,8 @@ PROBLEM_KINDS = {
     "insightface-range": "insightface identity ranges are missing, overlap or leave gaps",
     "insightface-label": "an image's label is not the identity whose range holds it",
     "float32-inexact": "a number stored as float32 exceeds 2**24, where float32 is not exact",
+    "image-damaged": "an image's bytes fail pack's structural check (truncated, corrupt markers "
+    "or chunks)",
     "decode-failed": "an image does not decode",
     "image-too-large": "an image's header declares more pixels than the decode limit",
     "image-size": "an image's size differs from the expected size",
@@ -268,13 +277,16 @@ class DecodeOptions:
     max_pixels: int = DEFAULT_MAX_PIXELS
 
 
-def verify_dataset(targets, decode=None, workers=None, keep=DEFAULT_KEEP, progress=None):
+def verify_dataset(
+    targets, decode=None, workers=None, keep=DEFAULT_KEEP, progress=None, image_check=True
+):
     """Check every target (manifest, prefix, .rec, or folder with train.rec); return a report.
 
     `decode` is a `DecodeOptions` (or None to skip decoding); it decodes every image with
-    `workers` threads (default: all cores). `progress(phase, done, total)` is called with phase
-    "bytes" as shards are walked and "images" as they decode. Raises `RectoolError` when a
-    target cannot be read.
+    `workers` threads (default: all cores). Without it, `image_check` walks every image's
+    structure as `pack` checks it (`check_image_structure`: "image-damaged" problems).
+    `progress(phase, done, total)` is called with phase "bytes" as shards are walked and
+    "images" as they decode. Raises `RectoolError` when a target cannot be read.
     """
     if isinstance(targets, (str, os.PathLike)):
         targets = [targets]
@@ -304,8 +316,9 @@ def verify_dataset(targets, decode=None, workers=None, keep=DEFAULT_KEEP, progre
                     findings.take(check_listed_once(dataset, number, repeats[number]))
                     continue
                 layout, index, size = _verify_shard(
-                    dataset, number, findings, hashes.matches, decode, decoder, progress
-                )
+                    dataset, number, findings, hashes.matches, decode, decoder, progress,
+                    image_check,
+                )  # fmt: skip
                 layouts.add(layout)
                 if index is not None:
                     indexes.append(index)
@@ -651,7 +664,9 @@ def _parse_index_leniently(idx, data):
 
 
 # -- a shard: its checks, in the order they report ----------------------------------------------
-def _verify_shard(dataset, number, findings, digests_match, decode, decoder, progress):
+def _verify_shard(
+    dataset, number, findings, digests_match, decode, decoder, progress, image_check=True
+):
     """Run every check of shard `number`; return (layout name, its `ShardIndex`, bytes)."""
     rec, _ = dataset.shards[number]
     if not os.path.exists(rec):
@@ -678,6 +693,8 @@ def _verify_shard(dataset, number, findings, digests_match, decode, decoder, pro
         report.records += records_found
         report.images += int(facts.layout.images.sum())
         report.rec_bytes += size
+        if decode is None and image_check:  # decoding checks the structure first
+            findings.take(check_image_structure(facts))
         if decode is not None:
             rows = decodable_rows(facts)
             for item in check_decoding(facts, rows, decode, decoder):
@@ -1287,6 +1304,55 @@ def decodable_rows(facts):
     mask = facts.layout.images & h.complete & (h.image > 0)
     mask[facts.unknown_signature] = False
     return np.flatnonzero(mask).tolist()
+
+
+def check_image_structure(facts):
+    """Every image passes the structural check `pack` runs on what it packs (`--check
+    structure`): JPEG markers up to the scan and an end-of-image marker after it, every PNG
+    chunk and its CRC, every header's dimensions (`images.check_container`; no decoding, and
+    no pixel budget: that is `--decode --max-pixels`'s).
+
+    The images are those `check_decoding` would decode whose header is sound (empty records,
+    unknown signatures and bad headers are `check_headers`' problems); insightface's record 0
+    and identity records are none.
+    Whole records are checked in the mapped file, the JPEG walk over all of them at once.
+    """
+    rows = np.asarray(decodable_rows(facts), np.int64)
+    rows = rows[facts.sound[rows]]  # where a bad header puts the image is unknown
+    if not len(rows):
+        return
+    h, starts, split = facts.headers, facts.framing.starts, facts.framing.split
+    reasons = {}  # row -> reason
+    whole = rows[~split[rows]]
+    if len(whole):
+        heads = starts[whole] + 8 + IMAGE_HEADER_SIZE + 4 * h.flag[whole].astype(np.int64)
+        ends = heads + h.image[whole].astype(np.int64)
+        u8 = np.frombuffer(facts.buf, np.uint8, facts.size)
+        try:
+            refused = refused_images(u8, heads, ends, _check_structure, _NO_PIXEL_LIMIT)
+        finally:
+            del u8  # a view of the mapping: it could not be closed
+        for k, refusal in refused.items():
+            reasons[int(whole[k])] = refusal.reason
+    for j in rows[split[rows]].tolist():
+        _, image = unpack_header(facts.read_record(int(starts[j])))
+        try:
+            _check_structure(bytes(image), "structure", _NO_PIXEL_LIMIT)
+        except ImageRefused as refusal:
+            reasons[j] = refusal.reason
+    bad = sorted(reasons)
+    yield Found(
+        "image-damaged",
+        len(bad),
+        ((facts.rec, facts.keys[j], starts[j], reasons[j]) for j in bad),
+    )
+
+
+_NO_PIXEL_LIMIT = 1 << 62
+
+
+def _check_structure(data, mode, max_pixels):
+    check_container(data, max_pixels)
 
 
 def check_decoding(facts, rows, options, decoder):

@@ -28,7 +28,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ..build.images import DEFAULT_MAX_PIXELS, ImageRefused, Transform, reencode_image
+from ..build.images import (
+    DEFAULT_MAX_PIXELS,
+    ImageRefused,
+    Transform,
+    check_image,
+    reencode_image,
+    sniff_format,
+)
 from ..build.layout import image_size, layout_named
 from ..build.listfile import LABEL_MAP_SUFFIX, read_label_map
 
@@ -48,6 +55,7 @@ from ..build.manifest import (
     remove_stale_temporaries,
     replace_beside,
 )
+from ..build.passthrough import refused_images
 from ..build.shards import ShardWriter
 from ..doors.inputs import open_input
 from ..doors.output import (
@@ -719,6 +727,51 @@ class _RecordCopier:
         del out
         return data, starts.tolist(), n
 
+    def refusals(self, rows, max_pixels):
+        """Return {i: reason} for each catalog row `rows[i]` whose image `pack` would refuse
+        (`check_image` in structure mode: empty, truncated, corrupt, over `max_pixels`).
+
+        Payloads with no known image signature are copied as they are (`_check_copied`):
+        repack carries any record; `verify` names them ("not-an-image").
+
+        Whole records are checked where they lie in the mapped source, the JPEG walk over
+        all of them at once (`passthrough.refused_images`); any other record is read whole.
+        """
+        files, offsets = self.locate(rows)
+        out = {}
+        slow = []
+        for f in np.unique(files).tolist():
+            sel = np.flatnonzero(files == f)
+            mm, words, size = self._file(f)
+            o = offsets[sel]
+            ok = (o & 3 == 0) & (o >= 0) & (o + 32 <= size)
+            w = np.where(ok, o >> 2, 0)
+            lrec = np.where(ok, words[w + 1], 0)
+            flag = np.where(ok, words[w + 2], 0).astype(np.int64)
+            length = (lrec & LENGTH_MASK).astype(np.int64)
+            heads = o + 8 + IMAGE_HEADER_SIZE + 4 * flag
+            ends = o + 8 + length
+            ok &= (words[w] == MAGIC) & (lrec >> LENGTH_BITS == 0) & (heads <= ends)
+            ok &= ends <= size
+            slow.extend(sel[~ok].tolist())
+            whole = sel[ok]
+            if not len(whole):
+                continue
+            u8 = np.frombuffer(mm, np.uint8, size) if size else np.zeros(0, np.uint8)
+            try:
+                refused = refused_images(u8, heads[ok], ends[ok], _check_copied, max_pixels)
+            finally:
+                del u8
+            for k, refusal in refused.items():
+                out[int(whole[k])] = refusal.reason
+        for i in slow:
+            _, image = self.read_record(int(rows[i]))
+            try:
+                _check_copied(image, "structure", max_pixels)
+            except ImageRefused as refusal:
+                out[i] = refusal.reason
+        return out
+
     def _unchanged(self, f, offsets, flag, label_bits, key_lo, key_hi):
         """Return True when the records at `offsets` of file `f` already hold these labels
         and keys."""
@@ -760,6 +813,13 @@ class _RecordCopier:
         record = self._record_files[rec].read_at(offset, key)
         head, image = unpack_header(record, rec, offset)
         return head, bytes(image)
+
+
+def _check_copied(data, mode, max_pixels):
+    """`check_image`, but bytes with no known image signature (and not empty) pass."""
+    if data and sniff_format(data) is None:
+        return
+    check_image(data, mode, max_pixels)
 
 
 def _file_digest(path):
@@ -991,20 +1051,42 @@ class _RepackRun:
         return np.arange(positions.start, positions.stop, dtype=np.int64)
 
     def _copy(self, done):
+        """Copy the plan's records from `done` on, refusing those whose image `pack` would
+        refuse (`_RecordCopier.refusals`), as re-encoding refuses what does not decode."""
         rows, labels = self.plan.rows, self.plan.new_label
         position = done
         while position < self.total:
             window = slice(position, min(position + BATCH_RECORDS, self.total))
             batch = rows[window]
-            keys = self._keys(range(window.start, window.stop))
-            data, starts, count = self.copier.frame_batch(
-                batch, labels[batch], keys, self.insightface
-            )
-            positions = range(position, position + count)
-            self.writer.add_run(data, keys[:count].tolist(), starts, positions)
-            self.images += count
-            position += count
+            bad = self.copier.refusals(batch, self.options.max_pixels)
+            stops = sorted(bad) + [len(batch)]
+            i = 0
+            for stop in stops:
+                while i < stop:  # the records before the next refusal, as many as fit
+                    run = batch[i:stop]
+                    keys = self._keys(range(position, position + len(run)))
+                    data, starts, count = self.copier.frame_batch(
+                        run, labels[run], keys, self.insightface
+                    )
+                    positions = range(position, position + count)
+                    self.writer.add_run(data, keys[:count].tolist(), starts, positions)
+                    self.images += count
+                    position += count
+                    i += count
+                    self._report(position)
+                if stop < len(batch):
+                    self._refuse(int(batch[stop]), position, bad[stop])
+                    position += 1
+                    i += 1
             self._report(position)
+
+    def _refuse(self, row, position, reason):
+        """Write the refusal of catalog `row` at plan `position` to the failures file."""
+        entry = self._describe(row)
+        entry.update(stage="write", position=position, reason=reason)
+        line = json.dumps(entry, ensure_ascii=False) + "\n"
+        self.writer.write_after(self._fd, line.encode("utf-8"))
+        self.refused[position] = True
 
     def _reencode(self, done):
         rows, labels = self.plan.rows, self.plan.new_label
@@ -1038,11 +1120,7 @@ class _RepackRun:
     def _consume(self, chunk, pending, position, labels):
         for row, (head, result) in zip(chunk.tolist(), pending.result()):
             if isinstance(result, ImageRefused):
-                entry = self._describe(row)
-                entry.update(stage="write", position=position, reason=result.reason)
-                line = json.dumps(entry, ensure_ascii=False) + "\n"
-                self.writer.write_after(self._fd, line.encode("utf-8"))
-                self.refused[position] = True
+                self._refuse(row, position, result.reason)
             else:
                 label = float(labels[row])
                 if head.flag and not self.insightface:
