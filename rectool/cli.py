@@ -1183,6 +1183,19 @@ def info_command(target, sample, max_pixels, as_json):
         emit_json(info.to_json())
     else:
         write_stream(render_info(info))  # the answer: stdout
+    exit_for_damage(info)
+
+
+def exit_for_damage(info):
+    """Exit 1 (problems found) with one line on stderr when records could not be read."""
+    damage = info.get("damage")
+    if damage:
+        n = damage["records"]
+        click.echo(
+            f"Error: {n:,} damaged record{'' if n == 1 else 's'} left out; {damage['advice']}",
+            err=True,
+        )
+        sys.exit(1)
 
 
 def render_info(info, width=40):
@@ -1235,6 +1248,18 @@ def render_info(info, width=40):
             )
         common = ", ".join(f"{row['size']} {row['images']:,}" for row in dims["most_common"])
         lines.append(f"  most common (HxWxC): {common}")
+    damage = info.get("damage")
+    if damage:
+        n = damage["records"]
+        lines.append(
+            f"Damage: {n:,} record{' cannot' if n == 1 else 's cannot'} be read, left out of "
+            f"the figures above; {damage['advice']}"
+        )
+        for d in damage["first"]:
+            key = "" if d["key"] is None else f"key {d['key']}, "
+            lines.append(f"  {d['file']}, {key}byte offset {d['offset']}: {d['reason']}")
+        if n > len(damage["first"]):
+            lines.append(f"  and {n - len(damage['first']):,} more")
     return "\n".join(lines)
 
 
@@ -1595,8 +1620,10 @@ def report_command(
                 "identities": info.get("identities"),
                 "refusals": report.refusals.total,
                 "images_under_several_identities": report.duplicates.across,
+                "damage": info.get("damage"),
             }
         )
+        exit_for_damage(info)
         return
     if result.html:
         click.echo(
@@ -1607,6 +1634,7 @@ def report_command(
         )
     if result.sheet:
         click.echo(f"Wrote the contact sheet {result.sheet}.", err=True)
+    exit_for_damage(info)
 
 
 # -- repack ---------------------------------------------------------------------------------------

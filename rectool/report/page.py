@@ -120,10 +120,37 @@ def _summary_section(report):
         if failures is not None:
             rows.append(_row("Refused by the pack", f"{failures:,}", failures))
     rows.append(_row("Verify", _verify_text(report.verify)))
+    damage = info.get("damage")
+    if damage:
+        rows.append(
+            _row(
+                "Damaged records",
+                f"<strong>{damage['records']:,}</strong> cannot be read, left out of every "
+                f"figure and image here; {escape(damage['advice'])}",
+                damage["records"],
+            )
+        )
     out = ['<section id="summary" aria-labelledby="summary-h">', '<h2 id="summary-h">Summary</h2>']
     out.append('<table id="summary-table"><caption>The dataset at a glance</caption>')
     out += rows
     out.append("</table>")
+    if damage:
+        out.append(
+            '<table id="damage-list"><caption>The first damaged records</caption><tr>'
+            '<th scope="col">File</th><th scope="col">Key</th><th scope="col">Byte offset</th>'
+            '<th scope="col">Why it cannot be read</th></tr>'
+        )
+        for d in damage["first"]:
+            key = "" if d["key"] is None else f"{d['key']}"
+            out.append(
+                f"<tr><td><code>{escape(d['file'])}</code></td><td>{key}</td>"
+                f'<td class="n" data-value="{d["offset"]}">{d["offset"]:,}</td>'
+                f"<td>{escape(d['reason'])}</td></tr>"
+            )
+        if damage["records"] > len(damage["first"]):
+            more = damage["records"] - len(damage["first"])
+            out.append(f'<tr><td colspan="4">and {more:,} more</td></tr>')
+        out.append("</table>")
     if report.verify is not None and not report.verify.sound:
         out.append(
             '<table id="verify-problems"><caption>Verify: the first problems</caption>'
