@@ -1607,7 +1607,12 @@ def report_command(
         images_root=None if images_root is None else os.fspath(images_root),
         max_pixels=max_pixels,
     )
-    result = write_report(target, output, sheet, settings, overwrite)
+    update, close = progress_bar(as_json, "thumb")
+    progress = update and (lambda done, total: update(done, total, 0))
+    try:
+        result = write_report(target, output, sheet, settings, overwrite, progress)
+    finally:
+        close()
     report = result.report
     info = report.info
     if as_json:
