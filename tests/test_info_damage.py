@@ -25,7 +25,7 @@ def empty_image(tmp_path):
         (k, image_record(b"" if k == 3 else jpeg_bytes(k, 16, 12), float(k % 2))) for k in range(6)
     ]
     offsets = write_shard(tmp_path / "e.rec", tmp_path / "e.idx", records)
-    return tmp_path / "e.rec", 3, offsets[3], "empty image", 6, 5
+    return tmp_path / "e.rec", 3, offsets[3], "empty image", 6, 6  # still an image
 
 
 def bad_magic(tmp_path, keep_index=True):

@@ -66,8 +66,9 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAUL
     decoded; those that do not decode as "undecodable").
     `on_shard(rec, facts)`, when given, sees each shard's facts as they are read: a dict whose
     `labels`, `sizes` (image bytes) and `offsets` (record starts) arrays describe its images.
-    Records that cannot be read (bad framing, an index offset that starts no record, an empty
-    image) are left out of the figures and described under `damage` (None when there is none):
+    Records that cannot be read (bad framing, an index offset that starts no record) are left
+    out of the figures; they and empty images (still counted as images, as `verify` counts
+    them) are described under `damage` (None when there is none):
     how many, the first `DAMAGE_LISTED` with file, key and offset, and what to run.
     Raises `RectoolError` when the target cannot be read at all.
     """
@@ -75,7 +76,7 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAUL
     identities_map = (manifest or {}).get("identities")
     images_by_shard, layouts, label_vectors = [], Counter(), False
     labels, sizes, formats, flags = [], [], Counter(), Counter()
-    records = rec_bytes = 0
+    records = readable = rec_bytes = 0
     insightface_classes = None
     damage = []  # (rec, key or None, offset, reason)
     for rec, idx in shards:
@@ -83,6 +84,7 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAUL
         if on_shard is not None:
             on_shard(rec, shard)
         records += shard["records"]
+        readable += shard["readable"]
         rec_bytes += shard["rec_bytes"]
         layouts[shard["layout"]] += 1
         label_vectors |= shard["label_vectors"]
@@ -94,7 +96,7 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAUL
         flags.update(shard["flags"])
         images_by_shard.append((rec, shard["offsets"]))
         damage += [(os.fspath(rec), *d) for d in shard["damage"]]
-    if damage and records == len(damage):  # nothing at all to describe: not a dataset
+    if damage and not readable:  # nothing at all to describe: not a dataset
         rec, key, offset, reason = damage[0]
         where = "" if key is None else f"key {key}, "
         raise RectoolError(
@@ -155,16 +157,17 @@ def _read_shard(rec, idx):
         if ranges is not None:
             layout, classes = "insightface", len(ranges[1])
             images &= (keys >= ranges[0].start) & (keys < ranges[0].stop)
-        empty = images & (headers.image == 0)
-        if empty.any():
-            reason = "empty image: a header and no image bytes"
-            damage += [(int(keys[i]), int(offsets[i]), reason) for i in np.flatnonzero(empty)]
-            images &= ~empty
+        unreadable = len(damage)  # records not in `offsets`
+        # An empty image is still an image (as verify and the reader count it), and damage.
+        reason = "empty image: a header and no image bytes"
+        empty = np.flatnonzero(images & (headers.image == 0)).tolist()
+        damage += [(int(keys[i]), int(offsets[i]), reason) for i in empty]
         rows = np.flatnonzero(images)
         formats = image_formats(buf, size, offsets, headers, split, rows, records.read_at)
         damage.sort(key=lambda d: d[1])
         return {
-            "records": len(offsets) + len(damage) - int(empty.sum()),
+            "records": len(offsets) + unreadable,
+            "readable": len(offsets),
             "rec_bytes": size,
             "layout": layout,
             "label_vectors": bool((headers.flag[images] > 0).any()),
@@ -256,8 +259,9 @@ def _sample_dimensions(images_by_shard, sample, max_pixels):
             if rec not in handles:
                 handles[rec] = RecordFile(rec)
             _, image = unpack_header(handles[rec].read_at(offset), rec, offset)
-            if not len(image):
-                raise RecordFormatError("empty image: a header and no image bytes", rec, offset)
+            if not len(image):  # listed under `damage`
+                dims["undecodable"] += 1
+                continue
             try:
                 array = imdecode(image, cv2.IMREAD_UNCHANGED, max_pixels)
             except ImageTooLargeError:
