@@ -145,13 +145,16 @@ def test_labels_that_are_not_class_ids(tmp_path):
     assert info["images_per_identity"] is None
 
 
-def test_damage_is_an_error_that_points_to_verify(tmp_path):
+def test_damage_is_described_and_points_to_verify(tmp_path):
     pack = make_pack(tmp_path)
     data = bytearray(pack.rec.read_bytes())
     data[pack.lines[3][1]] ^= 1
     pack.rec.write_bytes(bytes(data))
-    with pytest.raises(RectoolError, match=f"key {pack.lines[3][0]}, byte offset"):
-        dataset_info(pack.manifest)
+    info = dataset_info(pack.manifest)
+    assert (info["records"], info["images"]) == (12, 11)
+    first = info["damage"]["first"][0]
+    assert (first["key"], first["offset"]) == (pack.lines[3][0], pack.lines[3][1])
+    assert "rectool verify" in info["damage"]["advice"]
 
 
 def test_cli_human_output(uneven):
@@ -242,14 +245,12 @@ def test_mixed_sizes_are_described_as_a_distribution(mixed_sizes, monkeypatch):
     assert len(document["dimensions"]["most_common"]) == 3
 
 
-def test_an_empty_image_is_a_record_format_error_not_a_decoder_crash(tmp_path):
+def test_an_empty_image_is_damage_not_a_decoder_crash(tmp_path):
     from helpers.handmade_datasets import image_record, write_shard
 
     records = [(0, image_record(jpeg_bytes(0, 8, 8), 0.0)), (1, image_record(b"", 1.0))]
     offsets = write_shard(tmp_path / "e.rec", tmp_path / "e.idx", records)
     result = invoke("info", tmp_path / "e.rec")
     assert result.exit_code == 1, result.output
-    assert result.stderr == (
-        f"Error: {tmp_path / 'e.rec'}, byte offset {offsets[1]}: "
-        "empty image: a header and no image bytes\n"
-    )
+    assert f"e.rec, key 1, byte offset {offsets[1]}: empty image" in result.stdout
+    assert result.stderr.startswith("Error: 1 damaged record left out; run `rectool verify")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from .conventions import (
@@ -51,6 +53,19 @@ def info_command(target, sample, max_pixels, as_json):
         emit_json(info.to_json())
     else:
         write_stream(render_info(info))  # the answer: stdout
+    exit_for_damage(info)
+
+
+def exit_for_damage(info):
+    """Exit 1 (problems found) with one line on stderr when records could not be read."""
+    damage = info.get("damage")
+    if damage:
+        n = damage["records"]
+        click.echo(
+            f"Error: {n:,} damaged record{'' if n == 1 else 's'} left out; {damage['advice']}",
+            err=True,
+        )
+        sys.exit(1)
 
 
 def render_info(info, width=40):
@@ -103,4 +118,16 @@ def render_info(info, width=40):
             )
         common = ", ".join(f"{row['size']} {row['images']:,}" for row in dims["most_common"])
         lines.append(f"  most common (HxWxC): {common}")
+    damage = info.get("damage")
+    if damage:
+        n = damage["records"]
+        lines.append(
+            f"Damage: {n:,} record{' cannot' if n == 1 else 's cannot'} be read, left out of "
+            f"the figures above; {damage['advice']}"
+        )
+        for d in damage["first"]:
+            key = "" if d["key"] is None else f"key {d['key']}, "
+            lines.append(f"  {d['file']}, {key}byte offset {d['offset']}: {d['reason']}")
+        if n > len(damage["first"]):
+            lines.append(f"  and {n - len(damage['first']):,} more")
     return "\n".join(lines)

@@ -12,6 +12,7 @@ from .conventions import (
     emit_json,
     library_errors,
 )
+from .info import exit_for_damage
 from .options import (
     SEED,
     ByteSize,
@@ -19,6 +20,7 @@ from .options import (
     json_option,
     max_pixels_option,
     overwrite_option,
+    progress_bar,
 )
 
 
@@ -122,7 +124,12 @@ def report_command(
         images_root=None if images_root is None else os.fspath(images_root),
         max_pixels=max_pixels,
     )
-    result = write_report(target, output, sheet, settings, overwrite)
+    update, close = progress_bar(as_json, "thumb")
+    progress = update and (lambda done, total: update(done, total, 0))
+    try:
+        result = write_report(target, output, sheet, settings, overwrite, progress)
+    finally:
+        close()
     report = result.report
     info = report.info
     if as_json:
@@ -135,8 +142,10 @@ def report_command(
                 "identities": info.get("identities"),
                 "refusals": report.refusals.total,
                 "images_under_several_identities": report.duplicates.across,
+                "damage": info.get("damage"),
             }
         )
+        exit_for_damage(info)
         return
     if result.html:
         click.echo(
@@ -147,6 +156,7 @@ def report_command(
         )
     if result.sheet:
         click.echo(f"Wrote the contact sheet {result.sheet}.", err=True)
+    exit_for_damage(info)
 
 
 # -- repack ---------------------------------------------------------------------------------------

@@ -5,8 +5,9 @@ shard (a manifest's claim does not override it); `label_vectors` tells whether a
 carries a label vector (header flag > 0) rather than one label.
 
 `dataset_info` reads every record header (with numpy, through the .idx when there is one) and
-decodes only a sample of images for their dimensions. It trusts the framing; `rectool verify`
-is the command that checks it.
+decodes only a sample of images for their dimensions. Records it cannot read are described
+under `damage` (the rest is still described); `rectool verify` is the command that checks
+every byte.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ HISTOGRAM_BINS = (
 DEFAULT_SAMPLE = 200
 # Image sizes named one by one in a description; the rest are summarised per side.
 COMMON_SIZES = 5
+DAMAGE_LISTED = 10  # damaged records named one by one in a description
 
 
 class DatasetInfo(dict):
@@ -64,20 +66,25 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAUL
     decoded; those that do not decode as "undecodable").
     `on_shard(rec, facts)`, when given, sees each shard's facts as they are read: a dict whose
     `labels`, `sizes` (image bytes) and `offsets` (record starts) arrays describe its images.
-    Raises `RectoolError` when the target cannot be read, or its framing where a record is
-    read (run `rectool verify` to see every problem).
+    Records that cannot be read (bad framing, an index offset that starts no record) are left
+    out of the figures; they and empty images (still counted as images, as `verify` counts
+    them) are described under `damage` (None when there is none):
+    how many, the first `DAMAGE_LISTED` with file, key and offset, and what to run.
+    Raises `RectoolError` when the target cannot be read at all.
     """
     manifest, manifest_path, shards = resolve_source(target)
     identities_map = (manifest or {}).get("identities")
     images_by_shard, layouts, label_vectors = [], Counter(), False
     labels, sizes, formats, flags = [], [], Counter(), Counter()
-    records = rec_bytes = 0
+    records = readable = rec_bytes = 0
     insightface_classes = None
+    damage = []  # (rec, key or None, offset, reason)
     for rec, idx in shards:
         shard = _read_shard(rec, idx)
         if on_shard is not None:
             on_shard(rec, shard)
         records += shard["records"]
+        readable += shard["readable"]
         rec_bytes += shard["rec_bytes"]
         layouts[shard["layout"]] += 1
         label_vectors |= shard["label_vectors"]
@@ -88,6 +95,14 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAUL
         formats.update(shard["formats"])
         flags.update(shard["flags"])
         images_by_shard.append((rec, shard["offsets"]))
+        damage += [(os.fspath(rec), *d) for d in shard["damage"]]
+    if damage and not readable:  # nothing at all to describe: not a dataset
+        rec, key, offset, reason = damage[0]
+        where = "" if key is None else f"key {key}, "
+        raise RectoolError(
+            f"{rec}, {where}byte offset {offset}: {reason}; no record of {os.fspath(target)} "
+            "can be read (run `rectool verify` to list every problem)"
+        )
     labels = np.concatenate(labels) if labels else np.zeros(0, np.float32)
     sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
     info = {
@@ -105,10 +120,12 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAUL
     info["image_bytes"] = _summary(sizes)
     info["encodings"] = dict(formats.most_common())
     info["dimensions"] = _sample_dimensions(images_by_shard, sample, max_pixels)
+    info["damage"] = _damage_summary(os.fspath(target), damage)
     return DatasetInfo(info)
 
 
 def _read_shard(rec, idx):
+    damage = []  # (key or None, byte offset, reason) of each record that cannot be read
     with mapped(rec) as (buf, size), RecordFile(rec) as records:
         if os.path.exists(idx):
             keys, offsets = load_index(idx)
@@ -119,15 +136,16 @@ def _read_shard(rec, idx):
                     f"rebuild it with `rectool reindex {rec} --overwrite`"
                 )
             keys, offsets = last_line_wins(keys, offsets)
-            lengths, split = locate_records(buf, size, offsets, rec, keys)
+            bad = []
+            lengths, split = locate_records(buf, size, offsets, rec, keys, bad=bad)
+            if bad:
+                damage += [(int(keys[i]), offset, reason) for i, offset, reason in bad]
+                keep = np.ones(len(offsets), bool)
+                keep[[i for i, _, _ in bad]] = False
+                keys, offsets, lengths, split = (a[keep] for a in (keys, offsets, lengths, split))
         else:
             framing = scan_framing(buf, size)
-            if framing.damage:
-                d = framing.damage[0]
-                raise RectoolError(
-                    f"{rec}: no .idx and damaged bytes at {d.start} ({d.reason}); "
-                    "run `rectool verify` or `rectool reindex`"
-                )
+            damage += [(None, d.start, d.reason) for d in framing.damage]
             offsets, lengths, split = framing.starts, framing.lengths, framing.split
             keys = None
         headers = read_headers(buf, size, offsets, lengths, split, records.read_at)
@@ -139,10 +157,17 @@ def _read_shard(rec, idx):
         if ranges is not None:
             layout, classes = "insightface", len(ranges[1])
             images &= (keys >= ranges[0].start) & (keys < ranges[0].stop)
+        unreadable = len(damage)  # records not in `offsets`
+        # An empty image is still an image (as verify and the reader count it), and damage.
+        reason = "empty image: a header and no image bytes"
+        empty = np.flatnonzero(images & (headers.image == 0)).tolist()
+        damage += [(int(keys[i]), int(offsets[i]), reason) for i in empty]
         rows = np.flatnonzero(images)
         formats = image_formats(buf, size, offsets, headers, split, rows, records.read_at)
+        damage.sort(key=lambda d: d[1])
         return {
-            "records": len(offsets),
+            "records": len(offsets) + unreadable,
+            "readable": len(offsets),
             "rec_bytes": size,
             "layout": layout,
             "label_vectors": bool((headers.flag[images] > 0).any()),
@@ -152,7 +177,22 @@ def _read_shard(rec, idx):
             "formats": Counter("unknown" if f is None else f for f in formats),
             "flags": Counter(headers.flag[rows].tolist()),
             "offsets": offsets[rows],
+            "damage": damage,
         }
+
+
+def _damage_summary(target, damage):
+    """Describe the records that could not be read: how many, the first few, what to run."""
+    if not damage:
+        return None
+    return {
+        "records": len(damage),
+        "first": [
+            {"file": rec, "key": key, "offset": offset, "reason": reason}
+            for rec, key, offset, reason in damage[:DAMAGE_LISTED]
+        ],
+        "advice": f"run `rectool verify {target}` to list every problem",
+    }
 
 
 def _identity_stats(labels, identities_map, insightface_classes, manifest):
@@ -219,8 +259,9 @@ def _sample_dimensions(images_by_shard, sample, max_pixels):
             if rec not in handles:
                 handles[rec] = RecordFile(rec)
             _, image = unpack_header(handles[rec].read_at(offset), rec, offset)
-            if not len(image):
-                raise RecordFormatError("empty image: a header and no image bytes", rec, offset)
+            if not len(image):  # listed under `damage`
+                dims["undecodable"] += 1
+                continue
             try:
                 array = imdecode(image, cv2.IMREAD_UNCHANGED, max_pixels)
             except ImageTooLargeError:

@@ -363,38 +363,47 @@ def _read_one_header(out, i, record):
             out.label1[i] = labels[1]
 
 
-def locate_records(buf, size, offsets, path=None, keys=None):
+def locate_records(buf, size, offsets, path=None, keys=None, bad=None):
     """Check that each offset starts a readable record; return (lengths, split) arrays.
 
     Whole records are checked at once with numpy; split records are followed part by part.
-    Raises `RecordFormatError` naming the first offset that is not a record start.
+    Raises `RecordFormatError` naming the first offset that is not a record start, unless
+    `bad` is a list: then each unreadable record's (index, offset, reason) is appended to it
+    instead (its length is left 0).
     """
     offsets = np.asarray(offsets, np.int64)
     n = len(offsets)
     lengths, split = np.zeros(n, np.int64), np.zeros(n, bool)
     if not n:
         return lengths, split
-    bad = (offsets < 0) | (offsets & 3 != 0) | (offsets + 8 > size)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise RecordFormatError(
-            "offset is not a record start (unaligned or past the end of the file)",
-            path,
-            int(offsets[i]),
-            None if keys is None else int(keys[i]),
-        )
+    outside = (offsets < 0) | (offsets & 3 != 0) | (offsets + 8 > size)
+    if outside.any():
+        reason = "offset is not a record start (unaligned or past the end of the file)"
+        if bad is None:
+            i = int(np.flatnonzero(outside)[0])
+            raise RecordFormatError(
+                reason, path, int(offsets[i]), None if keys is None else int(keys[i])
+            )
+        bad.extend((i, int(offsets[i]), reason) for i in np.flatnonzero(outside).tolist())
     words = np.frombuffer(buf, _WORD, size // 4)
     try:
-        w = offsets // 4
+        w = np.where(outside, 0, offsets) // 4
         magic, lrec = words[w], words[w + 1]
         lengths[:] = lrec & LENGTH_MASK
         whole = (magic == MAGIC) & (lrec >> LENGTH_BITS == CFLAG_WHOLE)
         whole &= offsets + 8 + ((lengths + 3) & ~3) <= size
+        whole &= ~outside
     finally:
         del words
-    for i in np.flatnonzero(~whole).tolist():
+    lengths[outside] = 0
+    for i in np.flatnonzero(~whole & ~outside).tolist():
         result = _follow_parts(buf, size, int(offsets[i]))
         if not result[0]:
+            if bad is not None:
+                part = "" if result[2] == offsets[i] else f" (part at byte {result[2]})"
+                bad.append((i, int(offsets[i]), result[3] + part))
+                lengths[i] = 0
+                continue
             raise RecordFormatError(
                 result[3], path, result[2], None if keys is None else int(keys[i])
             )

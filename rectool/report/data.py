@@ -29,7 +29,7 @@ from ..errors import RecordFormatError, RectoolError, UsageError
 from ..format.keys import shared_offsets
 from ..inspect.info import dataset_info
 from ..reader import DEFAULT_MAX_PIXELS, ImageTooLargeError, imdecode
-from .page import render_html, render_sheet
+from .page import LEFT_OUT, page_thumbs, render_html, render_rows, render_sheet
 
 DEFAULT_IDENTITIES = 12
 DEFAULT_PER_IDENTITY = 8
@@ -124,6 +124,7 @@ class Report:
     verify: object = None
     problems: list = field(default_factory=list)  # things that went wrong while reporting
     left_out: int = 0  # thumbnails left out of the page to stay within max_bytes
+    rows_shown: int | None = None  # sheet rows on the page (None: all); the sheet image has all
 
 
 @dataclass
@@ -136,11 +137,16 @@ class ReportResult:
     report: Report
 
 
-def write_report(target, html_path=None, sheet_path=None, options=ReportOptions(), overwrite=False):
+def write_report(
+    target, html_path=None, sheet_path=None, options=ReportOptions(), overwrite=False, progress=None
+):
     """Build the report of `target`; write the page to `html_path`, the sheet to `sheet_path`.
 
-    Either path may be None, not both. The files are written as one output (both or neither,
-    each whole); an existing file is replaced only with `overwrite`, a pack's file never.
+    Either path may be None, not both. The page is at most `options.max_bytes` bytes: the
+    thumbnails that do not fit are left out (counted on the page), then contact-sheet rows.
+    `progress(done, total)`, when given, is called as the thumbnails are made.
+    The files are written as one output (both or neither, each whole); an existing file is
+    replaced only with `overwrite`, a pack's file never.
     Raises `RectoolError` when the dataset cannot be read or an output may not be written,
     `UsageError` for a sheet format other than .jpg/.png.
     """
@@ -155,11 +161,11 @@ def write_report(target, html_path=None, sheet_path=None, options=ReportOptions(
     for path in (html_path, sheet_path):
         if path is not None:
             output.check(path)  # before the work: a refusal costs nothing
-    report = build_report(target, options)
+    report = build_report(target, options, progress)
     size = 0
     with output:
         if html_path is not None:
-            page = render_html(report).encode("utf-8")
+            page = fit_page(report)
             output.add(html_path, page)
             size = len(page)
         if sheet_path is not None:
@@ -176,13 +182,50 @@ def write_report(target, html_path=None, sheet_path=None, options=ReportOptions(
     )
 
 
+def fit_page(report):
+    """Render the page as UTF-8 within `report.options.max_bytes`: leave out thumbnails (the
+    last ones first) until it fits, then contact-sheet rows; raise `RectoolError` when even
+    the page's text is over the limit. Sets `report.left_out` to what the page says."""
+    limit = report.options.max_bytes
+    page = render_html(report).encode("utf-8")
+    while len(page) > limit:
+        excess = len(page) - limit
+        freed = 0
+        for thumb in reversed(list(page_thumbs(report))):  # the last ones first
+            if freed >= excess:
+                break
+            if thumb.jpeg is not None:
+                freed += (len(thumb.jpeg) + 2) // 3 * 4 + 200
+                thumb.jpeg, thumb.problem = None, LEFT_OUT
+        if not freed:
+            shown = len(report.rows) if report.rows_shown is None else report.rows_shown
+            if not shown:
+                raise RectoolError(
+                    f"--max-bytes {limit:,} is too small for the page's text alone "
+                    f"({len(page):,} bytes with no thumbnail); raise --max-bytes"
+                )
+            # Each row costs about the same: drop as many as the excess needs (one at least).
+            per_row = max(1, len(render_rows(report, shown)) // shown)
+            report.rows_shown = max(0, shown - max(1, -(-excess // per_row)))
+        page = render_html(report).encode("utf-8")
+    report.left_out = count_left_out(report)
+    return page
+
+
+def count_left_out(report):
+    """Count the thumbnails the page leaves out to stay within --max-bytes."""
+    return sum(t.problem == LEFT_OUT for t in page_thumbs(report))
+
+
 def _journal_beside(path):
     folder, name = os.path.split(path)
     return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
 
 
-def build_report(target, options=ReportOptions()):
-    """Gather what the report of `target` shows; raise `RectoolError` when it cannot be read."""
+def build_report(target, options=ReportOptions(), progress=None):
+    """Gather what the report of `target` shows; raise `RectoolError` when it cannot be read.
+
+    `progress(done, total)`, when given, is called as the contact sheet's thumbnails are made."""
     images = _ImageTable()
     info = dataset_info(
         target, sample=options.sample, on_shard=images.add, max_pixels=options.max_pixels
@@ -210,7 +253,7 @@ def build_report(target, options=ReportOptions()):
                     decoded[i] = (thumb.jpeg, thumb.pixels, thumb.problem)
             return budget.admit(Thumb(alt, caption, *decoded[i]))
 
-        rows = _sheet_rows(images, names, options, thumb_of)
+        rows = _sheet_rows(images, names, options, thumb_of, progress)
         duplicates = _find_duplicates(images, payloads, names, thumb_of)
     refusals = _read_refusals(manifest, info.get("manifest"), options, budget, reduce)
     verify = None
@@ -219,7 +262,7 @@ def build_report(target, options=ReportOptions()):
 
         decode = DecodeOptions(max_pixels=options.max_pixels) if options.decode else None
         verify = verify_dataset(target, decode=decode)
-    return Report(
+    report = Report(
         target=os.fspath(target),
         options=options,
         info=info,
@@ -232,6 +275,8 @@ def build_report(target, options=ReportOptions()):
         problems=problems,
         left_out=budget.left_out,
     )
+    report.left_out = count_left_out(report)
+    return report
 
 
 # --- reading the pack: the only code here that knows the reader's and scanner's internals ---
@@ -378,7 +423,7 @@ class _ThumbBudget:
             self.room -= cost
         else:
             thumb.jpeg = None
-            thumb.problem = "left out: page size limit"
+            thumb.problem = LEFT_OUT
             self.left_out += 1
         return thumb
 
@@ -426,7 +471,7 @@ def _thumbnail(data, options, reduce, alt, caption):
     return Thumb(alt, caption, encoded.tobytes(), array)
 
 
-def _sheet_rows(images, names, options, thumb_of):
+def _sheet_rows(images, names, options, thumb_of, progress=None):
     """Choose the sampled identities (seeded) and the smallest and largest; decode their thumbs."""
     if not len(images):
         return []
@@ -435,7 +480,11 @@ def _sheet_rows(images, names, options, thumb_of):
         # Labels are not class ids: one row of images sampled from the whole dataset.
         count = min(options.per_identity * max(1, options.identities), len(images))
         picks = np.sort(rng.choice(len(images), count, replace=False))
-        thumbs = [thumb_of(int(i), f"image at {images.where(i)}", images.where(i)) for i in picks]
+        thumbs = []
+        for done, i in enumerate(picks.tolist(), 1):
+            thumbs.append(thumb_of(int(i), f"image at {images.where(i)}", images.where(i)))
+            if progress is not None:
+                progress(done, len(picks))
         return [SheetRow("sample", None, None, len(images), thumbs)]
     labels = images.labels.astype(np.int64)
     values, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
@@ -447,20 +496,25 @@ def _sheet_rows(images, names, options, thumb_of):
     extremes = min(EXTREMES, len(values))
     groups.append(("smallest", by_size[:extremes].tolist()))
     groups.append(("largest", np.lexsort((values, -counts))[:extremes].tolist()))
-    rows = []
+    plan = []
     for group, picked in groups:
         for k in picked:
             members = order[starts[k] : starts[k] + counts[k]]
             if len(members) > options.per_identity:
                 members = np.sort(rng.choice(members, options.per_identity, replace=False))
-            label = int(values[k])
-            name = names.get(str(label))
-            who = f"identity {label}" + (f" ({name})" if name else "")
-            thumbs = [
-                thumb_of(int(i), f"{who}, image at {images.where(i)}", _caption(label, name))
-                for i in members
-            ]
-            rows.append(SheetRow(group, label, name, int(counts[k]), thumbs))
+            plan.append((group, k, members))
+    total, done, rows = sum(len(m) for *_, m in plan), 0, []
+    for group, k, members in plan:
+        label = int(values[k])
+        name = names.get(str(label))
+        who = f"identity {label}" + (f" ({name})" if name else "")
+        thumbs = []
+        for i in members.tolist():
+            thumbs.append(thumb_of(i, f"{who}, image at {images.where(i)}", _caption(label, name)))
+            done += 1
+            if progress is not None:
+                progress(done, total)
+        rows.append(SheetRow(group, label, name, int(counts[k]), thumbs))
     return rows
 
 

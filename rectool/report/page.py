@@ -21,6 +21,7 @@ from .charts import bar_chart
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 LISTED = 50  # verify problems and reporting problems listed one by one
 SHEET_TEXT_WIDTH = 220
+LEFT_OUT = "left out: page size limit"  # the problem of a thumbnail left out of the page
 
 STYLE = """
 body{font:15px/1.45 system-ui,sans-serif;margin:1.5em auto;max-width:1100px;color:#111;
@@ -64,7 +65,7 @@ def render_html(report):
         _refusals_section(report),
         _duplicates_section(report),
     ]
-    if report.problems or report.left_out:
+    if report.problems or _left_out(report) or _rows_hidden(report):
         parts.append(_problems_section(report))
     parts.append("</main></body></html>\n")
     return "\n".join(parts)
@@ -120,10 +121,37 @@ def _summary_section(report):
         if failures is not None:
             rows.append(_row("Refused by the pack", f"{failures:,}", failures))
     rows.append(_row("Verify", _verify_text(report.verify)))
+    damage = info.get("damage")
+    if damage:
+        rows.append(
+            _row(
+                "Damaged records",
+                f"<strong>{damage['records']:,}</strong> cannot be read, left out of every "
+                f"figure and image here; {escape(damage['advice'])}",
+                damage["records"],
+            )
+        )
     out = ['<section id="summary" aria-labelledby="summary-h">', '<h2 id="summary-h">Summary</h2>']
     out.append('<table id="summary-table"><caption>The dataset at a glance</caption>')
     out += rows
     out.append("</table>")
+    if damage:
+        out.append(
+            '<table id="damage-list"><caption>The first damaged records</caption><tr>'
+            '<th scope="col">File</th><th scope="col">Key</th><th scope="col">Byte offset</th>'
+            '<th scope="col">Why it cannot be read</th></tr>'
+        )
+        for d in damage["first"]:
+            key = "" if d["key"] is None else f"{d['key']}"
+            out.append(
+                f"<tr><td><code>{escape(d['file'])}</code></td><td>{key}</td>"
+                f'<td class="n" data-value="{d["offset"]}">{d["offset"]:,}</td>'
+                f"<td>{escape(d['reason'])}</td></tr>"
+            )
+        if damage["records"] > len(damage["first"]):
+            more = damage["records"] - len(damage["first"])
+            out.append(f'<tr><td colspan="4">and {more:,} more</td></tr>')
+        out.append("</table>")
     if report.verify is not None and not report.verify.sound:
         out.append(
             '<table id="verify-problems"><caption>Verify: the first problems</caption>'
@@ -281,10 +309,36 @@ def _dimension_spread(counts):
     return text
 
 
+def page_thumbs(report):
+    """The thumbnails the page shows, in page order (left-out ones included)."""
+    for row in _shown_rows(report):
+        yield from row.thumbs
+    for *_, thumb, _ in report.refusals.rows:
+        if thumb is not None:
+            yield thumb
+    for *_, thumb in report.duplicates.groups:
+        if thumb is not None:
+            yield thumb
+
+
+def _shown_rows(report):
+    return report.rows if report.rows_shown is None else report.rows[: report.rows_shown]
+
+
+def _rows_hidden(report):
+    return len(report.rows) - len(_shown_rows(report))
+
+
+def _left_out(report):
+    return sum(t.problem == LEFT_OUT for t in page_thumbs(report))
+
+
 def _figure(thumb, size):
     if thumb is None:
         return ""
     caption = f"<figcaption>{escape(thumb.caption)}</figcaption>" if thumb.caption else ""
+    if thumb.jpeg is None and thumb.problem == LEFT_OUT:
+        return f'<span class="left-out" data-left-out="1">{escape(LEFT_OUT)}</span>'
     if thumb.jpeg is None:
         return (
             f'<figure><div class="missing" style="width:{size}px;height:{size}px" role="img" '
@@ -300,7 +354,6 @@ def _figure(thumb, size):
 
 
 def _sheet_section(report):
-    size = report.options.thumb
     out = [
         '<section id="contact-sheet" aria-labelledby="sheet-h">',
         '<h2 id="sheet-h">Contact sheet</h2>',
@@ -308,16 +361,34 @@ def _sheet_section(report):
     if not report.rows:
         out.append("<p>No images.</p></section>")
         return "\n".join(out)
-    headings = {
-        "sample": f"A sample of identities (seed {report.options.seed})",
-        "smallest": "The smallest identities",
-        "largest": "The largest identities",
-    }
-    group = None
-    for row in report.rows:
+    out.append(render_rows(report, report.rows_shown))
+    hidden = _rows_hidden(report)
+    if hidden:
+        noun = "identity" if hidden == 1 else "identities"
+        out.append(
+            f'<p class="note" id="rows-hidden" data-value="{hidden}">{hidden:,} more {noun} '
+            "not shown, to keep the page within --max-bytes (a --sheet image shows them all).</p>"
+        )
+    out.append("</section>")
+    return "\n".join(out)
+
+
+SHEET_HEADINGS = {
+    "sample": "A sample of identities (seed {seed})",
+    "smallest": "The smallest identities",
+    "largest": "The largest identities",
+}
+
+
+def render_rows(report, shown=None):
+    """Return the contact sheet's first `shown` rows (all when None) as HTML. The thumbnails
+    left out to keep the page small are one count per row, not one placeholder each."""
+    size, out, group = report.options.thumb, [], None
+    for row in report.rows if shown is None else report.rows[:shown]:
         if row.group != group:
             group = row.group
-            out.append(f'<h3 id="sheet-{group}">{escape(headings[group])}</h3>')
+            heading = SHEET_HEADINGS[group].format(seed=report.options.seed)
+            out.append(f'<h3 id="sheet-{group}">{escape(heading)}</h3>')
         if row.label is None:
             heading = f"Images sampled from all {row.count:,}"
         else:
@@ -325,9 +396,13 @@ def _sheet_section(report):
             noun = "image" if row.count == 1 else "images"
             heading = f"Identity {row.label}{name}: {row.count:,} {noun}"
         out.append(f'<h4 class="identity">{escape(heading)}</h4><ul class="thumbs">')
-        out += [f"<li>{_figure(t, size)}</li>" for t in row.thumbs]
+        shown_thumbs = [t for t in row.thumbs if t.problem != LEFT_OUT]
+        out += [f"<li>{_figure(t, size)}</li>" for t in shown_thumbs]
+        left = len(row.thumbs) - len(shown_thumbs)
+        if left:
+            noun = "thumbnail" if left == 1 else "thumbnails"
+            out.append(f'<li class="left-out" data-left-out="{left}">{left:,} {noun} left out</li>')
         out.append("</ul>")
-    out.append("</section>")
     return "\n".join(out)
 
 
@@ -418,9 +493,18 @@ def _problems_section(report):
     out += [f"<li>{escape(p)}</li>" for p in report.problems[:LISTED]]
     if len(report.problems) > LISTED:
         out.append(f"<li>and {len(report.problems) - LISTED:,} more</li>")
-    if report.left_out:
+    left_out = _left_out(report)
+    if left_out:
+        noun = "thumbnail" if left_out == 1 else "thumbnails"
         out.append(
-            f"<li>{report.left_out:,} thumbnails left out to keep the page within "
+            f'<li id="left-out" data-value="{left_out}">{left_out:,} {noun} left out to keep the '
+            f"page within {report.options.max_bytes:,} bytes (raise --max-bytes)</li>"
+        )
+    hidden = _rows_hidden(report)
+    if hidden:
+        noun = "row" if hidden == 1 else "rows"
+        out.append(
+            f"<li>{hidden:,} contact-sheet {noun} left out to keep the page within "
             f"{report.options.max_bytes:,} bytes (raise --max-bytes)</li>"
         )
     out.append("</ul></section>")
