@@ -519,11 +519,16 @@ def resolve_source(source):
         for prefix in {p for rec in recs for p in source_prefixes(rec)}:
             refuse_unfinished(prefix)
     elif os.path.isdir(source := os.fspath(source)):
-        if not os.path.exists(os.path.join(source, "train.rec")):
-            raise InputError(
-                f"{source}: a folder without train.rec; give a manifest, .rec or prefix"
-            )
-        return resolve_source(os.path.join(source, "train.rec"))
+        if os.path.exists(os.path.join(source, "train.rec")):
+            return resolve_source(os.path.join(source, "train.rec"))
+        packs = sorted(n for n in os.listdir(source) if n.endswith(MANIFEST_SUFFIX))
+        if len(packs) == 1:  # a folder holding one rectool pack: that pack
+            return resolve_source(os.path.join(source, packs[0]))
+        some = f" ({len(packs)} manifests: name one)" if packs else ""
+        raise InputError(
+            f"{source}: a folder without train.rec or one pack{some}; give a manifest, .rec "
+            "or prefix"
+        )
     elif source.endswith(".json"):
         for prefix in source_prefixes(source):
             refuse_unfinished(prefix)
