@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
-from rectool.commands import options
+from rectool.commands import progress as progress_module
 
 
 @pytest.fixture
@@ -32,7 +32,7 @@ class TickingClock:
 
 def test_a_long_run_prints_progress_lines_into_a_log(tree, tmp_path, monkeypatch):
     root, lst = tree
-    monkeypatch.setattr(options, "clock", TickingClock(1))
+    monkeypatch.setattr(progress_module, "clock", TickingClock(1))
     result = CliRunner().invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "p")])
     assert result.exit_code == 0, result.output
     progress = [line for line in result.stderr.splitlines() if line.startswith("pack: ")]
@@ -45,7 +45,7 @@ def test_verify_logs_its_phases(tree, tmp_path, monkeypatch):
     assert (
         CliRunner().invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "p")]).exit_code == 0
     )
-    monkeypatch.setattr(options, "clock", TickingClock(1))
+    monkeypatch.setattr(progress_module, "clock", TickingClock(1))
     result = CliRunner().invoke(cli, ["verify", str(tmp_path / "p")])
     assert result.exit_code == 0, result.output
     assert any(line.startswith("verify bytes: ") for line in result.stderr.splitlines())
@@ -53,7 +53,7 @@ def test_verify_logs_its_phases(tree, tmp_path, monkeypatch):
 
 def test_a_short_run_prints_no_progress(tree, tmp_path, monkeypatch):
     root, lst = tree
-    monkeypatch.setattr(options, "clock", TickingClock(0.0))  # time stands still
+    monkeypatch.setattr(progress_module, "clock", TickingClock(0.0))  # time stands still
     result = CliRunner().invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "p")])
     assert result.exit_code == 0
     assert not any(line.startswith("pack: ") for line in result.stderr.splitlines())

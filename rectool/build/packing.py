@@ -306,6 +306,9 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     finally:
         if complete and list_path == prefix + STDIN_COPY_SUFFIX:
             remove(list_path)
+    options = dataclasses.replace(
+        options, max_failures=allowed_failures(options.max_failures, total)
+    )
     if not total and not allow_empty and not complete:
         if list_path == prefix + STDIN_COPY_SUFFIX:
             remove(list_path)
@@ -412,6 +415,9 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     if not 0 <= number < len(plan):
         raise UsageError(f"--only-shard {number}: the plan has shards 0..{len(plan) - 1}")
+    options = dataclasses.replace(
+        options, max_failures=allowed_failures(options.max_failures, len(plan[number]))
+    )
     stem = shard_stem(prefix, number)
     state_path = stem + STATE_SUFFIX
     existing = shard_files(stem)
@@ -481,6 +487,9 @@ def finalize_locked(list_path, root, prefix, options, label_map):
     list_path = os.fspath(list_path)
     identities = _load_identities(list_path, label_map)
     digest, total = validate_list(list_path, options.layout, identities)
+    options = dataclasses.replace(
+        options, max_failures=allowed_failures(options.max_failures, total)
+    )
     if is_complete(prefix):
         return completed_if_same(prefix, source_state(digest, root, options))
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
@@ -567,7 +576,20 @@ def check_prefix(prefix):
     return prefix
 
 
+def allowed_failures(max_failures, total):
+    """Return the refusals allowed among `total` images: `max_failures` itself (a count), or
+    that share of them rounded down (a float from 0 to 1, `--max-failures 0.1%`)."""
+    if isinstance(max_failures, float):
+        return int(max_failures * total)
+    return max_failures
+
+
 def check_options(options):
+    limit = options.max_failures
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not (
+        0 <= limit and (isinstance(limit, int) or limit <= 1)
+    ):
+        raise UsageError(f"max_failures must be a count or a share from 0 to 1, not {limit!r}")
     layout_named(options.layout).check_options(options)
     if options.check not in CHECK_MODES:
         raise UsageError(f"unknown check {options.check!r}; choose from {', '.join(CHECK_MODES)}")

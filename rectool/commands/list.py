@@ -18,9 +18,9 @@ from .options import (
     Finite,
     json_option,
     overwrite_option,
-    progress_bar,
     quiet_option,
 )
+from .progress import progress_bar
 
 
 def parse_extensions(ctx, param, value):

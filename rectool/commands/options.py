@@ -4,8 +4,6 @@ types: validation belongs in the type, so a bad value is a usage error naming th
 from __future__ import annotations
 
 import os
-import sys
-import time
 
 import click
 
@@ -96,6 +94,30 @@ class Count(click.IntRange):
         return super()._describe_range()
 
 
+class FailureLimit(click.ParamType):
+    """--max-failures: a count (`0`, `12`) or a share of the images (`0.1%`), as the library's
+    `max_failures` (an int, or a float from 0 to 1)."""
+
+    name = "N|P%"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+        text = str(value).strip()
+        try:
+            if text.endswith("%"):
+                share = float(text[:-1]) / 100
+                if not 0 <= share <= 1:  # nan compares false: refused too
+                    raise ValueError
+                return share
+            count = int(text)
+            if not 0 <= count <= INT64_MAX:
+                raise ValueError
+            return count
+        except ValueError:
+            self.fail(f"{value!r} is not a count (12) or a percentage from 0% to 100% (0.1%)")
+
+
 class Finite(click.FloatRange):
     """A `click.FloatRange` that also refuses nan (which compares false to every bound)."""
 
@@ -127,75 +149,6 @@ class ByteSize(click.ParamType):
         return size
 
 
-# When stderr is not a terminal (a CI log, a file), progress is a line every this many seconds
-# of `clock` (tests set both), instead of a bar.
-LOG_EVERY_SECONDS = float(os.environ.get("RECTOOL_PROGRESS_SECONDS") or 10.0)
-clock = time.monotonic
-
-
-def _log_progress(unit, phase=None):
-    """Return (callback(done, total, refused), close) printing a progress line on stderr at most
-    every LOG_EVERY_SECONDS (what a CI log shows), and the last one when closed if any was
-    printed: a run shorter than that prints no progress at all."""
-    state = {"last": clock(), "line": None, "printed": None}
-    name = click.get_current_context(silent=True)
-    command = name.info_name if name is not None else "rectool"
-
-    def update(done, total, refused=0):
-        of = f"/{total:,}" if total else ""
-        part = f" ({100 * done // total}%)" if total else ""
-        more = f", {refused:,} refused" if refused else ""
-        what = f" {phase}" if phase else ""
-        state["line"] = f"{command}{what}: {done:,}{of} {unit}{part}{more}"
-        now = clock()
-        if now - state["last"] >= LOG_EVERY_SECONDS:
-            state["last"] = now
-            state["printed"] = state["line"]
-            click.echo(state["line"], err=True)
-
-    def close():
-        if state["printed"] is not None and state["line"] != state["printed"]:
-            state["printed"] = state["line"]
-            click.echo(state["line"], err=True)
-
-    return update, close
-
-
-def progress_bar(quiet, unit):
-    """Return (callback, close): a tqdm bar on a terminal's stderr, a line every few seconds on
-    any other stderr (a CI log), or no-ops when quiet."""
-    if quiet:
-        return None, lambda: None
-    if not sys.stderr.isatty():
-        return _log_progress(unit)
-    from tqdm import tqdm
-
-    bar = tqdm(unit=unit, unit_scale=True, file=sys.stderr, dynamic_ncols=True)
-    state = {"done": 0}
-
-    def update(done, total, refused):
-        if bar.total != total:
-            bar.total = total
-        bar.update(done - state["done"])
-        state["done"] = done
-        if refused:
-            bar.set_postfix(refused=refused, refresh=False)
-
-    return update, bar.close
-
-
-def remember_progress(update):
-    """Return (callback, seen): `update` wrapped so that `seen` holds the last (done, total)."""
-    seen = {"done": 0, "total": None}
-
-    def remember(done, total, refused):
-        seen["done"], seen["total"] = done, total
-        if update is not None:
-            update(done, total, refused)
-
-    return remember, seen
-
-
 # The largest side any image format rectool decodes can have (PNG's 2**31 - 1).
 MAX_IMAGE_SIDE = 2**31 - 1
 
@@ -216,41 +169,6 @@ class ImageSize(click.ParamType):
         ):
             self.fail(f"{value!r} is not HEIGHTxWIDTH (example: 112x112)", param, ctx)
         return int(parts[0]), int(parts[1])
-
-
-def phase_progress(quiet):
-    """Return (callback(phase, done, total), close): one tqdm bar per phase on a terminal's
-    stderr, a line every few seconds per phase on any other (a CI log)."""
-    if quiet:
-        return None, lambda: None
-    if not sys.stderr.isatty():
-        loggers = {}
-
-        def log(phase, done, total):
-            if phase not in loggers:
-                loggers[phase] = _log_progress("B" if phase == "bytes" else "img", phase)
-            loggers[phase][0](done, total)
-
-        return log, lambda: [close() for _, close in loggers.values()]
-    from tqdm import tqdm
-
-    bars = {}
-
-    def update(phase, done, total):
-        bar = bars.get(phase)
-        if bar is None:
-            unit = "B" if phase == "bytes" else "img"
-            bar = bars[phase] = tqdm(
-                desc=phase, unit=unit, unit_scale=True, file=sys.stderr, position=len(bars)
-            )
-        bar.total = total
-        bar.update(done - bar.n)
-
-    def close():
-        for bar in bars.values():
-            bar.close()
-
-    return update, close
 
 
 def transform_options(func):

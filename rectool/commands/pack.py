@@ -19,11 +19,10 @@ from .conventions import (
 from .options import (
     ByteSize,
     Count,
+    FailureLimit,
     json_option,
     max_pixels_option,
-    progress_bar,
     quiet_option,
-    remember_progress,
     workers_option,
 )
 from .pack_messages import (
@@ -33,6 +32,7 @@ from .pack_messages import (
     render_shard_result,
     shard_plan,
 )
+from .progress import progress_bar, remember_progress
 
 
 @click.command(cls=RectoolCommand, name="pack")
@@ -95,10 +95,11 @@ from .pack_messages import (
 )
 @click.option(
     "--max-failures",
-    type=Count(0),
+    type=FailureLimit(),
     default=0,
     show_default=True,
-    help="Refused images accepted before the exit status turns to 3.",
+    help="Refused images accepted before the exit status turns to 3: a count, or a share of "
+    "the listed images (0.1%).",
 )
 @click.option(
     "--labels",

@@ -17,14 +17,15 @@ from .options import (
     SEED,
     ByteSize,
     Count,
+    FailureLimit,
     Finite,
     json_option,
     max_pixels_option,
-    progress_bar,
     quiet_option,
     transform_options,
     workers_option,
 )
+from .progress import progress_bar
 
 
 @click.command(cls=RectoolCommand, name="repack")
@@ -121,10 +122,11 @@ from .options import (
 @max_pixels_option("Re-encoding: refuse images whose header declares more pixels, before decoding.")
 @click.option(
     "--max-failures",
-    type=Count(0),
+    type=FailureLimit(),
     default=0,
     show_default=True,
-    help="Images that fail to re-encode accepted before the exit status turns to 3.",
+    help="Refused images accepted before the exit status turns to 3: a count, or a share of "
+    "the images (0.1%).",
 )
 @click.option(
     "--sha256",

@@ -20,8 +20,8 @@ from .options import (
     json_option,
     max_pixels_option,
     overwrite_option,
-    progress_bar,
 )
+from .progress import progress_bar
 
 
 @click.command(cls=RectoolCommand, name="report")

@@ -15,10 +15,9 @@ from .conventions import (
 )
 from .options import (
     json_option,
-    progress_bar,
     quiet_option,
-    remember_progress,
 )
+from .progress import progress_bar, remember_progress
 
 
 @click.command(cls=RectoolCommand, name="unpack")

@@ -17,10 +17,10 @@ from .options import (
     ImageSize,
     json_option,
     max_pixels_option,
-    phase_progress,
     quiet_option,
     workers_option,
 )
+from .progress import phase_progress
 
 
 @click.command(cls=RectoolCommand, name="verify")

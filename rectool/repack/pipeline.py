@@ -38,8 +38,6 @@ from ..build.images import (
 )
 from ..build.layout import image_size, layout_named
 from ..build.listfile import LABEL_MAP_SUFFIX, read_label_map
-
-# Pack's output conventions and its --resume/--overwrite rules, reused as they are.
 from ..build.manifest import (
     FAILURES_SUFFIX,
     PARTIAL_SUFFIX,
@@ -55,6 +53,9 @@ from ..build.manifest import (
     remove_stale_temporaries,
     replace_beside,
 )
+
+# Pack's output conventions and its --resume/--overwrite rules, reused as they are.
+from ..build.packing import allowed_failures
 from ..build.passthrough import refused_images
 from ..build.shards import ShardWriter
 from ..doors.inputs import open_input
@@ -849,6 +850,9 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
     catalog = build_catalog(opened, options.labels_by)
     plan = plan_repack(opened, catalog, options, targets)
     check_plan(plan, options)
+    options = dataclasses.replace(
+        options, max_failures=allowed_failures(options.max_failures, len(plan.rows))
+    )
     make_folders(os.path.dirname(prefix))
     with OutputLock(prefix):
         finish_interrupted(prefix)
