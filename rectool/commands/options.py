@@ -204,3 +204,37 @@ def transform_options(func):
     ):
         func = option(func)
     return func
+
+
+def shard_options(func):
+    """--shard-size and --shard-records: when pack and repack roll over to a new shard."""
+    func = click.option(
+        "--shard-records", type=Count(1), help="Roll over to a new shard every N records."
+    )(func)
+    return click.option(
+        "--shard-size",
+        type=ByteSize(),
+        help="Roll over to a new shard before a shard's .rec passes this size (e.g. 512MB, 2GiB).",
+    )(func)
+
+
+def max_failures_option(images="the images"):
+    """--max-failures N|P%: refusals accepted before pack's and repack's exit status turns 3."""
+    return click.option(
+        "--max-failures",
+        type=FailureLimit(),
+        default=0,
+        show_default=True,
+        help="Refused images accepted before the exit status turns to 3: a count, or a share of "
+        f"{images} (0.1%).",
+    )
+
+
+def sha256_option(func):
+    """--sha256: each file's SHA-256 in the manifest beside its xxh3-128."""
+    return click.option(
+        "--sha256",
+        is_flag=True,
+        help="Give each file's SHA-256 in the manifest as well as its xxh3-128 (a content address "
+        "for a published dataset; costs about 1 s a GB more).",
+    )(func)

@@ -17,12 +17,13 @@ from .conventions import (
     write_stream,
 )
 from .options import (
-    ByteSize,
     Count,
-    FailureLimit,
     json_option,
+    max_failures_option,
     max_pixels_option,
     quiet_option,
+    sha256_option,
+    shard_options,
     workers_option,
 )
 from .pack_messages import (
@@ -74,12 +75,7 @@ from .progress import progress_bar, remember_progress
     type=click.Choice(["-1", "0", "1"]),
     help="Re-encode: 1 colour, 0 grayscale, -1 unchanged (default 1).",
 )
-@click.option(
-    "--shard-size",
-    type=ByteSize(),
-    help="Roll over to a new shard before a shard's .rec passes this size (e.g. 512MB, 2GiB).",
-)
-@click.option("--shard-records", type=Count(1), help="Roll over to a new shard every N records.")
+@shard_options
 @click.option(
     "--layout",
     type=click.Choice(LAYOUTS),
@@ -93,14 +89,7 @@ from .progress import progress_bar, remember_progress
     "Refuse images whose header declares more pixels, before checking or re-encoding them "
     "(not with --check none)."
 )
-@click.option(
-    "--max-failures",
-    type=FailureLimit(),
-    default=0,
-    show_default=True,
-    help="Refused images accepted before the exit status turns to 3: a count, or a share of "
-    "the listed images (0.1%).",
-)
+@max_failures_option("the listed images")
 @click.option(
     "--labels",
     "label_map",
@@ -114,12 +103,7 @@ from .progress import progress_bar, remember_progress
     help="Pack list paths that leave ROOT (absolute, climbing out with .., or through a "
     "symbolic link); by default they are refused as outside-root.",
 )
-@click.option(
-    "--sha256",
-    is_flag=True,
-    help="Give each file's SHA-256 in the manifest as well as its xxh3-128 (a content address "
-    "for a published dataset; costs about 1 s a GB more).",
-)
+@sha256_option
 @click.option("--resume", is_flag=True, help="Continue an interrupted pack where it stopped.")
 @click.option(
     "--overwrite",

@@ -15,13 +15,14 @@ from .conventions import (
 )
 from .options import (
     SEED,
-    ByteSize,
     Count,
-    FailureLimit,
     Finite,
     json_option,
+    max_failures_option,
     max_pixels_option,
     quiet_option,
+    sha256_option,
+    shard_options,
     transform_options,
     workers_option,
 )
@@ -98,12 +99,7 @@ from .progress import progress_bar
     help="images: only image records (what DALI and ImageRecordIter read). insightface: the "
     "face-dataset layout (header record 0, identity ranges, property file).",
 )
-@click.option(
-    "--shard-size",
-    type=ByteSize(),
-    help="Roll over to a new shard before a shard's .rec passes this size (e.g. 512MB, 2GiB).",
-)
-@click.option("--shard-records", type=Count(1), help="Roll over to a new shard every N records.")
+@shard_options
 @click.option(
     "--dedupe",
     is_flag=True,
@@ -120,20 +116,8 @@ from .progress import progress_bar
 @transform_options
 @workers_option("Worker threads re-encoding images.")
 @max_pixels_option("Re-encoding: refuse images whose header declares more pixels, before decoding.")
-@click.option(
-    "--max-failures",
-    type=FailureLimit(),
-    default=0,
-    show_default=True,
-    help="Refused images accepted before the exit status turns to 3: a count, or a share of "
-    "the images (0.1%).",
-)
-@click.option(
-    "--sha256",
-    is_flag=True,
-    help="Give each file's SHA-256 in the manifest as well as its xxh3-128 (a content address "
-    "for a published dataset; costs about 1 s a GB more).",
-)
+@max_failures_option()
+@sha256_option
 @click.option("--resume", is_flag=True, help="Continue an interrupted repack where it stopped.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing pack at OUT_PREFIX.")
 @quiet_option("No progress bar and no summary.")
