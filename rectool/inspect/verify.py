@@ -207,6 +207,21 @@ class Found:
     problems: Iterable  # of (path, key, offset, message)
 
 
+def compare_digests(kind, path, expected, actual, suffix=""):
+    """Yield what comparing a file's `actual` digests with the manifest's `expected` ones found:
+    the tallies, and one `kind` finding naming every digest that differs (then `suffix`)."""
+    yield Tally("checksums", 1)
+    for algorithm in expected:
+        yield Compared("file_digests", algorithm)
+    differ = [a for a in expected if actual[a] != expected[a]]
+    if differ:
+        message = "; ".join(
+            f"{DIGEST_NAMES[a]} {actual[a]} differs from the manifest's {expected[a]}"
+            for a in differ
+        )
+        yield _one(kind, path, None, None, message + suffix)
+
+
 def _one(kind, path, key, offset, message):
     return Found(kind, 1, ((path, key, offset, message),))
 
@@ -430,22 +445,7 @@ class _ShardHashes:
                 actual = future.result()
             except OSError as exc:
                 raise RectoolError(f"{path}: cannot read ({exc.strerror or exc})") from None
-            yield Tally("checksums", 1)
-            expected = self.expected[path]
-            for algorithm in expected:
-                yield Compared("file_digests", algorithm)
-            differ = [a for a in expected if actual[a] != expected[a]]
-            if differ:
-                yield _one(
-                    "checksum-mismatch",
-                    path,
-                    None,
-                    None,
-                    "; ".join(
-                        f"{DIGEST_NAMES[a]} {actual[a]} differs from the manifest's {expected[a]}"
-                        for a in differ
-                    ),
-                )
+            yield from compare_digests("checksum-mismatch", path, self.expected[path], actual)
 
 
 def _hexdigests(path, algorithms):
@@ -1239,22 +1239,9 @@ def check_record_checksums(facts, digests_match):
         yield _one("checksum-file", path, None, None, str(exc).removeprefix(f"{path}: "))
         return
     if expected:
-        yield Tally("checksums", 1)
-        for algorithm in expected:
-            yield Compared("file_digests", algorithm)
-        differ = [a for a in expected if actual[a] != expected[a]]
-        if differ:
-            yield _one(
-                "checksum-file",
-                path,
-                None,
-                None,
-                "; ".join(
-                    f"{DIGEST_NAMES[a]} {actual[a]} differs from the manifest's {expected[a]}"
-                    for a in differ
-                )
-                + "; its record checksums cannot be trusted and were not used",
-            )
+        untrusted = "; its record checksums cannot be trusted and were not used"
+        yield from compare_digests("checksum-file", path, expected, actual, untrusted)
+        if any(actual[a] != expected[a] for a in expected):
             return
     size = facts.size
     stale = stale_reason(entries, size)
