@@ -27,6 +27,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # (here and in every rectool process a test starts), so no output depends on machine load.
 # tests/test_cli_progress.py injects a clock to see them.
 os.environ["RECTOOL_PROGRESS_SECONDS"] = "1e9"
+# A manifest records when it was made; the suite fixes that instant (the reproducible-builds
+# convention rectool honours), so two packs of the same inputs are byte-identical whenever the
+# clock ticks. tests/test_manifest_date.py checks the date with and without it.
+os.environ["SOURCE_DATE_EPOCH"] = "1764547200"  # 2025-12-01T00:00:00Z
 
 
 # --- Shared fixtures: each name means one thing across the suite. -----------------------------

@@ -9,14 +9,14 @@ of a list read from stdin, the staging folder of --overwrite, and the manifest, 
 
 from __future__ import annotations
 
+import datetime
 import glob
 import json
 import os
+import time
 from dataclasses import asdict
 
 from .. import __version__
-from ..format.checksums import SUFFIX as CHECKSUM_SUFFIX
-from ..errors import RectoolError
 from ..doors.output import (
     JOURNAL_SUFFIX,
     LOCK_SUFFIX,
@@ -29,6 +29,8 @@ from ..doors.output import (
     rename,
     stage_file,
 )
+from ..errors import RectoolError, UsageError
+from ..format.checksums import SUFFIX as CHECKSUM_SUFFIX
 from ..reader import (
     MANIFEST_FORMAT,
     MANIFEST_SUFFIX,
@@ -210,7 +212,16 @@ def prepare_outputs(prefix, resume, overwrite):
             f"{partial[0]}: an interrupted pack left files here; "
             "use --resume to continue it or --overwrite to start again"
         )
-    raise RectoolError(f"{existing[0]}: output exists; use --overwrite to replace it")
+    if os.path.exists(manifest_path(prefix)):
+        raise RectoolError(
+            f"{prefix}: a complete pack is already here ({manifest_path(prefix)}); use "
+            "--overwrite to replace it, or --resume to keep it when it was made from the same "
+            "list and options"
+        )
+    raise RectoolError(
+        f"{existing[0]}: a file of pack {prefix} is already here, with no manifest; "
+        "use --overwrite to replace it"
+    )
 
 
 def is_complete(prefix):
@@ -333,6 +344,19 @@ def _show(value):
     return json.dumps(value)
 
 
+def created_time(environ=os.environ):
+    """Return when a pack is made, UTC in ISO 8601 to the second: now, or `SOURCE_DATE_EPOCH`
+    when set (reproducible builds' convention: the same inputs then give the same manifest)."""
+    epoch = environ.get("SOURCE_DATE_EPOCH")
+    try:
+        when = float(epoch) if epoch else time.time()
+    except ValueError:
+        raise UsageError(f"SOURCE_DATE_EPOCH={epoch!r} is not a number of seconds") from None
+    return datetime.datetime.fromtimestamp(int(when), datetime.timezone.utc).strftime(
+        "%Y-%m-%dT%H:%M:%SZ"
+    )
+
+
 def build_manifest(
     options, list_path, prefix, shards, images, failures, classes, identities, source
 ):
@@ -347,6 +371,7 @@ def build_manifest(
         "format": MANIFEST_FORMAT,
         "format_version": MANIFEST_VERSION,
         "rectool_version": __version__,
+        "created": created_time(),
         "layout": options.layout,
         "options": {
             **options.byte_options(),
