@@ -136,7 +136,11 @@ def test_existing_output_and_overwrite(tree_with_empty_image, tmp_path):
     assert invoke("pack", lst, root, tmp_path / "o", "-q").exit_code == 3
     again = invoke("pack", lst, root, tmp_path / "o", "-q")
     assert again.exit_code == 1
-    assert "output exists; use --overwrite to replace it" in again.stderr
+    assert again.stderr == (
+        f"Error: {tmp_path / 'o'}: a complete pack is already here ({tmp_path / 'o.manifest.json'});"
+        " use --overwrite to replace it, or --resume to keep it when it was made from the same list"
+        " and options\n"
+    )
     assert invoke("pack", lst, root, tmp_path / "o", "-q", "--overwrite").exit_code == 3
 
 

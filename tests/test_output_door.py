@@ -527,7 +527,7 @@ def test_sigterm_during_overwrite_removes_the_staging_folder(tree, tmp_path):
     assert stopped.returncode == 143, stopped.stderr
     assert stopped.stderr.endswith(
         f"Terminated (SIGTERM): the pack at {prefix} is unchanged; the new one was not finished "
-        "(run the command again to start it over).\n"
+        "and its staging folder was removed (run the command again to start it over).\n"
     )
     assert files_of(prefix.parent) == before
     assert sorted(os.listdir(prefix.parent)) == sorted(before)

@@ -536,7 +536,7 @@ def test_ctrl_c_during_overwrite_says_the_old_pack_is_unchanged(two_identity_tre
     assert stopped.returncode == 130
     assert stopped.stderr == (
         f"Interrupted: the pack at {prefix} is unchanged; the new one was not finished "
-        "(run the command again to start it over).\n"
+        "and its staging folder was removed (run the command again to start it over).\n"
     )
     assert folder_bytes(prefix.parent) == before
 

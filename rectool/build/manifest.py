@@ -134,6 +134,16 @@ def staging_prefix(prefix):
     return os.path.join(staging, name)
 
 
+def leftover_staging(prefix):
+    """Return the staging folder a killed `--overwrite` left beside `prefix` (no journal: the
+    pack at `prefix` is the old one, whole), or None."""
+    folder, name = os.path.split(os.fspath(prefix))
+    staging = os.path.join(folder, f".{name}{STAGING_SUFFIX}")
+    if os.path.isdir(staging) and not os.path.lexists(journal_path(prefix)):
+        return staging
+    return None
+
+
 def discard_staging(staging):
     """Remove the staging folder of `staging_prefix` and everything a failed run put there."""
     remove_tree(os.path.dirname(staging))

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ..text import counted
 from .conventions import (
     RectoolCommand,
     emit_json,
@@ -90,8 +91,8 @@ def render_bench_report(report):
     if report.phases:
         last = report.phases[-1]
         lines.append(
-            f"Decoding gives {last.per_second:,.0f} images/s with {last.workers} process"
-            f"{'es' if last.workers != 1 else ''}: a training step that consumes fewer is the "
+            f"Decoding gives {last.per_second:,.0f} images/s with "
+            f"{counted(last.workers, 'process')}: a training step that consumes fewer is the "
             "bottleneck; one that consumes more needs more loader workers or GPU decoding."
         )
     return "\n".join(lines)

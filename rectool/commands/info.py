@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from ..text import counted
 from .conventions import (
     RectoolCommand,
     emit_json,
@@ -62,7 +63,7 @@ def exit_for_damage(info):
     if damage:
         n = damage["records"]
         click.echo(
-            f"Error: {n:,} damaged record{'' if n == 1 else 's'} left out; {damage['advice']}",
+            f"Error: {counted(n, 'damaged record')} left out; {damage['advice']}",
             err=True,
         )
         sys.exit(1)
@@ -74,8 +75,8 @@ def render_info(info, width=40):
     lines = [
         f"{info['target']}: layout {info['layout']}"
         f"{', label vectors' if info.get('label_vectors') else ''}, "
-        f"{shards} shard{'' if shards == 1 else 's'}, "
-        f"{info['records']:,} records, {info['images']:,} images, "
+        f"{counted(shards, 'shard')}, "
+        f"{counted(info['records'], 'record')}, {counted(info['images'], 'image')}, "
         f"{info['rec_bytes'] / 1e6:,.1f} MB"
     ]
     per = info.get("images_per_identity")
@@ -83,7 +84,7 @@ def render_info(info, width=40):
         lines.append("Identities: labels are not integral class ids")
     else:
         classes = info.get("classes")
-        of = f" (of {classes} classes)" if classes is not None else ""
+        of = f" (of {counted(classes, 'class')})" if classes is not None else ""
         lines.append(f"Identities: {info['identities']:,}{of}")
     if per:
         lines.append(
@@ -92,7 +93,8 @@ def render_info(info, width=40):
         most = max(row["identities"] for row in per["histogram"])
         for row in per["histogram"]:
             bar = "#" * max(1, round(width * row["identities"] / most))
-            lines.append(f"  {row['images']:>9} images: {row['identities']:>9,} {bar}")
+            noun = "image: " if row["images"] == "1" else "images:"
+            lines.append(f"  {row['images']:>9} {noun} {row['identities']:>9,} {bar}")
     sizes = info["image_bytes"]
     if sizes:
         lines.append(

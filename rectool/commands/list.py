@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ..build.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, display_path, list_images
+from ..text import counted
 from .conventions import (
     RectoolCommand,
     emit_json,
@@ -193,17 +194,14 @@ list_command.json_on_stderr = _list_json_on_stderr
 def render_list_summary(listing, seconds, shown=3):
     """Return the human summary of a listing: what was listed and written, what passed over."""
 
-    def count(n, noun):
-        return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
     lines = [
-        f"Listed {count(listing.image_count, 'image')} of "
-        f"{count(len(listing.identities), 'identity').replace('ys', 'ies')} "
-        f"({count(listing.folders, 'folder')} read in {seconds:.2f} s)."
+        f"Listed {counted(listing.image_count, 'image')} of "
+        f"{counted(len(listing.identities), 'identity')} "
+        f"({counted(listing.folders, 'folder')} read in {seconds:.2f} s)."
     ]
     for suffix, path in listing.written.items():
-        where = "stdout" if path == "-" else path
-        lines.append(f"Wrote {where}: {count(len(listing.lists[suffix]), 'image')}.")
+        images = counted(len(listing.lists[suffix]), "image")
+        lines.append(f"Wrote {images} to stdout." if path == "-" else f"Wrote {path}: {images}.")
     if listing.label_map:
         lines.append(f"Wrote the label map {listing.label_map}.")
     if listing.seed is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ..choices import CHECK_MODES, ENCODINGS, LAYOUTS
+from ..text import counted
 from .conventions import (
     CommandFailed,
     RectoolCommand,
@@ -209,7 +210,11 @@ def pack_command(
         if as_json:
             emit_json(plan)
         elif not quiet:
-            write_stream(f"{len(plan['shards'])} shards of {plan['items']:,} list lines:")
+            shards, lines = (
+                counted(len(plan["shards"]), "shard"),
+                counted(plan["items"], "list line"),
+            )
+            write_stream(f"{shards} of {lines}:")
             for number, (first, last) in enumerate(plan["shards"]):
                 write_stream(f"  shard {number}: lines {first + 1}-{last}")
         return
@@ -236,10 +241,8 @@ def pack_command(
             )  # fmt: skip
     except KeyboardInterrupt as exc:
         close()
-        message = interrupted_message(prefix, seen, replaces, finalize, only_shard)
         status = interrupted_status(exc)
-        if status == 143:
-            message = "Terminated (SIGTERM)" + message[len("Interrupted") :]
+        message = interrupted_message(prefix, seen, replaces, finalize, only_shard, status)
         raise CommandFailed(message, status) from None
     finally:
         close()

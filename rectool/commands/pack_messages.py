@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+from ..text import counted, plural
+
 
 def has_output(prefix):
     from ..build.manifest import output_files
@@ -11,26 +13,30 @@ def has_output(prefix):
     return bool(output_files(prefix))
 
 
-def interrupted_message(prefix, seen, overwrite, finalize, only_shard):
-    """Say what an interrupted pack kept and how to continue it."""
+def interrupted_message(
+    prefix, seen, overwrite, finalize, only_shard, status=130, unit="list item"
+):
+    """Say what an interrupted pack (or repack) kept and how to continue it; `status` 143 says
+    it was terminated (SIGTERM), 130 interrupted (Ctrl-C)."""
     from ..build.manifest import journal_path
 
+    word = "Terminated (SIGTERM)" if status == 143 else "Interrupted"
     if os.path.exists(journal_path(prefix)):
         return (
-            f"Interrupted: the new pack at {prefix} was complete and is being moved into place; "
+            f"{word}: the new pack at {prefix} was complete and is being moved into place; "
             "run the command again (or `rectool verify` on it) to finish that."
         )
-    if overwrite:  # the run packed beside the old files (see `_replaces`)
+    if overwrite:  # the run packed beside the old files (see `replace_beside`)
         return (
-            f"Interrupted: the pack at {prefix} is unchanged; the new one was not finished "
-            "(run the command again to start it over)."
+            f"{word}: the pack at {prefix} is unchanged; the new one was not finished and its "
+            f"staging folder was removed (run the command again to start it over)."
         )
     if finalize:
-        return f"Interrupted: no manifest was written for {prefix}; run --finalize again."
+        return f"{word}: no manifest was written for {prefix}; run --finalize again."
     where = prefix if only_shard is None else f"shard {only_shard} of {prefix}"
     total = f" of {seen['total']:,}" if seen["total"] is not None else ""
     return (
-        f"Interrupted after {seen['done']:,}{total} list items: what was packed is kept "
+        f"{word} after {seen['done']:,}{total} {plural(unit)}: what was packed is kept "
         f"({where}: finished shards and .partial files).\n"
         "Run the same command with --resume to continue it."
     )
@@ -51,7 +57,7 @@ def shard_plan(list_file, options):
 def render_shard_result(shard):
     """Return the human summary of packing one shard."""
     lines = [
-        f"Packed shard {shard.shard} of {shard.shards}: {shard.info.records:,} images in "
+        f"Packed shard {shard.shard} of {shard.shards}: {counted(shard.info.records, 'image')} in "
         f"{shard.rec_path}, {shard.failures:,} refused ({shard.failures_path}). "
         "Run --finalize once every shard is packed."
     ]
@@ -70,20 +76,27 @@ def render_pack_summary(result, shown=10):
     totals = result.manifest["totals"]
     verb = {COMPLETE: "Already packed", FINALIZED: "Finalized"}.get(result.outcome, "Packed")
     lines = [
-        f"{verb} {result.images:,} images into {len(shards)} shard"
-        f"{'s' if len(shards) != 1 else ''} ({totals['rec_bytes'] / 1e6:,.1f} MB); "
+        f"{verb} {counted(result.images, 'image')} into {counted(len(shards), 'shard')} "
+        f"({totals['rec_bytes'] / 1e6:,.1f} MB); "
         f"manifest {result.manifest_path}"
     ]
+    unnamed = result.manifest.get("identities") is None and result.outcome != COMPLETE
+    if unnamed and result.manifest.get("list") == "-":  # a list file's map is found beside it
+        lines.append(
+            "No label map: the manifest names no identities (for a list on stdin, give "
+            "--labels FILE to both: `rectool list DIR - --labels FILE` writes it)."
+        )
     if result.outcome == RESUMED:
-        lines.append(f"Resumed after {result.resumed_from:,} list items done earlier.")
+        lines.append(f"Resumed after {counted(result.resumed_from, 'list item')} done earlier.")
     elif result.outcome == COMPLETE:
         lines.append("Nothing to do: the pack was already complete, made the same way.")
     elif result.outcome == FINALIZED:
-        noun = "shard" if len(shards) == 1 else "shards"
-        lines.append(f"Checked {len(shards)} {noun} packed one by one and wrote the manifest.")
+        lines.append(
+            f"Checked {counted(len(shards), 'shard')} packed one by one and wrote the manifest."
+        )
     if result.failures:
-        noun = "image" if result.failures == 1 else "images"
-        lines.append(f"Refused {result.failures:,} {noun} (all listed in {result.failures_path}):")
+        refused = counted(result.failures, "image")
+        lines.append(f"Refused {refused} (all listed in {result.failures_path}):")
         lines += [f"  line {r.line}: {r.path}: {r.reason}" for r in result.refused[:shown]]
         if result.failures > shown:
             lines.append(f"  ... and {result.failures - shown:,} more")

@@ -8,9 +8,12 @@ import sys
 import click
 
 from ..choices import LAYOUTS
+from ..text import counted
 from .conventions import (
+    CommandFailed,
     RectoolCommand,
     emit_json,
+    interrupted_status,
     library_errors,
 )
 from .options import (
@@ -26,7 +29,8 @@ from .options import (
     transform_options,
     workers_option,
 )
-from .progress import progress_bar
+from .pack_messages import has_output, interrupted_message
+from .progress import progress_bar, remember_progress
 
 
 @click.command(cls=RectoolCommand, name="repack")
@@ -175,10 +179,17 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
         sha256=options["sha256"],
     )
     update, close = progress_bar(quiet or as_json, "rec")
+    update, seen = remember_progress(update)
+    replaces = overwrite and has_output(prefix)
     try:
         result = repack(
             sources, prefix, repack_options, resume=resume, overwrite=overwrite, progress=update
         )
+    except KeyboardInterrupt as exc:
+        close()
+        status = interrupted_status(exc)
+        message = interrupted_message(prefix, seen, replaces, False, None, status, "record")
+        raise CommandFailed(message, status) from None
     finally:
         close()
     if as_json:
@@ -230,12 +241,12 @@ def render_repack_summary(result):
     """Return the human summary of a repack."""
     report, shards = result.report, result.manifest["shards"]
     lines = [
-        f"Repacked {result.images:,} images of {result.classes:,} identities into "
-        f"{len(shards)} shard{'s' if len(shards) != 1 else ''} "
+        f"Repacked {counted(result.images, 'image')} of {counted(result.classes, 'identity')} "
+        f"into {counted(len(shards), 'shard')} "
         f"({result.manifest['totals']['rec_bytes'] / 1e6:,.1f} MB); manifest {result.manifest_path}"
     ]
     if result.resumed_from:
-        lines.append(f"Resumed after {result.resumed_from:,} records written earlier.")
+        lines.append(f"Resumed after {counted(result.resumed_from, 'record')} written earlier.")
     steps = {k: v for k, v in report["steps"].items() if k not in ("images", "identities")}
     dropped = [f"{name} {count:,}" for name, count in steps.items() if name != "source_images"]
     if dropped:
@@ -251,12 +262,13 @@ def render_repack_summary(result):
     shared = report["shared_across_identities"]["groups"]
     if shared:
         lines.append(
-            f"{shared:,} images are byte-identical across identities (label noise?): kept, "
+            f"{counted(shared, 'image')} {'is' if shared == 1 else 'are'} byte-identical across "
+            "identities (label noise?): kept, "
             f"listed in {result.report_path}."
         )
     if report["refused"]:
         lines.append(
-            f"{report['refused']:,} images refused: damaged, or failed to re-encode "
+            f"{counted(report['refused'], 'image')} refused: damaged, or failed to re-encode "
             f"({result.failures_path})."
         )
         if not result.accepted:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..text import counted
 from .conventions import (
     RectoolCommand,
     emit_json,
@@ -149,9 +150,11 @@ def report_command(
         return
     if result.html:
         click.echo(
-            f"Wrote {result.html} ({result.html_bytes / 1e6:,.2f} MB): {info['images']:,} images, "
-            f"{info.get('identities') or 0:,} identities, {report.refusals.total:,} refusals, "
-            f"{report.duplicates.across:,} images under several identities.",
+            f"Wrote {result.html} ({result.html_bytes / 1e6:,.2f} MB): "
+            f"{counted(info['images'], 'image')}, "
+            f"{counted(info.get('identities') or 0, 'identity')}, "
+            f"{counted(report.refusals.total, 'refusal')}, "
+            f"{counted(report.duplicates.across, 'image')} under several identities.",
             err=True,
         )
     if result.sheet:

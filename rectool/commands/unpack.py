@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..text import counted
 from .conventions import (
     CommandFailed,
     RectoolCommand,
@@ -71,7 +72,8 @@ def unpack_command(target, out_dir, resume, quiet, as_json):
     elif not quiet:
         kept = f", {result.kept:,} of them already there" if result.kept else ""
         click.echo(
-            f"Unpacked {result.images:,} images{kept} of {result.identities:,} identities "
+            f"Unpacked {counted(result.images, 'image')}{kept} of "
+            f"{counted(result.identities, 'identity')} "
             f"({result.bytes / 1e6:,.1f} MB) into {result.out_dir}.",
             err=True,
         )

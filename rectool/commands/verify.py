@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 
 import click
 
 from ..errors import RectoolError, UsageError
+from ..text import counted
 from .conventions import (
     RectoolCommand,
     emit_json,
@@ -112,24 +114,38 @@ def verify_command(
     sys.exit(exit_code)
 
 
+def layouts_text(layouts):
+    """Say the targets' layouts once each: "layout images", "layouts images 4, insightface 1"."""
+    kinds = Counter(layouts)
+    if len(kinds) <= 1:
+        return f"layout {next(iter(kinds), 'empty')}"
+    return "layouts " + ", ".join(f"{name} {n:,}" for name, n in kinds.items())
+
+
 def render_verify_report(report, shown):
     """Return the human summary of a verification: one line of totals, then the problems."""
     from ..format.digest import DIGEST_NAMES
 
     shards = len(report.shards)
     line = (
-        f"Verified {', '.join(report.targets)}: {report.records:,} records "
-        f"({report.images:,} images) in {shards} shard{'' if shards == 1 else 's'}, "
-        f"{report.rec_bytes / 1e6:,.1f} MB, layout {', '.join(report.layouts)}"
+        f"Verified {', '.join(report.targets)}: {counted(report.records, 'record')} "
+        f"({counted(report.images, 'image')}) in {counted(shards, 'shard')}, "
+        f"{report.rec_bytes / 1e6:,.1f} MB, {layouts_text(report.layouts)}"
     )
     if report.checksums:
-        line += f"; {report.checksums} checksums compared ({', '.join(report.file_digests)})"
+        compared = counted(report.checksums, "checksum")
+        line += f"; {compared} compared ({', '.join(report.file_digests)})"
     if report.record_checksums:
         named = " or ".join(DIGEST_NAMES[a] for a in report.record_digests)
-        line += f"; {report.record_checksums:,} records compared with their {named}"
+        line += f"; {counted(report.record_checksums, 'record')} compared with their {named}"
     if report.decoded:
-        line += f"; {report.decoded:,} images decoded"
+        line += f"; {counted(report.decoded, 'image')} decoded"
     lines = [f"{line} ({report.seconds:.2f} s)."]
+    lines += [
+        f"Note: {folder} is the staging folder of an --overwrite that was killed; the pack "
+        "verified is the one it did not replace. Delete the folder, or run that command again."
+        for folder in report.staging
+    ]
     if report.sound:
         lines.append("Sound: no problems found.")
         return "\n".join(lines)

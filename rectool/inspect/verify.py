@@ -32,7 +32,7 @@ from ..build.images import (
     check_container,
     inspect_image,
 )
-from ..build.manifest import finish_interrupted_source
+from ..build.manifest import finish_interrupted_source, leftover_staging
 from ..build.passthrough import refused_images
 from ..doors.inputs import open_input
 from ..errors import IndexFormatError, RectoolError
@@ -55,6 +55,7 @@ from ..reader import (
     parse_index,
     read_index_cache,
     resolve_source,
+    source_prefixes,
     unpack_header,
 )
 from .scan import (
@@ -167,6 +168,8 @@ class VerifyReport:
     counts: Counter = field(default_factory=Counter)
     # Prefixes whose interrupted replacement verify finished before checking them.
     finished: list = field(default_factory=list)
+    # Staging folders that a killed `--overwrite` left beside the targets (not part of a pack).
+    staging: list = field(default_factory=list)
 
     @property
     def sound(self):
@@ -191,6 +194,7 @@ class VerifyReport:
             "counts": dict(sorted(self.counts.items())),
             "problems": [p.to_json() for p in self.problems],
             "finished_replacements": self.finished,
+            "leftover_staging": self.staging,
         }
 
 
@@ -310,7 +314,8 @@ def verify_dataset(
         raise RectoolError("no dataset given to verify")
     finished = [p for t in targets for p in finish_interrupted_source(t)]
     resolved = [resolve_source(t) for t in targets]
-    report = VerifyReport(targets, finished=finished)
+    staging = sorted({s for t in targets for p in source_prefixes(t) if (s := leftover_staging(p))})
+    report = VerifyReport(targets, finished=finished, staging=staging)
     findings = _Findings(report, keep)
     workers = workers or os.cpu_count() or 1
     start = time.perf_counter()

@@ -461,6 +461,10 @@ def _thumbnail(data, options, reduce, alt, caption):
     except RecordFormatError:
         return Thumb(alt, caption, problem="does not decode")
     height, width = array.shape[:2]
+    if reduce > 1 and max(height, width) < size:
+        # The scale was chosen for the most common size; this image is smaller than that, and
+        # reduced it would be drawn below the thumbnail size: decode it whole instead.
+        return _thumbnail(data, options, 1, alt, caption)
     scale = size / max(height, width)
     if scale < 1:
         shape = (max(1, round(width * scale)), max(1, round(height * scale)))

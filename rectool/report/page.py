@@ -16,6 +16,7 @@ import cv2
 import numpy as np
 
 from .. import __version__
+from ..text import counted
 from .charts import bar_chart
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
@@ -97,7 +98,7 @@ def _summary_section(report):
         rows.append(_row("Identities", "labels are not integral class ids"))
     else:
         classes = info.get("classes")
-        of = f" (of {classes:,} classes)" if classes is not None else ""
+        of = f" (of {counted(classes, 'class')})" if classes is not None else ""
         rows.append(_row("Identities", f"{info['identities']:,}{of}", info["identities"]))
     sizes = info.get("image_bytes")
     if sizes:
@@ -240,7 +241,7 @@ def _charts_section(report):
         top = list(dims["counts"].items())[:10]
         spread = _dimension_spread(dims["counts"])
         out.append(
-            f"<p>From a sample of {dims['sampled']:,} images spread over the dataset "
+            f"<p>From a sample of {counted(dims['sampled'], 'image')} spread over the dataset "
             f"(height x width x channels). {escape(spread)}</p>"
         )
         out.append(
@@ -300,12 +301,15 @@ def _dimension_spread(counts):
     heights, widths = [h for h, _ in sizes], [w for _, w in sizes]
     text = (
         f"Heights {min(heights):,} to {max(heights):,} pixels, widths {min(widths):,} to "
-        f"{max(widths):,}; {len(counts):,} distinct sizes."
+        f"{max(widths):,}; {counted(len(counts), 'distinct size')}."
     )
     if "undecodable" in counts:
-        text += f" {counts['undecodable']:,} sampled images did not decode."
+        bad = counts["undecodable"]
+        text += f" {counted(bad, 'sampled image')} did not decode."
     if "too large" in counts:
-        text += f" {counts['too large']:,} declare more pixels than --max-pixels (not decoded)."
+        many = counts["too large"]
+        verb = "declares" if many == 1 else "declare"
+        text += f" {many:,} {verb} more pixels than --max-pixels (not decoded)."
     return text
 
 
@@ -416,7 +420,8 @@ def _refusals_section(report):
         out.append(f'<p class="note">{escape(ref.note)}</p></section>')
         return "\n".join(out)
     out.append(
-        f"<p>{ref.total:,} images refused by the pack, from <code>{escape(ref.path)}</code>.</p>"
+        f"<p>{counted(ref.total, 'image')} refused by the pack, from "
+        f"<code>{escape(ref.path)}</code>.</p>"
     )
     if ref.bad_lines:
         lines = ", ".join(str(n) for n in ref.bad_lines)
@@ -514,6 +519,17 @@ def _problems_section(report):
 # --- the contact sheet as an image ------------------------------------------------------------
 
 
+# What each contact-sheet row is, under its image count.
+SHEET_GROUPS = {"sample": "(sampled)", "smallest": "(fewest)", "largest": "(most)"}
+
+
+def sheet_caption(row):
+    """Return the three lines beside a contact-sheet row: who, their name, how many images."""
+    who = "images sampled" if row.label is None else f"identity {row.label}"
+    of = "in the dataset" if row.label is None else SHEET_GROUPS[row.group]
+    return [who, _ascii(row.name or ""), f"{counted(row.count, 'image')} {of}"]
+
+
 def render_sheet(report):
     """Draw the contact sheet: a row per identity, its label and name, then its thumbnails."""
     size, pad, text_w = report.options.thumb, 4, SHEET_TEXT_WIDTH
@@ -526,9 +542,7 @@ def render_sheet(report):
         cv2.putText(sheet, "no images", (6, 22), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1)
     for r, row in enumerate(rows):
         top = pad + r * (size + pad)
-        label = "sample" if row.label is None else str(row.label)
-        lines = [f"{row.group}: {label}", _ascii(row.name or ""), f"{row.count:,} images"]
-        for k, text in enumerate(lines):
+        for k, text in enumerate(sheet_caption(row)):
             y = top + 18 + 18 * k
             cv2.putText(sheet, text[:28], (6, y), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 1)
         for c, thumb in enumerate(row.thumbs):
