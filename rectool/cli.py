@@ -6,8 +6,6 @@ command does with its output, errors and exit status).
 
 from __future__ import annotations
 
-import signal
-
 import click
 
 from . import __version__
@@ -15,7 +13,7 @@ from . import __version__
 # The choices the options offer, defined once in `rectool.choices` (import-free), re-exported.
 from .choices import CHECK_MODES, ENCODINGS, LAYOUTS  # noqa: F401
 from .commands.bench import bench_command
-from .commands.conventions import RectoolGroup, on_sigterm
+from .commands.conventions import RectoolGroup, watch_sigterm
 from .commands.dali_index import dali_index_command
 from .commands.index_cache import index_cache_command
 from .commands.info import info_command
@@ -44,8 +42,7 @@ def cli():
 
 def main():
     """Run the command line (the `rectool` console script)."""
-    # SIGTERM (a job scheduler's stop, `kill`) cleans up and reports as Ctrl-C does.
-    signal.signal(signal.SIGTERM, on_sigterm)
+    watch_sigterm()  # SIGTERM cleans up and reports as Ctrl-C does
     cli(prog_name="rectool")
 
 

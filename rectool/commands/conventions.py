@@ -10,6 +10,8 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import os
+import signal
 import sys
 import time
 
@@ -62,7 +64,24 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process was so that it cleans up as for Ctrl-C; exit 143."""
 
 
+_WATCHER = {"pid": None}
+
+
+def watch_sigterm():
+    """Make SIGTERM (a job scheduler's stop, `kill`) an interruption of this process, cleaned
+    up and reported as Ctrl-C is (`rectool`'s `main` calls it)."""
+    _WATCHER["pid"] = os.getpid()
+    signal.signal(signal.SIGTERM, on_sigterm)
+
+
 def on_sigterm(signum, frame):
+    """Make SIGTERM an interruption in the rectool process itself. A forked worker (a pool's
+    process, which its pool stops with SIGTERM) inherits this handler: there it ends quietly,
+    as SIGTERM's default does, instead of printing a traceback."""
+    if os.getpid() != _WATCHER["pid"]:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise Terminated()
 
 
