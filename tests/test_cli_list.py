@@ -154,7 +154,7 @@ def test_one_and_eight_threads_give_byte_identical_lists(tmp_path, extra):
     for threads in ("1", "8"):
         out = tmp_path / threads / "faces.lst"
         out.parent.mkdir()
-        result = run(tmp_path / "faces", out, "--threads", threads, "-q", *extra)
+        result = run(tmp_path / "faces", out, "--workers", threads, "-q", *extra)
         assert result.exit_code == 0
         outputs.append({p.name: p.read_bytes() for p in sorted(out.parent.iterdir())})
     assert outputs[0] == outputs[1]
@@ -361,7 +361,7 @@ def test_a_missing_output_folder_is_created(faces, tmp_path):
             "--val-ratio 0.5 + --test-ratio 0.6 = 1.1 > 1\n",
         ),
         (["--train-ratio", "1.5"], "'--train-ratio': 1.5 is not in the range 0<=x<=1."),
-        (["--threads", "0"], "'--threads' / '-j': 0 is not in the range 1<=x<=256."),
+        (["--workers", "0"], "'--workers' / '-j': 0 is not in the range 1<=x<=256."),
         (["--chunks", "0"], "'--chunks': 0 is not in the range x>=1."),
         (["--split-by", "person"], "'--split-by': 'person' is not one of 'image', 'identity'."),
         (["--exts", "jpg,,png"], "'--exts': empty extension in 'jpg,,png'"),

@@ -19,11 +19,13 @@ from .options import (
     Finite,
     json_option,
     max_pixels_option,
+    renamed_option,
     workers_option,
 )
 
 
 @click.command(cls=RectoolCommand, name="bench")
+@renamed_option("--decode", "--decode-as", "decode", type=click.Choice(["rgb", "bgr", "gray"]))
 @click.argument("target")
 @click.option(
     "--samples",
@@ -41,7 +43,8 @@ from .options import (
 )
 @workers_option("Processes decoding in parallel in the last phase.")
 @click.option(
-    "--decode",
+    "--decode-as",
+    "decode",
     type=click.Choice(["rgb", "bgr", "gray"]),
     default="rgb",
     show_default=True,

@@ -20,6 +20,7 @@ from .options import (
     json_option,
     overwrite_option,
     quiet_option,
+    renamed_option,
 )
 from .progress import progress_bar
 
@@ -35,6 +36,7 @@ def parse_extensions(ctx, param, value):
 
 
 @click.command(cls=RectoolCommand, name="list")
+@renamed_option("--threads", "--workers", "workers", type=click.IntRange(1, 256))
 @click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
 @click.option(
@@ -97,7 +99,7 @@ def parse_extensions(ctx, param, value):
     help="Keep at most N images per identity (the first in path order).",
 )
 @click.option(
-    "--threads",
+    "--workers",
     "-j",
     type=click.IntRange(1, 256),
     default=None,
@@ -123,7 +125,7 @@ def parse_extensions(ctx, param, value):
 @library_errors
 def list_command(
     root, out, recursive, exts, shuffle, seed, chunks, train_ratio, val_ratio, test_ratio,
-    split_by, min_per_id, max_per_id, threads, labels, allow_outside_root, overwrite, quiet,
+    split_by, min_per_id, max_per_id, workers, labels, allow_outside_root, overwrite, quiet,
     as_json,
 ):  # fmt: skip
     """List the images under ROOT, one identity per folder, into OUT (.lst, or - for stdout).
@@ -161,7 +163,7 @@ def list_command(
             overwrite=overwrite,
             exts=exts,
             recursive=recursive,
-            threads=threads,
+            threads=workers,
             progress=update and (lambda folders, images: update(folders, None, 0)),
             allow_outside_root=allow_outside_root,
             shuffle=shuffle,

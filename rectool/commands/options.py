@@ -3,9 +3,11 @@ types: validation belongs in the type, so a bad value is a usage error naming th
 
 from __future__ import annotations
 
+import functools
 import os
 
 import click
+from click.core import ParameterSource
 
 from ..choices import ENCODINGS
 
@@ -238,3 +240,26 @@ def sha256_option(func):
         help="Give each file's SHA-256 in the manifest as well as its xxh3-128 (a content address "
         "for a published dataset; costs about 1 s a GB more).",
     )(func)
+
+
+def renamed_option(old, new, param, type=None):
+    """Keep accepting `old`, the name an option had before it was unified across commands as
+    `new` (whose value is the command's `param`): hidden from --help, it warns on stderr and
+    gives its value to `param`. Giving both is a usage error."""
+    dest = "renamed_" + param
+
+    def decorate(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            value = kwargs.pop(dest)
+            if value is not None:
+                ctx = click.get_current_context()
+                if ctx.get_parameter_source(param) is ParameterSource.COMMANDLINE:
+                    raise click.UsageError(f"give {new} or its old name {old}, not both")
+                click.echo(f"Warning: {old} is now {new} (the same meaning); use {new}.", err=True)
+                kwargs[param] = value
+            return func(*args, **kwargs)
+
+        return click.option(old, dest, type=type, default=None, hidden=True)(wrapper)
+
+    return decorate

@@ -24,6 +24,7 @@ from .options import (
     max_failures_option,
     max_pixels_option,
     quiet_option,
+    renamed_option,
     sha256_option,
     shard_options,
     transform_options,
@@ -34,6 +35,10 @@ from .progress import progress_bar, remember_progress
 
 
 @click.command(cls=RectoolCommand, name="repack")
+@renamed_option("--sample", "--keep-fraction", "keep_fraction", type=Finite(0, 1, min_open=True))
+@renamed_option(
+    "--sample-by", "--fraction-of", "fraction_of", type=click.Choice(["identities", "images"])
+)
 @click.argument("paths", metavar="SOURCE... OUT_PREFIX", nargs=-1, required=True)
 @click.option(
     "--labels-by",
@@ -63,24 +68,26 @@ from .progress import progress_bar, remember_progress
     help="Which images --max-per-id keeps: the first in source order, or a seeded choice.",
 )
 @click.option(
-    "--sample",
+    "--keep-fraction",
+    "keep_fraction",
     type=Finite(0, 1, min_open=True),
     metavar="FRACTION",
-    help="Keep a seeded fraction of the identities (or images, see --sample-by).",
+    help="Keep a seeded fraction of the identities (or images, see --fraction-of).",
 )
 @click.option(
-    "--sample-by",
+    "--fraction-of",
+    "fraction_of",
     type=click.Choice(["identities", "images"]),
     default="identities",
     show_default=True,
-    help="What --sample draws.",
+    help="What --keep-fraction draws.",
 )
 @click.option(
     "--seed",
     type=SEED,
     default=0,
     show_default=True,
-    help="Seed of --order shuffle, --sample and --pick random.",
+    help="Seed of --order shuffle, --keep-fraction and --pick random.",
 )
 @click.option(
     "--keep-labels",
@@ -162,8 +169,8 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
         min_per_id=options["min_per_id"],
         max_per_id=options["max_per_id"],
         pick=options["pick"],
-        sample=options["sample"],
-        sample_by=options["sample_by"],
+        sample=options["keep_fraction"],
+        sample_by=options["fraction_of"],
         seed=options["seed"],
         keep_labels=options["keep_labels"],
         order=options["order"],
