@@ -136,10 +136,12 @@ def test_existing_output_and_overwrite(tree_with_empty_image, tmp_path):
     assert invoke("pack", lst, root, tmp_path / "o", "-q").exit_code == 3
     again = invoke("pack", lst, root, tmp_path / "o", "-q")
     assert again.exit_code == 1
-    assert again.stderr == (
-        f"Error: {tmp_path / 'o'}: a complete pack is already here ({tmp_path / 'o.manifest.json'});"
-        " use --overwrite to replace it, or --resume to keep it when it was made from the same list"
-        " and options\n"
+    manifest = tmp_path / "o.manifest.json"
+    advice = "use --overwrite to replace it, or --resume to keep it when it was made from the "
+    advice += "same list and options"
+    assert (
+        again.stderr
+        == f"Error: {tmp_path / 'o'}: a complete pack is already here ({manifest}); {advice}\n"
     )
     assert invoke("pack", lst, root, tmp_path / "o", "-q", "--overwrite").exit_code == 3
 

@@ -6,12 +6,11 @@ import subprocess
 import sys
 
 import pytest
+from helpers.rec_files import make_pack
 
 from rectool import __version__
 from rectool.build.manifest import created_time
 from rectool.errors import UsageError
-
-from helpers.rec_files import make_pack
 
 
 def test_created_is_now_in_utc_without_source_date_epoch():

@@ -48,8 +48,8 @@ SHARD = ["rec", "idx", "records", "rec_bytes", "idx_bytes", "rec_xxh3_128", "rec
          "idx_xxh3_128", "idx_sha256", "first_key", "last_key", "crc", "crc_xxh3_128",
          "crc_sha256"]  # fmt: skip
 TOTALS = ["shards", "records", "images", "rec_bytes", "failures"]
-TOP = ["format_version", "rectool_version", "created", "layout", "options", "list", "source", "shards",
-       "totals", "failures_file", "classes", "identities"]  # fmt: skip
+TOP = ["format_version", "rectool_version", "created", "layout", "options", "list", "source",
+       "shards", "totals", "failures_file", "classes", "identities"]  # fmt: skip
 FIELDS = (
     [(name,) for name in TOP]
     + [("options", name) for name in [*OPTIONS, "transform"]]

@@ -260,7 +260,10 @@ def test_same_bytes_with_one_or_many_workers(bad_tree, tmp_path):
 def test_existing_output_needs_overwrite(small_tree, tmp_path):
     root, lst, _ = small_tree
     pack_images(lst, root, tmp_path / "o")
-    with pytest.raises(RectoolError, match=r"o: a complete pack is already here \(.*o\.manifest\.json\); use --overwrite to replace it, or --resume"):
+    with pytest.raises(
+        RectoolError,
+        match=r"o: a complete pack is already here \(.*o\.manifest\.json\); use --overwrite",
+    ):
         pack_images(lst, root, tmp_path / "o")
     before = {p.name: p.read_bytes() for p in tmp_path.glob("o.*")}
     again = pack_images(lst, root, tmp_path / "o", resume=True)  # complete: nothing to do

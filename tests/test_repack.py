@@ -412,7 +412,10 @@ def test_output_exists_needs_overwrite_and_resume_of_a_complete_pack_is_a_no_op(
     counted_pack(tmp_path, [2, 2])
     repack([tmp_path / "src"], tmp_path / "out")
     before = (tmp_path / "out.rec").read_bytes()
-    with pytest.raises(RectoolError, match=r"a complete pack is already here .*; use --overwrite to replace it, or --resume to keep it"):
+    with pytest.raises(
+        RectoolError,
+        match=r"a complete pack is already here .*; use --overwrite to replace it, or --resume",
+    ):
         repack([tmp_path / "src"], tmp_path / "out")
     again = repack([tmp_path / "src"], tmp_path / "out", resume=True)
     assert again.images == 4 and (tmp_path / "out.rec").read_bytes() == before
