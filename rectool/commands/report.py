@@ -134,18 +134,7 @@ def report_command(
     report = result.report
     info = report.info
     if as_json:
-        emit_json(
-            {
-                "html": None if result.html is None else os.fspath(result.html),
-                "html_bytes": result.html_bytes if result.html else None,
-                "sheet": None if result.sheet is None else os.fspath(result.sheet),
-                "images": info["images"],
-                "identities": info.get("identities"),
-                "refusals": report.refusals.total,
-                "images_under_several_identities": report.duplicates.across,
-                "damage": info.get("damage"),
-            }
-        )
+        emit_json(result.to_json())
         exit_for_damage(info)
         return
     if result.html:

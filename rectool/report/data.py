@@ -136,6 +136,20 @@ class ReportResult:
     sheet: str | None
     report: Report
 
+    def to_json(self):
+        """Return what `rectool report --json` prints."""
+        info = self.report.info
+        return {
+            "html": None if self.html is None else os.fspath(self.html),
+            "html_bytes": self.html_bytes if self.html else None,
+            "sheet": None if self.sheet is None else os.fspath(self.sheet),
+            "images": info["images"],
+            "identities": info.get("identities"),
+            "refusals": self.report.refusals.total,
+            "images_under_several_identities": self.report.duplicates.across,
+            "damage": info.get("damage"),
+        }
+
 
 def write_report(
     target, html_path=None, sheet_path=None, options=ReportOptions(), overwrite=False, progress=None
