@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from ..doors.output import OutputLock, make_folders
 from ..errors import RectoolError, UsageError
 from .manifest import (
     FAILURES_SUFFIX,
@@ -24,18 +25,17 @@ from .manifest import (
     staging_prefix,
     swap_in,
 )
-from ..doors.output import OutputLock, make_folders
 from .packing import (
     PACKED,
     RESUMED,
     PackOptions,
     check_options,
-    finalize_locked,
-    validate_list,
     check_prefix,
     check_root,
     completed_if_same,
+    finalize_locked,
     pack_images,
+    validate_list,
 )
 from .shards import plan_shards
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 import os
 
 from .. import choices
+from ..doors.output import write_atomic
 from ..errors import RectoolError, UsageError
 from ..format.keys import FLOAT32_EXACT
-from .listfile import ListFormatError
-from ..doors.output import write_atomic
-from ..reader import RecordFormatError, admit_image, unpack_header
 from ..format.writer import frame_record, pack_image_record
+from ..reader import RecordFormatError, admit_image, unpack_header
+from .listfile import ListFormatError
 
 # The flag of identity and header records: their two float32 labels.
 IDENTITY_FLAG = 2

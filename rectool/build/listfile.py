@@ -12,8 +12,8 @@ import os
 import re
 from typing import NamedTuple
 
-from ..errors import RectoolError
 from ..doors.inputs import open_input
+from ..errors import RectoolError
 
 LIST_SUFFIX = ".lst"
 # Records store labels as float32 (MXNet's IRHeader); a larger label cannot be written.

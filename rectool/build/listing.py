@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from itertools import chain, repeat
 from pathlib import Path
 
+from ..doors.output import JOURNAL_SUFFIX, OutputFiles, check_target, finish_commit, write_output
 from ..errors import ListingError, RectoolError, UsageError
 from .listfile import (
     LIST_SUFFIX,
@@ -40,7 +41,6 @@ from .listfile import (
     label_map_text,
     unwritable_paths,
 )
-from ..doors.output import JOURNAL_SUFFIX, OutputFiles, check_target, finish_commit, write_output
 
 # Extensions OpenCV decodes that image datasets commonly use.
 DEFAULT_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
