@@ -54,9 +54,11 @@ test-fast: $(VENV)/.test-installed chromium
 demo: $(VENV)/.installed
 	$(BIN)/python -m rectool.demo demo-out
 
+# mypy checks the typed modules, `[tool.mypy] files` in pyproject.toml (tests/test_typing.py).
 lint: $(VENV)/.test-installed
 	$(BIN)/ruff check rectool tests
 	$(BIN)/ruff format --check rectool tests
+	$(BIN)/mypy
 
 # Regenerate every cogged page: docs/cli.md from the real --help output, the figures from
 # docs/benchmarks.md (tests/benchmarks/figures.py), the emitted reader's size

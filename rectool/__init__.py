@@ -7,6 +7,7 @@ such as `rectool list` does not load numpy or OpenCV it never needs.
 from __future__ import annotations
 
 import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
@@ -46,7 +47,7 @@ _EXPORTS = {
 __all__ = ["__version__", *sorted(_EXPORTS)]
 
 
-def __getattr__(name):
+def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'rectool' has no attribute {name!r}")
@@ -55,5 +56,5 @@ def __getattr__(name):
     return value
 
 
-def __dir__():
+def __dir__() -> list[str]:
     return __all__

@@ -132,9 +132,13 @@ def test_a_version_2_manifest_gives_xxh3_128_of_every_file(small_pack):
     doc = json.loads(small_pack.manifest.read_text())
     assert doc["format_version"] == 2 and doc["options"]["sha256"] is False
     entry = doc["shards"][0]
-    assert list(entry) == ["rec", "idx", "records", "rec_bytes", "idx_bytes", "rec_xxh3_128",
-                           "idx_xxh3_128", "first_key", "last_key", "crc",
-                           "crc_xxh3_128"]  # fmt: skip
+    assert (
+        list(entry)
+        == (
+            "rec idx records rec_bytes idx_bytes rec_xxh3_128 idx_xxh3_128 first_key last_key crc "
+            "crc_xxh3_128"
+        ).split()
+    )
     for file, path in (("rec", small_pack.rec), ("idx", small_pack.idx)):
         assert entry[f"{file}_xxh3_128"] == xxhash.xxh3_128_hexdigest(path.read_bytes())
     crc = small_pack.rec.with_name("faces.rec.crc").read_bytes()
@@ -231,8 +235,9 @@ def test_cli_pack_and_repack_take_sha256(tmp_path):
     root = tmp_path / "tree"
     lst = write_list(tmp_path / "x.lst", write_pack_tree(root, ["a", "b"], 3))
     runner = CliRunner()
-    result = runner.invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "p" / "x"),
-                                 "--sha256", "--quiet"])  # fmt: skip
+    result = runner.invoke(
+        cli, ["pack", str(lst), str(root), str(tmp_path / "p" / "x"), "--sha256", "--quiet"]
+    )
     assert result.exit_code == 0, result.output
     rec = (tmp_path / "p" / "x.rec").read_bytes()
     assert shard_entry(tmp_path / "p" / "x.manifest.json")["rec_sha256"] == (
@@ -240,8 +245,9 @@ def test_cli_pack_and_repack_take_sha256(tmp_path):
     )
     for extra, has_sha256 in (([], False), (["--sha256"], True)):
         out = tmp_path / f"r{len(extra)}" / "x"
-        result = runner.invoke(cli, ["repack", str(tmp_path / "p" / "x"), str(out), "--quiet",
-                                     *extra])  # fmt: skip
+        result = runner.invoke(
+            cli, ["repack", str(tmp_path / "p" / "x"), str(out), "--quiet", *extra]
+        )
         assert result.exit_code == 0, result.output
         entry = shard_entry(str(out) + ".manifest.json")
         data = Path(str(out) + ".rec").read_bytes()
@@ -307,8 +313,8 @@ def test_kill_then_resume_rebuilds_version_2_digests_and_checksums(tmp_path):
     root = tmp_path / "tree"
     lst = write_list(tmp_path / "x.lst", write_pack_tree(root, [f"id{i}" for i in range(6)], 10))
     prefix = tmp_path / "out" / "x"
-    args = [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(prefix),
-            "--shard-records", "17", "--sha256", "--workers", "1", "--quiet"]  # fmt: skip
+    flags = "--shard-records 17 --sha256 --workers 1 --quiet".split()
+    args = [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(prefix), *flags]
     env = {**os.environ, "RECTOOL_TEST_FAULT": "SIGKILL:40"}
     killed = subprocess.run(args, env=env, capture_output=True)
     assert killed.returncode == -9

@@ -57,8 +57,10 @@ def test_exit_0_within_max_failures_and_json_summary(tree_with_empty_image, tmp_
 
 def test_list_from_stdin(tree_with_empty_image, tmp_path):
     root, lst, items = tree_with_empty_image
-    result = invoke("pack", "-", root, tmp_path / "s", "-q", "--max-failures", "1",
-                    input=lst.read_text(encoding="utf-8"))  # fmt: skip
+    flags = "-q --max-failures 1".split()
+    result = invoke(
+        "pack", "-", root, tmp_path / "s", *flags, input=lst.read_text(encoding="utf-8")
+    )
     assert result.exit_code == 0, result.output
     assert result.output == ""
     with IndexedRecordFile(tmp_path / "s.rec") as f:
@@ -78,8 +80,8 @@ def test_shard_size_accepts_units(tree_with_empty_image, tmp_path):
 
 def test_pack_label_and_resize_options(tree_with_empty_image, tmp_path):
     root, lst, _ = tree_with_empty_image
-    result = invoke("pack", lst, root, tmp_path / "r", "--resize", "16", "--pack-label", "-q",
-                    "--max-failures", "1")  # fmt: skip
+    flags = "--resize 16 --pack-label -q --max-failures 1".split()
+    result = invoke("pack", lst, root, tmp_path / "r", *flags)
     assert result.exit_code == 0, result.output
     with IndexedRecordFile(tmp_path / "r.rec") as f:
         header, _ = unpack_header(f.read(3))
@@ -198,8 +200,12 @@ def run_pipe(script, tmp_path):
     rectool = f"{sys.executable} -m rectool"
     return subprocess.run(
         ["bash", "-c", "set -o pipefail; " + script.format(rectool=rectool)],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_list_piped_into_pack_keeps_the_label_map(tmp_path):
@@ -215,9 +221,9 @@ def test_list_piped_into_pack_keeps_the_label_map(tmp_path):
     assert manifest["list"] == "-"
     assert manifest["classes"] == 2
     assert manifest["identities"] == {"0": "alice", "1": "bob"}
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
-        "faces.failures.jsonl", "faces.idx", "faces.manifest.json", "faces.rec", "faces.rec.crc",
-    ]  # fmt: skip
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == (
+        "faces.failures.jsonl faces.idx faces.manifest.json faces.rec faces.rec.crc".split()
+    )
 
 
 def test_a_piped_list_without_a_label_map_says_so(tmp_path):

@@ -66,8 +66,9 @@ def test_one_path_is_a_usage_error(tmp_path):
 
 
 def test_insightface_layout_with_shuffle_is_a_usage_error(tmp_path):
-    result = run("repack", source(tmp_path), tmp_path / "o", "--layout", "insightface",
-                 "--order", "shuffle")  # fmt: skip
+    result = run(
+        "repack", source(tmp_path), tmp_path / "o", "--layout", "insightface", "--order", "shuffle"
+    )
     assert result.exit_code == 2
     assert result.stderr.splitlines()[-1] == (
         "Error: --layout insightface stores each identity's images as one key range: "
@@ -77,8 +78,9 @@ def test_insightface_layout_with_shuffle_is_a_usage_error(tmp_path):
 
 def test_unknown_identity_is_an_error_and_nothing_is_written(tmp_path):
     (tmp_path / "keep.txt").write_text("0\n12\n")
-    result = run("repack", source(tmp_path), tmp_path / "out" / "x", "--keep-ids",
-                 tmp_path / "keep.txt")  # fmt: skip
+    result = run(
+        "repack", source(tmp_path), tmp_path / "out" / "x", "--keep-ids", tmp_path / "keep.txt"
+    )
     assert result.exit_code == 1
     assert result.output == (
         f"Error: {tmp_path / 'keep.txt'}: 1 label(s) have no images in the sources: 12\n"
@@ -97,14 +99,15 @@ def test_reencode_failures_exit_3(tmp_path):
     result = run("repack", tmp_path / "src", tmp_path / "o", "--quality", "80", "--json")
     assert result.exit_code == 3
     assert json.loads(result.output)["refused"] == 1
-    result = run("repack", tmp_path / "src", tmp_path / "o2", "--quality", "80",
-                 "--max-failures", "1", "--quiet")  # fmt: skip
+    flags = "--quality 80 --max-failures 1 --quiet".split()
+    result = run("repack", tmp_path / "src", tmp_path / "o2", *flags)
     assert result.exit_code == 0
 
 
 def test_png_quality_range_is_checked(tmp_path):
-    result = run("repack", source(tmp_path), tmp_path / "o", "--encoding", ".png",
-                 "--quality", "50")  # fmt: skip
+    result = run(
+        "repack", source(tmp_path), tmp_path / "o", "--encoding", ".png", "--quality", "50"
+    )
     assert result.exit_code == 2
     assert result.stderr.splitlines()[-1] == (
         "Error: --quality 50: PNG compression must be 0-9 (--encoding .png)"
@@ -116,8 +119,8 @@ def test_insightface_folder_to_dali_ready_shuffle(tmp_path):
     folder.mkdir()
     images = {k: jpeg_bytes(k, 8, 8) for k in range(1, 6)}
     write_insightface(folder / "train.rec", folder / "train.idx", [2, 3], images.get)
-    result = run("repack", folder, tmp_path / "dali" / "train", "--order", "shuffle",
-                 "--seed", "1", "--shard-records", "2", "--quiet")  # fmt: skip
+    flags = "--order shuffle --seed 1 --shard-records 2 --quiet".split()
+    result = run("repack", folder, tmp_path / "dali" / "train", *flags)
     assert result.exit_code == 0, result.output
     with open_dataset(tmp_path / "dali" / "train") as ds:
         assert ds.layout == "images" and len(ds) == 5 and len(ds.shards) == 3

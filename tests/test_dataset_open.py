@@ -168,9 +168,17 @@ def test_manifest_shard_paths_must_be_plain_names_in_its_folder(handmade_shards,
         (lambda d: d["shards"].__setitem__(1, "a.rec"), "shards[1]"),
         (lambda d: d.update(format_version="1"), "format_version"),
     ],
-    ids=["no idx", "rec null", "shards a string", "records a word", "negative size",
-         "identities a number", "shard a string", "version a string"],
-)  # fmt: skip
+    ids=[
+        "no idx",
+        "rec null",
+        "shards a string",
+        "records a word",
+        "negative size",
+        "identities a number",
+        "shard a string",
+        "version a string",
+    ],
+)
 def test_manifest_fields_are_checked_and_named(handmade_shards, edit, field):
     manifest = edit_manifest(handmade_shards[0], edit)
     with pytest.raises(rd.RectoolError) as caught:

@@ -51,10 +51,20 @@ def test_reads_im2rec_files_as_mxnet_does(shuffled_tree, tmp_path, pack_label):
     write_list(tmp_path / "faces.lst", items)
     args = ["--pack-label"] if pack_label else []
     subprocess.run(
-        [str(oracle_python()), im2rec_path(), str(tmp_path / "faces"), str(root), "--num-thread",
-         "1", "--quality", "90", *args],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            str(oracle_python()),
+            im2rec_path(),
+            str(tmp_path / "faces"),
+            str(root),
+            "--num-thread",
+            "1",
+            "--quality",
+            "90",
+            *args,
+        ],
+        check=True,
+        capture_output=True,
+    )
     rec, idx = tmp_path / "faces.rec", tmp_path / "faces.idx"
     expected = run_mxnet(MX_READ_ALL, {"rec": str(rec), "idx": str(idx), "decode": True})
     ds = open_dataset(rec)

@@ -104,8 +104,10 @@ def test_only_the_guard_calls_a_decoder():
 
 
 def test_the_door_test_sees_a_decoder_outside_the_guard():
-    for source in ("def f(x):\n    return cv2.imdecode(x, 1)\n",
-                   "def f(x):\n    return simplejpeg.decode_jpeg(x)\n"):  # fmt: skip
+    for source in (
+        "def f(x):\n    return cv2.imdecode(x, 1)\n",
+        "def f(x):\n    return simplejpeg.decode_jpeg(x)\n",
+    ):
         calls = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)]
         assert [is_decoder(c) for c in calls] == [True]
     calls = [n for n in ast.walk(ast.parse("reader.imdecode(x, 1)")) if isinstance(n, ast.Call)]
@@ -359,8 +361,11 @@ def test_the_reader_and_loaders_stay_under_the_limit(hungry_pack):
 def test_every_command_stays_under_the_limit(hungry_pack, tmp_path, command):
     root = tmp_path / "tree"
     root.mkdir()
-    for name, data in [("0.jpg", jpeg_bytes(0, 40, 32)), ("j.jpg", oversized_jpeg(30000, 30000)),
-                       ("p.png", oversized_png(30000, 30000))]:  # fmt: skip
+    for name, data in [
+        ("0.jpg", jpeg_bytes(0, 40, 32)),
+        ("j.jpg", oversized_jpeg(30000, 30000)),
+        ("p.png", oversized_png(30000, 30000)),
+    ]:
         (root / name).write_bytes(data)
     lst = write_list(tmp_path / "t.lst", [(0, 0, "0.jpg"), (1, 0, "j.jpg"), (2, 0, "p.png")])
     fields = {"pack": hungry_pack, "tmp": tmp_path, "lst": lst, "root": root}

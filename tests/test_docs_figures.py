@@ -50,8 +50,15 @@ def test_the_figure_patterns_catch_what_the_docs_used_to_say():
         "547,000/s against 92,800/s; at 1.2 GB/s; 500 MB/s"
     )
     assert figures(stale) == [
-        "4.9×", "1.53×", "0.9x", "0.8x", "547,000/s", "92,800/s", "1.2 GB/s", "500 MB/s",
-    ]  # fmt: skip
+        "4.9×",
+        "1.53×",
+        "0.9x",
+        "0.8x",
+        "547,000/s",
+        "92,800/s",
+        "1.2 GB/s",
+        "500 MB/s",
+    ]
     harmless = "112x112 JPEGs, magic 0xCED7230A, linux-x86_64, 2**29 bytes, 4 workers"
     assert figures(harmless) == []
     generated = "<!-- [[[cog\ntable()\n]]] -->\n| 2.61 | 4.9x |\n<!-- [[[end]]] -->\n"

@@ -35,8 +35,7 @@ def pack_refusals(tmp_path, root, paths, args):
     items = [(0, 0, "alice/000.jpg")] + [(i + 1, 0, p) for i, p in enumerate(paths)]
     lst = write_list(tmp_path / "odd.lst", items)
     prefix = tmp_path / "odd" / "out"
-    result = invoke("pack", lst, root, prefix, "-q", "--max-failures", "100", "--overwrite",
-                    *args)  # fmt: skip
+    result = invoke("pack", lst, root, prefix, "-q", "--max-failures", "100", "--overwrite", *args)
     assert result.exit_code == 0, result.output
     with open(f"{prefix}.failures.jsonl", encoding="utf-8") as f:
         refused = {entry["path"]: entry["reason"] for entry in map(json.loads, f)}
@@ -64,8 +63,9 @@ def test_pack_refuses_links_that_lead_out_of_root(linked_tree, tmp_path, mode):
     paths = ["alice/x.jpg", "alice/rel.jpg", "carol/1.jpg", "alice/inside.jpg"]
     refused = pack_refusals(tmp_path, linked_tree, paths, PACK_MODES[mode])
     assert refused == {"alice/x.jpg": LINK_OUT, "alice/rel.jpg": LINK_OUT, "carol/1.jpg": LINK_OUT}
-    refused = pack_refusals(tmp_path, linked_tree, paths, [*PACK_MODES[mode],
-                                                            "--allow-outside-root"])  # fmt: skip
+    refused = pack_refusals(
+        tmp_path, linked_tree, paths, [*PACK_MODES[mode], "--allow-outside-root"]
+    )
     assert refused == {}
     with IndexedRecordFile(tmp_path / "odd" / "out.rec") as records:
         assert records.keys.tolist() == [0, 1, 2, 3, 4]
@@ -76,8 +76,9 @@ def test_pack_does_not_pack_proc_or_etc_through_a_link(tmp_path):
     write_pack_tree(root, ["alice"], 1)
     os.symlink("/etc/passwd", root / "alice" / "passwd.jpg")
     os.symlink("/proc/self/environ", root / "alice" / "environ.jpg")
-    refused = pack_refusals(tmp_path, root, ["alice/passwd.jpg", "alice/environ.jpg"],
-                            ["--check", "none"])  # fmt: skip
+    refused = pack_refusals(
+        tmp_path, root, ["alice/passwd.jpg", "alice/environ.jpg"], ["--check", "none"]
+    )
     assert refused == {"alice/passwd.jpg": LINK_OUT, "alice/environ.jpg": LINK_OUT}
 
 

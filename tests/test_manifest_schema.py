@@ -41,15 +41,20 @@ PACK_AS_RECORDED = ["--quality", "95", "--encoding", ".jpg", "--color", "1"]  # 
 # The fields of a manifest as `rectool pack` writes it (the `pack` fixture checks that these are
 # exactly its fields), with `transform` as a re-encoding pack records it, and `sources` as
 # `repack` adds it.
-OPTIONS = ["check", "pack_label", "shard_bytes", "shard_records", "layout",
-           "allow_outside_root", "workers", "max_failures", "sha256"]  # fmt: skip
+OPTIONS = (
+    "check pack_label shard_bytes shard_records layout allow_outside_root workers max_failures "
+    "sha256"
+).split()
 # Packed with --sha256: every digest field a version-2 manifest can hold.
-SHARD = ["rec", "idx", "records", "rec_bytes", "idx_bytes", "rec_xxh3_128", "rec_sha256",
-         "idx_xxh3_128", "idx_sha256", "first_key", "last_key", "crc", "crc_xxh3_128",
-         "crc_sha256"]  # fmt: skip
+SHARD = (
+    "rec idx records rec_bytes idx_bytes rec_xxh3_128 rec_sha256 idx_xxh3_128 idx_sha256 "
+    "first_key last_key crc crc_xxh3_128 crc_sha256"
+).split()
 TOTALS = ["shards", "records", "images", "rec_bytes", "failures"]
-TOP = ["format_version", "rectool_version", "created", "layout", "options", "list", "source",
-       "shards", "totals", "failures_file", "classes", "identities"]  # fmt: skip
+TOP = (
+    "format_version rectool_version created layout options list source shards totals "
+    "failures_file classes identities"
+).split()
 FIELDS = (
     [(name,) for name in TOP]
     + [("options", name) for name in [*OPTIONS, "transform"]]

@@ -35,8 +35,11 @@ def rectool(*args, env=None, timeout=120):
     env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "rectool", *map(str, args)],
-        env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -362,9 +365,12 @@ class LockHolder:
         )
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", code], env=env, stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            [sys.executable, "-c", code],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert self.proc.stdout.readline() == "locked\n"
 
     def stop(self):
@@ -430,10 +436,8 @@ def test_a_whole_pack_beside_a_shard_task_is_refused_and_shard_tasks_run_togethe
 def test_verify_never_calls_an_unfinished_pack_sound(tree, tmp_path):
     root, lst = tree
     prefix = tmp_path / "out" / "faces"
-    killed = rectool(
-        "pack", lst, root, prefix, "-q", "--shard-records", "2",
-        env={output.FAULT_ENV: "shard:3:kill"},
-    )  # fmt: skip
+    flags = "-q --shard-records 2".split()
+    killed = rectool("pack", lst, root, prefix, *flags, env={output.FAULT_ENV: "shard:3:kill"})
     assert killed.returncode == -signal.SIGKILL
     assert (tmp_path / "out" / "faces-00000.rec").exists()  # a finished shard beside .partials
     for target in (prefix, f"{prefix}-00000.rec"):
@@ -451,10 +455,8 @@ def test_a_replacement_killed_after_its_commit_point_is_refused_by_readers_and_v
     root, lst = tree
     prefix = tmp_path / "out" / "faces"
     assert invoke("pack", lst, root, prefix, "-q").exit_code == 0
-    killed = rectool(
-        "pack", lst, root, prefix, "-q", "--overwrite", "--shard-records", "2",
-        env={output.FAULT_ENV: "swap:3:kill"},
-    )  # fmt: skip
+    flags = "-q --overwrite --shard-records 2".split()
+    killed = rectool("pack", lst, root, prefix, *flags, env={output.FAULT_ENV: "swap:3:kill"})
     assert killed.returncode == -signal.SIGKILL
     assert Path(f"{prefix}.commit-journal.json").exists()
     assert not Path(f"{prefix}.manifest.json").exists()  # the old one went first
@@ -520,10 +522,8 @@ def test_sigterm_during_overwrite_removes_the_staging_folder(tree, tmp_path):
     prefix = tmp_path / "out" / "faces"
     assert invoke("pack", lst, root, prefix, "-q").exit_code == 0
     before = files_of(prefix.parent)
-    stopped = rectool(
-        "pack", lst, root, prefix, "--overwrite", "--shard-records", "2",
-        env={output.FAULT_ENV: "shard:2:term"},
-    )  # fmt: skip
+    flags = "--overwrite --shard-records 2".split()
+    stopped = rectool("pack", lst, root, prefix, *flags, env={output.FAULT_ENV: "shard:2:term"})
     assert stopped.returncode == 143, stopped.stderr
     assert stopped.stderr.endswith(
         f"Terminated (SIGTERM): the pack at {prefix} is unchanged; the new one was not finished "

@@ -97,10 +97,18 @@ def test_pass_through_bytes_equal_im2rec(tree_with_bad_files, tmp_path):
     im2rec_dir.mkdir()
     write_list(im2rec_dir / "faces.lst", good)
     subprocess.run(
-        [str(oracle_python()), im2rec_path(), str(im2rec_dir / "faces"), str(root),
-         "--pass-through", "--num-thread", "1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            str(oracle_python()),
+            im2rec_path(),
+            str(im2rec_dir / "faces"),
+            str(root),
+            "--pass-through",
+            "--num-thread",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     pack_images(im2rec_dir / "faces.lst", root, tmp_path / "ours" / "faces")
     assert (tmp_path / "ours" / "faces.rec").read_bytes() == (im2rec_dir / "faces.rec").read_bytes()
     assert (tmp_path / "ours" / "faces.idx").read_bytes() == (im2rec_dir / "faces.idx").read_bytes()
@@ -156,10 +164,18 @@ def test_im2rec_cannot_refuse_what_we_refuse(tree_with_bad_files, tmp_path):
     root, lst, _ = tree_with_bad_files
     shutil.copy(lst, tmp_path / "peer.lst")
     subprocess.run(
-        [str(oracle_python()), im2rec_path(), str(tmp_path / "peer"), str(root),
-         "--pass-through", "--num-thread", "1"],
-        check=True, capture_output=True,
-    )  # fmt: skip
+        [
+            str(oracle_python()),
+            im2rec_path(),
+            str(tmp_path / "peer"),
+            str(root),
+            "--pass-through",
+            "--num-thread",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+    )
     sizes = run_mxnet(
         "from mxnet import recordio\n"
         "r = recordio.MXIndexedRecordIO(DATA + '.idx', DATA + '.rec', 'r')\n"

@@ -109,10 +109,21 @@ def test_resume_refuses_a_different_list_or_options(big_tree, tmp_path):
     other = tmp_path / "other.lst"
     other.write_bytes(lst.read_bytes()[:-200])
     changed = subprocess.run(
-        [sys.executable, "-m", "rectool", "pack", str(other), str(root), str(prefix), *ARGS,
-         "--resume"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "rectool",
+            "pack",
+            str(other),
+            str(root),
+            str(prefix),
+            *ARGS,
+            "--resume",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     assert changed.returncode == 1
     assert f"Error: {prefix}.pack-state.json: cannot resume: the list differs (sha256 " in (
         changed.stderr

@@ -48,11 +48,13 @@ def test_shards_packed_in_separate_processes_equal_one_run(tree_with_refusals, t
     pack_images(lst, root, tmp_path / "one" / "f", options)
     prefix = tmp_path / "many" / "f"
     for number in (3, 1, 0, 2):  # any order, one process each, as job-array tasks run
+        flags = f"--shard-records 7 --only-shard {number} --max-failures 5 -q".split()
         done = subprocess.run(
-            [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(prefix),
-             "--shard-records", "7", "--only-shard", str(number), "--max-failures", "5", "-q"],
-            capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(prefix), *flags],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
     assert not (tmp_path / "many" / "f.manifest.json").exists()
     result = finalize_pack(lst, root, prefix, options)
@@ -84,8 +86,9 @@ def test_only_shard_is_idempotent_with_resume(tree_with_refusals, tmp_path):
 def test_cli_plan_and_usage_errors(tree_with_refusals, tmp_path):
     root, lst = tree_with_refusals
     runner = CliRunner()
-    plan = runner.invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "f"),
-                               "--shard-records", "7", "--plan"])  # fmt: skip
+    plan = runner.invoke(
+        cli, ["pack", str(lst), str(root), str(tmp_path / "f"), "--shard-records", "7", "--plan"]
+    )
     assert plan.exit_code == 0
     assert plan.stdout.splitlines() == [
         "4 shards of 22 list lines:",
@@ -99,8 +102,8 @@ def test_cli_plan_and_usage_errors(tree_with_refusals, tmp_path):
     )
     assert bad.exit_code == 2
     assert "needs a plan: give --shard-records N" in bad.stderr
-    out_of_plan = runner.invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "f"),
-                                      "--shard-records", "7", "--only-shard", "4"])  # fmt: skip
+    flags = "--shard-records 7 --only-shard 4".split()
+    out_of_plan = runner.invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "f"), *flags])
     assert out_of_plan.exit_code == 2
     assert "--only-shard 4: the plan has shards 0..3" in out_of_plan.stderr
 
@@ -178,9 +181,13 @@ def test_dask_overwrite_replaces_the_old_pack_only_once_the_new_one_is_complete(
     pack_images(lst, root, tmp_path / "local" / "f", options)
     pack_images(lst, root, tmp_path / "dask" / "f", PackOptions(max_failures=5))
     result = pack_on_dask(
-        lst, root, tmp_path / "dask" / "f", options, overwrite=True,
+        lst,
+        root,
+        tmp_path / "dask" / "f",
+        options,
+        overwrite=True,
         scheduler=cluster.scheduler_address,
-    )  # fmt: skip
+    )
     assert result.manifest_path == str(tmp_path / "dask" / "f.manifest.json")
     assert folder_bytes(tmp_path / "dask") == folder_bytes(tmp_path / "local")
 

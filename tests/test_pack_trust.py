@@ -47,9 +47,13 @@ def rectool(*args, env=None, timeout=120, **kwargs):
     env = {**os.environ, "PYTHONPATH": REPO, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "rectool", *map(str, args)],
-        env=env, capture_output=True, text=True, timeout=timeout,
-        preexec_fn=_default_sigint, **kwargs,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preexec_fn=_default_sigint,
+        **kwargs,
+    )
 
 
 def _default_sigint():
@@ -180,9 +184,8 @@ def test_overwrite_with_a_list_failing_on_its_last_line_keeps_the_old_pack(
 def test_overwrite_killed_mid_run_keeps_the_old_pack_verifiable(two_identity_tree, tmp_path):
     root, lst, _ = two_identity_tree
     prefix, before = old_pack(two_identity_tree, tmp_path)
-    killed = rectool("pack", lst, root, prefix, "-q", "--overwrite", "--resize", "20",
-                     "--shard-records", "1", "--workers", "1",
-                     env={"RECTOOL_TEST_FAULT": "SIGKILL:3"})  # fmt: skip
+    flags = "-q --overwrite --resize 20 --shard-records 1 --workers 1".split()
+    killed = rectool("pack", lst, root, prefix, *flags, env={"RECTOOL_TEST_FAULT": "SIGKILL:3"})
     assert killed.returncode == -signal.SIGKILL
     staged = tmp_path / "out" / ".faces.overwrite"
     assert any(name.startswith("faces-00000.") for name in os.listdir(staged))  # mid-run
@@ -194,10 +197,10 @@ def test_overwrite_killed_mid_run_keeps_the_old_pack_verifiable(two_identity_tre
     again = invoke("pack", lst, root, prefix, "-q", "--overwrite", "--shard-records", "4")
     assert again.exit_code == 0, again.output
     assert sorted(folder_bytes(prefix.parent)) == [
-        "faces-00000.idx", "faces-00000.rec", "faces-00000.rec.crc",
-        "faces-00001.idx", "faces-00001.rec", "faces-00001.rec.crc",
-        "faces.failures.jsonl", "faces.manifest.json",
-    ]  # fmt: skip
+        *("faces-00000.idx", "faces-00000.rec", "faces-00000.rec.crc"),
+        *("faces-00001.idx", "faces-00001.rec", "faces-00001.rec.crc"),
+        *("faces.failures.jsonl", "faces.manifest.json"),
+    ]
     assert not staged.exists()
     assert invoke("verify", f"{prefix}.manifest.json", "-q").exit_code == 0
 
@@ -211,9 +214,9 @@ def test_overwrite_reports_the_final_paths(two_identity_tree, tmp_path):
     assert summary["manifest"] == f"{prefix}.manifest.json"
     assert summary["failures_file"] == f"{prefix}.failures.jsonl"
     assert summary["shards"] == [f"{prefix}.rec"]
-    assert sorted(os.listdir(prefix.parent)) == [
-        "faces.failures.jsonl", "faces.idx", "faces.manifest.json", "faces.rec", "faces.rec.crc",
-    ]  # fmt: skip
+    assert sorted(os.listdir(prefix.parent)) == (
+        "faces.failures.jsonl faces.idx faces.manifest.json faces.rec faces.rec.crc".split()
+    )
 
 
 # -- what is not a regular image file inside ROOT is refused -----------------------------------
@@ -232,8 +235,8 @@ def pack_with(tmp_path, root, entries, args, timeout=120):
     items = [(0, 0, "alice/000.jpg")] + [(i + 1, 0, p) for i, p in enumerate(entries)]
     lst = write_list(tmp_path / "odd.lst", items)
     prefix = tmp_path / "odd" / "out"
-    done = rectool("pack", lst, root, prefix, "-q", "--max-failures", "100", "--overwrite",
-                   *args, timeout=timeout)  # fmt: skip
+    flags = "-q --max-failures 100 --overwrite".split()
+    done = rectool("pack", lst, root, prefix, *flags, *args, timeout=timeout)
     assert done.returncode == 0, done.stderr
     with open(f"{prefix}.failures.jsonl", encoding="utf-8") as f:
         refused = {entry["path"]: entry["reason"] for entry in map(json.loads, f)}
@@ -252,10 +255,12 @@ def test_fifo_dev_zero_directory_and_socket_are_refused_not_read(two_identity_tr
     server.bind(str(root / "socket.jpg"))
     try:
         refused, _ = pack_with(
-            tmp_path, root, ["fifo.jpg", "zero.jpg", "folder.jpg", "socket.jpg"],
+            tmp_path,
+            root,
+            ["fifo.jpg", "zero.jpg", "folder.jpg", "socket.jpg"],
             # /dev/zero is outside ROOT: allowed here, so that the device itself is refused
             [*REFUSE_ARGS[mode], "--allow-outside-root"],
-        )  # fmt: skip
+        )
     finally:
         server.close()
     assert refused == {
@@ -409,8 +414,8 @@ def test_planted_symlinks_at_partial_names_are_replaced_not_followed(tmp_path):
 def test_resume_refuses_a_symlink_planted_at_a_partial_name(two_identity_tree, tmp_path):
     root, lst, _ = two_identity_tree
     prefix = tmp_path / "out" / "faces"
-    killed = rectool("pack", lst, root, prefix, "-q", "--workers", "1", "--resize", "20",
-                     env={"RECTOOL_TEST_FAULT": "SIGKILL:1"})  # fmt: skip
+    flags = "-q --workers 1 --resize 20".split()
+    killed = rectool("pack", lst, root, prefix, *flags, env={"RECTOOL_TEST_FAULT": "SIGKILL:1"})
     assert killed.returncode == -signal.SIGKILL
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
@@ -487,8 +492,10 @@ def test_the_largest_index_packs(two_identity_tree, tmp_path):
 
 
 @pytest.mark.parametrize("prefix", ["", ".", "..", "out/", "out/.", "out/.."])
-@pytest.mark.parametrize("args", [[], ["--shard-records", "2", "--only-shard", "0"],
-                                  ["--shard-records", "2", "--finalize"]])  # fmt: skip
+@pytest.mark.parametrize(
+    "args",
+    [[], ["--shard-records", "2", "--only-shard", "0"], ["--shard-records", "2", "--finalize"]],
+)
 def test_a_folder_like_out_prefix_is_a_usage_error(
     two_identity_tree, tmp_path, monkeypatch, prefix, args
 ):
@@ -513,8 +520,9 @@ def test_ctrl_c_exits_130_saying_what_was_kept_and_resume_continues(
 ):
     root, lst, _ = two_identity_tree
     prefix = tmp_path / "out" / "faces"
-    stopped = rectool("pack", lst, root, prefix, "-q", *args,
-                      env={"RECTOOL_TEST_FAULT": "SIGINT:1"})  # fmt: skip
+    stopped = rectool(
+        "pack", lst, root, prefix, "-q", *args, env={"RECTOOL_TEST_FAULT": "SIGINT:1"}
+    )
     assert stopped.returncode == 130
     assert stopped.stderr == (
         f"Interrupted after 6 of 6 list items: what was packed is kept ({prefix}: finished "
@@ -531,8 +539,8 @@ def test_ctrl_c_exits_130_saying_what_was_kept_and_resume_continues(
 def test_ctrl_c_during_overwrite_says_the_old_pack_is_unchanged(two_identity_tree, tmp_path):
     root, lst, _ = two_identity_tree
     prefix, before = old_pack(two_identity_tree, tmp_path)
-    stopped = rectool("pack", lst, root, prefix, "-q", "--overwrite", "--workers", "1",
-                      env={"RECTOOL_TEST_FAULT": "SIGINT:1"})  # fmt: skip
+    flags = "-q --overwrite --workers 1".split()
+    stopped = rectool("pack", lst, root, prefix, *flags, env={"RECTOOL_TEST_FAULT": "SIGINT:1"})
     assert stopped.returncode == 130
     assert stopped.stderr == (
         f"Interrupted: the pack at {prefix} is unchanged; the new one was not finished "
@@ -577,8 +585,9 @@ def test_a_root_where_some_images_exist_packs_and_refuses_the_missing(two_identi
 def test_only_shard_overwrite_refuses_to_break_a_complete_pack(two_identity_tree, tmp_path):
     root, lst, _ = two_identity_tree
     prefix, before = old_pack(two_identity_tree, tmp_path)
-    result = invoke("pack", lst, root, prefix, "-q", "--shard-records", "2", "--only-shard", "1",
-                    "--overwrite")  # fmt: skip
+    result = invoke(
+        "pack", lst, root, prefix, "-q", "--shard-records", "2", "--only-shard", "1", "--overwrite"
+    )
     assert result.exit_code == 1
     assert result.stderr == (
         f"Error: {prefix}.manifest.json: the pack is complete; packing shard 1 again with "
@@ -594,16 +603,15 @@ def test_a_pack_stopped_mid_run_holds_the_lock_and_resume_works_once_it_is_kille
     root, lst, _ = two_identity_tree
     prefix = tmp_path / "out" / "faces"
     env = {**os.environ, "PYTHONPATH": REPO, "RECTOOL_TEST_FAULT": "SIGSTOP:1"}
+    flags = "-q --workers 1 --resize 20".split()
     first = subprocess.Popen(
-        [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(prefix), "-q",
-         "--workers", "1", "--resize", "20"],
+        [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(prefix), *flags],
         env=env,
-    )  # fmt: skip
+    )
     try:
         os.waitpid(first.pid, os.WUNTRACED)  # returns once it has stopped itself, mid-run
         for args in ([], ["--resume"], ["--overwrite"]):
-            second = invoke("pack", lst, root, prefix, "-q", "--workers", "1", "--resize", "20",
-                            *args)  # fmt: skip
+            second = invoke("pack", lst, root, prefix, *flags, *args)
             assert second.exit_code == 1
             assert f"another rectool run (pid {first.pid}) is writing this output" in (
                 second.stderr
@@ -611,7 +619,6 @@ def test_a_pack_stopped_mid_run_holds_the_lock_and_resume_works_once_it_is_kille
     finally:
         first.kill()
         first.wait()
-    resumed = invoke("pack", lst, root, prefix, "-q", "--workers", "1", "--resize", "20",
-                     "--resume")  # fmt: skip
+    resumed = invoke("pack", lst, root, prefix, *flags, "--resume")
     assert resumed.exit_code == 0, resumed.output
     assert invoke("verify", f"{prefix}.manifest.json", "-q").exit_code == 0

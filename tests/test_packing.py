@@ -76,33 +76,41 @@ def im2rec_resize(image, size):
     [
         (
             Transform(resize=20),
-            lambda src: encode(im2rec_resize(cv2.imdecode(src, cv2.IMREAD_COLOR), 20), ".jpg",
-                               [cv2.IMWRITE_JPEG_QUALITY, 95]),
+            lambda src: encode(
+                im2rec_resize(cv2.imdecode(src, cv2.IMREAD_COLOR), 20),
+                ".jpg",
+                [cv2.IMWRITE_JPEG_QUALITY, 95],
+            ),
         ),
         (
             Transform(center_crop=True, quality=70),
-            lambda src: encode(cv2.imdecode(src, cv2.IMREAD_COLOR)[4:36, :], ".jpg",
-                               [cv2.IMWRITE_JPEG_QUALITY, 70]),
+            lambda src: encode(
+                cv2.imdecode(src, cv2.IMREAD_COLOR)[4:36, :], ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 70]
+            ),
         ),
         (
             Transform(encoding=".png", quality=9),
-            lambda src: encode(cv2.imdecode(src, cv2.IMREAD_COLOR), ".png",
-                               [cv2.IMWRITE_PNG_COMPRESSION, 9]),
+            lambda src: encode(
+                cv2.imdecode(src, cv2.IMREAD_COLOR), ".png", [cv2.IMWRITE_PNG_COMPRESSION, 9]
+            ),
         ),
         (
             Transform(color=0, quality=90),
-            lambda src: encode(cv2.imdecode(src, cv2.IMREAD_GRAYSCALE), ".jpg",
-                               [cv2.IMWRITE_JPEG_QUALITY, 90]),
+            lambda src: encode(
+                cv2.imdecode(src, cv2.IMREAD_GRAYSCALE), ".jpg", [cv2.IMWRITE_JPEG_QUALITY, 90]
+            ),
         ),
         (
             Transform(color=-1, center_crop=True, resize=16, encoding=".png", quality=3),
             lambda src: encode(
-                im2rec_resize(cv2.imdecode(src, cv2.IMREAD_UNCHANGED)[4:36, :], 16), ".png",
-                [cv2.IMWRITE_PNG_COMPRESSION, 3]),
+                im2rec_resize(cv2.imdecode(src, cv2.IMREAD_UNCHANGED)[4:36, :], 16),
+                ".png",
+                [cv2.IMWRITE_PNG_COMPRESSION, 3],
+            ),
         ),
     ],
     ids=["resize", "center-crop+quality", "png", "gray", "unchanged+crop+resize+png"],
-)  # fmt: skip
+)
 def test_transforms_match_opencv_by_hand(small_tree, tmp_path, transform, expected):
     root, lst, items = small_tree
     pack_images(lst, root, tmp_path / "t", PackOptions(transform=transform))
@@ -158,7 +166,7 @@ def bad_tree(tmp_path):
         ("bob/missing.jpg", None, 1),
         ("bob/corrupt.png", encode(image_array(8), ".png")[:60] + bytes(200) + PNG_END, 1),
         ("bob/ünïcødé 名前.jpg", good, 1),
-    ]  # fmt: skip
+    ]
     items = write_pack_tree(root, ["alice", "bob"], 2, extra=extra)
     return root, write_list(tmp_path / "bad.lst", items), items
 
@@ -429,9 +437,15 @@ def test_a_record_over_the_recordio_limit_is_refused(small_tree, tmp_path, monke
 
 @pytest.mark.parametrize(
     ("text", "size"),
-    [("512MB", 512_000_000), ("2GiB", 2 * 1024**3), ("1.5G", 1_500_000_000), ("1000", 1000),
-     ("64kib", 65536), ("3_000", 3000)],
-)  # fmt: skip
+    [
+        ("512MB", 512_000_000),
+        ("2GiB", 2 * 1024**3),
+        ("1.5G", 1_500_000_000),
+        ("1000", 1000),
+        ("64kib", 65536),
+        ("3_000", 3000),
+    ],
+)
 def test_parse_size_units(text, size):
     from rectool.build.shards import parse_size
 

@@ -150,8 +150,11 @@ def test_packed_labels_go_before_the_image(tmp_path):
 def test_check_none_still_refuses_empty_and_missing_files(tmp_path):
     (tmp_path / "a.jpg").write_bytes(b"not checked")
     (tmp_path / "b.jpg").write_bytes(b"")
-    items = [ListItem(0, (0.0,), "a.jpg", 1), ListItem(1, (0.0,), "b.jpg", 2),
-             ListItem(2, (0.0,), "c.jpg", 3)]  # fmt: skip
+    items = [
+        ListItem(0, (0.0,), "a.jpg", 1),
+        ListItem(1, (0.0,), "b.jpg", 2),
+        ListItem(2, (0.0,), "c.jpg", 3),
+    ]
     outcomes = block_outcomes(PassThroughPacker(tmp_path, "none"), items)
     assert outcomes == [
         ("record", frame(image_record(b"not checked", 0.0, 0))),

@@ -22,8 +22,14 @@ from hypothesis import strategies as st
 from rectool.format.indexcache import write_index_cache
 from rectool.reader import RectoolError, load_index, open_dataset
 
-FILES = ["faces-00000.rec", "faces-00001.idx", "faces.manifest.json", "faces-00000.idx.rtc",
-         "f.rec", "f.idx"]  # fmt: skip
+FILES = [
+    "faces-00000.rec",
+    "faces-00001.idx",
+    "faces.manifest.json",
+    "faces-00000.idx.rtc",
+    "f.rec",
+    "f.idx",
+]
 
 
 def build(folder):

@@ -166,8 +166,11 @@ def test_names_from_a_label_map_beside_an_im2rec_pack(tmp_path):
     write_pack(tmp_path / "new", [[(0, b"a1", 0.0)]])
     (tmp_path / "new.labels.tsv").write_text("0\tann\n")
     os.unlink(tmp_path / "new.manifest.json")
-    repack([tmp_path / "old.rec", tmp_path / "new.rec"], tmp_path / "m",
-           RepackOptions(labels_by="name", order="source"))  # fmt: skip
+    repack(
+        [tmp_path / "old.rec", tmp_path / "new.rec"],
+        tmp_path / "m",
+        RepackOptions(labels_by="name", order="source"),
+    )
     assert samples(tmp_path / "m") == [(b"a0", 1.0), (b"b0", 0.0), (b"a1", 0.0)]
     assert (tmp_path / "m.labels.tsv").read_text() == "0\tann\n1\tbob\n"
 
@@ -198,10 +201,15 @@ def test_min_and_max_per_identity_then_contiguous_labels(tmp_path):
     by_label = counted_pack(tmp_path, [1, 4, 2, 5])
     result = repack([tmp_path / "src"], tmp_path / "out", RepackOptions(min_per_id=2, max_per_id=3))
     assert samples(tmp_path / "out") == [
-        (by_label[1][0], 0.0), (by_label[1][1], 0.0), (by_label[1][2], 0.0),
-        (by_label[2][0], 1.0), (by_label[2][1], 1.0),
-        (by_label[3][0], 2.0), (by_label[3][1], 2.0), (by_label[3][2], 2.0),
-    ]  # fmt: skip
+        (by_label[1][0], 0.0),
+        (by_label[1][1], 0.0),
+        (by_label[1][2], 0.0),
+        (by_label[2][0], 1.0),
+        (by_label[2][1], 1.0),
+        (by_label[3][0], 2.0),
+        (by_label[3][1], 2.0),
+        (by_label[3][2], 2.0),
+    ]
     assert result.report["steps"]["min_per_id"] == 1
     assert result.report["steps"]["max_per_id"] == 3
     assert (tmp_path / "out.relabel.tsv").read_text().splitlines()[1:] == [
@@ -312,8 +320,9 @@ def test_images_to_insightface_layout_with_property(tmp_path):
 def test_insightface_layout_needs_identity_order(tmp_path):
     counted_pack(tmp_path, [1])
     with pytest.raises(UsageError, match="needs --order identity"):
-        repack([tmp_path / "src"], tmp_path / "o", RepackOptions(layout="insightface",
-                                                                 order="shuffle"))  # fmt: skip
+        repack(
+            [tmp_path / "src"], tmp_path / "o", RepackOptions(layout="insightface", order="shuffle")
+        )
 
 
 def test_insightface_key_limit_is_checked_before_writing(tmp_path, monkeypatch):
@@ -366,8 +375,9 @@ def test_dedupe_keeps_the_first_copy_and_reports_shared_images(tmp_path):
 
 def test_drop_overlap_removes_images_of_an_evaluation_set(tmp_path):
     shared = [jpeg_bytes(k, 12, 10) for k in range(3)]
-    write_pack(tmp_path / "src", [[(k, shared[k % 3] + b"%d" % (k // 3), float(k % 2))
-                                   for k in range(6)]])  # fmt: skip
+    write_pack(
+        tmp_path / "src", [[(k, shared[k % 3] + b"%d" % (k // 3), float(k % 2)) for k in range(6)]]
+    )
     write_pack(tmp_path / "eval", [[(40, shared[1] + b"1", 0.0), (41, shared[2] + b"0", 0.0)]])
     result = repack(
         [tmp_path / "src"], tmp_path / "out", RepackOptions(drop_overlap=(str(tmp_path / "eval"),))
@@ -514,8 +524,9 @@ def test_resume_with_other_options_is_refused(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         repack([tmp_path / "src"], tmp_path / "out", RepackOptions(seed=1))
     monkeypatch.setattr(repack_module, "write_json_atomic", real)
-    with pytest.raises(RectoolError, match="cannot resume: the interrupted repack used different "
-                       "options"):  # fmt: skip
+    with pytest.raises(
+        RectoolError, match="cannot resume: the interrupted repack used different options"
+    ):
         repack([tmp_path / "src"], tmp_path / "out", RepackOptions(seed=2), resume=True)
 
 

@@ -31,8 +31,9 @@ NAMES = {0: "ann", 1: "bob", 2: "cid"}
 
 def training_pack(tmp_path):
     prefix = tmp_path / "train"
-    write_pack(prefix, [[(k, image, float(label)) for k, (image, label) in
-                         enumerate(zip(TRAIN, LABELS))]])  # fmt: skip
+    write_pack(
+        prefix, [[(k, image, float(label)) for k, (image, label) in enumerate(zip(TRAIN, LABELS))]]
+    )
     write_label_map(tmp_path / "train.labels.tsv", NAMES)
     return prefix
 

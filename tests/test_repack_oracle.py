@@ -101,8 +101,13 @@ def test_mxface_dataset_reads_an_insightface_repack_of_a_merge(insightface_downl
     )
     assert len(got) == 12 and dict(got) == expected
     assert [label for _, label in got] == sorted(label for _, label in got)
-    assert ranges == [([1.0, 4.0], 0), ([4.0, 6.0], 0), ([6.0, 10.0], 0), ([10.0, 11.0], 0),
-                      ([11.0, 13.0], 0)]  # fmt: skip
+    assert ranges == [
+        ([1.0, 4.0], 0),
+        ([4.0, 6.0], 0),
+        ([6.0, 10.0], 0),
+        ([10.0, 11.0], 0),
+        ([11.0, 13.0], 0),
+    ]
     assert (tmp_path / "ins" / "property").read_text() == "5,24,24\n"
 
 

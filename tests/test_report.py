@@ -210,8 +210,11 @@ def test_contact_sheet_rows_name_each_identity_and_its_count(page):
     # 3 sampled, then the 2 smallest (ann, then ben/cyd by label: ben) and the 2 largest.
     assert len(rows) == 3 + 2 + 2
     assert [r.split(":")[0] for r in rows[3:]] == [
-        "Identity 0 (ann)", "Identity 1 (ben)", "Identity 4 (eve)", "Identity 3 (dot)"
-    ]  # fmt: skip
+        "Identity 0 (ann)",
+        "Identity 1 (ben)",
+        "Identity 4 (eve)",
+        "Identity 3 (dot)",
+    ]
     sheet = [attrs for section, attrs in html.images if section == "contact-sheet"]
     # Every thumbnail: a JPEG data URI no larger than --thumb, with alt text naming its identity.
     assert len(sheet) == sum(min(4, per[r.split("(")[1].split(")")[0]]) for r in rows)
@@ -375,8 +378,10 @@ def test_verify_result_on_the_page(report_pack, tmp_path):
     out = tmp_path / "r.html"
     assert invoke("report", target, "-o", out, "--verify", "--decode").exit_code == 0
     verdict = parse(out.read_text()).rows("summary-table")[-1]
-    assert verdict == ["Verify", "sound: no problems found (framing, index, headers, checksums, "
-                       "decoding)"]  # fmt: skip
+    assert verdict == [
+        "Verify",
+        "sound: no problems found (framing, index, headers, checksums, decoding)",
+    ]
     rec = copy / "faces.rec"
     data = bytearray(rec.read_bytes())
     data[-8] ^= 0xFF  # inside the last image: the checksum no longer matches
@@ -384,9 +389,10 @@ def test_verify_result_on_the_page(report_pack, tmp_path):
     assert invoke("report", target, "-o", out, "--verify", "--overwrite").exit_code == 0
     html = parse(out.read_text())
     assert html.rows("summary-table")[-1] == [
-        "Verify", "2 problems (checksum-mismatch 1, record-checksum-mismatch 1); checked framing, "
-        "index, headers, checksums"
-    ]  # fmt: skip
+        "Verify",
+        "2 problems (checksum-mismatch 1, record-checksum-mismatch 1); checked framing, "
+        "index, headers, checksums",
+    ]
     problems = sorted(row[0] for row in html.rows("verify-problems")[1:])
     assert problems == ["checksum-mismatch", "record-checksum-mismatch"]
 
@@ -446,8 +452,18 @@ def test_page_stays_within_max_bytes(report_pack, tmp_path):
 
 def test_sheet_alone(report_pack, tmp_path):
     sheet = tmp_path / "sheet.png"
-    result = invoke("report", manifest(report_pack), "--sheet", sheet, "--thumb", 32,
-                    "--identities", 2, "--per-identity", 3)  # fmt: skip
+    result = invoke(
+        "report",
+        manifest(report_pack),
+        "--sheet",
+        sheet,
+        "--thumb",
+        32,
+        "--identities",
+        2,
+        "--per-identity",
+        3,
+    )
     assert result.exit_code == 0, result.output
     assert list(tmp_path.iterdir()) == [sheet]
     image = cv2.imread(str(sheet))
@@ -496,12 +512,25 @@ class Browser:
             os.dup2(from_w, 4)
 
         self.proc = subprocess.Popen(
-            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--remote-debugging-pipe",
-             f"--user-data-dir={profile}", "--no-first-run", "--hide-scrollbars",
-             "--disable-extensions", "--disable-background-networking", "about:blank"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            preexec_fn=wire, close_fds=False,
-        )  # fmt: skip
+            [
+                exe,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--remote-debugging-pipe",
+                f"--user-data-dir={profile}",
+                "--no-first-run",
+                "--hide-scrollbars",
+                "--disable-extensions",
+                "--disable-background-networking",
+                "about:blank",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=wire,
+            close_fds=False,
+        )
         os.close(to_r)
         os.close(from_w)
         self._buffer, self._id, self.events = b"", 0, []
@@ -549,8 +578,14 @@ class Browser:
         session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.send(f"{domain}.enable", session)
-        self.send("Emulation.setDeviceMetricsOverride", session, width=width, height=height,
-                  deviceScaleFactor=1, mobile=False)  # fmt: skip
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            session,
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         self.events.clear()
         self.send("Page.navigate", session, url=url)
         self.wait_for("Page.loadEventFired")
@@ -654,8 +689,11 @@ def test_demo_writes_a_report_and_says_where(tmp_path):
     env = {**os.environ, "PYTHONPATH": path}
     done = subprocess.run(
         [sys.executable, "-m", "rectool.demo", str(out)],
-        capture_output=True, text=True, env=env, timeout=600,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     report = out / "report.html"
     assert done.stdout.splitlines()[-1] == (

@@ -42,8 +42,10 @@ def workdir(tmp_path_factory):
     (folder / "train.py").write_text(guide_script(), encoding="utf-8")
     emit_reader(folder / "rectool_reader.py")
     emit_reader(folder / "rectool_training.py", training_module=True)
-    odd = [(f"{name}/odd.jpg", jpeg_bytes(90 + n, 50 + 30 * n, 120 - 20 * n), n)
-           for n, name in enumerate(["ann", "bob", "cyd"])]  # fmt: skip
+    odd = [
+        (f"{name}/odd.jpg", jpeg_bytes(90 + n, 50 + 30 * n, 120 - 20 * n), n)
+        for n, name in enumerate(["ann", "bob", "cyd"])
+    ]
     items = write_pack_tree(folder / "tree", ["ann", "bob", "cyd"], 7, extra=odd)
     lst = write_list(folder / "faces.lst", items)
     pack_images(lst, folder / "tree", folder / "out" / "faces")

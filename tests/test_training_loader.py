@@ -297,9 +297,15 @@ def test_options_are_checked(loader_shards):
 
 @pytest.mark.parametrize(
     ("source", "target", "factor"),
-    [((448, 448), (112, 112), 4), ((445, 448), (112, 112), 4), ((444, 448), (112, 112), 2),
-     ((900, 120), (112, 14), 8), ((221, 500), (112, 112), 1), ((112, 112), (112, 112), 1)],
-)  # fmt: skip
+    [
+        ((448, 448), (112, 112), 4),
+        ((445, 448), (112, 112), 4),
+        ((444, 448), (112, 112), 2),
+        ((900, 120), (112, 14), 8),
+        ((221, 500), (112, 112), 1),
+        ((112, 112), (112, 112), 1),
+    ],
+)
 def test_reduction_factor(source, target, factor):
     assert reduction_factor(source, target) == factor
 
@@ -360,8 +366,12 @@ def test_the_emitted_pair_works_without_rectool(loader_shards, broken, tmp_path)
     env = {**os.environ, "PYTHONPATH": str(tmp_path)}
     out = subprocess.run(
         [sys.executable, str(tmp_path / "run.py"), str(loader_shards[0]), str(broken[0])],
-        capture_output=True, text=True, env=env, cwd=tmp_path, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=False,
+    )
     assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr
 
 
@@ -375,8 +385,10 @@ def test_a_worker_that_cannot_start_is_named(loader_shards, tmp_path):
     (tmp_path / "unguarded.py").write_text(script, encoding="utf-8")
     out = subprocess.run(
         [sys.executable, str(tmp_path / "unguarded.py"), str(loader_shards[0])],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("rectool.reader.RectoolError: loader worker 0 (pid"), out.stderr
     assert "if __name__ == '__main__':" in last
@@ -402,7 +414,10 @@ def test_forked_workers_start_after_opencv_ran_threads_in_the_parent(loader_shar
     (tmp_path / "pooled.py").write_text(script, encoding="utf-8")
     out = subprocess.run(
         [sys.executable, str(tmp_path / "pooled.py"), str(loader_shards[0])],
-        capture_output=True, text=True, check=False, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["37", str(cv2.getNumThreads())]  # the parent's threads kept

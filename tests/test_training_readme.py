@@ -58,8 +58,12 @@ def workdir(tmp_path_factory):
         assert args[0] == "rectool", line
         proc = subprocess.run(
             [sys.executable, "-m", "rectool", *args[1:]],
-            cwd=folder, env=env, capture_output=True, text=True, check=False,
-        )  # fmt: skip
+            cwd=folder,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
         assert proc.returncode == 0, f"{line}\n{proc.stdout}{proc.stderr}"
     return folder
 
@@ -70,6 +74,11 @@ def test_the_python_block_batches_a_mixed_size_tree(workdir):
     env = {**os.environ, "PYTHONPATH": str(workdir)}  # the emitted files only
     proc = subprocess.run(
         [sys.executable, "quick_start.py"],
-        cwd=workdir, env=env, capture_output=True, text=True, check=False, timeout=300,
-    )  # fmt: skip
+        cwd=workdir,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert (proc.returncode, proc.stdout.strip()) == (0, "ok"), proc.stderr[-4000:]

@@ -45,8 +45,9 @@ def problems(check, facts):
     out = []
     for found in check(facts):
         if isinstance(found, Found):
-            listed = [(found.kind, key, offset, message)
-                      for _, key, offset, message in found.problems]  # fmt: skip
+            listed = [
+                (found.kind, key, offset, message) for _, key, offset, message in found.problems
+            ]
             assert len(listed) == found.total
             out += listed
     return out

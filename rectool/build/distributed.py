@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
+from ..doors.output import OutputLock, make_folders
 from ..errors import RectoolError, UsageError
 from .manifest import (
     FAILURES_SUFFIX,
@@ -24,20 +27,28 @@ from .manifest import (
     staging_prefix,
     swap_in,
 )
-from ..doors.output import OutputLock, make_folders
 from .packing import (
     PACKED,
     RESUMED,
     PackOptions,
     check_options,
-    finalize_locked,
-    validate_list,
     check_prefix,
     check_root,
     completed_if_same,
+    finalize_locked,
     pack_images,
+    validate_list,
 )
 from .shards import plan_shards
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+    from dask.distributed import Client, LocalCluster
+
+    from .packing import PackResult, ShardResult
+
+# `progress(done, total, refused)`, as `pack_images` calls it.
+Progress = Callable[[int, int, int], object]
 
 INSTALL_HINT = (
     "--executor dask needs Dask: pip install 'rectool[dask]' from an index, or from a checkout "
@@ -45,7 +56,7 @@ INSTALL_HINT = (
 )
 
 
-def _client_for(scheduler, workers):
+def _client_for(scheduler: str | None, workers: int) -> tuple[Client, LocalCluster | None]:
     try:
         from dask.distributed import Client, LocalCluster
     except ImportError:
@@ -59,24 +70,31 @@ def _client_for(scheduler, workers):
     return Client(cluster), cluster
 
 
-def _pack_task(list_path, root, prefix, options, number, lock_token=None):
+def _pack_task(
+    list_path: str,
+    root: str,
+    prefix: str,
+    options: PackOptions,
+    number: int,
+    lock_token: str | None = None,
+) -> ShardResult:
     return pack_images(
         list_path, root, prefix, options, resume=True, only_shard=number, lock_token=lock_token
     )
 
 
 def pack_on_dask(
-    list_path,
-    root,
-    prefix,
-    options=None,
-    scheduler=None,
-    resume=False,
-    overwrite=False,
-    label_map=None,
-    progress=None,
-    local_workers=None,
-):
+    list_path: StrPath,
+    root: StrPath,
+    prefix: StrPath,
+    options: PackOptions | None = None,
+    scheduler: str | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    label_map: StrPath | None = None,
+    progress: Progress | None = None,
+    local_workers: int | None = None,
+) -> PackResult:
     """Pack every shard of the plan as a task on a Dask cluster; return `finalize_pack`'s result.
 
     `scheduler` is the address of a running `dask.distributed` scheduler; None starts a local
@@ -95,17 +113,41 @@ def pack_on_dask(
     with OutputLock(prefix) as lock:
         finish_interrupted(prefix)
         result = _pack_locked(
-            list_path, root, prefix, options, plan, (digest, total), scheduler, resume, overwrite,
-            label_map, progress, local_workers, lock.token,
-        )  # fmt: skip
+            list_path,
+            root,
+            prefix,
+            options,
+            plan,
+            (digest, total),
+            scheduler,
+            resume,
+            overwrite,
+            label_map,
+            progress,
+            local_workers,
+            lock.token,
+        )
     # Workers need absolute paths; the caller gets its own back, as it gave them.
     return dataclasses.replace(
         result, manifest_path=manifest_path(given), failures_path=given + FAILURES_SUFFIX
     )
 
 
-def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resume, overwrite,
-                 label_map, progress, local_workers, token):  # fmt: skip
+def _pack_locked(
+    list_path: str,
+    root: str,
+    prefix: str,
+    options: PackOptions,
+    plan: list[range],
+    listed: tuple[str, int],
+    scheduler: str | None,
+    resume: bool,
+    overwrite: bool,
+    label_map: StrPath | None,
+    progress: Progress | None,
+    local_workers: int | None,
+    token: str | None,
+) -> PackResult:
     digest, total = listed
     if resume and is_complete(prefix):
         return completed_if_same(prefix, source_state(digest, root, options))
@@ -122,17 +164,39 @@ def _pack_locked(list_path, root, prefix, options, plan, listed, scheduler, resu
         token = None  # the staging prefix is this run's own: its tasks lock it themselves
     try:
         return _run_and_finish(
-            client, cluster, list_path, root, prefix, final, options, plan, total, label_map,
-            progress, token,
-        )  # fmt: skip
+            client,
+            cluster,
+            list_path,
+            root,
+            prefix,
+            final,
+            options,
+            plan,
+            total,
+            label_map,
+            progress,
+            token,
+        )
     except BaseException:
         if final is not None and not os.path.exists(journal_path(final)):
             discard_staging(prefix)  # not committed: the old pack stays as it was
         raise
 
 
-def _run_and_finish(client, cluster, list_path, root, prefix, final, options, plan, total,
-                    label_map, progress, token):  # fmt: skip
+def _run_and_finish(
+    client: Client,
+    cluster: LocalCluster | None,
+    list_path: str,
+    root: str,
+    prefix: str,
+    final: str | None,
+    options: PackOptions,
+    plan: list[range],
+    total: int,
+    label_map: StrPath | None,
+    progress: Progress | None,
+    token: str | None,
+) -> PackResult:
     try:
         from dask.distributed import as_completed
 

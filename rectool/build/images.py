@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from .. import choices
 from ..errors import RecordFormatError, RectoolError, UsageError
@@ -25,6 +26,9 @@ from ..reader import (  # the format constants and sniff_format: re-exported for
     sniff_format,  # noqa: F401
 )
 
+if TYPE_CHECKING:
+    import numpy as np
+
 
 class _LazyOpenCV:
     """OpenCV, imported on first use: passing JPEG and PNG bytes through needs none of it.
@@ -34,7 +38,7 @@ class _LazyOpenCV:
     module in place of this stand-in.
     """
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         global cv2
         import cv2 as module
 
@@ -43,7 +47,7 @@ class _LazyOpenCV:
         return getattr(module, name)
 
 
-cv2 = _LazyOpenCV()
+cv2: Any = _LazyOpenCV()
 
 # Decoding at 1/8 scale still runs libjpeg's entropy decoder over the whole file, so a corrupt or
 # truncated image fails, at a fraction of the cost of a full decode. (Names of cv2 flags.)
@@ -65,7 +69,7 @@ ENCODINGS = choices.ENCODINGS
 class ImageRefused(RectoolError):
     """This image must not be packed; `reason` says why in a few words."""
 
-    def __init__(self, reason):
+    def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(reason)
 
@@ -75,7 +79,7 @@ class ImageTooLarge(ImageRefused):
     (what the reader raises as `ImageTooLargeError`)."""
 
 
-def admit(data, max_pixels=DEFAULT_MAX_PIXELS):
+def admit(data: bytes, max_pixels: float = DEFAULT_MAX_PIXELS) -> tuple[str, int, int]:
     """Return (format, height, width) of bytes the decode guard admits (`reader.admit_image`);
     raise `ImageRefused`, or `ImageTooLarge` over `max_pixels`."""
     try:
@@ -103,7 +107,13 @@ QUALITY_RANGE = {".jpg": (1, 100), ".png": (0, 9)}
 _QUALITY_NAME = {".jpg": "JPEG quality", ".png": "PNG compression"}
 
 
-def transform_from_options(resize=None, center_crop=False, quality=None, encoding=None, color=None):
+def transform_from_options(
+    resize: int | None = None,
+    center_crop: bool = False,
+    quality: int | None = None,
+    encoding: str | None = None,
+    color: int | None = None,
+) -> Transform | None:
     """Return the `Transform` that im2rec-style re-encoding options ask for, or None when none
     is given (the images then pass through byte for byte).
 
@@ -130,7 +140,7 @@ def transform_from_options(resize=None, center_crop=False, quality=None, encodin
     return Transform(resize or 0, bool(center_crop), quality, encoding, color)
 
 
-def _decode(data, flag, max_pixels):
+def _decode(data: bytes, flag: int, max_pixels: float) -> np.ndarray:
     """Decode with OpenCV through the reader's guard (`reader.imdecode`)."""
     try:
         return imdecode(data, flag, max_pixels)
@@ -145,7 +155,9 @@ def _decode(data, flag, max_pixels):
 CHECK_MODES = choices.CHECK_MODES
 
 
-def check_image(data, mode="structure", max_pixels=DEFAULT_MAX_PIXELS):
+def check_image(
+    data: bytes, mode: str = "structure", max_pixels: float = DEFAULT_MAX_PIXELS
+) -> str:
     """Refuse bytes that are empty, not an image, truncated, corrupt or over `max_pixels`;
     return the format name.
 
@@ -168,7 +180,7 @@ def check_image(data, mode="structure", max_pixels=DEFAULT_MAX_PIXELS):
     return kind
 
 
-def inspect_image(data, max_pixels=DEFAULT_MAX_PIXELS):
+def inspect_image(data: bytes, max_pixels: float = DEFAULT_MAX_PIXELS) -> tuple[int, int, int]:
     """Refuse what `check_image(data, "decode", max_pixels)` refuses; return (height, width,
     channels).
 
@@ -185,7 +197,9 @@ def inspect_image(data, max_pixels=DEFAULT_MAX_PIXELS):
     return image.shape[0], image.shape[1], 1 if image.ndim == 2 else image.shape[2]
 
 
-def check_jpeg_data(data, max_pixels=DEFAULT_MAX_PIXELS):
+def check_jpeg_data(
+    data: bytes, max_pixels: float = DEFAULT_MAX_PIXELS
+) -> tuple[int, int, str, str] | None:
     """Run libjpeg-turbo's entropy decoder over a JPEG's scans at 1/8 scale, refusing what it
     reports as corrupt data; return its header (height, width, colourspace, subsampling), or
     None when it cannot judge the file and OpenCV should decode it instead.
@@ -201,7 +215,9 @@ def check_jpeg_data(data, max_pixels=DEFAULT_MAX_PIXELS):
     return None if decoded is None else decoded[0]
 
 
-def _simplejpeg_decode(data, spaces, factor, max_pixels):
+def _simplejpeg_decode(
+    data: bytes, spaces: tuple[str, str], factor: int, max_pixels: float
+) -> tuple[tuple[int, int, str, str], np.ndarray] | None:
     """Decode a JPEG with simplejpeg's strict mode at 1/`factor` scale, after the guard
     (`admit`); return (header, image), or None when simplejpeg cannot judge the file.
 
@@ -240,7 +256,7 @@ _CORRUPT_JPEG_WARNINGS = (
 )
 
 
-def check_container(data, max_pixels=DEFAULT_MAX_PIXELS):
+def check_container(data: bytes, max_pixels: float = DEFAULT_MAX_PIXELS) -> tuple[str, int, int]:
     """Refuse empty, unknown, truncated or structurally corrupt bytes, or bytes whose header
     declares more than `max_pixels` pixels; return (kind, height, width).
 
@@ -259,7 +275,7 @@ def check_container(data, max_pixels=DEFAULT_MAX_PIXELS):
     return admit(data, max_pixels)
 
 
-def _check_jpeg_structure(data):
+def _check_jpeg_structure(data: bytes) -> None:
     n, i, frame = len(data), 2, False
     while True:
         if i + 4 > n:
@@ -299,7 +315,7 @@ def _check_jpeg_structure(data):
         raise ImageRefused("truncated JPEG (no end-of-image marker)")
 
 
-def _check_png_structure(data):
+def _check_png_structure(data: bytes) -> None:
     n, pos, first = len(data), 8, True
     view = memoryview(data)
     while pos + 12 <= n:
@@ -321,7 +337,7 @@ def _check_png_structure(data):
     raise ImageRefused("truncated PNG (no IEND chunk)")
 
 
-def _reduction(size, transform):
+def _reduction(size: tuple[int, int], transform: Transform) -> int:
     """Return the largest of 2/4/8 by which a JPEG of `size` (height, width) can be decoded
     and still cover the target."""
     if not transform.resize or transform.color == -1:
@@ -334,7 +350,9 @@ def _reduction(size, transform):
     return 1
 
 
-def decode_image(data, transform, max_pixels=DEFAULT_MAX_PIXELS):
+def decode_image(
+    data: bytes, transform: Transform, max_pixels: float = DEFAULT_MAX_PIXELS
+) -> np.ndarray:
     """Decode with the colour mode of `transform`, at reduced scale when a resize allows it.
 
     Refuses what `check_container` refuses (an image over `max_pixels` before decoding it). A
@@ -356,7 +374,9 @@ def decode_image(data, transform, max_pixels=DEFAULT_MAX_PIXELS):
     return _decode(data, getattr(cv2, _COLOR_FLAGS[transform.color]), max_pixels)
 
 
-def _decode_jpeg_checked(data, color, factor, max_pixels):
+def _decode_jpeg_checked(
+    data: bytes, color: int, factor: int, max_pixels: float
+) -> np.ndarray | None:
     """Decode a JPEG as OpenCV's `IMREAD_(REDUCED_)COLOR/GRAYSCALE` would, pixel for pixel (both
     are libjpeg-turbo with its default IDCT and upsampling), refusing corrupt data; None when
     simplejpeg cannot judge the file (OpenCV decodes it then)."""
@@ -368,7 +388,7 @@ def _decode_jpeg_checked(data, color, factor, max_pixels):
     return image if color == 1 else image[:, :, 0]
 
 
-def _has_exif(data):
+def _has_exif(data: bytes) -> bool:
     """Return True when a JPEG has an Exif segment before its scan (it may rotate the image)."""
     i, n = 2, len(data)
     while i + 10 <= n and data[i] == 0xFF:
@@ -381,7 +401,7 @@ def _has_exif(data):
     return False
 
 
-def apply_transform(image, transform):
+def apply_transform(image: np.ndarray, transform: Transform) -> np.ndarray:
     """Center-crop and resize the shorter side exactly as im2rec's `image_encode` does."""
     if transform.center_crop:
         h, w = image.shape[:2]
@@ -402,7 +422,7 @@ def apply_transform(image, transform):
     return image
 
 
-def encode_image(image, transform):
+def encode_image(image: np.ndarray, transform: Transform) -> bytes:
     """Encode as `transform.encoding` with its quality, as `mxnet.recordio.pack_img` does."""
     if transform.encoding == ".png":
         params = [cv2.IMWRITE_PNG_COMPRESSION, transform.quality]
@@ -414,7 +434,9 @@ def encode_image(image, transform):
     return buf.tobytes()
 
 
-def reencode_image(data, transform, max_pixels=DEFAULT_MAX_PIXELS):
+def reencode_image(
+    data: bytes, transform: Transform, max_pixels: float = DEFAULT_MAX_PIXELS
+) -> bytes:
     """Return `data` decoded, transformed and encoded again according to `transform` (an image
     over `max_pixels` refused before decoding)."""
     image = decode_image(data, transform, max_pixels)

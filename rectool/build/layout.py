@@ -15,14 +15,32 @@ This module is the writing side of the rule; `reader.insightface_header` is the 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from .. import choices
+from ..doors.output import write_atomic
 from ..errors import RectoolError, UsageError
 from ..format.keys import FLOAT32_EXACT
-from .listfile import ListFormatError
-from ..doors.output import write_atomic
-from ..reader import RecordFormatError, admit_image, unpack_header
 from ..format.writer import frame_record, pack_image_record
+from ..reader import RecordFormatError, admit_image, unpack_header
+from .listfile import ListFormatError
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    from .listfile import ListItem
+
+
+class ShardLimits(Protocol):
+    """What `Layout.check_options` reads of pack's and repack's options."""
+
+    @property
+    def shard_bytes(self) -> int | None: ...
+
+    @property
+    def shard_records(self) -> int | None: ...
+
 
 # The flag of identity and header records: their two float32 labels.
 IDENTITY_FLAG = 2
@@ -33,23 +51,25 @@ DEFAULT_SIZE = (112, 112)
 class Layout:
     """One layout's writing rules; `IMAGES` and `INSIGHTFACE` are the two."""
 
-    def __init__(self, name, numbered):
+    def __init__(self, name: str, numbered: bool) -> None:
         self.name = name
         # Images are keyed 1..N as written (else by list index) and followed by identity
         # records, a header and a `property` file.
         self.numbered = numbered
         # What `ShardWriter.resume` cuts from a partial file's end: the records that follow
         # the images, written again after the images that remain (None: nothing).
-        self.written_after_images = _is_identity_record if numbered else None
+        self.written_after_images: Callable[[bytes], bool] | None = (
+            _is_identity_record if numbered else None
+        )
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<layout {self.name}>"
 
-    def first_key(self, images_written):
+    def first_key(self, images_written: int) -> int | None:
         """Return the key of the next image written, or None when keys are list indices."""
         return images_written + 1 if self.numbered else None
 
-    def check_options(self, options):
+    def check_options(self, options: ShardLimits) -> None:
         """Refuse shard limits, and labels packed whole, in a layout that cannot hold them."""
         if not self.numbered:
             return
@@ -63,7 +83,7 @@ class Layout:
                 "--layout insightface stores one class label per image; drop --pack-label"
             )
 
-    def check_item(self, item, path):
+    def check_item(self, item: ListItem, path: StrPath) -> None:
         """Raise `ListFormatError` for a list item this layout cannot key (insightface: one
         non-negative integer label, the identity)."""
         label = item.labels[0]
@@ -75,12 +95,12 @@ class Layout:
                 item.line,
             )
 
-    def order(self, items):
+    def order(self, items: Sequence[ListItem]) -> Sequence[ListItem]:
         """Return list items in the order they are written: each identity's together (a
         stable sort by label) when images are numbered."""
         return sorted(items, key=lambda item: item.labels[0]) if self.numbered else items
 
-    def check_keys(self, images, classes, remedy="Use --layout images"):
+    def check_keys(self, images: int, classes: int, remedy: str = "Use --layout images") -> None:
         """Raise when `images` images and `classes` identities need keys float32 cannot hold."""
         if not self.numbered:
             return
@@ -92,7 +112,9 @@ class Layout:
                 f"{remedy}, which has no such limit"
             )
 
-    def records_after(self, images, counts):
+    def records_after(
+        self, images: int, counts: list[int] | Mapping[int, int]
+    ) -> list[tuple[int, bytes]]:
         """Return the (key, framed record) pairs that follow `images` images, whose identity
         `label` has `counts[label]` of them (a list, or a mapping that may lack a label)."""
         if not self.numbered:
@@ -109,7 +131,9 @@ class Layout:
         out.append((0, _labels_record([images + 1, images + 1 + classes], 0, 1)))
         return out
 
-    def write_property(self, folder, classes, size):
+    def write_property(
+        self, folder: StrPath | None, classes: int, size: tuple[int, int] | None
+    ) -> None:
         """Write `property` (`classes,height,width`) into `folder`; `size` (height, width) or
         None for DEFAULT_SIZE."""
         if not self.numbered:
@@ -118,12 +142,12 @@ class Layout:
         write_atomic(os.path.join(folder or ".", "property"), f"{classes},{height},{width}\n")
 
 
-def _is_identity_record(record):
+def _is_identity_record(record: bytes) -> bool:
     """Return True for an identity or header record (written by `records_after`)."""
     return unpack_header(record)[0].flag == IDENTITY_FLAG
 
 
-def _labels_record(labels, key, id2):
+def _labels_record(labels: Sequence[float], key: int, id2: int) -> bytes:
     return frame_record(pack_image_record(b"", [float(label) for label in labels], key, id2))
 
 
@@ -134,7 +158,7 @@ assert LAYOUTS == (IMAGES.name, INSIGHTFACE.name)  # the layouts below are the c
 _BY_NAME = {layout.name: layout for layout in (IMAGES, INSIGHTFACE)}
 
 
-def layout_named(name):
+def layout_named(name: str) -> Layout:
     """Return the `Layout` called `name`; raise `UsageError` naming the choices."""
     try:
         return _BY_NAME[name]
@@ -142,7 +166,7 @@ def layout_named(name):
         raise UsageError(f"unknown layout {name!r}; choose from {', '.join(LAYOUTS)}") from None
 
 
-def image_size(data):
+def image_size(data: bytes) -> tuple[int, int] | None:
     """Return the (height, width) of an encoded image from its header (as decoded unchanged,
     EXIF orientation ignored), or None when the decode guard refuses it."""
     try:

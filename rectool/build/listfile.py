@@ -10,10 +10,14 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import NamedTuple
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple, TextIO
 
-from ..errors import RectoolError
 from ..doors.inputs import open_input
+from ..errors import RectoolError
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 LIST_SUFFIX = ".lst"
 # Records store labels as float32 (MXNet's IRHeader); a larger label cannot be written.
@@ -32,7 +36,7 @@ _UNWRITABLE = re.compile("[" + re.escape("".join(UNWRITABLE_CHARACTERS)) + "\ud8
 class ListFormatError(RectoolError):
     """A .lst or label map line cannot be parsed: names the file and line."""
 
-    def __init__(self, message, path, line):
+    def __init__(self, message: str, path: StrPath, line: int) -> None:
         self.path, self.line = os.fspath(path), line
         super().__init__(f"{self.path}: line {line}: {message}")
 
@@ -40,31 +44,31 @@ class ListFormatError(RectoolError):
 class ListItem(NamedTuple):
     """One line of a .lst: the record index, its labels and the image path relative to the root."""
 
-    index: int
-    labels: tuple
+    index: int  # type: ignore[assignment]  # the .lst field's name, over tuple.index
+    labels: tuple[float, ...]
     path: str
     line: int = 0
 
     @property
-    def label(self):
+    def label(self) -> float | tuple[float, ...]:
         """Return the single label, or the tuple when there are several."""
         return self.labels[0] if len(self.labels) == 1 else self.labels
 
 
-def format_label(value):
+def format_label(value: float) -> str:
     """Return a label as text: integral values without a fraction, others as `repr`."""
     value = float(value)
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def format_list_line(index, labels, path):
+def format_list_line(index: int, labels: float | Iterable[float], path: str) -> str:
     """Return one .lst line; `labels` is a number or a sequence of numbers."""
     if isinstance(labels, (int, float)):
         labels = (labels,)
     return "\t".join([str(index), *map(format_label, labels), path]) + "\n"
 
 
-def format_list_lines(rows):
+def format_list_lines(rows: Iterable[tuple[int, int, str]]) -> str:
     """Return the .lst text of `(index, label, path)` rows, each with one integer label.
 
     The same text as `format_list_line` per row for `int` indices and labels (the caller's
@@ -73,7 +77,7 @@ def format_list_lines(rows):
     return "".join([f"{index}\t{label}\t{path}\n" for index, label, path in rows])
 
 
-def is_writable_path(path):
+def is_writable_path(path: str) -> bool:
     """Return whether `path` can be a .lst path field that every reader gets back unchanged.
 
     It must encode as UTF-8, hold no tab, newline or CR, and neither start nor end with
@@ -82,7 +86,7 @@ def is_writable_path(path):
     return _UNWRITABLE.search(path) is None and path == path.strip()
 
 
-def unwritable_paths(paths):
+def unwritable_paths(paths: Sequence[str]) -> list[str]:
     """Return those of `paths` that `is_writable_path` rejects, in order.
 
     Fast for a whole folder's names in the usual case: text that is printable (no control,
@@ -94,12 +98,12 @@ def unwritable_paths(paths):
     return [path for path in paths if not is_writable_path(path)]
 
 
-def parse_list_line(text, path="<list>", line=0):
+def parse_list_line(text: str, path: str = "<list>", line: int = 0) -> ListItem:
     """Parse one .lst line (without its newline) into a `ListItem`."""
     return _plain_item(text, line) or _parse_any_line(text, path, line)
 
 
-def _plain_item(text, line):
+def _plain_item(text: str, line: int) -> ListItem | None:
     """Return the `ListItem` of a common line, `index<TAB>label<TAB>path`, or None.
 
     What the general parser would return, without its checks: packing reads millions of these.
@@ -122,7 +126,7 @@ def _plain_item(text, line):
     return tuple.__new__(ListItem, (int(index), (value,), name, line))
 
 
-def _parse_any_line(text, path, line):
+def _parse_any_line(text: str, path: str, line: int) -> ListItem:
     fields = text.split("\t")
     if len(fields) < 3:
         raise ListFormatError(
@@ -165,7 +169,7 @@ def _parse_any_line(text, path, line):
     return ListItem(index, labels, fields[-1], line)
 
 
-def iter_list(stream, path="<list>"):
+def iter_list(stream: TextIO, path: str = "<list>") -> Iterator[ListItem]:
     """Yield `ListItem`s from a text stream of .lst lines; blank lines are errors."""
     number = 0
     rest = ""
@@ -182,7 +186,7 @@ def iter_list(stream, path="<list>"):
         number += len(lines)
 
 
-def _parse_lines(lines, path, number):
+def _parse_lines(lines: Iterable[str], path: str, number: int) -> Iterator[ListItem]:
     for text in lines:
         number += 1
         yield _plain_item(text, number) or _parse_any_line(text.rstrip("\r"), path, number)
@@ -191,7 +195,7 @@ def _parse_lines(lines, path, number):
 _READ_CHARS = 1 << 20
 
 
-def read_list(path):
+def read_list(path: StrPath) -> list[ListItem]:
     """Read a whole .lst file into a list of `ListItem`s."""
     try:
         with open_input(path, "list file", "utf-8", "\n") as f:
@@ -202,14 +206,14 @@ def read_list(path):
         ) from None
 
 
-def label_map_path(list_path):
+def label_map_path(list_path: StrPath) -> str:
     """Return where the label map of a .lst lives: `PREFIX.labels.tsv` for `PREFIX.lst`."""
     list_path = os.fspath(list_path)
     stem = list_path[: -len(LIST_SUFFIX)] if list_path.endswith(LIST_SUFFIX) else list_path
     return stem + LABEL_MAP_SUFFIX
 
 
-def find_label_map(list_path):
+def find_label_map(list_path: StrPath) -> str | None:
     """Return the label map that belongs to a .lst (also for `_train`/`_val`/`_test`/`_N` lists)."""
     candidate = label_map_path(list_path)
     if os.path.exists(candidate):
@@ -221,21 +225,21 @@ def find_label_map(list_path):
     return None
 
 
-def label_map_text(identities):
+def label_map_text(identities: Mapping[int, str]) -> str:
     """Return the text of a label map file of `identities` (label -> identity name)."""
     return "".join(f"{label}\t{identities[label]}\n" for label in sorted(identities))
 
 
-def write_label_map(path, identities):
+def write_label_map(path: StrPath, identities: Mapping[int, str]) -> None:
     """Write `identities` (label -> identity name) as a label map file, replacing one."""
     from ..doors.output import write_atomic  # (output imports errors, which imports the reader)
 
     write_atomic(path, label_map_text(identities))
 
 
-def read_label_map(path):
+def read_label_map(path: StrPath) -> dict[int, str]:
     """Read a label map file into a dict label (int) -> identity name."""
-    identities = {}
+    identities: dict[int, str] = {}
     with open_input(path, "label map") as f:  # bytes: a bad line is named by its number
         for number, raw in enumerate(f, start=1):
             try:

@@ -26,11 +26,14 @@ import os
 import queue
 import random
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import chain, repeat
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
+from ..doors.output import JOURNAL_SUFFIX, OutputFiles, check_target, finish_commit, write_output
 from ..errors import ListingError, RectoolError, UsageError
 from .listfile import (
     LIST_SUFFIX,
@@ -40,7 +43,14 @@ from .listfile import (
     label_map_text,
     unwritable_paths,
 )
-from ..doors.output import JOURNAL_SUFFIX, OutputFiles, check_target, finish_commit, write_output
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+# A list's row: (index, label, path relative to the root).
+Row = tuple[int, int, str]
+# `progress(folders_scanned, images_found)`.
+Progress = Callable[[int, int], object]
 
 # Extensions OpenCV decodes that image datasets commonly use.
 DEFAULT_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff")
@@ -67,12 +77,12 @@ SKIP_REASONS = {
 }
 
 
-def default_threads():
+def default_threads() -> int:
     """Return the default number of scanning threads: 4 per CPU, at most 32."""
     return min(32, 4 * (os.cpu_count() or 1))
 
 
-def normalize_extensions(exts):
+def normalize_extensions(exts: Iterable[str]) -> tuple[str, ...]:
     """Return extensions as a sorted tuple of lower-case `.ext` strings ("JPG" -> ".jpg")."""
     normalized = set()
     for ext in exts:
@@ -90,7 +100,7 @@ class Identity:
     """One identity folder: its name and its images' paths relative to the root, in order."""
 
     name: str
-    images: tuple
+    images: tuple[str, ...]
 
 
 @dataclass
@@ -98,13 +108,13 @@ class TreeWalk:
     """What `walk_tree` found: identities with images, in name order, and what it skipped."""
 
     root: Path
-    identities: list
+    identities: list[Identity]
     # reason (a key of SKIP_REASONS) -> sorted paths relative to the root
-    skipped: dict
+    skipped: dict[str, list[str]]
     folders: int = 0
 
     @property
-    def image_count(self):
+    def image_count(self) -> int:
         """Return the number of images found."""
         return sum(len(identity.images) for identity in self.identities)
 
@@ -116,16 +126,17 @@ class _Folder:
     identity: int
     path: str
     rel: str
-    ancestors: tuple
+    ancestors: tuple[str, ...]
 
 
 @dataclass
 class _FolderScan:
     folder: _Folder
-    images: list = field(default_factory=list)
-    subfolders: list = field(default_factory=list)
-    links: list = field(default_factory=list)  # symlinked subfolders, walked in a later round
-    skipped: list = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    subfolders: list[_Folder] = field(default_factory=list)
+    # symlinked subfolders, walked in a later round
+    links: list[_Folder] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (reason, path)
     error: OSError | None = None
     repeat: bool = False  # the folder was listed already (reached again through a link)
 
@@ -133,41 +144,43 @@ class _FolderScan:
 class _Scanner:
     """Scan folders: classify every entry with what `os.scandir` already knows."""
 
-    def __init__(self, exts, recursive, root, allow_outside_root=False):
+    def __init__(
+        self, exts: Iterable[str], recursive: bool, root: str, allow_outside_root: bool = False
+    ) -> None:
         self.exts = frozenset(exts)
         self.recursive = recursive
         self.allow_outside_root = allow_outside_root
         self._real_root = os.path.realpath(root)
         self._below_root = os.path.join(self._real_root, "")
         # (st_dev, st_ino) of ancestors, computed only when a symlinked folder needs them.
-        self._keys = {}
+        self._keys: dict[str, tuple[int, int]] = {}
         # (st_dev, st_ino) of every folder listed: none is listed twice.
-        self.visited = set()
+        self.visited: set[tuple[int, int]] = set()
 
-    def leads_out(self, entry):
+    def leads_out(self, entry: os.DirEntry[str]) -> bool:
         """Return whether a symbolic link entry's real path is outside ROOT (and not allowed)."""
         if self.allow_outside_root:
             return False
         real = os.path.realpath(entry.path)
         return real != self._real_root and not real.startswith(self._below_root)
 
-    def folder_key(self, path):
+    def folder_key(self, path: str) -> tuple[int, int]:
         key = self._keys.get(path)
         if key is None:
             st = os.stat(path)
             key = self._keys[path] = (st.st_dev, st.st_ino)
         return key
 
-    def is_loop(self, entry, ancestors):
+    def is_loop(self, entry: os.DirEntry[str], ancestors: Iterable[str]) -> bool:
         """Return whether a symlinked folder entry is one of `ancestors` (paths)."""
         st = entry.stat()  # follows the link; DirEntry caches it from is_dir()
         key = (st.st_dev, st.st_ino)
         return any(self.folder_key(path) == key for path in ancestors)
 
-    def scan_batch(self, folders):
+    def scan_batch(self, folders: Iterable[_Folder]) -> list[_FolderScan]:
         return [self.scan(folder) for folder in folders]
 
-    def scan(self, folder):
+    def scan(self, folder: _Folder) -> _FolderScan:
         result = _FolderScan(folder)
         skipped, exts, rel = result.skipped, self.exts, folder.rel
         names = []
@@ -211,13 +224,13 @@ class _Scanner:
         bad = unwritable_paths(names)
         if bad:
             skipped.extend(("unwritable_name", f"{rel}/{name}") for name in bad)
-            bad = set(bad)
-            names = [name for name in names if name not in bad]
+            refused = set(bad)
+            names = [name for name in names if name not in refused]
         prefix = rel + "/"
         result.images = [prefix + name for name in names]
         return result
 
-    def _add_subfolder(self, result, entry):
+    def _add_subfolder(self, result: _FolderScan, entry: os.DirEntry[str]) -> None:
         folder, rel = result.folder, f"{result.folder.rel}/{entry.name}"
         if not is_writable_path(entry.name):
             result.skipped.append(("unwritable_name", rel))
@@ -238,29 +251,29 @@ class _Scanner:
             )
 
 
-def _path_key(path):
+def _path_key(path: str) -> list[str]:
     return path.split("/")
 
 
-def _chunks(items, count):
+def _chunks(items: Sequence[Any], count: int) -> list[Any]:
     """Split `items` into exactly `count` contiguous runs whose lengths differ by at most 1."""
     bounds = [len(items) * i // count for i in range(count + 1)]
     return [items[bounds[i] : bounds[i + 1]] for i in range(count)]
 
 
-def _batches(items, count):
+def _batches(items: Sequence[Any], count: int) -> list[Any]:
     """Split `items` into at most `count` contiguous, nearly equal, non-empty lists."""
     return _chunks(items, max(1, min(count, len(items)))) if items else []
 
 
 def walk_tree(
-    root,
-    exts=DEFAULT_EXTENSIONS,
-    recursive=True,
-    threads=None,
-    progress=None,
-    allow_outside_root=False,
-):
+    root: StrPath,
+    exts: Iterable[str] = DEFAULT_EXTENSIONS,
+    recursive: bool = True,
+    threads: int | None = None,
+    progress: Progress | None = None,
+    allow_outside_root: bool = False,
+) -> TreeWalk:
     """Walk the folder tree at `root`; return its identities, their images and what was passed over.
 
     `exts` are the image extensions (case-insensitive). With `recursive`, images in subfolders
@@ -282,8 +295,9 @@ def walk_tree(
         raise UsageError(f"threads must be at least 1, got {threads}")
     root_path = os.fspath(root)
     scanner = _Scanner(normalize_extensions(exts), recursive, root_path, allow_outside_root)
-    skipped = {reason: [] for reason in SKIP_REASONS}
-    names, linked = [], set()
+    skipped: dict[str, list[str]] = {reason: [] for reason in SKIP_REASONS}
+    names: list[str] = []
+    linked: set[str] = set()
     try:
         st = os.stat(root_path)
         scanner.visited.add((st.st_dev, st.st_ino))
@@ -307,16 +321,17 @@ def walk_tree(
     except OSError as exc:
         raise ListingError(f"cannot read the root folder {root_path}: {exc.strerror}") from exc
     names.sort()
-    folders, links = [], []
+    folders: list[_Folder] = []
+    links: list[_Folder] = []
     for i, name in enumerate(names):
         path = os.path.join(root_path, name)
         (links if name in linked else folders).append(_Folder(i, path, name, (root_path, path)))
-    images = [[] for _ in names]
+    images: list[list[str]] = [[] for _ in names]
     nested = [False] * len(names)
     unreadable = [False] * len(names)
     scanned = found = 0
 
-    def merge(result):
+    def merge(result: _FolderScan) -> None:
         nonlocal scanned, found
         folder = result.folder
         links.extend(result.links)
@@ -350,7 +365,7 @@ def walk_tree(
         links.clear()
         for link in batch:
             _run(scanner, [link], 1 if adaptive else threads, merge, report)
-    identities = []
+    identities: list[Identity] = []
     for i, name in enumerate(names):
         paths = images[i]
         if not paths:
@@ -364,7 +379,7 @@ def walk_tree(
     return TreeWalk(root, identities, skipped, scanned)
 
 
-def _is_dir(entry):
+def _is_dir(entry: os.DirEntry[str]) -> bool:
     try:
         return entry.is_dir()
     except OSError:
@@ -380,7 +395,12 @@ _PROBE_FOLDERS = 16
 listing_clock = time.perf_counter
 
 
-def _run_while_fast(scanner, folders, merge, report):
+def _run_while_fast(
+    scanner: _Scanner,
+    folders: list[_Folder],
+    merge: Callable[[_FolderScan], None],
+    report: Callable[[], object],
+) -> list[_Folder]:
     """Scan identity folders on this thread while they list fast; return those left to scan."""
     pending = list(reversed(folders))
     spent = 0.0
@@ -401,7 +421,13 @@ def _run_while_fast(scanner, folders, merge, report):
     return []
 
 
-def _run(scanner, folders, threads, merge, report):
+def _run(
+    scanner: _Scanner,
+    folders: list[_Folder],
+    threads: int,
+    merge: Callable[[_FolderScan], None],
+    report: Callable[[], object],
+) -> None:
     """Scan `folders` and every subfolder they lead to on `threads` threads; merge results."""
     if threads == 1:
         pending = list(reversed(folders))
@@ -413,11 +439,11 @@ def _run(scanner, folders, threads, merge, report):
         return
     # Batches, not one task per folder: a hand-off between threads costs more than reading a
     # small cached folder, so a few tasks per thread keep the pool busy at a fraction of it.
-    done = queue.SimpleQueue()
+    done: queue.SimpleQueue[Future[list[_FolderScan]]] = queue.SimpleQueue()
     outstanding = 0
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rectool-scan") as pool:
 
-        def submit(batch):
+        def submit(batch: list[_Folder]) -> None:
             nonlocal outstanding
             pool.submit(scanner.scan_batch, batch).add_done_callback(done.put)
             outstanding += 1
@@ -427,7 +453,7 @@ def _run(scanner, folders, threads, merge, report):
         while outstanding:
             results = done.get().result()
             outstanding -= 1
-            subfolders = []
+            subfolders: list[_Folder] = []
             for result in results:
                 merge(result)
                 subfolders.extend(result.subfolders)
@@ -446,20 +472,20 @@ class Listing:
     """
 
     root: Path
-    identities: dict
-    lists: dict
-    skipped: dict
+    identities: dict[int, str]
+    lists: dict[str, list[Row]]
+    skipped: dict[str, list[str]]
     folders: int = 0
     seed: int | None = None
-    written: dict = field(default_factory=dict)
+    written: dict[str, str] = field(default_factory=dict)
     label_map: str | None = None
 
     @property
-    def image_count(self):
+    def image_count(self) -> int:
         """Return the number of images listed, over all lists."""
         return sum(len(rows) for rows in self.lists.values())
 
-    def summary(self):
+    def summary(self) -> dict[str, Any]:
         """Return the summary as plain data (what `rectool list --json` prints)."""
         return {
             "root": os.fspath(self.root),
@@ -481,7 +507,7 @@ class Listing:
         }
 
 
-def display_path(path):
+def display_path(path: str) -> str:
     """Return a path as printable text: undecodable bytes as `\\xNN`, tabs/newlines escaped."""
     text = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
@@ -490,7 +516,9 @@ def display_path(path):
 STDOUT_SINGLE_LIST = "OUT - (standard output) takes a single list: no --chunks or ratios"
 
 
-def resolve_ratios(train=None, val=None, test=None):
+def resolve_ratios(
+    train: float | None = None, val: float | None = None, test: float | None = None
+) -> tuple[float, float, float] | None:
     """Return the (train, val, test) fractions, or None when the list is not split.
 
     A missing ratio takes what the others leave: train first, then val (as im2rec, whose val
@@ -526,7 +554,7 @@ def resolve_ratios(train=None, val=None, test=None):
     return train, val, test
 
 
-def _cut(count, ratios):
+def _cut(count: int, ratios: tuple[float, float, float]) -> list[int]:
     """Return the end of each split's run when `count` things are cut by `ratios`."""
     train, val, _ = ratios
     ends = [round(count * train), round(count * (train + val)), count]
@@ -534,18 +562,18 @@ def _cut(count, ratios):
 
 
 def make_listing(
-    scan,
+    scan: TreeWalk,
     *,
-    min_per_id=1,
-    max_per_id=None,
-    shuffle=False,
-    seed=None,
-    train_ratio=None,
-    val_ratio=None,
-    test_ratio=None,
-    split_by="image",
-    chunks=1,
-):
+    min_per_id: int = 1,
+    max_per_id: int | None = None,
+    shuffle: bool = False,
+    seed: int | None = None,
+    train_ratio: float | None = None,
+    val_ratio: float | None = None,
+    test_ratio: float | None = None,
+    split_by: str = "image",
+    chunks: int = 1,
+) -> Listing:
     """Assign labels and indices to a tree walk's images and cut them into lists.
 
     Identities with fewer than `min_per_id` images are dropped; of larger ones only the first
@@ -561,16 +589,16 @@ def make_listing(
     ratios = resolve_ratios(train_ratio, val_ratio, test_ratio)
     _check_listing_options(min_per_id, max_per_id, shuffle, seed, split_by, chunks, ratios)
     skipped = {reason: list(paths) for reason, paths in scan.skipped.items()}
-    kept = []
+    kept: list[tuple[str, tuple[str, ...]]] = []
     for identity in scan.identities:
         if len(identity.images) < min_per_id:
             skipped["below_min_per_id"].append(identity.name)
             continue
-        paths = identity.images
-        if max_per_id is not None and len(paths) > max_per_id:
-            skipped["above_max_per_id"].extend(paths[max_per_id:])
-            paths = paths[:max_per_id]
-        kept.append((identity.name, paths))
+        chosen = identity.images
+        if max_per_id is not None and len(chosen) > max_per_id:
+            skipped["above_max_per_id"].extend(chosen[max_per_id:])
+            chosen = chosen[:max_per_id]
+        kept.append((identity.name, chosen))
     labels = list(chain.from_iterable(repeat(label, len(p)) for label, (_, p) in enumerate(kept)))
     paths = list(chain.from_iterable(p for _, p in kept))
     if shuffle:
@@ -578,7 +606,7 @@ def make_listing(
             seed = random.SystemRandom().randrange(2**32)
         rng = random.Random(seed)
         # Drawn first, so that the identity split does not change with the number of images.
-        identity_order = rng.sample(range(len(kept)), len(kept))
+        identity_order: Sequence[int] = rng.sample(range(len(kept)), len(kept))
         order = list(range(len(paths)))
         rng.shuffle(order)
         labels = [labels[i] for i in order]
@@ -586,13 +614,13 @@ def make_listing(
     else:
         identity_order = range(len(kept))
     rows = list(zip(range(len(paths)), labels, paths))
-    split_of = None
+    split_of: dict[int, str] | None = None
     if ratios is not None and split_by == "identity":
         ends = _cut(len(kept), ratios)
         split_of = {}
         for position, label in enumerate(identity_order):
             split_of[label] = next(s for s, end in zip(SPLITS, ends) if position < end)
-    lists = {}
+    lists: dict[str, list[Row]] = {}
     for number, chunk in enumerate(_chunks(rows, chunks)):
         prefix = f"_{number}" if chunks > 1 else ""
         if ratios is None:
@@ -610,7 +638,15 @@ def make_listing(
     return Listing(scan.root, identities, lists, skipped, scan.folders, seed if shuffle else None)
 
 
-def _check_listing_options(min_per_id, max_per_id, shuffle, seed, split_by, chunks, ratios):
+def _check_listing_options(
+    min_per_id: int,
+    max_per_id: int | None,
+    shuffle: bool,
+    seed: int | None,
+    split_by: str,
+    chunks: int,
+    ratios: tuple[float, float, float] | None,
+) -> None:
     if min_per_id < 1:
         raise UsageError(f"--min-per-id must be at least 1, got {min_per_id}")
     if max_per_id is not None and max_per_id < min_per_id:
@@ -627,24 +663,29 @@ def _check_listing_options(min_per_id, max_per_id, shuffle, seed, split_by, chun
         raise UsageError(f"--chunks must be at least 1, got {chunks}")
 
 
-def list_paths(out, suffixes):
+def list_paths(out: StrPath, suffixes: Iterable[str]) -> dict[str, str]:
     """Return where each list goes: `out` itself for `""`, else `PREFIX<suffix>.lst`."""
     out = os.fspath(out)
     stem = out[: -len(LIST_SUFFIX)] if out.endswith(LIST_SUFFIX) else out
     return {suffix: out if suffix == "" else f"{stem}{suffix}{LIST_SUFFIX}" for suffix in suffixes}
 
 
-def _row_blocks(rows, block=65536):
+def _row_blocks(rows: Sequence[Row], block: int = 65536) -> Iterator[bytes]:
     for start in range(0, len(rows), block):
         yield format_list_lines(rows[start : start + block]).encode("utf-8")
 
 
-def _journal_of(out):
+def _journal_of(out: StrPath) -> str:
     folder, name = os.path.split(os.fspath(out))
     return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
 
 
-def write_lists(listing, out, labels=None, overwrite=False):
+def write_lists(
+    listing: Listing,
+    out: StrPath | BinaryIO,
+    labels: StrPath | None = None,
+    overwrite: bool = False,
+) -> Listing:
     """Write a listing's lists to `out` (a path or a binary stream) and its label map.
 
     With a path, each list goes where `list_paths` says; the label map goes to `labels`, by
@@ -655,25 +696,25 @@ def write_lists(listing, out, labels=None, overwrite=False):
     single list, and the label map is written only if `labels` is given.
     Updates and returns `listing` (`written`: suffix -> path, `label_map`).
     """
-    is_stream = hasattr(out, "write")
-    if is_stream and set(listing.lists) != {""}:
-        raise UsageError(STDOUT_SINGLE_LIST)
-    if not is_stream and labels is None:
-        labels = label_map_path(out)
-    if is_stream:
+    if hasattr(out, "write"):
+        if set(listing.lists) != {""}:
+            raise UsageError(STDOUT_SINGLE_LIST)
         if labels is not None:
             # The label map first: a `pack -` reading these lines from a pipe may read it as
             # soon as the list ends.
             write_output(labels, label_map_text(listing.identities), overwrite, "label map")
             listing.label_map = os.fspath(labels)
+        stream = cast(BinaryIO, out)
         try:
             for block in _row_blocks(listing.lists[""]):
-                out.write(block)
-            out.flush()
+                stream.write(block)
+            stream.flush()
         except OSError as exc:
             raise ListingError(f"cannot write standard output: {exc.strerror or exc}") from exc
         listing.written = {"": "-"}
         return listing
+    if labels is None:
+        labels = label_map_path(out)
     paths = list_paths(out, listing.lists)
     output = OutputFiles(_journal_of(out), overwrite, "list")
     try:
@@ -693,18 +734,18 @@ def write_lists(listing, out, labels=None, overwrite=False):
 
 
 def list_images(
-    root,
-    out,
+    root: StrPath,
+    out: StrPath | BinaryIO,
     *,
-    labels=None,
-    exts=DEFAULT_EXTENSIONS,
-    recursive=True,
-    threads=None,
-    progress=None,
-    overwrite=False,
-    allow_outside_root=False,
-    **listing_options,
-):
+    labels: StrPath | None = None,
+    exts: Iterable[str] = DEFAULT_EXTENSIONS,
+    recursive: bool = True,
+    threads: int | None = None,
+    progress: Progress | None = None,
+    overwrite: bool = False,
+    allow_outside_root: bool = False,
+    **listing_options: Any,
+) -> Listing:
     """Walk `root`, then write its lists to `out` and its label map; return the `Listing`.
 
     `listing_options` are those of `make_listing`; see `walk_tree` and `write_lists` for the

@@ -11,24 +11,34 @@ real path of the file actually opened, so a link cannot lead out).
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, overload
 
 from ..errors import RectoolError
 from ..reader import open_regular
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
-def _opened_path(fd, path):
+
+def _opened_path(fd: int, path: StrPath) -> str:
     """Return the real path of the file open as `fd` (Linux: where the kernel opened it)."""
     proc = f"/proc/self/fd/{fd}"
     return os.path.realpath(proc if os.path.islink(proc) else path)
 
 
-def is_inside(real, folder):
+def is_inside(real: str, folder: StrPath) -> bool:
     """Return whether the real path `real` is the real path of `folder` or lies below it."""
     folder = os.path.realpath(folder)
     return real == folder or real.startswith(os.path.join(folder, ""))
 
 
-def open_checked(path, what, max_bytes=None, follow=True, within=None):
+def open_checked(
+    path: StrPath,
+    what: str,
+    max_bytes: int | None = None,
+    follow: bool = True,
+    within: StrPath | None = None,
+) -> tuple[int, os.stat_result]:
     """Return (fd, stat) as `open_regular` does; with `within`, a folder, refuse a file whose
     real path is outside it."""
     fd, st = open_regular(os.fspath(path), what, max_bytes, follow)
@@ -43,7 +53,21 @@ def open_checked(path, what, max_bytes=None, follow=True, within=None):
     return fd, st
 
 
-def open_input(path, what, encoding=None, newline=None, **checks):
+@overload
+def open_input(
+    path: StrPath, what: str, encoding: None = None, newline: str | None = None, **checks: Any
+) -> BinaryIO: ...
+
+
+@overload
+def open_input(
+    path: StrPath, what: str, encoding: str, newline: str | None = None, **checks: Any
+) -> TextIO: ...
+
+
+def open_input(
+    path: StrPath, what: str, encoding: str | None = None, newline: str | None = None, **checks: Any
+) -> BinaryIO | TextIO:
     """Return a file object for reading `path`, opened by `open_checked` (`checks`: its
     `max_bytes`, `follow`, `within`): binary, or text in `encoding` (`newline` as `open`'s)."""
     fd, _ = open_checked(path, what, **checks)
@@ -52,7 +76,7 @@ def open_input(path, what, encoding=None, newline=None, **checks):
     return os.fdopen(fd, "r", encoding=encoding, newline=newline)
 
 
-def read_regular(path, what, **checks):
+def read_regular(path: StrPath, what: str, **checks: Any) -> tuple[bytes, os.stat_result]:
     """Return (bytes, stat) of a file opened by `open_checked`: at most the size it had when
     opened, so memory is bounded by `max_bytes`."""
     fd, st = open_checked(path, what, **checks)
@@ -60,7 +84,7 @@ def read_regular(path, what, **checks):
         return f.read(st.st_size), st
 
 
-def dataset_path(folder, name, what):
+def dataset_path(folder: StrPath, name: StrPath, what: str) -> str:
     """Return the path of a file that a dataset names (`name`, from its manifest or a
     failures file), inside `folder`; raise `RectoolError` for a name that is absolute or
     climbs out with `..`. Open it with `within=folder`, which also refuses a link leading out.

@@ -34,9 +34,19 @@ import signal
 import stat
 import tempfile
 from collections.abc import Callable, Iterable
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..errors import RectoolError
 from ..reader import JOURNAL_SUFFIX  # the reader refuses a prefix that has one
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from _typeshed import ReadableBuffer, StrPath
+
+    # What a file is written from: bytes, text (as UTF-8) or an iterable of bytes.
+    Data: TypeAlias = bytes | str | Iterable[bytes]
 
 LOCK_SUFFIX = ".lock"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -87,7 +97,7 @@ def fault_point(step: str, path: str) -> None:
 # -- errors --------------------------------------------------------------------------------
 
 
-def output_error(exc: OSError, path: str, doing: str = "cannot write") -> RectoolError:
+def output_error(exc: OSError, path: StrPath, doing: str = "cannot write") -> RectoolError:
     """Return the error to raise for `exc` met writing `path`: the file and the real cause
     (`out/x.rec.crc: cannot write (No space left on device)`)."""
     return RectoolError(f"{os.fspath(path)}: {doing} ({exc.strerror or exc})")
@@ -123,7 +133,7 @@ def _fsync_folder(folder: str) -> None:
         os.close(fd)
 
 
-def stage_file(path: str, data: bytes | str | Iterable[bytes]) -> str:
+def stage_file(path: StrPath, data: Data) -> str:
     """Write `data` (bytes, text as UTF-8, or an iterable of bytes) to a new temporary file
     beside `path`, fsynced; return the temporary's name (see `commit`)."""
     path = os.fspath(path)
@@ -159,7 +169,7 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
-def write_atomic(path, data) -> str:
+def write_atomic(path: StrPath, data: Data) -> str:
     """Write `data` (bytes, text as UTF-8, or an iterable of bytes) to `path` so that it is
     complete or absent,
     replacing what is there (for the files a command owns; see `write_output`).
@@ -172,7 +182,7 @@ def write_atomic(path, data) -> str:
     return path
 
 
-def write_json_atomic(path, document) -> str:
+def write_json_atomic(path: StrPath, document: Any) -> str:
     """Write `document` as indented UTF-8 JSON to `path`, complete or absent."""
     return write_atomic(path, json.dumps(document, indent=2, ensure_ascii=False) + "\n")
 
@@ -290,7 +300,7 @@ def pack_file_reason(path: str) -> str | None:
     return None
 
 
-def check_target(path, overwrite: bool = False, what: str = "output") -> str:
+def check_target(path: StrPath, overwrite: bool = False, what: str = "output") -> str:
     """Refuse to write the user-named `path` over what is there: a file without `overwrite`,
     a pack's file, a folder or a link (never followed). Return the path."""
     path = os.fspath(path)
@@ -311,7 +321,7 @@ def check_target(path, overwrite: bool = False, what: str = "output") -> str:
     return path
 
 
-def write_output(path, data, overwrite: bool = False, what: str = "output") -> str:
+def write_output(path: StrPath, data: Data, overwrite: bool = False, what: str = "output") -> str:
     """Write a user-named output file whole: refused over an existing one without
     `overwrite` (and over a pack's file, a link or a folder always); its folder is created.
 
@@ -336,7 +346,7 @@ def write_output(path, data, overwrite: bool = False, what: str = "output") -> s
     return path
 
 
-def create_new(path, flags=os.O_WRONLY) -> int:
+def create_new(path: StrPath, flags: int = os.O_WRONLY) -> int:
     """Return a descriptor of a new, empty file at `path`, replacing what is there.
 
     A symlink (or anything else) at the name is removed, not followed: O_EXCL creates the file.
@@ -357,7 +367,7 @@ def create_new(path, flags=os.O_WRONLY) -> int:
         raise output_error(exc, path) from None
 
 
-def open_existing(path, flags=os.O_WRONLY | os.O_APPEND) -> int:
+def open_existing(path: StrPath, flags: int = os.O_WRONLY | os.O_APPEND) -> int:
     """Return a descriptor of the file at `path` (created if absent), never through a symlink."""
     try:
         return os.open(os.fspath(path), flags | os.O_CREAT | _NOFOLLOW | _CLOEXEC, 0o666)
@@ -367,7 +377,7 @@ def open_existing(path, flags=os.O_WRONLY | os.O_APPEND) -> int:
         raise output_error(exc, path) from None
 
 
-def write_fd(fd: int, data, path: str) -> None:
+def write_fd(fd: int, data: ReadableBuffer, path: str) -> None:
     """Write all of `data` to the descriptor `fd` of `path` (a failure names the file)."""
     view = memoryview(data)
     try:
@@ -412,7 +422,7 @@ class OutputLock:
     blocks the next; an exclusive holder removes the file when it lets go.
     """
 
-    def __init__(self, prefix, shared: bool = False, token: str | None = None):
+    def __init__(self, prefix: StrPath, shared: bool = False, token: str | None = None) -> None:
         self.prefix = os.fspath(prefix)
         self.path = self.prefix + LOCK_SUFFIX
         self.shared = shared
@@ -420,7 +430,7 @@ class OutputLock:
         self.token: str | None = None
         self._fd: int | None = None
 
-    def _refuse(self, fd: int):
+    def _refuse(self, fd: int) -> NoReturn:
         holder = os.pread(fd, 64, 0).decode("ascii", "replace").split()
         os.close(fd)
         who = f"pid {holder[0]}" if holder and holder[0].isdigit() else "another process"
@@ -504,14 +514,19 @@ class OutputLock:
     def __enter__(self) -> OutputLock:
         return self.acquire()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.release()
 
 
 # -- multi-file commits --------------------------------------------------------------------
 
 
-def commit(journal: str, moves, removals=(), last=None) -> None:
+def commit(
+    journal: str,
+    moves: Iterable[tuple[StrPath, StrPath]],
+    removals: Iterable[StrPath] = (),
+    last: tuple[StrPath, StrPath] | None = None,
+) -> None:
     """Move staged files into place as one unit; old or new output whole after any crash.
 
     `moves`: (staged, final) pairs; `removals`: old files the new output does not have;
@@ -521,9 +536,9 @@ def commit(journal: str, moves, removals=(), last=None) -> None:
     `verify`, runs when it finds the journal) completes what a crash interrupted.
     """
     doc = {
-        "moves": [list(map(os.fspath, m)) for m in moves],
+        "moves": [[os.fspath(staged), os.fspath(final)] for staged, final in moves],
         "removals": [os.fspath(r) for r in removals],
-        "last": None if last is None else list(map(os.fspath, last)),
+        "last": None if last is None else [os.fspath(last[0]), os.fspath(last[1])],
     }
     tmp = stage_file(journal, json.dumps(doc, indent=1) + "\n")
     rename(tmp, journal, "journal")
@@ -531,13 +546,13 @@ def commit(journal: str, moves, removals=(), last=None) -> None:
     _roll_forward(journal, doc)
 
 
-def _roll_forward(journal: str, doc: dict) -> None:
+def _roll_forward(journal: str, doc: dict[str, Any]) -> None:
     # Every step is idempotent: a move whose source is gone was done, a removal of a missing
     # file too; so a crash at any instant here is finished by running this again.
     last = doc.get("last")
     if last and os.path.exists(last[0]):
         remove(last[1])  # the old "complete" mark goes first: a half swap never looks whole
-    folders = set()
+    folders: set[str] = set()
     for staged, final in doc["moves"]:
         if os.path.lexists(staged):
             rename(staged, final, "swap")
@@ -558,7 +573,7 @@ def _roll_forward(journal: str, doc: dict) -> None:
             pass
 
 
-def read_journal(journal: str) -> dict | None:
+def read_journal(journal: str) -> dict[str, Any] | None:
     """Return the commit journal at `journal`, None when there is none."""
     try:
         fd = os.open(journal, os.O_RDONLY | _NOFOLLOW | _CLOEXEC | getattr(os, "O_NONBLOCK", 0))
@@ -612,7 +627,7 @@ class OutputFiles:
     and leaves the old files as they were.
     """
 
-    def __init__(self, journal: str, overwrite: bool = False, what: str = "output"):
+    def __init__(self, journal: str, overwrite: bool = False, what: str = "output") -> None:
         self.journal, self.overwrite, self.what = os.fspath(journal), overwrite, what
         self.staged: list[tuple[str, str]] = []
 
@@ -620,17 +635,22 @@ class OutputFiles:
         finish_commit(self.journal)
         return self
 
-    def check(self, path) -> str:
+    def check(self, path: StrPath) -> str:
         """Refuse `path` now (before any work) when it may not be written."""
         return check_target(path, self.overwrite, self.what)
 
-    def add(self, path, data) -> str:
+    def add(self, path: StrPath, data: Data) -> str:
         path = self.check(path)
         make_folders(os.path.dirname(path))
         self.staged.append((stage_file(path, data), path))
         return path
 
-    def __exit__(self, kind, exc, tb) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if kind is None:
             try:
                 if not self.overwrite:
@@ -661,11 +681,11 @@ class OutputFolder:
     file's name) is refused, never followed, and an existing file is never replaced.
     """
 
-    def __init__(self, root):
+    def __init__(self, root: StrPath) -> None:
         self.root = os.fspath(root)
         make_folders(self.root)
         try:
-            self._fd = os.open(self.root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
+            self._fd: int | None = os.open(self.root, os.O_RDONLY | _DIRECTORY | _CLOEXEC)
         except OSError as exc:
             raise output_error(exc, self.root) from None
         self._folders: dict[str, int] = {}
@@ -694,7 +714,7 @@ class OutputFolder:
         self._folders[name] = fd
         return fd
 
-    def write_new(self, folder: str, name: str, data, resume: bool = False) -> bool:
+    def write_new(self, folder: str, name: str, data: bytes, resume: bool = False) -> bool:
         """Write `data` to the new file FOLDER/NAME under the root, whole or not at all;
         return False when `resume` found it there already with these bytes (kept as it is).
 
@@ -716,9 +736,11 @@ class OutputFolder:
             except FileNotFoundError:
                 pass
             fd = os.open(
-                partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC, 0o666,
+                partial,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC,
+                0o666,
                 dir_fd=dir_fd,
-            )  # fmt: skip
+            )
         except OSError as exc:
             raise output_error(exc, where) from None
         try:
@@ -741,7 +763,7 @@ class OutputFolder:
                 pass
         return True
 
-    def _same_file(self, dir_fd: int, name: str, where: str, data) -> bool:
+    def _same_file(self, dir_fd: int, name: str, where: str, data: bytes) -> bool:
         """Return True when NAME holds exactly `data`; False when there is no NAME; raise
         when it holds anything else (never replaced)."""
         try:
@@ -774,5 +796,5 @@ class OutputFolder:
     def __enter__(self) -> OutputFolder:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -22,6 +22,8 @@ import errno
 import os
 import struct
 import zlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
@@ -30,6 +32,9 @@ from ..doors.inputs import open_input
 from ..doors.output import write_atomic
 from ..errors import RectoolError
 from .digest import digests_of
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, StrPath
 
 SUFFIX = ".crc"
 # magic, version, reserved (0), record count.
@@ -47,23 +52,25 @@ _CHECKSUM = {1: zlib.crc32, 2: xxhash.xxh3_64_intdigest}
 _TYPECODE = {1: "I", 2: "Q"}
 
 
-def version_of(entries):
+def version_of(entries: np.ndarray) -> int:
     """Return the file version whose entries `entries` (an ENTRY array) are."""
     return 1 if entries.dtype["checksum"].itemsize == 4 else 2
 
 
-def algorithm_of(entries):
+def algorithm_of(entries: np.ndarray) -> str:
     """Return the name of the per-record checksum of `entries` ("crc32", "xxh3-64")."""
     return ALGORITHM[version_of(entries)]
 
 
-def show_checksum(entries, i):
+def show_checksum(entries: np.ndarray, i: int) -> str:
     """Return record `i`'s checksum in `entries` as hex digits (8 for CRC-32, 16 for xxh3-64)."""
     width = 2 * entries.dtype["checksum"].itemsize
     return f"{int(entries['checksum'][i]):0{width}x}"
 
 
-def _checksums(view, starts, ends, version):
+def _checksums(
+    view: memoryview, starts: Sequence[int], ends: Sequence[int], version: int
+) -> Iterator[int]:
     """Return an iterator of the checksums of `view[starts[i]:ends[i]]`.
 
     map() over C callables: no Python bytecode per record (100k records of 6 KB: the
@@ -76,7 +83,7 @@ class ChecksumFileError(RectoolError):
     """A `.rec.crc` file that cannot be read as one."""
 
 
-def checksum_path(rec_path):
+def checksum_path(rec_path: StrPath) -> str:
     """Return the path of the per-record checksum file of `rec_path`."""
     return os.fspath(rec_path) + SUFFIX
 
@@ -89,13 +96,21 @@ class RecordChecksums:
     xxh3-64; 1: zlib CRC-32, as packs made before manifest version 2).
     """
 
-    def __init__(self, offsets, sums=None, position=0, version=FILE_VERSION):
+    def __init__(
+        self,
+        offsets: array.array[int],
+        sums: array.array[int] | None = None,
+        position: int = 0,
+        version: int = FILE_VERSION,
+    ) -> None:
         self.offsets, self.version = offsets, version
         self.sums = sums if sums is not None else array.array(_TYPECODE[version])
         self.position = position
 
     @classmethod
-    def of_file(cls, path, offsets, end, version=FILE_VERSION):
+    def of_file(
+        cls, path: StrPath, offsets: array.array[int], end: int, version: int = FILE_VERSION
+    ) -> RecordChecksums:
         """Return the checksums of the records at `offsets` in the first `end` bytes of `path`
         (a resumed shard, cut back to `end`)."""
         sums = array.array(_TYPECODE[version])
@@ -109,7 +124,7 @@ class RecordChecksums:
                 sums.append(_CHECKSUM[version](data))
         return cls(offsets, sums, end, version)
 
-    def add(self, data, starts):
+    def add(self, data: ReadableBuffer, starts: Sequence[int]) -> None:
         """Take records framed back to back in `data` (record i from `starts[i]`), the next
         bytes of the shard.
 
@@ -121,7 +136,7 @@ class RecordChecksums:
             self.sums.extend(_checksums(view, starts, ends, self.version))
             self.position += len(view)
 
-    def table(self, size):
+    def table(self, size: int) -> np.ndarray:
         """Return the entries (offset, length, checksum) of a shard of `size` bytes."""
         offsets = np.frombuffer(self.offsets, np.int64) if len(self.offsets) else np.zeros(0)
         entries = np.zeros(len(self.sums), ENTRY[self.version])
@@ -131,7 +146,7 @@ class RecordChecksums:
             entries["checksum"] = np.frombuffer(self.sums, entries.dtype["checksum"])
         return entries
 
-    def write(self, path, size, algorithms):
+    def write(self, path: StrPath, size: int, algorithms: Iterable[str]) -> dict[str, str]:
         """Write the file for a shard of `size` bytes, whole or absent; return its digests
         ({algorithm: hex}, of `algorithms`: see `digest.Digests`)."""
         if len(self.sums) != len(self.offsets) or self.position != size:
@@ -144,14 +159,14 @@ class RecordChecksums:
         return digests_of(data, algorithms)
 
 
-def encode_checksums(entries):
+def encode_checksums(entries: np.ndarray) -> bytes:
     """Return the bytes of a checksum file holding `entries` (an ENTRY array of a version)."""
     version = version_of(entries)
     head = HEADER.pack(FILE_MAGIC[version], version, 0, len(entries))
     return head + entries.astype(ENTRY[version]).tobytes()
 
 
-def decode_checksums(data, path):
+def decode_checksums(data: bytes, path: StrPath) -> np.ndarray:
     """Parse checksum file bytes (either version); return the ENTRY array. Raises
     `ChecksumFileError`."""
     if len(data) < HEADER.size:
@@ -178,7 +193,9 @@ def decode_checksums(data, path):
     return entries
 
 
-def load_checksums(path, algorithms=()):
+def load_checksums(
+    path: StrPath, algorithms: Iterable[str] = ()
+) -> tuple[np.ndarray, dict[str, str]]:
     """Read a checksum file; return (entries, {algorithm: hex digest of its bytes}) for the
     whole-file digests `algorithms` ("xxh3-128", "sha256").
 
@@ -200,7 +217,7 @@ def load_checksums(path, algorithms=()):
     return decode_checksums(data, path), digests_of(data, algorithms)
 
 
-def damaged_records(buf, size, entries):
+def damaged_records(buf: ReadableBuffer, size: int, entries: np.ndarray) -> list[int]:
     """Return the positions in `entries` whose bytes in `buf` (`size` bytes) differ from their
     checksum (CRC-32 or xxh3-64, as the file's version says), or that run past its end."""
     offsets = entries["offset"].astype(np.int64)
@@ -216,7 +233,7 @@ def damaged_records(buf, size, entries):
     return np.flatnonzero(bad).tolist()
 
 
-def stale_reason(entries, size):
+def stale_reason(entries: np.ndarray, size: int) -> str | None:
     """Return why `entries` cannot describe a .rec of `size` bytes (their records end
     elsewhere), or None."""
     end = int(entries["offset"][-1]) + int(entries["length"][-1]) if len(entries) else 0

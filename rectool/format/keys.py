@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 # float32 holds every integer up to 2**24 exactly, and no further: insightface labels (record
 # 0's key range, each identity's [start, end)) are float32.
 FLOAT32_EXACT = 2**24
 
 
-def last_line_wins(keys, offsets):
+def last_line_wins(keys: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Keep one .idx entry per key, its last line, as MXNet's reader does; keep file order."""
     _, last = np.unique(keys[::-1], return_index=True)
     keep = np.sort(len(keys) - 1 - last)
     return keys[keep], offsets[keep]
 
 
-def shared_offsets(keys, offsets, groups=None):
+def shared_offsets(
+    keys: ArrayLike, offsets: ArrayLike, groups: ArrayLike | None = None
+) -> tuple[int, int | None, int | None]:
     """Return (count, group, offset): how many record offsets more than one distinct key
     names, and the first of them (by group, then offset); (0, None, None) when none is.
 
@@ -40,7 +43,9 @@ def shared_offsets(keys, offsets, groups=None):
     return len(np.unique(record[shared])), sg[first].item(), so[first].item()
 
 
-def refuse_shared_offsets(idx_path, keys, offsets, command, shown=5):
+def refuse_shared_offsets(
+    idx_path: str, keys: ArrayLike, offsets: ArrayLike, command: str, shown: int = 5
+) -> None:
     """Raise `RectoolError` when keys of `idx_path` share a record offset, naming keys and
     offset: `command` would otherwise handle that one record once per key."""
     from ..errors import RectoolError

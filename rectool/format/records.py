@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from .. import reader
 from ..reader import RectoolError, load_index
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 
 class RecordFile(reader.RecordFile):
     """The reader's `RecordFile`, plus its size and walking its records."""
 
     @property
-    def size(self):
+    def size(self) -> int:
         """Return the file size in bytes."""
         return len(self.open())
 
-    def next_offset(self, offset, key=None):
+    def next_offset(self, offset: int, key: int | None = None) -> int:
         """Return the byte offset just past the record starting at `offset` (padding included)."""
         return self.read_parts(offset, key)[1]
 
-    def scan(self, start=0):
+    def scan(self, start: int = 0) -> Iterator[tuple[int, bytes]]:
         """Yield (offset, record) for every record from byte `start` to the end, in file order."""
         while start < self.size:
             record, after = self.read_parts(start)
@@ -31,26 +36,28 @@ class RecordFile(reader.RecordFile):
 class IndexedRecordFile:
     """A .rec with its .idx: records by key (a repeated key's last line wins, as in MXNet)."""
 
-    def __init__(self, rec_path, idx_path=None, cache=True):
+    def __init__(
+        self, rec_path: StrPath, idx_path: StrPath | None = None, cache: bool = True
+    ) -> None:
         self.rec = RecordFile(rec_path)
         self.idx_path = os.fspath(idx_path or os.path.splitext(self.rec.path)[0] + ".idx")
         self.keys, self.offsets = load_index(self.idx_path, cache=cache)
-        self._lookup = None
+        self._lookup: dict[int, int] | None = None
 
-    def __enter__(self):
+    def __enter__(self) -> IndexedRecordFile:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.keys)
 
-    def close(self):
+    def close(self) -> None:
         """Release the mapping of the .rec."""
         self.rec.close()
 
-    def read(self, key):
+    def read(self, key: int) -> bytes:
         """Return the record stored under `key` (bytes)."""
         if self._lookup is None:
             self._lookup = dict(zip(self.keys.tolist(), self.offsets.tolist()))
@@ -58,6 +65,6 @@ class IndexedRecordFile:
             raise RectoolError(f"{self.idx_path}: key {key} is not in the index")
         return self.rec.read_at(self._lookup[key], key)
 
-    def read_at_position(self, i):
+    def read_at_position(self, i: int) -> bytes:
         """Return the record of the i-th line of the index (bytes)."""
         return self.rec.read_at(int(self.offsets[i]), int(self.keys[i]))

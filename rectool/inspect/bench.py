@@ -11,11 +11,21 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..reader import DEFAULT_MAX_PIXELS, open_dataset
+from ..reader import DEFAULT_MAX_PIXELS, RecordDataset, open_dataset
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from _typeshed import StrPath
+
+    # What `open_dataset` opens: a manifest, prefix, .rec or folder, or several.
+    Source: TypeAlias = StrPath | list[StrPath] | tuple[StrPath, ...]
 
 
 @dataclass
@@ -29,14 +39,14 @@ class Phase:
     workers: int = 1
 
     @property
-    def per_second(self):
+    def per_second(self) -> float:
         return self.samples / self.seconds if self.seconds else float("inf")
 
     @property
-    def mb_per_second(self):
+    def mb_per_second(self) -> float:
         return self.bytes / 1e6 / self.seconds if self.seconds else float("inf")
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
         doc["samples_per_second"] = round(self.per_second, 1)
         doc["mb_per_second"] = round(self.mb_per_second, 1)
@@ -51,9 +61,9 @@ class BenchReport:
     samples: int
     layout: str
     open_seconds: float
-    phases: list = field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return {
             "source": self.source,
             "samples": self.samples,
@@ -63,7 +73,9 @@ class BenchReport:
         }
 
 
-def _timed_reads(ds, order, deadline):
+def _timed_reads(
+    ds: RecordDataset, order: Iterable[int], deadline: float | None
+) -> tuple[int, int, float]:
     """Read `ds[i]` for i in `order` until done or `deadline`; return (samples, bytes, seconds)."""
     total = count = 0
     start = time.perf_counter()
@@ -76,23 +88,30 @@ def _timed_reads(ds, order, deadline):
     return count, total, time.perf_counter() - start
 
 
-_DATASET = None
+_DATASET: RecordDataset | None = None
 
 
-def _init_worker(source, decode, max_pixels):
+def _init_worker(source: Source, decode: str, max_pixels: float) -> None:
     global _DATASET
     _DATASET = open_dataset(source, decode=decode, max_pixels=max_pixels)
 
 
-def _decode_slice(args):
+def _decode_slice(args: tuple[Iterable[int], float | None]) -> tuple[int, int, float]:
     order, deadline = args
+    assert _DATASET is not None  # set by _init_worker in this worker process
     return _timed_reads(_DATASET, order, deadline)
 
 
 def bench_dataset(
-    source, samples=5000, seconds=10.0, workers=None, decode="rgb", seed=0, progress=None,
-    max_pixels=DEFAULT_MAX_PIXELS,
-):  # fmt: skip
+    source: Source,
+    samples: int = 5000,
+    seconds: float = 10.0,
+    workers: int | None = None,
+    decode: str = "rgb",
+    seed: int = 0,
+    progress: Callable[[str], object] | None = None,
+    max_pixels: float = DEFAULT_MAX_PIXELS,
+) -> BenchReport:
     """Measure the read speed of a dataset; return a `BenchReport`.
 
     Each phase reads at most `samples` samples and stops after about `seconds`. `workers`
@@ -111,7 +130,9 @@ def bench_dataset(
     n = min(samples, len(ds))
     rng = np.random.default_rng(seed)
 
-    def phase(name, order, dataset, count_workers=1):
+    def phase(
+        name: str, order: Iterable[int], dataset: RecordDataset, count_workers: int = 1
+    ) -> None:
         if progress is not None:
             progress(name)
         count, total, spent = _timed_reads(dataset, order, time.perf_counter() + seconds)
@@ -138,8 +159,7 @@ def bench_dataset(
             deadline = began + seconds
             results = pool.map(_decode_slice, [(part, deadline) for part, _ in slices])
             spent = time.perf_counter() - began
-        report.phases.append(
-            Phase(f"decoded {decode}, {workers} processes", sum(r[0] for r in results),
-                  sum(r[1] for r in results), spent, workers)
-        )  # fmt: skip
+        name = f"decoded {decode}, {workers} processes"
+        count, total = sum(r[0] for r in results), sum(r[1] for r in results)
+        report.phases.append(Phase(name, count, total, spent, workers))
     return report

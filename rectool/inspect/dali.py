@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -10,8 +11,11 @@ from ..doors.output import check_target, write_output
 from ..errors import RectoolError
 from ..reader import RecordDataset
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
-def write_dali_index(source, path, overwrite=False):
+
+def write_dali_index(source: StrPath, path: StrPath, overwrite: bool = False) -> list[str]:
     """Write DALI's index for the dataset at `source` to `path`; return the .rec paths.
 
     DALI reads its list of .rec files as one stream, so its index holds offsets counted from
@@ -27,6 +31,7 @@ def write_dali_index(source, path, overwrite=False):
             f"{ds.shards[0][0]}: DALI reads every record as a sample, including the header and "
             "identity records of the insightface layout; pack with --layout images for DALI"
         )
+    assert ds._bounds is not None  # the images layout reads samples shard by shard
     counts = np.diff(ds._bounds)
     sizes = [os.path.getsize(rec) for rec, _ in ds.shards]
     base = np.repeat(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64), counts)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -38,11 +40,26 @@ from .scan import (
     scan_framing,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+# A record that cannot be read: (key or None, byte offset, reason).
+Damaged = tuple[int | None, int, str]
+
 # Histogram of images per identity: (lowest, highest) count of each bin; None is unbounded.
-HISTOGRAM_BINS = (
-    (1, 1), (2, 2), (3, 5), (6, 10), (11, 20), (21, 50), (51, 100), (101, 200), (201, 500),
-    (501, 1000), (1001, None),
-)  # fmt: skip
+HISTOGRAM_BINS: tuple[tuple[int, int | None], ...] = (
+    (1, 1),
+    (2, 2),
+    (3, 5),
+    (6, 10),
+    (11, 20),
+    (21, 50),
+    (51, 100),
+    (101, 200),
+    (201, 500),
+    (501, 1000),
+    (1001, None),
+)
 DEFAULT_SAMPLE = 200
 # Image sizes named one by one in a description; the rest are summarised per side.
 COMMON_SIZES = 5
@@ -52,12 +69,17 @@ DAMAGE_LISTED = 10  # damaged records named one by one in a description
 class DatasetInfo(dict):
     """A dataset's description: a dict of plain data (as `report` reads it)."""
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         """Return the description as plain data (what `rectool info --json` prints)."""
         return dict(self)
 
 
-def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAULT_MAX_PIXELS):
+def dataset_info(
+    target: StrPath,
+    sample: int = DEFAULT_SAMPLE,
+    on_shard: Callable[[str, dict[str, Any]], object] | None = None,
+    max_pixels: float = DEFAULT_MAX_PIXELS,
+) -> DatasetInfo:
     """Return a `DatasetInfo` describing the dataset at `target` (manifest, prefix, .rec or
     folder).
 
@@ -74,11 +96,16 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAUL
     """
     manifest, manifest_path, shards = resolve_source(target)
     identities_map = (manifest or {}).get("identities")
-    images_by_shard, layouts, label_vectors = [], Counter(), False
-    labels, sizes, formats, flags = [], [], Counter(), Counter()
+    images_by_shard: list[tuple[str, np.ndarray]] = []
+    layouts: Counter[str] = Counter()
+    label_vectors = False
+    labels: list[np.ndarray] = []
+    sizes: list[np.ndarray] = []
+    formats: Counter[str] = Counter()
+    flags: Counter[int] = Counter()
     records = readable = rec_bytes = 0
     insightface_classes = None
-    damage = []  # (rec, key or None, offset, reason)
+    damage: list[tuple[str, int | None, int, str]] = []  # (rec, key or None, offset, reason)
     for rec, idx in shards:
         shard = _read_shard(rec, idx)
         if on_shard is not None:
@@ -103,29 +130,29 @@ def dataset_info(target, sample=DEFAULT_SAMPLE, on_shard=None, max_pixels=DEFAUL
             f"{rec}, {where}byte offset {offset}: {reason}; no record of {os.fspath(target)} "
             "can be read (run `rectool verify` to list every problem)"
         )
-    labels = np.concatenate(labels) if labels else np.zeros(0, np.float32)
-    sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
-    info = {
+    all_labels = np.concatenate(labels) if labels else np.zeros(0, np.float32)
+    all_sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+    info: dict[str, Any] = {
         "target": os.fspath(target),
         "manifest": manifest_path,
         "layout": "/".join(sorted(layouts)) or "empty",
         "label_vectors": label_vectors,
         "shards": len(shards),
         "records": records,
-        "images": int(len(labels)),
+        "images": int(len(all_labels)),
         "rec_bytes": rec_bytes,
         "label_flags": {str(k): v for k, v in sorted(flags.items())},
     }
-    info.update(_identity_stats(labels, identities_map, insightface_classes, manifest))
-    info["image_bytes"] = _summary(sizes)
+    info.update(_identity_stats(all_labels, identities_map, insightface_classes, manifest))
+    info["image_bytes"] = _summary(all_sizes)
     info["encodings"] = dict(formats.most_common())
     info["dimensions"] = _sample_dimensions(images_by_shard, sample, max_pixels)
     info["damage"] = _damage_summary(os.fspath(target), damage)
     return DatasetInfo(info)
 
 
-def _read_shard(rec, idx):
-    damage = []  # (key or None, byte offset, reason) of each record that cannot be read
+def _read_shard(rec: str, idx: str) -> dict[str, Any]:
+    damage: list[Damaged] = []  # each record that cannot be read
     with mapped(rec) as (buf, size), RecordFile(rec) as records:
         if os.path.exists(idx):
             keys, offsets = load_index(idx)
@@ -136,7 +163,7 @@ def _read_shard(rec, idx):
                     f"rebuild it with `rectool reindex {rec} --overwrite`"
                 )
             keys, offsets = last_line_wins(keys, offsets)
-            bad = []
+            bad: list[tuple[int, int, str]] = []
             lengths, split = locate_records(buf, size, offsets, rec, keys, bad=bad)
             if bad:
                 damage += [(int(keys[i]), offset, reason) for i, offset, reason in bad]
@@ -181,7 +208,9 @@ def _read_shard(rec, idx):
         }
 
 
-def _damage_summary(target, damage):
+def _damage_summary(
+    target: str, damage: list[tuple[str, int | None, int, str]]
+) -> dict[str, Any] | None:
     """Describe the records that could not be read: how many, the first few, what to run."""
     if not damage:
         return None
@@ -195,10 +224,15 @@ def _damage_summary(target, damage):
     }
 
 
-def _identity_stats(labels, identities_map, insightface_classes, manifest):
+def _identity_stats(
+    labels: np.ndarray,
+    identities_map: dict[str, str] | None,
+    insightface_classes: int | None,
+    manifest: dict[str, Any] | None,
+) -> dict[str, Any]:
     finite = labels[np.isfinite(labels)]
     integral = bool(len(finite) == len(labels) and (finite == np.round(finite)).all())
-    out = {"labels_integral": integral}
+    out: dict[str, Any] = {"labels_integral": integral}
     if not integral or not len(labels):
         out["identities"] = None if not integral else 0
         out["images_per_identity"] = None
@@ -211,14 +245,16 @@ def _identity_stats(labels, identities_map, insightface_classes, manifest):
         # Identities with no image at all count as 0 in the statistics.
         out["identities_without_images"] = int(classes - len(values[values < classes]))
     out["named_identities"] = len(identities_map) if identities_map else None
+    summary = _summary(counts)
+    assert summary is not None  # labels is not empty here
     out["images_per_identity"] = {
-        **_summary(counts),
+        **summary,
         "histogram": _histogram(counts),
     }
     return out
 
 
-def _summary(values):
+def _summary(values: np.ndarray) -> dict[str, Any] | None:
     if not len(values):
         return None
     return {
@@ -230,7 +266,7 @@ def _summary(values):
     }
 
 
-def _histogram(counts):
+def _histogram(counts: np.ndarray) -> list[dict[str, Any]]:
     rows = []
     for low, high in HISTOGRAM_BINS:
         hit = (counts >= low) & (counts <= high) if high is not None else counts >= low
@@ -241,16 +277,18 @@ def _histogram(counts):
     return rows
 
 
-def _sample_dimensions(images_by_shard, sample, max_pixels):
+def _sample_dimensions(
+    images_by_shard: list[tuple[str, np.ndarray]], sample: int, max_pixels: float
+) -> dict[str, Any]:
     """Decode up to `sample` images spread evenly; count their height x width x channels."""
     total = sum(len(offsets) for _, offsets in images_by_shard)
     if not total or sample <= 0:
         return _dimension_summary(0, Counter(), [])
     picks = np.unique(np.linspace(0, total - 1, min(sample, total)).astype(np.int64))
     bounds = np.cumsum([len(offsets) for _, offsets in images_by_shard])
-    dims = Counter()
-    shapes = []
-    handles = {}
+    dims: Counter[str] = Counter()
+    shapes: list[tuple[int, int]] = []
+    handles: dict[str, RecordFile] = {}
     try:
         for i in picks.tolist():
             shard = int(np.searchsorted(bounds, i, side="right"))
@@ -279,7 +317,9 @@ def _sample_dimensions(images_by_shard, sample, max_pixels):
     return _dimension_summary(len(picks), dims, shapes)
 
 
-def _dimension_summary(sampled, dims, shapes):
+def _dimension_summary(
+    sampled: int, dims: Counter[str], shapes: list[tuple[int, int]]
+) -> dict[str, Any]:
     """Describe the sampled sizes: every HxWxC with its count (`counts`, most common first),
     how many differ, the most common few, and min / median / max of each side."""
     counts = dict(dims.most_common())
@@ -287,7 +327,7 @@ def _dimension_summary(sampled, dims, shapes):
     heights = np.array([h for h, _ in shapes], np.int64)
     widths = np.array([w for _, w in shapes], np.int64)
 
-    def side(values):
+    def side(values: np.ndarray) -> dict[str, Any] | None:
         if not len(values):
             return None
         return {

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -30,7 +31,10 @@ from ..format.checksums import (
 from ..format.digest import DIGEST_NAMES
 from ..format.writer import format_index_line
 from ..reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
-from .scan import mapped, read_headers, scan_framing
+from .scan import Buffer, Damage, mapped, read_headers, scan_framing
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 KEY_SOURCES = ("header", "position")
 _INT64_MAX = 2**63 - 1
@@ -52,22 +56,23 @@ class ReindexResult:
     keys_from: str
     records: int = 0
     rec_bytes: int = 0
-    skipped: list = field(default_factory=list)
-    unkeyed: list = field(default_factory=list)
-    duplicates: dict = field(default_factory=dict)
+    skipped: list[Damage] = field(default_factory=list)
+    unkeyed: list[tuple[int, str]] = field(default_factory=list)  # (offset, reason)
+    duplicates: dict[int, int] = field(default_factory=dict)
     checksums: str | None = None
-    damaged: list = field(default_factory=list)
+    # (offset, key or None, reason)
+    damaged: list[tuple[int, int | None, str]] = field(default_factory=list)
     checksum_problem: str | None = None
 
     @property
-    def sound(self):
+    def sound(self) -> bool:
         """Return True when every byte of the .rec was a record, every key is unique and every
         record matches its checksum (when there is a .rec.crc)."""
         return not (
             self.skipped or self.unkeyed or self.duplicates or self.damaged or self.checksum_problem
         )
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return {
             "rec": self.rec_path,
             "idx": self.idx_path,
@@ -94,7 +99,14 @@ class ReindexResult:
         }
 
 
-def _check_records(result, buf, size, starts, keys, keyed):
+def _check_records(
+    result: ReindexResult,
+    buf: Buffer,
+    size: int,
+    starts: np.ndarray,
+    keys: np.ndarray,
+    keyed: np.ndarray,
+) -> None:
     """Fill `result.damaged` from the .rec.crc beside the .rec, when there is one."""
     path = checksum_path(result.rec_path)
     try:
@@ -124,7 +136,12 @@ def _check_records(result, buf, size, starts, keys, keyed):
         result.damaged.append((offset, key, f"{why} (record {i} of {os.path.basename(path)})"))
 
 
-def reindex(rec_path, idx_path=None, keys="header", overwrite=False):
+def reindex(
+    rec_path: StrPath,
+    idx_path: StrPath | None = None,
+    keys: str = "header",
+    overwrite: bool = False,
+) -> ReindexResult:
     """Write an .idx for `rec_path` (default: beside it) from a walk over the .rec.
 
     Returns a `ReindexResult`. Refuses to replace an existing .idx unless `overwrite`; a

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import mmap
 import os
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -36,6 +38,14 @@ from ..reader import (
     open_regular,
     unpack_header,
 )
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+# `read_record(offset)`: the bytes of the record starting at a byte offset.
+ReadRecord = Callable[[int], bytes]
+# What a .rec is read from: its mapping (`mapped`), or bytes.
+Buffer = mmap.mmap | bytes
 
 _ZEROS = (b"", b"\0", b"\0\0", b"\0\0\0")
 _WORD = np.dtype("<u4")
@@ -65,12 +75,13 @@ class Framing:
     ends: np.ndarray  # int64: byte offset just past each record (padding included)
     lengths: np.ndarray  # int64: payload bytes (a split record's parts rejoined)
     split: np.ndarray  # bool: the record has more than one part
-    damage: list  # of Damage, in file order
-    bad_padding: list  # of (record start, part offset): padding bytes that are not zero
+    damage: list[Damage]  # in file order
+    # (record start, part offset): padding bytes that are not zero
+    bad_padding: list[tuple[int, int]]
 
 
 @contextmanager
-def mapped(path):
+def mapped(path: StrPath) -> Iterator[tuple[Buffer, int]]:
     """Map a file read-only; yield (buffer, size). An empty file yields (b"", 0)."""
     fd, st = open_regular(os.fspath(path), "record file")  # a FIFO or device is refused
     with os.fdopen(fd, "rb") as f:
@@ -92,7 +103,7 @@ def mapped(path):
                 pass
 
 
-def find_record_start(buf, start, size):
+def find_record_start(buf: Buffer, start: int, size: int) -> int:
     """Return the first offset >= `start` where a record can begin, or `size` if there is none.
 
     A record begins at a 4-byte-aligned magic followed by a length word whose continuation flag
@@ -112,14 +123,17 @@ def find_record_start(buf, start, size):
         pos = i + 4
 
 
-def _follow_parts(buf, size, offset):
+def _follow_parts(
+    buf: Buffer, size: int, offset: int
+) -> tuple[Literal[True], int, int, list[int]] | tuple[Literal[False], str, int, str]:
     """Read the record at `offset` part by part.
 
     Return (True, end, payload length, [part offsets with non-zero padding]) or
     (False, kind, part offset, reason).
     """
     unpack = PART_HEADER.unpack_from
-    pos, total, first, bad_padding = offset, 0, True, []
+    pos, total, first = offset, 0, True
+    bad_padding: list[int] = []
     while True:
         if pos + 8 > size:
             if pos == size:
@@ -166,7 +180,7 @@ def _follow_parts(buf, size, offset):
         first = False
 
 
-def scan_framing(buf, size, hint=None):
+def scan_framing(buf: Buffer, size: int, hint: Sequence[int] | np.ndarray | None = None) -> Framing:
     """Walk every part of a mapped .rec from byte 0 to `size`; return a `Framing`.
 
     Never raises on bad bytes: damage is skipped up to the next record start and recorded.
@@ -178,8 +192,12 @@ def scan_framing(buf, size, hint=None):
         if framing is not None:
             return framing
     unpack = PART_HEADER.unpack_from
-    starts, ends, lengths, split_at = [], [], [], []
-    damage, bad_padding = [], []
+    starts: list[int] = []
+    ends: list[int] = []
+    lengths: list[int] = []
+    split_at: list[int] = []
+    damage: list[Damage] = []
+    bad_padding: list[tuple[int, int]] = []
     offset = 0
     whole_limit = 1 << LENGTH_BITS  # lrec below this: continuation flag 0, a whole record
     while offset < size:
@@ -226,7 +244,7 @@ def scan_framing(buf, size, hint=None):
     )
 
 
-def _confirm_chain(buf, size, hint):
+def _confirm_chain(buf: Buffer, size: int, hint: Sequence[int] | np.ndarray) -> Framing | None:
     """Return the `Framing` of a file whose records are exactly `hint`, back to back, or None.
 
     Checks at once what the walk checks one record at a time: the first record at byte 0,
@@ -289,11 +307,18 @@ class Headers:
     id2: np.ndarray
     image: np.ndarray
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.flag)
 
 
-def read_headers(buf, size, starts, lengths, split, read_record):
+def read_headers(
+    buf: Buffer,
+    size: int,
+    starts: np.ndarray,
+    lengths: np.ndarray,
+    split: np.ndarray,
+    read_record: ReadRecord,
+) -> Headers:
     """Read the header of each record at `starts` (whole records: vectorised; split: one by one).
 
     `lengths` are payload lengths and `split` marks records with several parts, which are read
@@ -344,7 +369,7 @@ def read_headers(buf, size, starts, lengths, split, read_record):
     return out
 
 
-def _read_one_header(out, i, record):
+def _read_one_header(out: Headers, i: int, record: bytes) -> None:
     if len(record) < IMAGE_HEADER_SIZE:
         return
     flag, label, id1, id2 = IMAGE_HEADER.unpack_from(record, 0)
@@ -363,7 +388,14 @@ def _read_one_header(out, i, record):
             out.label1[i] = labels[1]
 
 
-def locate_records(buf, size, offsets, path=None, keys=None, bad=None):
+def locate_records(
+    buf: Buffer,
+    size: int,
+    offsets: Sequence[int] | np.ndarray,
+    path: StrPath | None = None,
+    keys: np.ndarray | None = None,
+    bad: list[tuple[int, int, str]] | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Check that each offset starts a readable record; return (lengths, split) arrays.
 
     Whole records are checked at once with numpy; split records are followed part by part.
@@ -412,12 +444,20 @@ def locate_records(buf, size, offsets, path=None, keys=None, bad=None):
     return lengths, split
 
 
-def image_formats(buf, size, starts, headers, split, rows, read_record):
+def image_formats(
+    buf: Buffer,
+    size: int,
+    starts: np.ndarray,
+    headers: Headers,
+    split: np.ndarray,
+    rows: Sequence[int] | np.ndarray,
+    read_record: ReadRecord,
+) -> list[str | None]:
     """Return the image format (see `images.sniff_format`, None if unknown) of each record in
     `rows`, as a list. JPEG and PNG signatures are recognised with numpy, the rest one by one.
     """
     rows = np.asarray(rows, np.int64)
-    out = [None] * len(rows)
+    out: list[str | None] = [None] * len(rows)
     if not len(rows):
         return out
     whole = ~split[rows] & (headers.image[rows] > 0)
@@ -448,7 +488,9 @@ def image_formats(buf, size, starts, headers, split, rows, read_record):
     return out
 
 
-def insightface_ranges(keys, starts, headers, read_record):
+def insightface_ranges(
+    keys: np.ndarray, starts: np.ndarray, headers: Headers, read_record: ReadRecord
+) -> tuple[range, range] | None:
     """Return the key ranges (images, identities) of an insightface .rec read in bulk, or None.
 
     The rule is `reader.insightface_header`'s, the one definition of the layout; this only feeds
@@ -458,7 +500,7 @@ def insightface_ranges(keys, starts, headers, read_record):
     a cut record 0 is no header; `rectool verify` names the record.
     """
 
-    def read(row):
+    def read(row: int) -> tuple[Header, bytes]:
         if not headers.complete[row]:
             return Header(int(headers.flag[row]), np.full(2, np.nan, np.float32), 0, 0), b""
         return unpack_header(read_record(int(starts[row])))

@@ -15,7 +15,9 @@ written as if it were sound.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -34,7 +36,12 @@ from ..format.records import IndexedRecordFile
 from ..reader import insightface_header, resolve_source, unpack_header
 from .scan import mapped
 
-EXTENSIONS = {
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    from ..reader import Header
+
+EXTENSIONS: dict[str | None, str] = {
     "jpeg": ".jpg",
     "png": ".png",
     "bmp": ".bmp",
@@ -51,7 +58,7 @@ class DamagedRecordsError(RectoolError):
     `damaged` lists (rec path, key or None, byte offset) of every one found.
     """
 
-    def __init__(self, message, damaged):
+    def __init__(self, message: str, damaged: list[tuple[str, int | None, int]]) -> None:
         super().__init__(message)
         self.damaged = damaged
 
@@ -68,11 +75,16 @@ class UnpackResult:
     unknown_format: int = 0  # images written as .bin: no known image signature
     kept: int = 0  # with resume: images an earlier run had written, found whole
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 
-def unpack_dataset(target, out_dir, progress=None, resume=False):
+def unpack_dataset(
+    target: StrPath,
+    out_dir: StrPath,
+    progress: Callable[[int, int], object] | None = None,
+    resume: bool = False,
+) -> UnpackResult:
     """Write every image of the dataset at `target` under `out_dir`; return an `UnpackResult`.
 
     Only image records are written (the insightface layout's header and identity records are
@@ -85,7 +97,7 @@ def unpack_dataset(target, out_dir, progress=None, resume=False):
     names = (manifest or {}).get("identities") or {}
     out_dir = os.fspath(out_dir)
     result = UnpackResult(out_dir)
-    folders = {}
+    folders: dict[float, str] = {}
     opened = [IndexedRecordFile(rec, idx) for rec, idx in shards]
     out = None
     try:
@@ -120,9 +132,9 @@ def unpack_dataset(target, out_dir, progress=None, resume=False):
     return result
 
 
-def _refuse_damaged(opened, shown=5):
+def _refuse_damaged(opened: Sequence[IndexedRecordFile], shown: int = 5) -> None:
     """Raise `DamagedRecordsError` when a record differs from its checksum in a .rec.crc file."""
-    damaged = []
+    damaged: list[tuple[str, int | None, int]] = []
     for records in opened:
         rec = records.rec.path
         path = checksum_path(rec)
@@ -149,8 +161,9 @@ def _refuse_damaged(opened, shown=5):
             damaged.append((rec, key_of.get(offset), offset))
     if damaged:
         n = len(damaged)
-        named = "; ".join(f"{rec} key {key} at byte offset {offset}"
-                          for rec, key, offset in damaged[:shown])  # fmt: skip
+        named = "; ".join(
+            f"{rec} key {key} at byte offset {offset}" for rec, key, offset in damaged[:shown]
+        )
         more = f" and {n - shown} more" if n > shown else ""
         raise DamagedRecordsError(
             f"{n} damaged record{'' if n == 1 else 's'} (bytes differ from the checksum taken "
@@ -159,7 +172,7 @@ def _refuse_damaged(opened, shown=5):
         )
 
 
-def _plan(records):
+def _plan(records: IndexedRecordFile) -> tuple[str, np.ndarray, np.ndarray]:
     """Return the layout and the (keys, offsets) of the image records to write, one per key,
     in file order.
 
@@ -170,7 +183,7 @@ def _plan(records):
     refuse_shared_offsets(records.idx_path, keys, offsets, "unpack")  # one file per record
     rf = records.rec
 
-    def read(line):
+    def read(line: int) -> tuple[Header, bytes]:
         offset = int(offsets[line])
         return unpack_header(rf.read_at(offset, int(keys[line])), rf.path, offset)
 
@@ -189,7 +202,7 @@ def _plan(records):
     return "insightface", keys[images], offsets[images]
 
 
-def _folder_name(label, names):
+def _folder_name(label: float, names: dict[str, str]) -> str:
     label = float(label)
     text = str(int(label)) if label.is_integer() else repr(label)
     name = names.get(text) if label.is_integer() else None

@@ -128,9 +128,11 @@ def run(repeats=3, with_im2rec=True, log=print):
     r["ours_pass_through_s"], r["tar_s"] = best_in_turns(
         repeats,
         lambda: ours(lst, root, WORK / "pt" / "t")[0],
-        lambda: timed(["tar", "cf", str(WORK / "tar" / "t.tar"), "-C", str(root), "."],
-                      prepare=fresh(WORK / "tar" / "t.tar"))[0],
-    )  # fmt: skip
+        lambda: timed(
+            ["tar", "cf", str(WORK / "tar" / "t.tar"), "-C", str(root), "."],
+            prepare=fresh(WORK / "tar" / "t.tar"),
+        )[0],
+    )
     if with_im2rec:
         r["im2rec_pass_through_s"] = im2rec(lst, root, WORK / "im2rec-pt" / "t", "--pass-through")[
             0

@@ -403,26 +403,64 @@ def report(figures):
         f"sidecar (limit {OPEN_LIMIT_S} s: {verdict}), {f['open_cold_s']:.3f} s parsing the "
         f".idx; ds.labels {f['labels_s']:.2f} s",
         f"{f['samples']:,} samples, {f['rec_bytes'] / 1e6:,.0f} MB, warm page cache",
-        row("raw reads, random order", f["raw_per_s"], f.get("mxnet_raw_per_s"), "mxnet",
-            "raw_vs_mxnet"),
-        row("raw reads vs bare mmap+struct loop", f["raw_per_s"], f["bare_per_s"], "bare",
-            "raw_vs_bare"),
-        row("decoded, one process", f["decoded_per_s"], f.get("mxnet_decoded_per_s"), "gluon",
-            "decoded_vs_gluon"),
-        row("DataLoader 2 workers, decoded", f["loader_per_s"], f.get("mxnet_loader_per_s"),
-            "ImageRecordIter", "loader_vs_iter"),
-        row("DataLoader 2 workers + BatchDecoder", f["batch_decoder_per_s"],
-            f.get("mxnet_loader_per_s"), "ImageRecordIter", "batch_decoder_vs_iter"),
-        row("raw reads vs one file per sample", f["raw_per_s"], f["folder_raw_per_s"],
-            "files", "raw_vs_folder"),
-        row("decoded vs one file per sample", f["decoded_per_s"], f["folder_decoded_per_s"],
-            "files", "decoded_vs_folder"),
+        row(
+            "raw reads, random order",
+            f["raw_per_s"],
+            f.get("mxnet_raw_per_s"),
+            "mxnet",
+            "raw_vs_mxnet",
+        ),
+        row(
+            "raw reads vs bare mmap+struct loop",
+            f["raw_per_s"],
+            f["bare_per_s"],
+            "bare",
+            "raw_vs_bare",
+        ),
+        row(
+            "decoded, one process",
+            f["decoded_per_s"],
+            f.get("mxnet_decoded_per_s"),
+            "gluon",
+            "decoded_vs_gluon",
+        ),
+        row(
+            "DataLoader 2 workers, decoded",
+            f["loader_per_s"],
+            f.get("mxnet_loader_per_s"),
+            "ImageRecordIter",
+            "loader_vs_iter",
+        ),
+        row(
+            "DataLoader 2 workers + BatchDecoder",
+            f["batch_decoder_per_s"],
+            f.get("mxnet_loader_per_s"),
+            "ImageRecordIter",
+            "batch_decoder_vs_iter",
+        ),
+        row(
+            "raw reads vs one file per sample",
+            f["raw_per_s"],
+            f["folder_raw_per_s"],
+            "files",
+            "raw_vs_folder",
+        ),
+        row(
+            "decoded vs one file per sample",
+            f["decoded_per_s"],
+            f["folder_decoded_per_s"],
+            "files",
+            "decoded_vs_folder",
+        ),
         f"  (same DataLoader with torch's default_collate: "
         f"{f['loader_default_collate_per_s']:,.0f}/s)",
         f"  (CPU per image, all processes and threads: ours {f['loader_cpu_us']:,.0f} us"
-        + (f", ImageRecordIter {f['mxnet_loader_cpu_us']:,.0f} us)"
-           if "mxnet_loader_cpu_us" in f else ")"),
-    ]  # fmt: skip
+        + (
+            f", ImageRecordIter {f['mxnet_loader_cpu_us']:,.0f} us)"
+            if "mxnet_loader_cpu_us" in f
+            else ")"
+        ),
+    ]
     if f.get("mxnet_decode_threads_note"):
         lines.append(f"  (ImageRecordIter said: {f['mxnet_decode_threads_note']})")
     return "\n".join(lines)

@@ -27,8 +27,10 @@ def im2rec_script():
     """Return the path of im2rec.py inside the oracle's MXNet wheel."""
     out = subprocess.run(
         [oracle_python(), "-c", "import mxnet, os; print(os.path.dirname(mxnet.__file__))"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return os.path.join(out.stdout.strip().splitlines()[-1], "tools", "im2rec.py")
 
 

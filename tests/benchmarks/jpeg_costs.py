@@ -39,7 +39,7 @@ def main(count=800, repeats=5):
         ("decode at 1/4 scale (rectool)", lambda d, k: cv2.imdecode(d, cv2.IMREAD_REDUCED_COLOR_4)),
         ("grayscale 1/8 decode: the floor", lambda d, k: cv2.imdecode(d, GRAY_8)),
         ("encode 112x112 q95 (both)", lambda d, k: cv2.imencode(".jpg", reduced[k], quality)),
-    ]  # fmt: skip
+    ]
     arrays = [np.frombuffer(d, np.uint8) for d in datas]
     size = sum(map(len, datas)) / len(datas)
     print(f"{len(datas)} JPEGs from {root} ({size / 1024:.1f} KiB on average), one thread:")

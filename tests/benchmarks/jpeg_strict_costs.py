@@ -59,23 +59,29 @@ def make_jpegs(count, side, seed=0):
 
 def candidates():
     steps = [
-        ("OpenCV gray 1/8 (old --check decode)",
-         lambda d, a: cv2.imdecode(a, cv2.IMREAD_REDUCED_GRAYSCALE_8)),
-        ("OpenCV full, unchanged (old verify --decode)",
-         lambda d, a: cv2.imdecode(a, cv2.IMREAD_UNCHANGED)),
+        (
+            "OpenCV gray 1/8 (old --check decode)",
+            lambda d, a: cv2.imdecode(a, cv2.IMREAD_REDUCED_GRAYSCALE_8),
+        ),
+        (
+            "OpenCV full, unchanged (old verify --decode)",
+            lambda d, a: cv2.imdecode(a, cv2.IMREAD_UNCHANGED),
+        ),
         ("simplejpeg strict gray 1/8 (check_jpeg_data)", lambda d, a: check_jpeg_data(d)),
         ("simplejpeg strict full BGR", lambda d, a: simplejpeg.decode_jpeg(d, "BGR")),
         ("check_image(d, 'decode') (--check decode)", lambda d, a: check_image(d, "decode")),
         ("inspect_image(d) (verify --decode)", lambda d, a: inspect_image(d)),
-    ]  # fmt: skip
+    ]
     try:
         from turbojpeg import TJFLAG_STOPONWARNING, TJPF_BGR, TurboJPEG
 
         jpeg = TurboJPEG()
         steps.append(
-            ("PyTurboJPEG stop-on-warning full BGR",
-             lambda d, a: jpeg.decode(d, TJPF_BGR, flags=TJFLAG_STOPONWARNING)),
-        )  # fmt: skip
+            (
+                "PyTurboJPEG stop-on-warning full BGR",
+                lambda d, a: jpeg.decode(d, TJPF_BGR, flags=TJFLAG_STOPONWARNING),
+            )
+        )
     except (ImportError, OSError, RuntimeError) as exc:
         print(f"  (PyTurboJPEG not timed: {exc})")
     return steps

@@ -86,10 +86,16 @@ def versions():
     import cv2
     import numpy
 
-    mxnet = subprocess.run(
-        [oracle_python(), "-c", "import mxnet; print(mxnet.__version__)"],
-        capture_output=True, text=True, check=False,
-    ).stdout.strip().splitlines()  # fmt: skip
+    mxnet = (
+        subprocess.run(
+            [oracle_python(), "-c", "import mxnet; print(mxnet.__version__)"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        .stdout.strip()
+        .splitlines()
+    )
     try:
         import torch
 

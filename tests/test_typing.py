@@ -1,0 +1,131 @@
+"""The typed API: the modules below are type-checked by mypy (`make lint`, and here), and
+every function in them keeps its annotations, so the checked scope cannot silently shrink.
+
+The scope is `[tool.mypy] files` in pyproject.toml; `TYPED` is its floor. A module leaves it
+only by editing this test, a module joins it by annotating it and adding it to both.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["mypy"]
+
+TYPED = {
+    "rectool/__init__.py",
+    "rectool/choices.py",
+    "rectool/emit.py",
+    "rectool/errors.py",
+    "rectool/doors/__init__.py",
+    "rectool/doors/inputs.py",
+    "rectool/doors/output.py",
+    "rectool/format/checksums.py",
+    "rectool/format/digest.py",
+    "rectool/format/keys.py",
+    "rectool/format/records.py",
+    "rectool/build/distributed.py",
+    "rectool/build/images.py",
+    "rectool/build/layout.py",
+    "rectool/build/listfile.py",
+    "rectool/build/listing.py",
+    "rectool/inspect/bench.py",
+    "rectool/inspect/dali.py",
+    "rectool/inspect/info.py",
+    "rectool/inspect/reindex.py",
+    "rectool/inspect/scan.py",
+    "rectool/inspect/unpack.py",
+}
+
+
+def checked_files():
+    """Return the modules `[tool.mypy] files` names (a folder: every module in it)."""
+    found = set()
+    for entry in CONFIG["files"]:
+        path = REPO / entry
+        paths = sorted(path.glob("**/*.py")) if path.is_dir() else [path]
+        found.update(p.relative_to(REPO).as_posix() for p in paths)
+    return found
+
+
+def unannotated(source, name="<source>"):
+    """Return `name:line: function` for each function of `source` missing an annotation: of
+    its return, or of a parameter (but a method's `self` or `cls`)."""
+    missing = []
+
+    def visit(node, in_class):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = child.args
+                params = [*args.posonlyargs, *args.args, *args.kwonlyargs]
+                static = any(
+                    isinstance(d, ast.Name) and d.id == "staticmethod" for d in child.decorator_list
+                )
+                if in_class and not static and params:
+                    params = params[1:]  # self, cls
+                params += [a for a in (args.vararg, args.kwarg) if a is not None]
+                if child.returns is None or any(p.annotation is None for p in params):
+                    missing.append(f"{name}:{child.lineno}: {child.name}")
+                visit(child, False)
+            else:
+                visit(child, isinstance(child, ast.ClassDef))
+
+    visit(ast.parse(source), False)
+    return missing
+
+
+def test_the_typed_modules_are_all_checked():
+    assert sorted(TYPED - checked_files()) == []
+
+
+def test_the_checked_settings_stay_strict():
+    for setting in ("disallow_untyped_defs", "disallow_incomplete_defs", "check_untyped_defs"):
+        assert CONFIG.get(setting) is True, setting
+
+
+def test_every_function_of_the_typed_modules_is_annotated():
+    missing = []
+    for name in sorted(checked_files()):
+        missing += unannotated((REPO / name).read_text(encoding="utf-8"), name)
+    assert missing == []
+
+
+def test_the_annotation_check_finds_what_is_missing():
+    source = (
+        "def ok(a: int, *b: int, c: int = 0, **d: int) -> int: ...\n"
+        "def no_return(a: int): ...\n"
+        "def no_param(a) -> None: ...\n"
+        "def no_kwargs(**options) -> None: ...\n"
+        "class C:\n"
+        "    def method(self, a: int) -> None:\n"
+        "        def inner(b): ...\n"
+        "    @staticmethod\n"
+        "    def static(a) -> None: ...\n"
+    )
+    assert unannotated(source) == [
+        "<source>:2: no_return",
+        "<source>:3: no_param",
+        "<source>:4: no_kwargs",
+        "<source>:7: inner",
+        "<source>:9: static",
+    ]
+
+
+def test_mypy_passes_on_the_typed_modules():
+    # mypy's own settings and scope from pyproject.toml; no cache written (about 6 s of CPU).
+    done = subprocess.run(
+        [sys.executable, "-m", "mypy", "--cache-dir", "/dev/null"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
