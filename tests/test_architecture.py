@@ -67,3 +67,20 @@ def test_no_module_is_over_600_lines_and_no_command_module_over_300():
         "repack/pipeline.py",
         "report/data.py",
     }
+
+
+def test_no_module_is_ignored_by_git():
+    """`.gitignore` once held `build/` (setuptools' folder), which also matched `rectool/build/`:
+    `rectool/build/__init__.py` was never committed and ruff never linted the folder."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    modules = [str(p.relative_to(REPO)) for p in PACKAGE.rglob("*.py")]
+    ignored = subprocess.run(
+        ["git", "check-ignore", "--no-index", *modules], cwd=REPO, capture_output=True, text=True
+    ).stdout.split()
+    assert ignored == []

@@ -43,9 +43,15 @@ def lopsided(tmp_path):
 
 @pytest.mark.parametrize(
     "n, noun, words",
-    [(0, "image", "0 images"), (1, "image", "1 image"), (2, "identity", "2 identities"),
-     (1, "class", "1 class"), (20183, "class", "20,183 classes"), (3, "process", "3 processes")],
-)  # fmt: skip
+    [
+        (0, "image", "0 images"),
+        (1, "image", "1 image"),
+        (2, "identity", "2 identities"),
+        (1, "class", "1 class"),
+        (20183, "class", "20,183 classes"),
+        (3, "process", "3 processes"),
+    ],
+)
 def test_counted_agrees_in_number_and_separates_thousands(n, noun, words):
     assert counted(n, noun) == words
 

@@ -36,14 +36,16 @@ def test_an_old_name_is_checked_as_the_new_one(small_tree, tmp_path):
 
 
 def test_repack_sample_is_keep_fraction(small_pack, tmp_path):
+    source = small_pack.manifest
     new = invoke(
-        "repack", small_pack.manifest, tmp_path / "new", "--keep-fraction", "0.5",
-        "--fraction-of", "images", "--json",
-    )  # fmt: skip
+        "repack",
+        source,
+        tmp_path / "new",
+        *"--keep-fraction 0.5 --fraction-of images --json".split(),
+    )
     old = invoke(
-        "repack", small_pack.manifest, tmp_path / "old", "--sample", "0.5",
-        "--sample-by", "images", "--json",
-    )  # fmt: skip
+        "repack", source, tmp_path / "old", *"--sample 0.5 --sample-by images --json".split()
+    )
     assert new.exit_code == old.exit_code == 0, old.output
     assert json.loads(new.stdout)["steps"] == json.loads(old.stdout)["steps"]
     assert json.loads(new.stdout)["images"] == 6  # half of 12 images, not of 3 identities
@@ -65,9 +67,13 @@ def test_bench_decode_is_decode_as(small_pack):
 
 @pytest.mark.parametrize(
     "command, old, new",
-    [("list", "--threads", "--workers"), ("repack", "--sample ", "--keep-fraction"),
-     ("repack", "--sample-by", "--fraction-of"), ("bench", "--decode ", "--decode-as")],
-)  # fmt: skip
+    [
+        ("list", "--threads", "--workers"),
+        ("repack", "--sample ", "--keep-fraction"),
+        ("repack", "--sample-by", "--fraction-of"),
+        ("bench", "--decode ", "--decode-as"),
+    ],
+)
 def test_help_shows_only_the_new_name(command, old, new):
     text = invoke(command, "--help").output
     assert new in text
