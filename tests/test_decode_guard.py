@@ -30,7 +30,7 @@ from rectool.build.images import (
     ImageTooLarge,
     Transform,
     check_image,
-    decode_image,
+    decode_for_transform,
     inspect_image,
     reencode_image,
 )
@@ -124,7 +124,7 @@ def test_packs_checks_refuse_before_decoding(name, no_decoders):
         lambda: check_image(data, "structure"),
         lambda: check_image(data, "decode"),
         lambda: inspect_image(data),
-        lambda: decode_image(data, Transform(resize=16)),
+        lambda: decode_for_transform(data, Transform(resize=16)),
         lambda: reencode_image(data, Transform(resize=16, color=0)),
         lambda: reencode_image(data, Transform(color=-1, encoding=".png", quality=3)),
     ):

@@ -24,7 +24,7 @@ from rectool.build.images import (
     ImageRefused,
     Transform,
     check_image,
-    decode_image,
+    decode_for_transform,
     inspect_image,
     reencode_image,
 )
@@ -340,7 +340,7 @@ def test_reencoding_decodes_to_opencvs_pixels(color, factor, params):
     # 448x301: resize 37 lets the decode reduce by `factor` (shorter side 301 // factor >= 37).
     data = cv2.imencode(".jpg", image_array(3, 301, 448), params)[1].tobytes()
     resize = {1: 0, 2: 150, 4: 75, 8: 37}[factor]
-    image = decode_image(data, Transform(resize=resize, color=color))
+    image = decode_for_transform(data, Transform(resize=resize, color=color))
     assert np.array_equal(image, decoded(data, REDUCED[color, factor]))
 
 
@@ -352,11 +352,11 @@ def test_an_exif_orientation_is_applied_as_opencv_applies_it():
     exif[0x0112] = 6  # rotate 90 degrees clockwise to display
     Image.fromarray(image_array(4, 60, 100)).save(buffer, "JPEG", exif=exif.tobytes())
     data = buffer.getvalue()
-    image = decode_image(data, Transform(color=1))
+    image = decode_for_transform(data, Transform(color=1))
     assert image.shape == (100, 60, 3)  # turned upright
     assert np.array_equal(image, decoded(data, cv2.IMREAD_COLOR))
-    reduced = decode_image(data, Transform(resize=30))
+    reduced = decode_for_transform(data, Transform(resize=30))
     assert np.array_equal(reduced, decoded(data, cv2.IMREAD_REDUCED_COLOR_2))
     damaged = DAMAGES["cut-with-eoi"](data)
     with pytest.raises(ImageRefused, match="corrupt JPEG data"):
-        decode_image(damaged, Transform(resize=30))
+        decode_for_transform(damaged, Transform(resize=30))

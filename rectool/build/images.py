@@ -350,7 +350,7 @@ def _reduction(size: tuple[int, int], transform: Transform) -> int:
     return 1
 
 
-def decode_image(
+def decode_for_transform(
     data: bytes, transform: Transform, max_pixels: float = DEFAULT_MAX_PIXELS
 ) -> np.ndarray:
     """Decode with the colour mode of `transform`, at reduced scale when a resize allows it.
@@ -439,5 +439,5 @@ def reencode_image(
 ) -> bytes:
     """Return `data` decoded, transformed and encoded again according to `transform` (an image
     over `max_pixels` refused before decoding)."""
-    image = decode_image(data, transform, max_pixels)
+    image = decode_for_transform(data, transform, max_pixels)
     return encode_image(apply_transform(image, transform), transform)
