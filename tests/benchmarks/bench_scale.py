@@ -3,8 +3,9 @@
 Run: `python tests/benchmarks/bench_scale.py [--records N] [--folder DIR] [--keep]`. Generates a
 synthetic pack of `--records` records (default 42,000,000, WebFace42M's count) outside the
 repository (`--folder`, default a fresh folder under the temporary directory), each a valid
-141-byte 8x8 JPEG behind its image header (176 bytes a record: 7.4 GB at 42M), with its .idx
-(keys 0..N-1, offsets in file order) and the `.rtc` cache that `rectool pack` writes. Labels
+141-byte 8x8 JPEG (its last 4 quantisation values encode the key: every image distinct) behind its
+image header, 176 bytes a record (7.4 GB at 42M), with its .idx (keys 0..N-1, offsets in file
+order) and the `.rtc` cache that `rectool pack` writes. Labels
 are identities of ~21 images each. Then, each in a fresh process, from a warm page cache:
 
 - `open_dataset` with the cache and without it (`cache=False`: the .idx text parsed), and the
@@ -39,6 +40,9 @@ from common import REPO  # noqa: E402
 RECORDS = 42_000_000
 IMAGES_PER_IDENTITY = 21
 CHUNK = 1 << 20
+# The last 4 quantisation values (JPEG bytes 67..70), in the middle of the image as real
+# images differ there (report's duplicate search fingerprints the middle and the end).
+QUANT_AT = 32 + 67
 WORKERS = 8
 BATCHES = 40
 BATCH = 256
@@ -126,6 +130,8 @@ def generate(folder, records=RECORDS, log=print):
             w = block.view("<u4")
             w[:, 3] = (keys[a:b] // IMAGES_PER_IDENTITY).astype(np.float32).view("<u4")
             w[:, 4] = keys[a:b]  # id (low word; keys < 2**32)
+            for byte in range(4):  # 4 quantisation values from the key: every image distinct
+                block[:, QUANT_AT + byte] = keys[a:b] >> (7 * byte) & 0x7F | 0x80
             rec.write(block)
             idx.write(_idx_text(keys[a:b], offsets[a:b]))
     write_index_cache(f"{prefix}.idx", keys, offsets)
