@@ -1119,9 +1119,14 @@ class RecordDataset:
         return insightface_header(read, keys)
 
     def close(self):
-        """Release this process's mappings (they reopen on the next read)."""
+        """Release this process's mappings and index pages (they come back on the next read).
+
+        A loader worker calls it after each batch: else every page it ever read stays mapped
+        and counts in its memory (PSS), though the page cache holds it either way.
+        """
         for rf in self._files:
             rf.close()
+        _release_pages(getattr(self, "offsets", None))
 
     def __enter__(self):
         return self
@@ -1293,6 +1298,7 @@ def _header_labels(files, shard_of, offsets, keys):
         finally:
             del words, heads
         _release_pages(rf.open())  # read once: the headers' pages are the page cache's again
+    _release_pages(offsets)
     slow = []
     for row in np.flatnonzero(~fast).tolist():
         rf, offset, key = files[int(shard_of[row])], int(offsets[row]), int(keys[row])

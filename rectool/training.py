@@ -328,6 +328,12 @@ class _SampleDecoder:
         except _reader(self.ds).RecordFormatError as exc:
             raise _BadSample(exc) from None
 
+    def release(self):
+        """Unmap what the batch read (`ds.close()`): a worker holds no pages between batches."""
+        close = getattr(self.ds, "close", None)
+        if close is not None:
+            close()
+
     def _bad(self, i, exc):
         """Return the _BadSample of the reader's error `exc`, naming sample `i`'s location."""
         return _BadSample(type(exc)(exc.reason, *self.ds.location(i)))
@@ -742,6 +748,7 @@ def _work(decoder, table, ring_fd, ring_spec, conn, parent, on_error, seed, fork
             report = fill_batch(
                 decoder, table, indices, ring.images[slot], ring.labels[slot], on_error, seed
             )
+            decoder.release()
             conn.send(("ok", number, report))
         except BaseException as exc:
             conn.send(("error", number, _portable_error(exc)))
@@ -1153,6 +1160,8 @@ class BatchDecoder:
             )
         except ShapeMismatchError as exc:
             raise _reader(self._decoder.ds).RectoolError(str(exc)) from None
+        if in_worker:
+            self._decoder.release()
         self.stats["batches"] += 1
         self.stats["samples"] += n
         self.stats["skipped"] += len(skipped)

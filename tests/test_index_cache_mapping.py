@@ -293,3 +293,51 @@ def test_insightface_keys_out_of_order_read_as_in_order(tmp_path):
     assert [ordered[i] for i in range(8)] == [shuffled[i] for i in range(8)]
     assert [ordered[i] for i in range(8)] == [(s.image, s.label) for s in expected]
     assert np.array_equal(shuffled.identity_ranges, ranges)
+
+
+# --- workers hold no pages between batches ------------------------------------------------------
+
+
+def _mapped_kb(path_part):
+    """Return the kB of this process's mappings of files whose name contains `path_part`."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if "-" in line.split(" ", 1)[0] and ":" not in line.split(" ", 1)[0]:
+                inside = path_part in line
+            elif inside and line.startswith("Rss:"):
+                total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/smaps")
+def test_close_unmaps_the_records_and_drops_the_index_pages(tmp_path):
+    ds = open_dataset(numbered_pack(tmp_path, 50_000))
+    for i in range(0, 50_000, 7):
+        ds.raw(i)
+    assert _mapped_kb("big.rec") > 0 and _mapped_kb("big.idx.rtc") > 0
+    ds.close()
+    assert _mapped_kb("big.rec") == 0 and _mapped_kb("big.idx.rtc") == 0
+    assert ds[49_999] == (b"img49999", float(49_999 % 7))  # and reads on afterwards
+
+
+def test_a_loader_worker_closes_the_dataset_after_each_batch(tmp_path):
+    from rectool.reader import RecordDataset
+    from rectool.training import Loader
+
+    log = tmp_path / "closes"
+
+    class CountedDataset(RecordDataset):
+        def close(self):
+            with open(log, "a") as f:
+                f.write(f"{os.getpid()}\n")
+            super().close()
+
+    CountedDataset.__module__ = RecordDataset.__module__  # the reader module, for its errors
+    prefix = numbered_pack(tmp_path, 12, image=jpeg_bytes(0, 8, 8))
+    ds = CountedDataset(prefix)
+    log.write_text("")
+    with Loader(ds, 4, workers=1, start_method="fork", shuffle=False) as loader:
+        assert sum(len(images) for images, _ in loader) == 12
+        worker = loader._processes[0].pid
+    assert log.read_text().split().count(str(worker)) == 3  # one per batch
