@@ -56,9 +56,13 @@ CFLAG_WHOLE, CFLAG_FIRST, CFLAG_MIDDLE, CFLAG_LAST = 0, 1, 2, 3
 IMAGE_HEADER = struct.Struct("<IfQQ")
 IMAGE_HEADER_SIZE = IMAGE_HEADER.size
 # The .idx cache `<idx>.rtc` (rectool writes it, this module only reads it): magic, .idx size,
-# mtime_ns, record count, CRC-32 of the .idx, padding; then int64 keys, then int64 offsets.
-INDEX_CACHE_MAGIC = b"RTIDXC02"
-INDEX_CACHE_HEADER = struct.Struct("<8sQqQI4x")
+# mtime_ns, record count, CRC-32 of the .idx, CRC-32 of its sample (version 2: 0); then int64
+# keys, then int64 offsets, 8-byte aligned: mapped in place, never copied. Version 3 is checked
+# against a sample of the .idx (`index_sample_crc`), version 2 against all of it.
+INDEX_CACHE_MAGIC, INDEX_CACHE_MAGIC_V2 = b"RTIDXC03", b"RTIDXC02"
+INDEX_CACHE_HEADER = struct.Struct("<8sQqQII")
+INDEX_SAMPLE_BLOCKS, INDEX_SAMPLE_BYTES = 64, 1 << 14  # 1 MiB: all of a small .idx
+INDEX_BLOCK_BYTES = 1 << 25  # the .idx text is parsed a block at a time
 # Manifest version 2 gives each file's xxh3-128 (SHA-256 optional); version 1, SHA-256 only.
 MANIFEST_SUFFIX, MANIFEST_FORMAT, MANIFEST_VERSION = ".manifest.json", "rectool-manifest", 2
 # An unfinished pack's state file, and the journal of a replacement not yet finished: a prefix
@@ -151,12 +155,13 @@ def unpack_header(record, path=None, offset=None):
     return Header(flag, label, id1, id2), record[start:]
 
 
-def parse_index(data, path=None, chunk=1 << 20):
+def parse_index(data, path=None, chunk=1 << 20, first_line=1):
     """Parse .idx text (`key TAB offset` lines) into int64 arrays (keys, offsets), in file order.
 
     Repeated keys stay (lookups take the last line, as MXNet does). Runs of equally wide
     lines, as packs write them, are parsed as 2-D byte arrays, the rest by numpy's text parser;
-    a line-by-line pass raises `IndexFormatError` naming the first bad line.
+    a line-by-line pass raises `IndexFormatError` naming the first bad line (`data` starting at
+    line `first_line` of the file).
     """
     data += b"\n" if data and not data.endswith(b"\n") else b""
     a, pos, keys, offsets, runs = np.frombuffer(data, np.uint8), 0, [], [], 0
@@ -193,7 +198,7 @@ def parse_index(data, path=None, chunk=1 << 20):
         if len(values) == 2 * lines and not (values == 2**63 - 1).any():
             tail = b""
             keys.append(values[0::2]), offsets.append(values[1::2])
-    for line, raw in enumerate(tail.split(b"\n")[:-1], sum(map(len, keys)) + 1):
+    for line, raw in enumerate(tail.split(b"\n")[:-1], sum(map(len, keys)) + first_line):
         fields = raw.strip().split(b"\t")
         try:
             key, offset = int(fields[0]), int(fields[1])
@@ -211,38 +216,150 @@ def parse_index(data, path=None, chunk=1 << 20):
     return np.concatenate(keys), np.concatenate(offsets)
 
 
+def parse_index_stream(f, path=None, block=INDEX_BLOCK_BYTES):
+    """Parse the .idx text of the open file `f` a `block` of bytes at a time, as `parse_index`.
+
+    The temporaries are a block's: the arrays are allocated for the most lines the file's
+    size allows (untouched pages cost nothing) and shrunk in place at the end.
+    """
+    cap = os.fstat(f.fileno()).st_size // 4 + 1  # "0\t0\n": no line is shorter
+    keys, offsets, n, pending = np.empty(cap, np.int64), np.empty(cap, np.int64), 0, b""
+    while True:
+        more = f.read(block)
+        data = pending + more if pending else more
+        cut = data.rfind(b"\n") + 1 if more else len(data)
+        if not cut and more:
+            pending = data  # a line longer than a block: read on
+            continue
+        data, pending = (data[:cut], data[cut:]) if cut < len(data) else (data, b"")
+        k, o = parse_index(data, path, first_line=n + 1)
+        k, o = k[: cap - n], o[: cap - n]  # a file grown since opened: its size then counts
+        keys[n : n + len(k)], offsets[n : n + len(k)] = k, o
+        n += len(k)
+        if not more:
+            break
+    keys.resize(n, refcheck=False), offsets.resize(n, refcheck=False)
+    return keys, offsets
+
+
 def index_cache_path(idx_path):
     """Return the path of the binary cache that rectool keeps next to an .idx file."""
     return os.fspath(idx_path) + ".rtc"
 
 
 def load_index(idx_path, cache=True):
-    """Read an .idx into int64 arrays (keys, offsets) in file order, from its cache if current."""
+    """Read an .idx into int64 arrays (keys, offsets) in file order, from its cache if current.
+
+    From the cache, the arrays are read-only views of its mapping, never copied (a pickled
+    `RecordDataset` carries them as their place in the cache, mapped again on arrival).
+    """
     idx_path = os.fspath(idx_path)
     fd, st = open_regular(idx_path, "index file")
     with os.fdopen(fd, "rb") as f:
-        cached = read_index_cache(idx_path, st) if cache else None
-        return parse_index(f.read(), idx_path) if cached is None else cached
+        cached = read_index_cache(idx_path, st, f.fileno()) if cache else None
+        return parse_index_stream(f, idx_path) if cached is None else cached
 
 
-def read_index_cache(idx_path, st=None):
-    """Return (keys, offsets) from the .idx cache, or None when missing, stale or damaged."""
+def index_sample_crc(fd, size):
+    """Return the CRC-32 of the .idx bytes a version-3 cache is checked against.
+
+    All of an .idx up to 1 MiB, else 64 blocks of 16 KiB spread evenly, first and last block
+    included: another pack's .idx copied in with its size and time kept (`cp -p`, `rsync -a`)
+    differs there. `rectool verify` compares the whole cache with the .idx text.
+    """
+    blocks, length = INDEX_SAMPLE_BLOCKS, INDEX_SAMPLE_BYTES
+    if size <= blocks * length:
+        blocks, length = 1, size
+    crc = 0
+    for i in range(blocks):
+        crc = zlib.crc32(os.pread(fd, length, (size - length) * i // max(1, blocks - 1)), crc)
+    return crc
+
+
+def read_index_cache(idx_path, st=None, idx_fd=None):
+    """Return (keys, offsets) mapped from the .idx cache, or None if missing, stale or damaged."""
+    if idx_fd is None:
+        with os.fdopen(open_regular(idx_path, "index file")[0], "rb") as f:
+            return read_index_cache(idx_path, st, f.fileno())
+    path, st = index_cache_path(idx_path), st or os.fstat(idx_fd)
     try:
-        data, _ = _read_regular(index_cache_path(idx_path), "index cache", follow=False)
-        magic, size, mtime_ns, count, crc = INDEX_CACHE_HEADER.unpack_from(data)
-    except (RectoolError, struct.error):
+        fd, cst = open_regular(path, "index cache", follow=False)
+    except RectoolError:
         return None
-    st = st or os.stat(idx_path)
-    if (magic, size, mtime_ns) != (INDEX_CACHE_MAGIC, st.st_size, st.st_mtime_ns):
+    try:
+        head = os.pread(fd, INDEX_CACHE_HEADER.size, 0)
+        if len(head) < INDEX_CACHE_HEADER.size:
+            return None
+        magic, size, mtime_ns, count, crc, sample = INDEX_CACHE_HEADER.unpack(head)
+        if magic not in (INDEX_CACHE_MAGIC, INDEX_CACHE_MAGIC_V2):
+            return None
+        if (size, mtime_ns, cst.st_size) != (st.st_size, st.st_mtime_ns, len(head) + 16 * count):
+            return None
+        if magic == INDEX_CACHE_MAGIC_V2:  # version 2: the CRC of the whole .idx
+            sample = 0
+            for start in range(0, size, 1 << 24):
+                sample = zlib.crc32(os.pread(idx_fd, 1 << 24, start), sample)
+            fresh = sample == crc
+        else:
+            fresh = index_sample_crc(idx_fd, size) == sample
+        return _map_cache(path, fd, cst) if fresh else None
+    finally:
+        os.close(fd)
+
+
+class _IndexCacheMap(mmap.mmap):
+    """The read-only mapping of one .rtc, with its path and file identity (for pickling)."""
+
+
+def _map_cache(path, fd, st):
+    try:
+        mm = _IndexCacheMap(fd, 0, access=mmap.ACCESS_READ)
+    except OSError:  # ENOMEM under a memory limit: parse the text instead
         return None
-    if len(data) != INDEX_CACHE_HEADER.size + 16 * count:
+    mm.path, mm.identity = path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    count = (st.st_size - INDEX_CACHE_HEADER.size) // 16
+    body = np.frombuffer(mm, np.int64, 2 * count, INDEX_CACHE_HEADER.size)
+    return body[:count], body[count:]
+
+
+def _mapping_of(a):
+    """Return the mmap an array views (np.frombuffer's base is a memoryview of it), or None."""
+    while isinstance(a, np.ndarray):
+        a = a.base
+    a = getattr(a, "obj", a)
+    return a if isinstance(a, mmap.mmap) else None
+
+
+def _cache_place(a):
+    """Return ("mapped", path, identity, first item, count) for a contiguous view of a cache."""
+    mm = _mapping_of(a)
+    if not isinstance(mm, _IndexCacheMap) or a.dtype != np.int64 or a.ndim != 1:
         return None
-    with os.fdopen(open_regular(idx_path, "index file")[0], "rb") as f:
-        crc_now = 0
-        while block := f.read(1 << 24):
-            crc_now = zlib.crc32(block, crc_now)
-    body = np.frombuffer(data, np.int64, 2 * count, INDEX_CACHE_HEADER.size)
-    return (body[:count].copy(), body[count:].copy()) if crc_now == crc else None
+    if len(a) > 1 and a.strides != (8,):
+        return None
+    start = a.__array_interface__["data"][0] - np.frombuffer(mm, np.uint8).ctypes.data
+    return "mapped", mm.path, mm.identity, (start - INDEX_CACHE_HEADER.size) // 8, len(a)
+
+
+def _remap(place):
+    """Return the array a `_cache_place` names, mapping that same cache again."""
+    _, path, identity, first, count = place
+    fd, st = open_regular(path, "index cache", follow=False)
+    try:
+        same = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == identity
+        arrays = _map_cache(path, fd, st) if same else None
+    finally:
+        os.close(fd)
+    if arrays is None:
+        raise RectoolError(f"{path} was replaced after the dataset was opened; open it again")
+    return arrays[0].base[first : first + count]
+
+
+def _release_pages(a):
+    """Drop this process's page-table entries of a mapping (its pages stay in the page cache)."""
+    mm = _mapping_of(a)
+    if mm is not None and len(mm) and hasattr(mm, "madvise"):
+        mm.madvise(mmap.MADV_DONTNEED)
 
 
 class RecordFile:
@@ -661,6 +778,13 @@ def _key_lines(keys, wanted, where):
             f"{where}: record 0 says keys up to {wanted[-1]} exist, but the index has only "
             f"{len(keys)} lines"
         )
+    first = int(np.argmax(keys == wanted.start)) if len(wanted) else 0
+    stop = first + len(wanted)
+    block, rest = keys[first:stop], (keys[:first], keys[stop:])
+    if len(block) == len(wanted) > 0 and (block[0], block[-1]) == (wanted[0], wanted[-1]):
+        elsewhere = any(((k >= wanted.start) & (k < wanted.stop)).any() for k in rest)
+        if not elsewhere and (block[1:] > block[:-1]).all():
+            return slice(first, stop)  # each wanted key once, in order: a view, not a copy
     order = np.argsort(keys, kind="stable")
     wanted = np.arange(wanted.start, wanted.stop, dtype=np.int64)
     lines = order[np.maximum(np.searchsorted(keys, wanted, "right", sorter=order) - 1, 0)]
@@ -931,10 +1055,7 @@ class RecordDataset:
             for rf, (_, idx), info, index in zip(self._files, self.shards, listed, indexes):
                 _check_shard(rf, idx, *index, info, self.manifest_path)
             keys, offsets = indexes[0] if len(indexes) == 1 else map(np.concatenate, zip(*indexes))
-            n = len(self.shards)
-            shard_of = np.repeat(
-                np.arange(n, dtype=np.min_scalar_type(n)), [len(k) for k, _ in indexes]
-            )
+            shard_of = _shard_numbers([len(k) for k, _ in indexes])
             # An explicit layout= decides; a manifest's claim is checked against record 0.
             claim = layout or (self.manifest or {}).get("layout")
             ranges = None if layout == "images" else self._insightface(keys, offsets, shard_of)
@@ -959,9 +1080,36 @@ class RecordDataset:
         # _shard_ids: every sample's shard number (rectool's repack reads it too).
         self.keys, self.offsets, self._shard_ids, self._count = keys, offsets, shard_of, len(keys)
         self._bounds = None  # samples shard by shard (every images layout): bisect shard starts
-        if (shard_of[1:] >= shard_of[:-1]).all():
+        if len(self.shards) == 1 or (shard_of[1:] >= shard_of[:-1]).all():
             self._bounds = np.searchsorted(shard_of, np.arange(len(self.shards) + 1)).tolist()
-        keys.flags.writeable = offsets.flags.writeable = False
+        if keys.flags.writeable:
+            keys.flags.writeable = offsets.flags.writeable = False
+        for index_keys, _ in indexes:  # checked whole: their pages are the page cache's again
+            _release_pages(index_keys)
+
+    def __getstate__(self):
+        # Index arrays mapped from a cache travel as their place in it (mapped again on
+        # arrival, shared through the page cache), labels not at all (read again if asked).
+        state = {**self.__dict__, "_labels": None}
+        if self._bounds is not None:  # the shard numbers follow from the bounds
+            state["_shard_ids"] = None
+        for name in ("keys", "offsets", "_identities"):
+            many = name == "_identities" and state[name] is not None
+            arrays = state[name] if many else (state[name],)
+            arrays = tuple(_cache_place(a) or a for a in arrays)
+            state[name] = arrays if many else arrays[0]
+        return state
+
+    def __setstate__(self, state):
+        def load(a):
+            return _remap(a) if isinstance(a, tuple) else a
+
+        state["keys"], state["offsets"] = load(state["keys"]), load(state["offsets"])
+        if state["_identities"] is not None:
+            state["_identities"] = tuple(map(load, state["_identities"]))
+        if state["_shard_ids"] is None:
+            state["_shard_ids"] = _shard_numbers(np.diff(state["_bounds"]).tolist())
+        self.__dict__.update(state)
 
     def _insightface(self, keys, offsets, shard_of):
         def read(line):
@@ -971,9 +1119,14 @@ class RecordDataset:
         return insightface_header(read, keys)
 
     def close(self):
-        """Release this process's mappings (they reopen on the next read)."""
+        """Release this process's mappings and index pages (they come back on the next read).
+
+        A loader worker calls it after each batch: else every page it ever read stays mapped
+        and counts in its memory (PSS), though the page cache holds it either way.
+        """
         for rf in self._files:
             rf.close()
+        _release_pages(getattr(self, "offsets", None))
 
     def __enter__(self):
         return self
@@ -1091,6 +1244,14 @@ class RecordDataset:
         return self._identity_ranges
 
 
+def _shard_numbers(counts):
+    """Return each record's shard number (`counts[s]` records in shard s): a broadcast for one."""
+    n = len(counts)
+    if n == 1:
+        return np.broadcast_to(np.zeros(1, np.uint8), (counts[0],))  # no memory a record
+    return np.repeat(np.arange(n, dtype=np.min_scalar_type(n)), counts)
+
+
 def _runs(starts, counts):
     """Return the indices of a run of `counts[i]` consecutive items from each `starts[i]`."""
     ends = np.cumsum(counts)
@@ -1105,25 +1266,39 @@ def _header_labels(files, shard_of, offsets, keys):
     checked one by one, so damage raises a `RecordFormatError`.
     """
     n, columns = len(offsets), []  # columns: (rows, flags, their labels) of fast records
-    flags, scalars, fast = np.zeros(n, np.int64), np.zeros(n, np.float32), np.zeros(n, bool)
+    flags, scalars, fast = np.zeros(n, np.uint32), np.zeros(n, np.float32), np.zeros(n, bool)
     for s, rf in enumerate(files):
-        rows = np.flatnonzero(shard_of == s) if len(files) > 1 else np.arange(n)
-        if not len(rows) or len(rf.open()) < 32:
+        if len(rf.open()) < 32:
             continue
         words = np.frombuffer(rf.open(), "<u4", rf._size // 4)
+        # Every 4 words from any word on, without a copy: a record's first 16 bytes are a row.
+        heads = np.lib.stride_tricks.as_strided(words, (len(words) - 3, 4), (4, 4))
         try:
-            at = offsets[rows]
-            ok = (at & 3 == 0) & (at >= 0) & (at <= rf._size - 32)
-            rows, w = rows[ok], at[ok] >> 2
-            lrec, flag = words[w + 1].astype(np.int64), words[w + 2].astype(np.int64)
-            ok = (words[w] == MAGIC) & (lrec <= LENGTH_MASK) & (lrec >= 24 + 4 * flag)
-            ok &= (w * 4 + 11 + lrec) & ~3 <= rf._size
-            rows, w, flag = rows[ok], w[ok], flag[ok]
-            fast[rows], flags[rows], scalars[rows] = True, flag, words[w + 3].view(np.float32)
-            v = flag > 0  # label vectors: their labels, gathered flat
-            columns.append((rows[v], flag[v], words[_runs(w[v] + 8, flag[v])].view(np.float32)))
+            for start in range(0, n, 1 << 20):  # temporaries of a chunk, not of every record
+                end = min(n, start + (1 << 20))
+                rows = slice(start, end)
+                if len(files) > 1:
+                    rows = start + np.flatnonzero(shard_of[rows] == s)
+                at = offsets[rows]
+                ok = (at & 3 == 0) & (at >= 0) & (at <= rf._size - 32)
+                w = np.where(ok, at, 0) >> 2
+                head = heads[w]  # magic, lrec, flag, label (of word 0 where not ok)
+                lrec, flag = head[:, 1].astype(np.int64), head[:, 2].astype(np.int64)
+                ok &= (head[:, 0] == MAGIC) & (lrec <= LENGTH_MASK) & (lrec >= 24 + 4 * flag)
+                ok &= (w * 4 + 11 + lrec) & ~3 <= rf._size
+                if not ok.all():
+                    rows = (np.arange(start, end) if type(rows) is slice else rows)[ok]
+                    w, flag, head = w[ok], flag[ok], head[ok]
+                fast[rows], flags[rows], scalars[rows] = True, flag, head[:, 3].view(np.float32)
+                v = flag > 0  # label vectors: their labels, gathered flat
+                if v.any():
+                    rows = np.arange(start, end) if type(rows) is slice else rows
+                    labels = words[_runs(w[v] + 8, flag[v])].view(np.float32)
+                    columns.append((rows[v], flag[v], labels))
         finally:
-            del words
+            del words, heads
+        _release_pages(rf.open())  # read once: the headers' pages are the page cache's again
+    _release_pages(offsets)
     slow = []
     for row in np.flatnonzero(~fast).tolist():
         rf, offset, key = files[int(shard_of[row])], int(offsets[row]), int(keys[row])
@@ -1140,6 +1315,7 @@ def _header_labels(files, shard_of, offsets, keys):
     if not width:
         scalars.flags.writeable = False
         return scalars
+    flags = flags.astype(np.int64)
     starts = np.cumsum(flags) - flags  # every label, row after row: no n x width matrix
     flat = np.zeros(int(flags.sum()), np.float32)
     for rows, counts, values in columns:

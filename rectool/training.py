@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import traceback
+import weakref
 
 import numpy as np
 
@@ -59,7 +60,7 @@ def epoch_order(size, epoch=0, seed=0, shuffle=True):
     if epoch < 0 or seed < 0:
         raise ValueError("epoch and seed must be >= 0")
     bits = np.random.PCG64([seed, epoch]).random_raw(size)
-    return np.argsort(bits, kind="stable").astype(np.int64)
+    return np.argsort(bits, kind="stable").astype(np.int64, copy=False)
 
 
 class RankSampler:
@@ -115,12 +116,13 @@ class RankSampler:
 
     def __iter__(self):
         self._yielded = 0
-        return self._count_yielded(self.indices().tolist())
+        return self._count_yielded(self.indices())
 
     def _count_yielded(self, indices):
-        for i in indices:
-            self._yielded += 1
-            yield i
+        for start in range(0, len(indices), 1 << 16):  # Python ints a block at a time, not
+            for i in indices[start : start + (1 << 16)].tolist():  # one per sample at once
+                self._yielded += 1
+                yield i
 
     def state_dict(self, consumed=None):
         """Return {epoch, position, ...}: where to resume after `consumed` samples of this rank.
@@ -326,6 +328,12 @@ class _SampleDecoder:
         except _reader(self.ds).RecordFormatError as exc:
             raise _BadSample(exc) from None
 
+    def release(self):
+        """Unmap what the batch read (`ds.close()`): a worker holds no pages between batches."""
+        close = getattr(self.ds, "close", None)
+        if close is not None:
+            close()
+
     def _bad(self, i, exc):
         """Return the _BadSample of the reader's error `exc`, naming sample `i`'s location."""
         return _BadSample(type(exc)(exc.reason, *self.ds.location(i)))
@@ -481,6 +489,65 @@ def label_table(ds):
     if labels.ndim == 1 and np.isfinite(labels).all() and (labels == np.trunc(labels)).all():
         return labels.astype(np.int64)
     return labels
+
+
+class _SharedLabels:
+    """A label table in an unlinked shared-memory file: every worker maps the same pages.
+
+    `array` is the table (read-only). Forked workers inherit the mapping; pickled while a
+    process is being spawned (multiprocessing's, torch's DataLoader workers), it travels as
+    its descriptor and the worker maps it, so eight workers over 42M labels share one table
+    of 336 MB instead of holding eight copies. Pickled anywhere else, it carries the array.
+    """
+
+    def __init__(self, array):
+        array = np.asarray(array)
+        self._fd = _unlinked_shared_file(max(1, array.nbytes))
+        weakref.finalize(self, os.close, self._fd)
+        self._map(array.dtype, array.shape, mmap.ACCESS_WRITE)[...] = array
+        self.array.flags.writeable = False
+
+    def _map(self, dtype, shape, access):
+        dtype, count = np.dtype(dtype), int(np.prod(shape, dtype=np.int64))
+        mm = mmap.mmap(self._fd, max(1, count * dtype.itemsize), access=access)
+        self.spec = dtype.str, tuple(shape)
+        self.array = np.frombuffer(mm, dtype, count).reshape(shape)
+        return self.array
+
+    def __reduce__(self):
+        from multiprocessing import context, reduction
+
+        if self._fd is None or context.get_spawning_popen() is None:
+            return _SharedLabels, (np.array(self.array),)
+        return _SharedLabels._attach, (reduction.DupFd(self._fd), self.spec)
+
+    @classmethod
+    def _attach(cls, dup, spec):
+        self = cls.__new__(cls)
+        self._fd = dup.detach()
+        try:
+            self._map(*spec, mmap.ACCESS_READ)
+        finally:
+            os.close(self._fd)
+            self._fd = None  # the mapping is all a worker needs
+        return self
+
+
+def _unlinked_shared_file(size):
+    """Return the descriptor of a new shared-memory file of `size` bytes that has no name."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("rectool-labels")
+    else:
+        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        path = os.path.join(folder, f"rectool-labels-{os.getpid()}-{os.urandom(6).hex()}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.unlink(path)
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _check_options(mode, size, on_error):
@@ -654,6 +721,7 @@ class _forking:
 
 def _work(decoder, table, ring_fd, ring_spec, conn, parent, on_error, seed, forked):
     """A worker: decode each batch it is sent into its slot, answer with the report."""
+    table = table.array
     try:
         cv2 = decoder.cv2()
         if cv2 and not forked:  # a forked worker inherits one thread (see _forking)
@@ -680,6 +748,7 @@ def _work(decoder, table, ring_fd, ring_spec, conn, parent, on_error, seed, fork
             report = fill_batch(
                 decoder, table, indices, ring.images[slot], ring.labels[slot], on_error, seed
             )
+            decoder.release()
             conn.send(("ok", number, report))
         except BaseException as exc:
             conn.send(("error", number, _portable_error(exc)))
@@ -781,7 +850,8 @@ class Loader:
             raise _reader(ds).RectoolError(f"{ds!r} has no samples to load")
         self.sampler = RankSampler(len(ds), rank, world_size, shuffle, seed)
         self._decoder = _SampleDecoder(ds, mode, self.size, _max_pixels(ds, max_pixels))
-        self._labels = label_table(ds)
+        self._table = _SharedLabels(label_table(ds))  # mapped by every worker, never copied
+        self._labels = self._table.array
         self.shape = tuple(_sample_shape(self._decoder, mode, self.size, len(ds)))
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "replaced": 0}
         self.bad_samples = []
@@ -841,7 +911,7 @@ class Loader:
                     target=_work,
                     args=(
                         self._decoder,
-                        self._labels,
+                        self._table,
                         self._ring.handle(),
                         self._ring.spec,
                         theirs,
@@ -1049,7 +1119,8 @@ class BatchDecoder:
         self.size = _check_options(mode, size, on_error)
         self.mode, self.on_error, self.seed, self.slots = mode, on_error, seed, slots
         self._decoder = _SampleDecoder(ds, mode, self.size, _max_pixels(ds, max_pixels))
-        self._labels = label_table(ds)
+        self._table = _SharedLabels(label_table(ds))  # mapped by every worker, never copied
+        self._labels = self._table.array
         self.shape = tuple(_sample_shape(self._decoder, mode, self.size, len(ds)))
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "replaced": 0}
         self._ring, self._next_slot = None, 0
@@ -1057,7 +1128,12 @@ class BatchDecoder:
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_ring"] = None  # each worker makes its own
+        state["_labels"] = None  # the table travels as itself
         return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._labels = self._table.array
 
     def __len__(self):
         """Return the number of samples (indices range over the dataset)."""
@@ -1084,6 +1160,8 @@ class BatchDecoder:
             )
         except ShapeMismatchError as exc:
             raise _reader(self._decoder.ds).RectoolError(str(exc)) from None
+        if in_worker:
+            self._decoder.release()
         self.stats["batches"] += 1
         self.stats["samples"] += n
         self.stats["skipped"] += len(skipped)

@@ -58,8 +58,9 @@ def test_training_module(tmp_path):
 
 
 def test_the_emitted_reader_is_small_and_declares_its_api():
-    # The aim is 500 (see docs/architecture.md); the decode guard (~190 lines) must stand alone.
-    assert len((HEADER + SOURCE).splitlines()) <= 1200
+    # The aim is 500 (see docs/architecture.md); the decode guard (~190 lines) must stand alone,
+    # and so must mapping the .rtc and pickling a dataset as its place in it (~120, issue 22).
+    assert len((HEADER + SOURCE).splitlines()) <= 1340
     assert len(reader.__all__) <= 12
     assert all(hasattr(reader, name) for name in reader.__all__)
 

@@ -219,10 +219,10 @@ def cache_of(idx):
 
 
 def read_cache(idx):
-    """Decode a sidecar by hand: magic, .idx size, mtime_ns, count, CRC, keys and offsets."""
+    """Decode a sidecar by hand: magic, .idx size, mtime_ns, count, CRCs, keys and offsets."""
     data = cache_of(idx).read_bytes()
-    magic, size, mtime_ns, count, crc = struct.unpack_from("<8sQqQI4x", data)
-    assert crc == zlib.crc32(idx.read_bytes())
+    magic, size, mtime_ns, count, crc, sample = struct.unpack_from("<8sQqQII", data)
+    assert crc == sample == zlib.crc32(idx.read_bytes())  # a small .idx is its own sample
     body = struct.unpack_from(f"<{2 * count}q", data, 40)
     assert len(data) == 40 + 16 * count
     return magic, size, mtime_ns, list(body[:count]), list(body[count:])
@@ -247,7 +247,7 @@ def test_write_index_cache_writes_the_sidecar(tmp_path):
     idx = write(tmp_path / "a.idx", IDX_TEXT)
     assert write_index_cache(idx, *load_index(idx))
     st = os.stat(idx)
-    assert read_cache(idx) == (b"RTIDXC02", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
+    assert read_cache(idx) == (b"RTIDXC03", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.idx", "a.idx.rtc"]
 
 
@@ -258,7 +258,7 @@ def test_index_cache_command_writes_every_shards_sidecar(tmp_path):
     assert result.exit_code == 0, result.output
     assert result.stderr == f"Wrote {cache_of(idx)}.\n"
     st = os.stat(idx)
-    assert read_cache(idx) == (b"RTIDXC02", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
+    assert read_cache(idx) == (b"RTIDXC03", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
 
 
 def test_load_index_without_cache_neither_reads_nor_writes_it(tmp_path):

@@ -1,8 +1,9 @@
 """Write the .idx sidecar cache (`<idx>.rtc`) that the reader only reads.
 
-The format (header, then int64 keys and offsets) is defined in `rectool.reader`, which reads
-it; this module is the one writer: `pack` calls it for large shards, `rectool index-cache`
-for packs made by others (insightface's train.idx, im2rec's).
+The format (header, then int64 keys and offsets, which readers map in place) is defined in
+`rectool.reader`, which reads versions 2 and 3; this module is the one writer (version 3):
+`pack` calls it for large shards, `rectool index-cache` for packs made by others
+(insightface's train.idx, im2rec's).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from ..reader import (
     INDEX_CACHE_HEADER,
     INDEX_CACHE_MAGIC,
     index_cache_path,
+    index_sample_crc,
     load_index,
     resolve_source,
 )
@@ -30,19 +32,24 @@ INDEX_CACHE_MIN_RECORDS = 100_000
 def write_index_cache(idx_path, keys, offsets, st=None, data=None):
     """Write the sidecar cache for an .idx; return False when the folder is not writable.
 
-    `data`, the .idx bytes when the caller has them, saves reading the file for its CRC.
-    The cache is written to a fresh temporary (never following a planted name) and renamed.
+    Version 3 (`INDEX_CACHE_MAGIC`): the header carries the CRC-32 of the whole .idx and of
+    the sample of it that readers check (`index_sample_crc`). `data`, the .idx bytes when the
+    caller has them, saves reading the file for its CRC. The cache is written to a fresh
+    temporary (never following a planted name) and renamed.
     """
     st = st or os.stat(idx_path)
     final = index_cache_path(idx_path)
-    if data is not None:
-        crc = zlib.crc32(data)
-    else:
-        crc = 0
-        with open_input(idx_path, "index file") as f:
+    with open_input(idx_path, "index file") as f:
+        sample = index_sample_crc(f.fileno(), st.st_size)
+        if data is not None:
+            crc = zlib.crc32(data)
+        else:
+            crc = 0
             while block := f.read(1 << 24):
                 crc = zlib.crc32(block, crc)
-    head = INDEX_CACHE_HEADER.pack(INDEX_CACHE_MAGIC, st.st_size, st.st_mtime_ns, len(keys), crc)
+    head = INDEX_CACHE_HEADER.pack(
+        INDEX_CACHE_MAGIC, st.st_size, st.st_mtime_ns, len(keys), crc, sample
+    )
     body = (
         head,
         np.ascontiguousarray(keys, np.int64).tobytes(),

@@ -201,11 +201,19 @@ def _read_shard(rec: str, idx: str) -> dict[str, Any]:
             "classes": classes,
             "labels": headers.label0[rows],
             "sizes": headers.image[rows],
-            "formats": Counter("unknown" if f is None else f for f in formats),
-            "flags": Counter(headers.flag[rows].tolist()),
+            "formats": Counter(
+                {"unknown" if f is None else f: n for f, n in Counter(formats).items()}
+            ),
+            "flags": _counts(headers.flag[rows]),
             "offsets": offsets[rows],
             "damage": damage,
         }
+
+
+def _counts(values: np.ndarray) -> Counter:
+    """Return a Counter of an array's values, counted by numpy (no object per record)."""
+    found, counts = np.unique(values, return_counts=True)
+    return Counter(dict(zip(found.tolist(), counts.tolist())))
 
 
 def _damage_summary(

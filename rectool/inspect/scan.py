@@ -252,7 +252,12 @@ def _confirm_chain(buf: Buffer, size: int, hint: Sequence[int] | np.ndarray) -> 
     each ending, padding included, where the next begins and the last at the end of the
     file, and zero padding.
     """
-    starts = np.unique(np.asarray(hint, np.int64))
+    starts = np.asarray(hint, np.int64)
+    if not (starts[1:] > starts[:-1]).all():  # as a pack writes it: in order, each once
+        # Sorted, then deduplicated: numpy 2's hash-based np.unique took 14 s on 10M offsets
+        # of one stride.
+        starts = np.sort(starts)
+        starts = starts[np.concatenate(([True], starts[1:] != starts[:-1]))]
     n = len(starts)
     if not n or starts[0] != 0 or (starts & 3).any() or starts[-1] + 8 > size:
         return None
@@ -452,12 +457,13 @@ def image_formats(
     split: np.ndarray,
     rows: Sequence[int] | np.ndarray,
     read_record: ReadRecord,
-) -> list[str | None]:
+) -> np.ndarray:
     """Return the image format (see `images.sniff_format`, None if unknown) of each record in
-    `rows`, as a list. JPEG and PNG signatures are recognised with numpy, the rest one by one.
+    `rows`, as an object array. JPEG and PNG signatures are recognised with numpy (no Python
+    object or loop per record), the rest one by one.
     """
     rows = np.asarray(rows, np.int64)
-    out: list[str | None] = [None] * len(rows)
+    out: np.ndarray = np.full(len(rows), None, object)
     if not len(rows):
         return out
     whole = ~split[rows] & (headers.image[rows] > 0)
@@ -470,10 +476,7 @@ def image_formats(
         kinds[whole] = np.where(
             (first & 0xFFFFFF) == 0xFFD8FF, 1, np.where(first == 0x474E5089, 2, 0)
         )
-    for i in np.flatnonzero(kinds == 1).tolist():
-        out[i] = "jpeg"
-    for i in np.flatnonzero(kinds == 2).tolist():
-        out[i] = "png"
+    out[kinds == 1], out[kinds == 2] = "jpeg", "png"
     for i in np.flatnonzero(kinds == 0).tolist():
         j, length = int(rows[i]), int(headers.image[rows[i]])
         if length == 0:

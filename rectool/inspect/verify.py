@@ -619,7 +619,7 @@ def read_shard(dataset, number, buf, size, read_record):
     sound = h.complete & ~((h.flag > 0) & (h.label != 0))
     rows = np.flatnonzero(layout.images & sound & (h.image > 0))
     formats = image_formats(buf, size, starts, h, framing.split, rows, read_record)
-    unknown = np.array([j for j, kind in zip(rows.tolist(), formats) if kind is None], np.int64)
+    unknown = rows[np.equal(formats, None)]
     return ShardFacts(
         dataset, rec, idx, entry, size, buf, read_record, index, framing, h, keys, indexed,
         index_hit, layout, sound, unknown,
