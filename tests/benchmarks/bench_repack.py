@@ -41,10 +41,18 @@ HASH_FILE = (
 )
 # (key in run()'s result, what it is, "<=" or ">=", limit): read by run_all.py.
 TARGETS = [
-    ("ratios.identity_over_cp", "repack --order identity time / cp of the .rec and .idx", "<=",
-     IDENTITY_LIMIT),
-    ("ratios.shuffle_over_cp", "repack --order shuffle time / cp of the .rec and .idx", "<=",
-     SHUFFLE_LIMIT),
+    (
+        "ratios.identity_over_cp",
+        "repack --order identity time / cp of the .rec and .idx",
+        "<=",
+        IDENTITY_LIMIT,
+    ),
+    (
+        "ratios.shuffle_over_cp",
+        "repack --order shuffle time / cp of the .rec and .idx",
+        "<=",
+        SHUFFLE_LIMIT,
+    ),
 ]
 
 
@@ -95,7 +103,8 @@ def run(repeats=3, memory_records=MEMORY_RECORDS, log=print):
     source = ensure_source(log=log)
     rec, idx = Path(f"{source}.rec"), Path(f"{source}.idx")
     size_mb = rec.stat().st_size / 1e6
-    subprocess.run(["cat", str(rec), str(idx)], stdout=subprocess.DEVNULL, check=True)  # warm the cache
+    # Warm the page cache.
+    subprocess.run(["cat", str(rec), str(idx)], stdout=subprocess.DEVNULL, check=True)
     out = WORK / "out"
 
     def clean():
@@ -148,7 +157,8 @@ def run(repeats=3, memory_records=MEMORY_RECORDS, log=print):
         },
     }
     log(
-        f"cp of the {size_mb:,.0f} MB .rec and its .idx: {cp_s:.2f} s; repack identity {identity_s:.2f} s "
+        f"cp of the {size_mb:,.0f} MB .rec and its .idx: {cp_s:.2f} s; repack identity "
+        f"{identity_s:.2f} s "
         f"({identity_s / cp_s:.2f}x, limit {IDENTITY_LIMIT:g}x); shuffle {shuffle_s:.2f} s "
         f"({shuffle_s / cp_s:.2f}x, limit {SHUFFLE_LIMIT:g}x); xxh3-128 of the .rec "
         f"alone {xxh_s:.2f} s ({xxh_s / cp_s:.2f}x cp)"
