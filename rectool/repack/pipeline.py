@@ -821,7 +821,7 @@ class _RepackRun:
                         win, i, stop, new_labels[i:stop], keys, self.insightface
                     )
                     positions = range(position, position + count)
-                    self.writer.add_run(data, keys[:count].tolist(), starts, positions)
+                    self.writer.add_run(data, keys[:count], starts, positions)
                     self.images += count
                     position += count
                     i += count
