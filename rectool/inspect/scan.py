@@ -234,7 +234,11 @@ def _confirm_chain(buf, size, hint):
     each ending, padding included, where the next begins and the last at the end of the
     file, and zero padding.
     """
-    starts = np.unique(np.asarray(hint, np.int64))
+    starts = np.asarray(hint, np.int64)
+    # An index in file order, as packs write it, needs no sort (numpy's unique of 100k
+    # distinct offsets took 20-120 ms here; checking the order, a few microseconds).
+    if len(starts) > 1 and not (starts[1:] > starts[:-1]).all():
+        starts = np.unique(starts)
     n = len(starts)
     if not n or starts[0] != 0 or (starts & 3).any() or starts[-1] + 8 > size:
         return None
