@@ -323,6 +323,7 @@ def test_frame_image_record_splits_like_the_general_path():
 def test_index_lines_of_a_run_are_each_line_in_turn(pairs, non_negative):
     if non_negative:  # the numpy path; a negative key is written by Python's % formatting
         pairs = [(abs(key) // 2, offset) for key, offset in pairs]
+    pairs = pairs * (600 // len(pairs) + 1) if pairs else pairs  # long runs go through numpy
     keys, offsets = [k for k, _ in pairs], [o for _, o in pairs]
     expected = "".join(writer.format_index_line(k, o) for k, o in pairs).encode("ascii")
     assert writer.format_index_lines(keys, offsets) == expected
@@ -332,5 +333,6 @@ def test_index_lines_of_a_run_are_each_line_in_turn(pairs, non_negative):
 def test_index_lines_at_every_digit_count():
     values = [0, 1, 9, 10, 99, 100] + [10**n + d for n in range(2, 19) for d in (-1, 0, 1)]
     values += [2**63 - 1]
+    values *= 12  # past the length from which numpy writes them
     expected = "".join(f"{v}\t{values[-1 - i]}\n" for i, v in enumerate(values)).encode()
     assert writer.format_index_lines(values, values[::-1]) == expected

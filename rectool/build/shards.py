@@ -314,8 +314,12 @@ class ShardFile:
     def add_run(self, data, keys, starts):
         """Append records framed back to back in `data` (record i from `starts[i]`, a list)
         under `keys` (integers): the same bytes as `add` for each in turn."""
-        keys = np.asarray(keys, np.int64)
-        offsets = self.rec_bytes + np.asarray(starts, np.int64)
+        if len(starts) >= 512:  # numpy's fixed costs are worth it (see format_index_lines)
+            keys = np.asarray(keys, np.int64)
+            offsets = self.rec_bytes + np.asarray(starts, np.int64)
+        else:
+            keys = keys.tolist() if isinstance(keys, np.ndarray) else keys
+            offsets = [self.rec_bytes + start for start in starts]
         self._append(data, format_index_lines(keys, offsets), keys, offsets, starts)
         self.first_key = int(keys[0]) if self.first_key is None else self.first_key
         self.last_key = int(keys[-1])

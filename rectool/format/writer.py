@@ -156,6 +156,8 @@ def format_index_line(key, offset):
 
 
 _POWERS = 10 ** np.arange(1, 19, dtype=np.int64)
+# Fewer lines than this are written by Python: numpy's fixed cost per call is larger.
+_NUMPY_LINES = 512
 _DIGITS = np.frombuffer(b"0123456789", np.uint8)
 
 
@@ -163,12 +165,12 @@ def format_index_lines(keys, offsets):
     """Return the .idx lines of `keys` at `offsets` (integer sequences) as ASCII bytes: those
     of `format_index_line`, one after the other, written a column of digits at a time by
     numpy (no Python bytecode per line)."""
+    if len(keys) < _NUMPY_LINES:
+        return _python_lines(keys, offsets)
     keys = np.asarray(keys, np.int64).reshape(-1)
     offsets = np.asarray(offsets, np.int64).reshape(-1)
-    if not len(keys):
-        return b""
     if keys.min() < 0 or offsets.min() < 0:  # a sign: as Python writes it
-        return "".join(map(INDEX_LINE.__mod__, zip(keys.tolist(), offsets.tolist()))).encode()
+        return _python_lines(keys, offsets)
     columns, keep = [], []
     for values, end in ((keys, b"\t"), (offsets, b"\n")):
         width = int(np.searchsorted(_POWERS, values.max(), side="right")) + 1
@@ -184,6 +186,12 @@ def format_index_lines(keys, offsets):
         keep.append(np.arange(width + 1) >= (width - digits)[:, None])
     lines = np.concatenate(columns, axis=1)
     return lines[np.concatenate(keep, axis=1)].tobytes()
+
+
+def _python_lines(keys, offsets):
+    keys = keys.tolist() if isinstance(keys, np.ndarray) else keys
+    offsets = offsets.tolist() if isinstance(offsets, np.ndarray) else offsets
+    return "".join(map(INDEX_LINE.__mod__, zip(keys, offsets))).encode("ascii")
 
 
 class IndexedRecordWriter:
