@@ -31,6 +31,7 @@ from ..reader import (
     RecordFile,
     unpack_header,
 )
+from .selection import distinct
 
 # A stretch handed to the writer holds at most this many bytes of records.
 BATCH_BYTES = 8 << 20
@@ -110,7 +111,7 @@ class RecordCopier:
             return s.shard_of[samples].astype(np.int64), np.asarray(s.dataset.offsets)[samples]
         files = np.empty(len(rows), np.int64)
         offsets = np.empty(len(rows), np.int64)
-        for k in np.unique(src).tolist():
+        for k in distinct(src).tolist():
             sel = np.flatnonzero(src == k)
             samples = cat.sample[rows[sel]]
             files[sel] = self._base[k] + self.sources[k].shard_of[samples]
@@ -125,7 +126,7 @@ class RecordCopier:
         length = np.zeros(n, np.int64)
         flag = np.zeros(n, np.int64)
         whole = np.zeros(n, bool)
-        numbers = np.unique(files).tolist()
+        numbers = distinct(files).tolist()
         for f in numbers:
             sel = np.flatnonzero(files == f) if len(numbers) > 1 else slice(None)
             _, words, size = self._file(f)
@@ -156,7 +157,7 @@ class RecordCopier:
         all of them at once (`passthrough.refused_images`); any other record is read whole.
         """
         out = {}
-        for f in np.unique(win.files).tolist():
+        for f in distinct(win.files).tolist():
             sel = np.flatnonzero((win.files == f) & win.whole)
             if not len(sel):
                 continue
