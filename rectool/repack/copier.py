@@ -74,14 +74,15 @@ class RecordCopier:
         self._base = np.cumsum([0] + [len(s.dataset.shards) for s in sources])
         # Read by worker threads when re-encoding: made here, once, not on first use.
         self._record_files = {rec: RecordFile(rec) for s in sources for rec, _ in s.dataset.shards}
+        self._shared = []  # the sources' own record files mapped here (see `_file`)
         self._touched = {}  # file number -> bool per block touched since the last release
         self._mapped = 0  # bytes of those blocks, and of the insides of records longer than one
 
     def close(self):
         maps = [entry[0] for entry in self._files if entry is not None]
-        self._files = []  # drops the numpy views first: a mapping with views cannot close
+        self._let_go()  # drops the numpy views first: a mapping with views cannot close
         for mm in maps:
-            if isinstance(mm, mmap.mmap):
+            if isinstance(mm, mmap.mmap) and not mm.closed:
                 try:
                     mm.close()
                 except BufferError:  # a view is still queued (after an error): let GC close it
@@ -95,12 +96,30 @@ class RecordCopier:
             self._files.append(None)
         if self._files[f] is None:
             k = int(np.searchsorted(self._base, f, side="right") - 1)
-            rec = self.sources[k].dataset.shards[f - self._base[k]][0]
-            with open_input(rec, "record file") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b"\0" * 8
+            source, shard = self.sources[k], f - self._base[k]
+            shared = getattr(source, "record_files", None)
+            if shared:  # the mapping the source's labels were read through, still mapped
+                mm = shared[shard].open()
+                size = len(mm)
+                self._shared.append(shared[shard])
+            else:
+                with open_input(source.dataset.shards[shard][0], "record file") as fh:
+                    size = os.fstat(fh.fileno()).st_size
+                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            mm = mm if size else b"\0" * 8
             self._files[f] = (mm, np.frombuffer(mm, "<u4", len(mm) // 4), size)
         return self._files[f]
+
+    def _let_go(self):
+        """Drop every mapping: each is unmapped once its last view (one queued for writing,
+        say) is gone."""
+        self._files = [None] * len(self._files)
+        shared, self._shared = self._shared, []
+        for rf in shared:
+            try:
+                rf.close()
+            except BufferError:  # a view is still queued: the mapping goes with the last one
+                pass
 
     def locate(self, rows):
         """Return (file number, byte offset) of catalog rows."""
@@ -290,7 +309,7 @@ class RecordCopier:
         if self._mapped >= RELEASE_BYTES:
             self._mapped = 0
             self._touched = {}
-            self._files = [None] * len(self._files)
+            self._let_go()
             for rf in self._record_files.values():  # only this thread reads them here
                 rf.close()
 

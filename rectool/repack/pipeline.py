@@ -77,7 +77,7 @@ from ..reader import (
     unpack_header,
 )
 from . import selection
-from .copier import RecordCopier
+from .copier import RELEASE_BYTES, RecordCopier
 from .evalsets import is_eval_set, read_eval_set
 
 LABELS_BY = ("offset", "name")
@@ -169,7 +169,12 @@ class _Source:
         _refuse_shared_offsets(self.dataset, self.shard_of)
         self.labels = _identity_labels(self.dataset, self.spec)
         self.names = _identity_names(self.dataset)
-        self.dataset.close()  # its mappings are touched end to end: let them go
+        # The copy reads the same files: a source small enough to stay mapped keeps the
+        # mappings its labels were read through, so its pages are faulted in once, not twice.
+        self.record_files = _shard_files(self.dataset)
+        if self.record_files is None or _rec_bytes(self.dataset) > RELEASE_BYTES:
+            self.record_files = None
+            self.dataset.close()  # its mappings are touched end to end: let them go
 
     def fingerprint(self):
         """Return what identifies the source's files (compared on --resume)."""
@@ -241,10 +246,26 @@ def _open_target(spec):
     return _EvalTarget(spec) if is_eval_set(spec) else _PackTarget(spec)
 
 
+def _rec_bytes(dataset):
+    return sum(os.path.getsize(rec) for rec, _ in dataset.shards)
+
+
+def _shard_files(dataset):
+    """Return the dataset's own `reader.RecordFile` of each shard (the mappings it read the
+    labels through), or None.
+
+    With `_sample_shards`, the one place that reads `reader.RecordDataset` internals.
+    """
+    files = getattr(dataset, "_files", None)
+    if files is None or len(files) != len(dataset.shards):
+        return None
+    return list(files)
+
+
 def _sample_shards(dataset):
     """Return the shard number of every sample (int32), from the dataset's own table.
 
-    The one place that reads `reader.RecordDataset` internals (its per-sample shard table);
+    Reads `reader.RecordDataset` internals (its per-sample shard table, see `_shard_files`);
     without them, `location(i)` of every sample says the same, slowly.
     """
     table = getattr(dataset, "_sample_shards", None)
