@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -54,3 +55,13 @@ def test_package_exports_resolve():
     for name in rectool.__all__:
         assert getattr(rectool, name) is not None
     assert rectool.open_dataset.__module__ == "rectool.reader"
+
+
+def test_the_command_line_starts_numpy_with_one_blas_thread_unless_told_otherwise():
+    # OpenBLAS threads, one per core, spin as numpy is imported; no command does linear algebra.
+    show = "import os, rectool.cli, numpy; print(os.environ.get('OPENBLAS_NUM_THREADS'))"
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    run = [sys.executable, "-c", show]
+    assert subprocess.run(run, env=env, capture_output=True, text=True).stdout.strip() == "1"
+    told = {**env, "OPENBLAS_NUM_THREADS": "2"}
+    assert subprocess.run(run, env=told, capture_output=True, text=True).stdout.strip() == "2"

@@ -27,6 +27,7 @@ from rectool.build.packing import PackOptions, pack_images
 from rectool.errors import RectoolError, UsageError
 from rectool.inspect.verify import verify_dataset
 from rectool.reader import open_dataset
+from rectool.repack import copier as copier_module
 from rectool.repack import pipeline as repack_module
 from rectool.repack.pipeline import RepackOptions, repack
 
@@ -282,6 +283,43 @@ def test_shuffle_is_a_seeded_permutation(tmp_path):
     assert (tmp_path / "s1.rec").read_bytes() == (tmp_path / "s2.rec").read_bytes()
     assert first != ordered and sorted(first) == sorted(ordered)
     assert samples(tmp_path / "s3") != first
+
+
+@pytest.mark.parametrize("order", ["identity", "shuffle"])
+def test_letting_go_of_the_source_mappings_mid_copy_changes_no_byte(tmp_path, monkeypatch, order):
+    # Two source shards and a record holding the magic word (framed again).
+    images = [jpeg_bytes(k, 12, 10) for k in range(14)] + [MAGIC * 2 + b"abcd"]
+    write_pack(
+        tmp_path / "src",
+        [
+            [(k, images[k], float(k % 4)) for k in range(8)],
+            [(k, images[k], float(k % 3)) for k in range(8, 15)],
+        ],
+    )
+    options = RepackOptions(order=order, seed=5)
+    repack([tmp_path / "src"], tmp_path / "kept", options)
+    monkeypatch.setattr(repack_module, "BATCH_RECORDS", 3)
+    monkeypatch.setattr(copier_module, "RELEASE_BYTES", 1)  # after every window
+    released = []
+    monkeypatch.setattr(
+        copier_module.RecordCopier, "_release_if_due", counting(released, "_release_if_due")
+    )
+    repack([tmp_path / "src"], tmp_path / "released", options)
+    assert len([mapped for mapped in released if mapped >= 1]) >= 3  # let go, then mapped again
+    for suffix in (".rec", ".idx", ".rec.crc"):
+        kept = (tmp_path / f"kept{suffix}").read_bytes()
+        assert (tmp_path / f"released{suffix}").read_bytes() == kept, suffix
+
+
+def counting(calls, name):
+    """Return a method that records each call, then runs `RecordCopier.<name>`."""
+    original = getattr(copier_module.RecordCopier, name)
+
+    def method(self, *args):
+        calls.append(self._mapped)
+        return original(self, *args)
+
+    return method
 
 
 # -- layouts -------------------------------------------------------------------------------------

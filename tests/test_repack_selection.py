@@ -85,3 +85,10 @@ def test_relabel_is_contiguous_and_order_preserving(labels):
     new, old = selection.relabel(labels, mask)
     assert sorted(set(new.tolist())) == list(range(len(old)))
     assert (old[new] == labels).all()
+
+
+@given(st.lists(st.integers(-(2**62), 2**62), max_size=60))
+def test_distinct_is_numpys_unique(values):
+    array = np.array(values, np.int64)
+    assert np.array_equal(selection.distinct(array), np.unique(array))
+    assert selection.distinct(array).dtype == np.int64

@@ -314,3 +314,25 @@ def test_frame_image_record_splits_like_the_general_path():
     image = b"abcd" + M + b"ef"
     assert frame_image_record(image, 1.0, 7) == frame_record(pack_image_record(image, 1.0, 7))
     assert frame_image_record(image, 1.0, 7).count(M) == 2  # two parts
+
+
+@given(
+    st.lists(st.tuples(st.integers(-(2**63), 2**63 - 1), st.integers(0, 2**63 - 1)), max_size=40),
+    st.booleans(),
+)
+def test_index_lines_of_a_run_are_each_line_in_turn(pairs, non_negative):
+    if non_negative:  # the numpy path; a negative key is written by Python's % formatting
+        pairs = [(abs(key) // 2, offset) for key, offset in pairs]
+    pairs = pairs * (600 // len(pairs) + 1) if pairs else pairs  # long runs go through numpy
+    keys, offsets = [k for k, _ in pairs], [o for _, o in pairs]
+    expected = "".join(writer.format_index_line(k, o) for k, o in pairs).encode("ascii")
+    assert writer.format_index_lines(keys, offsets) == expected
+    assert writer.format_index_lines(np.array(keys, np.int64), offsets) == expected
+
+
+def test_index_lines_at_every_digit_count():
+    values = [0, 1, 9, 10, 99, 100] + [10**n + d for n in range(2, 19) for d in (-1, 0, 1)]
+    values += [2**63 - 1]
+    values *= 12  # past the length from which numpy writes them
+    expected = "".join(f"{v}\t{values[-1 - i]}\n" for i, v in enumerate(values)).encode()
+    assert writer.format_index_lines(values, values[::-1]) == expected

@@ -38,7 +38,7 @@ from ..reader import (
     parse_index,
 )
 from ..format.records import RecordFile
-from ..format.writer import INDEX_LINE, format_index_line
+from ..format.writer import format_index_line, format_index_lines
 
 # Records are buffered and written in batches; kill -9 can then only cut between two writes.
 FLUSH_BYTES = 4 << 20
@@ -307,15 +307,22 @@ class ShardFile:
         offset = self.rec_bytes
         lines = format_index_line(key, offset).encode("ascii")
         self._append(framed, lines, [key], [offset], [0])
+        self.first_key = key if self.first_key is None else self.first_key
+        self.last_key = key
         return offset
 
     def add_run(self, data, keys, starts):
-        """Append records framed back to back in `data` (record i from `starts[i]`) under
-        `keys`: the same bytes as `add` for each in turn."""
-        base = self.rec_bytes
-        offsets = [base + start for start in starts]
-        lines = "".join(map(INDEX_LINE.__mod__, zip(keys, offsets))).encode("ascii")
-        self._append(data, lines, keys, offsets, starts)
+        """Append records framed back to back in `data` (record i from `starts[i]`, a list)
+        under `keys` (integers): the same bytes as `add` for each in turn."""
+        if len(starts) >= 512:  # numpy's fixed costs are worth it (see format_index_lines)
+            keys = np.asarray(keys, np.int64)
+            offsets = self.rec_bytes + np.asarray(starts, np.int64)
+        else:
+            keys = keys.tolist() if isinstance(keys, np.ndarray) else keys
+            offsets = [self.rec_bytes + start for start in starts]
+        self._append(data, format_index_lines(keys, offsets), keys, offsets, starts)
+        self.first_key = int(keys[0]) if self.first_key is None else self.first_key
+        self.last_key = int(keys[-1])
 
     def _append(self, data, lines, keys, offsets, starts):
         self._rec_buf.append(data)
@@ -325,11 +332,12 @@ class ShardFile:
         self.records += len(keys)
         self.rec_bytes += len(data)
         self.idx_bytes += len(lines)
-        self._keys.extend(keys)
-        self._offsets.extend(offsets)
-        if self.first_key is None:
-            self.first_key = keys[0]
-        self.last_key = keys[-1]
+        if isinstance(keys, np.ndarray):
+            self._keys.frombytes(keys.tobytes())
+            self._offsets.frombytes(offsets.tobytes())
+        else:
+            self._keys.extend(keys)
+            self._offsets.extend(offsets)
         if self.buffered >= FLUSH_BYTES:
             self.flush()
 
@@ -344,7 +352,10 @@ class ShardFile:
         parts, starts = self._rec_buf, self._rec_starts
         if len(parts) > 1 and self.buffered < len(parts) * WRITE_BYTES // 4:
             bases = itertools.accumulate(map(len, parts[:-1]), initial=0)
-            starts = [[base + s for b, base in zip(starts, bases) for s in b]]
+            starts = [
+                np.concatenate([np.asarray(b, np.int64) + base for b, base in zip(starts, bases)])
+                .tolist()
+            ]
             parts = [b"".join(parts)]  # many small records: one write, not one each
         digest = _ShardDigest(self._rec_hash, self._checksums, starts)
         self._io.submit(self._rec_fd, parts, digest)
@@ -474,6 +485,7 @@ class ShardWriter:
             )
         if not fits:  # a shard ends inside the run: record by record
             ends = [*starts[1:], len(data)]
+            keys = np.asarray(keys, np.int64).tolist()
             for key, start, end, position in zip(keys, starts, ends, positions):
                 self.add(key, data[start:end], position)
             return

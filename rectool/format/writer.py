@@ -155,6 +155,45 @@ def format_index_line(key, offset):
     return INDEX_LINE % (key, offset)
 
 
+_POWERS = 10 ** np.arange(1, 19, dtype=np.int64)
+# Fewer lines than this are written by Python: numpy's fixed cost per call is larger.
+_NUMPY_LINES = 512
+_DIGITS = np.frombuffer(b"0123456789", np.uint8)
+
+
+def format_index_lines(keys, offsets):
+    """Return the .idx lines of `keys` at `offsets` (integer sequences) as ASCII bytes: those
+    of `format_index_line`, one after the other, written a column of digits at a time by
+    numpy (no Python bytecode per line)."""
+    if len(keys) < _NUMPY_LINES:
+        return _python_lines(keys, offsets)
+    keys = np.asarray(keys, np.int64).reshape(-1)
+    offsets = np.asarray(offsets, np.int64).reshape(-1)
+    if keys.min() < 0 or offsets.min() < 0:  # a sign: as Python writes it
+        return _python_lines(keys, offsets)
+    columns, keep = [], []
+    for values, end in ((keys, b"\t"), (offsets, b"\n")):
+        width = int(np.searchsorted(_POWERS, values.max(), side="right")) + 1
+        digits = np.searchsorted(_POWERS, values, side="right") + 1
+        block = np.empty((len(values), width + 1), np.uint8)
+        rest = values.copy()
+        for column in range(width - 1, -1, -1):
+            block[:, column] = _DIGITS[rest % 10]
+            rest //= 10
+        block[:, width] = end[0]
+        columns.append(block)
+        # Right-aligned: the leading columns beyond a value's digits are left out.
+        keep.append(np.arange(width + 1) >= (width - digits)[:, None])
+    lines = np.concatenate(columns, axis=1)
+    return lines[np.concatenate(keep, axis=1)].tobytes()
+
+
+def _python_lines(keys, offsets):
+    keys = keys.tolist() if isinstance(keys, np.ndarray) else keys
+    offsets = offsets.tolist() if isinstance(offsets, np.ndarray) else offsets
+    return "".join(map(INDEX_LINE.__mod__, zip(keys, offsets))).encode("ascii")
+
+
 class IndexedRecordWriter:
     """Write a .rec and its .idx together, as `mxnet.recordio.MXIndexedRecordIO` does."""
 

@@ -253,7 +253,7 @@ def _confirm_chain(buf: Buffer, size: int, hint: Sequence[int] | np.ndarray) -> 
     file, and zero padding.
     """
     starts = np.asarray(hint, np.int64)
-    if not (starts[1:] > starts[:-1]).all():  # as a pack writes it: in order, each once
+    if len(starts) > 1 and not (starts[1:] > starts[:-1]).all():  # not as a pack writes it
         # Sorted, then deduplicated: numpy 2's hash-based np.unique took 14 s on 10M offsets
         # of one stride.
         starts = np.sort(starts)

@@ -45,7 +45,7 @@ from ..format.checksums import (
     show_checksum,
     stale_reason,
 )
-from ..format.digest import DIGEST_NAMES, FIELD, field_name, file_digests
+from ..format.digest import DIGEST_NAMES, FIELD, digests_of, field_name, file_digests
 from ..format.keys import FLOAT32_EXACT
 from ..reader import (
     DATASET_LAYOUTS,
@@ -336,8 +336,7 @@ def verify_dataset(
                     findings.take(check_listed_once(dataset, number, repeats[number]))
                     continue
                 layout, index, size = _verify_shard(
-                    dataset, number, findings, hashes.matches, decode, decoder, progress,
-                    image_check,
+                    dataset, number, findings, hashes, decode, decoder, progress, image_check,
                 )  # fmt: skip
                 layouts.add(layout)
                 if index is not None:
@@ -415,10 +414,16 @@ def expected_digests(entry, file):
 
 class _ShardHashes:
     """The digests of each file whose manifest entry gives some (and the size it has),
-    computed on the `hasher` thread while the shards are walked: each file read once."""
+    computed on the `hasher` thread while the shards are walked: each file read once.
+
+    A .rec is hashed from the mapping its shard's checks walk (`start`), so the hashing
+    thread, not the walk, faults its pages in, and no byte is copied to be hashed; a .rec
+    whose shard is not walked is read from its file (`check`).
+    """
 
     def __init__(self, dataset, hasher):
         self.expected, self.futures = {}, {}  # path -> {algorithm: hex}, path -> future
+        self._hasher, self._mapped = hasher, {}  # .rec path -> algorithms, until `start`
         for (rec, idx), entry in zip(dataset.shards, dataset.entries):
             if entry is None:
                 continue
@@ -430,7 +435,21 @@ class _ShardHashes:
                     and os.path.exists(path)
                 ):
                     self.expected[path] = expected
-                    self.futures[path] = hasher.submit(_hexdigests, path, list(expected))
+                    if file == "rec":
+                        self._mapped[path] = list(expected)
+                    else:
+                        self.futures[path] = hasher.submit(_hexdigests, path, list(expected))
+
+    def start(self, path, buf, size):
+        """Start hashing the .rec `path` from its mapping `buf` (`size` bytes); a view of it
+        keeps it mapped until the hashing is done with it."""
+        algorithms = self._mapped.pop(path, None)
+        if algorithms is not None and size == os.path.getsize(path):
+            # The view is taken here: the mapping cannot be closed before it is hashed.
+            view = memoryview(buf)[:size]
+            self.futures[path] = self._hasher.submit(_view_hexdigests, view, algorithms)
+        elif algorithms is not None:
+            self.futures[path] = self._hasher.submit(_hexdigests, path, algorithms)
 
     def matches(self, path):
         """Return True when `path`'s digests were computed and are all the manifest's (waits
@@ -445,6 +464,9 @@ class _ShardHashes:
 
     def check(self):
         """Each file's digests are the manifest's. Raises `RectoolError` for an unreadable one."""
+        for path, algorithms in self._mapped.items():  # shards not walked: read their files
+            self.futures[path] = self._hasher.submit(_hexdigests, path, algorithms)
+        self._mapped = {}
         for path, future in self.futures.items():
             try:
                 actual = future.result()
@@ -455,6 +477,11 @@ class _ShardHashes:
 
 def _hexdigests(path, algorithms):
     return file_digests(path, algorithms).hexdigests()
+
+
+def _view_hexdigests(view, algorithms):
+    with view:
+        return digests_of(view, algorithms)
 
 
 def check_totals(dataset):
@@ -669,10 +696,11 @@ def _parse_index_leniently(idx, data):
 
 
 # -- a shard: its checks, in the order they report ----------------------------------------------
-def _verify_shard(
-    dataset, number, findings, digests_match, decode, decoder, progress, image_check=True
-):
-    """Run every check of shard `number`; return (layout name, its `ShardIndex`, bytes)."""
+def _verify_shard(dataset, number, findings, hashes, decode, decoder, progress, image_check=True):
+    """Run every check of shard `number`; return (layout name, its `ShardIndex`, bytes).
+
+    `hashes` (`_ShardHashes`) hashes the .rec from the mapping the checks walk, beside them.
+    """
     rec, _ = dataset.shards[number]
     if not os.path.exists(rec):
         if dataset.manifest is None:
@@ -680,6 +708,7 @@ def _verify_shard(
         findings.take([_one("missing-file", rec, None, None, "listed in the manifest, missing")])
         return None, None, 0
     with mapped(rec) as (buf, size), RecordFile(rec) as records:
+        hashes.start(rec, buf, size)
         facts = read_shard(dataset, number, buf, size, records.read_at)
         for check in (
             check_index_file(facts),
@@ -688,7 +717,7 @@ def _verify_shard(
             check_layout(facts),
             check_headers(facts),
             check_manifest_entry(facts),
-            check_record_checksums(facts, digests_match),
+            check_record_checksums(facts, hashes.matches),
         ):
             findings.take(check)
         report, records_found = findings.report, len(facts.framing.starts)

@@ -5,10 +5,11 @@ for `--dedupe` / `--drop-overlap`, digests of the images) into a few numpy array
 per record, and decides everything: which records are kept, their new labels and keys, and
 the order they are written in. Every error about the sources or options is raised there,
 before a byte is written. Writing then copies the kept records from the mmapped sources in
-large batches: the payload bytes are copied unchanged and the header words that change (label,
-key) are patched with numpy; only a record whose framing must change (a split record, or a new
-header word equal to the dmlc magic) is framed again by `writer.frame_record`. With a
-transform, images are re-encoded by worker threads and written in plan order.
+large batches (`copier.py`): the payload bytes are copied unchanged and the header words that
+change (label, key) are patched with numpy; only a record whose framing must change (a split
+record, or a new header word equal to the dmlc magic) is framed again by
+`writer.frame_record`. With a transform, images are re-encoded by worker threads and written
+in plan order.
 
 The output is a pack like `rectool pack` writes: shards through `shards.ShardWriter`, the
 failures file, the state file for `--resume`, the manifest last.
@@ -20,7 +21,6 @@ import dataclasses
 import hashlib
 import itertools
 import json
-import mmap
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -32,9 +32,7 @@ from ..build.images import (
     DEFAULT_MAX_PIXELS,
     ImageRefused,
     Transform,
-    check_image,
     reencode_image,
-    sniff_format,
 )
 from ..build.layout import image_size, layout_named
 from ..build.listfile import LABEL_MAP_SUFFIX, read_label_map
@@ -56,7 +54,6 @@ from ..build.manifest import (
 
 # Pack's output conventions and its --resume/--overwrite rules, reused as they are.
 from ..build.packing import allowed_failures
-from ..build.passthrough import refused_images
 from ..build.shards import ShardWriter
 from ..doors.inputs import open_input
 from ..doors.output import (
@@ -72,27 +69,21 @@ from ..doors.output import (
 from ..errors import InputError, RectoolError, UsageError
 from ..format.digest import sha256_file
 from ..format.keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
-from ..format.writer import frame_image_record, frame_record, pack_image_record
+from ..format.writer import frame_image_record
 from ..reader import (
-    IMAGE_HEADER_SIZE,
-    LENGTH_BITS,
-    LENGTH_MASK,
-    MAGIC,
     RecordFile,
     open_dataset,
     read_manifest,
     unpack_header,
 )
 from . import selection
+from .copier import RELEASE_BYTES, RecordCopier
 from .evalsets import is_eval_set, read_eval_set
 
 LABELS_BY = ("offset", "name")
-# Records are copied this many at a time (and at most BATCH_BYTES of them).
+# Records are copied this many at a time (see `copier.RecordCopier`).
 BATCH_RECORDS = 8192
-BATCH_BYTES = 8 << 20
 REENCODE_CHUNK = 32
-# Source pages copied are unmapped every this many bytes (see `_RecordCopier._forget_pages`).
-RELEASE_BYTES = 64 << 20
 # Cross-identity duplicate groups listed in the report (all are counted).
 REPORT_GROUPS = 1000
 
@@ -178,7 +169,12 @@ class _Source:
         _refuse_shared_offsets(self.dataset, self.shard_of)
         self.labels = _identity_labels(self.dataset, self.spec)
         self.names = _identity_names(self.dataset)
-        self.dataset.close()  # its mappings are touched end to end: let them go
+        # The copy reads the same files: a source small enough to stay mapped keeps the
+        # mappings its labels were read through, so its pages are faulted in once, not twice.
+        self.record_files = _shard_files(self.dataset)
+        if self.record_files is None or _rec_bytes(self.dataset) > RELEASE_BYTES:
+            self.record_files = None
+            self.dataset.close()  # its mappings are touched end to end: let them go
 
     def fingerprint(self):
         """Return what identifies the source's files (compared on --resume)."""
@@ -250,10 +246,26 @@ def _open_target(spec):
     return _EvalTarget(spec) if is_eval_set(spec) else _PackTarget(spec)
 
 
+def _rec_bytes(dataset):
+    return sum(os.path.getsize(rec) for rec, _ in dataset.shards)
+
+
+def _shard_files(dataset):
+    """Return the dataset's own `reader.RecordFile` of each shard (the mappings it read the
+    labels through), or None.
+
+    With `_sample_shards`, the one place that reads `reader.RecordDataset` internals.
+    """
+    files = getattr(dataset, "_files", None)
+    if files is None or len(files) != len(dataset.shards):
+        return None
+    return list(files)
+
+
 def _sample_shards(dataset):
     """Return the shard number of every sample (int32), from the dataset's own table.
 
-    The one place that reads `reader.RecordDataset` internals (its per-sample shard table);
+    Reads `reader.RecordDataset` internals (its per-sample shard table, see `_shard_files`);
     without them, `location(i)` of every sample says the same, slowly.
     """
     table = getattr(dataset, "_sample_shards", None)
@@ -581,248 +593,6 @@ def check_options(options):
 # -- writing ------------------------------------------------------------------------------------
 
 
-class _RecordCopier:
-    """Frame kept records for the output from the mmapped sources, a batch at a time."""
-
-    def __init__(self, sources, catalog):
-        self.sources, self.catalog = sources, catalog
-        self._files = []  # (source, shard) -> (mmap, uint32 words, size)
-        self._file_index = {}
-        self._base = np.cumsum([0] + [len(s.dataset.shards) for s in sources])
-        # Read by worker threads when re-encoding: made here, once, not on first use.
-        self._record_files = {rec: RecordFile(rec) for s in sources for rec, _ in s.dataset.shards}
-        self._copied = 0
-
-    def close(self):
-        maps = [entry[0] for entry in self._files if entry is not None]
-        self._files = []  # drops the numpy views first: a mapping with views cannot close
-        for mm in maps:
-            if isinstance(mm, mmap.mmap):
-                try:
-                    mm.close()
-                except BufferError:  # a view is still queued (after an error): let GC close it
-                    pass
-        for rf in self._record_files.values():
-            rf.close()
-
-    def _file(self, f):
-        """Return (mapping, its uint32 words, size) of source file `f`, mapping it if need be."""
-        while len(self._files) <= f:
-            self._files.append(None)
-        if self._files[f] is None:
-            k = int(np.searchsorted(self._base, f, side="right") - 1)
-            rec = self.sources[k].dataset.shards[f - self._base[k]][0]
-            with open_input(rec, "record file") as fh:
-                size = os.fstat(fh.fileno()).st_size
-                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b"\0" * 8
-            self._files[f] = (mm, np.frombuffer(mm, "<u4", len(mm) // 4), size)
-        return self._files[f]
-
-    def locate(self, rows):
-        """Return (file number, byte offset) of catalog rows."""
-        cat = self.catalog
-        files = np.empty(len(rows), np.int64)
-        offsets = np.empty(len(rows), np.int64)
-        src = cat.source[rows]
-        for k in np.unique(src).tolist():
-            sel = np.flatnonzero(src == k)
-            samples = cat.sample[rows[sel]]
-            files[sel] = self._base[k] + self.sources[k].shard_of[samples]
-            offsets[sel] = self.sources[k].dataset.offsets[samples]
-        return files, offsets
-
-    def frame_batch(self, rows, labels, keys, scalar_only, max_bytes=BATCH_BYTES):
-        """Frame the first records of catalog `rows` (relabelled to `labels`, keyed `keys`)
-        that fit in `max_bytes` (at least one); return (framed records back to back, their
-        start offsets, how many rows that is).
-
-        Whole records are copied and their header words patched; any other record is read,
-        rejoined and framed again. `scalar_only` turns label vectors into one scalar label.
-        """
-        files, offsets = self.locate(rows)
-        n = len(rows)
-        magic = np.zeros(n, np.uint32)
-        lrec = np.zeros(n, np.uint32)
-        flag = np.zeros(n, np.uint32)
-        sizes = np.zeros(n, np.int64)
-        for f in np.unique(files).tolist():
-            sel = np.flatnonzero(files == f)
-            _, words, size = self._file(f)
-            o = offsets[sel]
-            ok = (o & 3 == 0) & (o >= 0) & (o + 32 <= size)
-            w = o[ok] >> 2
-            magic[sel[ok]] = words[w]
-            lrec[sel[ok]] = words[w + 1]
-            flag[sel[ok]] = words[w + 2]
-            sizes[sel] = size
-        length = (lrec & LENGTH_MASK).astype(np.int64)
-        framed = 8 + ((length + 3) & ~3)
-        n = max(1, int(np.searchsorted(np.cumsum(framed), max_bytes, side="right")))
-        rows, labels, keys = rows[:n], labels[:n], keys[:n]
-        files, offsets, framed = files[:n], offsets[:n], framed[:n]
-        magic, lrec, flag, length, sizes = magic[:n], lrec[:n], flag[:n], length[:n], sizes[:n]
-        label_bits = labels.astype("<f4").view("<u4")
-        key_lo = (keys & 0xFFFFFFFF).astype(np.uint32)
-        key_hi = (keys >> 32).astype(np.uint32)
-        fast = (
-            (magic == MAGIC)
-            & (lrec >> LENGTH_BITS == 0)
-            & (length >= IMAGE_HEADER_SIZE + 4 * flag.astype(np.int64))
-            & (offsets + framed <= sizes)
-            & (label_bits != MAGIC)
-            & (key_lo != MAGIC)
-            & (key_hi != MAGIC)
-        )
-        if scalar_only:
-            fast &= flag == 0
-        # Records that follow each other in one source file are copied as one slice.
-        joined = np.zeros(n, bool)
-        joined[1:] = (
-            fast[1:]
-            & fast[:-1]
-            & (files[1:] == files[:-1])
-            & (offsets[1:] == offsets[:-1] + framed[:-1])
-        )
-        if (
-            fast.all()
-            and joined[1:].all()
-            and self._unchanged(files[0], offsets, flag, label_bits, key_lo, key_hi)
-        ):
-            # One stretch of a source whose headers stay as they are (a pack resharded, or
-            # already in this order): handed to the writer as it is, without a copy.
-            mm = self._file(int(files[0]))[0]
-            first = int(offsets[0])
-            data = memoryview(mm)[first : int(offsets[-1] + framed[-1])]
-            self._forget_pages(framed)
-            return data, (offsets - first).tolist(), n
-        firsts = np.flatnonzero(~joined)
-        lasts = np.r_[firsts[1:], n] - 1
-        ends = offsets + framed
-        parts, sizes_out = [], framed.copy()
-        append = parts.append
-        views = {f: memoryview(self._file(f)[0]) for f in np.unique(files).tolist()}
-        for a, f, o, e, quick in zip(
-            firsts.tolist(),
-            files[firsts].tolist(),
-            offsets[firsts].tolist(),
-            ends[lasts].tolist(),
-            fast[firsts].tolist(),
-        ):
-            if quick:
-                append(views[f][o:e])
-            else:  # a run of one
-                record = self._reframe(int(rows[a]), float(labels[a]), int(keys[a]), scalar_only)
-                sizes_out[a] = len(record)
-                append(record)
-        data = bytearray().join(parts)
-        del parts, views
-        self._forget_pages(framed)
-        starts = np.zeros(n, np.int64)
-        np.cumsum(sizes_out[:-1], out=starts[1:])
-        out = np.frombuffer(data, "<u4")
-        w = starts[fast] >> 2
-        vector = flag[fast] > 0
-        out[w + np.where(vector, 8, 3)] = label_bits[fast]
-        out[w + 4] = key_lo[fast]
-        out[w + 5] = key_hi[fast]
-        del out
-        return data, starts.tolist(), n
-
-    def refusals(self, rows, max_pixels):
-        """Return {i: reason} for each catalog row `rows[i]` whose image `pack` would refuse
-        (`check_image` in structure mode: empty, truncated, corrupt, over `max_pixels`).
-
-        Payloads with no known image signature are copied as they are (`_check_copied`):
-        repack carries any record; `verify` names them ("not-an-image").
-
-        Whole records are checked where they lie in the mapped source, the JPEG walk over
-        all of them at once (`passthrough.refused_images`); any other record is read whole.
-        """
-        files, offsets = self.locate(rows)
-        out = {}
-        slow = []
-        for f in np.unique(files).tolist():
-            sel = np.flatnonzero(files == f)
-            mm, words, size = self._file(f)
-            o = offsets[sel]
-            ok = (o & 3 == 0) & (o >= 0) & (o + 32 <= size)
-            w = np.where(ok, o >> 2, 0)
-            lrec = np.where(ok, words[w + 1], 0)
-            flag = np.where(ok, words[w + 2], 0).astype(np.int64)
-            length = (lrec & LENGTH_MASK).astype(np.int64)
-            heads = o + 8 + IMAGE_HEADER_SIZE + 4 * flag
-            ends = o + 8 + length
-            ok &= (words[w] == MAGIC) & (lrec >> LENGTH_BITS == 0) & (heads <= ends)
-            ok &= ends <= size
-            slow.extend(sel[~ok].tolist())
-            whole = sel[ok]
-            if not len(whole):
-                continue
-            u8 = np.frombuffer(mm, np.uint8, size) if size else np.zeros(0, np.uint8)
-            try:
-                refused = refused_images(u8, heads[ok], ends[ok], _check_copied, max_pixels)
-            finally:
-                del u8
-            for k, refusal in refused.items():
-                out[int(whole[k])] = refusal.reason
-        for i in slow:
-            _, image = self.read_record(int(rows[i]))
-            try:
-                _check_copied(image, "structure", max_pixels)
-            except ImageRefused as refusal:
-                out[i] = refusal.reason
-        return out
-
-    def _unchanged(self, f, offsets, flag, label_bits, key_lo, key_hi):
-        """Return True when the records at `offsets` of file `f` already hold these labels
-        and keys."""
-        words = self._file(int(f))[1]
-        w = offsets >> 2
-        label_at = w + np.where(flag > 0, 8, 3)
-        return bool(
-            (words[label_at] == label_bits).all()
-            and (words[w + 4] == key_lo).all()
-            and (words[w + 5] == key_hi).all()
-        )
-
-    def _forget_pages(self, framed):
-        """Let go of the source mappings every RELEASE_BYTES copied: their pages stay in the
-        page cache, but no longer count in this process's memory, so RSS stays flat. (A
-        mapping is unmapped once the last view of it, maybe one queued for writing, is gone;
-        munmap costs far less than madvise(MADV_DONTNEED) with other threads running.)"""
-        self._copied += int(framed.sum())
-        if self._copied >= RELEASE_BYTES:
-            self._copied = 0
-            self._files = [None] * len(self._files)
-            for rf in self._record_files.values():  # only this thread reads them here
-                rf.close()
-
-    def _reframe(self, row, label, key, scalar_only):
-        head, image = self.read_record(row)
-        if head.flag and not scalar_only:
-            value = np.array(head.label, np.float32)
-            value[0] = label
-        else:
-            value = label
-        return frame_record(pack_image_record(image, value, key, head.id2), f"key {key}")
-
-    def read_record(self, row):
-        """Return (header, image bytes) of a catalog row, read record by record."""
-        s = self.sources[self.catalog.source[row]]
-        i = int(self.catalog.sample[row])
-        rec, offset, key = s.dataset.location(i)
-        record = self._record_files[rec].read_at(offset, key)
-        head, image = unpack_header(record, rec, offset)
-        return head, bytes(image)
-
-
-def _check_copied(data, mode, max_pixels):
-    """`check_image`, but bytes with no known image signature (and not empty) pass."""
-    if data and sniff_format(data) is None:
-        return
-    check_image(data, mode, max_pixels)
-
-
 def _file_digest(path):
     try:
         return sha256_file(path)
@@ -967,7 +737,7 @@ class _RepackRun:
             prefix, options.shard_bytes, options.shard_records, last_shard=self.last_shard,
             sha256=options.sha256,
         )  # fmt: skip
-        self.copier = _RecordCopier(sources, catalog)
+        self.copier = RecordCopier(sources, catalog)
         self.failures_partial = prefix + FAILURES_SUFFIX + PARTIAL_SUFFIX
         self.refused = np.zeros(self.total, bool)  # plan positions refused while writing
         self.images = 0
@@ -1056,30 +826,29 @@ class _RepackRun:
 
     def _copy(self, done):
         """Copy the plan's records from `done` on, refusing those whose image `pack` would
-        refuse (`_RecordCopier.refusals`), as re-encoding refuses what does not decode."""
+        refuse (`RecordCopier.refusals`), as re-encoding refuses what does not decode."""
         rows, labels = self.plan.rows, self.plan.new_label
         position = done
         while position < self.total:
-            window = slice(position, min(position + BATCH_RECORDS, self.total))
-            batch = rows[window]
-            bad = self.copier.refusals(batch, self.options.max_pixels)
-            stops = sorted(bad) + [len(batch)]
+            win = self.copier.window(rows[position : min(position + BATCH_RECORDS, self.total)])
+            new_labels = labels[win.rows]
+            bad = self.copier.refusals(win, self.options.max_pixels)
+            stops = sorted(bad) + [len(win)]
             i = 0
             for stop in stops:
                 while i < stop:  # the records before the next refusal, as many as fit
-                    run = batch[i:stop]
-                    keys = self._keys(range(position, position + len(run)))
-                    data, starts, count = self.copier.frame_batch(
-                        run, labels[run], keys, self.insightface
+                    keys = self._keys(range(position, position + stop - i))
+                    data, starts, count = self.copier.frame(
+                        win, i, stop, new_labels[i:stop], keys, self.insightface
                     )
                     positions = range(position, position + count)
-                    self.writer.add_run(data, keys[:count].tolist(), starts, positions)
+                    self.writer.add_run(data, keys[:count], starts, positions)
                     self.images += count
                     position += count
                     i += count
                     self._report(position)
-                if stop < len(batch):
-                    self._refuse(int(batch[stop]), position, bad[stop])
+                if stop < len(win):
+                    self._refuse(int(win.rows[stop]), position, bad[stop])
                     position += 1
                     i += 1
             self._report(position)

@@ -61,9 +61,22 @@ def read_id_list(path, names):
     return np.array(sorted(set(labels)), np.int64)
 
 
+def distinct(values):
+    """Return the distinct values of an integer array, sorted: `np.unique`'s answer.
+
+    By sorting: numpy 2.4's `np.unique` imports `numpy.ma` on its first call (10-35 ms of a
+    repack here) and hashes (20-120 ms for 100k distinct values, a sort about 0.5 ms).
+    """
+    values = np.asarray(values).reshape(-1)
+    if len(values) < 2:
+        return values.copy()
+    ordered = np.sort(values)
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
+
+
 def check_labels_exist(path, wanted, labels):
     """Raise `RectoolError` when a label of `wanted` has no record in `labels`."""
-    missing = np.setdiff1d(wanted, np.unique(labels))
+    missing = np.setdiff1d(wanted, distinct(labels))
     if len(missing):
         shown = ", ".join(map(str, missing[:5].tolist()))
         raise RectoolError(
@@ -80,7 +93,7 @@ def identity_mask(labels, wanted, keep):
 
 def sample_identities(labels, mask, fraction, seed):
     """Keep a seeded `fraction` of the identities still present (rounded, at least one)."""
-    present = np.unique(labels[mask])
+    present = distinct(labels[mask])
     count = min(len(present), max(1, round(fraction * len(present)))) if len(present) else 0
     chosen = np.sort(_rng(seed, 1).choice(present, count, replace=False))
     return mask & np.isin(labels, chosen)
@@ -125,7 +138,7 @@ def relabel(labels, mask, keep_labels=False):
     New labels are 0..C-1 in the order of the old labels still present, so a loss sees no
     gaps; with `keep_labels` they are the old labels themselves.
     """
-    present = np.unique(labels[mask])
+    present = distinct(labels[mask])
     if keep_labels:
         return labels.copy(), present
     new = np.full(len(labels), -1, np.int64)
