@@ -88,7 +88,7 @@ def test_identity_repack_writes_exactly_the_records_dmlc_would(tmp_path):
 def test_records_holding_the_magic_word_are_framed_again(tmp_path):
     tricky = [MAGIC * 3 + b"abcd", b"xy" + MAGIC + b"zz", b"abcd" + MAGIC, jpeg_bytes(1)]
     write_pack(tmp_path / "src", [[(k, image, float(k % 2)) for k, image in enumerate(tricky)]])
-    repack([tmp_path / "src"], tmp_path / "out", RepackOptions(order="source"))
+    repack([tmp_path / "src"], tmp_path / "out", RepackOptions(order="source", check="none"))
     expected = b"".join(
         frame(image_record(image, float(k % 2), k)) for k, image in enumerate(tricky)
     )
@@ -99,14 +99,16 @@ def test_records_holding_the_magic_word_are_framed_again(tmp_path):
 def test_label_vectors_keep_their_width_with_the_first_label_replaced(tmp_path):
     images = [jpeg_bytes(k, 12, 10) for k in range(3)]
     write_pack(tmp_path / "src", [[(k, images[k], [5.0 - k, 0.5]) for k in range(3)]])
-    repack([tmp_path / "src"], tmp_path / "out", RepackOptions(order="source"))
+    repack([tmp_path / "src"], tmp_path / "out", RepackOptions(order="source", check="none"))
     expected = b"".join(frame(image_record(images[k], [float(2 - k), 0.5], k)) for k in range(3))
     assert (tmp_path / "out.rec").read_bytes() == expected
 
 
 def test_payloads_are_copied_unchanged_and_output_is_sound(tmp_path):
     a, images = pack_tree(tmp_path, "a", ["ann", "bob", "cyd"], 4)
-    result = repack([a], tmp_path / "out" / "x", RepackOptions(order="shuffle", seed=5))
+    result = repack(
+        [a], tmp_path / "out" / "x", RepackOptions(order="shuffle", seed=5, check="none")
+    )
     assert result.images == 12
     got = samples(tmp_path / "out" / "x")
     assert sorted(image for image, _ in got) == sorted(images)
@@ -170,7 +172,7 @@ def test_names_from_a_label_map_beside_an_im2rec_pack(tmp_path):
     repack(
         [tmp_path / "old.rec", tmp_path / "new.rec"],
         tmp_path / "m",
-        RepackOptions(labels_by="name", order="source"),
+        RepackOptions(labels_by="name", order="source", check="none"),
     )
     assert samples(tmp_path / "m") == [(b"a0", 1.0), (b"b0", 0.0), (b"a1", 0.0)]
     assert (tmp_path / "m.labels.tsv").read_text() == "0\tann\n1\tbob\n"
@@ -179,7 +181,7 @@ def test_names_from_a_label_map_beside_an_im2rec_pack(tmp_path):
 def test_merge_by_name_needs_names(tmp_path):
     write_pack(tmp_path / "src", [[(0, b"x", 0.0)]])
     with pytest.raises(UsageError, match="needs identity names"):
-        repack([tmp_path / "src"], tmp_path / "out", RepackOptions(labels_by="name"))
+        repack([tmp_path / "src"], tmp_path / "out", RepackOptions(labels_by="name", check="none"))
     assert not list(tmp_path.glob("out*"))
 
 
@@ -397,7 +399,7 @@ def test_dedupe_keeps_the_first_copy_and_reports_shared_images(tmp_path):
         tmp_path / "src",
         [[(0, x, 0.0), (1, x, 0.0), (2, z, 0.0), (3, x, 0.0), (4, y, 1.0), (5, y, 2.0)]],
     )
-    result = repack([tmp_path / "src"], tmp_path / "out", RepackOptions(dedupe=True))
+    result = repack([tmp_path / "src"], tmp_path / "out", RepackOptions(dedupe=True, check="none"))
     assert samples(tmp_path / "out") == [(x, 0.0), (z, 0.0), (y, 1.0), (y, 2.0)]
     lines = [json.loads(line) for line in open(tmp_path / "out.failures.jsonl")]
     assert [(e["key"], e["reason"], e["detail"]) for e in lines] == [
@@ -418,7 +420,9 @@ def test_drop_overlap_removes_images_of_an_evaluation_set(tmp_path):
     )
     write_pack(tmp_path / "eval", [[(40, shared[1] + b"1", 0.0), (41, shared[2] + b"0", 0.0)]])
     result = repack(
-        [tmp_path / "src"], tmp_path / "out", RepackOptions(drop_overlap=(str(tmp_path / "eval"),))
+        [tmp_path / "src"],
+        tmp_path / "out",
+        RepackOptions(drop_overlap=(str(tmp_path / "eval"),), check="none"),
     )
     assert result.images == 4
     lines = [json.loads(line) for line in open(tmp_path / "out.failures.jsonl")]
@@ -483,7 +487,8 @@ def progress(done, total, refused):
     if done >= kill_at:
         os.kill(os.getpid(), signal.SIGKILL)
 options = m.RepackOptions(order="shuffle" if layout == "images" else "identity", seed=3,
-                          layout=layout, shard_records=10 if layout == "images" else None,
+                          check="none", layout=layout,
+                          shard_records=10 if layout == "images" else None,
                           transform=Transform(quality=70) if reencode else None, workers=2,
                           max_failures=100)
 m.repack(sources, prefix, options, resume=os.path.exists(prefix + ".pack-state.json"),
@@ -591,11 +596,11 @@ def test_plan_state_is_numpy_arrays(tmp_path):
         assert isinstance(array, np.ndarray) and array.dtype != object
 
 
-def test_png_and_odd_payloads_pass_through_unchanged(tmp_path):
+def test_png_and_odd_payloads_pass_through_unchanged_with_check_none(tmp_path):
     png = encode(image_array(3, 9, 7), ".png")
     odd = b"\x00" * 5 + struct.pack("<I", 0xCED7230A) + b"\x01" * 3  # unaligned magic
     write_pack(tmp_path / "src", [[(0, png, 0.0), (1, odd, 1.0)]])
-    repack([tmp_path / "src"], tmp_path / "out")
+    repack([tmp_path / "src"], tmp_path / "out", RepackOptions(check="none"))
     assert samples(tmp_path / "out") == [(png, 0.0), (odd, 1.0)]
 
 
@@ -620,7 +625,7 @@ def test_filters_and_relabelling_match_a_plain_python_rule(
     tmp_path = tmp_path_factory.mktemp("prop")
     items = [(k, b"image %d" % k, float(label)) for k, label in enumerate(labels)]
     write_pack(tmp_path / "src", [items])
-    options = RepackOptions(min_per_id=min_per_id, max_per_id=max_per_id)
+    options = RepackOptions(min_per_id=min_per_id, max_per_id=max_per_id, check="none")
     repack([tmp_path / "src"], tmp_path / "out", options)
     counts = {label: labels.count(label) for label in labels}
     kept, taken = [], {}

@@ -101,3 +101,32 @@ def test_insightface_source_refuses_the_cut_image_and_stays_a_sound_layout(tmp_p
     with open_dataset(out) as ds:
         assert len(ds) == 4
         assert ds.identity_ranges.tolist() == [[0, 1], [1, 4]]
+
+
+def test_repack_refuses_a_payload_that_is_no_image_as_pack_does(tmp_path):
+    """im2rec --pass-through packs any file; `pack` refuses one with no image signature, and so
+    does repack (it copied it, and `verify` then called the repack's record "not-an-image")."""
+    images = [jpeg_bytes(n, 32, 32) for n in range(3)]
+    images[1] = b"hello, not an image"
+    rec, idx = tmp_path / "im2rec.rec", tmp_path / "im2rec.idx"
+    write_records(rec, idx, [(k, image_payload(images[k], 0.0, k)) for k in range(3)])
+    out = tmp_path / "out" / "faces"
+    result = run("repack", rec, out, "--max-failures", "1")
+    assert result.exit_code == 0, result.output
+    assert [(e["key"], e["reason"]) for e in failures(out)] == [
+        (1, "not an image (unknown file signature)")
+    ]
+    assert verify_dataset(str(out)).sound
+    with open_dataset(out) as ds:
+        assert [bytes(image) for image, _ in ds] == [images[0], images[2]]
+
+
+def test_check_none_carries_every_record(tmp_path):
+    images = [jpeg_bytes(0, 32, 32), b"hello, not an image", b""]
+    rec, idx = tmp_path / "im2rec.rec", tmp_path / "im2rec.idx"
+    write_records(rec, idx, [(k, image_payload(images[k], 0.0, k)) for k in range(3)])
+    out = tmp_path / "out" / "faces"
+    result = run("repack", rec, out, "--check", "none")
+    assert result.exit_code == 0, result.output
+    with open_dataset(out) as ds:
+        assert [bytes(image) for image, _ in ds] == images

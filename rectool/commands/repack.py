@@ -112,6 +112,14 @@ from .progress import progress_bar, remember_progress
 )
 @shard_options
 @click.option(
+    "--check",
+    type=click.Choice(["structure", "none"]),
+    default="structure",
+    show_default=True,
+    help="structure: refuse what pack refuses (empty, truncated, not an image); none: copy "
+    "every record as it is.",
+)
+@click.option(
     "--dedupe",
     is_flag=True,
     help="Keep one copy of byte-identical images within an identity; report those shared "
@@ -178,6 +186,7 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
         shard_bytes=options["shard_size"],
         shard_records=options["shard_records"],
         dedupe=options["dedupe"],
+        check=options["check"],
         drop_overlap=tuple(options["drop_overlap"]),
         transform=transform_from_options(resize, center_crop, quality, encoding, color),
         workers=options["workers"],

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..build.images import ImageRefused, check_image, sniff_format
+from ..build.images import ImageRefused, check_image
 from ..build.passthrough import refused_images
 from ..doors.inputs import open_input
 from ..format.writer import frame_record, pack_image_record
@@ -169,8 +169,8 @@ class RecordCopier:
         """Return {i: reason} for each record `i` of `win` whose image `pack` would refuse
         (`check_image` in structure mode: empty, truncated, corrupt, over `max_pixels`).
 
-        Payloads with no known image signature are copied as they are (`check_copied`):
-        repack carries any record; `verify` names them ("not-an-image").
+        A payload with no known image signature is refused, as `pack` refuses such a file
+        ("not an image"): a repack never carries forward what `verify` calls "not-an-image".
 
         Whole records are checked where they lie in the mapped source, the JPEG walk over
         all of them at once (`passthrough.refused_images`); any other record is read whole.
@@ -186,7 +186,7 @@ class RecordCopier:
             ends = o + 8 + win.length[sel]
             u8 = np.frombuffer(mm, np.uint8, size) if size else np.zeros(0, np.uint8)
             try:
-                refused = refused_images(u8, heads, ends, check_copied, max_pixels)
+                refused = refused_images(u8, heads, ends, check_image, max_pixels)
             finally:
                 del u8
             for k, refusal in refused.items():
@@ -194,7 +194,7 @@ class RecordCopier:
         for i in np.flatnonzero(~win.whole).tolist():
             _, image = self.read_record(int(win.rows[i]))
             try:
-                check_copied(image, "structure", max_pixels)
+                check_image(image, "structure", max_pixels)
             except ImageRefused as refusal:
                 out[i] = refusal.reason
         return out
@@ -330,10 +330,3 @@ class RecordCopier:
         record = self._record_files[rec].read_at(offset, key)
         head, image = unpack_header(record, rec, offset)
         return head, bytes(image)
-
-
-def check_copied(data, mode, max_pixels):
-    """`check_image`, but bytes with no known image signature (and not empty) pass."""
-    if data and sniff_format(data) is None:
-        return
-    check_image(data, mode, max_pixels)

@@ -109,6 +109,9 @@ class RepackOptions:
     dedupe: bool = False
     drop_overlap: tuple = ()  # datasets or verification sets (.bin) whose images are removed
     transform: Transform | None = None
+    # What is refused when copying: "structure" (as pack: empty, truncated, not an image) or
+    # "none" (every record carried as it is).
+    check: str = "structure"
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
     max_failures: int = 0
     max_pixels: int = DEFAULT_MAX_PIXELS  # re-encoding: larger images refused before decoding
@@ -567,6 +570,8 @@ def check_plan(plan, options):
 
 def check_options(options):
     """Refuse options that cannot work together."""
+    if options.check not in ("structure", "none"):
+        raise UsageError(f"unknown --check {options.check!r}: repack checks structure or none")
     layout = layout_named(options.layout)
     if options.labels_by not in LABELS_BY:
         raise UsageError(f"unknown --labels-by {options.labels_by!r}")
@@ -579,9 +584,9 @@ def check_options(options):
         )
     layout.check_options(options)
     if options.sample is not None and not 0 < options.sample <= 1:
-        raise UsageError("--sample must be a fraction in (0, 1]")
+        raise UsageError("--keep-fraction must be a fraction in (0, 1]")
     if options.sample_by not in selection.SAMPLE_UNITS:
-        raise UsageError(f"unknown --sample-by {options.sample_by!r}")
+        raise UsageError(f"unknown --fraction-of {options.sample_by!r}")
     if options.pick not in selection.PICKS:
         raise UsageError(f"unknown --pick {options.pick!r}")
     if options.keep_ids and options.drop_ids:
@@ -832,7 +837,11 @@ class _RepackRun:
         while position < self.total:
             win = self.copier.window(rows[position : min(position + BATCH_RECORDS, self.total)])
             new_labels = labels[win.rows]
-            bad = self.copier.refusals(win, self.options.max_pixels)
+            bad = (
+                self.copier.refusals(win, self.options.max_pixels)
+                if self.options.check != "none"
+                else {}
+            )
             stops = sorted(bad) + [len(win)]
             i = 0
             for stop in stops:
