@@ -84,3 +84,15 @@ def test_no_module_is_ignored_by_git():
         ["git", "check-ignore", "--no-index", *modules], cwd=REPO, capture_output=True, text=True
     ).stdout.split()
     assert ignored == []
+
+
+def test_every_command_result_renders_its_own_json():
+    """A command's --json is its result's `to_json()`, never a document built in the CLI."""
+    missing = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and re.fullmatch(r"\w+(Result|Report)", node.name):
+                methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+                if node.name not in ("Report",) and "to_json" not in methods:
+                    missing.append(f"{path.relative_to(REPO)}: {node.name}")
+    assert missing == []

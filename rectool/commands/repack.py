@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 
 import click
@@ -209,7 +208,7 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     finally:
         close()
     if as_json:
-        document = repack_summary(result)
+        document = result.to_json()
         if not result.accepted:
             allowed = result.manifest["options"]["max_failures"]
             document["error"] = (
@@ -227,30 +226,6 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
                 err=True,
             )
         sys.exit(3)
-
-
-def repack_summary(result):
-    """Return the JSON summary of a repack."""
-    totals = result.manifest["totals"]
-    return {
-        "manifest": result.manifest_path,
-        "shards": [
-            os.path.join(os.path.dirname(result.manifest_path), s["rec"])
-            for s in result.manifest["shards"]
-        ],
-        "images": result.images,
-        "classes": result.classes,
-        "records": totals["records"],
-        "rec_bytes": totals["rec_bytes"],
-        "steps": result.report["steps"],
-        "removed": result.report["removed"],
-        "refused": result.report["refused"],
-        "shared_across_identities": result.report["shared_across_identities"]["groups"],
-        "failures_file": result.failures_path,
-        "report": result.report_path,
-        "accepted": result.accepted,
-        "resumed_from": result.resumed_from,
-    }
 
 
 def render_repack_summary(result):

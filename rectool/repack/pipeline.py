@@ -153,6 +153,29 @@ class RepackResult:
         """
         return self.report["refused"] <= self.manifest["options"]["max_failures"]
 
+    def to_json(self):
+        """Return what `rectool repack --json` prints."""
+        totals = self.manifest["totals"]
+        return {
+            "manifest": self.manifest_path,
+            "shards": [
+                os.path.join(os.path.dirname(self.manifest_path), s["rec"])
+                for s in self.manifest["shards"]
+            ],
+            "images": self.images,
+            "classes": self.classes,
+            "records": totals["records"],
+            "rec_bytes": totals["rec_bytes"],
+            "steps": self.report["steps"],
+            "removed": self.report["removed"],
+            "refused": self.report["refused"],
+            "shared_across_identities": self.report["shared_across_identities"]["groups"],
+            "failures_file": self.failures_path,
+            "report": self.report_path,
+            "accepted": self.accepted,
+            "resumed_from": self.resumed_from,
+        }
+
 
 # -- sources ------------------------------------------------------------------------------------
 
