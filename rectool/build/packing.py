@@ -29,7 +29,27 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from ..doors.inputs import dataset_path, open_input
+from ..doors.output import (
+    OutputLock,
+    create_new,
+    make_folders,
+    open_existing,
+    remove,
+    remove_empty_folder,
+    rename,
+    stage_file,
+    truncate,
+    write_json_atomic,
+)
 from ..errors import RectoolError, UsageError
+from ..format.keys import FLOAT32_EXACT
+from ..format.records import IndexedRecordFile
+from ..reader import (
+    MAX_RECORD_BYTES,
+    read_manifest,
+    unpack_header,
+)
 from .images import (
     CHECK_MODES,
     DEFAULT_MAX_PIXELS,
@@ -38,8 +58,6 @@ from .images import (
     check_image,
     reencode_image,
 )
-from ..doors.inputs import dataset_path, open_input
-from ..format.keys import FLOAT32_EXACT
 from .layout import (
     LAYOUTS,  # noqa: F401 (the CLI offers them)
     image_size,
@@ -70,22 +88,10 @@ from .manifest import (
     output_files,  # noqa: F401 (public: every file a pack may have written)
     prepare_outputs,
     remove_stale_temporaries,
+    replace_beside,
     shard_files,
     shard_stem,
     source_state,
-    replace_beside,
-)
-from ..doors.output import (
-    OutputLock,
-    create_new,
-    make_folders,
-    open_existing,
-    remove,
-    remove_empty_folder,
-    rename,
-    stage_file,
-    truncate,
-    write_json_atomic,
 )
 from .passthrough import (
     OUTSIDE_ROOT,
@@ -98,12 +104,6 @@ from .passthrough import (
     not_regular,
     resolve_path,
 )
-from ..reader import (
-    MAX_RECORD_BYTES,
-    read_manifest,
-    unpack_header,
-)
-from ..format.records import IndexedRecordFile
 from .shards import ShardWriter, describe_shard, plan_shards, shard_digests
 
 # Items go to worker threads in chunks: one future per image would cost more than a check.
@@ -586,8 +586,10 @@ def allowed_failures(max_failures, total):
 
 def check_options(options):
     limit = options.max_failures
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not (
-        0 <= limit and (isinstance(limit, int) or limit <= 1)
+    if (
+        isinstance(limit, bool)
+        or not isinstance(limit, (int, float))
+        or not (0 <= limit and (isinstance(limit, int) or limit <= 1))
     ):
         raise UsageError(f"max_failures must be a count or a share from 0 to 1, not {limit!r}")
     layout_named(options.layout).check_options(options)

@@ -26,6 +26,8 @@ import struct
 import numpy as np
 
 from ..errors import RecordTooLargeError
+from ..format.writer import frame_image_record, frame_record
+from ..reader import IMAGE_HEADER, LENGTH_MASK, MAGIC, MAX_RECORD_BYTES, PART_HEADER
 from .images import (
     DEFAULT_MAX_PIXELS,
     JPEG_FRAME_MARKERS,
@@ -33,8 +35,6 @@ from .images import (
     ImageRefused,
     check_image,
 )
-from ..reader import IMAGE_HEADER, LENGTH_MASK, MAGIC, MAX_RECORD_BYTES, PART_HEADER
-from ..format.writer import frame_image_record, frame_record
 
 TOO_LARGE = f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes"
 # Room for one block's records. Files longer than what is left of it are read on their own.

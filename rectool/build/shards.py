@@ -19,11 +19,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..format.checksums import RecordChecksums, checksum_path
-from ..format.digest import SHA256, XXH3_128, Digests, field_name, file_digests
-from ..errors import RectoolError, UsageError
-from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
-from .manifest import PARTIAL_SUFFIX, shard_paths
 from ..doors.output import (
     create_new,
     fault_point,
@@ -33,12 +28,17 @@ from ..doors.output import (
     rename,
     truncate,
 )
+from ..errors import RectoolError, UsageError
+from ..format.checksums import RecordChecksums, checksum_path
+from ..format.digest import SHA256, XXH3_128, Digests, field_name, file_digests
+from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
+from ..format.records import RecordFile
+from ..format.writer import format_index_line, format_index_lines
 from ..reader import (
     load_index,
     parse_index,
 )
-from ..format.records import RecordFile
-from ..format.writer import format_index_line, format_index_lines
+from .manifest import PARTIAL_SUFFIX, shard_paths
 
 # Records are buffered and written in batches; kill -9 can then only cut between two writes.
 FLUSH_BYTES = 4 << 20
@@ -353,8 +353,9 @@ class ShardFile:
         if len(parts) > 1 and self.buffered < len(parts) * WRITE_BYTES // 4:
             bases = itertools.accumulate(map(len, parts[:-1]), initial=0)
             starts = [
-                np.concatenate([np.asarray(b, np.int64) + base for b, base in zip(starts, bases)])
-                .tolist()
+                np.concatenate(
+                    [np.asarray(b, np.int64) + base for b, base in zip(starts, bases)]
+                ).tolist()
             ]
             parts = [b"".join(parts)]  # many small records: one write, not one each
         digest = _ShardDigest(self._rec_hash, self._checksums, starts)
@@ -511,9 +512,7 @@ class ShardWriter:
         return bool(self.shard_bytes) and shard.rec_bytes + incoming > self.shard_bytes
 
     def _start(self, number, resumed=None):
-        self._shard = ShardFile(
-            number, *self.paths(number), self._io, resumed, self.digests
-        )
+        self._shard = ShardFile(number, *self.paths(number), self._io, resumed, self.digests)
         return self._shard
 
     def flush(self):
