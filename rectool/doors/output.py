@@ -229,6 +229,17 @@ def truncate(path: str, size: int) -> None:
         os.close(fd)
 
 
+def set_mtime(path: str, ns: int) -> None:
+    """Set the modification time of a file rectool keeps to `ns` nanoseconds (a cached shard:
+    when it was last used, for least-recently-used eviction); a file gone already is no error."""
+    try:
+        os.utime(path, ns=(ns, ns))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise output_error(exc, path) from None
+
+
 def remove_empty_folder(folder: str) -> None:
     """Remove `folder` if it is empty (one a failed run made and wrote nothing into)."""
     try:
