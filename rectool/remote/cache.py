@@ -10,10 +10,12 @@
   version-1 manifest) computed as the bytes arrive; only a shard whose digest matches is
   renamed into place. A transfer cut or damaged is never used: a cut one is resumed by range
   (`store.Retry.stream`), a mismatched one is removed and refused, naming the URL and shard.
-- **Once per machine.** Each shard has a lock file beside it (`NAME.rec.lock`, kept for good):
-  a reader holds it shared (`flock`) while the shard is mapped; whoever downloads holds it
-  exclusive, so processes (Loader workers, ranks) that want the same shard wait for that one
-  download instead of starting their own.
+- **Once per machine.** Each shard has two lock files beside it (kept for good): a reader holds
+  `NAME.rec.lock` shared (`flock`) while the shard is mapped, and an evictor must take it
+  exclusive; whoever downloads holds `NAME.rec.download` exclusive, so processes (Loader
+  workers, ranks, prefetch threads) that want the same shard wait for that one download
+  instead of starting their own. Two locks, because one lock converted from shared to
+  exclusive deadlocks: a waiting downloader would wait for ever on a reader's shared hold.
 - **Bounded.** With `limit` (bytes), room for a download is made first, under the cache's own
   lock (`.cache.lock`), by removing the shards used least recently (a shard's modification time
   is set when it is released: when it was last used); a shard whose lock anyone holds is never
@@ -37,14 +39,20 @@ from ..doors.output import (
     stage_file,
 )
 from ..format.digest import DIGEST_NAMES, Digests
+from .fetch import download_elsewhere
 from .store import RemoteError, Retry
 
-LOCK_SUFFIX = ".lock"
+LOCK_SUFFIX = ".lock"  # held shared by readers, exclusive by an evictor
+DOWNLOAD_SUFFIX = ".download"  # held exclusive by whoever downloads the shard
 CACHE_LOCK = ".cache.lock"
 
 
 class DigestMismatchError(RemoteError):
     """A downloaded object whose bytes are not the ones its manifest describes."""
+
+
+class CacheFullError(RemoteError):
+    """No room for an object that was only wanted ahead of time (`ShardCache.prefetch`)."""
 
 
 class CachedObject(NamedTuple):
@@ -103,31 +111,40 @@ class ShardCache:
         make_folders(folder)
         return folder
 
-    def pin(self, obj, touch=True):
+    def pin(self, obj, touch=True, fit=False):
         """Return a `Pin` of `obj`, downloading and checking it first if it is not cached.
 
-        Blocks while another process downloads it (their lock), then uses their copy.
+        Blocks while another process downloads it (their lock), then uses their copy. When
+        every cached shard is held, a reader passes the limit; with `fit`, `CacheFullError`.
         """
-        fd = open_existing(obj.path + LOCK_SUFFIX, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
-            while not os.path.exists(obj.path):
-                fcntl.flock(fd, fcntl.LOCK_EX)  # a conversion: whoever held it first goes on
+        while True:
+            if os.path.exists(obj.path):
+                fd = open_existing(obj.path + LOCK_SUFFIX, os.O_RDWR)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # only an evictor's brief hold can delay this
+                if os.path.exists(obj.path):
+                    break
+                os.close(fd)  # evicted meanwhile
+            fd = open_existing(obj.path + DOWNLOAD_SUFFIX, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held only while a download runs
                 if not os.path.exists(obj.path):
-                    if _counted(os.path.basename(obj.path)):
-                        self._make_room(obj.size)
-                    self.download(obj)
-                fcntl.flock(fd, fcntl.LOCK_SH)  # an evictor may slip in here: look again
-        except BaseException:
-            os.close(fd)
-            raise
+                    fits = not _counted(os.path.basename(obj.path)) or self._make_room(obj.size)
+                    if fit and not fits:
+                        raise CacheFullError(f"{obj.what}: no room in {self.folder}")
+                    if getattr(obj.store, "fork_unsafe", lambda: False)():
+                        download_elsewhere(self, obj)  # obstore hangs in a forked child
+                    else:
+                        self.download(obj)
+            finally:
+                os.close(fd)
         if touch:
             set_mtime(obj.path, self.clock())
         return Pin(fd, obj.path, self.clock)
 
-    def fetch(self, obj):
-        """Make sure `obj` is cached (downloading it if needed) without marking it used."""
-        self.pin(obj, touch=False).release(touch=False)
+    def fetch(self, obj, fit=False):
+        """Make sure `obj` is cached (downloading it if needed) without marking it used;
+        `fit`: only if room can be made for it within the limit (else `CacheFullError`)."""
+        self.pin(obj, touch=False, fit=fit).release(touch=False)
         return obj.path
 
     def download(self, obj):
@@ -174,9 +191,10 @@ class ShardCache:
         return total, shards
 
     def _make_room(self, size):
-        """Evict shards used least recently, and not held, until `size` more bytes fit."""
+        """Evict shards used least recently, and not held, until `size` more bytes fit;
+        return whether they do."""
         if self.limit is None:
-            return
+            return True
         lock = open_existing(os.path.join(self.folder, CACHE_LOCK), os.O_RDWR)
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -186,6 +204,7 @@ class ShardCache:
                     break
                 if self._evict(path):
                     total -= shard_size
+            return total + size <= self.limit
         finally:
             os.close(lock)
 

@@ -37,7 +37,7 @@ from ..reader import (
     RectoolError,
     read_manifest,
 )
-from .cache import CachedObject, ShardCache
+from .cache import CachedObject, CacheFullError, ShardCache
 from .order import StreamingSampler, first_uses
 from .store import RemoteError, Retry, open_store, safe_url, split_url
 
@@ -79,12 +79,15 @@ class _OpenShards:
     def __setstate__(self, state):
         self.__init__(state["limit"])
 
+    def opening(self, rf):
+        """Let go of the oldest shards until `rf` fits (before it is fetched: room in the cache)."""
+        while len(self.files) >= self.limit and next(iter(self.files)) != id(rf):
+            _, oldest = self.files.popitem(last=False)
+            oldest.close()
+
     def opened(self, rf):
         self.files[id(rf)] = rf
         self.files.move_to_end(id(rf))
-        while len(self.files) > self.limit:
-            _, oldest = self.files.popitem(last=False)
-            oldest.close()
 
     def closed(self, rf):
         self.files.pop(id(rf), None)
@@ -109,6 +112,8 @@ class CachedRecordFile(RecordFile):
         if pin is not None and pin.fd is not None and pin.pid == os.getpid():
             return super().open()
         with _lock:
+            if self.shards is not None:
+                self.shards.opening(self)
             self._opening = True
             try:
                 RecordFile.close(self)
@@ -164,7 +169,7 @@ class ShardPrefetcher:
                         del unused[path]
                 while self._pending and len(unused) + len(running) < self.ahead:
                     obj = self._pending.pop()
-                    running[pool.submit(self.cache.fetch, obj)] = obj
+                    running[pool.submit(self.cache.fetch, obj, True)] = obj
                 if not running:
                     self._stop.wait(0.02)  # until a reader uses a shard fetched ahead
                     continue
@@ -174,6 +179,9 @@ class ShardPrefetcher:
                     try:
                         future.result()
                         unused[obj.path] = os.stat(obj.path).st_mtime_ns
+                    except CacheFullError:  # try again once readers let shards go
+                        self._pending.append(obj)
+                        self._stop.wait(0.05)
                     except (RectoolError, OSError) as exc:
                         self.errors.append(str(exc))
 
@@ -327,6 +335,7 @@ class RemoteDataset(RecordDataset):
                 labels = RecordDataset.labels.fget(self)
             finally:
                 self.stop_prefetch()
+                self.close()  # let the shards go: the cache may need the room
             if labels.dtype != object:
                 buffer = io.BytesIO()
                 np.save(buffer, labels, allow_pickle=False)

@@ -186,6 +186,15 @@ class HttpStore:
         raise RemoteError(f"{self.object_url(name)}: http(s):// is read-only; write to s3://")
 
 
+_obstore_pid = None  # the process that started obstore's runtime (a forked child cannot use it)
+
+
+def obstore_forked():
+    """Return whether this process was forked from one that had used obstore (whose runtime
+    threads it lacks: a request would hang; `fetch.download_elsewhere` is the way round)."""
+    return _obstore_pid not in (None, os.getpid())
+
+
 class ObjectStore:
     """Objects under an s3:// (gs://, az://) folder, through obstore; picklable as its URL."""
 
@@ -201,7 +210,17 @@ class ObjectStore:
     def object_url(self, name):
         return f"{safe_url(self.url)}/{name}"
 
+    def fork_unsafe(self):
+        return obstore_forked()
+
     def store(self):
+        global _obstore_pid
+        if obstore_forked():
+            raise RemoteError(
+                f"{safe_url(self.url)}: obstore cannot run in a process forked after it ran "
+                "(use the spawn start method, or open the pack in this process)"
+            )
+        _obstore_pid = os.getpid()
         if self._store is None:
             try:
                 from obstore.store import from_url

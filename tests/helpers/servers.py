@@ -236,3 +236,7 @@ def use_env(env):
                 os.environ[name] = value
 
     return restore
+
+
+def no_wait(seconds):
+    """A `Retry(sleep=...)` that does not wait (picklable, for helper processes)."""
