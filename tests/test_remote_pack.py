@@ -55,3 +55,23 @@ def test_pack_to_s3_uploads_the_local_pack_byte_for_byte_manifest_last(
 def test_pack_to_s3_refuses_resume_and_shard_tasks(s3, small_tree):
     result = invoke("pack", small_tree.list_path, small_tree.root, "s3://b/x", "--resume")
     assert result.exit_code == 2 and "packed in one run" in result.output
+
+
+def test_verify_and_info_take_the_url_of_a_remote_pack(s3, s3_pack, tmp_path, monkeypatch):
+    monkeypatch.setenv("RECTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    result = invoke("verify", s3_pack.url, "-q")
+    assert result.exit_code == 0, result.output
+    info = invoke("info", s3_pack.url, "--json")
+    assert info.exit_code == 0, info.output
+    assert json.loads(info.stdout)["records"] == 12
+
+
+def test_verify_of_a_url_reports_a_damaged_shard_by_name(s3, s3_pack, tmp_path, monkeypatch):
+    monkeypatch.setenv("RECTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    damaged = bytearray((s3_pack.folder / "faces-00001.rec").read_bytes())
+    damaged[200] ^= 0xFF
+    bucket = s3_pack.url.split("/")[2]
+    s3.client().put_object(Bucket=bucket, Key="packs/faces-00001.rec", Body=bytes(damaged))
+    result = invoke("verify", s3_pack.url)
+    assert result.exit_code == 1
+    assert "faces-00001.rec" in result.output

@@ -378,6 +378,12 @@ def open_existing(path, flags=os.O_WRONLY | os.O_APPEND) -> int:
         raise output_error(exc, path) from None
 
 
+def open_lock_file(path) -> int:
+    """Return a descriptor of the lock file at `path` (created empty if absent, never through
+    a symlink), to `flock` (the shard cache's locks: rectool.remote.cache)."""
+    return open_existing(path, os.O_RDWR)
+
+
 def write_fd(fd: int, data, path: str) -> None:
     """Write all of `data` to the descriptor `fd` of `path` (a failure names the file)."""
     view = memoryview(data)

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from ..doors.output import (
     make_folders,
-    open_existing,
+    open_lock_file,
     remove,
     rename,
     set_mtime,
@@ -119,12 +119,12 @@ class ShardCache:
         """
         while True:
             if os.path.exists(obj.path):
-                fd = open_existing(obj.path + LOCK_SUFFIX, os.O_RDWR)
+                fd = open_lock_file(obj.path + LOCK_SUFFIX)
                 fcntl.flock(fd, fcntl.LOCK_SH)  # only an evictor's brief hold can delay this
                 if os.path.exists(obj.path):
                     break
                 os.close(fd)  # evicted meanwhile
-            fd = open_existing(obj.path + DOWNLOAD_SUFFIX, os.O_RDWR)
+            fd = open_lock_file(obj.path + DOWNLOAD_SUFFIX)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # held only while a download runs
                 if not os.path.exists(obj.path):
@@ -195,7 +195,7 @@ class ShardCache:
         return whether they do."""
         if self.limit is None:
             return True
-        lock = open_existing(os.path.join(self.folder, CACHE_LOCK), os.O_RDWR)
+        lock = open_lock_file(os.path.join(self.folder, CACHE_LOCK))
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)
             total, shards = self.usage()
@@ -210,7 +210,7 @@ class ShardCache:
 
     def _evict(self, path):
         """Remove the shard at `path` unless someone holds it; return whether it was removed."""
-        fd = open_existing(path + LOCK_SUFFIX, os.O_RDWR)
+        fd = open_lock_file(path + LOCK_SUFFIX)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

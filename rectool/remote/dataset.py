@@ -216,7 +216,7 @@ class RemoteDataset(RecordDataset):
         retry=None,
         block_shards=4,
         prefetch_shards=None,
-        prefetch_threads=4,
+        prefetch_threads=8,
         open_shards=None,
         store=None,
         clock=time.time_ns,

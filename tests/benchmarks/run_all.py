@@ -33,6 +33,7 @@ BENCHMARKS = {
     "report": lambda log: _module("bench_report").run(log=log),
     "train": lambda log: _module("bench_train").run(log=log),
     "repack": lambda log: _module("bench_repack").run(log=log),
+    "remote": lambda log: _module("bench_remote").run(log=log),
 }
 
 
@@ -56,6 +57,7 @@ TARGETS = {
     "report": _module("bench_report").TARGETS,
     "train": _module("bench_train").TARGETS,
     "repack": _module("bench_repack").TARGETS,
+    "remote": _module("bench_remote").TARGETS,
     "read": [
         ("raw_vs_mxnet", "random raw reads: ours / MXNet read_idx + unpack", ">=", 5),
         ("raw_vs_bare", "random raw reads: ours / bare mmap + struct loop", ">=", 0.5),
