@@ -191,3 +191,56 @@ def test_block_order_is_a_seeded_permutation_a_block_of_shards_at_a_time():
         blocks.append(shards)
     assert [len(b) for b in blocks] == [3, 3, 3, 1]
     assert set().union(*blocks) == set(range(10))
+
+
+class BlockingStore:
+    """A store whose one object arrives only when `go` is set (`started`: it was asked)."""
+
+    def __init__(self, data):
+        import threading
+
+        self.data, self.started, self.go = data, threading.Event(), threading.Event()
+
+    def object_url(self, name):
+        return f"test://{name}"
+
+    def stream(self, name, start=0):
+        self.started.set()
+        self.go.wait(60)
+        yield self.data[start:]
+
+
+def test_a_child_forked_during_a_download_does_not_keep_its_lock(tmp_path):
+    import fcntl
+    import threading
+
+    import xxhash
+
+    data = b"x" * 1000
+    store = BlockingStore(data)
+    folder = tmp_path / "cache" / "packs" / "p"
+    folder.mkdir(parents=True)
+    path = str(folder / "a.rec")
+    obj = CachedObject(
+        store, "a.rec", path, len(data), "xxh3-128", xxhash.xxh3_128_hexdigest(data), "a.rec"
+    )
+    cache = ShardCache(tmp_path / "cache", None, Clock(), Retry(sleep=no_wait))
+    downloading = threading.Thread(target=lambda: cache.pin(obj).release())
+    downloading.start()
+    assert store.started.wait(60)
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # holds a copy of every descriptor, the download's lock included
+        os.read(read_end, 1)
+        os._exit(0)
+    try:
+        store.go.set()
+        downloading.join()
+        fd = os.open(path + ".download", os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if still held
+        finally:
+            os.close(fd)
+    finally:
+        os.write(write_end, b"x")
+        os.waitpid(child, 0)

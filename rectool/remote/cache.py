@@ -72,6 +72,15 @@ def _counted(name):
     return name.endswith(".rec") or (name.startswith(".") and ".rec." in name)
 
 
+def _unlock(fd):
+    """Unlock and close `fd`. Unlocked first: a child forked meanwhile has a copy of the
+    descriptor, which would otherwise keep the lock held for as long as it lives."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
 class Pin:
     """A shard held (its lock shared) by this process: never evicted until released."""
 
@@ -123,7 +132,7 @@ class ShardCache:
                 fcntl.flock(fd, fcntl.LOCK_SH)  # only an evictor's brief hold can delay this
                 if os.path.exists(obj.path):
                     break
-                os.close(fd)  # evicted meanwhile
+                _unlock(fd)  # evicted meanwhile
             fd = open_lock_file(obj.path + DOWNLOAD_SUFFIX)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # held only while a download runs
@@ -136,7 +145,7 @@ class ShardCache:
                     else:
                         self.download(obj)
             finally:
-                os.close(fd)
+                _unlock(fd)
         if touch:
             set_mtime(obj.path, self.clock())
         return Pin(fd, obj.path, self.clock)
@@ -206,7 +215,7 @@ class ShardCache:
                     total -= shard_size
             return total + size <= self.limit
         finally:
-            os.close(lock)
+            _unlock(lock)
 
     def _evict(self, path):
         """Remove the shard at `path` unless someone holds it; return whether it was removed."""
@@ -219,6 +228,6 @@ class ShardCache:
         try:
             removed = remove(path)
         finally:
-            os.close(fd)
+            _unlock(fd)
         self.evictions += removed
         return removed
