@@ -1,11 +1,12 @@
-"""Downloads for a process forked after obstore ran: done by a fresh helper process.
+"""Requests of a process forked after obstore ran: made by a fresh helper process.
 
 obstore runs its requests on a tokio runtime whose threads a forked child does not inherit:
 in a Loader worker forked from a process that had opened a pack on S3, a request would hang
 for ever (obstore says it is not fork-safe; tests/test_remote_cache.py met it). Such a process
-hands each download to one helper of its own, started with `python -c` running `main` here
-(subprocess, not multiprocessing: a daemonic Loader worker may not have multiprocessing
-children), which downloads into the cache while the worker holds the shard's lock.
+hands each download (and manifest read, and upload) to one helper of its own, a Python
+started by `subprocess` running `main` (not multiprocessing: a daemonic Loader worker may not
+have multiprocessing children), which downloads into the cache while the worker holds the
+shard's lock.
 A job and its answer travel as pickles over the helper's stdin and stdout.
 """
 
@@ -25,6 +26,13 @@ _helper_lock = threading.Lock()
 
 def download_elsewhere(cache, obj):
     """Run `cache.download(obj)` in this process's helper; raise what it raised."""
+    run_elsewhere(cache.download, obj)
+    cache.downloads += 1
+
+
+def run_elsewhere(function, *args):
+    """Return `function(*args)` run in this process's helper (both must pickle); raise what
+    it raised."""
     global _helper
     with _helper_lock:
         if _helper is None or _helper[0] != os.getpid() or _helper[1].poll() is not None:
@@ -36,14 +44,14 @@ def download_elsewhere(cache, obj):
             _helper = (os.getpid(), process)
         process = _helper[1]
         try:
-            pickle.dump((cache, obj), process.stdin)
+            pickle.dump((function, args), process.stdin)
             process.stdin.flush()
             kind, value = pickle.load(process.stdout)
         except Exception as exc:  # a dead helper, or a job that does not pickle
-            raise RectoolError(f"{obj.what}: the download helper failed ({exc})") from None
+            raise RectoolError(f"the download helper failed ({exc})") from None
     if kind == "error":
         raise value
-    cache.downloads += 1
+    return value
 
 
 def main():
@@ -51,15 +59,14 @@ def main():
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
         try:
-            cache, obj = pickle.load(stdin)
+            function, args = pickle.load(stdin)
         except EOFError:
             return
         try:
-            cache.download(obj)
-            answer = ("ok", None)
+            answer = ("ok", function(*args))
         except RectoolError as exc:
             answer = ("error", exc)
         except Exception as exc:
-            answer = ("error", RectoolError(f"{obj.what}: {type(exc).__name__}: {exc}"))
+            answer = ("error", RectoolError(f"{type(exc).__name__}: {exc}"))
         pickle.dump(answer, stdout)
         stdout.flush()
