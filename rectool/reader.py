@@ -1020,16 +1020,31 @@ def decode_image(data, mode="bgr", max_pixels=DEFAULT_MAX_PIXELS):
     return cv2.cvtColor(image, cv2.COLOR_BGR2RGB) if mode == "rgb" else image[:, :, None]
 
 
-def open_dataset(source, decode=None, *, layout=None, cache=True, max_pixels=DEFAULT_MAX_PIXELS):
+def open_dataset(
+    source, decode=None, *, layout=None, cache=True, max_pixels=DEFAULT_MAX_PIXELS, **remote
+):
     """Open a packed dataset for training; return a `RecordDataset`.
 
-    `source`: a manifest, pack prefix, .rec, list of .rec paths or insightface folder.
+    `source`: a manifest, pack prefix, .rec, list of .rec paths or insightface folder; or
+    the URL of a manifest (s3://, gs://, https://...), read through a local shard cache by
+    `rectool.remote` (`remote`: its `cache_dir=`, `cache_limit=`; docs/remote.md).
     `decode`: None (image bytes), "bgr", "rgb", "gray" (HWC uint8 arrays) or a function of
     the bytes. `layout` ("images" or "insightface") comes from the manifest or record 0.
     `max_pixels`: images whose header declares more pixels are refused before decoding
     (`ImageTooLargeError`); the training module's loaders take it from the dataset.
     """
-    return RecordDataset(source, decode=decode, layout=layout, cache=cache, max_pixels=max_pixels)
+    options = dict(decode=decode, layout=layout, cache=cache, max_pixels=max_pixels)
+    if isinstance(source, str) and re.match(r"(s3|gs|az|abfs|https?)://", source, re.I):
+        try:
+            from rectool.remote import open_remote
+        except ImportError:
+            raise RectoolError(
+                f"reading {source} needs rectool: pip install 'rectool[remote]'"
+            ) from None
+        return open_remote(source, **options, **remote)
+    if remote:
+        raise TypeError(f"open_dataset() got options for a remote pack: {', '.join(remote)}")
+    return RecordDataset(source, **options)
 
 
 class RecordDataset:
@@ -1047,13 +1062,13 @@ class RecordDataset:
         if layout is not None and layout not in DATASET_LAYOUTS:
             raise ValueError(f"layout must be one of {DATASET_LAYOUTS}, not {layout!r}")
         self.manifest, self.manifest_path, self.shards = resolve_source(source)
-        self.decode, self._files = decode, [RecordFile(rec) for rec, _ in self.shards]
+        self.decode, self._files = decode, [self._open_shard(rec) for rec, _ in self.shards]
         self._labels = self._identity_ranges = self._identities = None
         listed = (self.manifest or {}).get("shards") or [{}] * len(self.shards)
         indexes = [load_index(idx, cache=cache) for _, idx in self.shards]
         try:
             for rf, (_, idx), info, index in zip(self._files, self.shards, listed, indexes):
-                _check_shard(rf, idx, *index, info, self.manifest_path)
+                self._check_at_open(rf, idx, *index, info)
             keys, offsets = indexes[0] if len(indexes) == 1 else map(np.concatenate, zip(*indexes))
             shard_of = _shard_numbers([len(k) for k, _ in indexes])
             # An explicit layout= decides; a manifest's claim is checked against record 0.
@@ -1110,6 +1125,13 @@ class RecordDataset:
         if state["_shard_ids"] is None:
             state["_shard_ids"] = _shard_numbers(np.diff(state["_bounds"]).tolist())
         self.__dict__.update(state)
+
+    def _open_shard(self, rec):
+        """Return the `RecordFile` of a shard (rectool.remote's downloads it on first use)."""
+        return RecordFile(rec)
+
+    def _check_at_open(self, rf, idx, keys, offsets, listed):
+        _check_shard(rf, idx, keys, offsets, listed, self.manifest_path)
 
     def _insightface(self, keys, offsets, shard_of):
         def read(line):

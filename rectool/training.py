@@ -292,7 +292,12 @@ class ShapeMismatchError(Exception):
 
 
 def _reader(ds):
-    """Return the reader module that defines the dataset: its decoders and errors."""
+    """Return the reader module that defines the dataset (or the class it extends, as a remote
+    pack's does): its decoders and errors."""
+    for cls in type(ds).__mro__:
+        module = sys.modules.get(cls.__module__)
+        if hasattr(module, "imdecode"):
+            return module
     return sys.modules[type(ds).__module__]
 
 
@@ -790,7 +795,8 @@ class Loader:
       seeded permutation per epoch, every sample exactly once (ranks padded to equal shares);
       the same for a given seed and epoch whatever the number of workers. `loader.sampler`
       resumes mid-epoch (`load_state_dict`). The last, partial batch is kept unless
-      `drop_last=True`.
+      `drop_last=True`. A dataset with a `rank_sampler` method (a remote pack) gives its own,
+      called as `RankSampler` is (rectool.remote's streams blocks of shards).
     - **Lifetime.** A batch is a view of a slot that is reused: it is valid until the next
       batch is asked for. Keep it longer with `copy=True` (fresh arrays) or copy it yourself;
       `prefetch(loader, fn=to_gpu)` is safe, since `fn` copies each batch before the next.
@@ -848,7 +854,10 @@ class Loader:
         self.start_method = start_method
         if len(ds) == 0:
             raise _reader(ds).RectoolError(f"{ds!r} has no samples to load")
-        self.sampler = RankSampler(len(ds), rank, world_size, shuffle, seed)
+        # A dataset may bring its own order (a remote pack's streams: rectool.remote).
+        self.sampler = getattr(ds, "rank_sampler", RankSampler)(
+            len(ds), rank, world_size, shuffle, seed
+        )
         self._decoder = _SampleDecoder(ds, mode, self.size, _max_pixels(ds, max_pixels))
         self._table = _SharedLabels(label_table(ds))  # mapped by every worker, never copied
         self._labels = self._table.array

@@ -107,3 +107,69 @@ def alarm():
     yield signal.alarm
     signal.alarm(0)
     signal.signal(signal.SIGALRM, previous)
+
+
+# --- Remote packs: real servers on 127.0.0.1 (tests/helpers/servers.py) ------------------------
+
+
+class RemotePack(NamedTuple):
+    """A rectool pack of 4 shards (alice, bob, carol x 4 JPEGs, 3 records a shard), packed
+    locally and served: `url` is its manifest's URL, `local` its local manifest."""
+
+    url: str
+    local: Path
+    folder: Path  # the local pack's folder (what the server serves)
+    faults: object  # helpers.servers.Faults of the server
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 for the whole session (buckets are per test)."""
+    from helpers.servers import S3Server
+
+    server = S3Server()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch):
+    """The S3 server, its faults reset, and the environment obstore reads pointed at it."""
+    s3_server.faults.reset()
+    for name, value in s3_server.env.items():
+        monkeypatch.setenv(name, value)
+    yield s3_server
+    s3_server.faults.reset()
+
+
+def _remote_pack_files(tmp_path):
+    from helpers.rec_files import make_pack  # imports rectool
+
+    pack = make_pack(tmp_path, shard_records=3)
+    return pack.manifest
+
+
+@pytest.fixture
+def s3_pack(s3, tmp_path, request):
+    """A 4-shard pack in a fresh bucket of the S3 server."""
+    local = _remote_pack_files(tmp_path)
+    bucket = "pack-" + format(abs(hash(request.node.nodeid)), "x")[:12]
+    s3.upload_folder(bucket, local.parent, "packs/")
+    return RemotePack(f"s3://{bucket}/packs/{local.name}", local, local.parent, s3.faults)
+
+
+@pytest.fixture
+def http_pack(tmp_path):
+    """The same 4-shard pack served by a plain HTTP server of byte ranges."""
+    from helpers.servers import RangeServer
+
+    local = _remote_pack_files(tmp_path)
+    server = RangeServer(local.parent)
+    yield RemotePack(f"{server.url}/{local.name}", local, local.parent, server.faults)
+    server.stop()
+
+
+@pytest.fixture(params=["s3", "http"])
+def remote_pack(request):
+    """The pack on S3, then on the HTTP server."""
+    return request.getfixturevalue(f"{request.param}_pack")

@@ -228,3 +228,22 @@ def library_errors(func):
 
 
 # Options several commands share, defined once (as pip-tools does).
+
+
+def local_targets(targets, quiet=False):
+    """Return `targets` with each URL (s3://, https://...) replaced by the manifest of a local
+    copy of its pack (`rectool.remote.mirror`), said on stderr unless `quiet`."""
+    from ..remote.store import is_url
+
+    out = []
+    for target in targets:
+        if is_url(target):
+            from ..remote.mirror import local_copy
+
+            target_copy = local_copy(target)
+            if not quiet:
+                where = target_copy.rsplit("/", 1)[0]
+                click.echo(f"{target}: reading a copy downloaded to {where}", err=True)
+            target = target_copy
+        out.append(target)
+    return out

@@ -11,6 +11,7 @@ from .conventions import (
     RectoolCommand,
     emit_json,
     library_errors,
+    local_targets,
     write_stream,
 )
 from .options import (
@@ -49,7 +50,7 @@ def info_command(target, sample, max_pixels, as_json):
     """
     from ..inspect.info import dataset_info
 
-    info = dataset_info(target, sample=sample, max_pixels=max_pixels)
+    info = dataset_info(local_targets([target], as_json)[0], sample=sample, max_pixels=max_pixels)
     if as_json:
         emit_json(info.to_json())
     else:

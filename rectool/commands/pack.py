@@ -160,6 +160,9 @@ def pack_command(
     written: each is recorded in OUT_PREFIX.failures.jsonl. Shards are written as .partial
     files and renamed when complete; OUT_PREFIX.manifest.json is written last.
 
+    An s3:// (gs://, az://) OUT_PREFIX is packed in a staging folder under the cache folder
+    ($RECTOOL_CACHE_DIR), then uploaded: the shards first, the manifest last.
+
     One run at a time writes an OUT_PREFIX (a second is refused, naming the first's pid).
     Images that are not regular files, or whose paths leave ROOT, are refused.
 
@@ -172,10 +175,13 @@ def pack_command(
         rectool pack faces.lst faces/ out/faces --shard-size 2GiB
         rectool pack faces.lst faces/ out/faces112 --resize 112 --quality 95
         rectool list faces/ - --labels faces.tsv | rectool pack - faces/ out/f --labels faces.tsv
+        rectool pack faces.lst faces/ s3://bucket/packs/faces   # staged, then uploaded
     """
     from ..build.distributed import pack_on_dask
     from ..build.images import transform_from_options
     from ..build.packing import PackOptions, finalize_pack, pack_images
+    from ..remote.store import is_url
+    from ..remote.upload import output_prefix
 
     if no_check and check != "structure":
         raise click.BadParameter(f"--no-check contradicts --check {check}", param_hint="--no-check")
@@ -203,6 +209,11 @@ def pack_command(
             raise click.UsageError(
                 "use one of --only-shard, --finalize, --plan, --executor dask at a time"
             )
+    if is_url(prefix) and (by_shard or executor == "dask" or resume):
+        raise click.UsageError(
+            "an s3:// OUT_PREFIX is packed in one run (no --resume, --only-shard, --finalize, "
+            "--plan or --executor dask)"
+        )
     if scheduler and executor != "dask":
         raise click.BadParameter("--scheduler needs --executor dask", param_hint="--scheduler")
     if show_plan:
@@ -235,10 +246,11 @@ def pack_command(
                 overwrite=overwrite, label_map=label_map, progress=update,
             )  # fmt: skip
         else:
-            result = pack_images(
-                list_file, root, prefix, options, resume=resume, overwrite=overwrite,
-                label_map=label_map, progress=update, allow_empty=allow_empty,
-            )  # fmt: skip
+            with output_prefix(prefix) as out:  # a URL: packed in a staging folder, uploaded
+                result = pack_images(
+                    list_file, root, out, options, resume=resume, overwrite=overwrite,
+                    label_map=label_map, progress=update, allow_empty=allow_empty,
+                )  # fmt: skip
     except KeyboardInterrupt as exc:
         close()
         status = interrupted_status(exc)

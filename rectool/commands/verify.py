@@ -12,6 +12,7 @@ from ..text import counted
 from .conventions import (
     RectoolCommand,
     emit_json,
+    local_targets,
     write_stream,
 )
 from .options import (
@@ -87,7 +88,7 @@ def verify_command(
     update, close = phase_progress(quiet or as_json)
     try:
         report = verify_dataset(
-            targets, decode=options, workers=workers, progress=update,
+            local_targets(targets, quiet), decode=options, workers=workers, progress=update,
             image_check=not no_image_check,
         )  # fmt: skip
     except UsageError as exc:

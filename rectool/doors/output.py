@@ -239,6 +239,17 @@ def truncate(path: str, size: int) -> None:
         os.close(fd)
 
 
+def set_mtime(path: str, ns: int) -> None:
+    """Set the modification time of a file rectool keeps to `ns` nanoseconds (a cached shard:
+    when it was last used, for least-recently-used eviction); a file gone already is no error."""
+    try:
+        os.utime(path, ns=(ns, ns))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise output_error(exc, path) from None
+
+
 def remove_empty_folder(folder: str) -> None:
     """Remove `folder` if it is empty (one a failed run made and wrote nothing into)."""
     try:
@@ -375,6 +386,12 @@ def open_existing(path: StrPath, flags: int = os.O_WRONLY | os.O_APPEND) -> int:
         if exc.errno == errno.ELOOP:
             raise RectoolError(f"{path}: is a symlink; refusing to write through it") from None
         raise output_error(exc, path) from None
+
+
+def open_lock_file(path: StrPath) -> int:
+    """Return a descriptor of the lock file at `path` (created empty if absent, never through
+    a symlink), to `flock` (the shard cache's locks: rectool.remote.cache)."""
+    return open_existing(path, os.O_RDWR)
 
 
 def write_fd(fd: int, data: ReadableBuffer, path: str) -> None:

@@ -34,6 +34,7 @@ BENCHMARKS = {
     "train": lambda log: _module("bench_train").run(log=log),
     "repack": lambda log: _module("bench_repack").run(log=log),
     "scale": lambda log: _module("bench_scale").run(log=log),
+    "remote": lambda log: _module("bench_remote").run(log=log),
 }
 
 
@@ -58,6 +59,7 @@ TARGETS = {
     "train": _module("bench_train").TARGETS,
     "repack": _module("bench_repack").TARGETS,
     "scale": _module("bench_scale").TARGETS,
+    "remote": _module("bench_remote").TARGETS,
     "read": [
         ("raw_vs_mxnet", "random raw reads: ours / MXNet read_idx + unpack", ">=", 5),
         ("raw_vs_bare", "random raw reads: ours / bare mmap + struct loop", ">=", 0.5),

@@ -1,0 +1,233 @@
+"""The local shard cache: remote shards downloaded whole, checked, shared by every process.
+
+    cache = ShardCache("/scratch/rectool-cache", limit=200 << 30)
+    pin = cache.pin(obj)        # present, digest-checked, and held: never evicted while held
+    ...                         # map obj.path
+    pin.release()
+
+- **Whole and checked, or absent.** A shard is downloaded under a temporary name beside its
+  final one (`doors.output.stage_file`), its digest (the manifest's xxh3-128, or SHA-256 for a
+  version-1 manifest) computed as the bytes arrive; only a shard whose digest matches is
+  renamed into place. A transfer cut or damaged is never used: a cut one is resumed by range
+  (`store.Retry.stream`), a mismatched one is removed and refused, naming the URL and shard.
+- **Once per machine.** Each shard has two lock files beside it (kept for good): a reader holds
+  `NAME.rec.lock` shared (`flock`) while the shard is mapped, and an evictor must take it
+  exclusive; whoever downloads holds `NAME.rec.download` exclusive, so processes (Loader
+  workers, ranks, prefetch threads) that want the same shard wait for that one download
+  instead of starting their own. Two locks, because one lock converted from shared to
+  exclusive deadlocks: a waiting downloader would wait for ever on a reader's shared hold.
+- **Bounded.** With `limit` (bytes), room for a download is made first, under the cache's own
+  lock (`.cache.lock`), by removing the shards used least recently (a shard's modification time
+  is set when it is released: when it was last used); a shard whose lock anyone holds is never
+  removed. When every cached shard is held the limit is passed rather than a reader failed.
+  Only `.rec` shards count (and are evicted); manifests and `.idx` files are small and stay.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import time
+from typing import NamedTuple
+
+from ..doors.output import (
+    make_folders,
+    open_lock_file,
+    remove,
+    rename,
+    set_mtime,
+    stage_file,
+)
+from ..format.digest import DIGEST_NAMES, Digests
+from .fetch import download_elsewhere
+from .store import RemoteError, Retry
+
+LOCK_SUFFIX = ".lock"  # held shared by readers, exclusive by an evictor
+DOWNLOAD_SUFFIX = ".download"  # held exclusive by whoever downloads the shard
+CACHE_LOCK = ".cache.lock"
+
+
+class DigestMismatchError(RemoteError):
+    """A downloaded object whose bytes are not the ones its manifest describes."""
+
+
+class CacheFullError(RemoteError):
+    """No room for an object that was only wanted ahead of time (`ShardCache.prefetch`)."""
+
+
+class CachedObject(NamedTuple):
+    """One remote object and where its checked copy lives in the cache."""
+
+    store: object  # a store of `rectool.remote.store`
+    name: str  # the object's name in the store
+    path: str  # its path in the cache
+    size: int  # bytes, from the manifest
+    algorithm: str | None  # "xxh3-128" or "sha256"; None: take the bytes as they come
+    digest: str | None
+    what: str  # how errors name it: "URL (shard 3 of faces.manifest.json)"
+
+
+def _counted(name):
+    """Whether a file of the cache counts against its limit: a shard, or one being written."""
+    return name.endswith(".rec") or (name.startswith(".") and ".rec." in name)
+
+
+def _unlock(fd):
+    """Unlock and close `fd`. Unlocked first: a child forked meanwhile has a copy of the
+    descriptor, which would otherwise keep the lock held for as long as it lives."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+class Pin:
+    """A shard held (its lock shared) by this process: never evicted until released."""
+
+    def __init__(self, fd, path, clock):
+        self.fd, self.path, self.pid, self._clock = fd, path, os.getpid(), clock
+
+    def release(self, touch=True):
+        """Let the shard go (`touch`: record now as its last use, for eviction)."""
+        fd, self.fd = self.fd, None
+        if fd is None:
+            return
+        if self.pid == os.getpid():  # a forked child never unlocks what its parent holds
+            if touch:
+                set_mtime(self.path, self._clock())
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+class ShardCache:
+    """Shards of remote packs in `folder`, at most `limit` bytes of them (None: no bound).
+
+    `clock` (nanoseconds) dates each use, `retry` governs downloads: both injected in tests.
+    Picklable (for Loader workers) when they are.
+    """
+
+    def __init__(self, folder, limit=None, clock=time.time_ns, retry=None):
+        if limit is not None and limit < 0:
+            raise ValueError("cache_limit must be >= 0 bytes (or None: unbounded)")
+        self.folder, self.limit, self.clock = os.fspath(folder), limit, clock
+        self.retry = retry or Retry()
+        self.downloads = self.evictions = 0  # this process's, for reports and tests
+        make_folders(self.folder)
+
+    def pack_folder(self, key):
+        """Return the cache's folder for one pack (`key`: its URL and manifest digest)."""
+        folder = os.path.join(self.folder, "packs", key)
+        make_folders(folder)
+        return folder
+
+    def pin(self, obj, touch=True, fit=False):
+        """Return a `Pin` of `obj`, downloading and checking it first if it is not cached.
+
+        Blocks while another process downloads it (their lock), then uses their copy. When
+        every cached shard is held, a reader passes the limit; with `fit`, `CacheFullError`.
+        """
+        while True:
+            if os.path.exists(obj.path):
+                fd = open_lock_file(obj.path + LOCK_SUFFIX)
+                fcntl.flock(fd, fcntl.LOCK_SH)  # only an evictor's brief hold can delay this
+                if os.path.exists(obj.path):
+                    break
+                _unlock(fd)  # evicted meanwhile
+            fd = open_lock_file(obj.path + DOWNLOAD_SUFFIX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)  # held only while a download runs
+                if not os.path.exists(obj.path):
+                    fits = not _counted(os.path.basename(obj.path)) or self._make_room(obj.size)
+                    if fit and not fits:
+                        raise CacheFullError(f"{obj.what}: no room in {self.folder}")
+                    if getattr(obj.store, "fork_unsafe", lambda: False)():
+                        download_elsewhere(self, obj)  # obstore hangs in a forked child
+                    else:
+                        self.download(obj)
+            finally:
+                _unlock(fd)
+        if touch:
+            set_mtime(obj.path, self.clock())
+        return Pin(fd, obj.path, self.clock)
+
+    def fetch(self, obj, fit=False):
+        """Make sure `obj` is cached (downloading it if needed) without marking it used;
+        `fit`: only if room can be made for it within the limit (else `CacheFullError`)."""
+        self.pin(obj, touch=False, fit=fit).release(touch=False)
+        return obj.path
+
+    def download(self, obj):
+        """Download `obj` to its cache path through a temporary name; refuse a wrong digest.
+
+        The caller holds the object's lock exclusively (`pin` does).
+        """
+        digests = Digests([obj.algorithm] if obj.algorithm else [])
+
+        def chunks():
+            for chunk in self.retry.stream(obj.store, obj.name, obj.size, obj.what):
+                digests.update(chunk)
+                yield chunk
+
+        tmp = stage_file(obj.path, chunks())
+        got = digests.hexdigests().get(obj.algorithm) if obj.algorithm else None
+        if got != obj.digest:
+            remove(tmp)
+            raise DigestMismatchError(
+                f"{obj.what}: its {obj.size} bytes have the {DIGEST_NAMES[obj.algorithm]} {got}, "
+                f"but the manifest gives {obj.digest}: the object was changed or damaged after "
+                "packing; it is not used"
+            )
+        rename(tmp, obj.path)
+        self.downloads += 1
+
+    def usage(self):
+        """Return (bytes counted against the limit, [(mtime_ns, path, size)] of shards)."""
+        total, shards = 0, []
+        packs = os.path.join(self.folder, "packs")
+        for pack in os.scandir(packs) if os.path.isdir(packs) else ():
+            if not pack.is_dir(follow_symlinks=False):
+                continue
+            for entry in os.scandir(pack.path):
+                if not _counted(entry.name) or not entry.is_file(follow_symlinks=False):
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:  # removed meanwhile
+                    continue
+                total += st.st_size
+                if entry.name.endswith(".rec"):
+                    shards.append((st.st_mtime_ns, entry.path, st.st_size))
+        return total, shards
+
+    def _make_room(self, size):
+        """Evict shards used least recently, and not held, until `size` more bytes fit;
+        return whether they do."""
+        if self.limit is None:
+            return True
+        lock = open_lock_file(os.path.join(self.folder, CACHE_LOCK))
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            total, shards = self.usage()
+            for _, path, shard_size in sorted(shards):
+                if total + size <= self.limit:
+                    break
+                if self._evict(path):
+                    total -= shard_size
+            return total + size <= self.limit
+        finally:
+            _unlock(lock)
+
+    def _evict(self, path):
+        """Remove the shard at `path` unless someone holds it; return whether it was removed."""
+        fd = open_lock_file(path + LOCK_SUFFIX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False
+        try:
+            removed = remove(path)
+        finally:
+            _unlock(fd)
+        self.evictions += removed
+        return removed

@@ -1,0 +1,343 @@
+"""A remote pack opened like a local one: `open_dataset("s3://bucket/faces.manifest.json")`.
+
+`RemoteDataset` is the reader's `RecordDataset` over a local shard cache (`cache.ShardCache`):
+the manifest is read from the store on every open (and kept, by its digest, in the cache
+folder of this pack: `CACHE/packs/KEY/`), each `.idx` is downloaded and checked at open, and
+each `.rec` on first use by `CachedRecordFile`, which holds the shard (a shared lock) while it
+is mapped. A process keeps at most `open_shards` shards mapped (the least recently opened is let
+go), so the cache can evict what the readers have finished with.
+
+`labels` needs every shard's record headers once: the first open of a pack downloads every
+shard (in parallel, `prefetch_threads`) and keeps the labels in the cache (`labels.npy`), so
+later opens on the machine skip that pass. `Loader` takes its order from `rank_sampler`: the
+streaming block order (`order.StreamingSampler`), whose next shards `ShardPrefetcher`
+downloads on background threads, at most `prefetch_shards` not yet used.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+import numpy as np
+import xxhash
+
+from ..doors.inputs import read_regular
+from ..doors.output import write_atomic
+from ..format.digest import SHA256, XXH3_128, field_name
+from ..reader import (
+    DEFAULT_MAX_PIXELS,
+    MANIFEST_SUFFIX,
+    RecordDataset,
+    RecordFile,
+    RectoolError,
+    read_manifest,
+)
+from .cache import CachedObject, CacheFullError, ShardCache
+from .order import StreamingSampler, first_uses
+from .store import RemoteError, Retry, open_store, safe_url, split_url
+
+CACHE_ENV = "RECTOOL_CACHE_DIR"
+_lock = threading.Lock()  # this process's opening and letting go of shards
+
+
+def _after_fork_in_child():
+    global _lock
+    _lock = threading.Lock()  # one a parent thread held at the fork stays held
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def default_cache_dir():
+    """Return `$RECTOOL_CACHE_DIR`, else `$XDG_CACHE_HOME/rectool` (`~/.cache/rectool`)."""
+    if os.environ.get(CACHE_ENV):
+        return os.environ[CACHE_ENV]
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "rectool")
+
+
+def open_remote(url, decode=None, **options):
+    """Open the pack whose manifest is at `url`; return a `RemoteDataset` (see its options)."""
+    return RemoteDataset(url, decode, **options)
+
+
+class _OpenShards:
+    """The shards this process has mapped, most recent last; past `limit`, the oldest is let go."""
+
+    def __init__(self, limit):
+        self.limit, self.files = limit, OrderedDict()
+
+    def __getstate__(self):
+        return {"limit": self.limit}
+
+    def __setstate__(self, state):
+        self.__init__(state["limit"])
+
+    def opening(self, rf):
+        """Let go of the oldest shards until `rf` fits (before it is fetched: room in the cache)."""
+        while len(self.files) >= self.limit and next(iter(self.files)) != id(rf):
+            _, oldest = self.files.popitem(last=False)
+            oldest.close()
+
+    def opened(self, rf):
+        self.files[id(rf)] = rf
+        self.files.move_to_end(id(rf))
+
+    def closed(self, rf):
+        self.files.pop(id(rf), None)
+
+
+class CachedRecordFile(RecordFile):
+    """A shard of a remote pack: fetched into the cache and held there while it is mapped."""
+
+    def __init__(self, path, obj=None, cache=None, shards=None):
+        super().__init__(path)
+        self.obj, self.cache, self.shards = obj, cache, shards
+        self._pin, self._opening = None, False
+
+    def __getstate__(self):
+        return {"path": self.path, "obj": self.obj, "cache": self.cache, "shards": self.shards}
+
+    def __setstate__(self, state):
+        self.__init__(state["path"], state["obj"], state["cache"], state["shards"])
+
+    def open(self):
+        pin = self._pin
+        if pin is not None and pin.fd is not None and pin.pid == os.getpid():
+            return super().open()
+        with _lock:
+            if self.shards is not None:
+                self.shards.opening(self)
+            self._opening = True
+            try:
+                RecordFile.close(self)
+                self._unpin()
+                self._pin = self.cache.pin(self.obj)
+                self._identity = None  # fetched again after an eviction: the same bytes
+                mm = super().open()
+            except BaseException:
+                self._unpin()
+                raise
+            finally:
+                self._opening = False
+            if self.shards is not None:
+                self.shards.opened(self)
+        return mm
+
+    def close(self):
+        super().close()
+        if not self._opening:  # RecordFile.open closes before it maps: keep the pin then
+            self._unpin()
+            if self.shards is not None:
+                self.shards.closed(self)
+
+    def _unpin(self):
+        pin, self._pin = self._pin, None
+        if pin is not None:
+            pin.release()
+
+
+class ShardPrefetcher:
+    """Downloads `objects` in order on `threads` threads, at most `ahead` fetched and not yet
+    used (a use sets a shard's modification time: `cache.Pin`). Errors are left to the reader,
+    which fetches (and reports) by itself; `stop()` ends it."""
+
+    def __init__(self, cache, objects, ahead=4, threads=4):
+        self.cache, self.ahead, self.errors = cache, max(1, ahead), []
+        self._pending, self._stop = list(objects)[::-1], threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, args=(max(1, threads),), name="rectool-shard-prefetch", daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, threads):
+        unused, running = {}, {}  # path -> mtime at fetch; future -> object
+        with ThreadPoolExecutor(threads, thread_name_prefix="rectool-fetch") as pool:
+            while (self._pending or running) and not self._stop.is_set():
+                for path, mtime in list(unused.items()):
+                    try:
+                        used = os.stat(path).st_mtime_ns != mtime
+                    except FileNotFoundError:
+                        used = True  # evicted: not ours to wait for
+                    if used:
+                        del unused[path]
+                while self._pending and len(unused) + len(running) < self.ahead:
+                    obj = self._pending.pop()
+                    running[pool.submit(self.cache.fetch, obj, True)] = obj
+                if not running:
+                    self._stop.wait(0.02)  # until a reader uses a shard fetched ahead
+                    continue
+                done, _ = wait(running, timeout=0.05, return_when=FIRST_COMPLETED)
+                for future in done:
+                    obj = running.pop(future)
+                    try:
+                        future.result()
+                        unused[obj.path] = os.stat(obj.path).st_mtime_ns
+                    except CacheFullError:  # try again once readers let shards go
+                        self._pending.append(obj)
+                        self._stop.wait(0.05)
+                    except (RectoolError, OSError) as exc:
+                        self.errors.append(str(exc))
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
+
+    def done(self):
+        return not self._thread.is_alive()
+
+
+class RemoteDataset(RecordDataset):
+    """The samples of the remote pack whose manifest is at `url`, read through a shard cache.
+
+    Options beyond `open_dataset`'s: `cache_dir` (default `default_cache_dir()`),
+    `cache_limit` (bytes of shards kept; None: no bound), `retry` (a `store.Retry`),
+    `block_shards` (shards per block of the streaming order), `prefetch_shards` (shards
+    fetched ahead; default two blocks), `prefetch_threads`, `open_shards` (shards one process
+    keeps mapped; default a block), `store` (one of `store`'s, for tests), `clock`.
+    """
+
+    def __init__(
+        self,
+        url,
+        decode=None,
+        layout=None,
+        cache=True,
+        max_pixels=DEFAULT_MAX_PIXELS,
+        *,
+        cache_dir=None,
+        cache_limit=None,
+        retry=None,
+        block_shards=4,
+        prefetch_shards=None,
+        prefetch_threads=8,
+        open_shards=None,
+        store=None,
+        clock=time.time_ns,
+    ):
+        folder_url, name = split_url(url)
+        self.url = safe_url(url)
+        if not name.endswith(MANIFEST_SUFFIX):
+            raise RemoteError(f"{self.url}: give the URL of a pack's manifest (*{MANIFEST_SUFFIX})")
+        self.store = store or open_store(folder_url)
+        retry = retry or Retry()
+        self.shard_cache = ShardCache(cache_dir or default_cache_dir(), cache_limit, clock, retry)
+        self.block_shards = block_shards
+        self.prefetch_shards = prefetch_shards or 2 * block_shards
+        self.prefetch_threads = prefetch_threads
+        self._prefetcher = None
+        data = retry.call(lambda: self.store.read(name), self.url)
+        key = xxhash.xxh3_64_hexdigest(self.url.encode() + b"\0" + data)
+        self._folder = self.shard_cache.pack_folder(key)
+        local = os.path.join(self._folder, name)
+        if not os.path.exists(local):
+            write_atomic(local, data)
+        doc = read_manifest(local)
+        self._objects, indexes = {}, []
+        for i, shard in enumerate(doc["shards"]):
+            rec, idx = (self._object(doc, i, shard, kind) for kind in ("rec", "idx"))
+            self._objects[rec.path] = rec
+            indexes.append(idx)
+        with ThreadPoolExecutor(prefetch_threads) as pool:  # the indexes, checked, before open
+            list(pool.map(self.shard_cache.fetch, indexes))
+        self._open_files = _OpenShards(open_shards or block_shards)
+        super().__init__(local, decode, layout, cache, max_pixels)
+
+    def _object(self, doc, i, shard, kind):
+        """Return the `CachedObject` of shard `i`'s `kind` file ("rec", "idx")."""
+        name, size = shard[kind], shard.get(f"{kind}_bytes")
+        for algorithm in (XXH3_128, SHA256):
+            digest = shard.get(field_name(kind, algorithm))
+            if digest:
+                break
+        else:
+            raise RemoteError(
+                f"{self.url}: shard {i} ({name}) has no digest in the manifest; a remote pack "
+                "needs one to check each download (pack it with rectool 0.1 or later)"
+            )
+        if size is None and kind == "rec":
+            raise RemoteError(f"{self.url}: shard {i} ({name}) has no rec_bytes in the manifest")
+        what = f"{self.store.object_url(name)} (shard {i} of {os.path.basename(self.url)})"
+        path = os.path.join(self._folder, name)
+        return CachedObject(self.store, name, path, size or 0, algorithm, digest, what)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_prefetcher"] = None
+        return state
+
+    def _open_shard(self, rec):
+        return CachedRecordFile(rec, self._objects[rec], self.shard_cache, self._open_files)
+
+    def _check_at_open(self, rf, idx, keys, offsets, listed):
+        # The .rec's bytes are checked whole against their digest when they arrive; here only
+        # what the .idx alone tells (and the .idx itself was checked against its digest).
+        if listed.get("records") not in (None, len(keys)):
+            raise RectoolError(
+                f"{self.url}: {rf.obj.name} has {len(keys)} index lines, but the manifest lists "
+                f"{listed['records']} records for it"
+            )
+
+    def __repr__(self):
+        return (
+            f"RemoteDataset({self.url!r}, {len(self.shards)} shards, {len(self)} samples, "
+            f"layout={self.layout!r}, decode={self.decode!r}, cache={self.shard_cache.folder!r})"
+        )
+
+    # -- the order, and the shards it needs next -------------------------------------------
+
+    def rank_sampler(self, size, rank=0, world_size=1, shuffle=True, seed=0, drop_last=False):
+        """Return the `Loader`'s sampler: `StreamingSampler`, prefetching what it reads next."""
+        if size != len(self):
+            raise ValueError(f"a sampler of {size} samples for a dataset of {len(self)}")
+        return StreamingSampler(
+            self._shard_ids, rank, world_size, shuffle, seed, drop_last,
+            self.block_shards, on_order=self.prefetch,
+        )  # fmt: skip
+
+    def prefetch(self, order):
+        """Start fetching the shards that the samples `order` need, in the order they need them
+        (the fetch of an earlier order is stopped)."""
+        self.stop_prefetch()
+        files = [self._files[s] for s in first_uses(self._shard_ids, order)]
+        self._prefetcher = ShardPrefetcher(
+            self.shard_cache, [rf.obj for rf in files], self.prefetch_shards,
+            self.prefetch_threads,
+        )  # fmt: skip
+        return self._prefetcher
+
+    def stop_prefetch(self):
+        """Stop fetching ahead."""
+        if self._prefetcher is not None:
+            self._prefetcher.stop()
+            self._prefetcher = None
+
+    # -- labels: every shard's headers once, then kept beside the pack's manifest ------------
+
+    @property
+    def labels(self):
+        if self._labels is None:
+            saved = os.path.join(self._folder, "labels.npy")
+            if os.path.exists(saved):
+                labels = np.load(io.BytesIO(read_regular(saved, "labels")[0]), allow_pickle=False)
+                if len(labels) == len(self):
+                    labels.flags.writeable = False
+                    self._labels = labels
+                    return labels
+            self.prefetch(np.arange(len(self)))  # every shard, in reading order
+            try:
+                labels = RecordDataset.labels.fget(self)
+            finally:
+                self.stop_prefetch()
+                self.close()  # let the shards go: the cache may need the room
+            if labels.dtype != object:
+                buffer = io.BytesIO()
+                np.save(buffer, labels, allow_pickle=False)
+                write_atomic(saved, buffer.getvalue())
+        return self._labels

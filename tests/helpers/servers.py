@@ -1,0 +1,242 @@
+"""Real servers on 127.0.0.1 for the remote tests: an S3 server (moto's) and a plain HTTP
+server of byte ranges, both counting GETs and injecting faults as told.
+
+    faults.plan("faces-00001.rec", "500", "500")   # its next two GETs answer 500
+    faults.plan("faces-00002.rec", "drop")         # the next one stops half way, connection shut
+    faults.latency = 0.05                          # every request waits 50 ms first (benchmarks)
+    faults.gets["faces-00001.rec"]                 # GETs of that object so far
+
+The test and the server run in one process: nothing here depends on timing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from collections import Counter, defaultdict, deque
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+
+class Faults:
+    """What the servers do wrong, per object name, and what they were asked."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.reset()
+
+    def reset(self):
+        with self.lock:
+            self.gets, self.puts = Counter(), Counter()
+            self.ranges = defaultdict(list)  # name -> the first byte asked for, per GET
+            self.planned = defaultdict(deque)
+            self.latency = 0.0
+
+    def plan(self, name, *actions):
+        """Answer the next GETs of `name` with `actions` ("500", "drop"), then normally."""
+        with self.lock:
+            self.planned[name].extend(actions)
+
+    def on_get(self, name, start):
+        with self.lock:
+            self.gets[name] += 1
+            self.ranges[name].append(start)
+            queue = self.planned.get(name)
+            return queue.popleft() if queue else None
+
+    def wait(self):
+        if self.latency:
+            time.sleep(self.latency)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _range_start(header):
+    if header and header.startswith("bytes="):
+        return int(header[6:].split("-", 1)[0] or 0)
+    return 0
+
+
+# --- a plain HTTP server of byte ranges -----------------------------------------------------------
+
+
+class RangeServer:
+    """Serves the files under `root` at http://127.0.0.1:PORT/, honouring `Range: bytes=N-`."""
+
+    def __init__(self, root, faults=None):
+        self.root, self.faults = Path(root), faults or Faults()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                server.faults.wait()
+                name = self.path.lstrip("/").split("?", 1)[0]
+                start = _range_start(self.headers.get("Range"))
+                action = server.faults.on_get(Path(name).name, start)
+                path = server.root / name
+                if action == "500":
+                    self.send_response(500)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                if not path.is_file():
+                    self.send_response(404)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                data = path.read_bytes()
+                body = data[start:]
+                self.send_response(206 if start else 200)
+                if start:
+                    self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if action == "drop":
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                self.wfile.write(body)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join()
+
+
+# --- moto's S3 server, behind a counting and faulting middleware ---------------------------------
+
+
+class _Middleware:
+    def __init__(self, app, faults):
+        self.app, self.faults = app, faults
+
+    def __call__(self, environ, start_response):
+        self.faults.wait()
+        method, path = environ["REQUEST_METHOD"], environ.get("PATH_INFO", "")
+        name = path.rstrip("/").rsplit("/", 1)[-1]
+        is_object = path.strip("/").count("/") >= 1  # /bucket/key...: not a bucket request
+        if method == "PUT" and is_object and "uploadId" not in environ.get("QUERY_STRING", ""):
+            with self.faults.lock:
+                self.faults.puts[name] += 1
+        if method != "GET" or not is_object:
+            return self.app(environ, start_response)
+        action = self.faults.on_get(name, _range_start(environ.get("HTTP_RANGE")))
+        if action == "500":
+            start_response("500 Internal Server Error", [("Content-Length", "0")])
+            return [b""]
+        if action != "drop":
+            return self.app(environ, start_response)
+        answer = {}
+
+        def keep(status, headers, exc_info=None):
+            answer.update(status=status, headers=headers)
+
+        body = b"".join(self.app(environ, keep))
+        start_response(answer["status"], answer["headers"])
+        return _cut(body)
+
+
+def _cut(body):
+    yield body[: len(body) // 2]
+    raise ConnectionAbortedError("the test server drops this connection half way")
+
+
+class S3Server:
+    """moto's S3 on 127.0.0.1 (its in-memory backend), with `faults`; `env` for obstore."""
+
+    def __init__(self, faults=None):
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
+
+        logging.getLogger("werkzeug").setLevel(logging.CRITICAL)
+        self.faults = faults or Faults()
+        app = _Middleware(DomainDispatcherApplication(create_backend_app), self.faults)
+        self.port = free_port()
+        self.httpd = make_server(
+            "127.0.0.1", self.port, app, threaded=True, request_handler=MotoRequestHandler
+        )
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.env = {
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "AWS_ALLOW_HTTP": "true",
+            "AWS_ACCESS_KEY_ID": "testing-key-id",
+            "AWS_SECRET_ACCESS_KEY": "testing-secret-never-shown",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_REGION": "us-east-1",
+        }
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+
+    def client(self):
+        import boto3
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id=self.env["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=self.env["AWS_SECRET_ACCESS_KEY"],
+            region_name="us-east-1",
+        )
+
+    def upload_folder(self, bucket, folder, prefix=""):
+        """Create `bucket` and put every file of `folder` under `prefix`."""
+        client = self.client()
+        client.create_bucket(Bucket=bucket)
+        for path in sorted(Path(folder).iterdir()):
+            if path.is_file():
+                client.put_object(Bucket=bucket, Key=prefix + path.name, Body=path.read_bytes())
+
+    def objects(self, bucket, prefix=""):
+        """Return {key: bytes} of the objects under `prefix`."""
+        client, out = self.client(), {}
+        for item in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", []):
+            out[item["Key"]] = client.get_object(Bucket=bucket, Key=item["Key"])["Body"].read()
+        return out
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self._thread.join()
+
+
+def use_env(env):
+    """Set `env` in os.environ; return a function that puts the old values back."""
+    old = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+
+    def restore():
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+    return restore
+
+
+def no_wait(seconds):
+    """A `Retry(sleep=...)` that does not wait (picklable, for helper processes)."""
