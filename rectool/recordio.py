@@ -46,6 +46,21 @@ _LENGTH_BITS = 29
 _LENGTH_MASK = MAX_RECORD_BYTES = (1 << _LENGTH_BITS) - 1
 _PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")
 
+# This process's id, kept current by a fork hook, for read_idx's fast path: `os.getpid()` is a
+# system call, dear next to the rest of that path. A child forked without Python's fork hooks
+# (a C library's own fork()) keeps the parent's id here; it then reads through the mapping it
+# inherited, which holds the same bytes, instead of reopening the file as MXNet would.
+_PID = os.getpid()
+
+
+def _forked():
+    global _PID
+    _PID = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; where there is no fork the id never changes
+    os.register_at_fork(after_in_child=_forked)
+
 
 class RectoolError(Exception):
     """Base class of every error this module raises on purpose."""
@@ -94,11 +109,16 @@ class MXRecordIO:
                 size = os.fstat(f.fileno()).st_size
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
             self._size = size
+            # Bounds for read_idx's fast path: a part header fits at offsets up to
+            # _last_header; a part whose padded end fits has its unpadded end within
+            # _aligned_size (the size rounded down to a 4-byte boundary).
+            self._last_header, self._aligned_size = size - 8, size & ~3
             self.writable = False
         else:
             raise ValueError(f"Invalid flag {self.flag!s}")
         self._pos, self._key = 0, None
         self.pid = os.getpid()
+        self._reader_pid = None if self.writable else self.pid
         self.is_open = True
 
     def __del__(self):
@@ -117,7 +137,7 @@ class MXRecordIO:
         """Unpickle as MXNet does: reopen the file if it was open."""
         is_open = d["is_open"]
         self.__dict__ = d
-        self._file = self._mm = None
+        self._file = self._mm = self._reader_pid = None
         self.is_open = False
         if is_open:
             self.open()
@@ -139,7 +159,7 @@ class MXRecordIO:
             self._mm.close()
         self._file = self._mm = None
         self.is_open = False
-        self.pid = None
+        self.pid = self._reader_pid = None
 
     def reset(self):
         """Go back to the first record; in 'w' mode this truncates the file, as in MXNet."""
@@ -168,13 +188,12 @@ class MXRecordIO:
         pos, key, self._key = self._pos, self._key, None
         if pos == self._size:
             return None
-        mm, size = self._mm, self._size
-        if pos + 8 <= size:  # the common record: one whole part
-            magic, lrec = _PART.unpack_from(mm, pos)
-            end = pos + 8 + (lrec & _LENGTH_MASK)
-            if magic == MAGIC and not lrec >> _LENGTH_BITS and (end + 3) & ~3 <= size:
+        if 0 <= pos <= self._last_header:  # the common record: one whole part
+            magic, lrec = _PART.unpack_from(self._mm, pos)
+            end = pos + 8 + lrec
+            if magic == MAGIC and lrec <= _LENGTH_MASK and end <= self._aligned_size:
                 self._pos = (end + 3) & ~3
-                return mm[pos + 8 : end]
+                return self._mm[pos + 8 : end]
         data, self._pos = self._read_parts(pos, key)
         return data
 
@@ -186,6 +205,8 @@ class MXRecordIO:
 
         if start > size:
             raise fail(f"record starts past the end of the file ({size} bytes)", start)
+        if start < 0:
+            raise fail("a negative record offset: the .idx is damaged", start)
         while cflag not in (0, 3):
             if offset + 8 > size:
                 found = "the end of the file" if offset == size else "a truncated part header"
@@ -272,12 +293,16 @@ class MXIndexedRecordIO(MXRecordIO):
 
     def read_idx(self, idx):
         """Return the record of key `idx`."""
-        if self.pid == os.getpid() and not self.writable:  # the common case, inlined
+        # The common case inlined: open for reading in this process, a key in the .idx, a
+        # whole one-part record inside the file. Anything else (a closed or writing object,
+        # another process, a missing key, a split, damaged or cut-short record) goes the long
+        # way, through seek and read, which reopen or name the failure as they always do.
+        if self._reader_pid == _PID:
             pos = self.idx.get(idx, -1)
-            if pos >= 0 and pos + 8 <= self._size:
+            if 0 <= pos <= self._last_header:
                 magic, lrec = _PART.unpack_from(self._mm, pos)
-                end = pos + 8 + (lrec & _LENGTH_MASK)
-                if magic == MAGIC and not lrec >> _LENGTH_BITS and (end + 3) & ~3 <= self._size:
+                end = pos + 8 + lrec
+                if magic == MAGIC and lrec <= _LENGTH_MASK and end <= self._aligned_size:
                     self._pos, self._key = (end + 3) & ~3, None
                     return self._mm[pos + 8 : end]
         self.seek(idx)

@@ -59,6 +59,7 @@ SCENARIOS = {
     "damaged": (RECORDS, ("patch", 12, b"XXXX"), [("read_idx", 1)]),  # key 1's magic
     "cut": ([(0, b"zero"), (7, b"x" * 100)], ("truncate", 10), [("read_idx", 7)]),
     "past_end": (RECORDS, ("idx", "0\t0\n9\t4096\n"), [("read_idx", 9)]),
+    "negative": (RECORDS, ("idx", "0\t0\n9\t-16\n"), [("read_idx", 9)]),
     "missing": (RECORDS, ("none",), [("read_idx", 5)]),
     "no_tab": (RECORDS, ("idx", "0\t0\n1\n"), []),
     "blank_line": (RECORDS, ("idx", "0\t0\n\n1\t12\n"), []),
@@ -118,6 +119,13 @@ def test_an_idx_offset_past_the_end_raises_where_mxnet_returns_none(mx):
     out, folder = mx["past_end"]
     assert out == ["opened", ("ok", None)]
     with pytest.raises(recordio.RecordFormatError, match="key 9, byte offset 4096: record starts"):
+        opened(folder).read_idx(9)
+
+
+def test_a_negative_idx_offset_raises_where_mxnet_aborts(mx):
+    out, folder = mx["negative"]
+    assert out == ["opened", ("error", "MXNetError")]  # its fseek fails
+    with pytest.raises(recordio.RecordFormatError, match="key 9, byte offset -16: a negative"):
         opened(folder).read_idx(9)
 
 
