@@ -33,6 +33,7 @@ BENCHMARKS = {
     "report": lambda log: _module("bench_report").run(log=log),
     "train": lambda log: _module("bench_train").run(log=log),
     "repack": lambda log: _module("bench_repack").run(log=log),
+    "recordio": lambda log: _module("bench_recordio").run(),
 }
 
 
@@ -56,6 +57,9 @@ TARGETS = {
     "report": _module("bench_report").TARGETS,
     "train": _module("bench_train").TARGETS,
     "repack": _module("bench_repack").TARGETS,
+    "recordio": [
+        ("ratio", "random read_idx: rectool.recordio / mxnet.recordio", ">=", 5),
+    ],
     "read": [
         ("raw_vs_mxnet", "random raw reads: ours / MXNet read_idx + unpack", ">=", 5),
         ("raw_vs_bare", "random raw reads: ours / bare mmap + struct loop", ">=", 0.5),
