@@ -10,8 +10,10 @@ behave as MXNet's: the same files byte for byte (records split at aligned magic 
 same return types and dtypes, the same pid check and reopening after pickling or a fork. Reads
 go through `mmap`. Where MXNet aborts with an opaque error or returns garbage (a damaged
 record, a key missing from the .idx, a record cut short, an unparsable .idx line), this module
-raises a named `RectoolError` naming the file, key and byte offset; rectool's
-docs/migration.md lists every difference. OpenCV is imported only by the image helpers.
+raises a named `RectoolError` naming the file, key and byte offset. The image helpers read an
+image's size from its header first and refuse one over `max_pixels` (50 million by default)
+with `ImageTooLargeError` before decoding. rectool's docs/migration.md lists every
+difference. OpenCV is imported only by the image helpers.
 """
 
 from __future__ import annotations
@@ -25,13 +27,17 @@ from collections import namedtuple
 import numpy as np
 
 __all__ = [
+    "DEFAULT_MAX_PIXELS",
     "IRHeader",
+    "ImageTooLargeError",
     "IndexFormatError",
     "MXIndexedRecordIO",
     "MXRecordIO",
     "MissingKeyError",
     "RecordFormatError",
     "RectoolError",
+    "admit_image",
+    "image_size",
     "imdecode",
     "pack",
     "pack_img",
@@ -45,6 +51,21 @@ _PART = struct.Struct("<II")
 _LENGTH_BITS = 29
 _LENGTH_MASK = MAX_RECORD_BYTES = (1 << _LENGTH_BITS) - 1
 _PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")
+
+# This process's id, kept current by a fork hook, for read_idx's fast path: `os.getpid()` is a
+# system call, dear next to the rest of that path. A child forked without Python's fork hooks
+# (a C library's own fork()) keeps the parent's id here; it then reads through the mapping it
+# inherited, which holds the same bytes, instead of reopening the file as MXNet would.
+_PID = os.getpid()
+
+
+def _forked():
+    global _PID
+    _PID = os.getpid()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX; where there is no fork the id never changes
+    os.register_at_fork(after_in_child=_forked)
 
 
 class RectoolError(Exception):
@@ -94,11 +115,16 @@ class MXRecordIO:
                 size = os.fstat(f.fileno()).st_size
                 self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
             self._size = size
+            # Bounds for read_idx's fast path: a part header fits at offsets up to
+            # _last_header; a part whose padded end fits has its unpadded end within
+            # _aligned_size (the size rounded down to a 4-byte boundary).
+            self._last_header, self._aligned_size = size - 8, size & ~3
             self.writable = False
         else:
             raise ValueError(f"Invalid flag {self.flag!s}")
         self._pos, self._key = 0, None
         self.pid = os.getpid()
+        self._reader_pid = None if self.writable else self.pid
         self.is_open = True
 
     def __del__(self):
@@ -117,7 +143,7 @@ class MXRecordIO:
         """Unpickle as MXNet does: reopen the file if it was open."""
         is_open = d["is_open"]
         self.__dict__ = d
-        self._file = self._mm = None
+        self._file = self._mm = self._reader_pid = None
         self.is_open = False
         if is_open:
             self.open()
@@ -139,7 +165,7 @@ class MXRecordIO:
             self._mm.close()
         self._file = self._mm = None
         self.is_open = False
-        self.pid = None
+        self.pid = self._reader_pid = None
 
     def reset(self):
         """Go back to the first record; in 'w' mode this truncates the file, as in MXNet."""
@@ -168,13 +194,12 @@ class MXRecordIO:
         pos, key, self._key = self._pos, self._key, None
         if pos == self._size:
             return None
-        mm, size = self._mm, self._size
-        if pos + 8 <= size:  # the common record: one whole part
-            magic, lrec = _PART.unpack_from(mm, pos)
-            end = pos + 8 + (lrec & _LENGTH_MASK)
-            if magic == MAGIC and not lrec >> _LENGTH_BITS and (end + 3) & ~3 <= size:
+        if 0 <= pos <= self._last_header:  # the common record: one whole part
+            magic, lrec = _PART.unpack_from(self._mm, pos)
+            end = pos + 8 + lrec
+            if magic == MAGIC and lrec <= _LENGTH_MASK and end <= self._aligned_size:
                 self._pos = (end + 3) & ~3
-                return mm[pos + 8 : end]
+                return self._mm[pos + 8 : end]
         data, self._pos = self._read_parts(pos, key)
         return data
 
@@ -186,6 +211,8 @@ class MXRecordIO:
 
         if start > size:
             raise fail(f"record starts past the end of the file ({size} bytes)", start)
+        if start < 0:
+            raise fail("a negative record offset: the .idx is damaged", start)
         while cflag not in (0, 3):
             if offset + 8 > size:
                 found = "the end of the file" if offset == size else "a truncated part header"
@@ -272,12 +299,16 @@ class MXIndexedRecordIO(MXRecordIO):
 
     def read_idx(self, idx):
         """Return the record of key `idx`."""
-        if self.pid == os.getpid() and not self.writable:  # the common case, inlined
+        # The common case inlined: open for reading in this process, a key in the .idx, a
+        # whole one-part record inside the file. Anything else (a closed or writing object,
+        # another process, a missing key, a split, damaged or cut-short record) goes the long
+        # way, through seek and read, which reopen or name the failure as they always do.
+        if self._reader_pid == _PID:
             pos = self.idx.get(idx, -1)
-            if pos >= 0 and pos + 8 <= self._size:
+            if 0 <= pos <= self._last_header:
                 magic, lrec = _PART.unpack_from(self._mm, pos)
-                end = pos + 8 + (lrec & _LENGTH_MASK)
-                if magic == MAGIC and not lrec >> _LENGTH_BITS and (end + 3) & ~3 <= self._size:
+                end = pos + 8 + lrec
+                if magic == MAGIC and lrec <= _LENGTH_MASK and end <= self._aligned_size:
                     self._pos, self._key = (end + 3) & ~3, None
                     return self._mm[pos + 8 : end]
         self.seek(idx)
@@ -341,16 +372,165 @@ def unpack(s):
     return header, s
 
 
+# --- the decode budget ----------------------------------------------------------------------
+# An image's header declares its size; a few hundred crafted bytes can declare 65000x65000
+# pixels, which OpenCV would allocate (12.7 GB) before finding out. So the image helpers read
+# the size first and refuse an image over `max_pixels`. This is a copy of rectool.reader's size
+# sniffing (the module stands alone), reduced to the size: the reader also refuses cut images,
+# this module decodes them as MXNet does. tests/test_decode_guard_recordio.py checks that the
+# two copies size generated headers of every format alike.
+
+# 50 megapixels, rectool.reader's default: more than a 45-megapixel camera or a 48-megapixel
+# phone writes; 150 MB decoded in 8-bit colour.
+DEFAULT_MAX_PIXELS = 50_000_000
+_JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # not DHT, JPG, DAC
+_JPEG_STANDALONE_MARKERS = frozenset((0x01, *range(0xD0, 0xD8)))
+_MARKER_STEP = bytes(1 if m == 0xFF else 2 if m in _JPEG_STANDALONE_MARKERS or not m else 0
+                     for m in range(256))  # fmt: skip
+_SIGNATURES = (
+    ("jpeg", b"\xff\xd8\xff"), ("png", b"\x89PNG\r\n\x1a\n"), ("bmp", b"BM"),
+    ("gif", (b"GIF87a", b"GIF89a")), ("webp", b"RIFF"), ("tiff", (b"II*\0", b"MM\0*")),
+)  # fmt: skip
+SIZED_FORMATS = "JPEG, PNG, BMP, GIF, WebP, TIFF"
+
+
+class ImageTooLargeError(RecordFormatError):
+    """An image whose header declares more pixels than the decode budget (`max_pixels`)."""
+
+
+def image_size(data):
+    """Return (format, height, width) read from image bytes' header, or None if unreadable.
+
+    The formats are JPEG, PNG, BMP, GIF, WebP and TIFF; anything else, a header cut short or
+    one declaring no pixels gives None.
+    """
+    data = data if isinstance(data, (bytes, bytearray)) else bytes(data)
+    head = bytes(data[:12])
+    for kind, signatures in _SIGNATURES:
+        if head.startswith(signatures):
+            if kind == "webp" and head[8:] != b"WEBP":
+                return None
+            try:
+                size = _SIZES[kind](data)
+            except struct.error:
+                return None
+            if size is None or size[0] <= 0 or size[1] <= 0:
+                return None
+            return kind, size[0], size[1]
+    return None
+
+
+def admit_image(data, max_pixels=DEFAULT_MAX_PIXELS):
+    """Return `image_size(data)`; raise `ImageTooLargeError` if it is over `max_pixels` pixels."""
+    size = image_size(data)
+    if size is not None and size[1] * size[2] > max_pixels:
+        _, height, width = size
+        raise ImageTooLargeError(
+            f"the image declares {width}x{height} pixels ({height * width / 1e6:,.1f} "
+            f"megapixels), over the decode limit of {max_pixels:,} (raise it with max_pixels=)"
+        )
+    return size
+
+
+def _check_max_pixels(max_pixels):
+    if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
+        raise ValueError(f"max_pixels must be an int >= 1, not {max_pixels!r}")
+
+
+def _jpeg_size(data):
+    # As libjpeg reads markers (jdmarker.c): bytes before a marker are skipped, and the first
+    # frame header sizes the image; image data or the end before it leaves nothing to decode.
+    n, i = len(data), 2
+    while i + 4 <= n:
+        if data[i] != 0xFF:
+            i = data.find(b"\xff", i)
+            if i < 0:
+                return None
+            continue
+        step = _MARKER_STEP[data[i + 1]]  # FF fill, 00 (no marker), RSTn, TEM: no length
+        if step:
+            i += step
+            continue
+        marker = data[i + 1]
+        if marker in _JPEG_FRAME_MARKERS:
+            return struct.unpack_from(">HH", data, i + 5)
+        if marker in (0xDA, 0xD9):
+            return None
+        i += 2 + ((data[i + 2] << 8) | data[i + 3])
+    return None
+
+
+def _png_size(data):
+    if data[12:16] != b"IHDR" or data[8:12] != b"\0\0\0\r":
+        return None
+    return struct.unpack_from(">II", data, 16)[::-1]
+
+
+def _bmp_size(data):
+    if struct.unpack_from("<I", data, 14)[0] == 12:  # OS/2 1.x: 16-bit sides
+        return struct.unpack_from("<HH", data, 18)[::-1]
+    width, height = struct.unpack_from("<ii", data, 18)
+    return abs(height), width  # negative: rows stored top-down
+
+
+def _webp_size(data):
+    chunk = data[12:16]
+    if chunk == b"VP8X":  # the canvas: 24 bits a side, minus one
+        width, height = (struct.unpack_from("<I", data, at)[0] >> 8 for at in (23, 26))
+        return 1 + height, 1 + width
+    if chunk == b"VP8L":  # lossless: 14 bits a side, minus one
+        bits = struct.unpack_from("<I", data, 21)[0]
+        return 1 + (bits >> 14 & 0x3FFF), 1 + (bits & 0x3FFF)
+    if chunk == b"VP8 ":  # lossy: after the key frame's start code, 14 bits a side
+        width, height = struct.unpack_from("<HH", data, 26)
+        return height & 0x3FFF, width & 0x3FFF
+    return None
+
+
+def _tiff_size(data):
+    order = "<" if data[:1] == b"I" else ">"
+    ifd = struct.unpack_from(order + "I", data, 4)[0]  # the first page: what OpenCV decodes
+    found = {}
+    for at in range(ifd + 2, ifd + 2 + 12 * struct.unpack_from(order + "H", data, ifd)[0], 12):
+        tag, kind = struct.unpack_from(order + "HH", data, at)
+        if tag in (256, 257) and kind in (3, 4):  # image width, length: SHORT or LONG
+            found[tag] = struct.unpack_from(order + "HI"[kind - 3], data, at + 8)[0]
+    return found.get(257, 0), found.get(256, 0)
+
+
+_SIZES = {
+    "jpeg": _jpeg_size, "png": _png_size, "bmp": _bmp_size, "webp": _webp_size, "tiff": _tiff_size,
+    "gif": lambda data: struct.unpack_from("<HH", data, 6)[::-1],  # the logical screen
+}  # fmt: skip
+
+
 def _cv2():
     import cv2
 
     return cv2
 
 
-def unpack_img(s, iscolor=-1):
-    """Return (IRHeader, image): `cv2.imdecode(payload, iscolor)` (BGR; None if undecodable)."""
+def _decode(buf, flags, max_pixels):
+    """Return `cv2.imdecode(buf, flags)` if the header admits it, None if it cannot be sized.
+
+    The module's one call of a decoder. Raises `ImageTooLargeError` before decoding an image
+    whose header declares more than `max_pixels` pixels.
+    """
+    _check_max_pixels(max_pixels)
+    if admit_image(buf, max_pixels) is None:
+        return None  # an unknown format or a cut header: its size is not known
+    return _cv2().imdecode(np.frombuffer(buf, dtype=np.uint8), flags)
+
+
+def unpack_img(s, iscolor=-1, *, max_pixels=DEFAULT_MAX_PIXELS):
+    """Return (IRHeader, image): `cv2.imdecode(payload, iscolor)` (BGR; None if undecodable).
+
+    An image whose header declares more than `max_pixels` pixels raises `ImageTooLargeError`
+    before decoding; one whose size cannot be read from its header (a format other than JPEG,
+    PNG, BMP, GIF, WebP, TIFF, or a cut header) gives None without decoding.
+    """
     header, s = unpack(s)
-    return header, _cv2().imdecode(np.frombuffer(s, dtype=np.uint8), iscolor)
+    return header, _decode(s, iscolor, max_pixels)
 
 
 def pack_img(header, img, quality=95, img_fmt=".jpg"):
@@ -366,16 +546,18 @@ def pack_img(header, img, quality=95, img_fmt=".jpg"):
     return pack(header, buf.tobytes())
 
 
-def imdecode(buf, flag=1, to_rgb=True):
+def imdecode(buf, flag=1, to_rgb=True, *, max_pixels=DEFAULT_MAX_PIXELS):
     """Decode image bytes as `mx.image.imdecode(buf, flag, to_rgb).asnumpy()` does.
 
     flag=1: (H, W, 3) uint8, RGB unless to_rgb=False; flag=0: (H, W, 1) grayscale.
-    Undecodable bytes raise RectoolError (MXNet raises MXNetError).
+    Undecodable bytes raise RectoolError (MXNet raises MXNetError), and so do bytes whose size
+    cannot be read from their header (see `unpack_img`); an image declaring more than
+    `max_pixels` pixels raises `ImageTooLargeError` before decoding.
     """
-    cv2 = _cv2()
-    img = cv2.imdecode(np.frombuffer(buf, dtype=np.uint8), 1 if flag else 0)
+    img = _decode(buf, 1 if flag else 0, max_pixels)
     if img is None:
-        raise RectoolError(f"cannot decode {len(buf)} bytes as an image")
+        why = "" if image_size(buf) else f": no size in its header ({SIZED_FORMATS} have one)"
+        raise RectoolError(f"cannot decode {len(buf)} bytes as an image{why}")
     if not flag:
         return img[:, :, None]
-    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB) if to_rgb else img
+    return _cv2().cvtColor(img, _cv2().COLOR_BGR2RGB) if to_rgb else img

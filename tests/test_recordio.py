@@ -59,6 +59,7 @@ SCENARIOS = {
     "damaged": (RECORDS, ("patch", 12, b"XXXX"), [("read_idx", 1)]),  # key 1's magic
     "cut": ([(0, b"zero"), (7, b"x" * 100)], ("truncate", 10), [("read_idx", 7)]),
     "past_end": (RECORDS, ("idx", "0\t0\n9\t4096\n"), [("read_idx", 9)]),
+    "negative": (RECORDS, ("idx", "0\t0\n9\t-16\n"), [("read_idx", 9)]),
     "missing": (RECORDS, ("none",), [("read_idx", 5)]),
     "no_tab": (RECORDS, ("idx", "0\t0\n1\n"), []),
     "blank_line": (RECORDS, ("idx", "0\t0\n\n1\t12\n"), []),
@@ -118,6 +119,13 @@ def test_an_idx_offset_past_the_end_raises_where_mxnet_returns_none(mx):
     out, folder = mx["past_end"]
     assert out == ["opened", ("ok", None)]
     with pytest.raises(recordio.RecordFormatError, match="key 9, byte offset 4096: record starts"):
+        opened(folder).read_idx(9)
+
+
+def test_a_negative_idx_offset_raises_where_mxnet_aborts(mx):
+    out, folder = mx["negative"]
+    assert out == ["opened", ("error", "MXNetError")]  # its fseek fails
+    with pytest.raises(recordio.RecordFormatError, match="key 9, byte offset -16: a negative"):
         opened(folder).read_idx(9)
 
 
@@ -205,3 +213,62 @@ def test_pickling_closes_the_original_and_reopens_the_copy_as_mxnet(mx):
     assert copy.read_idx(2) == b"two" and copy.keys == [0, 1, 2]
     with pytest.raises(RuntimeError, match="Forbidden operation in multiple processes"):
         r.read()  # closed: MXNet's pid check refuses it (the differential test compares)
+
+
+# The image rows of the table: MXNet's helpers on crafted, foreign-format and empty payloads.
+# The oversized image runs last, under an address-space limit of what the process already maps
+# plus 1 GiB: less than the 2.7 GB a 30000x30000 header asks OpenCV for.
+MX_IMAGE_DIFFERENCES = """
+import resource
+import mxnet as mx
+from mxnet import recordio
+def attempt(f):
+    try:
+        out = f()
+        return ('ok', None if out is None else tuple(out.shape))
+    except Exception as exc:
+        return ('error', type(exc).__name__)
+out = {}
+for name, data in DATA['payloads'].items():
+    s = recordio.pack(recordio.IRHeader(0, 1.0, 2, 0), data)
+    out[name] = (attempt(lambda: recordio.unpack_img(s)[1]),
+                 attempt(lambda: mx.image.imdecode(data).asnumpy()))
+mapped = int(open('/proc/self/statm').read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (mapped + (1 << 30), resource.RLIM_INFINITY))
+s = recordio.pack(recordio.IRHeader(0, 1.0, 2, 0), DATA['oversized'])
+try:
+    out['oversized'] = ('ok', recordio.unpack_img(s)[1].shape)
+except Exception as exc:
+    out['oversized'] = ('error', type(exc).__name__, str(exc).strip()[-120:])
+emit(out)
+"""
+
+
+def test_image_helpers_budget_and_foreign_formats_next_to_mxnets():
+    import cv2
+    from helpers.oversized_images import encoded, oversized_jpeg, small_image
+
+    payloads = {
+        "ppm": bytes(encoded(".ppm", small_image(10, 12))),
+        "empty": b"",
+        "webp": bytes(encoded(".webp", small_image(10, 12), (cv2.IMWRITE_WEBP_QUALITY, 90))),
+    }
+    oversized = oversized_jpeg(30000, 30000)
+    mx = run_mxnet(MX_IMAGE_DIFFERENCES, data={"payloads": payloads, "oversized": oversized})
+    assert mx["ppm"] == (("ok", (10, 12, 3)), ("error", "MXNetError"))
+    assert mx["empty"] == (("error", "error"), ("error", "MXNetError"))  # cv2.error
+    assert mx["webp"] == (("ok", (10, 12, 3)), ("error", "MXNetError"))
+    assert mx["oversized"][:2] == ("error", "error")  # cv2.error, allocating what was declared
+    assert "Failed to allocate 2700000000 bytes" in mx["oversized"][2]
+
+    def packed(data):
+        return recordio.pack(recordio.IRHeader(0, 1.0, 2, 0), data)
+
+    for name in ("ppm", "empty"):
+        assert recordio.unpack_img(packed(payloads[name]))[1] is None
+        with pytest.raises(recordio.RectoolError, match="no size in its header"):
+            recordio.imdecode(payloads[name])
+    assert recordio.unpack_img(packed(payloads["webp"]))[1].shape == (10, 12, 3)
+    assert recordio.imdecode(payloads["webp"]).shape == (10, 12, 3)
+    with pytest.raises(recordio.ImageTooLargeError, match="declares 30000x30000 pixels"):
+        recordio.unpack_img(packed(oversized))

@@ -35,6 +35,7 @@ BENCHMARKS = {
     "repack": lambda log: _module("bench_repack").run(log=log),
     "scale": lambda log: _module("bench_scale").run(log=log),
     "remote": lambda log: _module("bench_remote").run(log=log),
+    "recordio": lambda log: _module("bench_recordio").run(),
 }
 
 
@@ -60,6 +61,9 @@ TARGETS = {
     "repack": _module("bench_repack").TARGETS,
     "scale": _module("bench_scale").TARGETS,
     "remote": _module("bench_remote").TARGETS,
+    "recordio": [
+        ("ratio", "random read_idx: rectool.recordio / mxnet.recordio", ">=", 5),
+    ],
     "read": [
         ("raw_vs_mxnet", "random raw reads: ours / MXNet read_idx + unpack", ">=", 5),
         ("raw_vs_bare", "random raw reads: ours / bare mmap + struct loop", ">=", 0.5),
