@@ -57,7 +57,7 @@ def time_command(cmd, cwd=None):
 
 def time_library(root, out, threads=None):
     start = time.perf_counter()
-    list_images(root, out, threads=threads)
+    list_images(root, out, threads=threads, overwrite=True)
     return time.perf_counter() - start
 
 
@@ -99,7 +99,7 @@ def run(tree_path, repeats=5, im2rec_repeats=3, log=print):
         ours = os.path.join(tmp, "ours.lst")
         commands = {
             "find": ["find", root, "-type", "f"],
-            "rectool_cli": [*rectool_command(), "list", root, ours, "--quiet"],
+            "rectool_cli": [*rectool_command(), "list", root, ours, "--quiet", "--overwrite"],
             "im2rec": [python, "-m", "mxnet.tools.im2rec", os.path.join(tmp, "im2rec"), root]
             + ["--list", "--recursive"],
         }
