@@ -550,8 +550,9 @@ class ShardIndex:
 
 
 @dataclass(frozen=True, eq=False)
-class Layout:
-    """How a shard's records are laid out: `name` is "images" or "insightface".
+class FoundLayout:
+    """How a shard's records are found laid out (what `build.layout.Layout` wrote): `name` is
+    "images" or "insightface".
 
     For insightface, `header` is record 0's row and `span` its label (a, b): images are keys
     1..a-1, identities keys a..b-1. `images` marks the records that hold images; `classes` is
@@ -567,7 +568,7 @@ class Layout:
 
 
 def decide_layout(keys, starts, headers, read_record, classes):
-    """Return the `Layout` of records with these keys, starts and headers.
+    """Return the `FoundLayout` of records with these keys, starts and headers.
 
     The rule is the reader's (`scan.insightface_ranges`); a manifest's claim does not change
     it (`check_layout` reports a manifest that disagrees).
@@ -575,10 +576,10 @@ def decide_layout(keys, starts, headers, read_record, classes):
     """
     ranges = insightface_ranges(keys, starts, headers, read_record)
     if ranges is None:
-        return Layout("images", None, None, np.ones(len(headers), bool), classes)
+        return FoundLayout("images", None, None, np.ones(len(headers), bool), classes)
     a, b = ranges[1].start, ranges[1].stop
     header = int(np.flatnonzero(keys == 0)[-1])
-    return Layout("insightface", header, (a, b), ~((keys == 0) | (keys >= a)), b - a)
+    return FoundLayout("insightface", header, (a, b), ~((keys == 0) | (keys >= a)), b - a)
 
 
 @dataclass(frozen=True, eq=False)
@@ -606,7 +607,7 @@ class ShardFacts:
     keys: np.ndarray
     indexed: np.ndarray | None
     index_hit: np.ndarray | None
-    layout: Layout
+    layout: FoundLayout
     sound: np.ndarray
     unknown_signature: np.ndarray
 
