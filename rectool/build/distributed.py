@@ -31,7 +31,7 @@ from .packing import (
     PACKED,
     RESUMED,
     PackOptions,
-    check_options,
+    check_pack_options,
     check_prefix,
     check_root,
     completed_if_same,
@@ -106,7 +106,7 @@ def pack_on_dask(
         raise UsageError("--executor dask needs the list as a file that every worker can read")
     given = check_prefix(prefix)
     list_path, root, prefix = (os.path.abspath(os.fspath(p)) for p in (list_path, root, prefix))
-    check_options(options)
+    check_pack_options(options)
     digest, total = validate_list(list_path, options.layout)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     make_folders(os.path.dirname(prefix))

@@ -242,7 +242,7 @@ def pack_images(
     options = options or PackOptions()
     prefix = check_prefix(prefix)
     root = os.fspath(root)
-    check_options(options)
+    check_pack_options(options)
     out_dir = os.path.dirname(prefix) or "."
     made = not os.path.isdir(out_dir)
     make_folders(out_dir)
@@ -476,7 +476,7 @@ def finalize_pack(list_path, root, prefix, options=None, label_map=None):
     """
     options = options or PackOptions()
     prefix = check_prefix(prefix)
-    check_options(options)
+    check_pack_options(options)
     with OutputLock(prefix):
         finish_interrupted(prefix)
         return finalize_locked(list_path, root, prefix, options, label_map)
@@ -584,7 +584,7 @@ def allowed_failures(max_failures, total):
     return max_failures
 
 
-def check_options(options):
+def check_pack_options(options):
     limit = options.max_failures
     if (
         isinstance(limit, bool)

@@ -591,7 +591,7 @@ def check_plan(plan, options):
         )
 
 
-def check_options(options):
+def check_repack_options(options):
     """Refuse options that cannot work together."""
     if options.check not in ("structure", "none"):
         raise UsageError(f"unknown --check {options.check!r}: repack checks structure or none")
@@ -638,7 +638,7 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
     file is written. `progress(done, total, refused)` is called as records are written.
     """
     options = options or RepackOptions()
-    check_options(options)
+    check_repack_options(options)
     prefix = os.fspath(prefix)
     if not sources:
         raise UsageError("give at least one SOURCE")
