@@ -6,12 +6,15 @@ same in every command and on the report page.
 
 from __future__ import annotations
 
-_IRREGULAR = {"identity": "identities", "class": "classes", "process": "processes"}
-
 
 def plural(noun: str) -> str:
-    """Return the plural of one of the nouns rectool counts."""
-    return _IRREGULAR.get(noun, noun + "s")
+    """Return the plural of the nouns rectool counts (the last word of `noun` takes it):
+    image -> images, identity -> identities, class -> classes, damaged byte range -> ranges."""
+    if noun.endswith("y") and noun[-2:-1] not in ("a", "e", "o", "u"):
+        return noun[:-1] + "ies"
+    if noun.endswith(("s", "x", "ch", "sh")):
+        return noun + "es"
+    return noun + "s"
 
 
 def counted(n: int, noun: str, many: str | None = None) -> str:

@@ -125,7 +125,7 @@ def render_info(info, width=40):
     if damage:
         n = damage["records"]
         lines.append(
-            f"Damage: {n:,} record{' cannot' if n == 1 else 's cannot'} be read, left out of "
+            f"Damage: {counted(n, 'record')} cannot be read, left out of "
             f"the figures above; {damage['advice']}"
         )
         for d in damage["first"]:

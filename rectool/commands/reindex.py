@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from ..text import counted
 from .conventions import (
     RectoolCommand,
     emit_json,
@@ -77,7 +78,7 @@ def render_reindex_result(result, shown=20):
     if result.skipped:
         total = sum(d.end - d.start for d in result.skipped)
         n = len(result.skipped)
-        lines.append(f"Skipped {n:,} damaged byte range{'' if n == 1 else 's'} ({total:,} bytes):")
+        lines.append(f"Skipped {counted(n, 'damaged byte range')} ({total:,} bytes):")
         for d in result.skipped[:shown]:
             lines.append(
                 f"  bytes {d.start}..{d.end} ({d.end - d.start:,} bytes): {d.kind}: {d.reason}"
@@ -86,7 +87,7 @@ def render_reindex_result(result, shown=20):
             lines.append(f"  ... and {n - shown:,} more")
     if result.unkeyed:
         n = len(result.unkeyed)
-        lines.append(f"Left out {n:,} record{'' if n == 1 else 's'} without a key:")
+        lines.append(f"Left out {counted(n, 'record')} without a key:")
         lines += [f"  byte offset {offset}: {reason}" for offset, reason in result.unkeyed[:shown]]
     if result.duplicates:
         n = len(result.duplicates)
@@ -99,7 +100,7 @@ def render_reindex_result(result, shown=20):
         lines.append(f"Records not checked one by one: {result.checksum_problem}")
     if result.damaged:
         n = len(result.damaged)
-        lines.append(f"{n:,} damaged record{'' if n == 1 else 's'} (per {result.checksums}):")
+        lines.append(f"{counted(n, 'damaged record')} (per {result.checksums}):")
         for offset, key, reason in result.damaged[:shown]:
             where = "" if key is None else f"key {key}, "
             lines.append(f"  {where}byte offset {offset}: {reason}")

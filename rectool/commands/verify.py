@@ -151,8 +151,7 @@ def render_verify_report(report, shown):
         lines.append("Sound: no problems found.")
         return "\n".join(lines)
     counts = ", ".join(f"{kind} {n:,}" for kind, n in sorted(report.counts.items()))
-    noun = "problem" if report.problem_count == 1 else "problems"
-    lines.append(f"Found {report.problem_count:,} {noun} ({counts}):")
+    lines.append(f"Found {counted(report.problem_count, 'problem')} ({counts}):")
     listed = report.problems[:shown]
     lines += [f"  {problem}" for problem in listed]
     if report.problem_count > len(listed):

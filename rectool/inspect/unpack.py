@@ -34,6 +34,7 @@ from ..format.checksums import (
 from ..format.keys import last_line_wins, refuse_shared_offsets
 from ..format.records import IndexedRecordFile
 from ..reader import insightface_header, resolve_source, unpack_header
+from ..text import counted
 from .scan import mapped
 
 if TYPE_CHECKING:
@@ -166,7 +167,7 @@ def _refuse_damaged(opened: Sequence[IndexedRecordFile], shown: int = 5) -> None
         )
         more = f" and {n - shown} more" if n > shown else ""
         raise DamagedRecordsError(
-            f"{n} damaged record{'' if n == 1 else 's'} (bytes differ from the checksum taken "
+            f"{counted(n, 'damaged record')} (bytes differ from the checksum taken "
             f"when packed): {named}{more}; nothing was written. `rectool verify` lists them all",
             damaged,
         )

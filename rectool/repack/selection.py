@@ -12,6 +12,7 @@ import numpy as np
 
 from ..doors.inputs import open_input
 from ..errors import RectoolError
+from ..text import counted
 
 ORDERS = ("identity", "source", "shuffle")
 SAMPLE_UNITS = ("identities", "images")
@@ -55,7 +56,7 @@ def read_id_list(path, names):
     if unknown:
         more = f" (and {len(unknown) - 5} more)" if len(unknown) > 5 else ""
         raise RectoolError(
-            f"{path}: {len(unknown)} unknown identit{'y' if len(unknown) == 1 else 'ies'}: "
+            f"{path}: {counted(len(unknown), 'unknown identity')}: "
             f"{', '.join(unknown[:5])}{more}; give identity names or labels of the sources"
         )
     return np.array(sorted(set(labels)), np.int64)

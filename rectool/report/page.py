@@ -172,8 +172,7 @@ def _verify_text(verify):
     if verify.sound:
         return f"sound: no problems found ({escape(what)})"
     counts = ", ".join(f"{escape(k)} {n:,}" for k, n in sorted(verify.counts.items()))
-    noun = "problem" if verify.problem_count == 1 else "problems"
-    return f"<strong>{verify.problem_count:,} {noun}</strong> ({counts}); checked {what}"
+    return f"<strong>{counted(verify.problem_count, 'problem')}</strong> ({counts}); checked {what}"
 
 
 def _table(table_id, caption, headers, rows):
@@ -368,9 +367,9 @@ def _sheet_section(report):
     out.append(render_rows(report, report.rows_shown))
     hidden = _rows_hidden(report)
     if hidden:
-        noun = "identity" if hidden == 1 else "identities"
         out.append(
-            f'<p class="note" id="rows-hidden" data-value="{hidden}">{hidden:,} more {noun} '
+            f'<p class="note" id="rows-hidden" data-value="{hidden}">'
+            f"{counted(hidden, 'more identity')} "
             "not shown, to keep the page within --max-bytes (a --sheet image shows them all).</p>"
         )
     out.append("</section>")
@@ -397,15 +396,14 @@ def render_rows(report, shown=None):
             heading = f"Images sampled from all {row.count:,}"
         else:
             name = f" ({row.name})" if row.name else ""
-            noun = "image" if row.count == 1 else "images"
-            heading = f"Identity {row.label}{name}: {row.count:,} {noun}"
+            heading = f"Identity {row.label}{name}: {counted(row.count, 'image')}"
         out.append(f'<h4 class="identity">{escape(heading)}</h4><ul class="thumbs">')
         shown_thumbs = [t for t in row.thumbs if t.problem != LEFT_OUT]
         out += [f"<li>{_figure(t, size)}</li>" for t in shown_thumbs]
         left = len(row.thumbs) - len(shown_thumbs)
         if left:
-            noun = "thumbnail" if left == 1 else "thumbnails"
-            out.append(f'<li class="left-out" data-left-out="{left}">{left:,} {noun} left out</li>')
+            thumbs = counted(left, "thumbnail")
+            out.append(f'<li class="left-out" data-left-out="{left}">{thumbs} left out</li>')
         out.append("</ul>")
     return "\n".join(out)
 
@@ -457,12 +455,12 @@ def _duplicates_section(report):
     out = [
         '<section id="duplicates" aria-labelledby="duplicates-h">',
         '<h2 id="duplicates-h">Exact duplicates across identities</h2>',
-        f'<p id="duplicates-count" data-value="{dup.across}">{_count(dup.across, "image")} '
+        f'<p id="duplicates-count" data-value="{dup.across}">{counted(dup.across, "image")} '
         f"{'is' if dup.across == 1 else 'are'} stored byte for byte under more than one "
-        f"identity ({_count(dup.across_images, 'copy', 'copies')} in all); "
-        f"{_count(dup.within, 'more image')} {'is' if dup.within == 1 else 'are'} repeated "
+        f"identity ({counted(dup.across_images, 'copy', 'copies')} in all); "
+        f"{counted(dup.within, 'more image')} {'is' if dup.within == 1 else 'are'} repeated "
         "within one identity. Found by payload size and fingerprint, confirmed by BLAKE2b of "
-        f"{_count(dup.hashed, 'candidate image')}.</p>",
+        f"{counted(dup.hashed, 'candidate image')}.</p>",
     ]
     if dup.groups:
         out.append(
@@ -485,11 +483,6 @@ def _duplicates_section(report):
     return "\n".join(out)
 
 
-def _count(n, noun, plural=None):
-    """Write `n noun`, the noun in the plural unless n is 1: 1 image, 2 images, 3 copies."""
-    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"
-
-
 def _problems_section(report):
     out = [
         '<section id="problems" aria-labelledby="problems-h">',
@@ -500,16 +493,14 @@ def _problems_section(report):
         out.append(f"<li>and {len(report.problems) - LISTED:,} more</li>")
     left_out = _left_out(report)
     if left_out:
-        noun = "thumbnail" if left_out == 1 else "thumbnails"
         out.append(
-            f'<li id="left-out" data-value="{left_out}">{left_out:,} {noun} left out to keep the '
-            f"page within {report.options.max_bytes:,} bytes (raise --max-bytes)</li>"
+            f'<li id="left-out" data-value="{left_out}">{counted(left_out, "thumbnail")} left out '
+            f"to keep the page within {report.options.max_bytes:,} bytes (raise --max-bytes)</li>"
         )
     hidden = _rows_hidden(report)
     if hidden:
-        noun = "row" if hidden == 1 else "rows"
         out.append(
-            f"<li>{hidden:,} contact-sheet {noun} left out to keep the page within "
+            f"<li>{counted(hidden, 'contact-sheet row')} left out to keep the page within "
             f"{report.options.max_bytes:,} bytes (raise --max-bytes)</li>"
         )
     out.append("</ul></section>")
