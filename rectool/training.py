@@ -538,15 +538,28 @@ class _SharedLabels:
         return self
 
 
+def _new_shared_file(kind, size):
+    """Create a file of `size` bytes under /dev/shm (else the temporary folder) that only this
+    user can open, named `rectool-KIND-PID-RANDOM`; return (descriptor, path)."""
+    folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+    path = os.path.join(folder, f"rectool-{kind}-{os.getpid()}-{os.urandom(6).hex()}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.ftruncate(fd, size)
+    except OSError:
+        os.close(fd)
+        os.unlink(path)
+        raise
+    return fd, path
+
+
 def _unlinked_shared_file(size):
     """Return the descriptor of a new shared-memory file of `size` bytes that has no name."""
-    if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("rectool-labels")
-    else:
-        folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-        path = os.path.join(folder, f"rectool-labels-{os.getpid()}-{os.urandom(6).hex()}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    if not hasattr(os, "memfd_create"):
+        fd, path = _new_shared_file("labels", size)
         os.unlink(path)
+        return fd
+    fd = os.memfd_create("rectool-labels")
     try:
         os.ftruncate(fd, size)
     except OSError:
@@ -620,15 +633,7 @@ class _Ring:
         if fd is not None:
             pass  # a descriptor passed to this process (`handle()`): mapped, then closed
         elif path is None:
-            folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
-            path = os.path.join(folder, f"rectool-loader-{os.getpid()}-{os.urandom(6).hex()}")
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-            try:
-                os.ftruncate(fd, total)
-            except OSError:
-                os.close(fd)
-                os.unlink(path)
-                raise
+            fd, path = _new_shared_file("loader", total)
             if not named:
                 os.unlink(path)
                 path = None
