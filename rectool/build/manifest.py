@@ -127,18 +127,22 @@ def finish_interrupted_source(source):
 def staging_prefix(prefix):
     """Return a fresh prefix in a hidden folder beside `prefix` (`.NAME.overwrite/NAME`), where
     `--overwrite` builds the new pack; what a killed run left there is removed first."""
-    folder, name = os.path.split(prefix)
-    staging = os.path.join(folder, f".{name}{STAGING_SUFFIX}")
+    staging = staging_folder(prefix)
     remove_tree(staging)
     make_folders(staging)
-    return os.path.join(staging, name)
+    return os.path.join(staging, os.path.basename(prefix))
+
+
+def staging_folder(prefix):
+    """Return the hidden folder beside `prefix` where `--overwrite` builds (`.NAME.overwrite`)."""
+    folder, name = os.path.split(os.fspath(prefix))
+    return os.path.join(folder, f".{name}{STAGING_SUFFIX}")
 
 
 def leftover_staging(prefix):
     """Return the staging folder a killed `--overwrite` left beside `prefix` (no journal: the
     pack at `prefix` is the old one, whole), or None."""
-    folder, name = os.path.split(os.fspath(prefix))
-    staging = os.path.join(folder, f".{name}{STAGING_SUFFIX}")
+    staging = staging_folder(prefix)
     if os.path.isdir(staging) and not os.path.lexists(journal_path(prefix)):
         return staging
     return None
