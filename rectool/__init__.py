@@ -23,7 +23,7 @@ _EXPORTS = {
     "IndexedRecordFile": "format.records",
     "RankSampler": "training",
     "RecordDataset": "reader",
-    "RecordFile": "format.records",
+    "RecordFile": "reader",
     "load_index": "reader",
     "open_dataset": "reader",
     "prefetch": "training",

@@ -6,9 +6,9 @@ import pytest
 from helpers.framing_cases import image_record_cases, raw_payload_cases
 from helpers.mxnet_oracle import run_mxnet
 
-from rectool.format.records import IndexedRecordFile, RecordFile
+from rectool.format.records import IndexedRecordFile
 from rectool.format.writer import IndexedRecordWriter, RecordWriter, pack_image_record
-from rectool.reader import unpack_header
+from rectool.reader import RecordFile, unpack_header
 
 pytestmark = pytest.mark.oracle
 

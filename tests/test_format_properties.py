@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rectool.format.records import IndexedRecordFile, RecordFile
+from rectool.format.records import IndexedRecordFile
 from rectool.format.writer import (
     IndexedRecordWriter,
     RecordWriter,
@@ -23,6 +23,7 @@ from rectool.format.writer import (
 )
 from rectool.reader import (
     IndexFormatError,
+    RecordFile,
     parse_index,
     unpack_header,
 )

@@ -13,8 +13,8 @@ from helpers.image_files import encode, image_array, jpeg_bytes, write_list, wri
 from rectool.build.images import Transform
 from rectool.build.packing import PackOptions, pack_images
 from rectool.errors import RectoolError, UsageError
-from rectool.format.records import IndexedRecordFile, RecordFile
-from rectool.reader import unpack_header
+from rectool.format.records import IndexedRecordFile
+from rectool.reader import RecordFile, unpack_header
 
 
 def read_pack(rec, idx=None):

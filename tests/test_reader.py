@@ -20,9 +20,10 @@ from hypothesis import strategies as st
 from rectool import errors, reader
 from rectool.cli import cli
 from rectool.format.indexcache import write_index_cache
-from rectool.format.records import IndexedRecordFile, RecordFile
+from rectool.format.records import IndexedRecordFile
 from rectool.reader import (
     IndexFormatError,
+    RecordFile,
     RecordFormatError,
     RectoolError,
     load_index,

@@ -32,9 +32,9 @@ from ..errors import RectoolError, UsageError
 from ..format.checksums import RecordChecksums, checksum_path
 from ..format.digest import SHA256, XXH3_128, Digests, field_name, file_digests
 from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
-from ..format.records import RecordFile
 from ..format.writer import format_index_line, format_index_lines
 from ..reader import (
+    RecordFile,
     load_index,
     parse_index,
 )

@@ -1,36 +1,14 @@
-"""Records by key and in file order: what rectool's own commands need beyond the reader."""
+"""Records by key: a .rec with its .idx, what rectool's own commands need beyond the reader."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from .. import reader
-from ..reader import RectoolError, load_index
+from ..reader import RecordFile, RectoolError, load_index
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
-
-
-class RecordFile(reader.RecordFile):
-    """The reader's `RecordFile`, plus its size and walking its records."""
-
-    @property
-    def size(self) -> int:
-        """Return the file size in bytes."""
-        return len(self.open())
-
-    def next_offset(self, offset: int, key: int | None = None) -> int:
-        """Return the byte offset just past the record starting at `offset` (padding included)."""
-        return self.read_parts(offset, key)[1]
-
-    def scan(self, start: int = 0) -> Iterator[tuple[int, bytes]]:
-        """Yield (offset, record) for every record from byte `start` to the end, in file order."""
-        while start < self.size:
-            record, after = self.read_parts(start)
-            yield start, record
-            start = after
 
 
 class IndexedRecordFile:
