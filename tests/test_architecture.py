@@ -118,3 +118,43 @@ def test_one_name_for_one_thing():
                 where.setdefault(node.name, set()).add(rel)
     shared = {name for name, files in where.items() if len(files) > 1}
     assert sorted(shared) == sorted(SHARED_NAMES)
+
+
+# The modules that may call mmap.mmap: the reader (a .rec through `RecordFile`, an .idx cache),
+# the training module (its shared-memory files) and the standalone recordio drop-in.
+MAPPING_MODULES = {"rectool/reader.py", "rectool/training.py", "rectool/recordio.py"}
+
+
+def _maps_files(tree):
+    """Return the line numbers of `mmap.mmap(...)` calls and `mmap.mmap` subclasses in `tree`."""
+    found = []
+    for node in ast.walk(tree):
+        target = node.func if isinstance(node, ast.Call) else None
+        bases = node.bases if isinstance(node, ast.ClassDef) else []
+        for expr in [target, *bases]:
+            if (
+                isinstance(expr, ast.Attribute)
+                and expr.attr == "mmap"
+                and isinstance(expr.value, ast.Name)
+                and expr.value.id == "mmap"
+            ):
+                found.append(node.lineno)
+    return found
+
+
+def test_one_mapping_helper_for_record_files():
+    """A .rec is mapped by the reader's `RecordFile` only (through its safe opener and its check
+    that the file was not replaced): repack once mapped the sources itself, and `scan.mapped`
+    was a third way."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel not in MAPPING_MODULES:
+            lines = _maps_files(ast.parse(path.read_text(encoding="utf-8")))
+            offenders += [f"{rel}:{line}" for line in lines]
+    assert offenders == []
+
+
+def test_the_mapping_check_finds_one():
+    assert _maps_files(ast.parse("import mmap\nm = mmap.mmap(fd, 0)\n")) == [2]
+    assert _maps_files(ast.parse("import mmap\nclass M(mmap.mmap):\n    pass\n")) == [2]

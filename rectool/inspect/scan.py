@@ -32,10 +32,9 @@ from ..reader import (
     MAGIC_BYTES,
     PART_HEADER,
     Header,
+    RecordFile,
     RecordFormatError,
-    RectoolError,
     insightface_header,
-    open_regular,
     unpack_header,
 )
 
@@ -82,25 +81,18 @@ class Framing:
 
 @contextmanager
 def mapped(path: StrPath) -> Iterator[tuple[Buffer, int]]:
-    """Map a file read-only; yield (buffer, size). An empty file yields (b"", 0)."""
-    fd, st = open_regular(os.fspath(path), "record file")  # a FIFO or device is refused
-    with os.fdopen(fd, "rb") as f:
-        size = st.st_size
-        if not size:
-            yield b"", 0
-            return
+    """Map a file read-only through the reader's `RecordFile`; yield (buffer, size). An empty
+    file yields (b"", 0)."""
+    records = RecordFile(os.fspath(path))  # a FIFO or device is refused
+    mm = records.open()
+    try:
+        yield mm, len(mm)
+    finally:
         try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except OSError as exc:  # ENOMEM under a memory limit (ulimit -v)
-            raise RectoolError(f"{path}: cannot map the record file ({exc.strerror})") from None
-        try:
-            yield mm, size
-        finally:
-            try:
-                mm.close()
-            except BufferError:
-                # A numpy view of the mapping is still alive; the mapping goes with it.
-                pass
+            records.close()
+        except BufferError:
+            # A numpy view of the mapping is still alive; the mapping goes with it.
+            pass
 
 
 def find_record_start(buf: Buffer, start: int, size: int) -> int:

@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import mmap
 import operator
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..build.images import ImageRefused, check_image
 from ..build.passthrough import refused_images
-from ..doors.inputs import open_input
 from ..format.writer import frame_record, pack_image_record
 from ..reader import (
     IMAGE_HEADER_SIZE,
@@ -97,15 +95,13 @@ class RecordCopier:
         if self._files[f] is None:
             k = int(np.searchsorted(self._base, f, side="right") - 1)
             source, shard = self.sources[k], f - self._base[k]
+            # The mapping the source's labels were read through (still mapped), else this
+            # copier's own RecordFile of the shard: the reader's one mapping of a .rec.
             shared = getattr(source, "record_files", None)
-            if shared:  # the mapping the source's labels were read through, still mapped
-                mm = shared[shard].open()
-                size = len(mm)
-                self._shared.append(shared[shard])
-            else:
-                with open_input(source.dataset.shards[shard][0], "record file") as fh:
-                    size = os.fstat(fh.fileno()).st_size
-                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+            rf = shared[shard] if shared else self._record_files[source.dataset.shards[shard][0]]
+            mm = rf.open()
+            size = len(mm)
+            self._shared.append(rf)
             mm = mm if size else b"\0" * 8
             self._files[f] = (mm, np.frombuffer(mm, "<u4", len(mm) // 4), size)
         return self._files[f]
