@@ -130,12 +130,6 @@ def open_regular(path, what, max_bytes=None, follow=True):
     return fd, st
 
 
-def _read_regular(path, what, **checks):
-    fd, st = open_regular(path, what, **checks)
-    with os.fdopen(fd, "rb") as f:
-        return f.read(st.st_size), st  # as large as when opened: a growing file is not read on
-
-
 def unpack_header(record, path=None, offset=None):
     """Split one record into its `Header` and image bytes, as `mxnet.recordio.unpack` does."""
     if len(record) < IMAGE_HEADER_SIZE:
@@ -1296,6 +1290,28 @@ def _runs(starts, counts):
     return np.repeat(starts - ends + counts, counts) + np.arange(ends[-1] if len(ends) else 0)
 
 
+def record_heads(words, size, offsets):
+    """Gather the first 4 words (magic, lrec, flag, label) of the records at `offsets` in a
+    mapping (`words`: its uint32 words, `size`: its bytes); return (ok, word index, heads).
+
+    `ok`: a whole record (aligned, one part, room for its labels, inside the file): the one
+    check of a record read in bulk. A row not `ok` holds the file's first words.
+    """
+    offsets = np.asarray(offsets, np.int64)
+    if size < 32:
+        n = len(offsets)
+        return np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, 4), np.uint32)
+    # Every 4 words from any word on, without a copy: a record's first 16 bytes are a row.
+    heads = np.lib.stride_tricks.as_strided(words, (len(words) - 3, 4), (4, 4))
+    ok = (offsets & 3 == 0) & (offsets >= 0) & (offsets <= size - 32)
+    w = np.where(ok, offsets, 0) >> 2
+    head = heads[w]
+    lrec, flag = head[:, 1].astype(np.int64), head[:, 2].astype(np.int64)
+    ok &= (head[:, 0] == MAGIC) & (lrec <= LENGTH_MASK) & (lrec >= 24 + 4 * flag)
+    ok &= (w * 4 + 11 + lrec) & ~3 <= size
+    return ok, w, head
+
+
 def _header_labels(files, shard_of, offsets, keys):
     """Return the header labels of the records at `offsets`, without reading image bytes.
 
@@ -1309,21 +1325,14 @@ def _header_labels(files, shard_of, offsets, keys):
         if len(rf.open()) < 32:
             continue
         words = np.frombuffer(rf.open(), "<u4", rf._size // 4)
-        # Every 4 words from any word on, without a copy: a record's first 16 bytes are a row.
-        heads = np.lib.stride_tricks.as_strided(words, (len(words) - 3, 4), (4, 4))
         try:
             for start in range(0, n, 1 << 20):  # temporaries of a chunk, not of every record
                 end = min(n, start + (1 << 20))
                 rows = slice(start, end)
                 if len(files) > 1:
                     rows = start + np.flatnonzero(shard_of[rows] == s)
-                at = offsets[rows]
-                ok = (at & 3 == 0) & (at >= 0) & (at <= rf._size - 32)
-                w = np.where(ok, at, 0) >> 2
-                head = heads[w]  # magic, lrec, flag, label (of word 0 where not ok)
-                lrec, flag = head[:, 1].astype(np.int64), head[:, 2].astype(np.int64)
-                ok &= (head[:, 0] == MAGIC) & (lrec <= LENGTH_MASK) & (lrec >= 24 + 4 * flag)
-                ok &= (w * 4 + 11 + lrec) & ~3 <= rf._size
+                ok, w, head = record_heads(words, rf._size, offsets[rows])
+                flag = head[:, 2].astype(np.int64)
                 if not ok.all():
                     rows = (np.arange(start, end) if type(rows) is slice else rows)[ok]
                     w, flag, head = w[ok], flag[ok], head[ok]
@@ -1334,7 +1343,7 @@ def _header_labels(files, shard_of, offsets, keys):
                     labels = words[_runs(w[v] + 8, flag[v])].view(np.float32)
                     columns.append((rows[v], flag[v], labels))
         finally:
-            del words, heads
+            del words
         _release_pages(rf.open())  # read once: the headers' pages are the page cache's again
     _release_pages(offsets)
     slow = []

@@ -739,3 +739,63 @@ def test_threads_reading_a_fresh_record_file_at_once(tmp_path):
             t.join()
         rec.close()
         assert errors_seen == []
+
+
+# --- record_heads: the one bulk read of records' first words ------------------------------------
+
+
+def _part(cflag, payload):
+    """One dmlc part, built by hand: magic, lrec, payload, zero padding to 4 bytes."""
+    lrec = cflag << 29 | len(payload)
+    return struct.pack("<II", 0xCED7230A, lrec) + payload + b"\0" * (-len(payload) % 4)
+
+
+def test_record_heads_takes_whole_records_only():
+    image_header = struct.pack("<IfQQ", 0, 7.0, 1, 0)
+    two_labels = struct.pack("<IfQQ", 2, 0.0, 2, 0) + struct.pack("<ff", 3.0, 4.0)
+    short_labels = struct.pack("<IfQQ", 5, 0.0, 3, 0)  # 5 labels announced, none there
+    parts = [
+        _part(0, image_header + b"abc"),  # whole, scalar label
+        _part(0, two_labels + b"xy"),  # whole, two labels
+        _part(0, short_labels),  # announces more labels than it holds
+        _part(1, image_header),  # the first part of a split record
+        _part(3, b"tail"),
+        _part(0, image_header + b"cut")[:-8],  # runs past the end of the file
+    ]
+    starts = [sum(map(len, parts[:i])) for i in range(len(parts))]
+    assert starts == [0, 36, 80, 112, 144, 156]  # 8 + payload, padded to 4: by hand
+    data = b"".join(parts)
+    words = np.frombuffer(data[: len(data) // 4 * 4], "<u4")
+    offsets = [*starts[:3], starts[3], starts[5], 2, -4, 10_000]
+    ok, w, heads = reader.record_heads(words, len(data), offsets)
+    assert ok.tolist() == [True, True, False, False, False, False, False, False]
+    assert w[:2].tolist() == [0, 9]
+    assert heads[0].tolist() == [
+        0xCED7230A,
+        24 + 3,
+        0,
+        struct.unpack("<I", struct.pack("<f", 7.0))[0],
+    ]
+    assert heads[1, 2] == 2
+
+
+def test_record_heads_of_a_file_too_small_for_a_record():
+    ok, w, heads = reader.record_heads(np.zeros(2, "<u4"), 8, [0, 4])
+    assert ok.tolist() == [False, False] and heads.shape == (2, 4)
+
+
+def test_bulk_header_reads_go_through_record_heads():
+    """labels and repack's copier read header words in bulk through `record_heads` only: the
+    strided view of a file's words exists once (there were four header-word gathers)."""
+    import pathlib
+
+    package = pathlib.Path(reader.__file__).parent
+    users = sorted(
+        str(p.relative_to(package))
+        for p in package.rglob("*.py")
+        if "as_strided" in p.read_text(encoding="utf-8")
+    )
+    assert users == ["reader.py"]
+    source = (package / "reader.py").read_text(encoding="utf-8")
+    assert source.count("as_strided") == 1
+    assert "record_heads(" in (package / "repack" / "copier.py").read_text(encoding="utf-8")

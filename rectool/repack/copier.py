@@ -23,10 +23,9 @@ from ..build.passthrough import refused_images
 from ..format.writer import frame_record, pack_image_record
 from ..reader import (
     IMAGE_HEADER_SIZE,
-    LENGTH_BITS,
-    LENGTH_MASK,
     MAGIC,
     RecordFile,
+    record_heads,
     unpack_header,
 )
 from .selection import distinct
@@ -146,18 +145,11 @@ class RecordCopier:
             sel = np.flatnonzero(files == f) if len(numbers) > 1 else slice(None)
             _, words, size = self._file(f)
             o = offsets[sel]
-            ok = (o & 3 == 0) & (o >= 0) & (o + 32 <= size)
-            w = np.where(ok, o >> 2, 0)
-            lrec = words[w + 1]
-            fl = words[w + 2].astype(np.int64)
-            ln = (lrec & LENGTH_MASK).astype(np.int64)
-            ok &= (words[w] == MAGIC) & (lrec >> LENGTH_BITS == 0)
-            ok &= ln >= IMAGE_HEADER_SIZE + 4 * fl
-            ok &= o + 8 + ((ln + 3) & ~3) <= size
-            length[sel] = np.where(ok, ln, 0)
-            flag[sel] = np.where(ok, fl, 0)
+            ok, _, head = record_heads(words, size, o)
+            length[sel] = np.where(ok, head[:, 1], 0)
+            flag[sel] = np.where(ok, head[:, 2], 0)
             whole[sel] = ok
-            self._note_pages(f, np.where(ok, o, 0), np.where(ok, o + 8 + ln, 0))
+            self._note_pages(f, np.where(ok, o, 0), np.where(ok, o + 8 + length[sel], 0))
         framed = 8 + ((length + 3) & ~3)
         return Window(np.asarray(rows), files, offsets, flag, length, framed, whole)
 
