@@ -1303,12 +1303,12 @@ def record_heads(words, size, offsets):
         return np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, 4), np.uint32)
     # Every 4 words from any word on, without a copy: a record's first 16 bytes are a row.
     heads = np.lib.stride_tricks.as_strided(words, (len(words) - 3, 4), (4, 4))
-    ok = (offsets & 3 == 0) & (offsets >= 0) & (offsets <= size - 32)
-    w = np.where(ok, offsets, 0) >> 2
+    ok = (offsets.view(np.uint64) <= size - 32) & (offsets & 3 == 0)  # negative: huge
+    w = np.where(ok, offsets >> 2, 0)
     head = heads[w]
-    lrec, flag = head[:, 1].astype(np.int64), head[:, 2].astype(np.int64)
-    ok &= (head[:, 0] == MAGIC) & (lrec <= LENGTH_MASK) & (lrec >= 24 + 4 * flag)
-    ok &= (w * 4 + 11 + lrec) & ~3 <= size
+    lrec, flag = head[:, 1], head[:, 2]  # uint32: room for the image header and its labels
+    ok &= (head[:, 0] == MAGIC) & (lrec <= LENGTH_MASK) & (lrec >= 24) & (flag <= lrec - 24 >> 2)
+    ok &= offsets + ((lrec + 11) & ~np.uint32(3)) <= size
     return ok, w, head
 
 
