@@ -34,6 +34,7 @@ BENCHMARKS = {
     "train": lambda log: _module("bench_train").run(log=log),
     "repack": lambda log: _module("bench_repack").run(log=log),
     "scale": lambda log: _module("bench_scale").run(log=log),
+    "scaling": lambda log: _module("bench_scaling").run(log=log),
     "remote": lambda log: _module("bench_remote").run(log=log),
     "recordio": lambda log: _module("bench_recordio").run(),
 }
@@ -60,6 +61,7 @@ TARGETS = {
     "train": _module("bench_train").TARGETS,
     "repack": _module("bench_repack").TARGETS,
     "scale": _module("bench_scale").TARGETS,
+    "scaling": _module("bench_scaling").TARGETS,
     "remote": _module("bench_remote").TARGETS,
     "recordio": [
         ("ratio", "random read_idx: rectool.recordio / mxnet.recordio", ">=", 5),
