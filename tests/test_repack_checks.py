@@ -83,6 +83,25 @@ def test_api_counts_refusals_against_max_failures(tmp_path):
     assert not result.accepted
 
 
+def test_progress_counts_the_refusals_as_they_come(tmp_path, monkeypatch):
+    """progress(done, total, refused) is told the refusals so far: counted as they come (a
+    sum over every position for each report made a 10M-record repack quadratic)."""
+    from rectool.repack import pipeline
+
+    monkeypatch.setattr(pipeline, "BATCH_RECORDS", 2)  # a report every two records
+    rec, _ = im2rec_pack(tmp_path)
+    calls = []
+    repack(
+        [str(rec)],
+        str(tmp_path / "p"),
+        RepackOptions(max_failures=5),
+        progress=lambda done, total, refused: calls.append((done, total, refused)),
+    )
+    assert calls[0] == (0, 6, 0) and calls[-1][1:] == (6, 2)
+    assert [r for _, _, r in calls] == sorted(r for _, _, r in calls)  # never counted back
+    assert len({r for _, _, r in calls}) > 1  # reported while the refusals came in
+
+
 def test_insightface_source_refuses_the_cut_image_and_stays_a_sound_layout(tmp_path):
     def images(n):
         data = jpeg_bytes(n, 24, 24)

@@ -768,6 +768,7 @@ class _RepackRun:
         self.copier = RecordCopier(sources, catalog)
         self.failures_partial = prefix + FAILURES_SUFFIX + PARTIAL_SUFFIX
         self.refused = np.zeros(self.total, bool)  # plan positions refused while writing
+        self.refused_count = 0  # of them, kept as they come: progress reports it often
         self.images = 0
         self.resumed_from = 0
         self.complete = False
@@ -813,6 +814,7 @@ class _RepackRun:
             kept = b"".join(line for line in lines if b'"stage": "write"' in line)
             for line in kept.splitlines():
                 self.refused[json.loads(line)["position"]] = True
+            self.refused_count = int(self.refused.sum())
         lines = (line.encode("utf-8") for line in self._plan_lines())
         staged = stage_file(self.failures_partial, itertools.chain(lines, [kept]))
         rename(staged, self.failures_partial)
@@ -891,6 +893,7 @@ class _RepackRun:
         entry.update(stage="write", position=position, reason=reason)
         line = json.dumps(entry, ensure_ascii=False) + "\n"
         self.writer.write_after(self._fd, line.encode("utf-8"))
+        self.refused_count += not self.refused[position]
         self.refused[position] = True
 
     def _reencode(self, done):
@@ -951,7 +954,7 @@ class _RepackRun:
 
     def _report(self, done):
         if self.progress is not None:
-            self.progress(done, self.total, int(self.refused.sum()))
+            self.progress(done, self.total, self.refused_count)
 
     # -- the files that describe the output -------------------------------------------------
     def finish(self, state_path):
