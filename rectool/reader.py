@@ -1301,11 +1301,11 @@ def record_heads(words, size, offsets):
     if size < 32:
         n = len(offsets)
         return np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, 4), np.uint32)
-    # Every 4 words from any word on, without a copy: a record's first 16 bytes are a row.
-    heads = np.lib.stride_tricks.as_strided(words, (len(words) - 3, 4), (4, 4))
+    # 16 bytes from any word on as one item, no copy: a record's first 4 words gather as one.
+    heads = np.lib.stride_tricks.as_strided(words[:4].view("V16"), (len(words) - 3,), (4,))
     ok = (offsets.view(np.uint64) <= size - 32) & (offsets & 3 == 0)  # negative: huge
     w = np.where(ok, offsets >> 2, 0)
-    head = heads[w]
+    head = heads[w].view("<u4").reshape(-1, 4)
     lrec, flag = head[:, 1], head[:, 2]  # uint32: room for the image header and its labels
     ok &= (head[:, 0] == MAGIC) & (lrec <= LENGTH_MASK) & (lrec >= 24) & (flag <= lrec - 24 >> 2)
     ok &= offsets + ((lrec + 11) & ~np.uint32(3)) <= size
