@@ -6,6 +6,7 @@ command does with its output, errors and exit status).
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 
@@ -21,22 +22,32 @@ from . import __version__
 
 # The choices the options offer, defined once in `rectool.choices` (import-free), re-exported.
 from .choices import CHECK_MODES, ENCODINGS, LAYOUTS  # noqa: F401
-from .commands.bench import bench_command
 from .commands.conventions import RectoolGroup, watch_sigterm
-from .commands.dali_index import dali_index_command
-from .commands.index_cache import index_cache_command
-from .commands.info import info_command
-from .commands.list import list_command
-from .commands.pack import pack_command
-from .commands.reader import reader_command
-from .commands.reindex import reindex_command
-from .commands.repack import repack_command
-from .commands.report import report_command
-from .commands.unpack import unpack_command
-from .commands.verify import verify_command
+
+# Each command's module, imported when the command runs (or --help lists them): a command
+# does not pay for importing the other eleven. The usual order; `rectool --help` sorts them.
+COMMANDS = {
+    "list": "list", "pack": "pack", "repack": "repack", "verify": "verify",
+    "reindex": "reindex", "info": "info", "unpack": "unpack", "reader": "reader",
+    "index-cache": "index_cache", "dali-index": "dali_index", "bench": "bench",
+    "report": "report",
+}  # fmt: skip
 
 
-@click.group(cls=RectoolGroup, context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(RectoolGroup):
+    """The group whose commands are imported from `commands/` on first use."""
+
+    def list_commands(self, ctx):
+        return sorted({*COMMANDS, *self.commands})
+
+    def get_command(self, ctx, cmd_name):
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module = importlib.import_module(f"{__package__}.commands.{COMMANDS[cmd_name]}")
+            self.add_command(getattr(module, f"{COMMANDS[cmd_name]}_command"))
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rectool")
 def cli():
     """Pack identity-per-folder image trees into MXNet RecordIO shards and read them back.
@@ -53,12 +64,3 @@ def main():
     """Run the command line (the `rectool` console script)."""
     watch_sigterm()  # SIGTERM cleans up and reports as Ctrl-C does
     cli(prog_name="rectool")
-
-
-# The usual order (`rectool --help` lists them sorted).
-for _command in (
-    list_command, pack_command, repack_command, verify_command, reindex_command, info_command,
-    unpack_command, reader_command, index_cache_command, dali_index_command, bench_command,
-    report_command,
-):  # fmt: skip
-    cli.add_command(_command)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 from click.testing import CliRunner
 
@@ -47,6 +49,30 @@ def test_start_up_does_not_import_numpy_opencv_tqdm_or_the_pipeline():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_command_imports_its_own_module_only():
+    # Each command's module is imported when it runs, not the other eleven (issue 22: the
+    # start-up of every command counts against copy speed).
+    probe = (
+        "import sys; from rectool.cli import main; sys.argv = ['rectool', 'reader', '--help']\n"
+        "try:\n    main()\nexcept SystemExit:\n    pass\n"
+        "shared = {'rectool.commands.conventions', 'rectool.commands.options'}\n"
+        "print(sorted(m for m in sys.modules if m.startswith('rectool.commands.') "
+        "and m not in shared), file=sys.stderr)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stderr.strip() == "['rectool.commands.reader']"
+
+
+def test_the_group_lists_every_command_module():
+    folder = Path(cli_module.__file__).parent / "commands"
+    modules = {
+        p.stem for p in folder.glob("*.py") if re.search(r"^def \w+_command\(", p.read_text(), re.M)
+    }
+    assert set(cli_module.COMMANDS.values()) == modules
+    assert cli.list_commands(None) == sorted(cli_module.COMMANDS)
+    assert all(cli.get_command(None, name).name == name for name in cli_module.COMMANDS)
 
 
 def test_package_exports_resolve():
