@@ -19,7 +19,7 @@ def modules():
 
 
 def test_every_module_is_described_with_its_path():
-    described = set(re.findall(r"`([a-z_]+(?:/[a-z_]+)?\.py)`", DOC))
+    described = set(re.findall(r"`([a-z_]+(?:/[a-z_]+)*\.py)`", DOC))
     assert sorted(set(modules()) - described) == []
 
 
@@ -63,7 +63,6 @@ def test_no_module_is_over_600_lines_and_no_command_module_over_300():
         "build/listing.py",
         "build/shards.py",
         "doors/output.py",
-        "inspect/verify.py",
         "repack/pipeline.py",
         "report/data.py",
     }

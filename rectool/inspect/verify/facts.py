@@ -1,0 +1,208 @@
+"""What is known about a dataset and its shards, worked out once: `DatasetFacts`, `ShardFacts`
+(read by `read_shard`), the parsed `.idx` (`ShardIndex`, `read_index`) and the layout found
+(`FoundLayout`, `decide_layout`)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from ...doors.inputs import open_input
+from ...errors import IndexFormatError, RectoolError
+from ...reader import parse_index
+from ..scan import Framing, Headers, image_formats, insightface_ranges, read_headers, scan_framing
+
+
+@dataclass(frozen=True)
+class DatasetFacts:
+    """A dataset's manifest (or None) and shards; `entries[n]` is shard n's manifest entry.
+
+    `entries` are all None when there is no manifest or it lists another number of shards.
+    """
+
+    manifest: dict | None
+    manifest_path: str | None
+    shards: list  # of (rec, idx)
+    entries: list
+    classes: int | None
+
+    @classmethod
+    def of(cls, manifest, manifest_path, shards):
+        entries = (manifest or {}).get("shards") or []
+        if len(entries) != len(shards):
+            entries = [None] * len(shards)
+        return cls(manifest, manifest_path, shards, entries, (manifest or {}).get("classes"))
+
+
+@dataclass(frozen=True, eq=False)
+class ShardIndex:
+    """A shard's .idx as parsed: `lines[i]` is the line number of (`keys[i]`, `offsets[i]`).
+
+    `bad_lines` holds (line number, its first 80 bytes) of each line that is not
+    'key<TAB>offset'; there are some only when the strict parser refused the file and it was
+    parsed leniently, as MXNet would.
+    """
+
+    path: str
+    keys: np.ndarray
+    offsets: np.ndarray
+    lines: np.ndarray
+    bad_lines: tuple = ()
+
+
+@dataclass(frozen=True, eq=False)
+class FoundLayout:
+    """How a shard's records are found laid out (what `build.layout.Layout` wrote): `name` is
+    "images" or "insightface".
+
+    For insightface, `header` is record 0's row and `span` its label (a, b): images are keys
+    1..a-1, identities keys a..b-1. `images` marks the records that hold images; `classes` is
+    the class count labels must stay below (the manifest's, or the identities record 0
+    announces), or None when unknown.
+    """
+
+    name: str
+    header: int | None
+    span: tuple | None
+    images: np.ndarray
+    classes: int | None
+
+
+def decide_layout(keys, starts, headers, read_record, classes):
+    """Return the `FoundLayout` of records with these keys, starts and headers.
+
+    The rule is the reader's (`scan.insightface_ranges`); a manifest's claim does not change
+    it (`check_layout` reports a manifest that disagrees).
+    `classes`: the manifest's class count, or None.
+    """
+    ranges = insightface_ranges(keys, starts, headers, read_record)
+    if ranges is None:
+        return FoundLayout("images", None, None, np.ones(len(headers), bool), classes)
+    a, b = ranges[1].start, ranges[1].stop
+    header = int(np.flatnonzero(keys == 0)[-1])
+    return FoundLayout("insightface", header, (a, b), ~((keys == 0) | (keys >= a)), b - a)
+
+
+@dataclass(frozen=True, eq=False)
+class ShardFacts:
+    """What is known about one .rec/.idx pair, worked out once by `read_shard`.
+
+    `buf` (the mapped .rec, `size` bytes) and `read_record(offset)` are valid while the shard
+    is open. Arrays are per record found by the framing walk, in file order: `keys` is each
+    record's key (from the .idx, its last line winning; else its header id), `indexed` whether
+    an .idx line points at it; `index_hit[i]` whether .idx line i points at a record.
+    `sound` marks complete headers with no stray label; `unknown_signature` the image records
+    (sound, non-empty) whose bytes have no known image signature.
+    """
+
+    dataset: DatasetFacts
+    rec: str
+    idx: str
+    entry: dict | None
+    size: int
+    buf: object  # mmap, or b"" for an empty file
+    read_record: Callable  # offset -> the record's bytes, split parts rejoined
+    index: ShardIndex | None
+    framing: Framing
+    headers: Headers
+    keys: np.ndarray
+    indexed: np.ndarray | None
+    index_hit: np.ndarray | None
+    layout: FoundLayout
+    sound: np.ndarray
+    unknown_signature: np.ndarray
+
+    @cached_property
+    def _key_by_offset(self):
+        return dict(zip(self.index.offsets.tolist(), self.index.keys.tolist()))  # last line wins
+
+    def key_at(self, offset):
+        """Return the key the .idx gives the record starting at `offset`, else None."""
+        if self.index is None:
+            return None
+        return self._key_by_offset.get(offset)
+
+
+def read_shard(dataset, number, buf, size, read_record):
+    """Return the `ShardFacts` of shard `number`, whose .rec is mapped as `buf` of `size` bytes.
+
+    Raises `RectoolError` when the .idx exists but cannot be read.
+    """
+    rec, idx = dataset.shards[number]
+    index = read_index(idx)
+    framing = scan_framing(buf, size, None if index is None else index.offsets)
+    starts = framing.starts
+    h = read_headers(buf, size, starts, framing.lengths, framing.split, read_record)
+    keys = h.id.astype(np.int64)
+    indexed = index_hit = None
+    if index is not None:
+        pos = np.searchsorted(starts, index.offsets)
+        index_hit = pos < len(starts)
+        index_hit[index_hit] = starts[pos[index_hit]] == index.offsets[index_hit]
+        keys[pos[index_hit]] = index.keys[index_hit]  # later lines overwrite earlier ones
+        indexed = np.zeros(len(starts), bool)
+        indexed[pos[index_hit]] = True
+    entry = dataset.entries[number]
+    layout = decide_layout(keys, starts, h, read_record, dataset.classes)
+    # MXNet's pack zeroes the header's float whenever labels follow it.
+    sound = h.complete & ~((h.flag > 0) & (h.label != 0))
+    rows = np.flatnonzero(layout.images & sound & (h.image > 0))
+    formats = image_formats(buf, size, starts, h, framing.split, rows, read_record)
+    unknown = rows[np.equal(formats, None)]
+    return ShardFacts(
+        dataset, rec, idx, entry, size, buf, read_record, index, framing, h, keys, indexed,
+        index_hit, layout, sound, unknown,
+    )  # fmt: skip
+
+
+def read_index(idx):
+    """Parse the .idx at `idx`; return its `ShardIndex`, or None when there is none."""
+    if not os.path.exists(idx):
+        return None
+    try:
+        with open_input(idx, "index file") as f:
+            data = f.read()
+    except OSError as exc:
+        raise RectoolError(f"{idx}: cannot read ({exc.strerror or exc})") from None
+    try:
+        keys, offsets = parse_index(data, idx)
+    except IndexFormatError:
+        return _parse_index_leniently(idx, data)
+    return ShardIndex(idx, keys, offsets, np.arange(1, len(keys) + 1))
+
+
+def _parse_index_leniently(idx, data):
+    """Parse what can be parsed, as MXNet would (`int()` of two tab-separated fields)."""
+    keys, offsets, lines, bad = [], [], [], []
+    for number, raw in enumerate(data.split(b"\n"), start=1):
+        if not raw and number > data.count(b"\n"):
+            break  # the empty remainder after the final newline
+        fields = raw.strip().split(b"\t")
+        try:
+            key, offset = int(fields[0]), int(fields[1])
+            if offset < 0 or not (-(2**63) <= key < 2**63) or offset >= 2**63:
+                raise ValueError
+        except (ValueError, IndexError):
+            bad.append((number, raw[:80]))
+            continue
+        keys.append(key)
+        offsets.append(offset)
+        lines.append(number)
+    return ShardIndex(
+        idx,
+        np.array(keys, np.int64),
+        np.array(offsets, np.int64),
+        np.array(lines),
+        tuple(bad),
+    )
+
+
+def size_or_zero(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0

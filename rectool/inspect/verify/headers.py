@@ -1,0 +1,91 @@
+"""The header check: every image header fits its record, labels are class ids, images are
+images."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ...reader import IMAGE_HEADER_SIZE
+from .report import Found
+
+
+def check_headers(facts):
+    """Every image header fits its record; labels are integral class ids; images are images."""
+    h, starts, rec, keys = facts.headers, facts.framing.starts, facts.rec, facts.keys
+    lengths = facts.framing.lengths
+    incomplete = np.flatnonzero(~h.complete)
+
+    def incomplete_problems():
+        for j in incomplete.tolist():
+            n = int(lengths[j])
+            if n < IMAGE_HEADER_SIZE:
+                why = f"the record of {n} bytes is shorter than the 24-byte image header"
+            else:
+                why = (
+                    f"the header announces {h.flag[j]} float32 labels but only "
+                    f"{n - IMAGE_HEADER_SIZE} bytes follow it"
+                )
+            yield rec, keys[j], starts[j], why
+
+    yield Found("bad-header", len(incomplete), incomplete_problems())
+
+    odd = np.flatnonzero(h.complete & ~facts.sound)
+
+    def odd_problems():
+        for j in odd.tolist():
+            yield (
+                rec,
+                keys[j],
+                starts[j],
+                f"flag {h.flag[j]} announces labels after the header, but the header's own "
+                f"label is {float(h.label[j])!r} instead of 0.0",
+            )
+
+    yield Found("bad-header", len(odd), odd_problems())
+    images = facts.layout.images & facts.sound
+    yield _check_labels(facts, images)
+
+    empty = np.flatnonzero(images & (h.image == 0))
+    yield Found(
+        "empty-image",
+        len(empty),
+        ((rec, keys[j], starts[j], "no image bytes after the header") for j in empty.tolist()),
+    )
+    split, buf, bad = facts.framing.split, facts.buf, facts.unknown_signature
+
+    def signature_problems():
+        for j in bad.tolist():
+            at = int(starts[j]) + 8 + IMAGE_HEADER_SIZE + 4 * int(h.flag[j])
+            first = bytes(buf[at : at + min(8, int(h.image[j]))])
+            where = "" if not split[j] else " (split record)"
+            yield (
+                rec,
+                keys[j],
+                starts[j],
+                f"image bytes{where} start with {first.hex(' ')}: no known image signature",
+            )
+
+    yield Found("not-an-image", len(bad), signature_problems())
+
+
+def _check_labels(facts, images):
+    label, classes = facts.headers.label0, facts.layout.classes
+    with np.errstate(invalid="ignore"):
+        bad = images & ~np.isfinite(label)
+        known = images & np.isfinite(label)
+        if classes is not None:
+            bad |= known & ((label != np.round(label)) | (label < 0) | (label >= classes))
+    bad = np.flatnonzero(bad)
+
+    def problems():
+        for j in bad.tolist():
+            value = float(label[j])
+            if not np.isfinite(value):
+                why = f"label {value!r} is not a number"
+            elif value != round(value):
+                why = f"label {value!r} is not an integral class id"
+            else:
+                why = f"label {value!r} is outside the {classes} classes 0..{classes - 1}"
+            yield facts.rec, facts.keys[j], facts.framing.starts[j], why
+
+    return Found("bad-label", len(bad), problems())

@@ -1,0 +1,138 @@
+"""The image checks: each image's structure as `pack` checks it, or (`--decode`) its decoding,
+size and channels."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...build.images import (
+    DEFAULT_MAX_PIXELS,
+    ImageRefused,
+    ImageTooLarge,
+    check_container,
+    inspect_image,
+)
+from ...build.passthrough import refused_images
+from ...reader import IMAGE_HEADER_SIZE, unpack_header
+from .report import Found, Tally, one_problem
+
+
+@dataclass
+class DecodeOptions:
+    """What `--decode` checks: every image decodes; optionally its (height, width) and channels.
+
+    An image whose header declares more than `max_pixels` pixels is not decoded: it is an
+    `image-too-large` problem.
+    """
+
+    size: tuple | None = None
+    channels: int | None = None
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+
+_DECODE_BATCH = 256
+
+
+def decodable_rows(facts):
+    """Return the rows `check_decoding` decodes: image records with image bytes of a known
+    signature (the others are reported by `check_headers`)."""
+    h = facts.headers
+    mask = facts.layout.images & h.complete & (h.image > 0)
+    mask[facts.unknown_signature] = False
+    return np.flatnonzero(mask).tolist()
+
+
+def check_image_structure(facts):
+    """Every image passes the structural check `pack` runs on what it packs (`--check
+    structure`): JPEG markers up to the scan and an end-of-image marker after it, every PNG
+    chunk and its CRC, every header's dimensions (`images.check_container`; no decoding, and
+    no pixel budget: that is `--decode --max-pixels`'s).
+
+    The images are those `check_decoding` would decode whose header is sound (empty records,
+    unknown signatures and bad headers are `check_headers`' problems); insightface's record 0
+    and identity records are none.
+    Whole records are checked in the mapped file, the JPEG walk over all of them at once.
+    """
+    rows = np.asarray(decodable_rows(facts), np.int64)
+    rows = rows[facts.sound[rows]]  # where a bad header puts the image is unknown
+    if not len(rows):
+        return
+    h, starts, split = facts.headers, facts.framing.starts, facts.framing.split
+    reasons = {}  # row -> reason
+    whole = rows[~split[rows]]
+    if len(whole):
+        heads = starts[whole] + 8 + IMAGE_HEADER_SIZE + 4 * h.flag[whole].astype(np.int64)
+        ends = heads + h.image[whole].astype(np.int64)
+        u8 = np.frombuffer(facts.buf, np.uint8, facts.size)
+        try:
+            refused = refused_images(u8, heads, ends, _check_structure, _NO_PIXEL_LIMIT)
+        finally:
+            del u8  # a view of the mapping: it could not be closed
+        for k, refusal in refused.items():
+            reasons[int(whole[k])] = refusal.reason
+    for j in rows[split[rows]].tolist():
+        _, image = unpack_header(facts.read_record(int(starts[j])))
+        try:
+            _check_structure(bytes(image), "structure", _NO_PIXEL_LIMIT)
+        except ImageRefused as refusal:
+            reasons[j] = refusal.reason
+    bad = sorted(reasons)
+    yield Found(
+        "image-damaged",
+        len(bad),
+        ((facts.rec, facts.keys[j], starts[j], reasons[j]) for j in bad),
+    )
+
+
+_NO_PIXEL_LIMIT = 1 << 62
+
+
+def _check_structure(data, mode, max_pixels):
+    check_container(data, max_pixels)
+
+
+def check_decoding(facts, rows, options, decoder):
+    """Every image at `rows` decodes (to the size and channels `options` ask for).
+
+    Batches decode on the `decoder` pool; a `Tally` of "decoded" follows each batch's findings.
+    """
+    starts = facts.framing.starts
+    batches = [rows[i : i + _DECODE_BATCH] for i in range(0, len(rows), _DECODE_BATCH)]
+    futures = [
+        decoder.submit(_decode_batch, facts.read_record, [int(starts[j]) for j in b], options)
+        for b in batches
+    ]
+    for batch, future in zip(batches, futures):
+        for i, kind, message in future.result():
+            j = batch[i]
+            yield one_problem(kind, facts.rec, facts.keys[j], starts[j], message)
+        yield Tally("decoded", len(batch))
+
+
+def _decode_batch(read_record, offsets, options):
+    """Decode the images at `offsets`; return [(position in batch, kind, message)]."""
+    out = []
+    for i, offset in enumerate(offsets):
+        _, image = unpack_header(read_record(offset))
+        problem = check_decoded(image, options)
+        if problem is not None:
+            out.append((i, *problem))
+    return out
+
+
+def check_decoded(image, options):
+    """Decode one image as `pack --check decode` does; return None, or (kind, message)."""
+    try:
+        height, width, channels = inspect_image(image, options.max_pixels)
+    except ImageTooLarge as refusal:
+        return "image-too-large", refusal.reason
+    except ImageRefused as refusal:
+        return "decode-failed", refusal.reason
+    if options.size is not None and (height, width) != tuple(options.size):
+        want = f"{options.size[0]}x{options.size[1]}"
+        return "image-size", f"{height}x{width} (height x width), expected {want}"
+    if options.channels is not None and channels != options.channels:
+        return "image-channels", f"{channels} channels, expected {options.channels}"
+    return None

@@ -1,0 +1,167 @@
+"""The index checks: the .idx parses and its cache agrees, it fits the .rec, and no key is in
+two shards."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ...reader import read_index_cache
+from .report import Found, one_problem
+
+
+def check_index_file(facts):
+    """The .idx exists, every line parses, and its sidecar cache (if any) agrees with it."""
+    idx, index = facts.idx, facts.index
+    if index is None:
+        kind = "missing-file" if facts.entry is not None else "missing-index"
+        yield one_problem(
+            kind, idx, None, None, f"no index; rebuild it with `rectool reindex {facts.rec}`"
+        )
+        return
+    yield Found(
+        "index-syntax",
+        len(index.bad_lines),
+        ((idx, None, None, f"line {number}: expected 'key<TAB>offset' with integers, got {raw!r}")
+         for number, raw in index.bad_lines),
+    )  # fmt: skip
+    try:
+        cached = read_index_cache(idx)
+    except (OSError, ValueError):
+        cached = None
+    if cached is None:
+        return
+    if not (np.array_equal(cached[0], index.keys) and np.array_equal(cached[1], index.offsets)):
+        yield one_problem(
+            "stale-index-cache",
+            idx + ".rtc",
+            None,
+            None,
+            "the sidecar cache matches the .idx's size and time but not its content; "
+            "delete it (readers would use its offsets)",
+        )
+
+
+def check_index(facts):
+    """The .idx fits the .rec: every offset a record start, every record indexed, keys unique."""
+    if facts.index is None:
+        return
+    index, idx = facts.index, facts.idx
+    keys, offsets, lines = index.keys, index.offsets, index.lines
+    starts, ends = facts.framing.starts, facts.framing.ends
+    damage_starts = {d.start for d in facts.framing.damage}
+
+    miss = np.flatnonzero(~facts.index_hit)
+    miss = [i for i in miss.tolist() if int(offsets[i]) not in damage_starts]
+    yield Found(
+        "index-offset",
+        len(miss),
+        ((idx, keys[i], int(offsets[i]),
+          f"line {lines[i]}: {_describe_offset(facts, int(offsets[i]))}")
+         for i in miss),
+    )  # fmt: skip
+
+    unindexed = np.flatnonzero(~facts.indexed)
+    if not len(keys) and len(unindexed):
+        yield one_problem(
+            "empty-index",
+            idx,
+            None,
+            None,
+            f"no lines, but {os.path.basename(facts.rec)} holds {len(unindexed)} records; "
+            f"rebuild it with `rectool reindex {facts.rec} --overwrite`",
+        )
+        unindexed = unindexed[:0]
+
+    def unindexed_problems():
+        for j in unindexed.tolist():
+            header_id = int(facts.headers.id[j]) if facts.headers.complete[j] else None
+            named = f" (header id {header_id})" if header_id is not None else ""
+            yield (
+                facts.rec,
+                header_id,
+                starts[j],
+                f"the record at byte {starts[j]}{named}, {ends[j] - starts[j]} bytes, "
+                f"is not in {os.path.basename(idx)}",
+            )
+
+    yield Found("unindexed-record", len(unindexed), unindexed_problems())
+
+    order = np.argsort(keys, kind="stable")
+    sk = keys[order]
+    repeated = np.flatnonzero(sk[1:] == sk[:-1]) + 1
+
+    def duplicate_problems():
+        for i in repeated.tolist():
+            first, again = order[i - 1], order[i]
+            yield (
+                idx,
+                keys[again],
+                offsets[again],
+                f"line {lines[again]} repeats the key of line {lines[first]} "
+                f"(offsets {offsets[first]} and {offsets[again]}); readers keep the last",
+            )
+
+    yield Found("duplicate-key", len(repeated), duplicate_problems())
+
+    order = np.argsort(offsets, kind="stable")
+    so = offsets[order]
+    shared = np.flatnonzero(so[1:] == so[:-1]) + 1
+    shared = shared[keys[order[shared]] != keys[order[shared - 1]]].tolist()  # no loop per line
+
+    def shared_problems():
+        for i in shared:
+            first, again = order[i - 1], order[i]
+            yield (
+                idx,
+                keys[again],
+                offsets[again],
+                f"line {lines[again]} points at the same record as line {lines[first]} "
+                f"(key {keys[first]})",
+            )
+
+    yield Found("duplicate-offset", len(shared), shared_problems())
+
+
+def _describe_offset(facts, offset):
+    starts, ends, size = facts.framing.starts, facts.framing.ends, facts.size
+    if offset >= size:
+        return f"offset {offset} is past the end of the file ({size} bytes)"
+    j = int(np.searchsorted(starts, offset, side="right")) - 1
+    if j >= 0 and offset < ends[j]:
+        key = int(facts.keys[j])
+        return (
+            f"offset {offset} is inside the record at byte {starts[j]} (key {key}), "
+            "not at a record start"
+        )
+    for d in facts.framing.damage:
+        if d.start <= offset < d.end:
+            return f"offset {offset} is inside unreadable bytes {d.start}..{d.end}"
+    return f"offset {offset} is not a record start"
+
+
+def check_keys_across_shards(indexes):
+    """No key is in two shards' .idx (`indexes`: the `ShardIndex` of each shard that has one)."""
+    if len(indexes) < 2:
+        return
+    keys = np.concatenate([i.keys for i in indexes])
+    shard_of = np.concatenate([np.full(len(i.keys), n) for n, i in enumerate(indexes)])
+    line_of = np.concatenate([np.arange(1, len(i.keys) + 1) for i in indexes])
+    order = np.argsort(keys, kind="stable")
+    sk, ss = keys[order], shard_of[order]
+    clash = np.flatnonzero((sk[1:] == sk[:-1]) & (ss[1:] != ss[:-1]))
+
+    def problems():
+        for i in clash.tolist():
+            a, b = order[i], order[i + 1]
+            first, second = indexes[shard_of[a]], indexes[shard_of[b]]
+            yield (
+                second.path,
+                keys[b],
+                second.offsets[line_of[b] - 1],
+                f"key {keys[b]} is also in {first.path} (line {line_of[a]}); "
+                "keys must be unique across a dataset's shards",
+            )
+
+    yield Found("duplicate-key", len(clash), problems())

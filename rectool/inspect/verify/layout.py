@@ -1,0 +1,186 @@
+"""The layout check: an insightface layout is whole, and the manifest names the layout found."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from ...doors.inputs import open_input
+from ...errors import RectoolError
+from ...format.keys import FLOAT32_EXACT
+from ...reader import DATASET_LAYOUTS
+from .report import Found, one_problem
+
+
+def check_layout(facts):
+    """An insightface layout is whole (record 0, identity ranges, labels, `property` file), and
+    the manifest names the layout the records have.
+
+    The layout is the reader's rule's; the manifest's claim does not change it. A manifest
+    that says insightface over records whose record 0 is no such header is an
+    "insightface-header" problem (they are checked as the images layout, as every reader
+    reads them); one that says images over an insightface header is a "manifest" problem.
+    """
+    layout = facts.layout
+    if layout.header is not None:
+        yield from _check_insightface(facts)
+    claimed = facts.dataset.manifest.get("layout") if facts.entry is not None else None
+    if claimed not in DATASET_LAYOUTS or claimed == layout.name:
+        return
+    if layout.header is None:
+        yield _not_a_header(facts)
+    else:
+        yield one_problem(
+            "manifest",
+            facts.dataset.manifest_path,
+            None,
+            None,
+            f"says layout {claimed}, but {facts.rec} has an insightface header record 0",
+        )
+
+
+def _not_a_header(facts):
+    """Name what record 0 (and key 1) hold, when a manifest says insightface but they do not."""
+    h, keys, starts = facts.headers, facts.keys, facts.framing.starts
+    zero, one = np.flatnonzero(keys == 0), np.flatnonzero(keys == 1)
+    says = (
+        "the manifest says layout insightface, but record 0 is not its header (flag 2, no image "
+        "bytes, whole-number labels [N+1, N+1+K], key 1 with one label)"
+    )
+    if not zero.size:
+        return one_problem(
+            "insightface-header", facts.rec, None, None, f"{says}: there is no record 0"
+        )
+    j = int(zero[-1])
+    flag = int(h.flag[j])
+    if not h.complete[j]:
+        held = "a header cut short"
+    elif flag == 0:
+        held = f"flag 0, {int(h.image[j])} image bytes, label {float(h.label[j])!r}"
+    else:
+        labels = ", ".join(repr(float(x)) for x in (h.label0[j], h.label1[j])[:flag])
+        more = ", ..." if flag > 2 else ""
+        held = f"flag {flag}, {int(h.image[j])} image bytes, labels [{labels}{more}]"
+    if one.size and h.complete[one[-1]]:
+        held += f"; key 1 has flag {int(h.flag[one[-1]])}"
+    return one_problem("insightface-header", facts.rec, 0, starts[j], f"{says}: it has {held}")
+
+
+def _check_insightface(facts):
+    h, rec, layout = facts.headers, facts.rec, facts.layout
+    starts, keys, j = facts.framing.starts, facts.keys, layout.header
+    a, b = layout.span
+    if b > FLOAT32_EXACT:
+        yield one_problem(
+            "float32-inexact",
+            rec,
+            0,
+            starts[j],
+            f"record 0's label [{a}, {b}] needs keys above {FLOAT32_EXACT:,}, "
+            "where float32 labels are not exact",
+        )
+    images, identities = a - 1, b - a
+    declared = facts.dataset.classes
+    if declared is not None and declared != identities:
+        yield one_problem(
+            "manifest",
+            facts.dataset.manifest_path,
+            None,
+            None,
+            f"says {declared} classes, but record 0 of {rec} announces {identities} identities",
+        )
+    by_key = np.full(b, -1, np.int64)
+    inside = (keys >= 0) & (keys < b)
+    by_key[keys[inside]] = np.flatnonzero(inside)
+    outside = np.flatnonzero(~inside)
+    yield Found(
+        "insightface-range",
+        len(outside),
+        ((rec, keys[i], starts[i],
+          f"key {keys[i]} is outside the layout's keys 0..{b - 1} that record 0 announces")
+         for i in outside.tolist()),
+    )  # fmt: skip
+    missing = np.flatnonzero(by_key[1:] < 0) + 1
+
+    def missing_problems():
+        for k in missing.tolist():
+            if k < a:
+                what = f"image key {k} (of 1..{images})"
+            else:
+                what = f"identity key {k} (of {a}..{b - 1})"
+            yield rec, k, None, f"{what} is missing; record 0 announces it"
+
+    yield Found("insightface-range", len(missing), missing_problems())
+    ids = by_key[a:]
+    present = ids >= 0
+    rows = ids[present]
+    not_ranges = rows[~(h.complete[rows] & (h.flag[rows] == 2))]
+    yield Found(
+        "insightface-range",
+        len(not_ranges),
+        ((rec, keys[i], starts[i],
+          f"identity record has flag {h.flag[i]}, expected 2 (a [start, end) label pair)")
+         for i in not_ranges.tolist()),
+    )  # fmt: skip
+    if len(missing) or len(not_ranges):
+        return
+    lo, hi = h.label0[ids].astype(np.float64), h.label1[ids].astype(np.float64)
+    expect_lo = np.concatenate(([1.0], hi[:-1]))
+    wrong = (lo != np.round(lo)) | (hi != np.round(hi)) | (lo != expect_lo) | (hi < lo)
+    if identities:
+        wrong[-1] |= hi[-1] != a
+    wrong = np.flatnonzero(wrong)
+
+    def range_problems():
+        for i in wrong.tolist():
+            if lo[i] != expect_lo[i]:
+                after = "the first image, 1" if i == 0 else f"{hi[i - 1]:g}"
+                why = f"starts at {lo[i]:g} instead of {after}"
+            elif hi[i] < lo[i]:
+                why = "ends before it starts"
+            elif lo[i] != round(lo[i]) or hi[i] != round(hi[i]):
+                why = "is not a range of integral keys"
+            else:
+                why = f"is the last range and should end at {a}, after the last image"
+            yield rec, a + i, starts[ids[i]], f"identity range [{lo[i]:g}, {hi[i]:g}) {why}"
+
+    yield Found("insightface-range", len(wrong), range_problems())
+    if wrong.size:
+        return
+    owner = np.repeat(np.arange(identities), (hi - lo).astype(np.int64))
+    image_rows = by_key[1:a]
+    labels = h.label0[image_rows]
+    with np.errstate(invalid="ignore"):
+        mismatch = np.flatnonzero(h.complete[image_rows] & (labels != owner))
+
+    def label_problems():
+        for i in mismatch.tolist():
+            yield (
+                rec,
+                i + 1,
+                starts[image_rows[i]],
+                f"label {float(labels[i])!r}, but the key lies in the range of identity "
+                f"{owner[i]} (key {a + owner[i]})",
+            )
+
+    yield Found("insightface-label", len(mismatch), label_problems())
+    yield from _check_property(facts, identities)
+
+
+def _check_property(facts, identities):
+    path = os.path.join(os.path.dirname(facts.rec), "property")
+    try:
+        with open_input(path, "property file", "ascii", max_bytes=1 << 16) as f:
+            text = f.read().strip()
+    except (OSError, UnicodeDecodeError, RectoolError):
+        return
+    first = text.split(",")[0]
+    if first.strip().isdigit() and int(first) != identities:
+        yield one_problem(
+            "insightface-header",
+            path,
+            None,
+            None,
+            f"says {int(first)} classes, but record 0 announces {identities} identities",
+        )

@@ -1,0 +1,118 @@
+"""The checks of a dataset against its manifest: each shard listed once, the totals, and each
+shard as its entry says (sizes, counts, first and last keys, header ids)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .report import Found, one_problem
+
+
+def repeated_shards(shards):
+    """Return {shard number: number of the shard listed first} for each .rec listed again."""
+    first, repeats = {}, {}
+    for number, (rec, _) in enumerate(shards):
+        seen = first.setdefault(os.path.realpath(rec), number)
+        if seen != number:
+            repeats[number] = seen
+    return repeats
+
+
+def check_listed_once(dataset, number, first):
+    """Shard `number`'s .rec is the one shard `first` already lists."""
+    rec = dataset.shards[number][0]
+    yield one_problem(
+        "manifest",
+        dataset.manifest_path or rec,
+        None,
+        None,
+        f"lists {rec} twice (shards {first} and {number}); readers would serve each of "
+        "its records twice",
+    )
+
+
+def check_totals(dataset):
+    """The manifest's totals are the sums of its shards' entries."""
+    manifest, path = dataset.manifest, dataset.manifest_path
+    if manifest is None:
+        return
+    shards = manifest["shards"]  # read_manifest checked every field used here
+    totals = manifest.get("totals") or {}
+    checks = [("shards", len(shards))]
+    for name in ("records", "rec_bytes"):  # null: not recorded, as a missing field
+        if all(s.get(name) is not None for s in shards):
+            checks.append((name, sum(s[name] for s in shards)))
+    for name, actual in checks:
+        if totals.get(name) is not None and totals[name] != actual:
+            yield one_problem(
+                "manifest",
+                path,
+                None,
+                None,
+                f"totals.{name} is {totals[name]} but its shards add up to {actual}",
+            )
+
+
+def check_manifest_entry(facts):
+    """The shard is as its manifest entry says: sizes, counts, first and last keys, ids.
+
+    (Whether it has the layout the manifest names is `check_layout`'s question.)
+    """
+    entry, rec, idx = facts.entry, facts.rec, facts.idx
+    if entry is None:
+        return
+    for path, size_name in ((rec, "rec_bytes"), (idx, "idx_bytes")):
+        if entry.get(size_name) is not None and os.path.exists(path):
+            actual = os.path.getsize(path)
+            if actual != entry[size_name]:
+                yield one_problem(
+                    "size-mismatch",
+                    path,
+                    None,
+                    None,
+                    f"{actual} bytes; the manifest says {entry[size_name]}",
+                )
+    index = facts.index
+    expected = entry.get("records")
+    if expected is not None:
+        found = len(facts.framing.starts)
+        if found != expected:
+            yield one_problem(
+                "count-mismatch", rec, None, None, f"{found} records; the manifest says {expected}"
+            )
+        if index is not None and len(index.keys) != expected:
+            yield one_problem(
+                "count-mismatch",
+                idx,
+                None,
+                None,
+                f"{len(index.keys)} entries; the manifest says {expected}",
+            )
+    if index is not None and len(index.keys):
+        for name, actual in (("first_key", index.keys[0]), ("last_key", index.keys[-1])):
+            if entry.get(name) is not None and entry[name] != int(actual):
+                yield one_problem(
+                    "key-mismatch",
+                    idx,
+                    int(actual),
+                    None,
+                    f"the {name.replace('_', ' ')} is {int(actual)}; "
+                    f"the manifest says {entry[name]}",
+                )
+        yield _check_ids(facts)
+
+
+def _check_ids(facts):
+    """rectool writes each record's key as its header id; they must agree."""
+    h, keys, starts = facts.headers, facts.keys, facts.framing.starts
+    differ = np.flatnonzero(facts.indexed & h.complete & (h.id.astype(np.int64) != keys))
+    return Found(
+        "id-mismatch",
+        len(differ),
+        ((facts.idx, keys[j], starts[j],
+          f"the .idx gives key {keys[j]} to the record at byte "
+          f"{starts[j]}, whose header id is {h.id[j]}")
+         for j in differ.tolist()),
+    )  # fmt: skip

@@ -1,0 +1,123 @@
+"""`verify_dataset`: run every check over each target's shards, then the dataset's, into one
+`VerifyReport`."""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ...build.manifest import finish_interrupted_source, leftover_staging
+from ...errors import RectoolError
+from ...reader import RecordFile, resolve_source, source_prefixes
+from ..scan import mapped
+from .digests import ShardHashes, check_record_checksums
+from .facts import DatasetFacts, read_shard, size_or_zero
+from .framing import check_framing
+from .headers import check_headers
+from .images import check_decoding, check_image_structure, decodable_rows
+from .index import check_index, check_index_file, check_keys_across_shards
+from .layout import check_layout
+from .manifest import check_listed_once, check_manifest_entry, check_totals, repeated_shards
+from .report import DEFAULT_KEEP, Findings, Tally, VerifyReport, one_problem
+
+
+def verify_dataset(
+    targets, decode=None, workers=None, keep=DEFAULT_KEEP, progress=None, image_check=True
+):
+    """Check every target (manifest, prefix, .rec, or folder with train.rec); return a report.
+
+    `decode` is a `DecodeOptions` (or None to skip decoding); it decodes every image with
+    `workers` threads (default: all cores). Without it, `image_check` walks every image's
+    structure as `pack` checks it (`check_image_structure`: "image-damaged" problems).
+    `progress(phase, done, total)` is called with phase "bytes" as shards are walked and
+    "images" as they decode. Raises `RectoolError` when a target cannot be read.
+    """
+    if isinstance(targets, (str, os.PathLike)):
+        targets = [targets]
+    targets = [os.fspath(t) for t in targets]
+    if not targets:
+        raise RectoolError("no dataset given to verify")
+    finished = [p for t in targets for p in finish_interrupted_source(t)]
+    resolved = [resolve_source(t) for t in targets]
+    staging = sorted({s for t in targets for p in source_prefixes(t) if (s := leftover_staging(p))})
+    report = VerifyReport(targets, finished=finished, staging=staging)
+    findings = Findings(report, keep)
+    workers = workers or os.cpu_count() or 1
+    start = time.perf_counter()
+    total_bytes = sum(size_or_zero(rec) for _, _, shards in resolved for rec, _ in shards)
+    done_bytes = 0
+    # Digests run on their own thread (hashlib and xxhash release the GIL) during the walk.
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="rectool-digest") as hasher,
+        ThreadPoolExecutor(workers, thread_name_prefix="rectool-decode") as decoder,
+    ):
+        for manifest, manifest_path, shards in resolved:
+            dataset = DatasetFacts.of(manifest, manifest_path, shards)
+            hashes = ShardHashes(dataset, hasher)
+            repeats = repeated_shards(shards)
+            layouts, indexes = set(), []
+            for number in range(len(shards)):
+                if number in repeats:
+                    findings.take(check_listed_once(dataset, number, repeats[number]))
+                    continue
+                layout, index, size = _verify_shard(
+                    dataset, number, findings, hashes, decode, decoder, progress, image_check,
+                )  # fmt: skip
+                layouts.add(layout)
+                if index is not None:
+                    indexes.append(index)
+                done_bytes += size
+                if progress is not None:
+                    progress("bytes", done_bytes, total_bytes)
+            findings.take(hashes.check())
+            findings.take(check_totals(dataset))
+            findings.take(check_keys_across_shards(indexes))
+            layouts.discard(None)
+            report.layouts.append("/".join(sorted(layouts)) or "empty")
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _verify_shard(dataset, number, findings, hashes, decode, decoder, progress, image_check=True):
+    """Run every check of shard `number`; return (layout name, its `ShardIndex`, bytes).
+
+    `hashes` (`ShardHashes`) hashes the .rec from the mapping the checks walk, beside them.
+    """
+    rec, _ = dataset.shards[number]
+    if not os.path.exists(rec):
+        if dataset.manifest is None:
+            raise RectoolError(f"{rec}: record file not found")
+        findings.take(
+            [one_problem("missing-file", rec, None, None, "listed in the manifest, missing")]
+        )
+        return None, None, 0
+    with mapped(rec) as (buf, size), RecordFile(rec) as records:
+        hashes.start(rec, buf, size)
+        facts = read_shard(dataset, number, buf, size, records.read_at)
+        for check in (
+            check_index_file(facts),
+            check_framing(facts),
+            check_index(facts),
+            check_layout(facts),
+            check_headers(facts),
+            check_manifest_entry(facts),
+            check_record_checksums(facts, hashes.matches),
+        ):
+            findings.take(check)
+        report, records_found = findings.report, len(facts.framing.starts)
+        report.shards.append(
+            {"rec": rec, "idx": facts.idx, "records": records_found, "rec_bytes": size}
+        )
+        report.records += records_found
+        report.images += int(facts.layout.images.sum())
+        report.rec_bytes += size
+        if decode is None and image_check:  # decoding checks the structure first
+            findings.take(check_image_structure(facts))
+        if decode is not None:
+            rows = decodable_rows(facts)
+            for item in check_decoding(facts, rows, decode, decoder):
+                findings.take([item])
+                if progress is not None and isinstance(item, Tally):
+                    progress("images", report.decoded, len(rows))
+    return facts.layout.name, facts.index, size
