@@ -146,7 +146,8 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     """Repack the records of each SOURCE into a new pack at OUT_PREFIX, without the tree.
 
     A SOURCE is anything the reader opens: a manifest or pack prefix, an im2rec .rec (with
-    its .idx), an insightface folder (train.rec, train.idx, property). Several are merged.
+    its .idx), an insightface folder (train.rec, train.idx, property), the URL of a manifest
+    (s3://, https://: read from a copy downloaded into $RECTOOL_CACHE_DIR). Several are merged.
     Identities are filtered, then relabelled 0..C-1, then written in --order. Records are
     copied as bytes (only the label and key in the header change) unless a re-encoding option
     is given. Removed duplicates and overlap are listed in OUT_PREFIX.failures.jsonl; counts

@@ -76,6 +76,7 @@ from ..reader import (
     read_manifest,
     unpack_header,
 )
+from ..remote.mirror import local_source
 from . import selection
 from .copier import RELEASE_BYTES, RecordCopier
 from .evalsets import is_eval_set, read_eval_set
@@ -185,8 +186,8 @@ class _Source:
 
     def __init__(self, spec):
         self.spec = os.fspath(spec)
-        try:
-            self.dataset = open_dataset(self.spec)
+        try:  # a URL: a local copy, named by its URL (the manifest's sources, refusals)
+            self.dataset = open_dataset(local_source(self.spec, check=True))
         except InputError as exc:  # still an unusable input, named as the source
             raise InputError(f"source {self.spec}: {exc}") from None
         except RectoolError as exc:
