@@ -181,7 +181,7 @@ def pack_command(
     from ..build.images import transform_from_options
     from ..build.packing import PackOptions, finalize_pack, pack_images
     from ..remote.store import is_url
-    from ..remote.upload import output_prefix
+    from ..remote.upload import named_at, output_prefix
 
     if no_check and check != "structure":
         raise click.BadParameter(f"--no-check contradicts --check {check}", param_hint="--no-check")
@@ -251,6 +251,7 @@ def pack_command(
                     list_file, root, out, options, resume=resume, overwrite=overwrite,
                     label_map=label_map, progress=update, allow_empty=allow_empty,
                 )  # fmt: skip
+            result = named_at(result, out, prefix)
     except KeyboardInterrupt as exc:
         close()
         status = interrupted_status(exc)

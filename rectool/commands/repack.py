@@ -153,6 +153,9 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     is given. Removed duplicates and overlap are listed in OUT_PREFIX.failures.jsonl; counts
     per identity in OUT_PREFIX.report.json; the label mapping in OUT_PREFIX.relabel.tsv.
 
+    An s3:// (gs://, az://) OUT_PREFIX is repacked in a staging folder under the cache folder
+    ($RECTOOL_CACHE_DIR), then uploaded: the shards first, the manifest last.
+
     Exit status: 0 repacked, 1 error, 2 usage error, 3 repacked but more images refused
     (damaged, as pack checks them, or failing to re-encode) than --max-failures allows.
 
@@ -161,13 +164,18 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
         rectool repack faces_emore/ out/train --order shuffle --seed 1
         rectool repack a.manifest.json b.manifest.json out/ab --labels-by name
         rectool repack out/ab out/clean --dedupe --drop-overlap faces_emore/lfw.bin --min-per-id 2
+        rectool repack s3://bucket/packs/faces.manifest.json s3://bucket/packs/train
     """
     from ..build.images import transform_from_options
+    from ..remote.store import is_url
+    from ..remote.upload import named_at, output_prefix
     from ..repack.pipeline import RepackOptions, repack
 
     if len(paths) < 2:
         raise click.UsageError("give at least one SOURCE and the OUT_PREFIX")
     *sources, prefix = paths
+    if is_url(prefix) and resume:
+        raise click.UsageError("an s3:// OUT_PREFIX is repacked in one run (no --resume)")
     if options["keep_ids"] and options["drop_ids"]:
         raise click.BadParameter("give --keep-ids or --drop-ids, not both", param_hint="--keep-ids")
     repack_options = RepackOptions(
@@ -198,9 +206,11 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     update, seen = remember_progress(update)
     replaces = overwrite and has_output(prefix)
     try:
-        result = repack(
-            sources, prefix, repack_options, resume=resume, overwrite=overwrite, progress=update
-        )
+        with output_prefix(prefix) as out:  # a URL: repacked in a staging folder, uploaded
+            result = repack(
+                sources, out, repack_options, resume=resume, overwrite=overwrite, progress=update
+            )
+        result = named_at(result, out, prefix)
     except KeyboardInterrupt as exc:
         close()
         status = interrupted_status(exc)

@@ -15,6 +15,7 @@ as it completes (docs/remote.md).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 
 from ..doors.output import make_folders, remove_tree
@@ -73,3 +74,17 @@ def output_prefix(prefix):
     """Return a context yielding where to pack `prefix`: itself, or a staging folder that is
     uploaded on leaving when `prefix` is a URL (`staged_pack`)."""
     return staged_pack(prefix) if is_url(prefix) else contextlib.nullcontext(prefix)
+
+
+def named_at(result, local_prefix, prefix):
+    """Return `result` (a dataclass of paths: `PackResult`, `RepackResult`) with each path
+    under `local_prefix`, the staging folder that was uploaded, named under `prefix` instead."""
+    local_prefix = os.fspath(local_prefix)
+    if local_prefix == prefix:
+        return result
+    changes = {}
+    for f in dataclasses.fields(result):
+        value = getattr(result, f.name)
+        if isinstance(value, str) and value.startswith(local_prefix):
+            changes[f.name] = prefix + value[len(local_prefix) :]
+    return dataclasses.replace(result, **changes)
