@@ -154,7 +154,7 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     per identity in OUT_PREFIX.report.json; the label mapping in OUT_PREFIX.relabel.tsv.
 
     An s3:// (gs://, az://) OUT_PREFIX is repacked in a staging folder under the cache folder
-    ($RECTOOL_CACHE_DIR), then uploaded: the shards first, the manifest last.
+    ($RECTOOL_CACHE_DIR), each shard uploaded as soon as it is finished, the manifest last.
 
     Exit status: 0 repacked, 1 error, 2 usage error, 3 repacked but more images refused
     (damaged, as pack checks them, or failing to re-encode) than --max-failures allows.
@@ -206,11 +206,12 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     update, seen = remember_progress(update)
     replaces = overwrite and has_output(prefix)
     try:
-        with output_prefix(prefix) as out:  # a URL: repacked in a staging folder, uploaded
+        with output_prefix(prefix) as out:  # a URL: staged, uploaded shard by shard
             result = repack(
-                sources, out, repack_options, resume=resume, overwrite=overwrite, progress=update
-            )
-        result = named_at(result, out, prefix)
+                sources, out.prefix, repack_options, resume=resume, overwrite=overwrite,
+                progress=update, on_shard_finished=out.on_shard_finished,
+            )  # fmt: skip
+        result = named_at(result, out.prefix, prefix)
     except KeyboardInterrupt as exc:
         close()
         status = interrupted_status(exc)
