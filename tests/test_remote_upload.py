@@ -111,3 +111,30 @@ def test_a_pack_that_fails_after_shard_1_uploads_no_manifest(
     assert "p/faces.manifest.json" not in stored
     assert not [k for k in stored if k.startswith(("p/faces-00002", "p/faces-00003"))]
     assert staging_left(tmp_path) == []
+
+
+@pytest.mark.parametrize("url", ["https://host/packs/faces", "http://host/f", "ftp://host/f"])
+def test_an_out_prefix_rectool_cannot_write_is_refused_before_anything_is_packed(
+    small_tree, tmp_path, monkeypatch, url
+):
+    monkeypatch.setenv("RECTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    seen = []
+    output.set_fault_hook(lambda step, path: seen.append(path))
+    try:
+        result = invoke("pack", small_tree.list_path, small_tree.root, url, "--json")
+    finally:
+        output.set_fault_hook(None)
+    scheme = url.split(":")[0]
+    assert result.exit_code == 2
+    assert f"OUT_PREFIX {url}: {scheme}:// is " in result.stdout
+    assert "write packs to a local folder or to object storage (s3://" in result.stdout
+    assert seen == []  # nothing written: no staging folder, no local folder named `ftp:`
+    assert not (tmp_path / "cache").exists() and not (tmp_path / f"{scheme}:").exists()
+
+
+def test_repack_to_https_is_refused_before_its_sources_are_read(tmp_path):
+    result = invoke("repack", tmp_path / "missing", "https://host/packs/train")
+    assert result.exit_code == 2
+    assert "OUT_PREFIX https://host/packs/train: https:// is read-only" in result.output
+    assert "missing" not in result.output

@@ -154,7 +154,8 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     per identity in OUT_PREFIX.report.json; the label mapping in OUT_PREFIX.relabel.tsv.
 
     An s3:// (gs://, az://) OUT_PREFIX is repacked in a staging folder under the cache folder
-    ($RECTOOL_CACHE_DIR), each shard uploaded as soon as it is finished, the manifest last.
+    ($RECTOOL_CACHE_DIR), each shard uploaded as soon as it is finished, the manifest last
+    (an http(s):// OUT_PREFIX is refused: read-only).
 
     Exit status: 0 repacked, 1 error, 2 usage error, 3 repacked but more images refused
     (damaged, as pack checks them, or failing to re-encode) than --max-failures allows.
@@ -168,12 +169,13 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     """
     from ..build.images import transform_from_options
     from ..remote.store import is_url
-    from ..remote.upload import named_at, output_prefix
+    from ..remote.upload import check_output_prefix, named_at, output_prefix
     from ..repack.pipeline import RepackOptions, repack
 
     if len(paths) < 2:
         raise click.UsageError("give at least one SOURCE and the OUT_PREFIX")
     *sources, prefix = paths
+    check_output_prefix(prefix)  # an https:// OUT_PREFIX: refused before a source is read
     if is_url(prefix) and resume:
         raise click.UsageError("an s3:// OUT_PREFIX is repacked in one run (no --resume)")
     if options["keep_ids"] and options["drop_ids"]:

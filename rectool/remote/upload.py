@@ -19,15 +19,34 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
 from ..doors.output import make_folders, remove_tree
+from ..errors import UsageError
 from ..reader import MANIFEST_SUFFIX, read_manifest
 from .dataset import default_cache_dir
 from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
 
 UPLOAD_THREADS = 4  # files uploaded at once
+WRITABLE_SCHEMES = ("s3", "gs", "az", "abfs")  # obstore's; http(s):// is read-only
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def check_output_prefix(prefix):
+    """Refuse (`UsageError`) an OUT_PREFIX that is a URL rectool cannot write: http(s)://,
+    or any scheme but s3://, gs://, az://. Called before anything is read or packed, so that
+    such a prefix is never packed for nothing, nor taken for a local folder named `ftp:`."""
+    match = _SCHEME.match(os.fspath(prefix))
+    if match is None or match.group(1).lower() in WRITABLE_SCHEMES:
+        return
+    scheme = match.group(1).lower()
+    why = "is read-only" if scheme in ("http", "https") else "is not a place rectool writes to"
+    raise UsageError(
+        f"OUT_PREFIX {safe_url(prefix)}: {scheme}:// {why}; write packs to a local folder or "
+        f"to object storage ({', '.join(s + '://' for s in WRITABLE_SCHEMES[:3])})"
+    )
 
 
 class ShardUploader:
@@ -136,6 +155,7 @@ def staged_pack(url_prefix, staging=None, retry=None):
 def output_prefix(prefix):
     """Return a context yielding the `Output` to pack `prefix` through: itself, or a staging
     folder uploaded shard by shard when `prefix` is a URL (`staged_pack`)."""
+    check_output_prefix(prefix)
     return staged_pack(prefix) if is_url(prefix) else contextlib.nullcontext(Output(prefix))
 
 
