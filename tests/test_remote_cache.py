@@ -18,6 +18,7 @@ from rectool.remote.order import block_order
 from rectool.training import Loader
 
 SHARD_BYTES = 3408  # the largest shard of the 4-shard test pack
+LABELS_BYTES = 176  # labels.npy of its 12 labels, which the cache keeps beside its manifest
 
 
 def rec_gets(faults):
@@ -45,8 +46,14 @@ def test_two_ranks_and_their_workers_share_one_cache_each_shard_downloaded_once(
     assert sorted(got[0] + got[1]) == sorted(open_dataset(str(s3_pack.local)).labels.tolist())
 
 
+def small_files(pack):
+    """Bytes of what the cache keeps of `pack` besides its shards: manifest, indexes, labels."""
+    described = [pack.local, *pack.folder.glob("*.idx")]
+    return sum(p.stat().st_size for p in described) + LABELS_BYTES
+
+
 def test_an_epoch_under_a_small_cache_limit_evicts_and_stays_within_it(s3_pack, tmp_path):
-    limit = 2 * SHARD_BYTES
+    limit = 2 * SHARD_BYTES + small_files(s3_pack)
     ds = open_dataset(
         s3_pack.url, cache_dir=str(tmp_path / "cache"), cache_limit=limit,
         block_shards=1, prefetch_shards=1, open_shards=1, retry=Retry(sleep=no_wait),
@@ -172,6 +179,28 @@ def test_usage_counts_the_shards_and_partial_downloads(objects):
     cache = make(None)
     cache.pin(objs[0]).release()
     assert cache.usage()[0] == os.path.getsize(objs[0].path)
+
+
+def test_the_limit_counts_every_file_of_the_cache_not_only_the_shards(objects):
+    objs, make, _ = objects
+    folder = os.path.dirname(objs[0].path)
+    sizes = [o.size for o in objs]
+    with open(os.path.join(folder, "faces-00000.idx"), "wb") as f:  # what a pack keeps beside
+        f.write(b"0\t0\n" * 25)  # 100 bytes
+    cache = make(limit=sizes[0] + sizes[1] + 99)  # two shards, not two shards and the index
+    cache.pin(objs[0]).release()
+    cache.pin(objs[1]).release()
+    assert present(objs) == [False, True, False, False]
+    assert cache.usage() == (sizes[1] + 100, [(os.stat(objs[1].path).st_mtime_ns,
+                                               objs[1].path, sizes[1])])  # fmt: skip
+
+
+def test_usage_counts_the_manifest_indexes_and_labels_of_an_opened_pack(s3_pack, tmp_path):
+    ds = open_dataset(s3_pack.url, cache_dir=str(tmp_path / "read"), retry=Retry(sleep=no_wait))
+    assert len(ds.labels) == 12  # read, and kept in the cache (labels.npy)
+    ds.close()
+    used, shards = ds.shard_cache.usage()
+    assert used == sum(size for *_, size in shards) + small_files(s3_pack)
 
 
 def test_block_order_is_a_seeded_permutation_a_block_of_shards_at_a_time():

@@ -227,6 +227,7 @@ def pack_images(
     only_shard=None,
     lock_token=None,
     allow_empty=False,
+    on_shard_finished=None,
 ):
     """Pack the images of a .lst under `root` into shards at `prefix`; return a `PackResult`.
 
@@ -238,6 +239,7 @@ def pack_images(
     A shard task started by a run that holds the prefix's lock (Dask's client) passes that
     lock's `lock_token` to join it. An empty list raises `EmptyListError` (nothing is written)
     unless `allow_empty`: a list that failed upstream must not become a "sound" empty pack.
+    `on_shard_finished(info, paths)` is called as each shard is finished (`ShardWriter`).
     """
     options = options or PackOptions()
     prefix = check_prefix(prefix)
@@ -249,7 +251,7 @@ def pack_images(
     try:
         return _pack_locked(
             list_path, root, prefix, options, resume, overwrite, label_map, progress,
-            list_stream, only_shard, lock_token, allow_empty,
+            list_stream, only_shard, lock_token, allow_empty, on_shard_finished,
         )  # fmt: skip
     except (WrongRootError, EmptyListError):
         if made:  # nothing was written: leave nothing behind
@@ -258,7 +260,8 @@ def pack_images(
 
 
 def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map, progress,
-                 list_stream, only_shard, lock_token=None, allow_empty=False):  # fmt: skip
+                 list_stream, only_shard, lock_token=None, allow_empty=False,
+                 on_shard_finished=None):  # fmt: skip
     if only_shard is not None:
         # Shard tasks of one plan run side by side (a shared lock on the prefix), never beside
         # a whole run of the prefix; each also holds its own shard.
@@ -274,7 +277,7 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
                 prefix,
                 lambda staging: _pack_all(
                     list_path, root, staging, options, False, False, label_map, progress,
-                    list_stream, allow_empty,
+                    list_stream, allow_empty, on_shard_finished,
                 ),
             )  # fmt: skip
             return dataclasses.replace(
@@ -284,12 +287,12 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
             )
         return _pack_all(
             list_path, root, prefix, options, resume, overwrite, label_map, progress, list_stream,
-            allow_empty,
+            allow_empty, on_shard_finished,
         )  # fmt: skip
 
 
 def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, progress,
-              list_stream, allow_empty=False):  # fmt: skip
+              list_stream, allow_empty=False, on_shard_finished=None):  # fmt: skip
     complete = resume and is_complete(prefix)
     if not complete:
         prepare_outputs(prefix, resume, overwrite)
@@ -335,6 +338,7 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
         write_json_atomic(state_path, state)
 
     run = _PackRun(list_path, root, prefix, options, total, progress)
+    run.writer.on_shard_finished = on_shard_finished
     run.execute(resume)
 
     manifest = build_manifest(

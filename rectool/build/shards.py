@@ -419,12 +419,14 @@ class ShardWriter:
     """Write framed records into shards that roll over by bytes and/or record count.
 
     Each shard is written by a `ShardFile`; this class decides when one ends and the next
-    begins, and adopts what an interrupted run left (`resume`).
+    begins, and adopts what an interrupted run left (`resume`). `on_shard_finished(info,
+    paths)` is called as each shard gets its final names (`paths`: its .rec, .idx and
+    checksum file), while the next ones are still to be written: an upload starts there.
     """
 
     def __init__(
         self, prefix, shard_bytes=None, shard_records=None, first_shard=0, last_shard=None,
-        sha256=False,
+        sha256=False, on_shard_finished=None,
     ):  # fmt: skip
         self.prefix = os.fspath(prefix)
         # The manifest's digests of each file: xxh3-128, and SHA-256 too with `sha256`.
@@ -438,6 +440,7 @@ class ShardWriter:
         self.finished: list[ShardInfo] = []
         self._shard: ShardFile | None = None
         self._io = _OrderedWriter()
+        self.on_shard_finished = on_shard_finished
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -542,6 +545,10 @@ class ShardWriter:
         info = self._shard.finish()
         self.finished.append(info)
         self._shard = None
+        if self.on_shard_finished is not None:
+            folder = os.path.dirname(self.prefix)
+            names = [info.rec, info.idx, *([info.crc] if info.crc else [])]
+            self.on_shard_finished(info, [os.path.join(folder, n) for n in names])
         return info
 
     def close(self, last_shard=None):

@@ -161,7 +161,8 @@ def pack_command(
     files and renamed when complete; OUT_PREFIX.manifest.json is written last.
 
     An s3:// (gs://, az://) OUT_PREFIX is packed in a staging folder under the cache folder
-    ($RECTOOL_CACHE_DIR), then uploaded: the shards first, the manifest last.
+    ($RECTOOL_CACHE_DIR), each shard uploaded as soon as it is finished, the manifest last
+    (an http(s):// OUT_PREFIX is refused: read-only).
 
     One run at a time writes an OUT_PREFIX (a second is refused, naming the first's pid).
     Images that are not regular files, or whose paths leave ROOT, are refused.
@@ -181,8 +182,9 @@ def pack_command(
     from ..build.images import transform_from_options
     from ..build.packing import PackOptions, finalize_pack, pack_images
     from ..remote.store import is_url
-    from ..remote.upload import output_prefix
+    from ..remote.upload import check_output_prefix, named_at, output_prefix
 
+    check_output_prefix(prefix)  # an https:// OUT_PREFIX: refused before anything is read
     if no_check and check != "structure":
         raise click.BadParameter(f"--no-check contradicts --check {check}", param_hint="--no-check")
     options = PackOptions(
@@ -246,11 +248,13 @@ def pack_command(
                 overwrite=overwrite, label_map=label_map, progress=update,
             )  # fmt: skip
         else:
-            with output_prefix(prefix) as out:  # a URL: packed in a staging folder, uploaded
+            with output_prefix(prefix) as out:  # a URL: staged, uploaded shard by shard
                 result = pack_images(
-                    list_file, root, out, options, resume=resume, overwrite=overwrite,
+                    list_file, root, out.prefix, options, resume=resume, overwrite=overwrite,
                     label_map=label_map, progress=update, allow_empty=allow_empty,
+                    on_shard_finished=out.on_shard_finished,
                 )  # fmt: skip
+            result = named_at(result, out.prefix, prefix)
     except KeyboardInterrupt as exc:
         close()
         status = interrupted_status(exc)

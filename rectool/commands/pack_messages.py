@@ -19,8 +19,14 @@ def interrupted_message(
     """Say what an interrupted pack (or repack) kept and how to continue it; `status` 143 says
     it was terminated (SIGTERM), 130 interrupted (Ctrl-C)."""
     from ..build.manifest import journal_path
+    from ..remote.store import is_url
 
     word = "Terminated (SIGTERM)" if status == 143 else "Interrupted"
+    if is_url(prefix):  # packed in a staging folder, removed; the manifest is uploaded last
+        return (
+            f"{word}: no pack was written to {prefix} (its manifest is uploaded last) and the "
+            "staging folder was removed; run the command again to start over."
+        )
     if os.path.exists(journal_path(prefix)):
         return (
             f"{word}: the new pack at {prefix} was complete and is being moved into place; "

@@ -146,11 +146,16 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     """Repack the records of each SOURCE into a new pack at OUT_PREFIX, without the tree.
 
     A SOURCE is anything the reader opens: a manifest or pack prefix, an im2rec .rec (with
-    its .idx), an insightface folder (train.rec, train.idx, property). Several are merged.
+    its .idx), an insightface folder (train.rec, train.idx, property), the URL of a manifest
+    (s3://, https://: read from a copy downloaded into $RECTOOL_CACHE_DIR). Several are merged.
     Identities are filtered, then relabelled 0..C-1, then written in --order. Records are
     copied as bytes (only the label and key in the header change) unless a re-encoding option
     is given. Removed duplicates and overlap are listed in OUT_PREFIX.failures.jsonl; counts
     per identity in OUT_PREFIX.report.json; the label mapping in OUT_PREFIX.relabel.tsv.
+
+    An s3:// (gs://, az://) OUT_PREFIX is repacked in a staging folder under the cache folder
+    ($RECTOOL_CACHE_DIR), each shard uploaded as soon as it is finished, the manifest last
+    (an http(s):// OUT_PREFIX is refused: read-only).
 
     Exit status: 0 repacked, 1 error, 2 usage error, 3 repacked but more images refused
     (damaged, as pack checks them, or failing to re-encode) than --max-failures allows.
@@ -160,13 +165,19 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
         rectool repack faces_emore/ out/train --order shuffle --seed 1
         rectool repack a.manifest.json b.manifest.json out/ab --labels-by name
         rectool repack out/ab out/clean --dedupe --drop-overlap faces_emore/lfw.bin --min-per-id 2
+        rectool repack s3://bucket/packs/faces.manifest.json s3://bucket/packs/train
     """
     from ..build.images import transform_from_options
+    from ..remote.store import is_url
+    from ..remote.upload import check_output_prefix, named_at, output_prefix
     from ..repack.pipeline import RepackOptions, repack
 
     if len(paths) < 2:
         raise click.UsageError("give at least one SOURCE and the OUT_PREFIX")
     *sources, prefix = paths
+    check_output_prefix(prefix)  # an https:// OUT_PREFIX: refused before a source is read
+    if is_url(prefix) and resume:
+        raise click.UsageError("an s3:// OUT_PREFIX is repacked in one run (no --resume)")
     if options["keep_ids"] and options["drop_ids"]:
         raise click.BadParameter("give --keep-ids or --drop-ids, not both", param_hint="--keep-ids")
     repack_options = RepackOptions(
@@ -197,9 +208,12 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     update, seen = remember_progress(update)
     replaces = overwrite and has_output(prefix)
     try:
-        result = repack(
-            sources, prefix, repack_options, resume=resume, overwrite=overwrite, progress=update
-        )
+        with output_prefix(prefix) as out:  # a URL: staged, uploaded shard by shard
+            result = repack(
+                sources, out.prefix, repack_options, resume=resume, overwrite=overwrite,
+                progress=update, on_shard_finished=out.on_shard_finished,
+            )  # fmt: skip
+        result = named_at(result, out.prefix, prefix)
     except KeyboardInterrupt as exc:
         close()
         status = interrupted_status(exc)

@@ -12,6 +12,7 @@ from .conventions import (
     RectoolCommand,
     emit_json,
     library_errors,
+    local_targets,
 )
 from .info import exit_for_damage
 from .options import (
@@ -95,6 +96,9 @@ def report_command(
 ):  # fmt: skip
     """Write a report of TARGET (manifest, prefix, .rec or train.rec folder) as one HTML page.
 
+    A TARGET that is the URL of a manifest (s3://, https://) is read from a copy of its pack
+    downloaded into the cache folder ($RECTOOL_CACHE_DIR).
+
     The page holds a summary (records, images, identities, bytes, shards, layout, encodings,
     the pack's options), charts of images per identity, image sizes and bytes, a contact sheet
     of a seeded sample of identities and the smallest and largest ones, the pack's refusals,
@@ -128,6 +132,7 @@ def report_command(
     update, close = progress_bar(as_json, "thumb")
     progress = update and (lambda done, total: update(done, total, 0))
     try:
+        target = local_targets([target], as_json)[0]  # a URL: a local copy of its pack
         result = write_report(target, output, sheet, settings, overwrite, progress)
     finally:
         close()

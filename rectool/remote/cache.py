@@ -20,7 +20,9 @@
   lock (`.cache.lock`), by removing the shards used least recently (a shard's modification time
   is set when it is released: when it was last used); a shard whose lock anyone holds is never
   removed. When every cached shard is held the limit is passed rather than a reader failed.
-  Only `.rec` shards count (and are evicted); manifests and `.idx` files are small and stay.
+  Every file of the cache's packs counts against the limit (shards, indexes, checksum files,
+  manifests, kept labels, downloads under way); only `.rec` shards are evicted, the small
+  files that describe a pack stay.
 """
 
 from __future__ import annotations
@@ -65,11 +67,6 @@ class CachedObject(NamedTuple):
     algorithm: str | None  # "xxh3-128" or "sha256"; None: take the bytes as they come
     digest: str | None
     what: str  # how errors name it: "URL (shard 3 of faces.manifest.json)"
-
-
-def _counted(name):
-    """Whether a file of the cache counts against its limit: a shard, or one being written."""
-    return name.endswith(".rec") or (name.startswith(".") and ".rec." in name)
 
 
 def _unlock(fd):
@@ -137,7 +134,7 @@ class ShardCache:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)  # held only while a download runs
                 if not os.path.exists(obj.path):
-                    fits = not _counted(os.path.basename(obj.path)) or self._make_room(obj.size)
+                    fits = self._make_room(obj.size)
                     if fit and not fits:
                         raise CacheFullError(f"{obj.what}: no room in {self.folder}")
                     if getattr(obj.store, "fork_unsafe", lambda: False)():
@@ -181,14 +178,15 @@ class ShardCache:
         self.downloads += 1
 
     def usage(self):
-        """Return (bytes counted against the limit, [(mtime_ns, path, size)] of shards)."""
+        """Return (bytes of every file of the cache's packs, [(mtime_ns, path, size)] of the
+        `.rec` shards, which eviction may remove)."""
         total, shards = 0, []
         packs = os.path.join(self.folder, "packs")
         for pack in os.scandir(packs) if os.path.isdir(packs) else ():
             if not pack.is_dir(follow_symlinks=False):
                 continue
             for entry in os.scandir(pack.path):
-                if not _counted(entry.name) or not entry.is_file(follow_symlinks=False):
+                if not entry.is_file(follow_symlinks=False):
                     continue
                 try:
                     st = entry.stat(follow_symlinks=False)

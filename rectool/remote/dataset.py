@@ -197,7 +197,7 @@ class RemoteDataset(RecordDataset):
     """The samples of the remote pack whose manifest is at `url`, read through a shard cache.
 
     Options beyond `open_dataset`'s: `cache_dir` (default `default_cache_dir()`),
-    `cache_limit` (bytes of shards kept; None: no bound), `retry` (a `store.Retry`),
+    `cache_limit` (bytes of files kept, shards and all; None: no bound), `retry` (a `store.Retry`),
     `block_shards` (shards per block of the streaming order), `prefetch_shards` (shards
     fetched ahead; default two blocks), `prefetch_threads`, `open_shards` (shards one process
     keeps mapped; default a block), `store` (one of `store`'s, for tests), `clock`.

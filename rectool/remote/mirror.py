@@ -1,10 +1,11 @@
-"""A whole copy of a remote pack on local disk, bytes as they are, for `verify` and `info`.
+"""A whole copy of a remote pack on local disk, for `verify`, `info`, `report` and `repack`.
 
-`verify` must see a damaged shard to report it, so this copy checks nothing on the way in
-(the shard cache refuses what does not match its digest, and is never filled from here): every
-file the manifest names (shards, indexes, checksum files, the failures file) is downloaded,
-retried and resumed as the cache's downloads are, into `CACHE/mirror/KEY/`, and the commands
-run on that folder as on any local pack.
+Every file the manifest names (shards, indexes, checksum files, the failures file) is
+downloaded, retried and resumed as the cache's downloads are, into `CACHE/mirror/KEY/`, and
+the commands run on that folder as on any local pack. `verify` must see a damaged shard to
+report it, so the copy takes the bytes as they are; `repack`, which must not copy damaged
+bytes into a new pack, asks for them checked against the manifest's digests (`check`). The
+shard cache, which takes only checked shards, is never filled from here.
 """
 
 from __future__ import annotations
@@ -14,15 +15,21 @@ from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
-from ..doors.output import make_folders, write_atomic
+from ..doors.output import make_folders, remove, write_atomic
+from ..format.digest import DIGEST_NAMES, SHA256, XXH3_128, digests_of, field_name, file_hexdigest
 from ..reader import MANIFEST_SUFFIX, read_manifest
-from .cache import CachedObject, ShardCache
+from .cache import CachedObject, DigestMismatchError, ShardCache
 from .dataset import default_cache_dir
-from .store import RemoteError, Retry, open_store, safe_url, split_url
+from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
 
 
-def local_copy(url, cache_dir=None, retry=None, threads=8):
-    """Download the pack whose manifest is at `url`; return the local manifest's path."""
+def local_copy(url, cache_dir=None, retry=None, threads=8, check=False):
+    """Download the pack whose manifest is at `url`; return the local manifest's path.
+
+    `check`: every file the manifest gives a digest of (shards, indexes, checksum files) is
+    checked against it, downloaded or already there, and a mismatch is refused
+    (`DigestMismatchError`, naming the URL): for commands that write what they read.
+    """
     folder_url, name = split_url(url)
     if not name.endswith(MANIFEST_SUFFIX):
         raise RemoteError(
@@ -37,25 +44,54 @@ def local_copy(url, cache_dir=None, retry=None, threads=8):
     local = os.path.join(folder, name)
     write_atomic(local, data)
     doc = read_manifest(local)
-    wanted = [(s[kind], s.get(f"{kind}_bytes")) for s in doc["shards"] for kind in ("rec", "idx")]
-    wanted += [(s["crc"], None) for s in doc["shards"] if s.get("crc")]
+    wanted = [
+        (s[kind], s.get(f"{kind}_bytes"), *_digest(s, kind))
+        for s in doc["shards"]
+        for kind in ("rec", "idx", "crc")
+        if s.get(kind)
+    ]
     if doc.get("failures_file"):
-        wanted.append((doc["failures_file"], None))
+        wanted.append((doc["failures_file"], None, None, None))
 
     def fetch(item):
-        object_name, size = item
+        object_name, size, algorithm, digest = item
+        if not check:
+            algorithm = digest = None
         path = os.path.join(folder, object_name)
         what = store.object_url(object_name)
         if size is None:  # not listed: read whole
             try:
-                write_atomic(path, retry.call(lambda: store.read(object_name), what))
+                data = retry.call(lambda: store.read(object_name), what)
             except RemoteError:
                 return  # a missing checksum or failures file: verify reports it
+            if algorithm and digests_of(data, [algorithm])[algorithm] != digest:
+                raise DigestMismatchError(
+                    f"{what}: its {DIGEST_NAMES[algorithm]} differs from the manifest's: the "
+                    "object was changed or damaged after packing; it is not used"
+                )
+            write_atomic(path, data)
             return
-        obj = CachedObject(store, object_name, path, size, None, None, what)
-        if not (os.path.exists(path) and os.path.getsize(path) == size):
-            cache.download(obj)
+        obj = CachedObject(store, object_name, path, size, algorithm, digest, what)
+        if os.path.exists(path) and os.path.getsize(path) == size:
+            if not algorithm or file_hexdigest(path, algorithm) == digest:
+                return
+            remove(path)  # a damaged copy `verify` downloaded: fetched again, and checked
+        cache.download(obj)
 
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(fetch, wanted))
     return local
+
+
+def _digest(shard, kind):
+    """Return (algorithm, digest) the manifest gives for `kind` ("rec", ...) of `shard`."""
+    for algorithm in (XXH3_128, SHA256):
+        if shard.get(field_name(kind, algorithm)):
+            return algorithm, shard[field_name(kind, algorithm)]
+    return None, None
+
+
+def local_source(source, cache_dir=None, check=False):
+    """Return `source` itself, or, when it is a URL, the local manifest of its copy
+    (`local_copy`, with `check`)."""
+    return local_copy(source, cache_dir, check=check) if is_url(source) else source

@@ -1,75 +1,173 @@
-"""Packs written to object storage: packed locally into a staging folder, then uploaded.
+"""Packs written to object storage: packed locally into a staging folder, each shard uploaded
+as soon as it is finished, the manifest last.
 
-    with staged_pack("s3://bucket/packs/faces") as local_prefix:
-        pack_images(lst, root, local_prefix, options)   # the ordinary local pack
-    # on leaving: every file but the manifest uploaded, then the manifest; staging removed
+    with output_prefix("s3://bucket/packs/faces") as out:
+        pack_images(lst, root, out.prefix, options, on_shard_finished=out.on_shard_finished)
+    # each shard's .rec, .idx and checksum file uploaded as the shard was finished, while the
+    # next ones were written; on leaving: the other files, then the manifest; staging removed
 
 A reader opens a pack by its manifest, so uploading the manifest last means no reader ever
 sees a half-written pack at the URL: until then there is no pack there (or the old one, whose
 manifest still names only old shards' digests: a new shard of the same name is refused by its
-digest, never read as the old). The staging folder needs the pack's size in local disk
-(`RECTOOL_CACHE_DIR`'s file system); each shard is uploaded once the whole pack is done, not
-as it completes (docs/remote.md).
+digest, never read as the old). A run that fails or is interrupted uploads no manifest; the
+shards it had uploaded stay, named by no manifest. The staging folder needs the pack's size in
+local disk (`RECTOOL_CACHE_DIR`'s file system; docs/remote.md).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 from ..doors.output import make_folders, remove_tree
+from ..errors import UsageError
 from ..reader import MANIFEST_SUFFIX, read_manifest
 from .dataset import default_cache_dir
 from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
 
+UPLOAD_THREADS = 4  # files uploaded at once
+WRITABLE_SCHEMES = ("s3", "gs", "az", "abfs")  # obstore's; http(s):// is read-only
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
-def upload_pack(manifest_path, url_prefix, retry=None, progress=None):
+
+def check_output_prefix(prefix):
+    """Refuse (`UsageError`) an OUT_PREFIX that is a URL rectool cannot write: http(s)://,
+    or any scheme but s3://, gs://, az://. Called before anything is read or packed, so that
+    such a prefix is never packed for nothing, nor taken for a local folder named `ftp:`."""
+    match = _SCHEME.match(os.fspath(prefix))
+    if match is None or match.group(1).lower() in WRITABLE_SCHEMES:
+        return
+    scheme = match.group(1).lower()
+    why = "is read-only" if scheme in ("http", "https") else "is not a place rectool writes to"
+    raise UsageError(
+        f"OUT_PREFIX {safe_url(prefix)}: {scheme}:// {why}; write packs to a local folder or "
+        f"to object storage ({', '.join(s + '://' for s in WRITABLE_SCHEMES[:3])})"
+    )
+
+
+class ShardUploader:
+    """Uploads the files of one pack to `url_prefix` (`s3://bucket/path/NAME`): each shard's
+    when `shard_finished` is told (on background threads), the rest and the manifest at
+    `finish`. Refuses a URL it cannot write to at once, before anything is packed."""
+
+    def __init__(self, url_prefix, retry=None, threads=UPLOAD_THREADS):
+        folder_url, self.name = split_url(url_prefix)
+        self.url_prefix, self.retry = url_prefix, retry or Retry()
+        self.store = open_store(folder_url)
+        if not self.store.writable:
+            raise RemoteError(f"{safe_url(url_prefix)}: cannot write there; write packs to s3://")
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="rectool-upload")
+        self._uploads = []  # futures, in submission order
+        self.uploaded = set()  # names of the objects submitted
+
+    def shard_finished(self, info, paths):
+        """Start uploading the files of a finished shard (`ShardWriter`'s `on_shard_finished`);
+        raise the error of an earlier upload that failed, which ends the pack."""
+        for future in self._uploads:
+            if future.done() and future.exception() is not None:
+                raise future.exception()
+        for path in paths:
+            self._submit(path)
+
+    def _submit(self, path):
+        name = os.path.basename(path)
+        self.uploaded.add(name)
+        self._uploads.append(self._pool.submit(self._put, name, path))
+
+    def _put(self, name, path):
+        self.retry.call(lambda: self.store.put(name, path), self.store.object_url(name))
+
+    def wait(self):
+        """Wait until every upload started is done; raise the first error among them."""
+        for future in self._uploads:
+            future.result()
+
+    def finish(self, manifest_path):
+        """Wait for the shards' uploads, upload the pack's other files (those of the manifest's
+        folder whose names start with the pack's name), then the manifest; return its URL."""
+        read_manifest(manifest_path)  # a whole pack, or no manifest is uploaded
+        folder, manifest = os.path.split(os.fspath(manifest_path))
+        local_name = manifest[: -len(MANIFEST_SUFFIX)]
+        if local_name != self.name:
+            raise RemoteError(f"{manifest_path}: a pack named {local_name!r}, not {self.name!r}")
+        self.wait()
+        rest = sorted(
+            n
+            for n in os.listdir(folder)
+            if n.startswith(local_name) and n != manifest and not n.endswith(".lock")
+            and n not in self.uploaded and os.path.isfile(os.path.join(folder, n))
+        )  # fmt: skip
+        for path in [os.path.join(folder, n) for n in rest]:
+            self._submit(path)
+        self.wait()
+        self._put(manifest, os.path.join(folder, manifest))
+        return self.store.object_url(manifest)
+
+    def close(self):
+        """Stop: uploads not started are dropped, those running are waited for."""
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def upload_pack(manifest_path, url_prefix, retry=None):
     """Upload the local pack of `manifest_path` to `url_prefix` (`s3://bucket/path/NAME`):
     its other files first, the manifest last; return the manifest's URL.
 
     The files are those in the manifest's folder whose names start with the pack's name.
     """
-    retry = retry or Retry()
-    folder_url, name = split_url(url_prefix)
-    store = open_store(folder_url)
-    if not store.writable:
-        raise RemoteError(f"{safe_url(url_prefix)}: cannot write there; write packs to s3://")
-    read_manifest(manifest_path)  # a whole pack, or nothing is uploaded
-    folder, manifest = os.path.split(os.fspath(manifest_path))
-    local_name = manifest[: -len(MANIFEST_SUFFIX)]
-    if local_name != name:
-        raise RemoteError(f"{manifest_path}: a pack named {local_name!r}, not {name!r}")
-    files = sorted(
-        n
-        for n in os.listdir(folder)
-        if n.startswith(local_name) and n != manifest and not n.endswith(".lock")
-        and os.path.isfile(os.path.join(folder, n))
-    )  # fmt: skip
-    for n in [*files, manifest]:
-        retry.call(lambda n=n: store.put(n, os.path.join(folder, n)), store.object_url(n))
-        if progress is not None:
-            progress(n)
-    return store.object_url(manifest)
+    uploader = ShardUploader(url_prefix, retry)
+    try:
+        return uploader.finish(manifest_path)
+    finally:
+        uploader.close()
+
+
+class Output(NamedTuple):
+    """Where a command writes a pack: `prefix` (local), and the hook that uploads each shard
+    as it is finished (None for a local pack)."""
+
+    prefix: str
+    on_shard_finished: object = None
 
 
 @contextlib.contextmanager
-def staged_pack(url_prefix, staging=None):
-    """Yield a local prefix to pack into; on success upload it to `url_prefix` (`upload_pack`).
-    The staging folder (under `staging`, default the cache folder) is removed either way."""
-    _, name = split_url(url_prefix)
+def staged_pack(url_prefix, staging=None, retry=None):
+    """Yield the `Output` to pack `url_prefix` through: a prefix in a staging folder (under
+    `staging`, default the cache folder), whose shards are uploaded as they are finished; on
+    success the rest and the manifest are uploaded. The staging folder is removed either way."""
+    uploader = ShardUploader(url_prefix, retry)
     parent = os.path.join(staging or default_cache_dir(), "staging")
-    make_folders(parent)
-    folder = os.path.join(parent, f"{name}-{os.getpid()}-{os.urandom(4).hex()}")
-    make_folders(folder)
+    folder = os.path.join(parent, f"{uploader.name}-{os.getpid()}-{os.urandom(4).hex()}")
     try:
-        local_prefix = os.path.join(folder, name)
-        yield local_prefix
-        upload_pack(local_prefix + MANIFEST_SUFFIX, url_prefix)
+        make_folders(parent)
+        make_folders(folder)
+        local_prefix = os.path.join(folder, uploader.name)
+        yield Output(local_prefix, uploader.shard_finished)
+        uploader.finish(local_prefix + MANIFEST_SUFFIX)
     finally:
+        uploader.close()  # before the files it may still be reading are removed
         remove_tree(folder)
 
 
 def output_prefix(prefix):
-    """Return a context yielding where to pack `prefix`: itself, or a staging folder that is
-    uploaded on leaving when `prefix` is a URL (`staged_pack`)."""
-    return staged_pack(prefix) if is_url(prefix) else contextlib.nullcontext(prefix)
+    """Return a context yielding the `Output` to pack `prefix` through: itself, or a staging
+    folder uploaded shard by shard when `prefix` is a URL (`staged_pack`)."""
+    check_output_prefix(prefix)
+    return staged_pack(prefix) if is_url(prefix) else contextlib.nullcontext(Output(prefix))
+
+
+def named_at(result, local_prefix, prefix):
+    """Return `result` (a dataclass of paths: `PackResult`, `RepackResult`) with each path
+    under `local_prefix`, the staging folder that was uploaded, named under `prefix` instead."""
+    local_prefix = os.fspath(local_prefix)
+    if local_prefix == prefix:
+        return result
+    changes = {}
+    for f in dataclasses.fields(result):
+        value = getattr(result, f.name)
+        if isinstance(value, str) and value.startswith(local_prefix):
+            changes[f.name] = prefix + value[len(local_prefix) :]
+    return dataclasses.replace(result, **changes)

@@ -76,6 +76,7 @@ from ..reader import (
     read_manifest,
     unpack_header,
 )
+from ..remote.mirror import local_source
 from . import selection
 from .copier import RELEASE_BYTES, RecordCopier
 from .evalsets import is_eval_set, read_eval_set
@@ -185,8 +186,8 @@ class _Source:
 
     def __init__(self, spec):
         self.spec = os.fspath(spec)
-        try:
-            self.dataset = open_dataset(self.spec)
+        try:  # a URL: a local copy, named by its URL (the manifest's sources, refusals)
+            self.dataset = open_dataset(local_source(self.spec, check=True))
         except InputError as exc:  # still an unusable input, named as the source
             raise InputError(f"source {self.spec}: {exc}") from None
         except RectoolError as exc:
@@ -630,12 +631,14 @@ def _file_digest(path):
         raise
 
 
-def repack(sources, prefix, options=None, resume=False, overwrite=False, progress=None):
+def repack(sources, prefix, options=None, resume=False, overwrite=False, progress=None,
+           on_shard_finished=None):  # fmt: skip
     """Repack the records of `sources` (datasets `open_dataset` accepts) into a pack at
     `prefix`; return a `RepackResult`.
 
     Everything is planned, and every error about the sources or options raised, before a
-    file is written. `progress(done, total, refused)` is called as records are written.
+    file is written. `progress(done, total, refused)` is called as records are written;
+    `on_shard_finished(info, paths)` as each shard is finished (`ShardWriter`).
     """
     options = options or RepackOptions()
     check_repack_options(options)
@@ -658,13 +661,14 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
             return _completed_result(prefix)
         if not (overwrite and output_files(prefix)):
             return _repack_into(opened, targets, catalog, plan, prefix, options, resume,
-                                overwrite, progress)  # fmt: skip
+                                overwrite, progress, on_shard_finished)  # fmt: skip
         result = replace_beside(
             prefix,
             lambda staging: _repack_into(
-                opened, targets, catalog, plan, staging, options, False, False, progress
+                opened, targets, catalog, plan, staging, options, False, False, progress,
+                on_shard_finished,
             ),
-        )
+        )  # fmt: skip
         return dataclasses.replace(
             result,
             manifest_path=manifest_path(prefix),
@@ -673,7 +677,8 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
         )
 
 
-def _repack_into(opened, targets, catalog, plan, prefix, options, resume, overwrite, progress):
+def _repack_into(opened, targets, catalog, plan, prefix, options, resume, overwrite, progress,
+                 on_shard_finished=None):  # fmt: skip
     """Write the planned repack at `prefix` (locked, and the final or a staging prefix)."""
     prepare_outputs(prefix, resume, overwrite)
     if not resume:
@@ -690,6 +695,7 @@ def _repack_into(opened, targets, catalog, plan, prefix, options, resume, overwr
     else:
         write_json_atomic(state_path, state)
     run = _RepackRun(opened, targets, catalog, plan, prefix, options, progress)
+    run.writer.on_shard_finished = on_shard_finished
     try:
         run.execute(resume)
     finally:

@@ -5,6 +5,8 @@ server of byte ranges, both counting GETs and injecting faults as told.
     faults.plan("faces-00002.rec", "drop")         # the next one stops half way, connection shut
     faults.latency = 0.05                          # every request waits 50 ms first (benchmarks)
     faults.gets["faces-00001.rec"]                 # GETs of that object so far
+    faults.refused_puts.add("faces-00002.rec")     # (S3) its uploads answer 403 Access Denied
+    faults.uploaded                                # (S3) objects stored, in the order they were
 
 The test and the server run in one process: nothing here depends on timing.
 """
@@ -34,6 +36,20 @@ class Faults:
             self.ranges = defaultdict(list)  # name -> the first byte asked for, per GET
             self.planned = defaultdict(deque)
             self.latency = 0.0
+            self.refused_puts = set()
+            self.uploaded = []  # names of the objects PUT, as each is stored
+            self.stored = threading.Condition(self.lock)
+
+    def on_stored(self, name):
+        with self.lock:
+            self.uploaded.append(name)
+            self.stored.notify_all()
+
+    def wait_stored(self, name, timeout=120):
+        """Return whether object `name` is stored (waiting for it, at most `timeout` s: a
+        bound for a test that would otherwise hang, never a condition it tests)."""
+        with self.lock:
+            return self.stored.wait_for(lambda: name in self.uploaded, timeout)
 
     def plan(self, name, *actions):
         """Answer the next GETs of `name` with `actions` ("500", "drop"), then normally."""
@@ -138,6 +154,14 @@ class _Middleware:
         if method == "PUT" and is_object and "uploadId" not in environ.get("QUERY_STRING", ""):
             with self.faults.lock:
                 self.faults.puts[name] += 1
+                refused = name in self.faults.refused_puts
+            if refused:
+                body = b"<Error><Code>AccessDenied</Code><Message>Access Denied</Message></Error>"
+                start_response("403 Forbidden", [("Content-Length", str(len(body)))])
+                return [body]
+            answer = self.app(environ, start_response)  # the object is stored when it returns
+            self.faults.on_stored(name)
+            return answer
         if method != "GET" or not is_object:
             return self.app(environ, start_response)
         action = self.faults.on_get(name, _range_start(environ.get("HTTP_RANGE")))

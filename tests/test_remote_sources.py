@@ -1,0 +1,90 @@
+"""`rectool report` and `rectool repack` of a remote pack's URL (s3:// on the S3 server,
+http:// on the range server): they read a local copy, as `verify` and `info` do, and give what
+they give for the local pack; repack refuses a shard whose bytes are not the manifest's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from rectool.cli import cli
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RECTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_report_of_a_url_shows_what_the_report_of_the_local_pack_shows(
+    remote_pack, tmp_path, cache
+):
+    remote = invoke("report", remote_pack.url, "--sheet", tmp_path / "remote.png", "--json")
+    assert remote.exit_code == 0, remote.output
+    local = invoke("report", remote_pack.local, "--sheet", tmp_path / "local.png", "--json")
+    assert local.exit_code == 0, local.output
+    got, want = json.loads(remote.stdout), json.loads(local.stdout)
+    for doc in (got, want):
+        doc.pop("sheet"), doc.pop("seconds")
+    assert got == want and got["images"] == 12
+    assert (tmp_path / "remote.png").read_bytes() == (tmp_path / "local.png").read_bytes()
+    assert (cache / "mirror").is_dir()
+
+
+def test_repack_of_a_url_writes_the_pack_repack_of_the_local_pack_writes(
+    remote_pack, tmp_path, cache
+):
+    args = ["--order", "shuffle", "--seed", "3", "--shard-records", "5", "-q"]
+    remote = invoke("repack", remote_pack.url, tmp_path / "a" / "out", *args)
+    assert remote.exit_code == 0, remote.output
+    local = invoke("repack", remote_pack.local, tmp_path / "b" / "out", *args)
+    assert local.exit_code == 0, local.output
+    written = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert written == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in written:
+        if name.endswith((".rec", ".idx")):
+            assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+    manifest = json.loads((tmp_path / "a" / "out.manifest.json").read_text())
+    assert manifest["sources"] == [remote_pack.url]  # the URL, not the copy's path
+    # Read from a copy of its own, not from the shard cache that training shares (where a
+    # bounded cache of another process could evict a shard while it is copied).
+    assert (cache / "mirror").is_dir() and not (cache / "packs").exists()
+
+
+def _damage(s3, s3_pack, name):
+    data = bytearray((s3_pack.folder / name).read_bytes())
+    data[200] ^= 0xFF
+    bucket = s3_pack.url.split("/")[2]
+    s3.client().put_object(Bucket=bucket, Key=f"packs/{name}", Body=bytes(data))
+    return bucket
+
+
+def test_repack_refuses_a_remote_shard_whose_bytes_differ_from_the_manifest(
+    s3, s3_pack, tmp_path, cache
+):
+    bucket = _damage(s3, s3_pack, "faces-00001.rec")
+    result = invoke("repack", s3_pack.url, tmp_path / "repacked" / "r", "-q")
+    assert result.exit_code == 1
+    assert f"s3://{bucket}/packs/faces-00001.rec: its 3" in result.output
+    assert "not used" in result.output
+    assert not (tmp_path / "repacked").exists()
+
+
+def test_repack_fetches_again_a_damaged_copy_that_verify_downloaded(s3, s3_pack, tmp_path, cache):
+    bucket = _damage(s3, s3_pack, "faces-00001.rec")
+    assert invoke("verify", s3_pack.url, "-q").exit_code == 1  # the damaged copy, kept
+    good = (s3_pack.folder / "faces-00001.rec").read_bytes()
+    s3.client().put_object(Bucket=bucket, Key="packs/faces-00001.rec", Body=good)
+    result = invoke("repack", s3_pack.url, tmp_path / "repacked" / "r", "--order", "source", "-q")
+    assert result.exit_code == 0, result.output
+    local = invoke("repack", s3_pack.local, tmp_path / "here" / "r", "--order", "source", "-q")
+    assert local.exit_code == 0, local.output
+    assert (tmp_path / "repacked" / "r.rec").read_bytes() == (
+        tmp_path / "here" / "r.rec"
+    ).read_bytes()

@@ -1,0 +1,140 @@
+"""`pack` and `repack` to s3:// upload each shard as soon as it is finished, while the next ones
+are written, and the manifest last: on the S3 server, which logs each object as it is stored
+(helpers/servers.py), the manifest is never there before every shard, and a run that fails
+after shard 1 leaves no manifest there. Faults are injected through the output door's hook."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from rectool.cli import cli
+from rectool.doors import output
+
+SHARD_FILES = [f"faces-0000{i}.{kind}" for i in range(4) for kind in ("rec", "idx", "rec.crc")]
+
+
+def invoke(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def bucket(s3, tmp_path, monkeypatch, request):
+    monkeypatch.setenv("RECTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    name = "up-" + format(abs(hash(request.node.nodeid)), "x")[:12]
+    s3.client().create_bucket(Bucket=name)
+    return name
+
+
+@pytest.fixture
+def at_shard_2():
+    """`arm(action)`: run `action()` when shard 2's first file is created (shards 0 and 1 are
+    finished then, 2 and 3 not yet written); return what it returned, in a list."""
+    seen = []
+
+    def arm(action):
+        def hook(step, path):
+            if step == "create" and path.endswith("-00002.rec.partial"):
+                seen.append(action())
+
+        output.set_fault_hook(hook)
+        return seen
+
+    yield arm
+    output.set_fault_hook(None)
+
+
+def pack(small_tree, url, *more):
+    return invoke("pack", small_tree.list_path, small_tree.root, url, "--shard-records", "3", *more)
+
+
+def staging_left(tmp_path):
+    staging = tmp_path / "cache" / "staging"
+    return sorted(p.name for p in staging.iterdir()) if staging.exists() else []
+
+
+def test_each_shard_is_uploaded_while_the_next_are_written_and_the_manifest_last(
+    s3, bucket, small_tree, at_shard_2
+):
+    def uploaded_so_far():
+        first = [s3.faults.wait_stored(n) for n in ("faces-00000.rec", "faces-00001.rec")]
+        return first, list(s3.faults.uploaded)
+
+    seen = at_shard_2(uploaded_so_far)
+    result = pack(small_tree, f"s3://{bucket}/p/faces", "-q")
+    assert result.exit_code == 0, result.output
+    [(first, then)] = seen
+    assert first == [True, True]  # on the server before shard 2 was begun
+    assert not [n for n in then if n.startswith(("faces-00002", "faces-00003"))]
+    assert "faces.manifest.json" not in then
+    log = s3.faults.uploaded
+    assert log[-1] == "faces.manifest.json" and log.count("faces.manifest.json") == 1
+    assert set(SHARD_FILES) <= set(log[:-1])  # every shard's files stored before the manifest
+
+
+def test_repack_to_s3_uploads_each_shard_before_the_next_is_written(
+    s3, bucket, small_pack, tmp_path, at_shard_2
+):
+    seen = at_shard_2(lambda: s3.faults.wait_stored("train-00001.idx"))
+    url = f"s3://{bucket}/r/train"
+    result = invoke("repack", small_pack.manifest, url, "--shard-records", "3", "-q")
+    assert result.exit_code == 0, result.output
+    assert seen == [True]
+    assert s3.faults.uploaded[-1] == "train.manifest.json"
+
+
+def test_an_upload_refused_after_shard_1_fails_the_pack_and_uploads_no_manifest(
+    s3, bucket, small_tree, tmp_path
+):
+    s3.faults.refused_puts.add("faces-00002.rec")
+    result = pack(small_tree, f"s3://{bucket}/p/faces")
+    assert result.exit_code == 1
+    assert f"s3://{bucket}/p/faces-00002.rec: access refused" in result.output
+    stored = s3.objects(bucket)
+    assert "p/faces.manifest.json" not in stored and "p/faces-00002.rec" not in stored
+    assert staging_left(tmp_path) == []
+
+
+def test_a_pack_that_fails_after_shard_1_uploads_no_manifest(
+    s3, bucket, small_tree, tmp_path, at_shard_2
+):
+    def full_disk():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "faces-00002.rec.partial")
+
+    at_shard_2(full_disk)
+    result = pack(small_tree, f"s3://{bucket}/p/faces")
+    assert result.exit_code == 1 and "No space left on device" in result.output
+    stored = s3.objects(bucket)
+    assert "p/faces.manifest.json" not in stored
+    assert not [k for k in stored if k.startswith(("p/faces-00002", "p/faces-00003"))]
+    assert staging_left(tmp_path) == []
+
+
+@pytest.mark.parametrize("url", ["https://host/packs/faces", "http://host/f", "ftp://host/f"])
+def test_an_out_prefix_rectool_cannot_write_is_refused_before_anything_is_packed(
+    small_tree, tmp_path, monkeypatch, url
+):
+    monkeypatch.setenv("RECTOOL_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.chdir(tmp_path)
+    seen = []
+    output.set_fault_hook(lambda step, path: seen.append(path))
+    try:
+        result = invoke("pack", small_tree.list_path, small_tree.root, url, "--json")
+    finally:
+        output.set_fault_hook(None)
+    scheme = url.split(":")[0]
+    assert result.exit_code == 2
+    assert f"OUT_PREFIX {url}: {scheme}:// is " in result.stdout
+    assert "write packs to a local folder or to object storage (s3://" in result.stdout
+    assert seen == []  # nothing written: no staging folder, no local folder named `ftp:`
+    assert not (tmp_path / "cache").exists() and not (tmp_path / f"{scheme}:").exists()
+
+
+def test_repack_to_https_is_refused_before_its_sources_are_read(tmp_path):
+    result = invoke("repack", tmp_path / "missing", "https://host/packs/train")
+    assert result.exit_code == 2
+    assert "OUT_PREFIX https://host/packs/train: https:// is read-only" in result.output
+    assert "missing" not in result.output
