@@ -46,6 +46,10 @@ class LazyGroup(RectoolGroup):
             self.add_command(getattr(module, f"{COMMANDS[cmd_name]}_command"))
         return self.commands.get(cmd_name)
 
+    def load_all(self) -> dict[str, click.Command]:
+        """Every command by name, each imported now (for tests and docs that walk them all)."""
+        return {name: self.get_command(None, name) for name in self.list_commands(None)}
+
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rectool")

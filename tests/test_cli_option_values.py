@@ -20,7 +20,7 @@ NUMERIC_TYPES = (click.types._NumberParamTypeBase, ByteSize, ImageSize)
 
 def _numeric_options():
     found = []
-    for name, command in sorted(cli.commands.items()):
+    for name, command in sorted(cli.load_all().items()):
         for param in command.params:
             if isinstance(param, click.Option) and isinstance(param.type, NUMERIC_TYPES):
                 found.append((name, param.opts[0]))
@@ -71,5 +71,5 @@ def test_the_reported_option_values_are_usage_errors(args):
 
 def test_a_seed_and_a_size_in_range_are_taken():
     assert ByteSize().convert("2GiB", None, None) == 2 * 1024**3
-    seed = next(p for p in cli.commands["repack"].params if p.name == "seed")
+    seed = next(p for p in cli.load_all()["repack"].params if p.name == "seed")
     assert seed.type.convert(str(2**64 - 1), None, None) == 2**64 - 1

@@ -160,9 +160,9 @@ def test_errors_without_json_go_to_stderr(world, command):
     assert result.stderr.startswith("Error: ")
 
 
-@pytest.mark.parametrize("name", sorted(cli.commands))
+@pytest.mark.parametrize("name", sorted(cli.load_all()))
 def test_every_command_keeps_the_convention_even_on_click_parse_errors(name):
-    command = cli.commands[name]
+    command = cli.load_all()[name]
     assert isinstance(command, RectoolCommand)
     assert "--json" in {opt for p in command.params for opt in p.opts}, f"{name} has no --json"
     for args in (["--json", "--no-such-option"], ["--json"]):
