@@ -17,13 +17,13 @@ PACKAGE = Path(__file__).resolve().parent.parent / "rectool"
 # (module, function) -> why that read may bypass the opener.
 ALLOWED = {
     ("reader.py", "open_regular"): "the opener itself",
-    ("output.py", "current_umask"): "/proc/self/status of this process, not user input",
-    ("output.py", "_fsync_folder"): "a folder opened to fsync it after a rename",
-    ("output.py", "_join"): "the output lock file, read for its holder's token",
-    ("output.py", "read_journal"): "the commit journal: O_NOFOLLOW, regular, bounded",
-    ("output.py", "__init__"): "OutputFolder's root folder descriptor (O_DIRECTORY)",
-    ("output.py", "_folder"): "OutputFolder's folders, opened O_NOFOLLOW | O_DIRECTORY",
-    ("output.py", "_same_file"): "unpack --resume compares a file it would write (O_NOFOLLOW)",
+    ("files.py", "current_umask"): "/proc/self/status of this process, not user input",
+    ("files.py", "fsync_folder"): "a folder opened to fsync it after a rename",
+    ("lock.py", "_join"): "the output lock file, read for its holder's token",
+    ("commit.py", "read_journal"): "the commit journal: O_NOFOLLOW, regular, bounded",
+    ("folder.py", "__init__"): "OutputFolder's root folder descriptor (O_DIRECTORY)",
+    ("folder.py", "_folder"): "OutputFolder's folders, opened O_NOFOLLOW | O_DIRECTORY",
+    ("folder.py", "_same_file"): "unpack --resume compares a file it would write (O_NOFOLLOW)",
     ("reader.py", "open"): "RecordFile maps the regular file `open_regular` opened",
     ("passthrough.py", "open"): "RootGuard.open, pack's image opener (one call per image, "
     "read with readv into the block): O_NOFOLLOW and the real path inside ROOT, checked by "

@@ -1,0 +1,78 @@
+"""What a user-named output may replace: never a pack's file, a folder or a link, and an
+existing file only with `overwrite`.
+
+Part of the door out: callers import these from `rectool.doors.output`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from ..errors import RectoolError
+from ..reader import JOURNAL_SUFFIX  # the reader refuses a prefix that has one
+from .lock import LOCK_SUFFIX
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+
+# Files that make up a pack, by how their names end (see manifest.py for where they come from).
+PACK_FILE_ENDINGS = (
+    ".rec",
+    ".idx",
+    ".idx.rtc",
+    ".rec.crc",
+    ".manifest.json",
+    ".failures.jsonl",
+    ".pack-state.json",
+    ".partial",
+    LOCK_SUFFIX,
+    JOURNAL_SUFFIX,
+)
+
+
+def pack_file_reason(path: str) -> str | None:
+    """Return why the existing file at `path` belongs to a pack (None when it does not).
+
+    A `.rec` or `.idx` with its other half beside it is a shard; any file that a manifest in
+    the same folder names, or that ends like a pack's files next to a manifest, is a pack's.
+    """
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        return None
+    folder, name = os.path.split(path)
+    stem, ext = os.path.splitext(path)
+    if ext in (".rec", ".idx") and os.path.exists(stem + (".idx" if ext == ".rec" else ".rec")):
+        return f"{name} is a shard of a pack ({os.path.basename(stem)}.rec/.idx)"
+    if name.endswith(PACK_FILE_ENDINGS):
+        try:
+            manifests = [n for n in os.listdir(folder or ".") if n.endswith(".manifest.json")]
+        except OSError:
+            manifests = []
+        for manifest in manifests[:64]:
+            base = manifest[: -len(".manifest.json")]
+            if name.startswith(base) and name.endswith(PACK_FILE_ENDINGS):
+                return f"{name} belongs to the pack {os.path.join(folder, base)}"
+    return None
+
+
+def check_target(path: StrPath, overwrite: bool = False, what: str = "output") -> str:
+    """Refuse to write the user-named `path` over what is there: a file without `overwrite`,
+    a pack's file, a folder or a link (never followed). Return the path."""
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        return path
+    if os.path.islink(path):
+        raise RectoolError(f"{path}: is a symlink; refusing to write the {what} through it")
+    if os.path.isdir(path):
+        raise RectoolError(f"{path}: is a folder; give a file name for the {what}")
+    reason = pack_file_reason(path)
+    if reason is not None:
+        raise RectoolError(
+            f"{path}: exists and {reason}; refusing to replace it with the {what} "
+            "(choose another name)"
+        )
+    if not overwrite:
+        raise RectoolError(f"{path}: exists; use --overwrite to replace it")
+    return path
