@@ -1,21 +1,54 @@
-"""The exceptions rectool raises: one base class, `RectoolError`.
+"""The exceptions rectool raises: one base class, `RectoolError`, and every error by name.
 
 The base and the format errors are defined in `rectool.reader` (which must stand alone when
-emitted) and re-exported here with the rest, so callers import every error from one place.
+emitted) and re-exported here. The errors of a concept that only its folder raises (a remote
+store's, a list file's, a pack's) are defined beside the code that raises them and reached
+here by name, imported on first use (so importing this module stays cheap and cycle-free):
+callers import every error from this one place. `tests/test_errors.py` fails when an error
+class is defined anywhere in the package without being reachable here.
 """
 
 from __future__ import annotations
 
-from .reader import IndexFormatError, InputError, RecordFormatError, RectoolError
+import importlib
+from typing import Any
+
+from .reader import (
+    ImageTooLargeError,
+    IndexFormatError,
+    InputError,
+    RecordFormatError,
+    RectoolError,
+    SampleIndexError,
+)
+
+# Error name -> the module (under rectool) that defines it.
+_ELSEWHERE = {
+    "CacheFullError": "remote.cache",
+    "ChecksumFileError": "format.checksums",
+    "DamagedRecordsError": "inspect.unpack",
+    "DigestMismatchError": "remote.cache",
+    "EmptyListError": "build.packing",
+    "ImageRefused": "build.images",
+    "ImageTooLarge": "build.images",
+    "ListFormatError": "build.listfile",
+    "NotFoundError": "remote.store",
+    "RemoteError": "remote.store",
+    "TransientError": "remote.store",
+    "WrongRootError": "build.packing",
+}
 
 __all__ = [
+    "ImageTooLargeError",
     "IndexFormatError",
     "InputError",
     "ListingError",
     "RecordFormatError",
     "RecordTooLargeError",
     "RectoolError",
+    "SampleIndexError",
     "UsageError",
+    *sorted(_ELSEWHERE),
 ]
 
 
@@ -30,3 +63,16 @@ class RecordTooLargeError(RectoolError):
 
 class UsageError(RectoolError):
     """Options or inputs that cannot work together; the CLI reports these as usage errors."""
+
+
+def __getattr__(name: str) -> Any:
+    """Import an error defined elsewhere in the package on first use (PEP 562)."""
+    if name not in _ELSEWHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__package__}.{_ELSEWHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_ELSEWHERE})
