@@ -7,8 +7,8 @@ of `cp` of the .rec and .idx, a seeded global shuffle within 3x, both from a war
 timed in turns with `cp`. The xxh3-128 of the .rec (the `xxhash` package, as the writer computes
 it) is timed in the same turns: the manifest carries that digest of the output. Unlike `cp`, a
 repack also fsyncs what it wrote before naming it (a crash leaves no half-written pack). Memory:
-the peak RSS of repacking a synthetic source of `--memory-records` small records (default
-1,000,000), written directly, with a shuffle.
+the peak RSS of repacking a synthetic source of `--memory-records` small valid JPEG records
+(default 1,000,000; `bench_scale.generate`), with a shuffle.
 
 Exits 1 when a limit is missed. `run()` returns the figures for run_all.py.
 """
@@ -18,15 +18,13 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).parent))
 
+from bench_scale import generate  # noqa: E402
 from common import CACHE, RECTOOL, best_in_turns, timed  # noqa: E402
 from tree import ensure_tree  # noqa: E402
 
@@ -73,30 +71,25 @@ def ensure_source(log=print):
 
 
 def synthetic_source(records, log=print):
-    """Write (once) a pack of `records` 100-byte records in 10-image identities; return it."""
-    prefix = WORK / f"synthetic-{records}"
-    if Path(f"{prefix}.idx").exists():
+    """Write (once) a pack of `records` valid 8x8 JPEG records (`bench_scale.generate`: 176
+    bytes a record, identities of ~21 images); return its prefix.
+
+    Valid images, since repack refuses what `pack` would refuse: a source of records that are
+    not images would time the refusals instead of the copy.
+    """
+    folder = WORK / f"synthetic-{records}"
+    prefix = folder / "scale"
+    if Path(f"{prefix}.idx.rtc").exists():
         return prefix
     log(f"writing {records:,} synthetic records to {prefix}.rec ...")
-    WORK.mkdir(parents=True, exist_ok=True)
-    body = 100
-    payload = 24 + body
-    words = (8 + payload) // 4
-    data = np.zeros((records, words), "<u4")
-    data[:, 0] = 0xCED7230A
-    data[:, 1] = payload
-    data[:, 3] = (np.arange(records) // 10).astype("<f4").view("<u4")
-    keys = np.arange(records, dtype=np.uint64)
-    data[:, 4] = (keys & 0xFFFFFFFF).astype(np.uint32)
-    data[:, 8:] = np.arange(records, dtype=np.uint32)[:, None] * 2654435761 % 251  # image bytes
-    data.tofile(f"{prefix}.rec.tmp")
-    offsets = np.arange(records, dtype=np.int64) * words * 4
-    with open(f"{prefix}.idx.tmp", "w") as f:
-        f.write("".join(f"{k}\t{o}\n" for k, o in zip(range(records), offsets.tolist())))
-    Path(f"{prefix}.rec.tmp").rename(f"{prefix}.rec")
-    Path(f"{prefix}.idx.tmp").rename(f"{prefix}.idx")
-    assert struct.calcsize("<IfQQ") == 24
-    return prefix
+    shutil.rmtree(folder, ignore_errors=True)
+    return generate(folder, records, log=log)
+
+
+def _records_written(prefix):
+    """Return the number of records the manifest of a finished repack names."""
+    with open(f"{prefix}.manifest.json", encoding="utf-8") as f:
+        return sum(shard["records"] for shard in json.load(f)["shards"])
 
 
 def run(repeats=3, memory_records=MEMORY_RECORDS, log=print):
@@ -135,6 +128,9 @@ def run(repeats=3, memory_records=MEMORY_RECORDS, log=print):
     memory_s, peak_mib = timed(
         [*RECTOOL, "repack", str(synthetic), str(memory_out / "r"), "-q", "--order", "shuffle"]
     )
+    written = _records_written(memory_out / "r")
+    if written != memory_records:  # a run that refused records did not time the copy
+        raise RuntimeError(f"the memory repack wrote {written:,} of {memory_records:,} records")
     shutil.rmtree(memory_out, ignore_errors=True)
     shutil.rmtree(out, ignore_errors=True)
     result = {
