@@ -91,3 +91,42 @@ def test_the_command_line_starts_numpy_with_one_blas_thread_unless_told_otherwis
     assert subprocess.run(run, env=env, capture_output=True, text=True).stdout.strip() == "1"
     told = {**env, "OPENBLAS_NUM_THREADS": "2"}
     assert subprocess.run(run, env=told, capture_output=True, text=True).stdout.strip() == "2"
+
+
+# Modules only a remote pack needs: the download and dataset code, HTTP and TLS.
+REMOTE_ONLY = (
+    "rectool.remote.cache",
+    "rectool.remote.dataset",
+    "rectool.remote.fetch",
+    "rectool.remote.order",
+    "rectool.training",
+    "http.client",
+    "urllib.request",
+    "ssl",
+)
+
+
+def _imported_by(args, cwd):
+    probe = (
+        "import atexit, runpy, sys\n"
+        f"atexit.register(lambda: print(sorted(m for m in sys.modules if m in {REMOTE_ONLY!r}),"
+        " file=sys.stderr))\n"
+        f"sys.argv = ['rectool', *{list(map(str, args))!r}]\n"
+        "runpy.run_module('rectool', run_name='__main__')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(cli_module.__file__).parent.parent)}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=cwd, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stderr.strip().splitlines()[-1]
+
+
+def test_pack_and_repack_of_local_paths_import_no_remote_code(small_tree, small_pack, tmp_path):
+    # Start-up counts against cp and tar (issue 22): a local pack or repack asks `is_url` and
+    # goes no further into the remote folder (~15 ms of imports: the dataset code, the
+    # emitted training module, http.client, urllib.request, ssl).
+    pack = ["pack", small_tree.list_path, small_tree.root, tmp_path / "p" / "faces", "-q"]
+    assert _imported_by(pack, tmp_path) == "[]"
+    repack = ["repack", small_pack.manifest, tmp_path / "r" / "faces", "-q"]
+    assert _imported_by(repack, tmp_path) == "[]"

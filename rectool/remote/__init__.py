@@ -3,10 +3,26 @@ local shard cache; packs written to object storage. docs/remote.md says how."""
 
 from __future__ import annotations
 
-from .cache import DigestMismatchError, ShardCache
-from .dataset import RemoteDataset, default_cache_dir, open_remote
-from .order import StreamingSampler, block_order
-from .store import NotFoundError, RemoteError, Retry, is_url, open_store, safe_url
+import importlib
+from typing import Any
+
+# Name -> the module of this folder that defines it, imported on first use (PEP 562): a
+# command that only asks `is_url` of a local path imports none of the download machinery.
+_EXPORTS = {
+    "DigestMismatchError": "cache",
+    "ShardCache": "cache",
+    "RemoteDataset": "dataset",
+    "default_cache_dir": "dataset",
+    "open_remote": "dataset",
+    "StreamingSampler": "order",
+    "block_order": "order",
+    "NotFoundError": "store",
+    "RemoteError": "store",
+    "Retry": "store",
+    "is_url": "store",
+    "open_store": "store",
+    "safe_url": "store",
+}
 
 __all__ = [
     "DigestMismatchError",
@@ -23,3 +39,15 @@ __all__ = [
     "open_store",
     "safe_url",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})

@@ -18,8 +18,6 @@ import xxhash
 from ..doors.output import make_folders, remove, write_atomic
 from ..format.digest import DIGEST_NAMES, SHA256, XXH3_128, digests_of, field_name, file_hexdigest
 from ..reader import MANIFEST_SUFFIX, read_manifest
-from .cache import CachedObject, DigestMismatchError, ShardCache
-from .dataset import default_cache_dir
 from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
 
 
@@ -30,6 +28,10 @@ def local_copy(url, cache_dir=None, retry=None, threads=8, check=False):
     checked against it, downloaded or already there, and a mismatch is refused
     (`DigestMismatchError`, naming the URL): for commands that write what they read.
     """
+    # Here, not at the top: `local_source` of a local path needs none of the download code.
+    from .cache import CachedObject, DigestMismatchError, ShardCache
+    from .dataset import default_cache_dir
+
     folder_url, name = split_url(url)
     if not name.endswith(MANIFEST_SUFFIX):
         raise RemoteError(

@@ -16,14 +16,11 @@ string; `scrub` removes the values of credential variables from a library's mess
 
 from __future__ import annotations
 
-import http.client
 import os
 import random
 import re
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 
 from ..errors import RectoolError
 
@@ -149,6 +146,10 @@ class HttpStore:
         return f"{safe_url(self.url)}/{name}"
 
     def _open(self, name, start):
+        import http.client  # here, not at the top: only an https:// pack needs them
+        import urllib.error
+        import urllib.request
+
         headers = {"Range": f"bytes={start}-"} if start else {}
         request = urllib.request.Request(f"{self.url}/{urllib.parse.quote(name)}", headers=headers)
         try:
@@ -166,6 +167,8 @@ class HttpStore:
 
     def stream(self, name, start=0):
         """Yield the bytes of object `name` from byte `start`."""
+        from http.client import HTTPException
+
         response = self._open(name, start)
         with response:
             skip = start if start and response.status != 206 else 0  # a server without ranges
@@ -175,7 +178,7 @@ class HttpStore:
                         chunk, skip = chunk[skip:], max(0, skip - len(chunk))
                     if chunk:
                         yield chunk
-            except (TimeoutError, OSError, http.client.HTTPException) as exc:
+            except (TimeoutError, OSError, HTTPException) as exc:
                 raise TransientError(f"connection lost ({type(exc).__name__}: {exc})") from None
 
     def read(self, name):

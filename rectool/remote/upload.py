@@ -26,7 +26,6 @@ from typing import NamedTuple
 from ..doors.output import make_folders, remove_tree
 from ..errors import UsageError
 from ..reader import MANIFEST_SUFFIX, read_manifest
-from .dataset import default_cache_dir
 from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
 
 UPLOAD_THREADS = 4  # files uploaded at once
@@ -138,6 +137,8 @@ def staged_pack(url_prefix, staging=None, retry=None):
     """Yield the `Output` to pack `url_prefix` through: a prefix in a staging folder (under
     `staging`, default the cache folder), whose shards are uploaded as they are finished; on
     success the rest and the manifest are uploaded. The staging folder is removed either way."""
+    from .dataset import default_cache_dir  # here: a local OUT_PREFIX needs no dataset code
+
     uploader = ShardUploader(url_prefix, retry)
     parent = os.path.join(staging or default_cache_dir(), "staging")
     folder = os.path.join(parent, f"{uploader.name}-{os.getpid()}-{os.urandom(4).hex()}")
