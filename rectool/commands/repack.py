@@ -208,7 +208,7 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     update, seen = remember_progress(update)
     replaces = overwrite and has_output(prefix)
     try:
-        with output_prefix(prefix) as out:  # a URL: staged, uploaded shard by shard
+        with output_prefix(prefix, overwrite) as out:  # a URL: staged, uploaded shard by shard
             result = repack(
                 sources, out.prefix, repack_options, resume=resume, overwrite=overwrite,
                 progress=update, on_shard_finished=out.on_shard_finished,

@@ -64,6 +64,18 @@ class ShardUploader:
         self._uploads = []  # futures, in submission order
         self.uploaded = set()  # names of the objects submitted
 
+    def refuse_existing(self, overwrite):
+        """Refuse (`RemoteError`) to pack over a pack already at the URL (its manifest is
+        there) unless `overwrite`, as a local OUT_PREFIX is refused; call before packing."""
+        manifest = self.name + MANIFEST_SUFFIX
+        url = self.store.object_url(manifest)
+        if overwrite or not self.retry.call(lambda: self.store.exists(manifest), url):
+            return
+        raise RemoteError(
+            f"{safe_url(self.url_prefix)}: a complete pack is already here ({url}); use "
+            "--overwrite to replace it"
+        )
+
     def shard_finished(self, info, paths):
         """Start uploading the files of a finished shard (`ShardWriter`'s `on_shard_finished`);
         raise the error of an earlier upload that failed, which ends the pack."""
@@ -134,11 +146,17 @@ class Output(NamedTuple):
 
 
 @contextlib.contextmanager
-def staged_pack(url_prefix, staging=None, retry=None):
+def staged_pack(url_prefix, overwrite=False, staging=None, retry=None):
     """Yield the `Output` to pack `url_prefix` through: a prefix in a staging folder (under
     `staging`, default the cache folder), whose shards are uploaded as they are finished; on
-    success the rest and the manifest are uploaded. The staging folder is removed either way."""
+    success the rest and the manifest are uploaded. The staging folder is removed either way.
+    A pack already at `url_prefix` is refused before anything is staged, unless `overwrite`."""
     uploader = ShardUploader(url_prefix, retry)
+    try:
+        uploader.refuse_existing(overwrite)
+    except BaseException:
+        uploader.close()
+        raise
     parent = os.path.join(staging or default_cache_dir(), "staging")
     folder = os.path.join(parent, f"{uploader.name}-{os.getpid()}-{os.urandom(4).hex()}")
     try:
@@ -152,11 +170,14 @@ def staged_pack(url_prefix, staging=None, retry=None):
         remove_tree(folder)
 
 
-def output_prefix(prefix):
+def output_prefix(prefix, overwrite=False):
     """Return a context yielding the `Output` to pack `prefix` through: itself, or a staging
-    folder uploaded shard by shard when `prefix` is a URL (`staged_pack`)."""
+    folder uploaded shard by shard when `prefix` is a URL (`staged_pack`: a pack already
+    there is refused on entering, unless `overwrite`)."""
     check_output_prefix(prefix)
-    return staged_pack(prefix) if is_url(prefix) else contextlib.nullcontext(Output(prefix))
+    if is_url(prefix):
+        return staged_pack(prefix, overwrite)
+    return contextlib.nullcontext(Output(prefix))
 
 
 def named_at(result, local_prefix, prefix):
