@@ -175,3 +175,30 @@ def test_repack_to_a_url_that_holds_a_pack_needs_overwrite(s3, bucket, small_pac
     assert s3.faults.uploaded == []
     assert invoke(*args, "--overwrite").exit_code == 0
     assert s3.faults.uploaded[-1] == "train.manifest.json"
+
+
+def test_a_pack_refused_after_shard_1_deletes_every_object_it_had_uploaded(
+    s3, bucket, small_tree, tmp_path
+):
+    s3.faults.refused_puts.add("faces-00002.rec")
+    result = pack(small_tree, f"s3://{bucket}/p/faces")
+    assert result.exit_code == 1
+    assert {"faces-00000.rec", "faces-00001.rec"} <= set(s3.faults.uploaded)  # were there
+    assert s3.objects(bucket, "p/") == {}
+    assert staging_left(tmp_path) == []
+
+
+def test_a_failed_overwrite_deletes_only_what_the_old_pack_did_not_hold(
+    s3, bucket, small_tree, tmp_path
+):
+    url = f"s3://{bucket}/p/faces"
+    assert pack(small_tree, url, "-q", "--shard-records", "6").exit_code == 0  # 2 shards
+    old = s3.objects(bucket, "p/")
+    s3.faults.reset()
+    s3.faults.refused_puts.add("faces-00003.rec")  # the 4th of 4 shards of 3
+    result = pack(small_tree, url, "--overwrite")
+    assert result.exit_code == 1
+    assert "faces-00002.rec" in s3.faults.uploaded  # a name the old pack did not have
+    left = s3.objects(bucket, "p/")
+    assert sorted(left) == sorted(old)  # every object the old manifest names is still there
+    assert left["p/faces.manifest.json"] == old["p/faces.manifest.json"]
