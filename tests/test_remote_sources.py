@@ -88,3 +88,13 @@ def test_repack_fetches_again_a_damaged_copy_that_verify_downloaded(s3, s3_pack,
     assert (tmp_path / "repacked" / "r.rec").read_bytes() == (
         tmp_path / "here" / "r.rec"
     ).read_bytes()
+
+
+def test_the_report_page_of_a_url_names_the_url_not_the_cache_copy(remote_pack, tmp_path, cache):
+    result = invoke("report", remote_pack.url, "-o", tmp_path / "page.html", "--verify")
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "page.html").read_text()
+    folder = remote_pack.url.rsplit("/", 1)[0]
+    assert f"<code>{remote_pack.url}</code>" in page  # the target, and its manifest
+    assert f"<code>{folder}/faces.failures.jsonl</code>" in page
+    assert str(cache) not in page
