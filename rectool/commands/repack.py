@@ -128,8 +128,9 @@ from .progress import progress_bar, remember_progress
     "--drop-overlap",
     metavar="TARGET",
     multiple=True,
-    help="Remove images byte-identical to any image of TARGET: a dataset, or an insightface "
-    "verification set such as lfw.bin (read without running the pickle). Repeatable.",
+    help="Remove images byte-identical to any image of TARGET: a dataset (or its manifest's "
+    "URL), or an insightface verification set such as lfw.bin (read without running the "
+    "pickle). Repeatable.",
 )
 @transform_options
 @workers_option("Worker threads re-encoding images.")
