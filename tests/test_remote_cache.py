@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import multiprocessing
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -273,3 +274,22 @@ def test_a_child_forked_during_a_download_does_not_keep_its_lock(tmp_path):
     finally:
         os.write(write_end, b"x")
         os.waitpid(child, 0)
+
+
+def test_a_mirror_copy_counts_against_the_limit_and_is_evicted_whole_once_let_go(
+    objects, http_pack, tmp_path
+):
+    from rectool.remote.mirror import local_copy, release_copy
+
+    objs, make, _ = objects
+    copy = local_copy(http_pack.url, str(tmp_path / "cache"), Retry(sleep=no_wait))
+    folder = os.path.dirname(copy)
+    copy_bytes = sum(p.stat().st_size for p in Path(folder).iterdir())
+    cache = make(limit=SHARD_BYTES)
+    assert cache.usage()[0] == copy_bytes  # counted, though no shard is cached yet
+    cache.pin(objs[0]).release()  # no room, but the copy is in use: kept, the limit passed
+    assert os.path.exists(copy) and present(objs)[0]
+    release_copy(copy)
+    cache.pin(objs[1]).release()  # room made: shard 0, then the copy, are evicted
+    assert not os.path.exists(folder) and present(objs)[:2] == [False, True]
+    assert cache.usage()[0] == objs[1].size

@@ -88,3 +88,27 @@ def test_repack_fetches_again_a_damaged_copy_that_verify_downloaded(s3, s3_pack,
     assert (tmp_path / "repacked" / "r.rec").read_bytes() == (
         tmp_path / "here" / "r.rec"
     ).read_bytes()
+
+
+def test_the_report_page_of_a_url_names_the_url_not_the_cache_copy(remote_pack, tmp_path, cache):
+    result = invoke("report", remote_pack.url, "-o", tmp_path / "page.html", "--verify")
+    assert result.exit_code == 0, result.output
+    page = (tmp_path / "page.html").read_text()
+    folder = remote_pack.url.rsplit("/", 1)[0]
+    assert f"<code>{remote_pack.url}</code>" in page  # the target, and its manifest
+    assert f"<code>{folder}/faces.failures.jsonl</code>" in page
+    assert str(cache) not in page
+
+
+def test_drop_overlap_takes_the_url_of_a_pack_as_its_local_pack(remote_pack, tmp_path, cache):
+    from helpers.rec_files import make_pack
+
+    source = make_pack(tmp_path / "src", shard_records=5).manifest  # the same 12 images
+    runs = [
+        invoke("repack", source, tmp_path / out / "train", "--drop-overlap", target, "--json")
+        for out, target in (("a", remote_pack.url), ("b", remote_pack.local))
+    ]
+    assert [r.exit_code for r in runs] == [0, 0], runs[0].output
+    remote, local = (json.loads(r.stdout) for r in runs)
+    assert remote["removed"] == local["removed"] == {"duplicate": 0, "overlap": 12}
+    assert remote["steps"][f"overlap:{remote_pack.url}"] == 12  # named by its URL

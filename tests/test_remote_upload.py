@@ -138,3 +138,67 @@ def test_repack_to_https_is_refused_before_its_sources_are_read(tmp_path):
     assert result.exit_code == 2
     assert "OUT_PREFIX https://host/packs/train: https:// is read-only" in result.output
     assert "missing" not in result.output
+
+
+def test_a_pack_already_at_the_url_is_refused_without_overwrite_before_anything_is_packed(
+    s3, bucket, small_tree, tmp_path
+):
+    url = f"s3://{bucket}/p/faces"
+    assert pack(small_tree, url, "-q").exit_code == 0
+    before = s3.objects(bucket)
+    s3.faults.reset()
+    seen = []
+    output.set_fault_hook(lambda step, path: seen.append(path))
+    try:
+        result = pack(small_tree, url)
+    finally:
+        output.set_fault_hook(None)
+    assert result.exit_code == 1
+    assert (
+        f"Error: {url}: a complete pack is already here ({url}.manifest.json); use --overwrite "
+        "to replace it" in result.output
+    )
+    assert seen == [] and s3.faults.uploaded == [] and staging_left(tmp_path) == []
+    assert s3.objects(bucket) == before
+    assert pack(small_tree, url, "-q", "--overwrite").exit_code == 0
+    assert s3.faults.uploaded[-1] == "faces.manifest.json"
+
+
+def test_repack_to_a_url_that_holds_a_pack_needs_overwrite(s3, bucket, small_pack, tmp_path):
+    url = f"s3://{bucket}/r/train"
+    args = ["repack", small_pack.manifest, url, "--shard-records", "3", "-q"]
+    assert invoke(*args).exit_code == 0
+    s3.faults.reset()
+    result = invoke(*args)
+    assert result.exit_code == 1
+    assert f"{url}: a complete pack is already here ({url}.manifest.json)" in result.output
+    assert s3.faults.uploaded == []
+    assert invoke(*args, "--overwrite").exit_code == 0
+    assert s3.faults.uploaded[-1] == "train.manifest.json"
+
+
+def test_a_pack_refused_after_shard_1_deletes_every_object_it_had_uploaded(
+    s3, bucket, small_tree, tmp_path
+):
+    s3.faults.refused_puts.add("faces-00002.rec")
+    result = pack(small_tree, f"s3://{bucket}/p/faces")
+    assert result.exit_code == 1
+    assert {"faces-00000.rec", "faces-00001.rec"} <= set(s3.faults.uploaded)  # were there
+    assert s3.objects(bucket, "p/") == {}
+    assert staging_left(tmp_path) == []
+
+
+def test_a_failed_overwrite_deletes_only_what_the_old_pack_did_not_hold(
+    s3, bucket, small_tree, tmp_path
+):
+    url = f"s3://{bucket}/p/faces"
+    assert pack(small_tree, url, "-q", "--shard-records", "6").exit_code == 0  # 2 shards
+    old = s3.objects(bucket, "p/")
+    s3.faults.reset()
+    s3.faults.refused_puts.add("faces-00003.rec")  # the 4th of 4 shards of 3
+    result = pack(small_tree, url, "--overwrite")
+    assert result.exit_code == 1
+    assert "faces-00002.rec" in s3.faults.uploaded  # a name the old pack did not have
+    left = s3.objects(bucket, "p/")
+    assert sorted(left) == sorted(old)  # every object the old manifest names is still there
+    assert left["p/faces.manifest.json"] == old["p/faces.manifest.json"]

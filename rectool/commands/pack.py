@@ -248,7 +248,7 @@ def pack_command(
                 overwrite=overwrite, label_map=label_map, progress=update,
             )  # fmt: skip
         else:
-            with output_prefix(prefix) as out:  # a URL: staged, uploaded shard by shard
+            with output_prefix(prefix, overwrite) as out:  # a URL: staged, uploaded shard by shard
                 result = pack_images(
                     list_file, root, out.prefix, options, resume=resume, overwrite=overwrite,
                     label_map=label_map, progress=update, allow_empty=allow_empty,

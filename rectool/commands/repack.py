@@ -128,8 +128,9 @@ from .progress import progress_bar, remember_progress
     "--drop-overlap",
     metavar="TARGET",
     multiple=True,
-    help="Remove images byte-identical to any image of TARGET: a dataset, or an insightface "
-    "verification set such as lfw.bin (read without running the pickle). Repeatable.",
+    help="Remove images byte-identical to any image of TARGET: a dataset (or its manifest's "
+    "URL), or an insightface verification set such as lfw.bin (read without running the "
+    "pickle). Repeatable.",
 )
 @transform_options
 @workers_option("Worker threads re-encoding images.")
@@ -208,7 +209,7 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     update, seen = remember_progress(update)
     replaces = overwrite and has_output(prefix)
     try:
-        with output_prefix(prefix) as out:  # a URL: staged, uploaded shard by shard
+        with output_prefix(prefix, overwrite) as out:  # a URL: staged, uploaded shard by shard
             result = repack(
                 sources, out.prefix, repack_options, resume=resume, overwrite=overwrite,
                 progress=update, on_shard_finished=out.on_shard_finished,

@@ -23,6 +23,10 @@
   Every file of the cache's packs counts against the limit (shards, indexes, checksum files,
   manifests, kept labels, downloads under way); only `.rec` shards are evicted, the small
   files that describe a pack stay.
+- **Copies too.** The whole copies of `mirror/KEY/` (`mirror.py`) count against the limit as
+  well, and are evicted whole, least recently used first among the shards, each dated and
+  held by its `mirror/KEY.lock` as a shard by its lock: a copy a command reads is never
+  evicted.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from ..doors.output import (
     make_folders,
     open_lock_file,
     remove,
+    remove_tree,
     rename,
     set_mtime,
     stage_file,
@@ -94,6 +99,17 @@ class Pin:
                 set_mtime(self.path, self._clock())
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def _folder_bytes(folder):
+    total = 0
+    for root, _, names in os.walk(folder):
+        for name in names:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except FileNotFoundError:  # removed meanwhile
+                continue
+    return total
 
 
 class ShardCache:
@@ -178,9 +194,10 @@ class ShardCache:
         self.downloads += 1
 
     def usage(self):
-        """Return (bytes of every file of the cache's packs, [(mtime_ns, path, size)] of the
-        `.rec` shards, which eviction may remove)."""
-        total, shards = 0, []
+        """Return (bytes of every file of the cache's packs and copies, [(mtime_ns, path,
+        size)] of what eviction may remove: the `.rec` shards, and each `mirror/` copy whole,
+        dated by its lock file)."""
+        total, shards = self._copies_usage()
         packs = os.path.join(self.folder, "packs")
         for pack in os.scandir(packs) if os.path.isdir(packs) else ():
             if not pack.is_dir(follow_symlinks=False):
@@ -196,6 +213,21 @@ class ShardCache:
                 if entry.name.endswith(".rec"):
                     shards.append((st.st_mtime_ns, entry.path, st.st_size))
         return total, shards
+
+    def _copies_usage(self):
+        total, copies = 0, []
+        mirror = os.path.join(self.folder, "mirror")
+        for copy in os.scandir(mirror) if os.path.isdir(mirror) else ():
+            if not copy.is_dir(follow_symlinks=False):
+                continue
+            size = _folder_bytes(copy.path)
+            try:
+                dated = os.stat(copy.path + LOCK_SUFFIX).st_mtime_ns
+            except FileNotFoundError:  # a copy made before copies were locked: oldest
+                dated = 0
+            total += size
+            copies.append((dated, copy.path, size))
+        return total, copies
 
     def _make_room(self, size):
         """Evict shards used least recently, and not held, until `size` more bytes fit;
@@ -216,7 +248,8 @@ class ShardCache:
             _unlock(lock)
 
     def _evict(self, path):
-        """Remove the shard at `path` unless someone holds it; return whether it was removed."""
+        """Remove the shard (or copy) at `path` unless someone holds it (its `PATH.lock`);
+        return whether it was removed."""
         fd = open_lock_file(path + LOCK_SUFFIX)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -224,7 +257,11 @@ class ShardCache:
             os.close(fd)
             return False
         try:
-            removed = remove(path)
+            if os.path.isdir(path):  # a whole copy of mirror/
+                remove_tree(path)
+                removed = True
+            else:
+                removed = remove(path)
         finally:
             _unlock(fd)
         self.evictions += removed

@@ -6,16 +6,23 @@ the commands run on that folder as on any local pack. `verify` must see a damage
 report it, so the copy takes the bytes as they are; `repack`, which must not copy damaged
 bytes into a new pack, asks for them checked against the manifest's digests (`check`). The
 shard cache, which takes only checked shards, is never filled from here.
+
+A copy counts against a shard cache's `cache_limit` and may be evicted whole (`cache.py`),
+but never while it is in use: `local_copy` holds `mirror/KEY.lock` shared, and dates it, from
+before it writes the copy until `release_copy` or the end of the process (a command uses
+its copy until it exits).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import xxhash
 
-from ..doors.output import make_folders, remove, write_atomic
+from ..doors.output import make_folders, open_lock_file, remove, set_mtime, write_atomic
 from ..format.digest import DIGEST_NAMES, SHA256, XXH3_128, digests_of, field_name, file_hexdigest
 from ..reader import MANIFEST_SUFFIX, read_manifest
 from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
@@ -41,7 +48,10 @@ def local_copy(url, cache_dir=None, retry=None, threads=8, check=False):
     data = retry.call(lambda: store.read(name), safe_url(url))
     cache = ShardCache(cache_dir or default_cache_dir(), None, retry=retry)
     key = xxhash.xxh3_64_hexdigest(safe_url(url).encode() + b"\0" + data)
-    folder = os.path.join(cache.folder, "mirror", key)
+    mirror = os.path.join(cache.folder, "mirror")
+    make_folders(mirror)
+    folder = os.path.join(mirror, key)
+    _hold(folder)  # first: an evictor never removes the folder this is writing
     make_folders(folder)
     local = os.path.join(folder, name)
     write_atomic(local, data)
@@ -83,6 +93,33 @@ def local_copy(url, cache_dir=None, retry=None, threads=8, check=False):
     with ThreadPoolExecutor(threads) as pool:
         list(pool.map(fetch, wanted))
     return local
+
+
+_held: dict[str, int] = {}  # copy folder -> the descriptor of its lock, held shared
+
+
+def _hold(folder):
+    """Hold the copy at `folder` (its lock shared) and date its use, for the cache's LRU."""
+    from .cache import LOCK_SUFFIX  # here: see local_copy
+
+    lock = folder + LOCK_SUFFIX
+    if folder not in _held:
+        fd = open_lock_file(lock)
+        fcntl.flock(fd, fcntl.LOCK_SH)  # only an evictor's brief hold can delay this
+        _held[folder] = fd
+    set_mtime(lock, time.time_ns())
+
+
+def release_copy(local_manifest):
+    """Let go of the copy `local_copy` returned `local_manifest` of: evictable from now."""
+    folder = os.path.dirname(os.fspath(local_manifest))
+    fd = _held.pop(folder, None)
+    if fd is not None:
+        from .cache import LOCK_SUFFIX  # here: see local_copy
+
+        set_mtime(folder + LOCK_SUFFIX, time.time_ns())
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def _digest(shard, kind):

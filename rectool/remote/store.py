@@ -257,6 +257,50 @@ class ObjectStore:
             return run_elsewhere(self.read, name)
         return b"".join(bytes(chunk) for chunk in self.stream(name))
 
+    def exists(self, name):
+        """Return whether object `name` is there (one try; see `Retry.call`)."""
+        import obstore
+
+        if obstore_forked():
+            from .fetch import run_elsewhere
+
+            return run_elsewhere(self.exists, name)
+        try:
+            obstore.head(self.store(), name)
+        except Exception as exc:
+            error = _translated(exc, self.object_url(name))
+            if isinstance(error, NotFoundError):
+                return False
+            raise error from None
+        return True
+
+    def names(self):
+        """Return the names of the objects directly in this folder (one try)."""
+        import obstore
+
+        if obstore_forked():
+            from .fetch import run_elsewhere
+
+            return run_elsewhere(self.names)
+        try:
+            listing = obstore.list_with_delimiter(self.store())
+        except Exception as exc:
+            raise _translated(exc, safe_url(self.url)) from None
+        return [meta["path"].rsplit("/", 1)[-1] for meta in listing["objects"]]
+
+    def delete(self, names):
+        """Delete the objects `names` (those not there are no error; one try)."""
+        import obstore
+
+        if obstore_forked():
+            from .fetch import run_elsewhere
+
+            return run_elsewhere(self.delete, names)
+        try:
+            obstore.delete(self.store(), list(names))
+        except Exception as exc:
+            raise _translated(exc, safe_url(self.url)) from None
+
     def put(self, name, path):
         """Upload the local file `path` as object `name` (multipart for large files)."""
         import obstore

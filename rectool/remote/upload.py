@@ -9,9 +9,14 @@ as soon as it is finished, the manifest last.
 A reader opens a pack by its manifest, so uploading the manifest last means no reader ever
 sees a half-written pack at the URL: until then there is no pack there (or the old one, whose
 manifest still names only old shards' digests: a new shard of the same name is refused by its
-digest, never read as the old). A run that fails or is interrupted uploads no manifest; the
-shards it had uploaded stay, named by no manifest. The staging folder needs the pack's size in
-local disk (`RECTOOL_CACHE_DIR`'s file system; docs/remote.md).
+digest, never read as the old). A run that fails or is interrupted uploads no manifest, and
+deletes the objects it had uploaded (`ShardUploader.remove_uploaded`), but those of a pack it
+was replacing (`--overwrite`): deleting one would leave the old manifest naming a missing
+shard, where keeping it leaves one refused by its digest. A run killed outright (SIGKILL, a
+lost machine) deletes nothing: its shards stay, named by no manifest (over an old pack: the
+old manifest, some of its shards replaced), until the next run to that URL replaces them.
+The staging folder needs the pack's size in local disk (`RECTOOL_CACHE_DIR`'s file system;
+docs/remote.md).
 """
 
 from __future__ import annotations
@@ -21,10 +26,11 @@ import dataclasses
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from typing import NamedTuple
 
 from ..doors.output import make_folders, remove_tree
-from ..errors import UsageError
+from ..errors import RectoolError, UsageError
 from ..reader import MANIFEST_SUFFIX, read_manifest
 from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
 
@@ -62,6 +68,40 @@ class ShardUploader:
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="rectool-upload")
         self._uploads = []  # futures, in submission order
         self.uploaded = set()  # names of the objects submitted
+        self.kept = frozenset()  # names of the pack replaced (--overwrite): never deleted
+        self._started = set()  # names whose upload began: those a cleanup may delete
+
+    def refuse_existing(self, overwrite):
+        """Refuse (`RemoteError`) to pack over a pack already at the URL (its manifest is
+        there) unless `overwrite`, as a local OUT_PREFIX is refused; call before packing.
+        With `overwrite`, note the old pack's objects: `remove_uploaded` never deletes them."""
+        manifest = self.name + MANIFEST_SUFFIX
+        url = self.store.object_url(manifest)
+        if not self.retry.call(lambda: self.store.exists(manifest), url):
+            return
+        if not overwrite:
+            raise RemoteError(
+                f"{safe_url(self.url_prefix)}: a complete pack is already here ({url}); use "
+                "--overwrite to replace it"
+            )
+        names = self.retry.call(self.store.names, safe_url(self.store.url))
+        self.kept = frozenset(n for n in names if n.startswith(self.name))
+
+    def remove_uploaded(self):
+        """Delete the objects this run began to upload (after a failure, once `close`d) but
+        those of the pack it was replacing (`kept`), whose manifest would then name missing
+        shards; return their names. Once the manifest was sent over an old pack's, nothing is
+        deleted: the manifest there may be the new one, naming them."""
+        manifest = self.name + MANIFEST_SUFFIX
+        sent = manifest in self._started
+        if sent and manifest in self.kept:
+            return []
+        first = [manifest] if sent else []  # gone first: no manifest names a missing shard
+        rest = sorted(self._started - self.kept - {manifest})
+        for names in (first, rest):
+            if names:
+                self.retry.call(partial(self.store.delete, names), safe_url(self.url_prefix))
+        return first + rest
 
     def shard_finished(self, info, paths):
         """Start uploading the files of a finished shard (`ShardWriter`'s `on_shard_finished`);
@@ -78,6 +118,7 @@ class ShardUploader:
         self._uploads.append(self._pool.submit(self._put, name, path))
 
     def _put(self, name, path):
+        self._started.add(name)
         self.retry.call(lambda: self.store.put(name, path), self.store.object_url(name))
 
     def wait(self):
@@ -133,13 +174,19 @@ class Output(NamedTuple):
 
 
 @contextlib.contextmanager
-def staged_pack(url_prefix, staging=None, retry=None):
+def staged_pack(url_prefix, overwrite=False, staging=None, retry=None):
     """Yield the `Output` to pack `url_prefix` through: a prefix in a staging folder (under
     `staging`, default the cache folder), whose shards are uploaded as they are finished; on
-    success the rest and the manifest are uploaded. The staging folder is removed either way."""
+    success the rest and the manifest are uploaded. The staging folder is removed either way.
+    A pack already at `url_prefix` is refused before anything is staged, unless `overwrite`."""
     from .dataset import default_cache_dir  # here: a local OUT_PREFIX needs no dataset code
 
     uploader = ShardUploader(url_prefix, retry)
+    try:
+        uploader.refuse_existing(overwrite)
+    except BaseException:
+        uploader.close()
+        raise
     parent = os.path.join(staging or default_cache_dir(), "staging")
     folder = os.path.join(parent, f"{uploader.name}-{os.getpid()}-{os.urandom(4).hex()}")
     try:
@@ -148,16 +195,29 @@ def staged_pack(url_prefix, staging=None, retry=None):
         local_prefix = os.path.join(folder, uploader.name)
         yield Output(local_prefix, uploader.shard_finished)
         uploader.finish(local_prefix + MANIFEST_SUFFIX)
+    except BaseException as exc:
+        uploader.close()  # no upload running while its objects are deleted
+        try:
+            uploader.remove_uploaded()
+        except RectoolError as cleanup:
+            if not isinstance(exc, RectoolError):
+                exc.add_note(f"the objects it had uploaded stay: {cleanup}")
+                raise
+            raise RemoteError(f"{exc} (and the objects it had uploaded stay: {cleanup})") from exc
+        raise
     finally:
         uploader.close()  # before the files it may still be reading are removed
         remove_tree(folder)
 
 
-def output_prefix(prefix):
+def output_prefix(prefix, overwrite=False):
     """Return a context yielding the `Output` to pack `prefix` through: itself, or a staging
-    folder uploaded shard by shard when `prefix` is a URL (`staged_pack`)."""
+    folder uploaded shard by shard when `prefix` is a URL (`staged_pack`: a pack already
+    there is refused on entering, unless `overwrite`)."""
     check_output_prefix(prefix)
-    return staged_pack(prefix) if is_url(prefix) else contextlib.nullcontext(Output(prefix))
+    if is_url(prefix):
+        return staged_pack(prefix, overwrite)
+    return contextlib.nullcontext(Output(prefix))
 
 
 def named_at(result, local_prefix, prefix):

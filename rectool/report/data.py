@@ -152,13 +152,15 @@ class ReportResult:
 
 
 def write_report(
-    target, html_path=None, sheet_path=None, options=ReportOptions(), overwrite=False, progress=None
-):
+    target, html_path=None, sheet_path=None, options=ReportOptions(), overwrite=False,
+    progress=None, shown_as=None,
+):  # fmt: skip
     """Build the report of `target`; write the page to `html_path`, the sheet to `sheet_path`.
 
     Either path may be None, not both. The page is at most `options.max_bytes` bytes: the
     thumbnails that do not fit are left out (counted on the page), then contact-sheet rows.
-    `progress(done, total)`, when given, is called as the thumbnails are made.
+    `progress(done, total)`, when given, is called as the thumbnails are made. `shown_as(text)`
+    renames the paths the page shows (a local copy's: by its URL; see `build_report`).
     The files are written as one output (both or neither, each whole); an existing file is
     replaced only with `overwrite`, a pack's file never.
     Raises `RectoolError` when the dataset cannot be read or an output may not be written,
@@ -175,7 +177,7 @@ def write_report(
     for path in (html_path, sheet_path):
         if path is not None:
             output.check(path)  # before the work: a refusal costs nothing
-    report = build_report(target, options, progress)
+    report = build_report(target, options, progress, shown_as)
     size = 0
     with output:
         if html_path is not None:
@@ -236,10 +238,11 @@ def _journal_beside(path):
     return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
 
 
-def build_report(target, options=ReportOptions(), progress=None):
+def build_report(target, options=ReportOptions(), progress=None, shown_as=None):
     """Gather what the report of `target` shows; raise `RectoolError` when it cannot be read.
 
-    `progress(done, total)`, when given, is called as the contact sheet's thumbnails are made."""
+    `progress(done, total)`, when given, is called as the contact sheet's thumbnails are made.
+    `shown_as(text)`, when given, renames the target, manifest and failures file it names."""
     images = _ImageTable()
     info = dataset_info(
         target, sample=options.sample, on_shard=images.add, max_pixels=options.max_pixels
@@ -276,6 +279,11 @@ def build_report(target, options=ReportOptions(), progress=None):
 
         decode = DecodeOptions(max_pixels=options.max_pixels) if options.decode else None
         verify = verify_dataset(target, decode=decode)
+    if shown_as is not None:  # read from a local copy of a URL: named by the URL
+        info = {**info, "manifest": info.get("manifest") and shown_as(info["manifest"])}
+        refusals.path = refusals.path and shown_as(refusals.path)
+        refusals.note = refusals.note and shown_as(refusals.note)
+        target = shown_as(os.fspath(target))
     report = Report(
         target=os.fspath(target),
         options=options,
