@@ -29,6 +29,7 @@ from rectool.inspect.verify import verify_dataset
 from rectool.reader import open_dataset
 from rectool.repack import copier as copier_module
 from rectool.repack import pipeline as repack_module
+from rectool.repack import run as run_module
 from rectool.repack.pipeline import RepackOptions, repack
 
 
@@ -300,7 +301,7 @@ def test_letting_go_of_the_source_mappings_mid_copy_changes_no_byte(tmp_path, mo
     )
     options = RepackOptions(order=order, seed=5)
     repack([tmp_path / "src"], tmp_path / "kept", options)
-    monkeypatch.setattr(repack_module, "BATCH_RECORDS", 3)
+    monkeypatch.setattr(run_module, "BATCH_RECORDS", 3)
     monkeypatch.setattr(copier_module, "RELEASE_BYTES", 1)  # after every window
     released = []
     monkeypatch.setattr(
@@ -477,10 +478,10 @@ def test_output_exists_needs_overwrite_and_resume_of_a_complete_pack_is_a_no_op(
 
 KILL_AT = """
 import os, signal, sys
-from rectool.repack import pipeline as m
+from rectool.repack import pipeline as m, run
 from rectool.build.images import Transform
-m.BATCH_RECORDS = 7
-m.REENCODE_CHUNK = 5
+run.BATCH_RECORDS = 7
+run.REENCODE_CHUNK = 5
 sources, prefix, kill_at, layout, reencode = sys.argv[1:-4], sys.argv[-4], int(sys.argv[-3]), \
     sys.argv[-2], sys.argv[-1] == "1"
 def progress(done, total, refused):
@@ -537,17 +538,17 @@ def test_resume_after_a_kill_just_before_the_manifest(tmp_path, monkeypatch):
     write_pack(tmp_path / "src", [[(0, good, 0.0), (1, b"not an image", 0.0), (2, good, 1.0)]])
     options = RepackOptions(transform=Transform(quality=80), layout="insightface")
     reference = repack([tmp_path / "src"], tmp_path / "ref" / "train", options)
-    real = repack_module.write_json_atomic
+    real = run_module.write_json_atomic
 
     def killed_before_manifest(path, document):
         if str(path).endswith(".manifest.json"):
             raise KeyboardInterrupt
         return real(path, document)
 
-    monkeypatch.setattr(repack_module, "write_json_atomic", killed_before_manifest)
+    monkeypatch.setattr(run_module, "write_json_atomic", killed_before_manifest)
     with pytest.raises(KeyboardInterrupt):
         repack([tmp_path / "src"], tmp_path / "run" / "train", options)
-    monkeypatch.setattr(repack_module, "write_json_atomic", real)
+    monkeypatch.setattr(run_module, "write_json_atomic", real)
     resumed = repack([tmp_path / "src"], tmp_path / "run" / "train", options, resume=True)
     assert (resumed.images, resumed.failures) == (reference.images, reference.failures) == (2, 1)
     for name in ("train.rec", "train.idx", "train.failures.jsonl", "property"):
@@ -556,17 +557,17 @@ def test_resume_after_a_kill_just_before_the_manifest(tmp_path, monkeypatch):
 
 def test_resume_with_other_options_is_refused(tmp_path, monkeypatch):
     counted_pack(tmp_path, [2, 2])
-    real = repack_module.write_json_atomic
+    real = run_module.write_json_atomic
 
     def killed_before_manifest(path, document):
         if str(path).endswith(".manifest.json"):
             raise KeyboardInterrupt
         return real(path, document)
 
-    monkeypatch.setattr(repack_module, "write_json_atomic", killed_before_manifest)
+    monkeypatch.setattr(run_module, "write_json_atomic", killed_before_manifest)
     with pytest.raises(KeyboardInterrupt):
         repack([tmp_path / "src"], tmp_path / "out", RepackOptions(seed=1))
-    monkeypatch.setattr(repack_module, "write_json_atomic", real)
+    monkeypatch.setattr(run_module, "write_json_atomic", real)
     with pytest.raises(
         RectoolError, match="cannot resume: the interrupted repack used different options"
     ):
@@ -589,7 +590,7 @@ def test_labels_that_are_not_class_ids_are_refused(tmp_path):
 def test_plan_state_is_numpy_arrays(tmp_path):
     """Memory stays flat: the per-record state is arrays, not Python objects per record."""
     counted_pack(tmp_path, [3, 3])
-    sources = [repack_module._Source(tmp_path / "src")]
+    sources = [repack_module.Source(tmp_path / "src")]
     catalog = repack_module.build_catalog(sources)
     plan = repack_module.plan_repack(sources, catalog, RepackOptions())
     for array in (catalog.source, catalog.sample, catalog.label, plan.rows, plan.new_label):

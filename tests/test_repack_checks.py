@@ -86,9 +86,9 @@ def test_api_counts_refusals_against_max_failures(tmp_path):
 def test_progress_counts_the_refusals_as_they_come(tmp_path, monkeypatch):
     """progress(done, total, refused) is told the refusals so far: counted as they come (a
     sum over every position for each report made a 10M-record repack quadratic)."""
-    from rectool.repack import pipeline
+    from rectool.repack import run
 
-    monkeypatch.setattr(pipeline, "BATCH_RECORDS", 2)  # a report every two records
+    monkeypatch.setattr(run, "BATCH_RECORDS", 2)  # a report every two records
     rec, _ = im2rec_pack(tmp_path)
     calls = []
     repack(

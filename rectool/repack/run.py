@@ -1,0 +1,354 @@
+"""One execution of a repack plan: `RepackRun` writes the records, then the files
+that describe them."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..build.images import ImageRefused, reencode_image
+from ..build.layout import image_size, layout_named
+from ..build.listfile import LABEL_MAP_SUFFIX
+from ..build.manifest import (
+    FAILURES_SUFFIX,
+    PARTIAL_SUFFIX,
+    RELABEL_SUFFIX,
+    REPORT_SUFFIX,
+    build_manifest,
+    manifest_path,
+    remove_stale_temporaries,
+)
+from ..build.shards import ShardWriter
+from ..doors.inputs import open_input
+from ..doors.output import (
+    open_existing,
+    remove,
+    rename,
+    stage_file,
+    write_atomic,
+    write_json_atomic,
+)
+from ..format.writer import frame_image_record
+from ..reader import RecordFile, unpack_header
+from .copier import RecordCopier
+from .plan import reason_of
+from .result import RepackResult
+
+# Records are copied this many at a time (see `copier.RecordCopier`).
+BATCH_RECORDS = 8192
+REENCODE_CHUNK = 32
+
+
+class RepackRun:
+    """One execution of a plan: writes the records, then the files that describe them."""
+
+    def __init__(self, sources, targets, catalog, plan, prefix, options, progress):
+        self.sources, self.targets, self.catalog, self.plan = sources, targets, catalog, plan
+        self.prefix, self.options, self.progress = prefix, options, progress
+        self.layout = layout_named(options.layout)
+        self.insightface = self.layout.numbered  # images keyed 1..N, identity records after
+        self.total = len(plan.rows)
+        self.last_shard = None
+        if options.shard_records and not options.shard_bytes:
+            self.last_shard = max(self.total - 1, 0) // options.shard_records
+        elif not options.shard_bytes:
+            # One shard: ShardWriter.resume must stop after it (with no last shard it would
+            # look at the same finished file again and again).
+            self.last_shard = 0
+        self.writer = ShardWriter(
+            prefix, options.shard_bytes, options.shard_records, last_shard=self.last_shard,
+            sha256=options.sha256,
+        )  # fmt: skip
+        self.copier = RecordCopier(sources, catalog)
+        self.failures_partial = prefix + FAILURES_SUFFIX + PARTIAL_SUFFIX
+        self.refused = np.zeros(self.total, bool)  # plan positions refused while writing
+        self.refused_count = 0  # of them, kept as they come: progress reports it often
+        self.images = 0
+        self.resumed_from = 0
+        self.complete = False
+
+    # -- the failures file ------------------------------------------------------------------
+    def _plan_lines(self):
+        """Yield the failures-file lines of the records the plan removes, in catalog order."""
+        plan = self.plan
+        for row, code, other in zip(
+            plan.removed_rows.tolist(), plan.removed_reason.tolist(), plan.removed_other.tolist()
+        ):
+            entry = self._describe(row)
+            if code == 1:
+                first = self._describe(other)
+                detail = f"byte-identical to key {first['key']} of {first['source']}, kept"
+            else:
+                target = self.targets[code - 2]
+                detail = f"byte-identical to {target.where(other)} of {target.spec}"
+            entry.update(stage="plan", reason=reason_of(code), detail=detail)
+            yield json.dumps(entry, ensure_ascii=False) + "\n"
+
+    def _describe(self, row):
+        cat = self.catalog
+        s = self.sources[int(cat.source[row])]
+        label = int(cat.label[row])
+        return {
+            "source": s.spec,
+            "key": int(s.dataset.keys[int(cat.sample[row])]),
+            "label": label,
+            "identity": (cat.names or {}).get(label),
+        }
+
+    def _open_failures(self, resume):
+        """Write the plan's removals, then keep the refusals an interrupted run wrote."""
+        kept = b""
+        earlier = self.failures_partial
+        if not os.path.exists(earlier):  # killed after renaming it, before the manifest
+            earlier = self.prefix + FAILURES_SUFFIX
+        if resume and os.path.exists(earlier):
+            with open_input(earlier, "failures file", follow=False) as f:
+                data = f.read()
+            lines = data[: data.rfind(b"\n") + 1].splitlines(keepends=True)
+            kept = b"".join(line for line in lines if b'"stage": "write"' in line)
+            for line in kept.splitlines():
+                self.refused[json.loads(line)["position"]] = True
+            self.refused_count = int(self.refused.sum())
+        lines = (line.encode("utf-8") for line in self._plan_lines())
+        staged = stage_file(self.failures_partial, itertools.chain(lines, [kept]))
+        rename(staged, self.failures_partial)
+        self._fd = open_existing(self.failures_partial)
+        self.writer.register(self._fd, self.failures_partial)
+        return self._fd
+
+    # -- writing ----------------------------------------------------------------------------
+    def execute(self, resume):
+        done = 0
+        if resume:
+            written = self.writer.resume(drop_tail=self.layout.written_after_images)
+            if self.insightface and self.writer.finished:
+                self.complete = True  # killed after its one file was finished
+        fd = self._open_failures(resume)
+        try:
+            if resume and not self.complete:
+                done = written + int(self.refused.sum())
+                self.images = written
+                self.resumed_from = done
+            if not self.complete:
+                self._report(done)
+                if self.options.transform is None:
+                    self._copy(done)
+                else:
+                    self._reencode(done)
+                self._write_identity_records()
+            self.writer.close(self.last_shard)
+        except BaseException:
+            self.writer.abort()
+            raise
+        finally:
+            os.close(fd)
+
+    def _keys(self, positions):
+        if self.insightface:
+            return np.arange(self.images + 1, self.images + 1 + len(positions), dtype=np.int64)
+        return np.arange(positions.start, positions.stop, dtype=np.int64)
+
+    def _copy(self, done):
+        """Copy the plan's records from `done` on, refusing those whose image `pack` would
+        refuse (`RecordCopier.refusals`), as re-encoding refuses what does not decode."""
+        rows, labels = self.plan.rows, self.plan.new_label
+        position = done
+        while position < self.total:
+            win = self.copier.window(rows[position : min(position + BATCH_RECORDS, self.total)])
+            new_labels = labels[win.rows]
+            bad = (
+                self.copier.refusals(win, self.options.max_pixels)
+                if self.options.check != "none"
+                else {}
+            )
+            stops = sorted(bad) + [len(win)]
+            i = 0
+            for stop in stops:
+                while i < stop:  # the records before the next refusal, as many as fit
+                    keys = self._keys(range(position, position + stop - i))
+                    data, starts, count = self.copier.frame(
+                        win, i, stop, new_labels[i:stop], keys, self.insightface
+                    )
+                    positions = range(position, position + count)
+                    self.writer.add_run(data, keys[:count], starts, positions)
+                    self.images += count
+                    position += count
+                    i += count
+                    self._report(position)
+                if stop < len(win):
+                    self._refuse(int(win.rows[stop]), position, bad[stop])
+                    position += 1
+                    i += 1
+            self._report(position)
+
+    def _refuse(self, row, position, reason):
+        """Write the refusal of catalog `row` at plan `position` to the failures file."""
+        entry = self._describe(row)
+        entry.update(stage="write", position=position, reason=reason)
+        line = json.dumps(entry, ensure_ascii=False) + "\n"
+        self.writer.write_after(self._fd, line.encode("utf-8"))
+        self.refused_count += not self.refused[position]
+        self.refused[position] = True
+
+    def _reencode(self, done):
+        rows, labels = self.plan.rows, self.plan.new_label
+        transform, max_pixels = self.options.transform, self.options.max_pixels
+        copier = self.copier
+
+        def prepare(chunk):
+            out = []
+            for row in chunk.tolist():
+                head, image = copier.read_record(row)
+                try:
+                    out.append((head, reencode_image(image, transform, max_pixels)))
+                except ImageRefused as refusal:
+                    out.append((head, refusal))
+            return out
+
+        chunks = (
+            rows[start : start + REENCODE_CHUNK]
+            for start in range(done, self.total, REENCODE_CHUNK)
+        )
+        position = done
+        window = []
+        with ThreadPoolExecutor(self.options.workers, thread_name_prefix="rectool-repack") as pool:
+            for chunk in chunks:
+                window.append((chunk, pool.submit(prepare, chunk)))
+                if len(window) >= 4 * self.options.workers:
+                    position = self._consume(*window.pop(0), position, labels)
+            while window:
+                position = self._consume(*window.pop(0), position, labels)
+
+    def _consume(self, chunk, pending, position, labels):
+        for row, (head, result) in zip(chunk.tolist(), pending.result()):
+            if isinstance(result, ImageRefused):
+                self._refuse(row, position, result.reason)
+            else:
+                label = float(labels[row])
+                if head.flag and not self.insightface:
+                    value = np.array(head.label, np.float32)
+                    value[0] = label
+                    label = value
+                key = self.images + 1 if self.insightface else position
+                framed = frame_image_record(result, label, key, head.id2, f"key {key}")
+                self.writer.add(key, framed, position)
+                self.images += 1
+            position += 1
+        self._report(position)
+        return position
+
+    def _write_identity_records(self):
+        """Write the records that follow the images (insightface: identities and header)."""
+        if not self.layout.numbered:
+            return
+        kept = self.plan.rows[~self.refused]
+        counts = np.bincount(self.plan.new_label[kept], minlength=self.plan.classes)
+        for key, framed in self.layout.records_after(self.images, counts.tolist()):
+            self.writer.add(key, framed)
+
+    def _report(self, done):
+        if self.progress is not None:
+            self.progress(done, self.total, self.refused_count)
+
+    # -- the files that describe the output -------------------------------------------------
+    def finish(self, state_path):
+        prefix, plan, options = self.prefix, self.plan, self.options
+        images = self.total - int(self.refused.sum())
+        refused = int(self.refused.sum())
+        failures = len(plan.removed_rows) + refused
+        final_failures = prefix + FAILURES_SUFFIX
+        rename(self.failures_partial, final_failures)
+        names = self._new_names()
+        if names:
+            write_atomic(prefix + LABEL_MAP_SUFFIX, _label_map_text(names))
+        write_atomic(prefix + RELABEL_SUFFIX, self._relabel_text())
+        property_note = None
+        if self.insightface:
+            property_note = self._write_property()
+        report = self._report_document(refused, property_note)
+        write_json_atomic(prefix + REPORT_SUFFIX, report)
+        manifest = build_manifest(
+            options, None, prefix, self.writer.finished, images, failures, plan.classes, names,
+            None,
+        )  # fmt: skip
+        manifest["sources"] = [s.spec for s in self.sources]
+        remove_stale_temporaries(prefix)
+        write_json_atomic(manifest_path(prefix), manifest)
+        remove(state_path)
+        return RepackResult(
+            manifest_path(prefix), manifest, images, plan.classes, failures, final_failures,
+            prefix + REPORT_SUFFIX, report, self.resumed_from,
+        )  # fmt: skip
+
+    def _new_names(self):
+        names = self.catalog.names
+        if not names:
+            return None
+        if self.options.keep_labels:
+            return {int(old): names[int(old)] for old in self.plan.old_labels if int(old) in names}
+        return {new: names[int(old)] for new, old in enumerate(self.plan.old_labels)
+                if int(old) in names}  # fmt: skip
+
+    def _relabel_text(self):
+        plan, names = self.plan, self.catalog.names or {}
+        lines = ["source\tsource_label\tlabel\tidentity\n"]
+        kept = set(plan.old_labels.tolist())
+        for s, table in zip(self.sources, self.catalog.source_labels):
+            for merged, original in sorted(table.items(), key=lambda kv: kv[1]):
+                if self.options.keep_labels:
+                    new = merged if merged in kept else None
+                else:
+                    at = int(np.searchsorted(plan.old_labels, merged))
+                    found = at < len(plan.old_labels) and plan.old_labels[at] == merged
+                    new = at if found else None
+                if new is not None:
+                    lines.append(f"{s.spec}\t{original}\t{new}\t{names.get(merged, '')}\n")
+        return "".join(lines)
+
+    def _write_property(self):
+        """Write `property` (classes,height,width) beside the pack; return where H,W came from."""
+        size = None
+        note = "no image written: 112x112 assumed"
+        if self.total > self.refused.sum():
+            with RecordFile(self.prefix + ".rec") as rf:
+                # Image key 1 is the first record of the file (identity records follow).
+                record = rf.read_at(0)
+            _, image = unpack_header(record)
+            size = image_size(bytes(image))  # from its header: nothing decoded
+            if size is not None:
+                size = int(size[0]), int(size[1])
+                note = "height and width of image key 1 (the first image), read from its bytes"
+        self.layout.write_property(os.path.dirname(self.prefix), self.plan.classes, size)
+        return note
+
+    def _report_document(self, refused, property_note):
+        plan, cat = self.plan, self.catalog
+        per_identity = {}
+        for row, code in zip(plan.removed_rows.tolist(), plan.removed_reason.tolist()):
+            label = int(cat.label[row])
+            name = (cat.names or {}).get(label, str(label))
+            entry = per_identity.setdefault(name, {"duplicate": 0, "overlap": 0})
+            entry[reason_of(code)] += 1
+        groups = [[self._describe(row) for row in group] for group in plan.shared_groups]
+        duplicates = int((plan.removed_reason == 1).sum())
+        removed = {"duplicate": duplicates, "overlap": len(plan.removed_reason) - duplicates}
+        return {
+            "sources": [s.spec for s in self.sources],
+            "overlap_targets": [t.spec for t in self.targets],
+            "steps": plan.counts,
+            "images": self.total - refused,
+            "classes": plan.classes,
+            "removed": removed,
+            "refused": refused,
+            "removed_per_identity": per_identity,
+            "shared_across_identities": {"groups": plan.shared_total, "first_groups": groups},
+            "property": property_note,
+        }
+
+
+def _label_map_text(names):
+    return "".join(f"{label}\t{name}\n" for label, name in sorted(names.items()))

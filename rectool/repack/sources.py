@@ -1,0 +1,193 @@
+"""A repack's inputs, opened: its sources (`Source`) and its --drop-overlap targets
+(`open_target`)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+
+import numpy as np
+
+from ..build.listfile import LABEL_MAP_SUFFIX, read_label_map
+from ..errors import InputError, RectoolError
+from ..format.keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
+from ..reader import open_dataset
+from ..remote.mirror import local_source
+from .copier import RELEASE_BYTES
+from .evalsets import is_eval_set, read_eval_set
+
+
+class Source:
+    """One opened source: its dataset, the shard of each sample, and its identity names."""
+
+    def __init__(self, spec):
+        self.spec = os.fspath(spec)
+        try:  # a URL: a local copy, named by its URL (the manifest's sources, refusals)
+            self.dataset = open_dataset(local_source(self.spec, check=True))
+        except InputError as exc:  # still an unusable input, named as the source
+            raise InputError(f"source {self.spec}: {exc}") from None
+        except RectoolError as exc:
+            raise RectoolError(f"source {self.spec}: {exc}") from None
+        self.shard_of = _sample_shards(self.dataset)
+        _refuse_shared_offsets(self.dataset, self.shard_of)
+        self.labels = _identity_labels(self.dataset, self.spec)
+        self.names = _identity_names(self.dataset)
+        # The copy reads the same files: a source small enough to stay mapped keeps the
+        # mappings its labels were read through, so its pages are faulted in once, not twice.
+        self.record_files = _shard_files(self.dataset)
+        if self.record_files is None or _rec_bytes(self.dataset) > RELEASE_BYTES:
+            self.record_files = None
+            self.dataset.close()  # its mappings are touched end to end: let them go
+
+    def fingerprint(self):
+        """Return what identifies the source's files (compared on --resume)."""
+        files = []
+        for rec, idx in self.dataset.shards:
+            st_rec, st_idx = os.stat(rec), os.stat(idx)
+            files.append([os.path.abspath(rec), st_rec.st_size, st_rec.st_mtime_ns,
+                          st_idx.st_size, st_idx.st_mtime_ns])  # fmt: skip
+        return files
+
+
+def _refuse_shared_offsets(dataset, shard_of):
+    """Refuse a source whose index names one record under several keys: repack would copy it
+    once per key (work bounded by the records that exist, not by the index's lines)."""
+    keys, offsets = np.asarray(dataset.keys), np.asarray(dataset.offsets)
+    count, number, _ = shared_offsets(keys, offsets, shard_of)
+    if count:
+        mine = shard_of == number
+        refuse_shared_offsets(dataset.shards[number][1], keys[mine], offsets[mine], "repack")
+
+
+class PackTarget:
+    """A --drop-overlap target that is a dataset: its images are compared, nothing else."""
+
+    def __init__(self, spec):
+        self.spec = os.fspath(spec)
+        try:
+            self.dataset = open_dataset(self.spec)
+        except InputError as exc:
+            raise InputError(f"--drop-overlap {self.spec}: {exc}") from None
+        except RectoolError as exc:
+            raise RectoolError(f"--drop-overlap {self.spec}: {exc}") from None
+
+    def digests(self):
+        return _dataset_digests(self.dataset)
+
+    def image(self, i):
+        return bytes(self.dataset[i][0])
+
+    def where(self, i):
+        return f"key {int(self.dataset.keys[i])}"
+
+
+class EvalTarget:
+    """A --drop-overlap target that is an insightface verification set (`lfw.bin`): images
+    without identities, read by `evalsets.read_eval_set` (no pickle code is run)."""
+
+    def __init__(self, spec):
+        self.spec = os.fspath(spec)
+        self.images = read_eval_set(self.spec).images
+        self.dataset = None  # no files a repack could write over: a .bin is no shard name
+
+    def digests(self):
+        out = np.zeros((len(self.images), 2), np.uint64)
+        for i, image in enumerate(self.images):
+            out[i] = image_digest(image)
+        return out
+
+    def image(self, i):
+        return self.images[i]
+
+    def where(self, i):
+        return f"image {i} (pair {i // 2})"
+
+
+def open_target(spec):
+    """Open a --drop-overlap TARGET: a verification set when it is a `.bin` file, else a
+    dataset."""
+    return EvalTarget(spec) if is_eval_set(spec) else PackTarget(spec)
+
+
+def _rec_bytes(dataset):
+    return sum(os.path.getsize(rec) for rec, _ in dataset.shards)
+
+
+def _shard_files(dataset):
+    """Return the dataset's own `reader.RecordFile` of each shard (the mappings it read the
+    labels through), or None.
+
+    With `_sample_shards`, the one place that reads `reader.RecordDataset` internals.
+    """
+    files = getattr(dataset, "_files", None)
+    if files is None or len(files) != len(dataset.shards):
+        return None
+    return list(files)
+
+
+def _sample_shards(dataset):
+    """Return the shard number of every sample (int32), from the dataset's own table.
+
+    Reads `reader.RecordDataset` internals (its per-sample shard table, see `_shard_files`);
+    without them, `location(i)` of every sample says the same, slowly.
+    """
+    table = getattr(dataset, "_sample_shards", None)
+    if table is not None:
+        return np.asarray(table(), np.int32)
+    shard_ids, bounds = getattr(dataset, "_shard_ids", None), getattr(dataset, "_bounds", None)
+    if shard_ids is not None:
+        return np.asarray(shard_ids, np.int32)
+    if bounds is not None:
+        return np.repeat(np.arange(len(dataset.shards), dtype=np.int32), np.diff(bounds))
+    number = {rec: k for k, (rec, _) in enumerate(dataset.shards)}
+    count = len(dataset)
+    return np.fromiter((number[dataset.location(i)[0]] for i in range(count)), np.int32, count)
+
+
+def _identity_labels(dataset, spec):
+    """Return every sample's class label as int64, from the record headers."""
+    labels = dataset.labels
+    if labels.dtype == object:
+        raise RectoolError(
+            f"source {spec}: records carry labels of different widths; repack needs one class "
+            "label per image (the first label of a vector counts)"
+        )
+    if labels.ndim == 2:
+        labels = labels[:, 0]
+    bad = (labels < 0) | (labels != np.floor(labels)) | (labels >= FLOAT32_EXACT)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        rec, offset, key = dataset.location(i)
+        raise RectoolError(
+            f"{rec}: record key {key} at byte {offset}: label {float(labels[i])!r} is not a "
+            "class id (a non-negative integer below 2**24); repack groups images by class"
+        )
+    return labels.astype(np.int64)
+
+
+def _identity_names(dataset):
+    """Return label -> identity name from the manifest or a label map beside the pack, or None."""
+    names = (dataset.manifest or {}).get("identities")
+    if names:
+        return {int(label): name for label, name in names.items()}
+    rec = dataset.shards[0][0] if dataset.shards else None
+    if rec:
+        stem = rec[: -len(".rec")]
+        numbered = re.fullmatch(r"(.*)-[0-9]{5}", stem)  # PREFIX-00000.rec: PREFIX's map
+        for prefix in (stem, numbered.group(1)) if numbered else (stem,):
+            if os.path.exists(prefix + LABEL_MAP_SUFFIX):
+                return read_label_map(prefix + LABEL_MAP_SUFFIX)
+    return None
+
+
+def image_digest(data):
+    return np.frombuffer(hashlib.blake2b(data, digest_size=16).digest(), "<u8")
+
+
+def _dataset_digests(dataset):
+    out = np.zeros((len(dataset), 2), np.uint64)
+    for i in range(len(dataset)):
+        out[i] = image_digest(dataset[i][0])
+    dataset.close()
+    return out
