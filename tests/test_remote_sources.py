@@ -112,3 +112,18 @@ def test_drop_overlap_takes_the_url_of_a_pack_as_its_local_pack(remote_pack, tmp
     remote, local = (json.loads(r.stdout) for r in runs)
     assert remote["removed"] == local["removed"] == {"duplicate": 0, "overlap": 12}
     assert remote["steps"][f"overlap:{remote_pack.url}"] == 12  # named by its URL
+
+
+def test_resume_options_keep_a_drop_overlap_url_as_given(tmp_path, monkeypatch):
+    # --resume compares these options; a URL made "absolute" as a path would read
+    # "<cwd>/https:/host/..." and change with the folder repack was started from.
+    from rectool.repack.options import RepackOptions
+
+    url = "https://127.0.0.1:9/sets/faces.manifest.json"
+    monkeypatch.chdir(tmp_path)
+    options = RepackOptions(drop_overlap=(url, "s3://bucket/lfw.bin", "lfw.bin"))
+    assert options.byte_options()["drop_overlap"] == [
+        url,
+        "s3://bucket/lfw.bin",
+        str(tmp_path / "lfw.bin"),
+    ]

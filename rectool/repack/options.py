@@ -9,6 +9,7 @@ from ..build.images import DEFAULT_MAX_PIXELS, Transform
 from ..build.layout import layout_named
 from ..errors import RectoolError, UsageError
 from ..format.digest import sha256_file
+from ..remote.store import is_url
 from . import selection
 
 LABELS_BY = ("offset", "name")
@@ -49,7 +50,7 @@ class RepackOptions:
         doc = asdict(self)
         for name in ("workers", "max_failures", "max_pixels", "sha256"):  # safety, not bytes
             doc.pop(name)
-        doc["drop_overlap"] = [os.path.abspath(p) for p in self.drop_overlap]
+        doc["drop_overlap"] = [p if is_url(p) else os.path.abspath(p) for p in self.drop_overlap]
         for name in ("keep_ids", "drop_ids"):
             if doc[name]:
                 doc[name] = _file_digest(doc[name])
