@@ -86,12 +86,14 @@ def test_pack_does_not_pack_proc_or_etc_through_a_link(tmp_path):
 
 
 def read_refusals(folder, failures_file, images_root=None):
-    from rectool.report.data import ReportOptions, _read_refusals, _ThumbBudget
+    from rectool.report.data import ReportOptions
+    from rectool.report.refusals import read_refusals
+    from rectool.report.thumbs import ThumbBudget
 
     manifest = {"failures_file": failures_file, "totals": {"failures": 1}}
     options = ReportOptions(images_root=None if images_root is None else str(images_root))
-    return _read_refusals(
-        manifest, str(folder / "faces.manifest.json"), options, _ThumbBudget(1 << 24), 1
+    return read_refusals(
+        manifest, str(folder / "faces.manifest.json"), options, ThumbBudget(1 << 24), 1
     )
 
 
@@ -119,9 +121,9 @@ def test_report_does_not_follow_a_failures_link_out_or_read_a_fifo_or_device(tmp
 
 
 def test_report_holds_at_most_one_bounded_line_of_a_failures_file(tmp_path, monkeypatch):
-    from rectool.report import data as report
+    from rectool.report import refusals
 
-    monkeypatch.setattr(report, "MAX_FAILURES_LINE", 64)
+    monkeypatch.setattr(refusals, "MAX_FAILURES_LINE", 64)
     good = b'{"path": "a/1.jpg", "reason": "empty file"}\n'
     (tmp_path / "f.jsonl").write_bytes(good + b"x" * 1000 + b"\n" + good)
     out = read_refusals(tmp_path, "f.jsonl")

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rectool.build import listing as listing_module
+from rectool.build import walk as walk_module
 from rectool.build.listfile import (
     find_label_map,
     format_list_line,
@@ -623,7 +624,7 @@ def walk_with_latency(monkeypatch, root, seconds, **options):
     """Walk with every folder listing under `root` taking `seconds` on the listing clock (a
     virtual one: no sleeping, whatever the machine's load); return (result, pools), pools
     being (thread pool size, folders listed on other threads than this one) per pool made."""
-    real_scandir, real_pool = os.scandir, listing_module.ThreadPoolExecutor
+    real_scandir, real_pool = os.scandir, walk_module.ThreadPoolExecutor
     caller = threading.get_ident()
     pools = []
     now = [0.0]
@@ -640,8 +641,8 @@ def walk_with_latency(monkeypatch, root, seconds, **options):
         return real_pool(max_workers=max_workers, **kwargs)
 
     monkeypatch.setattr(listing_module.os, "scandir", slow_scandir)
-    monkeypatch.setattr(listing_module, "ThreadPoolExecutor", counting_pool)
-    monkeypatch.setattr(listing_module, "listing_clock", lambda: now[0])
+    monkeypatch.setattr(walk_module, "ThreadPoolExecutor", counting_pool)
+    monkeypatch.setattr(walk_module, "listing_clock", lambda: now[0])
     result = walk_tree(root, **options)
     return result, [tuple(pool) for pool in pools]
 

@@ -43,6 +43,8 @@ TYPED = {
     "rectool/build/layout.py",
     "rectool/build/listfile.py",
     "rectool/build/listing.py",
+    "rectool/build/splits.py",
+    "rectool/build/walk.py",
     "rectool/inspect/bench.py",
     "rectool/inspect/dali.py",
     "rectool/inspect/info.py",

@@ -1,0 +1,69 @@
+"""Find byte-identical images stored under more than one identity."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .thumbs import identity_caption
+
+DUPLICATES_SHOWN = 20
+MEMBERS_SHOWN = 6  # copies listed per duplicate group
+
+
+@dataclass
+class Duplicates:
+    """Byte-identical images: groups spanning identities (the first kept) and counts."""
+
+    groups: list = field(default_factory=list)  # (digest, copies, [(label, where)], Thumb)
+    across: int = 0  # groups whose copies carry more than one label
+    across_images: int = 0
+    within: int = 0  # groups inside one identity
+    hashed: int = 0  # images hashed in full (fingerprint collisions)
+
+
+def find_duplicates(images, payloads, names, thumb_of):
+    """Find byte-identical images: equal (size, fingerprint) first, then a full blake2b."""
+    result = Duplicates()
+    n = len(images)
+    if n < 2:
+        return result
+    prints = payloads.fingerprints()
+    sizes = images.sizes
+    order = np.lexsort((prints[:, 1], prints[:, 0], sizes))
+    s, a, b = sizes[order], prints[order, 0], prints[order, 1]
+    same = (s[1:] == s[:-1]) & (a[1:] == a[:-1]) & (b[1:] == b[:-1]) & (s[1:] > 0)
+    # Runs of equal fingerprints: candidates, hashed in full one run at a time.
+    edges = np.flatnonzero(np.diff(np.concatenate([[False], same, [False]]).astype(np.int8)))
+    for start, stop in zip(edges[::2].tolist(), (edges[1::2] + 1).tolist()):
+        run = order[start:stop]
+        digests = {}
+        for i in run.tolist():
+            digest = hashlib.blake2b(payloads.image(i), digest_size=16).hexdigest()
+            digests.setdefault(digest, []).append(i)
+            result.hashed += 1
+        for digest, members in sorted(digests.items(), key=lambda item: min(item[1])):
+            if len(members) < 2:
+                continue
+            members.sort()
+            labels = {images.label(i) for i in members}
+            if len(labels) < 2:
+                result.within += 1
+                continue
+            result.across += 1
+            result.across_images += len(members)
+            if len(result.groups) < DUPLICATES_SHOWN:
+                copies = [(images.label(i), images.where(i)) for i in members[:MEMBERS_SHOWN]]
+                idents = ", ".join(
+                    identity_caption(label, names.get(str(label))) for label in sorted(labels)[:8]
+                )
+                first = members[0]
+                thumb = thumb_of(
+                    first,
+                    f"image stored {len(members)} times, under identities {idents}",
+                    f"{len(members)} copies",
+                )
+                result.groups.append((digest, len(members), copies, thumb))
+    return result
