@@ -1,0 +1,157 @@
+"""The ordered background writer every shard's bytes go through (`OrderedWriter`).
+
+One thread runs writes in submission order, so writing overlaps encoding; a second hashes
+each write's bytes meanwhile. `build/shardfile.py` hands it a shard's buffers; nothing else
+writes records to a shard.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from ..doors.output import fault_point, output_error
+
+# At most this many bytes an `os.write` call (see `write_all`).
+WRITE_BYTES = 1 << 20
+# Writeback to disk is started every this many bytes written (see `OrderedWriter`).
+WRITEBACK_BYTES = 8 << 20
+_ADVISE = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform.startswith("linux") else None
+
+
+def _feed(digest, parts):
+    for data in parts:
+        digest.update(data)
+
+
+class OrderedWriter:
+    """One background thread that runs writes in submission order, so writing overlaps work;
+    the bytes of each write are hashed on a second thread meanwhile.
+
+    A bounded queue keeps memory flat; an error in the thread is raised in the caller at its
+    next `submit` or `drain`.
+    """
+
+    def __init__(self, depth=4):
+        self._queue = queue.Queue(maxsize=depth)
+        self._error = None
+        # Jobs are numbered from 1 as submitted; `wait(n)` returns once job n is done.
+        self.submitted = 0
+        self._completed = 0
+        self._done = threading.Condition()
+        self._thread = None  # started on first use, so a process pool can fork before it
+        self.names = {}  # fd -> file name, for error messages
+        self._written = {}  # fd -> offset up to which writeback was started
+        self._hasher = None  # a second thread: a job's bytes are hashed while they are written
+
+    def _started(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="rectool-writer", daemon=True)
+            self._thread.start()
+        return self._queue
+
+    def _run(self):
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                if self._error is None:
+                    fd, parts, digest = job
+                    hashed = (
+                        None if digest is None else self._hashing().submit(_feed, digest, parts)
+                    )
+                    try:
+                        fault_point("write", self.names.get(fd, ""))
+                        for data in parts:
+                            write_all(fd, data)
+                        self._start_writeback(fd)
+                    finally:  # the job is done with its buffers only once they are hashed too
+                        if hashed is not None:
+                            hashed.result()
+            except OSError as exc:  # a full disk, say: re-raised in the submitting thread
+                self._error = output_error(exc, self.names.get(job[0], f"descriptor {job[0]}"))
+            except BaseException as exc:  # re-raised in the submitting thread
+                self._error = exc
+            finally:
+                with self._done:
+                    self._completed += 1
+                    self._done.notify_all()
+
+    def _hashing(self):
+        if self._hasher is None:
+            self._hasher = ThreadPoolExecutor(1, thread_name_prefix="rectool-hash")
+        return self._hasher
+
+    def _start_writeback(self, fd):
+        """Have the kernel start writing what this fd wrote to disk, without waiting for it.
+
+        Otherwise gigabytes wait in the page cache for the fsync that finishes a shard, and
+        the run ends waiting for the disk. (On Linux, POSIX_FADV_DONTNEED starts writeback of
+        dirty pages and drops only clean ones, so what was just written stays cached.)
+        """
+        if _ADVISE is None:
+            return
+        start = self._written.get(fd, 0)
+        if start is None:
+            return
+        try:
+            position = os.lseek(fd, 0, os.SEEK_CUR)
+            start = min(start, position)  # a file under a reused number, unless forgotten
+            if position - start >= WRITEBACK_BYTES:
+                os.posix_fadvise(fd, start, position - start, _ADVISE)
+                start = position
+        except OSError:  # not a regular file, say: leave writeback to the kernel
+            start = None
+        self._written[fd] = start
+
+    def forget(self, fd):
+        """Forget what was written to `fd`, about to be closed (its number may come again)."""
+        self._written.pop(fd, None)
+
+    def _raise(self):
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+
+    def submit(self, fd, data, digest=None):
+        """Queue `data` (bytes, or a list of buffers) to be written to `fd` (and fed to
+        `digest`) after everything before; return the job's number (see `wait`)."""
+        self._raise()
+        self._started().put((fd, data if isinstance(data, list) else [data], digest))
+        self.submitted += 1
+        return self.submitted
+
+    def wait(self, job):
+        """Wait until job number `job` and every one before it are done with their buffers."""
+        with self._done:
+            while self._completed < job:
+                self._done.wait()
+
+    def drain(self):
+        """Wait until every queued write is done."""
+        self.wait(self.submitted)
+        self._raise()
+
+    def close(self):
+        """Finish the queued writes and stop the thread."""
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join()
+            self._thread = None
+        if self._hasher is not None:
+            self._hasher.shutdown()
+            self._hasher = None
+        self._raise()
+
+
+def write_all(fd, data):
+    """Write all of `data` to `fd`, at most WRITE_BYTES a call."""
+    view = memoryview(data)
+    while view:
+        # At most WRITE_BYTES a call: on this machine 4 MB writes ran at about 0.5 GB/s and
+        # 1 MB ones at about 4 GB/s into the page cache.
+        view = view[os.write(fd, view[:WRITE_BYTES]) :]

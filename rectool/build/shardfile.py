@@ -1,0 +1,234 @@
+"""One shard being written (`ShardFile`) and what the manifest says of it (`ShardInfo`).
+
+`ShardFile` is the one place that appends framed records and their `.idx` lines to a shard
+(through `ordered.OrderedWriter`); `shards.ShardWriter` decides where shards end.
+"""
+
+from __future__ import annotations
+
+import array
+import itertools
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..doors.output import create_new, fsync_fd, open_existing, rename
+from ..errors import RectoolError
+from ..format.checksums import RecordChecksums, checksum_path
+from ..format.digest import XXH3_128, Digests, field_name
+from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
+from ..format.writer import format_index_line, format_index_lines
+from .manifest import PARTIAL_SUFFIX
+from .ordered import WRITE_BYTES
+
+# Records are buffered and written in batches; kill -9 can then only cut between two writes.
+FLUSH_BYTES = 4 << 20
+
+
+@dataclass
+class ShardInfo:
+    """What the manifest says about one finished shard.
+
+    `digests` holds each file's digests: {"rec": {"xxh3-128": hex, ...}, "idx": ..., "crc":
+    ...}; the manifest gives them as `rec_xxh3_128`, `rec_sha256`, ... (see `to_json`).
+    """
+
+    rec: str
+    idx: str
+    records: int
+    rec_bytes: int
+    idx_bytes: int
+    first_key: int | None
+    last_key: int | None
+    # The per-record checksum file (see rectool.format.checksums), when written.
+    crc: str | None = None
+    digests: dict | None = None
+
+    def to_json(self):
+        digests = self.digests or {}
+
+        def fields(file):
+            return {field_name(file, a): h for a, h in (digests.get(file) or {}).items()}
+
+        entry = {"rec": self.rec, "idx": self.idx, "records": self.records,
+                 "rec_bytes": self.rec_bytes, "idx_bytes": self.idx_bytes,
+                 **fields("rec"), **fields("idx"),
+                 "first_key": self.first_key, "last_key": self.last_key}  # fmt: skip
+        if self.crc is not None:
+            entry["crc"] = self.crc
+            entry.update(fields("crc"))
+        return entry
+
+
+class _ShardDigest:
+    """What the hashing thread feeds a shard's written buffers to, in order: the .rec's
+    digests, and the checksum of each record (`starts`: per buffer, where its records start)."""
+
+    def __init__(self, digests, checksums, starts):
+        self.digests, self.checksums, self.starts = digests, checksums, iter(starts)
+
+    def update(self, data):
+        self.digests.update(data)
+        self.checksums.add(data, next(self.starts))
+
+
+class ShardFile:
+    """One shard being written: its `.rec.partial` and `.idx.partial`, the checksum sidecar,
+    and its finishing (fsync, then the final names); it knows nothing of rollover.
+
+    Records are buffered and written in batches through the shared `OrderedWriter`, .rec bytes
+    before their .idx lines, so whatever a kill -9 leaves behind is a prefix of complete
+    records (see `ShardWriter.resume`). `resumed` continues the `.partial` files an
+    interrupted run left, with the state `ShardWriter.resume` read from them.
+    """
+
+    def __init__(self, number, rec_path, idx_path, io, resumed=None, digests=(XXH3_128,)):
+        self.number, self.rec_path, self.idx_path = number, rec_path, idx_path
+        self._io = io
+        self.algorithms = tuple(digests)
+        rec_p, idx_p = rec_path + PARTIAL_SUFFIX, idx_path + PARTIAL_SUFFIX
+        append = bool(resumed)
+        self._rec_fd = open_for_writing(rec_p, append)
+        self._idx_fd = open_for_writing(idx_p, append)
+        io.names[self._rec_fd], io.names[self._idx_fd] = rec_p, idx_p
+        resumed = resumed or {}
+        self.records = resumed.get("records", 0)
+        self.rec_bytes = resumed.get("rec_bytes", 0)
+        self.idx_bytes = resumed.get("idx_bytes", 0)
+        self.first_key = resumed.get("first_key")
+        self.last_key = resumed.get("last_key")
+        # 16 bytes a record, for the shard's .idx cache; nothing else grows with the dataset.
+        self._keys = resumed.get("keys", array.array("q"))
+        self._offsets = resumed.get("offsets", array.array("q"))
+        self._rec_hash = resumed.get("rec_hash") or Digests(self.algorithms)
+        self._idx_hash = resumed.get("idx_hash") or Digests(self.algorithms)
+        checksums = resumed.get("checksums")
+        if checksums is None:
+            checksums = RecordChecksums(self._offsets)
+        self._checksums = checksums
+        self._rec_buf: list = []
+        self._rec_starts: list = []  # per buffer, where its records start (their checksums)
+        self._idx_buf: list[bytes] = []
+        self.buffered = 0  # bytes of records not yet handed to the writer thread
+
+    def add(self, key, framed):
+        """Append one framed record under `key`; return its offset in the .rec."""
+        offset = self.rec_bytes
+        lines = format_index_line(key, offset).encode("ascii")
+        self._append(framed, lines, [key], [offset], [0])
+        self.first_key = key if self.first_key is None else self.first_key
+        self.last_key = key
+        return offset
+
+    def add_run(self, data, keys, starts):
+        """Append records framed back to back in `data` (record i from `starts[i]`, a list)
+        under `keys` (integers): the same bytes as `add` for each in turn."""
+        if len(starts) >= 512:  # numpy's fixed costs are worth it (see format_index_lines)
+            keys = np.asarray(keys, np.int64)
+            offsets = self.rec_bytes + np.asarray(starts, np.int64)
+        else:
+            keys = keys.tolist() if isinstance(keys, np.ndarray) else keys
+            offsets = [self.rec_bytes + start for start in starts]
+        self._append(data, format_index_lines(keys, offsets), keys, offsets, starts)
+        self.first_key = int(keys[0]) if self.first_key is None else self.first_key
+        self.last_key = int(keys[-1])
+
+    def _append(self, data, lines, keys, offsets, starts):
+        self._rec_buf.append(data)
+        self._rec_starts.append(starts)
+        self._idx_buf.append(lines)
+        self.buffered += len(data)
+        self.records += len(keys)
+        self.rec_bytes += len(data)
+        self.idx_bytes += len(lines)
+        if isinstance(keys, np.ndarray):
+            self._keys.frombytes(keys.tobytes())
+            self._offsets.frombytes(offsets.tobytes())
+        else:
+            self._keys.extend(keys)
+            self._offsets.extend(offsets)
+        if self.buffered >= FLUSH_BYTES:
+            self.flush()
+
+    def flush(self):
+        """Write buffered records: all their .rec bytes first, then their .idx lines.
+
+        Return a number to give `OrderedWriter.wait`: the buffers added so far are then
+        written.
+        """
+        if not self._rec_buf:
+            return self._io.submitted
+        parts, starts = self._rec_buf, self._rec_starts
+        if len(parts) > 1 and self.buffered < len(parts) * WRITE_BYTES // 4:
+            bases = itertools.accumulate(map(len, parts[:-1]), initial=0)
+            starts = [
+                np.concatenate(
+                    [np.asarray(b, np.int64) + base for b, base in zip(starts, bases)]
+                ).tolist()
+            ]
+            parts = [b"".join(parts)]  # many small records: one write, not one each
+        digest = _ShardDigest(self._rec_hash, self._checksums, starts)
+        self._io.submit(self._rec_fd, parts, digest)
+        self._io.submit(self._idx_fd, b"".join(self._idx_buf), self._idx_hash)
+        self._rec_buf, self._rec_starts = [], []  # the writer thread owns what it was given
+        self._idx_buf.clear()
+        self.buffered = 0
+        return self._io.submitted
+
+    def finish(self):
+        """Flush, fsync and give the shard its final names; write its .idx cache; return
+        its `ShardInfo`."""
+        self.flush()
+        self._io.drain()
+        for fd in (self._rec_fd, self._idx_fd):
+            fsync_fd(fd, self._io.names.get(fd, self.rec_path))
+        self.close()  # before anything else can fail: an abort then has nothing to close
+        # Before the renames: a shard with its final names always has its checksum file.
+        crc_path = checksum_path(self.rec_path)
+        crc_digests = self._checksums.write(crc_path, self.rec_bytes, self.algorithms)
+        rename(self.idx_path + PARTIAL_SUFFIX, self.idx_path, "shard")
+        rename(self.rec_path + PARTIAL_SUFFIX, self.rec_path, "shard")
+        if len(self._keys) >= INDEX_CACHE_MIN_RECORDS:
+            write_index_cache(
+                self.idx_path,
+                np.frombuffer(self._keys, np.int64),
+                np.frombuffer(self._offsets, np.int64),
+            )
+        return ShardInfo(
+            os.path.basename(self.rec_path),
+            os.path.basename(self.idx_path),
+            self.records,
+            self.rec_bytes,
+            self.idx_bytes,
+            self.first_key,
+            self.last_key,
+            os.path.basename(crc_path),
+            {
+                "rec": self._rec_hash.hexdigests(),
+                "idx": self._idx_hash.hexdigests(),
+                "crc": crc_digests,
+            },
+        )
+
+    def abort(self):
+        """Queue what is buffered, then (once the writer thread is stopped) `close`."""
+        self.flush()
+
+    def close(self):
+        """Close the `.partial` files as they are, to be resumed (once: later calls do
+        nothing)."""
+        for fd in (self._rec_fd, self._idx_fd):
+            if fd is not None:
+                self._io.forget(fd)
+                os.close(fd)
+        self._rec_fd = self._idx_fd = None
+
+
+def open_for_writing(path, append):
+    """Open a `.partial` file: a new one (whatever is at the name is replaced, never followed),
+    or, to resume, the one there (never through a symlink)."""
+    try:
+        return open_existing(path) if append else create_new(path)
+    except OSError as exc:
+        raise RectoolError(f"{path}: cannot create ({exc.strerror or exc})") from None
