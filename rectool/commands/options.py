@@ -173,6 +173,17 @@ class ImageSize(click.ParamType):
         return int(parts[0]), int(parts[1])
 
 
+TRANSFORM_NAMES = ("resize", "center_crop", "quality", "encoding", "color")
+
+
+def transform_of(values):
+    """Return the `Transform` that the `transform_options` among `values` (a command's keyword
+    arguments) ask for, or None; those five are taken out of `values`."""
+    from ..build.images import transform_from_options  # here: only a command that runs
+
+    return transform_from_options(**{name: values.pop(name) for name in TRANSFORM_NAMES})
+
+
 def transform_options(func):
     """--resize, --center-crop, --quality, --encoding, --color: re-encode as `rectool pack` does
     (the same options and help; `transform_from_options` turns them into a `Transform`)."""

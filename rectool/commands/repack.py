@@ -26,6 +26,7 @@ from .options import (
     renamed_option,
     sha256_option,
     shard_options,
+    transform_of,
     transform_options,
     workers_option,
 )
@@ -142,8 +143,7 @@ from .progress import progress_bar, remember_progress
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON on stdout.")
 @library_errors
-def repack_command(paths, resize, center_crop, quality, encoding, color, resume, overwrite,
-                   quiet, as_json, **options):  # fmt: skip
+def repack_command(paths, resume, overwrite, quiet, as_json, **options):
     """Repack the records of each SOURCE into a new pack at OUT_PREFIX, without the tree.
 
     A SOURCE is anything the reader opens: a manifest or pack prefix, an im2rec .rec (with
@@ -168,7 +168,6 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
         rectool repack out/ab out/clean --dedupe --drop-overlap faces_emore/lfw.bin --min-per-id 2
         rectool repack s3://bucket/packs/faces.manifest.json s3://bucket/packs/train
     """
-    from ..build.images import transform_from_options
     from ..remote.store import is_url
     from ..remote.upload import check_output_prefix, named_at, output_prefix
     from ..repack.pipeline import RepackOptions, repack
@@ -199,7 +198,7 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
         dedupe=options["dedupe"],
         check=options["check"],
         drop_overlap=tuple(options["drop_overlap"]),
-        transform=transform_from_options(resize, center_crop, quality, encoding, color),
+        transform=transform_of(options),
         workers=options["workers"],
         max_failures=options["max_failures"],
         max_pixels=options["max_pixels"],
@@ -211,9 +210,14 @@ def repack_command(paths, resize, center_crop, quality, encoding, color, resume,
     try:
         with output_prefix(prefix, overwrite) as out:  # a URL: staged, uploaded shard by shard
             result = repack(
-                sources, out.prefix, repack_options, resume=resume, overwrite=overwrite,
-                progress=update, on_shard_finished=out.on_shard_finished,
-            )  # fmt: skip
+                sources,
+                out.prefix,
+                repack_options,
+                resume=resume,
+                overwrite=overwrite,
+                progress=update,
+                on_shard_finished=out.on_shard_finished,
+            )
         result = named_at(result, out.prefix, prefix)
     except KeyboardInterrupt as exc:
         close()
