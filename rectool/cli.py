@@ -27,11 +27,19 @@ from .commands.conventions import RectoolGroup, watch_sigterm
 # Each command's module, imported when the command runs (or --help lists them): a command
 # does not pay for importing the other eleven. The usual order; `rectool --help` sorts them.
 COMMANDS = {
-    "list": "list", "pack": "pack", "repack": "repack", "verify": "verify",
-    "reindex": "reindex", "info": "info", "unpack": "unpack", "reader": "reader",
-    "index-cache": "index_cache", "dali-index": "dali_index", "bench": "bench",
+    "list": "list",
+    "pack": "pack",
+    "repack": "repack",
+    "verify": "verify",
+    "reindex": "reindex",
+    "info": "info",
+    "unpack": "unpack",
+    "reader": "reader",
+    "index-cache": "index_cache",
+    "dali-index": "dali_index",
+    "bench": "bench",
     "report": "report",
-}  # fmt: skip
+}
 
 
 class LazyGroup(RectoolGroup):

@@ -192,9 +192,16 @@ def test_a_prefix_is_never_sized_otherwise_than_the_whole():
 
 @pytest.mark.parametrize(
     ("ext", "params"),
-    [(".jpg", ()), (".png", ()), (".bmp", ()), (".gif", ()), (".tiff", ()),
-     (".webp", (cv2.IMWRITE_WEBP_QUALITY, 90)), (".webp", (cv2.IMWRITE_WEBP_QUALITY, 101))],
-)  # fmt: skip
+    [
+        (".jpg", ()),
+        (".png", ()),
+        (".bmp", ()),
+        (".gif", ()),
+        (".tiff", ()),
+        (".webp", (cv2.IMWRITE_WEBP_QUALITY, 90)),
+        (".webp", (cv2.IMWRITE_WEBP_QUALITY, 101)),
+    ],
+)
 def test_the_header_gives_the_size_opencv_decodes(ext, params):
     data = bytes(encoded(ext, small_image(37, 53), params))
     height, width = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED).shape[:2]

@@ -122,8 +122,11 @@ def _kinds(op, outcome):
     text = repr(outcome)
     yield op[0]
     if "'error'" in text:
-        yield from (f"{op[0]} {e}" for e in ("KeyError", "RuntimeError", "AssertionError")
-                    if f"'{e}'" in text)  # fmt: skip
+        yield from (
+            f"{op[0]} {e}"
+            for e in ("KeyError", "RuntimeError", "AssertionError")
+            if f"'{e}'" in text
+        )
     if "'KeyError'" in text:
         yield "missing key"  # by read_idx, seek, or in a worker or a forked child
     if op[0] in ("write_idx", "write") and outcome[0][0] == "ok":
@@ -336,10 +339,22 @@ def test_random_operation_sequences_give_mxnets_results_and_files(oracle, tmp_pa
     # Hypothesis mixes constants from every loaded module into what it draws, so the counts
     # differ between this file alone and the whole suite: the floors leave room for both.
     wanted = {
-        "split": 100, "vector label": 25, "read a vector label": 6, "worker read": 8,
-        "fork read": 8, "missing key": 20, "read RuntimeError": 2, "read AssertionError": 30,
-        "pickle": 100, "reset": 30, "open": 4, "tell": 15, "seek": 15, "read_idx": 8,
-        "files": 400, "open_reader": 25,
-    }  # fmt: skip
+        "split": 100,
+        "vector label": 25,
+        "read a vector label": 6,
+        "worker read": 8,
+        "fork read": 8,
+        "missing key": 20,
+        "read RuntimeError": 2,
+        "read AssertionError": 30,
+        "pickle": 100,
+        "reset": 30,
+        "open": 4,
+        "tell": 15,
+        "seek": 15,
+        "read_idx": 8,
+        "files": 400,
+        "open_reader": 25,
+    }
     short = {kind: (SEEN[kind], n) for kind, n in wanted.items() if SEEN[kind] < n}
     assert not short, f"exercised too rarely (seen, wanted): {short}; all: {dict(SEEN)}"

@@ -56,9 +56,14 @@ def small_files(pack):
 def test_an_epoch_under_a_small_cache_limit_evicts_and_stays_within_it(s3_pack, tmp_path):
     limit = 2 * SHARD_BYTES + small_files(s3_pack)
     ds = open_dataset(
-        s3_pack.url, cache_dir=str(tmp_path / "cache"), cache_limit=limit,
-        block_shards=1, prefetch_shards=1, open_shards=1, retry=Retry(sleep=no_wait),
-    )  # fmt: skip
+        s3_pack.url,
+        cache_dir=str(tmp_path / "cache"),
+        cache_limit=limit,
+        block_shards=1,
+        prefetch_shards=1,
+        open_shards=1,
+        retry=Retry(sleep=no_wait),
+    )
     local = open_dataset(str(s3_pack.local))
     with Loader(ds, batch_size=3, workers=1, seed=2) as loader:
         order = loader.sampler.global_order()
@@ -99,7 +104,7 @@ def objects(tmp_path, http_pack):
             "xxh3-128",
             s["rec_xxh3_128"],
             s["rec"],
-        )  # fmt: skip
+        )
         for s in doc["shards"]
     ]
 
@@ -192,8 +197,10 @@ def test_the_limit_counts_every_file_of_the_cache_not_only_the_shards(objects):
     cache.pin(objs[0]).release()
     cache.pin(objs[1]).release()
     assert present(objs) == [False, True, False, False]
-    assert cache.usage() == (sizes[1] + 100, [(os.stat(objs[1].path).st_mtime_ns,
-                                               objs[1].path, sizes[1])])  # fmt: skip
+    assert cache.usage() == (
+        sizes[1] + 100,
+        [(os.stat(objs[1].path).st_mtime_ns, objs[1].path, sizes[1])],
+    )
 
 
 def test_usage_counts_the_manifest_indexes_and_labels_of_an_opened_pack(s3_pack, tmp_path):

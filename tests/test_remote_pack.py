@@ -43,9 +43,10 @@ def test_pack_to_s3_uploads_the_local_pack_byte_for_byte_manifest_last(
         (tmp_path / "cache" / "staging").iterdir()
     )
     ds = open_dataset(
-        "s3://packed/out/faces.manifest.json", cache_dir=str(tmp_path / "read"),
+        "s3://packed/out/faces.manifest.json",
+        cache_dir=str(tmp_path / "read"),
         retry=Retry(sleep=no_wait),
-    )  # fmt: skip
+    )
     mine = open_dataset(str(local))
     assert [bytes(ds.raw(i)[0]) for i in range(len(ds))] == [
         bytes(mine.raw(i)[0]) for i in range(len(mine))

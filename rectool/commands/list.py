@@ -124,10 +124,26 @@ def parse_extensions(ctx, param, value):
 @json_option("Print the summary as JSON: on stdout, or on stderr when OUT is -.")
 @library_errors
 def list_command(
-    root, out, recursive, exts, shuffle, seed, chunks, train_ratio, val_ratio, test_ratio,
-    split_by, min_per_id, max_per_id, workers, labels, allow_outside_root, overwrite, quiet,
+    root,
+    out,
+    recursive,
+    exts,
+    shuffle,
+    seed,
+    chunks,
+    train_ratio,
+    val_ratio,
+    test_ratio,
+    split_by,
+    min_per_id,
+    max_per_id,
+    workers,
+    labels,
+    allow_outside_root,
+    overwrite,
+    quiet,
     as_json,
-):  # fmt: skip
+):
     """List the images under ROOT, one identity per folder, into OUT (.lst, or - for stdout).
 
     Each first-level folder of ROOT is an identity. Labels 0, 1, ... go to identities in

@@ -91,9 +91,22 @@ from .progress import progress_bar
 @json_option("Print what was written as JSON on stdout.")
 @library_errors
 def report_command(
-    target, output, sheet, seed, identities, per_identity, thumb, sample, max_bytes,
-    images_root, verify, decode, overwrite, max_pixels, as_json,
-):  # fmt: skip
+    target,
+    output,
+    sheet,
+    seed,
+    identities,
+    per_identity,
+    thumb,
+    sample,
+    max_bytes,
+    images_root,
+    verify,
+    decode,
+    overwrite,
+    max_pixels,
+    as_json,
+):
     """Write a report of TARGET (manifest, prefix, .rec or train.rec folder) as one HTML page.
 
     A TARGET that is the URL of a manifest (s3://, https://) is read from a copy of its pack

@@ -297,9 +297,15 @@ class RemoteDataset(RecordDataset):
         if size != len(self):
             raise ValueError(f"a sampler of {size} samples for a dataset of {len(self)}")
         return StreamingSampler(
-            self._shard_ids, rank, world_size, shuffle, seed, drop_last,
-            self.block_shards, on_order=self.prefetch,
-        )  # fmt: skip
+            self._shard_ids,
+            rank,
+            world_size,
+            shuffle,
+            seed,
+            drop_last,
+            self.block_shards,
+            on_order=self.prefetch,
+        )
 
     def prefetch(self, order):
         """Start fetching the shards that the samples `order` need, in the order they need them
@@ -307,9 +313,11 @@ class RemoteDataset(RecordDataset):
         self.stop_prefetch()
         files = [self._files[s] for s in first_uses(self._shard_ids, order)]
         self._prefetcher = ShardPrefetcher(
-            self.shard_cache, [rf.obj for rf in files], self.prefetch_shards,
+            self.shard_cache,
+            [rf.obj for rf in files],
+            self.prefetch_shards,
             self.prefetch_threads,
-        )  # fmt: skip
+        )
         return self._prefetcher
 
     def stop_prefetch(self):

@@ -39,8 +39,10 @@ def run_elsewhere(function, *args):
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
             process = subprocess.Popen(
                 [sys.executable, "-c", "from rectool.remote.fetch import main; main()"],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-            )  # fmt: skip
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env=env,
+            )
             _helper = (os.getpid(), process)
         process = _helper[1]
         try:

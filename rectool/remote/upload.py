@@ -138,9 +138,12 @@ class ShardUploader:
         rest = sorted(
             n
             for n in os.listdir(folder)
-            if n.startswith(local_name) and n != manifest and not n.endswith(".lock")
-            and n not in self.uploaded and os.path.isfile(os.path.join(folder, n))
-        )  # fmt: skip
+            if n.startswith(local_name)
+            and n != manifest
+            and not n.endswith(".lock")
+            and n not in self.uploaded
+            and os.path.isfile(os.path.join(folder, n))
+        )
         for path in [os.path.join(folder, n) for n in rest]:
             self._submit(path)
         self.wait()

@@ -59,8 +59,15 @@ from .sources import Source as Source
 from .sources import open_target as open_target
 
 
-def repack(sources, prefix, options=None, resume=False, overwrite=False, progress=None,
-           on_shard_finished=None):  # fmt: skip
+def repack(
+    sources,
+    prefix,
+    options=None,
+    resume=False,
+    overwrite=False,
+    progress=None,
+    on_shard_finished=None,
+):
     """Repack the records of `sources` (datasets `open_dataset` accepts) into a pack at
     `prefix`; return a `RepackResult`.
 
@@ -88,15 +95,33 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
         if resume and is_complete(prefix):
             return _completed_result(prefix)
         if not (overwrite and output_files(prefix)):
-            return _repack_into(opened, targets, catalog, plan, prefix, options, resume,
-                                overwrite, progress, on_shard_finished)  # fmt: skip
+            return _repack_into(
+                opened,
+                targets,
+                catalog,
+                plan,
+                prefix,
+                options,
+                resume,
+                overwrite,
+                progress,
+                on_shard_finished,
+            )
         result = replace_beside(
             prefix,
             lambda staging: _repack_into(
-                opened, targets, catalog, plan, staging, options, False, False, progress,
+                opened,
+                targets,
+                catalog,
+                plan,
+                staging,
+                options,
+                False,
+                False,
+                progress,
                 on_shard_finished,
             ),
-        )  # fmt: skip
+        )
         return dataclasses.replace(
             result,
             manifest_path=manifest_path(prefix),
@@ -105,8 +130,18 @@ def repack(sources, prefix, options=None, resume=False, overwrite=False, progres
         )
 
 
-def _repack_into(opened, targets, catalog, plan, prefix, options, resume, overwrite, progress,
-                 on_shard_finished=None):  # fmt: skip
+def _repack_into(
+    opened,
+    targets,
+    catalog,
+    plan,
+    prefix,
+    options,
+    resume,
+    overwrite,
+    progress,
+    on_shard_finished=None,
+):
     """Write the planned repack at `prefix` (locked, and the final or a staging prefix)."""
     prepare_outputs(prefix, resume, overwrite)
     if not resume:
@@ -166,14 +201,26 @@ def _check_not_a_source(prefix, sources):
 
 
 def _completed_result(prefix):
-    required = ("classes", "totals.images", "totals.failures", "totals.records",
-                "totals.rec_bytes", "options.max_failures")  # fmt: skip
+    required = (
+        "classes",
+        "totals.images",
+        "totals.failures",
+        "totals.records",
+        "totals.rec_bytes",
+        "options.max_failures",
+    )
     manifest = read_manifest(manifest_path(prefix), require=required)
     with open_input(prefix + REPORT_SUFFIX, "repack report", "utf-8") as f:
         report = json.load(f)
     totals = manifest["totals"]
     return RepackResult(
-        manifest_path(prefix), manifest, totals["images"], manifest["classes"],
-        totals["failures"], prefix + FAILURES_SUFFIX, prefix + REPORT_SUFFIX, report,
+        manifest_path(prefix),
+        manifest,
         totals["images"],
-    )  # fmt: skip
+        manifest["classes"],
+        totals["failures"],
+        prefix + FAILURES_SUFFIX,
+        prefix + REPORT_SUFFIX,
+        report,
+        totals["images"],
+    )

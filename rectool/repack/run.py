@@ -60,9 +60,12 @@ class RepackRun:
             # look at the same finished file again and again).
             self.last_shard = 0
         self.writer = ShardWriter(
-            prefix, options.shard_bytes, options.shard_records, last_shard=self.last_shard,
+            prefix,
+            options.shard_bytes,
+            options.shard_records,
+            last_shard=self.last_shard,
             sha256=options.sha256,
-        )  # fmt: skip
+        )
         self.copier = RecordCopier(sources, catalog)
         self.failures_partial = prefix + FAILURES_SUFFIX + PARTIAL_SUFFIX
         self.refused = np.zeros(self.total, bool)  # plan positions refused while writing
@@ -272,17 +275,31 @@ class RepackRun:
         report = self._report_document(refused, property_note)
         write_json_atomic(prefix + REPORT_SUFFIX, report)
         manifest = build_manifest(
-            options, None, prefix, self.writer.finished, images, failures, plan.classes, names,
+            options,
             None,
-        )  # fmt: skip
+            prefix,
+            self.writer.finished,
+            images,
+            failures,
+            plan.classes,
+            names,
+            None,
+        )
         manifest["sources"] = [s.spec for s in self.sources]
         remove_stale_temporaries(prefix)
         write_json_atomic(manifest_path(prefix), manifest)
         remove(state_path)
         return RepackResult(
-            manifest_path(prefix), manifest, images, plan.classes, failures, final_failures,
-            prefix + REPORT_SUFFIX, report, self.resumed_from,
-        )  # fmt: skip
+            manifest_path(prefix),
+            manifest,
+            images,
+            plan.classes,
+            failures,
+            final_failures,
+            prefix + REPORT_SUFFIX,
+            report,
+            self.resumed_from,
+        )
 
     def _new_names(self):
         names = self.catalog.names
@@ -290,8 +307,11 @@ class RepackRun:
             return None
         if self.options.keep_labels:
             return {int(old): names[int(old)] for old in self.plan.old_labels if int(old) in names}
-        return {new: names[int(old)] for new, old in enumerate(self.plan.old_labels)
-                if int(old) in names}  # fmt: skip
+        return {
+            new: names[int(old)]
+            for new, old in enumerate(self.plan.old_labels)
+            if int(old) in names
+        }
 
     def _relabel_text(self):
         plan, names = self.plan, self.catalog.names or {}

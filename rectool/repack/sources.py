@@ -45,8 +45,15 @@ class Source:
         files = []
         for rec, idx in self.dataset.shards:
             st_rec, st_idx = os.stat(rec), os.stat(idx)
-            files.append([os.path.abspath(rec), st_rec.st_size, st_rec.st_mtime_ns,
-                          st_idx.st_size, st_idx.st_mtime_ns])  # fmt: skip
+            files.append(
+                [
+                    os.path.abspath(rec),
+                    st_rec.st_size,
+                    st_rec.st_mtime_ns,
+                    st_idx.st_size,
+                    st_idx.st_mtime_ns,
+                ]
+            )
         return files
 
 

@@ -68,10 +68,21 @@ def ensure_pack(images, log=print):
     lst.write_text("".join(lines), encoding="utf-8")
     out = folder / "out" / "faces"
     subprocess.run(
-        [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(out), "-q",
-         "--shard-records", str(SHARD_RECORDS), "--overwrite"],
+        [
+            sys.executable,
+            "-m",
+            "rectool",
+            "pack",
+            str(lst),
+            str(root),
+            str(out),
+            "-q",
+            "--shard-records",
+            str(SHARD_RECORDS),
+            "--overwrite",
+        ],
         check=True,
-    )  # fmt: skip
+    )
     return manifest
 
 
@@ -120,8 +131,11 @@ def run(images=24_000, repeats=2, log=print):
 
         best = {"local": None, "cold": None, "cold_latency": None}
         for turn in range(repeats):
-            for name, fn in (("local", local), ("cold", lambda: cold(0.0)),
-                             ("cold_latency", lambda: cold(0.05))):  # fmt: skip
+            for name, fn in (
+                ("local", local),
+                ("cold", lambda: cold(0.0)),
+                ("cold_latency", lambda: cold(0.05)),
+            ):
                 seconds, n = fn()
                 assert n == images, (name, n)
                 log(f"turn {turn}: {name}: {seconds:.2f} s, {n / seconds:,.0f} images/s")

@@ -69,16 +69,18 @@ def _segment(marker, body):
 def tiny_jpeg():
     """Return a valid 141-byte 8x8 grey baseline JPEG (one-symbol Huffman tables, one block)."""
     one_code = bytes([1] + [0] * 15) + b"\x00"  # a single code of length 1, for symbol 0
-    return b"".join((
-        b"\xff\xd8",
-        _segment(0xDB, b"\x00" + bytes([1] * 64)),
-        _segment(0xC0, b"\x08" + struct.pack(">HH", 8, 8) + b"\x01\x01\x11\x00"),
-        _segment(0xC4, b"\x00" + one_code),  # DC: category 0 only
-        _segment(0xC4, b"\x10" + one_code),  # AC: end of block only
-        _segment(0xDA, b"\x01\x01\x00\x00\x3f\x00"),
-        b"\x3f",  # DC diff 0 (code 0), EOB (code 0), padded with ones
-        b"\xff\xd9",
-    ))  # fmt: skip
+    return b"".join(
+        (
+            b"\xff\xd8",
+            _segment(0xDB, b"\x00" + bytes([1] * 64)),
+            _segment(0xC0, b"\x08" + struct.pack(">HH", 8, 8) + b"\x01\x01\x11\x00"),
+            _segment(0xC4, b"\x00" + one_code),  # DC: category 0 only
+            _segment(0xC4, b"\x10" + one_code),  # AC: end of block only
+            _segment(0xDA, b"\x01\x01\x00\x00\x3f\x00"),
+            b"\x3f",  # DC diff 0 (code 0), EOB (code 0), padded with ones
+            b"\xff\xd9",
+        )
+    )
 
 
 def _digits(values, width):
@@ -135,8 +137,10 @@ def generate(folder, records=RECORDS, log=print):
             rec.write(block)
             idx.write(_idx_text(keys[a:b], offsets[a:b]))
     write_index_cache(f"{prefix}.idx", keys, offsets)
-    log(f"generated {records:,} records ({records * stride / 1e9:.1f} GB) in "
-        f"{time.perf_counter() - start:.1f} s under {folder}")  # fmt: skip
+    log(
+        f"generated {records:,} records ({records * stride / 1e9:.1f} GB) in "
+        f"{time.perf_counter() - start:.1f} s under {folder}"
+    )
     return prefix
 
 
@@ -241,8 +245,10 @@ def measure(prefix, log=print, torch=True):
         result[f"{name}_owned_pss_mb"] = workers["Pss_Anon"] + workers["Pss_Shmem"]
         result[f"{name}_workers_pss_mb"] = workers
         result[f"{name}_parent_pss_mb"] = got["parent_pss"]
-        log(f"{what}, {WORKERS} spawned workers after {BATCHES} batches of {BATCH}: PSS "
-            f"{_mb(workers)} in all; parent {_mb(got['parent_pss'])}")  # fmt: skip
+        log(
+            f"{what}, {WORKERS} spawned workers after {BATCHES} batches of {BATCH}: PSS "
+            f"{_mb(workers)} in all; parent {_mb(got['parent_pss'])}"
+        )
     return result
 
 

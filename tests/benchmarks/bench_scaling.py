@@ -70,9 +70,15 @@ def commands(prefix, out):
         "report": [*RECTOOL, "report", str(prefix), "-o", str(out / "report.html")],
         "repack_identity": [*RECTOOL, "repack", str(prefix), str(out / "identity"), "-q"],
         "repack_shuffle": [
-            *RECTOOL, "repack", str(prefix), str(out / "shuffle"), "-q", "--order", "shuffle",
+            *RECTOOL,
+            "repack",
+            str(prefix),
+            str(out / "shuffle"),
+            "-q",
+            "--order",
+            "shuffle",
         ],
-    }  # fmt: skip
+    }
 
 
 def run(sizes=SIZES, folder=None, keep=False, log=print):

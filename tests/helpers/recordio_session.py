@@ -19,9 +19,16 @@ KEY_TYPES = {"int": int, "str": str}
 # Compared by the first class that matches, so rectool's named errors compare equal to the
 # builtin MXNet raises (`MissingKeyError` is a `KeyError`, `IndexFormatError` a `ValueError`).
 ERRORS = (
-    KeyError, RuntimeError, AssertionError, ValueError, IndexError, OverflowError, TypeError,
-    AttributeError, struct.error,
-)  # fmt: skip
+    KeyError,
+    RuntimeError,
+    AssertionError,
+    ValueError,
+    IndexError,
+    OverflowError,
+    TypeError,
+    AttributeError,
+    struct.error,
+)
 
 
 class Session:
@@ -61,7 +68,7 @@ class Session:
                     label.tolist() if hasattr(label, "tolist") else label,
                     type(rest).__name__,
                     rest,
-                ),  # fmt: skip
+                ),
             }
         if isinstance(value, list):
             return [(type(v).__name__, v) for v in value]
