@@ -37,9 +37,9 @@ _EXPORTS = {
     "frame_record": "format.writer",
     "pack_image_record": "format.writer",
     # pipelines
-    "PackOptions": "build.packing",
+    "PackOptions": "build.options",
     "pack_images": "build.packing",
-    "finalize_pack": "build.packing",
+    "finalize_pack": "build.finalize",
     "list_images": "build.listing",
     "verify_dataset": "inspect.verify",
 }

@@ -28,14 +28,14 @@ _ELSEWHERE = {
     "ChecksumFileError": "format.checksums",
     "DamagedRecordsError": "inspect.unpack",
     "DigestMismatchError": "remote.cache",
-    "EmptyListError": "build.packing",
+    "EmptyListError": "build.listcheck",
     "ImageRefused": "build.images",
     "ImageTooLarge": "build.images",
     "ListFormatError": "build.listfile",
     "NotFoundError": "remote.store",
     "RemoteError": "remote.store",
     "TransientError": "remote.store",
-    "WrongRootError": "build.packing",
+    "WrongRootError": "build.listcheck",
 }
 
 __all__ = [

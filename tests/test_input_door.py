@@ -38,7 +38,7 @@ ALLOWED = {
     "staging code another part of issue 19 rewrites",
     ("shards.py", "resume"): "pending: a shard's own .idx on --resume, in the shard "
     "writers another part of issue 19 rewrites",
-    ("packing.py", "_in_python"): "/proc/thread-self/schedstat of this thread, not user input",
+    ("packrun.py", "_in_python"): "/proc/thread-self/schedstat of this thread, not user input",
 }
 
 _WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC", "O_EXCL"}

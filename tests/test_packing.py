@@ -382,21 +382,22 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
     import os
     import time
 
-    import rectool.build.packing as packing
+    import rectool.build.packrun as packrun
+    import rectool.build.workers as workers
 
     root = tmp_path / "tree"
     # Two timing windows in a row must be slow (one could be a stall of the machine).
     items = write_pack_tree(root, [f"id{i}" for i in range(25)], 100)
-    assert len(items) > 2 * packing.SWITCH_WINDOW
+    assert len(items) > 2 * packrun.SWITCH_WINDOW
     lst = write_list(tmp_path / "slow.lst", items)
     pools = []
-    real_pool, real_read = packing.ThreadPoolExecutor, packing._read_file
+    real_pool, real_read = packrun.ThreadPoolExecutor, workers._read_file
 
     def counting_pool(*args, **kwargs):
         pools.append(args)
         return real_pool(*args, **kwargs)
 
-    monkeypatch.setattr(packing, "ThreadPoolExecutor", counting_pool)
+    monkeypatch.setattr(packrun, "ThreadPoolExecutor", counting_pool)
     pack_images(lst, root, tmp_path / "fast", PackOptions(workers=2))
     assert pools == []  # fast local reads: all on the calling thread
 
@@ -409,7 +410,7 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
         return real_readv(fd, buffers)
 
     real_readv = os.readv
-    monkeypatch.setattr(packing, "_read_file", slow_read)
+    monkeypatch.setattr(workers, "_read_file", slow_read)
     monkeypatch.setattr(os, "readv", slow_readv)  # pass-through blocks read with readv
     pack_images(lst, root, tmp_path / "slow", PackOptions(workers=2))
     assert pools == [(2,)]

@@ -278,7 +278,7 @@ def test_numbered_records_skip_the_refused(tmp_path, block_bytes):
 def test_blocks_and_worker_threads_pack_the_same_bytes(tmp_path, monkeypatch, layout):
     # Two implementations of pass-through: blocks on the calling thread (fast disks) and
     # image by image in worker threads (slow ones). Their files must be the same.
-    import rectool.build.packing
+    import rectool.build.packrun
 
     root = tmp_path / "tree"
     (root / "a").mkdir(parents=True)
@@ -299,7 +299,7 @@ def test_blocks_and_worker_threads_pack_the_same_bytes(tmp_path, monkeypatch, la
     lst = write_list(tmp_path / "mixed.lst", items)
     options = PackOptions(layout=layout, max_failures=100, workers=2)
     pack_images(lst, root, tmp_path / "blocks" / "p", options)
-    monkeypatch.setattr(rectool.build.packing, "_io_bound", lambda options: False)
+    monkeypatch.setattr(rectool.build.packrun, "_io_bound", lambda options: False)
     pack_images(lst, root, tmp_path / "threads" / "p", options)
     for suffix in (".rec", ".idx", ".failures.jsonl"):
         blocks = (tmp_path / "blocks" / f"p{suffix}").read_bytes()

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 
 from ..doors.output import OutputLock, make_folders
 from ..errors import RectoolError, UsageError
+from .finalize import completed_if_same, finalize_locked
+from .listcheck import check_root, validate_list
 from .manifest import (
     FAILURES_SUFFIX,
     discard_staging,
@@ -27,25 +29,16 @@ from .manifest import (
     staging_prefix,
     swap_in,
 )
-from .packing import (
-    PACKED,
-    RESUMED,
-    PackOptions,
-    check_pack_options,
-    check_prefix,
-    check_root,
-    completed_if_same,
-    finalize_locked,
-    pack_images,
-    validate_list,
-)
+from .options import PackOptions, check_pack_options, check_prefix
+from .packing import pack_images
+from .results import PACKED, RESUMED
 from .shards import plan_shards
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
     from dask.distributed import Client, LocalCluster
 
-    from .packing import PackResult, ShardResult
+    from .results import PackResult, ShardResult
 
 # `progress(done, total, refused)`, as `pack_images` calls it.
 Progress = Callable[[int, int, int], object]

@@ -179,8 +179,10 @@ def pack_command(
         rectool pack faces.lst faces/ s3://bucket/packs/faces   # staged, then uploaded
     """
     from ..build.distributed import pack_on_dask
+    from ..build.finalize import finalize_pack
     from ..build.images import transform_from_options
-    from ..build.packing import PackOptions, finalize_pack, pack_images
+    from ..build.options import PackOptions
+    from ..build.packing import pack_images
     from ..remote.store import is_url
     from ..remote.upload import check_output_prefix, named_at, output_prefix
 

@@ -76,7 +76,7 @@ def render_shard_result(shard):
 
 def render_pack_summary(result, shown=10):
     """Return the human summary of a pack."""
-    from ..build.packing import COMPLETE, FINALIZED, RESUMED
+    from ..build.results import COMPLETE, FINALIZED, RESUMED
 
     shards = result.manifest["shards"]
     totals = result.manifest["totals"]

@@ -36,7 +36,7 @@ from ..build.manifest import (
 )
 
 # Pack's output conventions and its --resume/--overwrite rules, reused as they are.
-from ..build.packing import allowed_failures
+from ..build.options import allowed_failures
 from ..doors.inputs import open_input
 from ..doors.output import OutputLock, make_folders, remove, write_json_atomic
 from ..errors import RectoolError, UsageError

@@ -1,0 +1,320 @@
+"""One run of the packing pipeline over a list (or one shard of its plan): `PackRun`.
+
+Worker threads read, check and (optionally) re-encode images; OpenCV releases the GIL, so they
+run in parallel. One writer consumes their results strictly in list order, so the bytes never
+depend on `workers` or timing, and at most a bounded window of images is in flight. Passing
+images through, which is reading rather than computing, runs a block at a time on the calling
+thread instead (see `passthrough.py`), until reads prove slow (`_ReadTimer`). Both paths hand the
+writer the same shape, runs of framed records with refusals between them (`PackRun._consume`).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from ..doors.inputs import open_input
+from ..doors.output import create_new, open_existing, truncate
+from ..errors import RectoolError
+from .layout import image_size, layout_named
+from .listfile import iter_list
+from .manifest import FAILURES_SUFFIX, PARTIAL_SUFFIX, shard_stem
+from .passthrough import PassThroughPacker
+from .results import Refusal
+from .shards import ShardWriter, plan_shards
+from .workers import ChunkResults, ImageWorker
+
+# Items go to worker threads in chunks: one future per image would cost more than a check.
+CHUNK_ITEMS = 32
+# Pass-through from a fast disk takes about 10 us an image, all Python; a network file system
+# takes a millisecond, waiting. Over this average, two windows in a row, worker threads take
+# over. (One window could be a stall of the machine, not of the files.)
+SLOW_ITEM_SECONDS = 0.0001
+SWITCH_WINDOW = 1024  # items timed at a time
+# Pass-through blocks hold at most this many items (and BLOCK_BYTES of records).
+BLOCK_ITEMS = 4096
+
+
+class PackRun:
+    """One execution of the pipeline; holds the counters the manifest reports."""
+
+    def __init__(self, list_path, root, prefix, options, total, progress, part=None):
+        self.list_path, self.root, self.prefix = list_path, root, prefix
+        self.options, self.total, self.progress = options, total, progress
+        self.layout = layout_named(options.layout)
+        # `part`: (shard number, its list positions) when packing one shard of a plan.
+        self.positions = part[1] if part else range(total)
+        first, last = (part[0], part[0]) if part else (0, None)
+        if part is None and options.shard_records and not options.shard_bytes:
+            last = len(plan_shards(total, None, options.shard_records)) - 1
+        self.last_shard = last
+        self.writer = ShardWriter(
+            prefix, options.shard_bytes, options.shard_records, first_shard=first, last_shard=last,
+            sha256=options.sha256,
+        )  # fmt: skip
+        stem = shard_stem(prefix, part[0]) if part else prefix
+        self.failures_partial = stem + FAILURES_SUFFIX + PARTIAL_SUFFIX
+        self.images = 0
+        self.failures = 0
+        self.first_refusals = []
+        self.resumed_from = 0
+        self.label_counts = collections.Counter()  # numbered layouts: images per identity
+        self.max_label = -1
+        self.image_size = None
+        self._fault = _test_fault()
+
+    # -- items ------------------------------------------------------------------------------
+    def _items(self):
+        with open_input(self.list_path, "list file", "utf-8", "\n") as f:
+            yield from self.layout.order(iter_list(f, self.list_path))
+
+    @property
+    def classes(self):
+        """Return the identities counted while writing (numbered layouts), else None."""
+        return self.max_label + 1 if self.layout.numbered else None
+
+    # -- resume -----------------------------------------------------------------------------
+    def _resume(self):
+        written = self.writer.resume(drop_tail=self.layout.written_after_images)
+        refused_lines = set()
+        if os.path.islink(self.failures_partial):
+            raise RectoolError(
+                f"{self.failures_partial}: is a symlink, not a file this pack wrote; remove it"
+            )
+        if os.path.exists(self.failures_partial):
+            with open_input(self.failures_partial, "failures file", follow=False) as f:
+                data = f.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            truncate(self.failures_partial, len(complete))
+            for raw in complete.splitlines():
+                entry = json.loads(raw)
+                refused_lines.add(entry["line"])
+                if len(self.first_refusals) < 100:
+                    self.first_refusals.append(Refusal(**entry))
+        self.failures = len(refused_lines)
+        self.images = written
+        self.resumed_from = written + self.failures
+        return refused_lines
+
+    # -- the pipeline -----------------------------------------------------------------------
+    def execute(self, resume):
+        refused_lines = self._resume() if resume else set()
+        skip = self.resumed_from
+        if resume:
+            self._failures_fd = open_existing(self.failures_partial)
+        else:
+            self._failures_fd = create_new(self.failures_partial)
+        self.writer.register(self._failures_fd, self.failures_partial)
+        try:
+            items = itertools.islice(self._items(), self.positions.start, self.positions.stop)
+            for item in itertools.islice(items, skip):
+                if item.line not in refused_lines:
+                    self._count_label(item)
+            self._position = self.positions.start + skip
+            self._report(skip)
+            self._process(items, skip)
+            self._finish()
+        except BaseException:
+            self.writer.abort()
+            raise
+        finally:
+            os.close(self._failures_fd)
+
+    def _process(self, items, done):
+        may_switch = self.options.workers > 1
+        worker = ImageWorker(self.root, self.options)
+        chunks = _chunks(items, CHUNK_ITEMS)
+        if _io_bound(self.options):
+            done, finished = self._process_blocks(items, done, may_switch)
+            if finished:
+                return
+        elif self.options.workers == 1:
+            for chunk in chunks:
+                done = self._consume(self._results(chunk, worker.prepare_chunk(chunk)), done)
+            return
+        window = collections.deque()
+        limit = 4 * self.options.workers
+        with ThreadPoolExecutor(self.options.workers, thread_name_prefix="rectool-pack") as pool:
+            for chunk in chunks:
+                window.append((chunk, pool.submit(worker.prepare_chunk, chunk)))
+                if len(window) >= limit:
+                    chunk, pending = window.popleft()
+                    done = self._consume(self._results(chunk, pending.result()), done)
+            while window:
+                chunk, pending = window.popleft()
+                done = self._consume(self._results(chunk, pending.result()), done)
+
+    def _results(self, chunk, results):
+        """Return a chunk's worker results as a `ChunkResults`, numbered (framed here) from
+        the next key when the layout numbers images as written."""
+        return ChunkResults(chunk, results, self.layout.first_key(self.images))
+
+    def _process_blocks(self, items, done, may_switch):
+        """Pass images through a block at a time on this thread; return (done, finished),
+        stopping when reads are slow (see `_ReadTimer`)."""
+        packer = PassThroughPacker(
+            self.root,
+            self.options.check,
+            self.options.pack_label,
+            wait=self.writer.wait_written,
+            allow_outside_root=self.options.allow_outside_root,
+            max_pixels=self.options.max_pixels,
+        )
+        timer = _ReadTimer()
+        while True:
+            packer.wait_for_buffer()  # waiting for the writer is not reading: not timed
+            timer.start()
+            block = packer.fill(
+                items,
+                # Blocks no longer than a timing window, so that slow reads are noticed early.
+                SWITCH_WINDOW if may_switch else BLOCK_ITEMS,
+                first_key=self.layout.first_key(self.images),
+            )
+            if block is None:
+                return done, True
+            slow = timer.slow(len(block.items))
+            done = self._consume(block, done)
+            if may_switch and slow:
+                return done, False
+
+    def _consume(self, block, done):
+        """Write the records and refusals of a pass-through `Block` or a `ChunkResults` in
+        list order; return the new count of items done."""
+        numbered = self.layout.numbered
+        for run in block.runs():
+            if len(run) == 2:
+                self._refuse(*run)
+                self._position += 1
+                continue
+            items, data, starts, first = run
+            count = len(items)
+            positions = range(self._position, self._position + count)
+            if numbered:
+                keys = list(range(self.images + 1, self.images + 1 + count))
+                if self.image_size is None:
+                    self.image_size = image_size(block.image(first))
+                for item in items:
+                    self._count_label(item)
+            else:
+                keys = [item.index for item in items]
+            self.writer.add_run(data, keys, starts, positions)
+            self.images += count
+            self._position += count
+        if block.reuses_buffer:
+            block.written = self.writer.flush()  # the packer reuses the buffer once written
+        done += len(block.items)
+        self._report(done)
+        return done
+
+    def _count_label(self, item):
+        if self.layout.numbered:
+            label = int(item.labels[0])
+            self.label_counts[label] += 1
+            self.max_label = max(self.max_label, label)
+
+    def _refuse(self, item, reason):
+        refusal = Refusal(item.line, item.index, item.path, reason)
+        # Records before this one must reach the file first, so that what a kill leaves is a
+        # prefix of the list's outcomes (see ShardWriter.resume).
+        line = json.dumps(refusal.to_json(), ensure_ascii=False) + "\n"
+        self.writer.write_after(self._failures_fd, line.encode("utf-8"))
+        self.failures += 1
+        if len(self.first_refusals) < 100:
+            self.first_refusals.append(refusal)
+
+    def _report(self, done):
+        if self.progress is not None:
+            self.progress(done, self.total, self.failures)
+        if self._fault is not None and done >= self._fault[1]:
+            signal_number, self._fault = self._fault[0], None
+            os.kill(os.getpid(), signal_number)
+
+    def _finish(self):
+        for key, framed in self.layout.records_after(self.images, self.label_counts):
+            self.writer.add(key, framed)
+        self.writer.close(self.last_shard)
+
+
+class _ReadTimer:
+    """Decide when images are slow to read: over SLOW_ITEM_SECONDS an image outside Python,
+    two windows of SWITCH_WINDOW images in a row.
+
+    Outside Python is the wall time less the time this thread ran in user mode or waited for a
+    CPU (Linux: its rusage and schedstat; elsewhere, less its CPU time): reads that wait for a
+    disk or a network, or keep the kernel busy, count, and worker threads overlap them; Python's
+    own work, and a machine busy with other work, do not, since threads cannot help there.
+    """
+
+    def __init__(self):
+        self._clock = _in_python if _in_python() is not None else time.thread_time
+        self.seconds = 0.0
+        self.items = 0
+        self.slow_windows = 0
+        self.start()
+
+    def start(self):
+        """Start timing a read of some images."""
+        self._wall, self._ran = time.perf_counter(), self._clock()
+
+    def slow(self, items):
+        """Count `items` read since `start()`; return True once reads are slow."""
+        self.seconds += (time.perf_counter() - self._wall) - (self._clock() - self._ran)
+        self.items += items
+        if self.items < SWITCH_WINDOW:
+            return False
+        if self.seconds / self.items > SLOW_ITEM_SECONDS:
+            self.slow_windows += 1
+        else:
+            self.slow_windows = 0
+        self.seconds, self.items = 0.0, 0
+        return self.slow_windows >= 2
+
+
+def _in_python():
+    """Return the seconds this thread ran in user mode or waited on a run queue (Linux), or
+    None where that cannot be known."""
+    try:
+        import resource  # not on Windows
+
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            waited = int(f.read().split()[1])
+        return resource.getrusage(resource.RUSAGE_THREAD).ru_utime + waited / 1e9
+    except (ImportError, AttributeError, OSError, ValueError, IndexError):
+        return None
+
+
+FAULT_VARIABLE = "RECTOOL_TEST_FAULT"
+
+
+def _test_fault():
+    """Return (signal, items) from `RECTOOL_TEST_FAULT=SIGNAME:N`, or None.
+
+    A test hook: the run sends itself the signal once N list items are done (progress is
+    reported a block or a chunk at a time), a deterministic point to kill or interrupt it.
+    """
+    text = os.environ.get(FAULT_VARIABLE)
+    if not text:
+        return None
+    name, _, items = text.partition(":")
+    return getattr(signal, name), int(items or 0)
+
+
+def _io_bound(options):
+    """Return True when preparing an image is reading it, not decoding or encoding it."""
+    return options.transform is None and options.check != "decode"
+
+
+def _chunks(items, size):
+    chunk = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
