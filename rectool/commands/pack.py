@@ -7,8 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..choices import CHECK_MODES, ENCODINGS, LAYOUTS
-from ..text import counted
+from ..choices import CHECK_MODES, LAYOUTS
 from .conventions import (
     CommandFailed,
     RectoolCommand,
@@ -25,12 +24,15 @@ from .options import (
     quiet_option,
     sha256_option,
     shard_options,
+    transform_of,
+    transform_options,
     workers_option,
 )
 from .pack_messages import (
     has_output,
     interrupted_message,
     render_pack_summary,
+    render_plan,
     render_shard_result,
     shard_plan,
 )
@@ -57,25 +59,7 @@ from .progress import progress_bar, remember_progress
     "refuse missing and empty files.",
 )
 @click.option("--no-check", is_flag=True, help="Same as --check none.")
-@click.option(
-    "--resize",
-    type=Count(1),
-    help="Re-encode with the shorter side resized to N pixels.",
-)
-@click.option("--center-crop", is_flag=True, help="Re-encode, cropping the centre square first.")
-@click.option(
-    "--quality",
-    type=click.IntRange(0, 100),
-    help="Re-encode: JPEG quality 1-100 (default 95) or PNG compression 0-9 (default 3).",
-)
-@click.option(
-    "--encoding", type=click.Choice(ENCODINGS), help="Re-encode as JPEG or PNG (default .jpg)."
-)
-@click.option(
-    "--color",
-    type=click.Choice(["-1", "0", "1"]),
-    help="Re-encode: 1 colour, 0 grayscale, -1 unchanged (default 1).",
-)
+@transform_options
 @shard_options
 @click.option(
     "--layout",
@@ -147,10 +131,9 @@ from .progress import progress_bar, remember_progress
 @json_option("Print the summary as JSON on stdout.")
 @library_errors
 def pack_command(
-    list_file, root, prefix, pack_label, check, no_check, resize, center_crop, quality, encoding,
-    color, shard_size, shard_records, layout, workers, max_pixels, max_failures, label_map,
-    allow_outside_root, sha256, resume, overwrite, only_shard, finalize, show_plan, executor,
-    scheduler, allow_empty, quiet, as_json,
+    list_file, root, prefix, pack_label, check, no_check, shard_size, shard_records, layout,
+    workers, max_pixels, max_failures, label_map, allow_outside_root, sha256, resume, overwrite,
+    only_shard, finalize, show_plan, executor, scheduler, allow_empty, quiet, as_json, **values,
 ):  # fmt: skip
     """Pack the images of LIST (or - for stdin) under ROOT into OUT_PREFIX.rec/.idx shards.
 
@@ -180,7 +163,6 @@ def pack_command(
     """
     from ..build.distributed import pack_on_dask
     from ..build.finalize import finalize_pack
-    from ..build.images import transform_from_options
     from ..build.options import PackOptions
     from ..build.packing import pack_images
     from ..remote.store import is_url
@@ -190,7 +172,7 @@ def pack_command(
     if no_check and check != "structure":
         raise click.BadParameter(f"--no-check contradicts --check {check}", param_hint="--no-check")
     options = PackOptions(
-        transform=transform_from_options(resize, center_crop, quality, encoding, color),
+        transform=transform_of(values),
         check="none" if no_check else check,
         pack_label=pack_label,
         shard_bytes=shard_size,
@@ -225,13 +207,7 @@ def pack_command(
         if as_json:
             emit_json(plan)
         elif not quiet:
-            shards, lines = (
-                counted(len(plan["shards"]), "shard"),
-                counted(plan["items"], "list line"),
-            )
-            write_stream(f"{shards} of {lines}:")
-            for number, (first, last) in enumerate(plan["shards"]):
-                write_stream(f"  shard {number}: lines {first + 1}-{last}")
+            write_stream(render_plan(plan))
         return
     update, close = progress_bar(quiet or as_json, "img")
     update, seen = remember_progress(update)
@@ -239,23 +215,43 @@ def pack_command(
     try:
         if only_shard is not None:
             result = pack_images(
-                list_file, root, prefix, options, resume=resume, overwrite=overwrite,
-                progress=update, only_shard=only_shard,
-            )  # fmt: skip
+                list_file,
+                root,
+                prefix,
+                options,
+                resume=resume,
+                overwrite=overwrite,
+                progress=update,
+                only_shard=only_shard,
+            )
         elif finalize:
             result = finalize_pack(list_file, root, prefix, options, label_map=label_map)
         elif executor == "dask":
             result = pack_on_dask(
-                list_file, root, prefix, options, scheduler=scheduler, resume=resume,
-                overwrite=overwrite, label_map=label_map, progress=update,
-            )  # fmt: skip
+                list_file,
+                root,
+                prefix,
+                options,
+                scheduler=scheduler,
+                resume=resume,
+                overwrite=overwrite,
+                label_map=label_map,
+                progress=update,
+            )
         else:
             with output_prefix(prefix, overwrite) as out:  # a URL: staged, uploaded shard by shard
                 result = pack_images(
-                    list_file, root, out.prefix, options, resume=resume, overwrite=overwrite,
-                    label_map=label_map, progress=update, allow_empty=allow_empty,
+                    list_file,
+                    root,
+                    out.prefix,
+                    options,
+                    resume=resume,
+                    overwrite=overwrite,
+                    label_map=label_map,
+                    progress=update,
+                    allow_empty=allow_empty,
                     on_shard_finished=out.on_shard_finished,
-                )  # fmt: skip
+                )
             result = named_at(result, out.prefix, prefix)
     except KeyboardInterrupt as exc:
         close()

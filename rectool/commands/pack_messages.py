@@ -60,6 +60,16 @@ def shard_plan(list_file, options):
     }
 
 
+def render_plan(plan):
+    """Return the human form of a `shard_plan`: the list lines of each shard."""
+    shards, lines = counted(len(plan["shards"]), "shard"), counted(plan["items"], "list line")
+    rows = [
+        f"  shard {number}: lines {first + 1}-{last}"
+        for number, (first, last) in enumerate(plan["shards"])
+    ]
+    return "\n".join([f"{shards} of {lines}:", *rows])
+
+
 def render_shard_result(shard):
     """Return the human summary of packing one shard."""
     lines = [
