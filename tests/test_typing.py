@@ -51,6 +51,17 @@ TYPED = {
     "rectool/inspect/reindex.py",
     "rectool/inspect/scan.py",
     "rectool/inspect/unpack.py",
+    "rectool/inspect/verify/__init__.py",
+    "rectool/inspect/verify/digests.py",
+    "rectool/inspect/verify/facts.py",
+    "rectool/inspect/verify/framing.py",
+    "rectool/inspect/verify/headers.py",
+    "rectool/inspect/verify/images.py",
+    "rectool/inspect/verify/index.py",
+    "rectool/inspect/verify/layout.py",
+    "rectool/inspect/verify/manifest.py",
+    "rectool/inspect/verify/report.py",
+    "rectool/inspect/verify/run.py",
 }
 
 
