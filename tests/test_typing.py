@@ -45,6 +45,7 @@ TYPED = {
     "rectool/build/listing.py",
     "rectool/build/splits.py",
     "rectool/build/walk.py",
+    "rectool/commands/verify.py",
     "rectool/inspect/bench.py",
     "rectool/inspect/dali.py",
     "rectool/inspect/info.py",

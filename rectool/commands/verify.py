@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,6 +13,7 @@ from ..errors import RectoolError, UsageError
 from ..text import counted
 from .conventions import (
     RectoolCommand,
+    UnusableInput,
     emit_json,
     local_targets,
     write_stream,
@@ -24,6 +27,9 @@ from .options import (
     workers_option,
 )
 from .progress import phase_progress
+
+if TYPE_CHECKING:
+    from ..inspect.verify import VerifyReport
 
 
 @click.command(cls=RectoolCommand, name="verify")
@@ -57,9 +63,17 @@ from .progress import phase_progress
 @quiet_option("Print nothing; only the exit status tells.")
 @json_option("Print the report as JSON on stdout.")
 def verify_command(
-    targets, decode, no_image_check, size, channels, workers, max_pixels, max_problems, quiet,
-    as_json,
-):  # fmt: skip
+    targets: tuple[str, ...],
+    decode: bool,
+    no_image_check: bool,
+    size: tuple[int, int] | None,
+    channels: int | None,
+    workers: int,
+    max_pixels: int,
+    max_problems: int,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Check that each TARGET (manifest, prefix, .rec files or train.rec folder) is sound.
 
     Checks the framing of every .rec from first byte to last (magic, lengths, continuation
@@ -95,9 +109,7 @@ def verify_command(
         raise click.UsageError(str(exc)) from exc
     except RectoolError as exc:
         # The input cannot be read at all: that is not a verdict on the data, so not 1.
-        error = click.ClickException(str(exc))
-        error.exit_code = 2
-        raise error from exc
+        raise UnusableInput(str(exc)) from exc
     finally:
         close()
     for prefix in report.finished:
@@ -115,7 +127,7 @@ def verify_command(
     sys.exit(exit_code)
 
 
-def layouts_text(layouts):
+def layouts_text(layouts: Iterable[str]) -> str:
     """Say the targets' layouts once each: "layout images", "layouts images 4, insightface 1"."""
     kinds = Counter(layouts)
     if len(kinds) <= 1:
@@ -123,7 +135,7 @@ def layouts_text(layouts):
     return "layouts " + ", ".join(f"{name} {n:,}" for name, n in kinds.items())
 
 
-def render_verify_report(report, shown):
+def render_verify_report(report: VerifyReport, shown: int) -> str:
     """Return the human summary of a verification: one line of totals, then the problems."""
     from ..format.digest import DIGEST_NAMES
 
