@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import click
@@ -16,6 +16,7 @@ from .conventions import (
     UnusableInput,
     emit_json,
     local_targets,
+    named_by_urls,
     write_stream,
 )
 from .options import (
@@ -86,6 +87,9 @@ def verify_command(
     checks it (JPEG markers and end marker, PNG chunks and CRCs). --decode also decodes every
     image. Each problem is named with its file, record key and byte offset.
 
+    A TARGET that is the URL of a manifest (s3://, https://) is read from a copy of its pack
+    downloaded into the cache folder ($RECTOOL_CACHE_DIR); the report names the URL's files.
+
     Exit status: 0 sound, 1 problems found, 2 unreadable input or usage error.
 
     \b
@@ -100,18 +104,24 @@ def verify_command(
         raise click.BadParameter("needs --decode", param_hint="--size/--channels")
     options = DecodeOptions(size, channels, max_pixels) if decode else None
     update, close = phase_progress(quiet or as_json)
+    shown_as = None
     try:
+        local = local_targets(targets, quiet)
+        # A URL's pack is read from a local copy, and named by the URL wherever it is shown.
+        shown_as = named_by_urls(targets, local)
         report = verify_dataset(
-            local_targets(targets, quiet), decode=options, workers=workers, progress=update,
+            local, decode=options, workers=workers, progress=update,
             image_check=not no_image_check,
         )  # fmt: skip
     except UsageError as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise click.UsageError(_shown(shown_as, str(exc))) from exc
     except RectoolError as exc:
         # The input cannot be read at all: that is not a verdict on the data, so not 1.
-        raise UnusableInput(str(exc)) from exc
+        raise UnusableInput(_shown(shown_as, str(exc))) from exc
     finally:
         close()
+    if shown_as is not None:
+        report = report.renamed(shown_as)
     for prefix in report.finished:
         if not (quiet or as_json):
             click.echo(
@@ -125,6 +135,10 @@ def verify_command(
     elif not quiet:
         write_stream(render_verify_report(report, max_problems))  # the answer: stdout
     sys.exit(exit_code)
+
+
+def _shown(shown_as: Callable[[str], str] | None, text: str) -> str:
+    return text if shown_as is None else shown_as(text)
 
 
 def layouts_text(layouts: Iterable[str]) -> str:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 from typing import Any, SupportsInt
 
 # Where a check puts a problem: (path, key or None, byte offset or None, message).
@@ -119,6 +119,24 @@ class VerifyReport:
     def sound(self) -> bool:
         """Return True when no problem was found."""
         return self.problem_count == 0
+
+    def renamed(self, shown_as: Callable[[str], str]) -> VerifyReport:
+        """Return this report with `shown_as(text)` applied to every path it names: targets,
+        shards, problems' paths and messages, replacements finished and staging folders (a
+        pack read from a local copy of a URL is named by its URL)."""
+        return replace(
+            self,
+            targets=[shown_as(t) for t in self.targets],
+            shards=[
+                {**s, "rec": shown_as(s["rec"]), "idx": shown_as(s["idx"])} for s in self.shards
+            ],
+            problems=[
+                replace(p, path=shown_as(p.path), message=shown_as(p.message))
+                for p in self.problems
+            ],
+            finished=[shown_as(p) for p in self.finished],
+            staging=[shown_as(s) for s in self.staging],
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
