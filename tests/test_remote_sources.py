@@ -178,3 +178,16 @@ def test_the_paths_of_a_copy_are_shown_by_the_url_without_its_credentials():
         )
     ]
     assert named_by_urls(["here/a.rec"], ["here/a.rec"]) is None
+
+
+def test_the_report_page_names_the_url_in_the_problems_verify_found(remote_pack, tmp_path, cache):
+    assert invoke("verify", remote_pack.url, "-q").exit_code == 0  # the copy, downloaded
+    (copy,) = (cache / "mirror").glob("*/faces-00001.rec")
+    data = bytearray(copy.read_bytes())
+    data[200] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    result = invoke("report", remote_pack.url, "-o", tmp_path / "page.html", "--verify")
+    page = (tmp_path / "page.html").read_text()
+    assert 'id="verify-problems"' in page, result.output
+    assert remote_pack.url.rsplit("/", 1)[0] + "/faces-00001.rec" in page
+    assert str(cache) not in page
