@@ -127,3 +127,67 @@ def test_resume_options_keep_a_drop_overlap_url_as_given(tmp_path, monkeypatch):
         "s3://bucket/lfw.bin",
         str(tmp_path / "lfw.bin"),
     ]
+
+
+def test_verify_of_a_url_names_the_url_not_the_cache_copy(remote_pack, cache):
+    assert invoke("verify", remote_pack.url, "-q").exit_code == 0  # the copy, downloaded
+    (copy,) = (cache / "mirror").glob("*/faces-00001.rec")
+    data = bytearray(copy.read_bytes())
+    data[200] ^= 0xFF  # the copy is kept as it is (a second run downloads nothing)
+    copy.write_bytes(bytes(data))
+    shard = remote_pack.url.rsplit("/", 1)[0] + "/faces-00001.rec"
+
+    def cache_paths(text):
+        # Only the note that says where the copy was downloaded names the cache folder.
+        note = f"{remote_pack.url}: reading a copy downloaded to {copy.parent}\n"
+        return str(cache) in text.replace(note, "", 1)
+
+    text = invoke("verify", remote_pack.url)
+    assert text.exit_code == 1, text.output
+    assert f"Verified {remote_pack.url}: " in text.stdout
+    assert f"checksum-mismatch: {shard}: " in text.stdout
+    assert not cache_paths(text.stdout) and not cache_paths(text.stderr)
+
+    doc = invoke("verify", remote_pack.url, "--json")
+    assert doc.exit_code == 1, doc.output
+    report = json.loads(doc.stdout)
+    assert report["targets"] == [remote_pack.url]
+    assert shard in [p["path"] for p in report["problems"]]
+    assert shard in [s["rec"] for s in report["shards"]]
+    assert not cache_paths(doc.stdout) and not cache_paths(doc.stderr)
+
+
+def test_the_paths_of_a_copy_are_shown_by_the_url_without_its_credentials():
+    from rectool.commands.conventions import named_by_urls
+    from rectool.inspect.verify import Problem, VerifyReport
+
+    url = "https://me:secret@host/sets/faces.manifest.json?X-Amz-Signature=abc"
+    copy = "/cache/mirror/k/faces.manifest.json"
+    shown_as = named_by_urls(["here/a.rec", url], ["here/a.rec", copy])
+    rec = "/cache/mirror/k/faces-00000.rec"
+    problem = Problem("missing-file", rec[:-4] + ".idx", None, None, f"rebuild it from {rec}")
+    report = VerifyReport(["here/a.rec", copy], problems=[problem]).renamed(shown_as)
+    assert report.targets == ["here/a.rec", "https://host/sets/faces.manifest.json"]
+    assert report.problems == [
+        Problem(
+            "missing-file",
+            "https://host/sets/faces-00000.idx",
+            None,
+            None,
+            "rebuild it from https://host/sets/faces-00000.rec",
+        )
+    ]
+    assert named_by_urls(["here/a.rec"], ["here/a.rec"]) is None
+
+
+def test_the_report_page_names_the_url_in_the_problems_verify_found(remote_pack, tmp_path, cache):
+    assert invoke("verify", remote_pack.url, "-q").exit_code == 0  # the copy, downloaded
+    (copy,) = (cache / "mirror").glob("*/faces-00001.rec")
+    data = bytearray(copy.read_bytes())
+    data[200] ^= 0xFF
+    copy.write_bytes(bytes(data))
+    result = invoke("report", remote_pack.url, "-o", tmp_path / "page.html", "--verify")
+    page = (tmp_path / "page.html").read_text()
+    assert 'id="verify-problems"' in page, result.output
+    assert remote_pack.url.rsplit("/", 1)[0] + "/faces-00001.rec" in page
+    assert str(cache) not in page

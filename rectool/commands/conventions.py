@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 
 import click
 
@@ -247,3 +248,30 @@ def local_targets(targets, quiet=False):
             target = target_copy
         out.append(target)
     return out
+
+
+def named_by_url(copy: str, url: str) -> Callable[[str], str]:
+    """Return what renames the paths under a pack's local `copy` (its manifest) by the
+    pack's `url` (no credentials: `safe_url`), so that what a command shows names what the
+    user gave, not the cache folder."""
+    from ..remote.store import safe_url
+
+    folder, url_folder = os.path.dirname(copy) + os.sep, safe_url(url).rsplit("/", 1)[0] + "/"
+    return lambda text: text.replace(folder, url_folder)
+
+
+def named_by_urls(targets: Sequence[str], local: Sequence[str]) -> Callable[[str], str] | None:
+    """Return what renames the paths under the local copy of each URL of `targets` by that
+    URL (`local`: what `local_targets` returned for them), or None when none is a URL."""
+    from ..remote.store import is_url
+
+    renames = [named_by_url(copy, url) for url, copy in zip(targets, local) if is_url(url)]
+    if not renames:
+        return None
+
+    def shown_as(text: str) -> str:
+        for rename in renames:
+            text = rename(text)
+        return text
+
+    return shown_as

@@ -13,6 +13,7 @@ from .conventions import (
     emit_json,
     library_errors,
     local_targets,
+    named_by_url,
 )
 from .info import exit_for_damage
 from .options import (
@@ -146,7 +147,7 @@ def report_command(
     progress = update and (lambda done, total: update(done, total, 0))
     try:
         local = local_targets([target], as_json)[0]  # a URL: a local copy of its pack
-        shown_as = None if local == target else _named_by_url(local, target)
+        shown_as = None if local == target else named_by_url(local, target)
         result = write_report(local, output, sheet, settings, overwrite, progress, shown_as)
     finally:
         close()
@@ -168,15 +169,6 @@ def report_command(
     if result.sheet:
         click.echo(f"Wrote the contact sheet {result.sheet}.", err=True)
     exit_for_damage(info)
-
-
-def _named_by_url(copy, url):
-    """Return what renames the paths under a pack's local `copy` (its manifest) by the
-    pack's `url`, so that the page names what the user gave, not the cache folder."""
-    from ..remote.store import safe_url
-
-    folder, url_folder = os.path.dirname(copy) + os.sep, safe_url(url).rsplit("/", 1)[0] + "/"
-    return lambda text: text.replace(folder, url_folder)
 
 
 # -- repack ---------------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import click
 
@@ -11,8 +13,10 @@ from ..errors import RectoolError, UsageError
 from ..text import counted
 from .conventions import (
     RectoolCommand,
+    UnusableInput,
     emit_json,
     local_targets,
+    named_by_urls,
     write_stream,
 )
 from .options import (
@@ -24,6 +28,9 @@ from .options import (
     workers_option,
 )
 from .progress import phase_progress
+
+if TYPE_CHECKING:
+    from ..inspect.verify import VerifyReport
 
 
 @click.command(cls=RectoolCommand, name="verify")
@@ -57,9 +64,17 @@ from .progress import phase_progress
 @quiet_option("Print nothing; only the exit status tells.")
 @json_option("Print the report as JSON on stdout.")
 def verify_command(
-    targets, decode, no_image_check, size, channels, workers, max_pixels, max_problems, quiet,
-    as_json,
-):  # fmt: skip
+    targets: tuple[str, ...],
+    decode: bool,
+    no_image_check: bool,
+    size: tuple[int, int] | None,
+    channels: int | None,
+    workers: int,
+    max_pixels: int,
+    max_problems: int,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Check that each TARGET (manifest, prefix, .rec files or train.rec folder) is sound.
 
     Checks the framing of every .rec from first byte to last (magic, lengths, continuation
@@ -71,6 +86,9 @@ def verify_command(
     one); the insightface layout when record 0 announces it; every image's structure, as pack
     checks it (JPEG markers and end marker, PNG chunks and CRCs). --decode also decodes every
     image. Each problem is named with its file, record key and byte offset.
+
+    A TARGET that is the URL of a manifest (s3://, https://) is read from a copy of its pack
+    downloaded into the cache folder ($RECTOOL_CACHE_DIR); the report names the URL's files.
 
     Exit status: 0 sound, 1 problems found, 2 unreadable input or usage error.
 
@@ -86,20 +104,24 @@ def verify_command(
         raise click.BadParameter("needs --decode", param_hint="--size/--channels")
     options = DecodeOptions(size, channels, max_pixels) if decode else None
     update, close = phase_progress(quiet or as_json)
+    shown_as = None
     try:
+        local = local_targets(targets, quiet)
+        # A URL's pack is read from a local copy, and named by the URL wherever it is shown.
+        shown_as = named_by_urls(targets, local)
         report = verify_dataset(
-            local_targets(targets, quiet), decode=options, workers=workers, progress=update,
+            local, decode=options, workers=workers, progress=update,
             image_check=not no_image_check,
         )  # fmt: skip
     except UsageError as exc:
-        raise click.UsageError(str(exc)) from exc
+        raise click.UsageError(_shown(shown_as, str(exc))) from exc
     except RectoolError as exc:
         # The input cannot be read at all: that is not a verdict on the data, so not 1.
-        error = click.ClickException(str(exc))
-        error.exit_code = 2
-        raise error from exc
+        raise UnusableInput(_shown(shown_as, str(exc))) from exc
     finally:
         close()
+    if shown_as is not None:
+        report = report.renamed(shown_as)
     for prefix in report.finished:
         if not (quiet or as_json):
             click.echo(
@@ -115,7 +137,11 @@ def verify_command(
     sys.exit(exit_code)
 
 
-def layouts_text(layouts):
+def _shown(shown_as: Callable[[str], str] | None, text: str) -> str:
+    return text if shown_as is None else shown_as(text)
+
+
+def layouts_text(layouts: Iterable[str]) -> str:
     """Say the targets' layouts once each: "layout images", "layouts images 4, insightface 1"."""
     kinds = Counter(layouts)
     if len(kinds) <= 1:
@@ -123,7 +149,7 @@ def layouts_text(layouts):
     return "layouts " + ", ".join(f"{name} {n:,}" for name, n in kinds.items())
 
 
-def render_verify_report(report, shown):
+def render_verify_report(report: VerifyReport, shown: int) -> str:
     """Return the human summary of a verification: one line of totals, then the problems."""
     from ..format.digest import DIGEST_NAMES
 

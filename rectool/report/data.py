@@ -201,7 +201,8 @@ def build_report(target, options=ReportOptions(), progress=None, shown_as=None):
     """Gather what the report of `target` shows; raise `RectoolError` when it cannot be read.
 
     `progress(done, total)`, when given, is called as the contact sheet's thumbnails are made.
-    `shown_as(text)`, when given, renames the target, manifest and failures file it names."""
+    `shown_as(text)`, when given, renames the target, manifest, failures file and verify's
+    paths it names."""
     images = ImageTable()
     info = dataset_info(
         target, sample=options.sample, on_shard=images.add, max_pixels=options.max_pixels
@@ -242,6 +243,7 @@ def build_report(target, options=ReportOptions(), progress=None, shown_as=None):
         info = {**info, "manifest": info.get("manifest") and shown_as(info["manifest"])}
         refusals.path = refusals.path and shown_as(refusals.path)
         refusals.note = refusals.note and shown_as(refusals.note)
+        verify = None if verify is None else verify.renamed(shown_as)
         target = shown_as(os.fspath(target))
     report = Report(
         target=os.fspath(target),

@@ -4,6 +4,9 @@ the walk; `compare_digests`), and each record's with its `.rec.crc` (`check_reco
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Executor, Future
+from typing import Any
 
 import numpy as np
 
@@ -18,11 +21,18 @@ from ...format.checksums import (
     stale_reason,
 )
 from ...format.digest import DIGEST_NAMES, FIELD, digests_of, field_name, file_digests
-from .facts import size_or_zero
-from .report import Compared, Found, Tally, one_problem
+from ..scan import Buffer
+from .facts import DatasetFacts, ShardFacts, size_or_zero
+from .report import CheckResult, Compared, Found, ProblemAt, Tally, one_problem
 
 
-def compare_digests(kind, path, expected, actual, suffix=""):
+def compare_digests(
+    kind: str,
+    path: str,
+    expected: Mapping[str, str],
+    actual: Mapping[str, str],
+    suffix: str = "",
+) -> Iterator[CheckResult]:
     """Yield what comparing a file's `actual` digests with the manifest's `expected` ones found:
     the tallies, and one `kind` finding naming every digest that differs (then `suffix`)."""
     yield Tally("checksums", 1)
@@ -37,7 +47,7 @@ def compare_digests(kind, path, expected, actual, suffix=""):
         yield one_problem(kind, path, None, None, message + suffix)
 
 
-def expected_digests(entry, file):
+def expected_digests(entry: Mapping[str, Any] | None, file: str) -> dict[str, str]:
     """Return {algorithm: hex} of the digests a manifest `entry` gives `file` ("rec", "idx",
     "crc"): xxh3-128 and/or SHA-256 (version 2), SHA-256 (version 1)."""
     found = {a: (entry or {}).get(field_name(file, a)) for a in FIELD}
@@ -53,9 +63,11 @@ class ShardHashes:
     whose shard is not walked is read from its file (`check`).
     """
 
-    def __init__(self, dataset, hasher):
-        self.expected, self.futures = {}, {}  # path -> {algorithm: hex}, path -> future
-        self._hasher, self._mapped = hasher, {}  # .rec path -> algorithms, until `start`
+    def __init__(self, dataset: DatasetFacts, hasher: Executor) -> None:
+        self.expected: dict[str, dict[str, str]] = {}  # path -> {algorithm: hex}
+        self.futures: dict[str, Future[dict[str, str]]] = {}  # path -> its digests
+        self._hasher = hasher
+        self._mapped: dict[str, list[str]] = {}  # .rec path -> algorithms, until `start`
         for (rec, idx), entry in zip(dataset.shards, dataset.entries):
             if entry is None:
                 continue
@@ -72,7 +84,7 @@ class ShardHashes:
                     else:
                         self.futures[path] = hasher.submit(_hexdigests, path, list(expected))
 
-    def start(self, path, buf, size):
+    def start(self, path: str, buf: Buffer, size: int) -> None:
         """Start hashing the .rec `path` from its mapping `buf` (`size` bytes); a view of it
         keeps it mapped until the hashing is done with it."""
         algorithms = self._mapped.pop(path, None)
@@ -83,7 +95,7 @@ class ShardHashes:
         elif algorithms is not None:
             self.futures[path] = self._hasher.submit(_hexdigests, path, algorithms)
 
-    def matches(self, path):
+    def matches(self, path: str) -> bool:
         """Return True when `path`'s digests were computed and are all the manifest's (waits
         for them)."""
         future = self.futures.get(path)
@@ -94,7 +106,7 @@ class ShardHashes:
         except (OSError, RectoolError):  # reported by `check`
             return False
 
-    def check(self):
+    def check(self) -> Iterator[CheckResult]:
         """Each file's digests are the manifest's. Raises `RectoolError` for an unreadable one."""
         for path, algorithms in self._mapped.items():  # shards not walked: read their files
             self.futures[path] = self._hasher.submit(_hexdigests, path, algorithms)
@@ -107,16 +119,16 @@ class ShardHashes:
             yield from compare_digests("checksum-mismatch", path, self.expected[path], actual)
 
 
-def _hexdigests(path, algorithms):
+def _hexdigests(path: str, algorithms: list[str]) -> dict[str, str]:
     return file_digests(path, algorithms).hexdigests()
 
 
-def _view_hexdigests(view, algorithms):
+def _view_hexdigests(view: memoryview, algorithms: list[str]) -> dict[str, str]:
     with view:
         return digests_of(view, algorithms)
 
 
-def _checksum_file(facts):
+def _checksum_file(facts: ShardFacts) -> tuple[str | None, dict[str, str], Found | None]:
     """Return (path, {algorithm: hex} the manifest expects, problem or None) of the shard's
     .rec.crc; path is None when it has none (files packed by other tools, or before rectool
     had one) or the manifest names it wrongly (the problem says so)."""
@@ -125,12 +137,14 @@ def _checksum_file(facts):
         path = checksum_path(facts.rec)
         return (path, {}, None) if os.path.exists(path) else (None, {}, None)
     if not isinstance(named, str) or os.path.basename(named) != named or named in ("", ".."):
+        manifest_path = facts.dataset.manifest_path
+        assert manifest_path is not None  # the shard has a manifest entry
         return (
             None,
             {},
             one_problem(
                 "manifest",
-                facts.dataset.manifest_path,
+                manifest_path,
                 None,
                 None,
                 f"the checksum file of {facts.rec} is named {named!r}, not a file name beside it",
@@ -140,7 +154,9 @@ def _checksum_file(facts):
     return path, expected_digests(facts.entry, "crc"), None
 
 
-def check_record_checksums(facts, digests_match):
+def check_record_checksums(
+    facts: ShardFacts, digests_match: Callable[[str], bool]
+) -> Iterator[CheckResult]:
     """Compare every record with its checksum from the .rec.crc file, when there is one:
     xxh3-64 (version 2) or zlib CRC-32 (version 1), as the file says.
 
@@ -189,7 +205,7 @@ def check_record_checksums(facts, digests_match):
     yield Compared("record_digests", algorithm)
     starts = facts.framing.starts
 
-    def problems():
+    def problems() -> Iterator[ProblemAt]:
         for i in bad:
             offset, length = int(entries["offset"][i]), int(entries["length"][i])
             key = facts.key_at(offset)

@@ -5,16 +5,29 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ...doors.inputs import open_input
 from ...errors import IndexFormatError, RectoolError
 from ...reader import parse_index
-from ..scan import Framing, Headers, image_formats, insightface_ranges, read_headers, scan_framing
+from ..scan import (
+    Buffer,
+    Framing,
+    Headers,
+    ReadRecord,
+    image_formats,
+    insightface_ranges,
+    read_headers,
+    scan_framing,
+)
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 
 @dataclass(frozen=True)
@@ -24,14 +37,19 @@ class DatasetFacts:
     `entries` are all None when there is no manifest or it lists another number of shards.
     """
 
-    manifest: dict | None
+    manifest: dict[str, Any] | None
     manifest_path: str | None
-    shards: list  # of (rec, idx)
-    entries: list
+    shards: Sequence[tuple[str, str]]  # of (rec, idx)
+    entries: list[dict[str, Any] | None]
     classes: int | None
 
     @classmethod
-    def of(cls, manifest, manifest_path, shards):
+    def of(
+        cls,
+        manifest: dict[str, Any] | None,
+        manifest_path: str | None,
+        shards: Sequence[tuple[str, str]],
+    ) -> DatasetFacts:
         entries = (manifest or {}).get("shards") or []
         if len(entries) != len(shards):
             entries = [None] * len(shards)
@@ -51,7 +69,7 @@ class ShardIndex:
     keys: np.ndarray
     offsets: np.ndarray
     lines: np.ndarray
-    bad_lines: tuple = ()
+    bad_lines: tuple[tuple[int, bytes], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -67,12 +85,18 @@ class FoundLayout:
 
     name: str
     header: int | None
-    span: tuple | None
+    span: tuple[int, int] | None
     images: np.ndarray
     classes: int | None
 
 
-def decide_layout(keys, starts, headers, read_record, classes):
+def decide_layout(
+    keys: np.ndarray,
+    starts: np.ndarray,
+    headers: Headers,
+    read_record: ReadRecord,
+    classes: int | None,
+) -> FoundLayout:
     """Return the `FoundLayout` of records with these keys, starts and headers.
 
     The rule is the reader's (`scan.insightface_ranges`); a manifest's claim does not change
@@ -102,10 +126,10 @@ class ShardFacts:
     dataset: DatasetFacts
     rec: str
     idx: str
-    entry: dict | None
+    entry: dict[str, Any] | None
     size: int
-    buf: object  # mmap, or b"" for an empty file
-    read_record: Callable  # offset -> the record's bytes, split parts rejoined
+    buf: Buffer  # mmap, or b"" for an empty file
+    read_record: ReadRecord  # offset -> the record's bytes, split parts rejoined
     index: ShardIndex | None
     framing: Framing
     headers: Headers
@@ -117,17 +141,21 @@ class ShardFacts:
     unknown_signature: np.ndarray
 
     @cached_property
-    def _key_by_offset(self):
+    def _key_by_offset(self) -> dict[int, int]:
+        if self.index is None:
+            return {}
         return dict(zip(self.index.offsets.tolist(), self.index.keys.tolist()))  # last line wins
 
-    def key_at(self, offset):
+    def key_at(self, offset: int) -> int | None:
         """Return the key the .idx gives the record starting at `offset`, else None."""
         if self.index is None:
             return None
         return self._key_by_offset.get(offset)
 
 
-def read_shard(dataset, number, buf, size, read_record):
+def read_shard(
+    dataset: DatasetFacts, number: int, buf: Buffer, size: int, read_record: ReadRecord
+) -> ShardFacts:
     """Return the `ShardFacts` of shard `number`, whose .rec is mapped as `buf` of `size` bytes.
 
     Raises `RectoolError` when the .idx exists but cannot be read.
@@ -152,14 +180,14 @@ def read_shard(dataset, number, buf, size, read_record):
     sound = h.complete & ~((h.flag > 0) & (h.label != 0))
     rows = np.flatnonzero(layout.images & sound & (h.image > 0))
     formats = image_formats(buf, size, starts, h, framing.split, rows, read_record)
-    unknown = rows[np.equal(formats, None)]
+    unknown = rows[np.equal(formats, None)]  # type: ignore[call-overload]  # stubs: no None
     return ShardFacts(
         dataset, rec, idx, entry, size, buf, read_record, index, framing, h, keys, indexed,
         index_hit, layout, sound, unknown,
     )  # fmt: skip
 
 
-def read_index(idx):
+def read_index(idx: str) -> ShardIndex | None:
     """Parse the .idx at `idx`; return its `ShardIndex`, or None when there is none."""
     if not os.path.exists(idx):
         return None
@@ -175,9 +203,12 @@ def read_index(idx):
     return ShardIndex(idx, keys, offsets, np.arange(1, len(keys) + 1))
 
 
-def _parse_index_leniently(idx, data):
+def _parse_index_leniently(idx: str, data: bytes) -> ShardIndex:
     """Parse what can be parsed, as MXNet would (`int()` of two tab-separated fields)."""
-    keys, offsets, lines, bad = [], [], [], []
+    keys: list[int] = []
+    offsets: list[int] = []
+    lines: list[int] = []
+    bad: list[tuple[int, bytes]] = []
     for number, raw in enumerate(data.split(b"\n"), start=1):
         if not raw and number > data.count(b"\n"):
             break  # the empty remainder after the final newline
@@ -201,7 +232,7 @@ def _parse_index_leniently(idx, data):
     )
 
 
-def size_or_zero(path):
+def size_or_zero(path: StrPath) -> int:
     try:
         return os.path.getsize(path)
     except OSError:

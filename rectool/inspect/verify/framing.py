@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from ...reader import MAGIC_BYTES
-from .report import one_problem
+from .facts import ShardFacts
+from .report import Found, one_problem
 
 
-def check_framing(facts):
+def check_framing(facts: ShardFacts) -> Iterator[Found]:
     """Every byte of the .rec is a record: magic, lengths, continuation flags, zero padding."""
     rec, size, framing = facts.rec, facts.size, facts.framing
     damage = framing.damage

@@ -3,19 +3,22 @@ images."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from ...reader import IMAGE_HEADER_SIZE
-from .report import Found
+from .facts import ShardFacts
+from .report import Found, ProblemAt
 
 
-def check_headers(facts):
+def check_headers(facts: ShardFacts) -> Iterator[Found]:
     """Every image header fits its record; labels are integral class ids; images are images."""
     h, starts, rec, keys = facts.headers, facts.framing.starts, facts.rec, facts.keys
     lengths = facts.framing.lengths
     incomplete = np.flatnonzero(~h.complete)
 
-    def incomplete_problems():
+    def incomplete_problems() -> Iterator[ProblemAt]:
         for j in incomplete.tolist():
             n = int(lengths[j])
             if n < IMAGE_HEADER_SIZE:
@@ -31,7 +34,7 @@ def check_headers(facts):
 
     odd = np.flatnonzero(h.complete & ~facts.sound)
 
-    def odd_problems():
+    def odd_problems() -> Iterator[ProblemAt]:
         for j in odd.tolist():
             yield (
                 rec,
@@ -53,7 +56,7 @@ def check_headers(facts):
     )
     split, buf, bad = facts.framing.split, facts.buf, facts.unknown_signature
 
-    def signature_problems():
+    def signature_problems() -> Iterator[ProblemAt]:
         for j in bad.tolist():
             at = int(starts[j]) + 8 + IMAGE_HEADER_SIZE + 4 * int(h.flag[j])
             first = bytes(buf[at : at + min(8, int(h.image[j]))])
@@ -68,7 +71,7 @@ def check_headers(facts):
     yield Found("not-an-image", len(bad), signature_problems())
 
 
-def _check_labels(facts, images):
+def _check_labels(facts: ShardFacts, images: np.ndarray) -> Found:
     label, classes = facts.headers.label0, facts.layout.classes
     with np.errstate(invalid="ignore"):
         bad = images & ~np.isfinite(label)
@@ -77,7 +80,7 @@ def _check_labels(facts, images):
             bad |= known & ((label != np.round(label)) | (label < 0) | (label >= classes))
     bad = np.flatnonzero(bad)
 
-    def problems():
+    def problems() -> Iterator[ProblemAt]:
         for j in bad.tolist():
             value = float(label[j])
             if not np.isfinite(value):
@@ -85,6 +88,7 @@ def _check_labels(facts, images):
             elif value != round(value):
                 why = f"label {value!r} is not an integral class id"
             else:
+                assert classes is not None  # only a known class count bounds labels
                 why = f"label {value!r} is outside the {classes} classes 0..{classes - 1}"
             yield facts.rec, facts.keys[j], facts.framing.starts[j], why
 

@@ -3,6 +3,8 @@ size and channels."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,7 +18,9 @@ from ...build.images import (
 )
 from ...build.passthrough import refused_images
 from ...reader import IMAGE_HEADER_SIZE, unpack_header
-from .report import Found, Tally, one_problem
+from ..scan import ReadRecord
+from .facts import ShardFacts
+from .report import CheckResult, Found, Tally, one_problem
 
 
 @dataclass
@@ -27,7 +31,7 @@ class DecodeOptions:
     `image-too-large` problem.
     """
 
-    size: tuple | None = None
+    size: tuple[int, int] | None = None
     channels: int | None = None
     max_pixels: int = DEFAULT_MAX_PIXELS
 
@@ -35,7 +39,7 @@ class DecodeOptions:
 _DECODE_BATCH = 256
 
 
-def decodable_rows(facts):
+def decodable_rows(facts: ShardFacts) -> list[int]:
     """Return the rows `check_decoding` decodes: image records with image bytes of a known
     signature (the others are reported by `check_headers`)."""
     h = facts.headers
@@ -44,7 +48,7 @@ def decodable_rows(facts):
     return np.flatnonzero(mask).tolist()
 
 
-def check_image_structure(facts):
+def check_image_structure(facts: ShardFacts) -> Iterator[Found]:
     """Every image passes the structural check `pack` runs on what it packs (`--check
     structure`): JPEG markers up to the scan and an end-of-image marker after it, every PNG
     chunk and its CRC, every header's dimensions (`images.check_container`; no decoding, and
@@ -60,7 +64,7 @@ def check_image_structure(facts):
     if not len(rows):
         return
     h, starts, split = facts.headers, facts.framing.starts, facts.framing.split
-    reasons = {}  # row -> reason
+    reasons: dict[int, str] = {}  # row -> reason
     whole = rows[~split[rows]]
     if len(whole):
         heads = starts[whole] + 8 + IMAGE_HEADER_SIZE + 4 * h.flag[whole].astype(np.int64)
@@ -89,11 +93,13 @@ def check_image_structure(facts):
 _NO_PIXEL_LIMIT = 1 << 62
 
 
-def _check_structure(data, mode, max_pixels):
+def _check_structure(data: bytes, mode: str, max_pixels: float) -> None:
     check_container(data, max_pixels)
 
 
-def check_decoding(facts, rows, options, decoder):
+def check_decoding(
+    facts: ShardFacts, rows: list[int], options: DecodeOptions, decoder: Executor
+) -> Iterator[CheckResult]:
     """Every image at `rows` decodes (to the size and channels `options` ask for).
 
     Batches decode on the `decoder` pool; a `Tally` of "decoded" follows each batch's findings.
@@ -111,9 +117,11 @@ def check_decoding(facts, rows, options, decoder):
         yield Tally("decoded", len(batch))
 
 
-def _decode_batch(read_record, offsets, options):
+def _decode_batch(
+    read_record: ReadRecord, offsets: list[int], options: DecodeOptions
+) -> list[tuple[int, str, str]]:
     """Decode the images at `offsets`; return [(position in batch, kind, message)]."""
-    out = []
+    out: list[tuple[int, str, str]] = []
     for i, offset in enumerate(offsets):
         _, image = unpack_header(read_record(offset))
         problem = check_decoded(image, options)
@@ -122,7 +130,7 @@ def _decode_batch(read_record, offsets, options):
     return out
 
 
-def check_decoded(image, options):
+def check_decoded(image: bytes, options: DecodeOptions) -> tuple[str, str] | None:
     """Decode one image as `pack --check decode` does; return None, or (kind, message)."""
     try:
         height, width, channels = inspect_image(image, options.max_pixels)

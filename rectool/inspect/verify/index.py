@@ -4,14 +4,16 @@ two shards."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
 from ...reader import read_index_cache
-from .report import Found, one_problem
+from .facts import ShardFacts, ShardIndex
+from .report import Found, ProblemAt, one_problem
 
 
-def check_index_file(facts):
+def check_index_file(facts: ShardFacts) -> Iterator[Found]:
     """The .idx exists, every line parses, and its sidecar cache (if any) agrees with it."""
     idx, index = facts.idx, facts.index
     if index is None:
@@ -43,17 +45,18 @@ def check_index_file(facts):
         )
 
 
-def check_index(facts):
+def check_index(facts: ShardFacts) -> Iterator[Found]:
     """The .idx fits the .rec: every offset a record start, every record indexed, keys unique."""
     if facts.index is None:
         return
     index, idx = facts.index, facts.idx
+    index_hit, indexed = facts.index_hit, facts.indexed
+    assert index_hit is not None and indexed is not None  # they are when the index is
     keys, offsets, lines = index.keys, index.offsets, index.lines
     starts, ends = facts.framing.starts, facts.framing.ends
     damage_starts = {d.start for d in facts.framing.damage}
 
-    miss = np.flatnonzero(~facts.index_hit)
-    miss = [i for i in miss.tolist() if int(offsets[i]) not in damage_starts]
+    miss = [i for i in np.flatnonzero(~index_hit).tolist() if int(offsets[i]) not in damage_starts]
     yield Found(
         "index-offset",
         len(miss),
@@ -62,7 +65,7 @@ def check_index(facts):
          for i in miss),
     )  # fmt: skip
 
-    unindexed = np.flatnonzero(~facts.indexed)
+    unindexed = np.flatnonzero(~indexed)
     if not len(keys) and len(unindexed):
         yield one_problem(
             "empty-index",
@@ -74,7 +77,7 @@ def check_index(facts):
         )
         unindexed = unindexed[:0]
 
-    def unindexed_problems():
+    def unindexed_problems() -> Iterator[ProblemAt]:
         for j in unindexed.tolist():
             header_id = int(facts.headers.id[j]) if facts.headers.complete[j] else None
             named = f" (header id {header_id})" if header_id is not None else ""
@@ -92,7 +95,7 @@ def check_index(facts):
     sk = keys[order]
     repeated = np.flatnonzero(sk[1:] == sk[:-1]) + 1
 
-    def duplicate_problems():
+    def duplicate_problems() -> Iterator[ProblemAt]:
         for i in repeated.tolist():
             first, again = order[i - 1], order[i]
             yield (
@@ -110,7 +113,7 @@ def check_index(facts):
     shared = np.flatnonzero(so[1:] == so[:-1]) + 1
     shared = shared[keys[order[shared]] != keys[order[shared - 1]]].tolist()  # no loop per line
 
-    def shared_problems():
+    def shared_problems() -> Iterator[ProblemAt]:
         for i in shared:
             first, again = order[i - 1], order[i]
             yield (
@@ -124,7 +127,7 @@ def check_index(facts):
     yield Found("duplicate-offset", len(shared), shared_problems())
 
 
-def _describe_offset(facts, offset):
+def _describe_offset(facts: ShardFacts, offset: int) -> str:
     starts, ends, size = facts.framing.starts, facts.framing.ends, facts.size
     if offset >= size:
         return f"offset {offset} is past the end of the file ({size} bytes)"
@@ -141,7 +144,7 @@ def _describe_offset(facts, offset):
     return f"offset {offset} is not a record start"
 
 
-def check_keys_across_shards(indexes):
+def check_keys_across_shards(indexes: Sequence[ShardIndex]) -> Iterator[Found]:
     """No key is in two shards' .idx (`indexes`: the `ShardIndex` of each shard that has one)."""
     if len(indexes) < 2:
         return
@@ -152,7 +155,7 @@ def check_keys_across_shards(indexes):
     sk, ss = keys[order], shard_of[order]
     clash = np.flatnonzero((sk[1:] == sk[:-1]) & (ss[1:] != ss[:-1]))
 
-    def problems():
+    def problems() -> Iterator[ProblemAt]:
         for i in clash.tolist():
             a, b = order[i], order[i + 1]
             first, second = indexes[shard_of[a]], indexes[shard_of[b]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -10,10 +11,11 @@ from ...doors.inputs import open_input
 from ...errors import RectoolError
 from ...format.keys import FLOAT32_EXACT
 from ...reader import DATASET_LAYOUTS
-from .report import Found, one_problem
+from .facts import ShardFacts
+from .report import Found, ProblemAt, one_problem
 
 
-def check_layout(facts):
+def check_layout(facts: ShardFacts) -> Iterator[Found]:
     """An insightface layout is whole (record 0, identity ranges, labels, `property` file), and
     the manifest names the layout the records have.
 
@@ -25,12 +27,14 @@ def check_layout(facts):
     layout = facts.layout
     if layout.header is not None:
         yield from _check_insightface(facts)
-    claimed = facts.dataset.manifest.get("layout") if facts.entry is not None else None
+    manifest = facts.dataset.manifest if facts.entry is not None else None
+    claimed = manifest.get("layout") if manifest is not None else None
     if claimed not in DATASET_LAYOUTS or claimed == layout.name:
         return
     if layout.header is None:
         yield _not_a_header(facts)
     else:
+        assert facts.dataset.manifest_path is not None  # the manifest's claim
         yield one_problem(
             "manifest",
             facts.dataset.manifest_path,
@@ -40,7 +44,7 @@ def check_layout(facts):
         )
 
 
-def _not_a_header(facts):
+def _not_a_header(facts: ShardFacts) -> Found:
     """Name what record 0 (and key 1) hold, when a manifest says insightface but they do not."""
     h, keys, starts = facts.headers, facts.keys, facts.framing.starts
     zero, one = np.flatnonzero(keys == 0), np.flatnonzero(keys == 1)
@@ -67,9 +71,10 @@ def _not_a_header(facts):
     return one_problem("insightface-header", facts.rec, 0, starts[j], f"{says}: it has {held}")
 
 
-def _check_insightface(facts):
+def _check_insightface(facts: ShardFacts) -> Iterator[Found]:
     h, rec, layout = facts.headers, facts.rec, facts.layout
     starts, keys, j = facts.framing.starts, facts.keys, layout.header
+    assert j is not None and layout.span is not None  # an insightface layout has both
     a, b = layout.span
     if b > FLOAT32_EXACT:
         yield one_problem(
@@ -83,6 +88,7 @@ def _check_insightface(facts):
     images, identities = a - 1, b - a
     declared = facts.dataset.classes
     if declared is not None and declared != identities:
+        assert facts.dataset.manifest_path is not None  # the manifest's class count
         yield one_problem(
             "manifest",
             facts.dataset.manifest_path,
@@ -103,7 +109,7 @@ def _check_insightface(facts):
     )  # fmt: skip
     missing = np.flatnonzero(by_key[1:] < 0) + 1
 
-    def missing_problems():
+    def missing_problems() -> Iterator[ProblemAt]:
         for k in missing.tolist():
             if k < a:
                 what = f"image key {k} (of 1..{images})"
@@ -132,7 +138,7 @@ def _check_insightface(facts):
         wrong[-1] |= hi[-1] != a
     wrong = np.flatnonzero(wrong)
 
-    def range_problems():
+    def range_problems() -> Iterator[ProblemAt]:
         for i in wrong.tolist():
             if lo[i] != expect_lo[i]:
                 after = "the first image, 1" if i == 0 else f"{hi[i - 1]:g}"
@@ -154,7 +160,7 @@ def _check_insightface(facts):
     with np.errstate(invalid="ignore"):
         mismatch = np.flatnonzero(h.complete[image_rows] & (labels != owner))
 
-    def label_problems():
+    def label_problems() -> Iterator[ProblemAt]:
         for i in mismatch.tolist():
             yield (
                 rec,
@@ -168,7 +174,7 @@ def _check_insightface(facts):
     yield from _check_property(facts, identities)
 
 
-def _check_property(facts, identities):
+def _check_property(facts: ShardFacts, identities: int) -> Iterator[Found]:
     path = os.path.join(os.path.dirname(facts.rec), "property")
     try:
         with open_input(path, "property file", "ascii", max_bytes=1 << 16) as f:

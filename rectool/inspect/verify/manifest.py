@@ -4,15 +4,18 @@ shard as its entry says (sizes, counts, first and last keys, header ids)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .facts import DatasetFacts, ShardFacts
 from .report import Found, one_problem
 
 
-def repeated_shards(shards):
+def repeated_shards(shards: Sequence[tuple[str, str]]) -> dict[int, int]:
     """Return {shard number: number of the shard listed first} for each .rec listed again."""
-    first, repeats = {}, {}
+    first: dict[str, int] = {}
+    repeats: dict[int, int] = {}
     for number, (rec, _) in enumerate(shards):
         seen = first.setdefault(os.path.realpath(rec), number)
         if seen != number:
@@ -20,7 +23,7 @@ def repeated_shards(shards):
     return repeats
 
 
-def check_listed_once(dataset, number, first):
+def check_listed_once(dataset: DatasetFacts, number: int, first: int) -> Iterator[Found]:
     """Shard `number`'s .rec is the one shard `first` already lists."""
     rec = dataset.shards[number][0]
     yield one_problem(
@@ -33,10 +36,10 @@ def check_listed_once(dataset, number, first):
     )
 
 
-def check_totals(dataset):
+def check_totals(dataset: DatasetFacts) -> Iterator[Found]:
     """The manifest's totals are the sums of its shards' entries."""
     manifest, path = dataset.manifest, dataset.manifest_path
-    if manifest is None:
+    if manifest is None or path is None:  # one is None when the other is
         return
     shards = manifest["shards"]  # read_manifest checked every field used here
     totals = manifest.get("totals") or {}
@@ -55,7 +58,7 @@ def check_totals(dataset):
             )
 
 
-def check_manifest_entry(facts):
+def check_manifest_entry(facts: ShardFacts) -> Iterator[Found]:
     """The shard is as its manifest entry says: sizes, counts, first and last keys, ids.
 
     (Whether it has the layout the manifest names is `check_layout`'s question.)
@@ -104,7 +107,7 @@ def check_manifest_entry(facts):
         yield _check_ids(facts)
 
 
-def _check_ids(facts):
+def _check_ids(facts: ShardFacts) -> Found:
     """rectool writes each record's key as its header id; they must agree."""
     h, keys, starts = facts.headers, facts.keys, facts.framing.starts
     differ = np.flatnonzero(facts.indexed & h.complete & (h.id.astype(np.int64) != keys))

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, SupportsInt
+
+# Where a check puts a problem: (path, key or None, byte offset or None, message).
+ProblemAt = tuple[str | os.PathLike[str], SupportsInt | None, SupportsInt | None, str]
 
 PROBLEM_KINDS = {
     "truncated": "the file ends inside a record",
@@ -61,7 +65,7 @@ class Problem:
     offset: int | None
     message: str
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return {
             "kind": self.kind,
             "path": self.path,
@@ -70,7 +74,7 @@ class Problem:
             "message": self.message,
         }
 
-    def __str__(self):
+    def __str__(self) -> str:
         where = [self.path]
         if self.key is not None:
             where.append(f"key {self.key}")
@@ -87,9 +91,10 @@ class VerifyReport:
     all of them. The dataset is sound when `problem_count` is 0.
     """
 
-    targets: list
-    shards: list = field(default_factory=list)  # {"rec", "idx", "records", "rec_bytes"}
-    layouts: list = field(default_factory=list)  # one per target
+    targets: list[str]
+    # {"rec", "idx", "records", "rec_bytes"} of each shard
+    shards: list[dict[str, Any]] = field(default_factory=list)
+    layouts: list[str] = field(default_factory=list)  # one per target
     records: int = 0
     images: int = 0
     rec_bytes: int = 0
@@ -98,24 +103,42 @@ class VerifyReport:
     record_checksums: int = 0
     # The digests verify computed and compared: of whole files ("xxh3-128", "sha256") and of
     # records ("xxh3-64", "crc32"), each named once.
-    file_digests: list = field(default_factory=list)
-    record_digests: list = field(default_factory=list)
+    file_digests: list[str] = field(default_factory=list)
+    record_digests: list[str] = field(default_factory=list)
     decoded: int = 0
     seconds: float = 0.0
-    problems: list = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     problem_count: int = 0
-    counts: Counter = field(default_factory=Counter)
+    counts: Counter[str] = field(default_factory=Counter)
     # Prefixes whose interrupted replacement verify finished before checking them.
-    finished: list = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
     # Staging folders that a killed `--overwrite` left beside the targets (not part of a pack).
-    staging: list = field(default_factory=list)
+    staging: list[str] = field(default_factory=list)
 
     @property
-    def sound(self):
+    def sound(self) -> bool:
         """Return True when no problem was found."""
         return self.problem_count == 0
 
-    def to_json(self):
+    def renamed(self, shown_as: Callable[[str], str]) -> VerifyReport:
+        """Return this report with `shown_as(text)` applied to every path it names: targets,
+        shards, problems' paths and messages, replacements finished and staging folders (a
+        pack read from a local copy of a URL is named by its URL)."""
+        return replace(
+            self,
+            targets=[shown_as(t) for t in self.targets],
+            shards=[
+                {**s, "rec": shown_as(s["rec"]), "idx": shown_as(s["idx"])} for s in self.shards
+            ],
+            problems=[
+                replace(p, path=shown_as(p.path), message=shown_as(p.message))
+                for p in self.problems
+            ],
+            finished=[shown_as(p) for p in self.finished],
+            staging=[shown_as(s) for s in self.staging],
+        )
+
+    def to_json(self) -> dict[str, Any]:
         return {
             "sound": self.sound,
             "targets": self.targets,
@@ -147,10 +170,16 @@ class Found:
 
     kind: str
     total: int
-    problems: Iterable  # of (path, key, offset, message)
+    problems: Iterable[ProblemAt]
 
 
-def one_problem(kind, path, key, offset, message):
+def one_problem(
+    kind: str,
+    path: str | os.PathLike[str],
+    key: SupportsInt | None,
+    offset: SupportsInt | None,
+    message: str,
+) -> Found:
     """Return the `Found` of one problem of `kind` at `path`, `key`, `offset`."""
     return Found(kind, 1, ((path, key, offset, message),))
 
@@ -171,13 +200,17 @@ class Tally:
     n: int
 
 
+# What a check yields: problems found, and the work the report counts.
+CheckResult = Found | Tally | Compared
+
+
 class Findings:
     """Collect what checks yield into the report: keep the first `keep` problems, count all."""
 
-    def __init__(self, report, keep):
+    def __init__(self, report: VerifyReport, keep: int) -> None:
         self.report, self.keep = report, keep
 
-    def take(self, items):
+    def take(self, items: Iterable[CheckResult]) -> None:
         """Record every `Found` and `Tally` of the iterable `items`, as they come."""
         for item in items:
             if isinstance(item, Tally):
@@ -189,7 +222,7 @@ class Findings:
             else:
                 self._add(item)
 
-    def _add(self, found):
+    def _add(self, found: Found) -> None:
         problems = self.report.problems
         for path, key, offset, message in found.problems:
             if len(problems) >= self.keep:

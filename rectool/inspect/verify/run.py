@@ -5,26 +5,39 @@ from __future__ import annotations
 
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from ...build.manifest import finish_interrupted_source, leftover_staging
 from ...errors import RectoolError
 from ...reader import RecordFile, resolve_source, source_prefixes
 from ..scan import mapped
 from .digests import ShardHashes, check_record_checksums
-from .facts import DatasetFacts, read_shard, size_or_zero
+from .facts import DatasetFacts, ShardIndex, read_shard, size_or_zero
 from .framing import check_framing
 from .headers import check_headers
-from .images import check_decoding, check_image_structure, decodable_rows
+from .images import DecodeOptions, check_decoding, check_image_structure, decodable_rows
 from .index import check_index, check_index_file, check_keys_across_shards
 from .layout import check_layout
 from .manifest import check_listed_once, check_manifest_entry, check_totals, repeated_shards
-from .report import DEFAULT_KEEP, Findings, Tally, VerifyReport, one_problem
+from .report import DEFAULT_KEEP, CheckResult, Findings, Tally, VerifyReport, one_problem
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+# `progress(phase, done, total)`: "bytes" of the shards walked, "images" decoded.
+Progress = Callable[[str, int, int], object]
 
 
 def verify_dataset(
-    targets, decode=None, workers=None, keep=DEFAULT_KEEP, progress=None, image_check=True
-):
+    targets: StrPath | Iterable[StrPath],
+    decode: DecodeOptions | None = None,
+    workers: int | None = None,
+    keep: int = DEFAULT_KEEP,
+    progress: Progress | None = None,
+    image_check: bool = True,
+) -> VerifyReport:
     """Check every target (manifest, prefix, .rec, or folder with train.rec); return a report.
 
     `decode` is a `DecodeOptions` (or None to skip decoding); it decodes every image with
@@ -35,13 +48,13 @@ def verify_dataset(
     """
     if isinstance(targets, (str, os.PathLike)):
         targets = [targets]
-    targets = [os.fspath(t) for t in targets]
-    if not targets:
+    names = [os.fspath(t) for t in targets]
+    if not names:
         raise RectoolError("no dataset given to verify")
-    finished = [p for t in targets for p in finish_interrupted_source(t)]
-    resolved = [resolve_source(t) for t in targets]
-    staging = sorted({s for t in targets for p in source_prefixes(t) if (s := leftover_staging(p))})
-    report = VerifyReport(targets, finished=finished, staging=staging)
+    finished = [p for t in names for p in finish_interrupted_source(t)]
+    resolved = [resolve_source(t) for t in names]
+    staging = sorted({s for t in names for p in source_prefixes(t) if (s := leftover_staging(p))})
+    report = VerifyReport(names, finished=finished, staging=staging)
     findings = Findings(report, keep)
     workers = workers or os.cpu_count() or 1
     start = time.perf_counter()
@@ -56,7 +69,8 @@ def verify_dataset(
             dataset = DatasetFacts.of(manifest, manifest_path, shards)
             hashes = ShardHashes(dataset, hasher)
             repeats = repeated_shards(shards)
-            layouts, indexes = set(), []
+            layouts: set[str] = set()  # of the shards read (a missing one has none)
+            indexes: list[ShardIndex] = []
             for number in range(len(shards)):
                 if number in repeats:
                     findings.take(check_listed_once(dataset, number, repeats[number]))
@@ -64,7 +78,8 @@ def verify_dataset(
                 layout, index, size = _verify_shard(
                     dataset, number, findings, hashes, decode, decoder, progress, image_check,
                 )  # fmt: skip
-                layouts.add(layout)
+                if layout is not None:
+                    layouts.add(layout)
                 if index is not None:
                     indexes.append(index)
                 done_bytes += size
@@ -73,13 +88,21 @@ def verify_dataset(
             findings.take(hashes.check())
             findings.take(check_totals(dataset))
             findings.take(check_keys_across_shards(indexes))
-            layouts.discard(None)
             report.layouts.append("/".join(sorted(layouts)) or "empty")
     report.seconds = time.perf_counter() - start
     return report
 
 
-def _verify_shard(dataset, number, findings, hashes, decode, decoder, progress, image_check=True):
+def _verify_shard(
+    dataset: DatasetFacts,
+    number: int,
+    findings: Findings,
+    hashes: ShardHashes,
+    decode: DecodeOptions | None,
+    decoder: Executor,
+    progress: Progress | None,
+    image_check: bool = True,
+) -> tuple[str | None, ShardIndex | None, int]:
     """Run every check of shard `number`; return (layout name, its `ShardIndex`, bytes).
 
     `hashes` (`ShardHashes`) hashes the .rec from the mapping the checks walk, beside them.
@@ -95,7 +118,7 @@ def _verify_shard(dataset, number, findings, hashes, decode, decoder, progress, 
     with mapped(rec) as (buf, size), RecordFile(rec) as records:
         hashes.start(rec, buf, size)
         facts = read_shard(dataset, number, buf, size, records.read_at)
-        for check in (
+        checks: tuple[Iterable[CheckResult], ...] = (
             check_index_file(facts),
             check_framing(facts),
             check_index(facts),
@@ -103,7 +126,8 @@ def _verify_shard(dataset, number, findings, hashes, decode, decoder, progress, 
             check_headers(facts),
             check_manifest_entry(facts),
             check_record_checksums(facts, hashes.matches),
-        ):
+        )
+        for check in checks:
             findings.take(check)
         report, records_found = findings.report, len(facts.framing.starts)
         report.shards.append(
