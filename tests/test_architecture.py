@@ -48,6 +48,30 @@ def test_the_private_import_check_finds_one():
     assert node.level == 1 and node.names[0].name.startswith("_")
 
 
+def option_declarations(source, where):
+    """Yield (flag, where:line) for each `click.option("--flag", ...)` call in `source`."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "option":
+            for arg in node.args:
+                if isinstance(arg, ast.Constant) and str(arg.value).startswith("--"):
+                    yield arg.value, f"{where}:{node.lineno}"
+
+
+def test_an_option_several_commands_take_is_declared_once():
+    # Shared options are declared in commands/options.py (a factory taking what differs, such
+    # as the help text), so a type, default or flag cannot drift between two commands.
+    places = {}
+    for path in sorted((PACKAGE / "commands").glob("*.py")):
+        for flag, where in option_declarations(path.read_text(encoding="utf-8"), path.name):
+            places.setdefault(flag, []).append(where)
+    assert {flag: at for flag, at in places.items() if len(at) > 1} == {}
+
+
+def test_the_option_check_finds_a_second_declaration():
+    source = '@click.option("--resume", is_flag=True)\n@click.option("--resume")\ndef f(): pass\n'
+    assert [f for f, _ in option_declarations(source, "x.py")] == ["--resume", "--resume"]
+
+
 def test_no_module_is_over_600_lines_and_no_command_module_over_300():
     sizes = {
         name: len((PACKAGE / name).read_text(encoding="utf-8").splitlines()) for name in modules()

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from rectool.cli import cli
-from rectool.commands.options import ByteSize, ImageSize
+from rectool.commands.paramtypes import ByteSize, ImageSize
 
 BAD_VALUES = ["nan", "inf", "-inf", "-1", "1e400", "1" + "0" * 30]
 NUMERIC_TYPES = (click.types._NumberParamTypeBase, ByteSize, ImageSize)

@@ -13,15 +13,8 @@ from .conventions import (
     library_errors,
     write_stream,
 )
-from .options import (
-    MAX_SECONDS,
-    Count,
-    Finite,
-    json_option,
-    max_pixels_option,
-    renamed_option,
-    workers_option,
-)
+from .options import json_option, max_pixels_option, renamed_option, workers_option
+from .paramtypes import MAX_SECONDS, Count, Finite
 
 
 @click.command(cls=RectoolCommand, name="bench")

@@ -15,21 +15,15 @@ from .conventions import (
     write_stream,
 )
 from .options import (
-    Count,
     json_option,
     max_pixels_option,
+    sample_option,
 )
 
 
 @click.command(cls=RectoolCommand, name="info")
 @click.argument("target")
-@click.option(
-    "--sample",
-    type=Count(0),
-    default=200,
-    show_default=True,
-    help="Images decoded, spread over the dataset, for their dimensions.",
-)
+@sample_option("Images decoded, spread over the dataset, for their dimensions.")
 @max_pixels_option(
     "Sampled images whose header declares more pixels are counted as too large, not decoded."
 )

@@ -15,13 +15,17 @@ from .conventions import (
     seconds_since_start,
 )
 from .options import (
-    Count,
-    Finite,
+    allow_outside_root_option,
     json_option,
+    labels_option,
     overwrite_option,
+    per_id_options,
     quiet_option,
     renamed_option,
+    seed_option,
+    workers_option,
 )
+from .paramtypes import Count, Finite
 from .progress import progress_bar
 
 
@@ -55,10 +59,8 @@ def parse_extensions(ctx, param, value):
     f"[default: {','.join(e.lstrip('.') for e in DEFAULT_EXTENSIONS)}]",
 )
 @click.option("--shuffle", is_flag=True, help="Shuffle the images (default: in order).")
-@click.option(
-    "--seed",
-    type=Count(0),
-    help="Seed of --shuffle (default: a random one, shown in the summary).",
+@seed_option(
+    "Seed of --shuffle (default: a random one, shown in the summary).", type=Count(0), default=None
 )
 @click.option(
     "--chunks",
@@ -86,39 +88,28 @@ def parse_extensions(ctx, param, value):
     help="image: cut runs of images, as im2rec. identity: whole identities, so nobody is "
     "in two splits (the ratios then count identities).",
 )
-@click.option(
-    "--min-per-id",
-    type=Count(1),
-    default=1,
-    show_default=True,
-    help="Skip identities with fewer images.",
+@per_id_options(
+    "Skip identities with fewer images.",
+    "Keep at most N images per identity (the first in path order).",
+    min_default=1,
 )
-@click.option(
-    "--max-per-id",
-    type=Count(1),
-    help="Keep at most N images per identity (the first in path order).",
-)
-@click.option(
-    "--workers",
-    "-j",
+@workers_option(
+    "Folders read at once. Default: one at a time while folders list fast (a local or "
+    "cached disk), 4 per CPU (at most 32) once they prove slow (a network file system).",
     type=click.IntRange(1, 256),
     default=None,
-    help="Folders read at once. Default: one at a time while folders list fast (a local or "
-    "cached disk), 4 per CPU (at most 32) once they prove slow (a network file system).",
+    show_default=None,
 )
-@click.option(
-    "--labels",
-    "labels",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the label map here. Default: PREFIX.labels.tsv beside OUT; "
+@labels_option(
+    "Write the label map here. Default: PREFIX.labels.tsv beside OUT; "
     "with OUT - it is written only if this is given.",
+    "labels",
+    click.Path(dir_okay=False, path_type=Path),
 )
 @overwrite_option("Replace existing lists and label map (all or none are written).")
-@click.option(
-    "--allow-outside-root",
-    is_flag=True,
-    help="Follow symbolic links that lead out of ROOT (each folder is still listed once); "
-    "by default they are skipped as outside-root.",
+@allow_outside_root_option(
+    "Follow symbolic links that lead out of ROOT (each folder is still listed once); "
+    "by default they are skipped as outside-root."
 )
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON: on stdout, or on stderr when OUT is -.")

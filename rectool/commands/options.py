@@ -9,17 +9,20 @@ import os
 import click
 from click.core import ParameterSource
 
-from ..choices import ENCODINGS
+from ..choices import ENCODINGS, LAYOUTS
+from .paramtypes import SEED, ByteSize, Count, FailureLimit, PixelCount
+
+ALL_CORES = os.cpu_count() or 1
 
 
-def workers_option(help):
+def workers_option(help, type=None, default=ALL_CORES, show_default="all cores"):
     """--workers/-j N, default all cores; `help` says what the workers do."""
     return click.option(
         "--workers",
         "-j",
-        type=Count(1),
-        default=os.cpu_count() or 1,
-        show_default="all cores",
+        type=type or Count(1),
+        default=default,
+        show_default=show_default,
         help=help,
     )
 
@@ -34,31 +37,70 @@ def overwrite_option(help="Replace an existing output file."):
     return click.option("--overwrite", is_flag=True, help=help)
 
 
+def resume_option(help):
+    """--resume: continue an interrupted run where it stopped."""
+    return click.option("--resume", is_flag=True, help=help)
+
+
+def allow_outside_root_option(help):
+    """--allow-outside-root: take paths that leave ROOT (refused or skipped by default)."""
+    return click.option("--allow-outside-root", is_flag=True, help=help)
+
+
+def decode_option(help):
+    """--decode: decode every image as well."""
+    return click.option("--decode", is_flag=True, help=help)
+
+
+def output_option(help, type, *dest, **more):
+    """--output/-o PATH: where a command writes its one output file (`dest` renames it)."""
+    return click.option("--output", "-o", *dest, type=type, help=help, **more)
+
+
+def labels_option(help, dest, type):
+    """--labels FILE: the label map (label<TAB>identity) that list writes and pack reads."""
+    return click.option("--labels", dest, type=type, help=help)
+
+
+def layout_option(help):
+    """--layout images|insightface (default images): how a pack's records are laid out."""
+    return click.option(
+        "--layout", type=click.Choice(LAYOUTS), default="images", show_default=True, help=help
+    )
+
+
+def check_option(modes, help):
+    """--check MODE (default structure): what each image is checked for before it is written."""
+    return click.option(
+        "--check", type=click.Choice(modes), default="structure", show_default=True, help=help
+    )
+
+
+def sample_option(help):
+    """--sample N (default 200): images decoded, spread over the dataset."""
+    return click.option("--sample", type=Count(0), default=200, show_default=True, help=help)
+
+
+def seed_option(help, type=None, default=0):
+    """--seed N, default 0 (None: no default, the command picks one)."""
+    shown = {} if default is None else {"default": default, "show_default": True}
+    return click.option("--seed", type=type or SEED, help=help, **shown)
+
+
+def per_id_options(min_help, max_help, min_default=None):
+    """--min-per-id and --max-per-id N: identities kept by their count of images."""
+    shown = {} if min_default is None else {"default": min_default, "show_default": True}
+
+    def decorate(func):
+        func = click.option("--max-per-id", type=Count(1), help=max_help)(func)
+        return click.option("--min-per-id", type=Count(1), help=min_help, **shown)(func)
+
+    return decorate
+
+
 def json_option(help="Print the summary as JSON on stdout."):
     """--json, passed to the command as `as_json`."""
     return click.option("--json", "as_json", is_flag=True, help=help)
-
-
-class PixelCount(click.ParamType):
-    """A pixel count written as `50M`, `1.5G`, `250k` or a plain number (>= 1)."""
-
-    name = "pixels"
-    _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int) and not isinstance(value, bool):
-            number = value
-        else:
-            import re
-
-            match = re.fullmatch(r"\s*(\d+(?:\.\d*)?)\s*([kmg]?)\s*", str(value), re.IGNORECASE)
-            if match is None:
-                self.fail(f"{value!r} is not a pixel count (e.g. 50M, 120000000)", param, ctx)
-            digits, suffix = match.groups()
-            number = int(float(digits) * self._SUFFIXES[suffix.lower()])
-        if not 1 <= number <= 10**15:
-            self.fail(f"{value!r}: give 1 to 10**15 pixels", param, ctx)
-        return number
 
 
 def max_pixels_option(help="Refuse images whose header declares more pixels, before decoding."):
@@ -72,105 +114,6 @@ def max_pixels_option(help="Refuse images whose header declares more pixels, bef
         show_default=True,
         help=help + " E.g. 50M, 1.5G, 120000000.",
     )
-
-
-# Every numeric option is range-checked by its type, so nan, inf, negative and huge values are
-# usage errors naming the option (exit 2), never a traceback further down.
-# Counts fit the int64 that numpy and the index files hold them in.
-INT64_MAX = 2**63 - 1
-# Seeds: what `numpy.random.default_rng` and `random.Random` both take, as 64 bits.
-SEED = click.IntRange(0, 2**64 - 1)
-# Time limits: at most a day.
-MAX_SECONDS = 86400.0
-
-
-class Count(click.IntRange):
-    """An integer option from `min` to `max` (int64 at most, a bound help does not show)."""
-
-    def __init__(self, min, max=INT64_MAX):
-        super().__init__(min, max)
-
-    def _describe_range(self):
-        if self.max == INT64_MAX:
-            return f"x>={self.min}"
-        return super()._describe_range()
-
-
-class FailureLimit(click.ParamType):
-    """--max-failures: a count (`0`, `12`) or a share of the images (`0.1%`), as the library's
-    `max_failures` (an int, or a float from 0 to 1)."""
-
-    name = "N|P%"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return value
-        text = str(value).strip()
-        try:
-            if text.endswith("%"):
-                share = float(text[:-1]) / 100
-                if not 0 <= share <= 1:  # nan compares false: refused too
-                    raise ValueError
-                return share
-            count = int(text)
-            if not 0 <= count <= INT64_MAX:
-                raise ValueError
-            return count
-        except ValueError:
-            self.fail(f"{value!r} is not a count (12) or a percentage from 0% to 100% (0.1%)")
-
-
-class Finite(click.FloatRange):
-    """A `click.FloatRange` that also refuses nan (which compares false to every bound)."""
-
-    def convert(self, value, param, ctx):
-        number = super().convert(value, param, ctx)
-        if number != number or number in (float("inf"), float("-inf")):
-            self.fail(f"{value!r} is not a finite number", param, ctx)
-        return number
-
-
-class ByteSize(click.ParamType):
-    """A byte count written as `512MB`, `2GiB` or a plain number."""
-
-    name = "size"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
-        from ..build.shards import parse_size
-
-        try:
-            size = parse_size(value)
-        except ValueError:  # (also nan)
-            self.fail(f"{value!r} is not a size (examples: 512MB, 2GiB, 1000000)", param, ctx)
-        except OverflowError:  # inf, 1e400
-            size = None
-        if size is None or size > INT64_MAX:
-            self.fail(f"{value!r} is too large: at most {INT64_MAX} bytes", param, ctx)
-        return size
-
-
-# The largest side any image format rectool decodes can have (PNG's 2**31 - 1).
-MAX_IMAGE_SIDE = 2**31 - 1
-
-
-class ImageSize(click.ParamType):
-    """An image size written as HEIGHTxWIDTH (`112x112`), or one number for a square."""
-
-    name = "HxW"
-
-    def convert(self, value, param, ctx):
-        if isinstance(value, tuple):
-            return value
-        parts = str(value).lower().split("x")
-        if len(parts) == 1:
-            parts = parts * 2
-        if len(parts) != 2 or not all(
-            p.strip().isdigit() and 0 < int(p) <= MAX_IMAGE_SIDE for p in parts
-        ):
-            self.fail(f"{value!r} is not HEIGHTxWIDTH (example: 112x112)", param, ctx)
-        return int(parts[0]), int(parts[1])
 
 
 TRANSFORM_NAMES = ("resize", "center_crop", "quality", "encoding", "color")

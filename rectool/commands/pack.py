@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..choices import CHECK_MODES, LAYOUTS
+from ..choices import CHECK_MODES
 from .conventions import (
     CommandFailed,
     RectoolCommand,
@@ -17,11 +17,16 @@ from .conventions import (
     write_stream,
 )
 from .options import (
-    Count,
+    allow_outside_root_option,
+    check_option,
     json_option,
+    labels_option,
+    layout_option,
     max_failures_option,
     max_pixels_option,
+    overwrite_option,
     quiet_option,
+    resume_option,
     sha256_option,
     shard_options,
     transform_of,
@@ -36,6 +41,7 @@ from .pack_messages import (
     render_shard_result,
     shard_plan,
 )
+from .paramtypes import Count
 from .progress import progress_bar, remember_progress
 
 
@@ -48,12 +54,9 @@ from .progress import progress_bar, remember_progress
     is_flag=True,
     help="Store every list label as a float32 vector (flag > 0), as im2rec.",
 )
-@click.option(
-    "--check",
-    type=click.Choice(CHECK_MODES),
-    default="structure",
-    show_default=True,
-    help="Pass-through check of each image. structure: walk the JPEG markers to the scan and "
+@check_option(
+    CHECK_MODES,
+    "Pass-through check of each image. structure: walk the JPEG markers to the scan and "
     "the end marker, every PNG chunk and CRC (other formats are decoded). decode: also decode "
     "every image, refusing JPEGs whose data libjpeg-turbo reports corrupt (slower). none: only "
     "refuse missing and empty files.",
@@ -61,13 +64,9 @@ from .progress import progress_bar, remember_progress
 @click.option("--no-check", is_flag=True, help="Same as --check none.")
 @transform_options
 @shard_options
-@click.option(
-    "--layout",
-    type=click.Choice(LAYOUTS),
-    default="images",
-    show_default=True,
-    help="images: keys as in the list. insightface: the face-dataset layout "
-    "(header record 0, identity ranges, property file).",
+@layout_option(
+    "images: keys as in the list. insightface: the face-dataset layout "
+    "(header record 0, identity ranges, property file)."
 )
 @workers_option("Worker threads reading, checking and encoding images.")
 @max_pixels_option(
@@ -75,26 +74,19 @@ from .progress import progress_bar, remember_progress
     "(not with --check none)."
 )
 @max_failures_option("the listed images")
-@click.option(
-    "--labels",
-    "label_map",
-    type=click.Path(dir_okay=False),
-    help="Label map (label<TAB>identity) for the manifest; "
+@labels_option(
+    "Label map (label<TAB>identity) for the manifest; "
     "default: the one `rectool list` wrote beside LIST.",
+    "label_map",
+    click.Path(dir_okay=False),
 )
-@click.option(
-    "--allow-outside-root",
-    is_flag=True,
-    help="Pack list paths that leave ROOT (absolute, climbing out with .., or through a "
-    "symbolic link); by default they are refused as outside-root.",
+@allow_outside_root_option(
+    "Pack list paths that leave ROOT (absolute, climbing out with .., or through a "
+    "symbolic link); by default they are refused as outside-root."
 )
 @sha256_option
-@click.option("--resume", is_flag=True, help="Continue an interrupted pack where it stopped.")
-@click.option(
-    "--overwrite",
-    is_flag=True,
-    help="Replace an existing pack at OUT_PREFIX, once the new one is complete.",
-)
+@resume_option("Continue an interrupted pack where it stopped.")
+@overwrite_option("Replace an existing pack at OUT_PREFIX, once the new one is complete.")
 @click.option(
     "--only-shard",
     type=Count(0),

@@ -14,18 +14,17 @@ from .conventions import (
 )
 from .options import (
     json_option,
+    output_option,
     overwrite_option,
 )
 
 
 @click.command(cls=RectoolCommand, name="reader")
-@click.option(
-    "--output",
-    "-o",
+@output_option(
+    "Where to write the module (- for stdout).",
+    click.Path(dir_okay=False, allow_dash=True),
     default="-",
     show_default=True,
-    type=click.Path(dir_okay=False, allow_dash=True),
-    help="Where to write the module (- for stdout).",
 )
 @click.option(
     "--training",

@@ -16,18 +16,18 @@ from .conventions import (
 )
 from .options import (
     json_option,
+    output_option,
+    overwrite_option,
     quiet_option,
 )
 
 
 @click.command(cls=RectoolCommand, name="reindex")
 @click.argument("rec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option(
-    "--output",
-    "-o",
+@output_option(
+    "Where to write the .idx (default: beside REC, same name).",
+    click.Path(dir_okay=False, path_type=Path),
     "idx",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Where to write the .idx (default: beside REC, same name).",
 )
 @click.option(
     "--keys",
@@ -37,7 +37,7 @@ from .options import (
     help="header: each record's header id (what rectool, im2rec and insightface write); "
     "position: 0, 1, 2, ... in file order.",
 )
-@click.option("--overwrite", is_flag=True, help="Replace an existing .idx.")
+@overwrite_option("Replace an existing .idx.")
 @quiet_option("No summary; only the exit status tells.")
 @json_option("Print the result as JSON on stdout.")
 @library_errors

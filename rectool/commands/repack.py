@@ -6,7 +6,6 @@ import sys
 
 import click
 
-from ..choices import LAYOUTS
 from ..text import counted
 from .conventions import (
     CommandFailed,
@@ -16,14 +15,17 @@ from .conventions import (
     library_errors,
 )
 from .options import (
-    SEED,
-    Count,
-    Finite,
+    check_option,
     json_option,
+    layout_option,
     max_failures_option,
     max_pixels_option,
+    overwrite_option,
+    per_id_options,
     quiet_option,
     renamed_option,
+    resume_option,
+    seed_option,
     sha256_option,
     shard_options,
     transform_of,
@@ -31,6 +33,7 @@ from .options import (
     workers_option,
 )
 from .pack_messages import has_output, interrupted_message
+from .paramtypes import Finite
 from .progress import progress_bar, remember_progress
 
 
@@ -58,8 +61,7 @@ from .progress import progress_bar, remember_progress
     type=click.Path(exists=True, dir_okay=False),
     help="Drop these identities: a file of names or labels, one a line.",
 )
-@click.option("--min-per-id", type=Count(1), help="Drop identities with fewer images.")
-@click.option("--max-per-id", type=Count(1), help="Keep at most N images of each identity.")
+@per_id_options("Drop identities with fewer images.", "Keep at most N images of each identity.")
 @click.option(
     "--pick",
     type=click.Choice(["first", "random"]),
@@ -82,13 +84,7 @@ from .progress import progress_bar, remember_progress
     show_default=True,
     help="What --keep-fraction draws.",
 )
-@click.option(
-    "--seed",
-    type=SEED,
-    default=0,
-    show_default=True,
-    help="Seed of --order shuffle, --keep-fraction and --pick random.",
-)
+@seed_option("Seed of --order shuffle, --keep-fraction and --pick random.")
 @click.option(
     "--keep-labels",
     is_flag=True,
@@ -102,21 +98,14 @@ from .progress import progress_bar, remember_progress
     help="identity: grouped by label; source: as the sources hold them; shuffle: a seeded "
     "global shuffle (for readers that stream in file order, such as DALI's).",
 )
-@click.option(
-    "--layout",
-    type=click.Choice(LAYOUTS),
-    default="images",
-    show_default=True,
-    help="images: only image records (what DALI and ImageRecordIter read). insightface: the "
-    "face-dataset layout (header record 0, identity ranges, property file).",
+@layout_option(
+    "images: only image records (what DALI and ImageRecordIter read). insightface: the "
+    "face-dataset layout (header record 0, identity ranges, property file)."
 )
 @shard_options
-@click.option(
-    "--check",
-    type=click.Choice(["structure", "none"]),
-    default="structure",
-    show_default=True,
-    help="structure: refuse what pack refuses (empty, truncated, not an image); none: copy "
+@check_option(
+    ("structure", "none"),
+    "structure: refuse what pack refuses (empty, truncated, not an image); none: copy "
     "every record as it is.",
 )
 @click.option(
@@ -138,8 +127,8 @@ from .progress import progress_bar, remember_progress
 @max_pixels_option("Re-encoding: refuse images whose header declares more pixels, before decoding.")
 @max_failures_option()
 @sha256_option
-@click.option("--resume", is_flag=True, help="Continue an interrupted repack where it stopped.")
-@click.option("--overwrite", is_flag=True, help="Replace an existing pack at OUT_PREFIX.")
+@resume_option("Continue an interrupted repack where it stopped.")
+@overwrite_option("Replace an existing pack at OUT_PREFIX.")
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON on stdout.")
 @library_errors

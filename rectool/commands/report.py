@@ -17,32 +17,29 @@ from .conventions import (
 )
 from .info import exit_for_damage
 from .options import (
-    SEED,
-    ByteSize,
-    Count,
+    decode_option,
     json_option,
     max_pixels_option,
+    output_option,
     overwrite_option,
+    sample_option,
+    seed_option,
 )
+from .paramtypes import ByteSize, Count
 from .progress import progress_bar
 
 
 @click.command(cls=RectoolCommand, name="report")
 @click.argument("target")
-@click.option(
-    "--output",
-    "-o",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="The HTML page to write (one self-contained file).",
+@output_option(
+    "The HTML page to write (one self-contained file).", click.Path(dir_okay=False, path_type=Path)
 )
 @click.option(
     "--sheet",
     type=click.Path(dir_okay=False, path_type=Path),
     help="Also (or only) write the contact sheet as an image (.jpg or .png).",
 )
-@click.option(
-    "--seed", type=SEED, default=0, show_default=True, help="Seed of the identities sampled."
-)
+@seed_option("Seed of the identities sampled.")
 @click.option(
     "--identities",
     type=Count(0),
@@ -64,13 +61,7 @@ from .progress import progress_bar
     show_default=True,
     help="Thumbnail size in pixels (longest side).",
 )
-@click.option(
-    "--sample",
-    type=Count(0),
-    default=200,
-    show_default=True,
-    help="Images decoded, spread over the dataset, for the dimensions chart.",
-)
+@sample_option("Images decoded, spread over the dataset, for the dimensions chart.")
 @click.option(
     "--max-bytes",
     type=ByteSize(),
@@ -84,7 +75,7 @@ from .progress import progress_bar
     help="The folder the pack read, to show thumbnails of refused images.",
 )
 @click.option("--verify", is_flag=True, help="Verify the dataset too and show the result.")
-@click.option("--decode", is_flag=True, help="With --verify: decode every image too.")
+@decode_option("With --verify: decode every image too.")
 @overwrite_option("Replace an existing page or sheet (never a file of a pack).")
 @max_pixels_option(
     "Images whose header declares more pixels get no thumbnail (and are not decoded)."

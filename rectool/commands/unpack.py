@@ -17,6 +17,7 @@ from .conventions import (
 from .options import (
     json_option,
     quiet_option,
+    resume_option,
 )
 from .progress import progress_bar, remember_progress
 
@@ -24,11 +25,7 @@ from .progress import progress_bar, remember_progress
 @click.command(cls=RectoolCommand, name="unpack")
 @click.argument("target")
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--resume",
-    is_flag=True,
-    help="Continue an interrupted unpack: keep files that already hold their record's bytes.",
-)
+@resume_option("Continue an interrupted unpack: keep files that already hold their record's bytes.")
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON on stdout.")
 @library_errors

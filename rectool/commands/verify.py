@@ -19,14 +19,8 @@ from .conventions import (
     named_by_urls,
     write_stream,
 )
-from .options import (
-    Count,
-    ImageSize,
-    json_option,
-    max_pixels_option,
-    quiet_option,
-    workers_option,
-)
+from .options import decode_option, json_option, max_pixels_option, quiet_option, workers_option
+from .paramtypes import Count, ImageSize
 from .progress import phase_progress
 
 if TYPE_CHECKING:
@@ -35,7 +29,7 @@ if TYPE_CHECKING:
 
 @click.command(cls=RectoolCommand, name="verify")
 @click.argument("targets", metavar="TARGET...", nargs=-1, required=True)
-@click.option("--decode", is_flag=True, help="Also decode every image, on all cores.")
+@decode_option("Also decode every image, on all cores.")
 @click.option(
     "--no-image-check",
     is_flag=True,
