@@ -175,3 +175,77 @@ def test_one_mapping_helper_for_record_files():
 def test_the_mapping_check_finds_one():
     assert _maps_files(ast.parse("import mmap\nm = mmap.mmap(fd, 0)\n")) == [2]
     assert _maps_files(ast.parse("import mmap\nclass M(mmap.mmap):\n    pass\n")) == [2]
+
+
+# One writer stack: the bytes of every file written in place (shards, the public writers'
+# files) go through `build/ordered.py`'s `write_all`, and only `build/shardfile.py` opens
+# record files for it; the door out (doors/) and the standalone modules are the exceptions.
+WRITE_CALLS = {"write", "pwrite", "writev", "fsync", "fdatasync"}
+OWN_WRITERS = {"rectool/build/ordered.py"}
+# Modules that open files in place through the door's `create_new`/`open_existing`, and what.
+IN_PLACE_OPENERS = {
+    "rectool/build/shardfile.py": "shards and the public writers' files (ShardFile.plain)",
+    "rectool/build/packing.py": "the failures file",
+    "rectool/repack/run.py": "the failures file",
+}
+NOT_THE_PACKAGE = {"rectool/recordio.py", "rectool/training.py", "rectool/demo.py"}
+
+
+def _writes_itself(tree):
+    """Return `(line, what)` for each write, fsync or writing `os.fdopen` in `tree`, and each
+    call of the door's `create_new`/`open_existing` (a file opened to be written in place)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+        on_os = isinstance(func, ast.Attribute) and getattr(func.value, "id", None) == "os"
+        if on_os and name in WRITE_CALLS:
+            found.append((node.lineno, f"os.{name}"))
+        elif on_os and name == "fdopen":
+            modes = node.args[1:2] + [k.value for k in node.keywords if k.arg == "mode"]
+            # Every string the mode may be ('ab' if append else 'wb' holds two).
+            mode = "".join(
+                str(c.value) for m in modes for c in ast.walk(m) if isinstance(c, ast.Constant)
+            )
+            if set(mode) & set("wax+"):
+                found.append((node.lineno, "os.fdopen for writing"))
+        elif name in ("create_new", "open_existing"):
+            found.append((node.lineno, name))
+    return found
+
+
+def test_one_writer_stack():
+    """Record files are written by one stack, ShardFile over OrderedWriter: the public
+    RecordWriter once had its own (an `os.fdopen`'d file, its own .idx file and fsync)."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel.startswith("rectool/doors/") or rel in NOT_THE_PACKAGE:
+            continue
+        for line, what in _writes_itself(ast.parse(path.read_text(encoding="utf-8"))):
+            opens = what in ("create_new", "open_existing")
+            if (rel not in IN_PLACE_OPENERS) if opens else (rel not in OWN_WRITERS):
+                offenders.append(f"{rel}:{line}: {what}")
+    assert offenders == []
+
+
+def test_the_writer_stack_check_finds_one():
+    old_writer = (
+        "fd = open_existing(path) if append else create_new(path)\n"
+        "f = os.fdopen(fd, 'ab' if append else 'wb')\n"
+        "idx = os.fdopen(fd, mode='w')\n"
+        "os.fsync(f.fileno())\n"
+        "os.write(fd, data)\n"
+        "g = os.fdopen(fd, 'rb')\n"
+    )
+    found = _writes_itself(ast.parse(old_writer))
+    assert sorted(found) == [
+        (1, "create_new"),
+        (1, "open_existing"),
+        (2, "os.fdopen for writing"),
+        (3, "os.fdopen for writing"),
+        (4, "os.fsync"),
+        (5, "os.write"),
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import struct
 
 import numpy as np
@@ -336,3 +337,63 @@ def test_index_lines_at_every_digit_count():
     values *= 12  # past the length from which numpy writes them
     expected = "".join(f"{v}\t{values[-1 - i]}\n" for i, v in enumerate(values)).encode()
     assert writer.format_index_lines(values, values[::-1]) == expected
+
+
+# --- one writer stack ----------------------------------------------------------------------------
+
+
+def test_the_public_writers_write_through_the_pipelines_shard_file(tmp_path, monkeypatch):
+    """RecordWriter and IndexedRecordWriter have no write path of their own: every byte of
+    their files is written by the pipeline's ShardFile (its OrderedWriter's `write_all`), and
+    `flush(sync=True)` fsyncs through the ShardFile's `fsync_fd`. A writer that opened or wrote
+    its files itself again would leave bytes that went through neither."""
+    from rectool.build import ordered, shardfile
+
+    written, synced, added = {}, [], []
+    write_all, fsync_fd, add = ordered.write_all, shardfile.fsync_fd, shardfile.ShardFile.add
+
+    def spy_write(fd, data):
+        written.setdefault(os.readlink(f"/proc/self/fd/{fd}"), []).append(bytes(data))
+        write_all(fd, data)
+
+    def spy_add(self, key, framed):
+        added.append(key)
+        return add(self, key, framed)
+
+    monkeypatch.setattr(ordered, "write_all", spy_write)
+    monkeypatch.setattr(
+        shardfile, "fsync_fd", lambda fd, path: synced.append(path) or fsync_fd(fd, path)
+    )
+    monkeypatch.setattr(shardfile.ShardFile, "add", spy_add)
+    rec, idx, plain = tmp_path / "a.rec", tmp_path / "a.idx", tmp_path / "b.rec"
+    with IndexedRecordWriter(rec, idx) as w:
+        w.write(4, b"four" + M + b"!")
+        w.flush(sync=True)
+        assert synced == [str(rec), str(idx)]
+        w.write(5, b"five")
+    with IndexedRecordWriter(rec, idx, append=True) as w:
+        w.write_framed(6, frame_record(b"six"))
+    with RecordWriter(plain) as w:
+        w.write(b"plain")
+        w.flush(sync=True)
+        assert synced[-1] == str(plain)
+    assert added == [4, 5, 6, None]
+    for path in (rec, idx, plain):
+        assert path.read_bytes() == b"".join(written.pop(os.path.realpath(path)))
+    assert written == {}
+    assert idx.read_bytes() == b"4\t0\n5\t24\n6\t36\n"
+
+
+def test_the_one_writer_check_sees_a_writer_of_its_own(tmp_path, monkeypatch):
+    """The check above fails for a writer that writes its file itself (the old RecordWriter)."""
+    from rectool.build import ordered
+
+    written = []
+    write_all = ordered.write_all
+    monkeypatch.setattr(
+        ordered, "write_all", lambda fd, data: written.append(bytes(data)) or write_all(fd, data)
+    )
+    path = tmp_path / "own.rec"
+    with open(path, "wb") as f:  # a stack of its own: bytes that skip ShardFile
+        f.write(frame_record(b"own"))
+    assert path.read_bytes() != b"".join(written)

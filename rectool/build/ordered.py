@@ -1,8 +1,9 @@
-"""The ordered background writer every shard's bytes go through (`OrderedWriter`).
+"""The ordered writer every record file's bytes go through (`OrderedWriter`).
 
 One thread runs writes in submission order, so writing overlaps encoding; a second hashes
-each write's bytes meanwhile. `build/shardfile.py` hands it a shard's buffers; nothing else
-writes records to a shard.
+each write's bytes meanwhile. `build/shardfile.py` hands it a shard's buffers (and those of
+the public `RecordWriter`/`IndexedRecordWriter`, which write in the caller's thread:
+`background=False`); nothing else writes records to a file.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ class OrderedWriter:
     the bytes of each write are hashed on a second thread meanwhile.
 
     A bounded queue keeps memory flat; an error in the thread is raised in the caller at its
-    next `submit` or `drain`.
+    next `submit` or `drain`. With `background=False` each write runs in `submit` itself
+    (the same code, no threads: for the public writers) and its error is raised there.
     """
 
-    def __init__(self, depth=4):
+    def __init__(self, depth=4, background=True):
+        self.background = background
         self._queue = queue.Queue(maxsize=depth)
         self._error = None
         # Jobs are numbered from 1 as submitted; `wait(n)` returns once job n is done.
@@ -60,26 +63,28 @@ class OrderedWriter:
                 return
             try:
                 if self._error is None:
-                    fd, parts, digest = job
-                    hashed = (
-                        None if digest is None else self._hashing().submit(_feed, digest, parts)
-                    )
-                    try:
-                        fault_point("write", self.names.get(fd, ""))
-                        for data in parts:
-                            write_all(fd, data)
-                        self._start_writeback(fd)
-                    finally:  # the job is done with its buffers only once they are hashed too
-                        if hashed is not None:
-                            hashed.result()
-            except OSError as exc:  # a full disk, say: re-raised in the submitting thread
-                self._error = output_error(exc, self.names.get(job[0], f"descriptor {job[0]}"))
+                    self._write(*job)
             except BaseException as exc:  # re-raised in the submitting thread
                 self._error = exc
             finally:
                 with self._done:
                     self._completed += 1
                     self._done.notify_all()
+
+    def _write(self, fd, parts, digest):
+        """Write `parts` to `fd` in order, feeding them to `digest` meanwhile: one job."""
+        try:
+            hashed = None if digest is None else self._hashing().submit(_feed, digest, parts)
+            try:
+                fault_point("write", self.names.get(fd, ""))
+                for data in parts:
+                    write_all(fd, data)
+                self._start_writeback(fd)
+            finally:  # the job is done with its buffers only once they are hashed too
+                if hashed is not None:
+                    hashed.result()
+        except OSError as exc:  # a full disk, say: the error names the file
+            raise output_error(exc, self.names.get(fd, f"descriptor {fd}")) from None
 
     def _hashing(self):
         if self._hasher is None:
@@ -121,7 +126,15 @@ class OrderedWriter:
         """Queue `data` (bytes, or a list of buffers) to be written to `fd` (and fed to
         `digest`) after everything before; return the job's number (see `wait`)."""
         self._raise()
-        self._started().put((fd, data if isinstance(data, list) else [data], digest))
+        parts = data if isinstance(data, list) else [data]
+        if not self.background:
+            self.submitted += 1
+            try:
+                self._write(fd, parts, digest)
+            finally:
+                self._completed += 1
+            return self.submitted
+        self._started().put((fd, parts, digest))
         self.submitted += 1
         return self.submitted
 

@@ -1,7 +1,9 @@
 """One shard being written (`ShardFile`) and what the manifest says of it (`ShardInfo`).
 
-`ShardFile` is the one place that appends framed records and their `.idx` lines to a shard
-(through `ordered.OrderedWriter`); `shards.ShardWriter` decides where shards end.
+`ShardFile` is the one place that appends framed records and their `.idx` lines to a file
+(through `ordered.OrderedWriter`): a pack's shards, and (`ShardFile.plain`) the files of the
+public `format.writer.RecordWriter` and `IndexedRecordWriter`; `shards.ShardWriter` decides
+where shards end.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..format.digest import XXH3_128, Digests, field_name
 from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
 from ..format.writer import format_index_line, format_index_lines
 from .manifest import PARTIAL_SUFFIX
-from .ordered import WRITE_BYTES
+from .ordered import WRITE_BYTES, OrderedWriter
 
 # Records are buffered and written in batches; kill -9 can then only cut between two writes.
 FLUSH_BYTES = 4 << 20
@@ -81,41 +83,73 @@ class ShardFile:
     before their .idx lines, so whatever a kill -9 leaves behind is a prefix of complete
     records (see `ShardWriter.resume`). `resumed` continues the `.partial` files an
     interrupted run left, with the state `ShardWriter.resume` read from them.
+
+    `ShardFile.plain` is the same writing without the shard: files at the names given (an
+    `.idx` only if named), no digests, checksum file or `.idx` cache, ended by `sync` and
+    `close` rather than `finish`. The public writers of `format/writer.py` are built on it.
     """
 
-    def __init__(self, number, rec_path, idx_path, io, resumed=None, digests=(XXH3_128,)):
+    def __init__(
+        self, number, rec_path, idx_path, io, resumed=None, digests=(XXH3_128,), plain=False,
+        append=False,
+    ):  # fmt: skip
         self.number, self.rec_path, self.idx_path = number, rec_path, idx_path
         self._io = io
-        self.algorithms = tuple(digests)
-        rec_p, idx_p = rec_path + PARTIAL_SUFFIX, idx_path + PARTIAL_SUFFIX
-        append = bool(resumed)
+        self._plain = plain
+        self.algorithms = () if plain else tuple(digests)
+        suffix = "" if plain else PARTIAL_SUFFIX
+        append = append or bool(resumed)
+        rec_p = rec_path + suffix
         self._rec_fd = open_for_writing(rec_p, append)
-        self._idx_fd = open_for_writing(idx_p, append)
-        io.names[self._rec_fd], io.names[self._idx_fd] = rec_p, idx_p
+        io.names[self._rec_fd] = rec_p
+        self._idx_fd = None
+        if idx_path is not None:
+            self._idx_fd = open_for_writing(idx_path + suffix, append)
+            io.names[self._idx_fd] = idx_path + suffix
+        if plain:  # appending continues from the end of each file
+            resumed = {
+                "rec_bytes": os.fstat(self._rec_fd).st_size,
+                "idx_bytes": 0 if self._idx_fd is None else os.fstat(self._idx_fd).st_size,
+            }
         resumed = resumed or {}
         self.records = resumed.get("records", 0)
         self.rec_bytes = resumed.get("rec_bytes", 0)
         self.idx_bytes = resumed.get("idx_bytes", 0)
         self.first_key = resumed.get("first_key")
         self.last_key = resumed.get("last_key")
-        # 16 bytes a record, for the shard's .idx cache; nothing else grows with the dataset.
-        self._keys = resumed.get("keys", array.array("q"))
-        self._offsets = resumed.get("offsets", array.array("q"))
-        self._rec_hash = resumed.get("rec_hash") or Digests(self.algorithms)
-        self._idx_hash = resumed.get("idx_hash") or Digests(self.algorithms)
-        checksums = resumed.get("checksums")
-        if checksums is None:
-            checksums = RecordChecksums(self._offsets)
-        self._checksums = checksums
+        self._keys = self._offsets = self._rec_hash = self._idx_hash = self._checksums = None
+        if not plain:
+            # 16 bytes a record, for the shard's .idx cache; nothing else grows with the data.
+            self._keys = resumed.get("keys", array.array("q"))
+            self._offsets = resumed.get("offsets", array.array("q"))
+            self._rec_hash = resumed.get("rec_hash") or Digests(self.algorithms)
+            self._idx_hash = resumed.get("idx_hash") or Digests(self.algorithms)
+            checksums = resumed.get("checksums")
+            if checksums is None:
+                checksums = RecordChecksums(self._offsets)
+            self._checksums = checksums
         self._rec_buf: list = []
         self._rec_starts: list = []  # per buffer, where its records start (their checksums)
         self._idx_buf: list[bytes] = []
         self.buffered = 0  # bytes of records not yet handed to the writer thread
 
+    @classmethod
+    def plain(cls, rec_path, idx_path=None, append=False):
+        """Return a plain `ShardFile`: a `.rec` (and an `.idx`) at the names given, new or
+        (`append`) continued, written in the caller's thread."""
+        io = OrderedWriter(background=False)
+        return cls(None, rec_path, idx_path, io, plain=True, append=append)
+
+    @property
+    def closed(self):
+        """Whether `close` was called."""
+        return self._rec_fd is None
+
     def add(self, key, framed):
-        """Append one framed record under `key`; return its offset in the .rec."""
+        """Append one framed record under `key` (None: a plain file without an .idx); return
+        its offset in the .rec."""
         offset = self.rec_bytes
-        lines = format_index_line(key, offset).encode("ascii")
+        lines = b"" if self._idx_fd is None else format_index_line(key, offset).encode("ascii")
         self._append(framed, lines, [key], [offset], [0])
         self.first_key = key if self.first_key is None else self.first_key
         self.last_key = key
@@ -130,7 +164,8 @@ class ShardFile:
         else:
             keys = keys.tolist() if isinstance(keys, np.ndarray) else keys
             offsets = [self.rec_bytes + start for start in starts]
-        self._append(data, format_index_lines(keys, offsets), keys, offsets, starts)
+        lines = b"" if self._idx_fd is None else format_index_lines(keys, offsets)
+        self._append(data, lines, keys, offsets, starts)
         self.first_key = int(keys[0]) if self.first_key is None else self.first_key
         self.last_key = int(keys[-1])
 
@@ -142,7 +177,9 @@ class ShardFile:
         self.records += len(keys)
         self.rec_bytes += len(data)
         self.idx_bytes += len(lines)
-        if isinstance(keys, np.ndarray):
+        if self._keys is None:  # plain: no .idx cache, no checksums
+            pass
+        elif isinstance(keys, np.ndarray):
             self._keys.frombytes(keys.tobytes())
             self._offsets.frombytes(offsets.tobytes())
         else:
@@ -161,28 +198,38 @@ class ShardFile:
             return self._io.submitted
         parts, starts = self._rec_buf, self._rec_starts
         if len(parts) > 1 and self.buffered < len(parts) * WRITE_BYTES // 4:
-            bases = itertools.accumulate(map(len, parts[:-1]), initial=0)
-            starts = [
-                np.concatenate(
-                    [np.asarray(b, np.int64) + base for b, base in zip(starts, bases)]
-                ).tolist()
-            ]
+            if not self._plain:
+                bases = itertools.accumulate(map(len, parts[:-1]), initial=0)
+                starts = [
+                    np.concatenate(
+                        [np.asarray(b, np.int64) + base for b, base in zip(starts, bases)]
+                    ).tolist()
+                ]
             parts = [b"".join(parts)]  # many small records: one write, not one each
-        digest = _ShardDigest(self._rec_hash, self._checksums, starts)
+        digest = None if self._plain else _ShardDigest(self._rec_hash, self._checksums, starts)
         self._io.submit(self._rec_fd, parts, digest)
-        self._io.submit(self._idx_fd, b"".join(self._idx_buf), self._idx_hash)
+        if self._idx_fd is not None:
+            self._io.submit(self._idx_fd, b"".join(self._idx_buf), self._idx_hash)
         self._rec_buf, self._rec_starts = [], []  # the writer thread owns what it was given
         self._idx_buf.clear()
         self.buffered = 0
         return self._io.submitted
 
+    def sync(self, fsync=True):
+        """Write everything buffered and wait until it is written; with `fsync`, until it is
+        on the disk (the .rec first, then the .idx)."""
+        self.flush()
+        self._io.drain()
+        if fsync:
+            for fd in (self._rec_fd, self._idx_fd):
+                if fd is not None:
+                    fsync_fd(fd, self._io.names.get(fd, self.rec_path))
+
     def finish(self):
         """Flush, fsync and give the shard its final names; write its .idx cache; return
         its `ShardInfo`."""
-        self.flush()
-        self._io.drain()
-        for fd in (self._rec_fd, self._idx_fd):
-            fsync_fd(fd, self._io.names.get(fd, self.rec_path))
+        assert not self._plain, "a plain file is ended by sync and close"
+        self.sync()
         self.close()  # before anything else can fail: an abort then has nothing to close
         # Before the renames: a shard with its final names always has its checksum file.
         crc_path = checksum_path(self.rec_path)

@@ -1,6 +1,8 @@
 """Write dmlc RecordIO framing, MXNet image headers and .idx files, byte for byte as MXNet does.
 
-The format constants live in `rectool.reader`, the one place that defines the bytes.
+The format constants live in `rectool.reader`, the one place that defines the bytes. The
+public `RecordWriter` and `IndexedRecordWriter` frame here and write through the pipeline's
+own `build.shardfile.ShardFile` (`ShardFile.plain`): one writing path, one fsync, one door.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ import os
 
 import numpy as np
 
-from ..doors.output import create_new, open_existing
 from ..errors import RecordTooLargeError
 from ..reader import (
     CFLAG_FIRST,
@@ -102,14 +103,13 @@ class RecordWriter:
     """Append framed records to a .rec file; a context manager.
 
     `write(payload)` returns the number of bytes written; `tell()` the offset the next record
-    will start at. Opening with `append=True` continues an existing file.
+    will start at. Opening with `append=True` continues an existing file. The bytes are
+    written by a plain `ShardFile` (buffered, handed to the OS by `flush` and `close`).
     """
 
     def __init__(self, path, append=False):
         self.path = os.fspath(path)
-        fd = open_existing(self.path) if append else create_new(self.path)
-        self._file = os.fdopen(fd, "ab" if append else "wb")
-        self._pos = self._file.tell()
+        self._shard = _plain_file(self.path, None, append)
 
     def __enter__(self):
         return self
@@ -117,33 +117,52 @@ class RecordWriter:
     def __exit__(self, *exc):
         self.close()
 
+    def __del__(self):  # a writer dropped unclosed still writes its records, as a file does
+        if getattr(self, "_shard", None) is not None and not self._shard.closed:
+            self.close()
+
     def tell(self):
         """Return the byte offset at which the next record starts."""
-        return self._pos
+        return self._shard.rec_bytes
 
     def write(self, payload, item=None):
         """Frame and append one record; return the bytes written."""
-        framed = frame_record(payload, item)
-        self._file.write(framed)
-        self._pos += len(framed)
-        return len(framed)
+        return self.write_framed(frame_record(payload, item))
 
     def write_framed(self, framed):
         """Append bytes already produced by `frame_record`; return the bytes written."""
-        self._file.write(framed)
-        self._pos += len(framed)
+        _check_open(self._shard, "write to closed file")
+        framed = framed if type(framed) is bytes else bytes(framed)  # the caller may reuse it
+        self._shard.add(None, framed)
         return len(framed)
 
     def flush(self, sync=False):
         """Push buffered bytes to the OS, and to the disk with `sync=True`."""
-        self._file.flush()
-        if sync:
-            os.fsync(self._file.fileno())
+        _check_open(self._shard, "flush of closed file")
+        self._shard.sync(fsync=sync)
 
     def close(self):
         """Flush and close the file."""
-        if not self._file.closed:
-            self._file.close()
+        _close(self._shard)
+
+
+def _plain_file(rec_path, idx_path, append):
+    from ..build.shardfile import ShardFile  # the pipeline's writer (it imports this module)
+
+    return ShardFile.plain(rec_path, idx_path, append)
+
+
+def _check_open(shard, message):
+    if shard.closed:
+        raise ValueError(message)
+
+
+def _close(shard):
+    if not shard.closed:
+        try:
+            shard.sync(fsync=False)
+        finally:
+            shard.close()
 
 
 # One .idx line as MXNet's `MXIndexedRecordIO.write_idx` writes it: key, tab, offset.
@@ -195,13 +214,15 @@ def _python_lines(keys, offsets):
 
 
 class IndexedRecordWriter:
-    """Write a .rec and its .idx together, as `mxnet.recordio.MXIndexedRecordIO` does."""
+    """Write a .rec and its .idx together, as `mxnet.recordio.MXIndexedRecordIO` does.
+
+    Both are written by one plain `ShardFile`, the .rec bytes of records before their .idx
+    lines.
+    """
 
     def __init__(self, rec_path, idx_path, append=False):
-        self.records = RecordWriter(rec_path, append=append)
         self.idx_path = os.fspath(idx_path)
-        fd = open_existing(self.idx_path) if append else create_new(self.idx_path)
-        self._idx = os.fdopen(fd, "a" if append else "w", encoding="ascii", newline="\n")
+        self._shard = _plain_file(os.fspath(rec_path), self.idx_path, append)
 
     def __enter__(self):
         return self
@@ -209,9 +230,13 @@ class IndexedRecordWriter:
     def __exit__(self, *exc):
         self.close()
 
+    def __del__(self):  # a writer dropped unclosed still writes its records, as a file does
+        if getattr(self, "_shard", None) is not None and not self._shard.closed:
+            self.close()
+
     def tell(self):
         """Return the byte offset at which the next record starts."""
-        return self.records.tell()
+        return self._shard.rec_bytes
 
     def write(self, key, payload, item=None):
         """Append one record under `key`; return its byte offset."""
@@ -220,20 +245,15 @@ class IndexedRecordWriter:
 
     def write_framed(self, key, framed):
         """Append an already framed record under `key`; return its byte offset."""
-        offset = self.records.tell()
-        self.records.write_framed(framed)
-        self._idx.write(format_index_line(key, offset))
-        return offset
+        _check_open(self._shard, "write to closed file")
+        framed = framed if type(framed) is bytes else bytes(framed)  # the caller may reuse it
+        return self._shard.add(key, framed)
 
     def flush(self, sync=False):
         """Push buffered bytes of both files to the OS (and the disk with `sync=True`)."""
-        self.records.flush(sync)
-        self._idx.flush()
-        if sync:
-            os.fsync(self._idx.fileno())
+        _check_open(self._shard, "flush of closed file")
+        self._shard.sync(fsync=sync)
 
     def close(self):
         """Flush and close both files."""
-        self.records.close()
-        if not self._idx.closed:
-            self._idx.close()
+        _close(self._shard)
