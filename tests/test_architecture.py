@@ -185,7 +185,7 @@ OWN_WRITERS = {"rectool/build/ordered.py"}
 # Modules that open files in place through the door's `create_new`/`open_existing`, and what.
 IN_PLACE_OPENERS = {
     "rectool/build/shardfile.py": "shards and the public writers' files (ShardFile.plain)",
-    "rectool/build/packing.py": "the failures file",
+    "rectool/build/packrun.py": "the failures file",
     "rectool/repack/run.py": "the failures file",
 }
 NOT_THE_PACKAGE = {"rectool/recordio.py", "rectool/training.py", "rectool/demo.py"}

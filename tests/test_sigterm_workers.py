@@ -4,9 +4,34 @@ import subprocess
 import sys
 
 
-def test_bench_workers_stopped_by_their_pool_print_no_traceback(small_pack):
-    """The pool stops its forked workers with SIGTERM; they inherit rectool's SIGTERM handler,
-    which must end them quietly there (it printed a `Terminated` traceback per worker)."""
+def test_a_forked_worker_ends_quietly_on_sigterm_as_by_default():
+    """A forked worker (a pool's process) inherits rectool's SIGTERM handler; there it must end
+    the process as SIGTERM's default does (killed by the signal, no traceback), not raise the
+    interruption meant for rectool itself (it printed a `Terminated` traceback per worker)."""
+    probe = (
+        "import os, signal, sys, time\n"
+        "from rectool.commands.conventions import watch_sigterm\n"
+        "watch_sigterm()\n"
+        "r, w = os.pipe()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    os.write(w, b'x')\n"  # running Python code: the signal is not lost in the fork
+        "    time.sleep(600)\n"
+        "    os._exit(0)\n"
+        "os.read(r, 1)\n"
+        "os.kill(pid, signal.SIGTERM)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+    assert "Traceback" not in done.stderr
+
+
+def test_bench_with_worker_processes_ends_them_and_prints_no_traceback(small_pack):
     done = subprocess.run(
         [
             sys.executable,

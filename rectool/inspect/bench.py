@@ -151,14 +151,22 @@ def bench_dataset(
         context = multiprocessing.get_context(
             "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
         )
-        with context.Pool(
+        pool = context.Pool(
             workers, initializer=_init_worker, initargs=(source, decode, max_pixels)
-        ) as pool:
+        )
+        try:
             pool.map(_decode_slice, [(part[:8], None) for part, _ in slices])  # warm up
             began = time.perf_counter()
             deadline = began + seconds
             results = pool.map(_decode_slice, [(part, deadline) for part, _ in slices])
             spent = time.perf_counter() - began
+            # Workers leave on the pool's sentinel. `with Pool` would terminate them instead:
+            # SIGTERM to a worker that holds the task queue's lock can leave the others, and
+            # the pool's own shutdown, waiting on that lock for ever (seen once, under load).
+            pool.close()
+            pool.join()
+        finally:
+            pool.terminate()  # after join: nothing left to stop; on an error: stops them
         name = f"decoded {decode}, {workers} processes"
         count, total = sum(r[0] for r in results), sum(r[1] for r in results)
         report.phases.append(Phase(name, count, total, spent, workers))
