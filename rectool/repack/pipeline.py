@@ -94,34 +94,24 @@ def repack(
         finish_interrupted(prefix)
         if resume and is_complete(prefix):
             return _completed_result(prefix)
-        if not (overwrite and output_files(prefix)):
+
+        def write_at(at, resume, overwrite):
             return _repack_into(
                 opened,
                 targets,
                 catalog,
                 plan,
-                prefix,
+                at,
                 options,
                 resume,
                 overwrite,
                 progress,
                 on_shard_finished,
             )
-        result = replace_beside(
-            prefix,
-            lambda staging: _repack_into(
-                opened,
-                targets,
-                catalog,
-                plan,
-                staging,
-                options,
-                False,
-                False,
-                progress,
-                on_shard_finished,
-            ),
-        )
+
+        if not (overwrite and output_files(prefix)):
+            return write_at(prefix, resume, overwrite)
+        result = replace_beside(prefix, lambda staging: write_at(staging, False, False))
         return dataclasses.replace(
             result,
             manifest_path=manifest_path(prefix),
