@@ -57,8 +57,11 @@ def raw(path):
     return value
 
 
-def date():
-    """The day of the run that wrote docs/benchmarks.md."""
+def date(benchmark):
+    """The day of the run that measured `benchmark` (`run_all.py --update` re-runs some)."""
+    run = raw(benchmark).get("run")
+    if run:
+        return run["date"]
     return re.search(r"on (\d{4}-\d{2}-\d{2});", _text()).group(1)
 
 
@@ -66,7 +69,8 @@ def table(*keys):
     """Write (with cog) a Markdown table of the named rows, row names as in the source."""
     import cog
 
-    cog.outl(f"| benchmark | ratio (`make bench`, {date()}) | measured | target | verdict |")
+    days = ", ".join(sorted({date(benchmark) for benchmark, _ in keys}))
+    cog.outl(f"| benchmark | ratio (`make bench`, {days}) | measured | target | verdict |")
     cog.outl("|---|---|---|---|---|")
     for benchmark, what in keys:
         measured, op, limit, verdict = row(benchmark, what)

@@ -4,6 +4,11 @@ Each `bench_*.py` module has `run(...) -> dict`; `TARGETS` below names, per benc
 ratios the issues promise: (key path in the result, what, "<=" or ">=", limit). The table
 shows ratios, not absolute times: this machine is shared and noisy, so only figures measured
 side by side in one run mean anything.
+
+`--update --only NAME...` re-runs some benchmarks and keeps the others' results from the page
+(each result carries the day and command of its run, `"run"`, which the page states): a long
+full run is not needed to refresh the rows a change touched, and no row is ever quoted under
+another run's date.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import traceback
@@ -157,12 +163,48 @@ def table(results):
     return rows
 
 
-def write_markdown(results, path, command):
+def previous_results(path):
+    """The raw results on an earlier page, each stamped with its run (page date, `make bench`)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}
+    start = text.index("```json\n", text.index("## Raw results")) + len("```json\n")
+    results = json.loads(text[start : text.index("\n```", start)])
+    header = re.search(r"Written by `([^`]+)` on (\d{4}-\d{2}-\d{2})", text)
+    command, day = header.groups() if header else ("make bench", "unknown day")
+    for result in results.values():
+        result.setdefault("run", {"date": day, "command": command})
+    return results
+
+
+def runs_sentence(results):
+    """Say which run measured which benchmarks: one run, or each run and its benchmarks."""
+    runs = {}
+    for name, result in results.items():
+        run = result.get("run", {})
+        runs.setdefault((run.get("date"), run.get("command")), []).append(name)
+    if len(runs) == 1:
+        (day, command), _ = runs.popitem()
+        return (
+            f"Written by `{command}` on {day}; every figure below comes from that one run, "
+            "each comparison measured side by side with its peer."
+        )
+    parts = [
+        f"{', '.join(names)}: `{command}` on {day}"
+        for (day, command), names in sorted(runs.items(), key=lambda item: str(item[0]))
+    ]
+    return (
+        "Measured in several runs; every figure of one benchmark comes from one run, each "
+        "comparison measured side by side with its peer. Runs: " + "; ".join(parts) + "."
+    )
+
+
+def write_markdown(results, path):
     lines = [
         "# Benchmarks",
         "",
-        f"Written by `{command}` on {datetime.date.today().isoformat()}; every figure below comes "
-        "from that one run, each comparison measured side by side with its peer.",
+        runs_sentence(results),
         "",
         f"Machine: {machine()}.",
         "",
@@ -183,16 +225,30 @@ def write_markdown(results, path, command):
     Path(path).write_text("\n".join(lines), encoding="utf-8")
 
 
-def main(argv=None):
+def main(argv=None, today=None):
+    """Run the benchmarks; `today` (a date) stamps their run (tests pass one)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="*", choices=sorted(BENCHMARKS), help="run only these")
     parser.add_argument("--output", default=str(REPO / "docs" / "benchmarks.md"))
+    parser.add_argument(
+        "--update", action="store_true", help="keep the other benchmarks' results from --output"
+    )
     args = parser.parse_args(argv)
+    if args.update and not args.only:
+        parser.error("--update needs --only")
+    command = (
+        "make bench"
+        if not args.only
+        else "python tests/benchmarks/run_all.py "
+        + ("--update " if args.update else "")
+        + f"--only {' '.join(args.only)}"
+    )
+    run = {"date": (today or datetime.date.today()).isoformat(), "command": command}
 
     def log(message):
         print(message, file=sys.stderr, flush=True)
 
-    results = {}
+    results = previous_results(args.output) if args.update else {}
     for name in args.only or BENCHMARKS:
         log(f"== {name}")
         try:
@@ -200,13 +256,10 @@ def main(argv=None):
         except Exception as exc:  # one failing benchmark must not hide the others' figures
             traceback.print_exc()
             results[name] = {"error": f"{type(exc).__name__}: {exc}"}
+        results[name]["run"] = run
         log(json.dumps(results[name], default=str))
-    command = (
-        "make bench"
-        if not args.only
-        else f"python tests/benchmarks/run_all.py --only {' '.join(args.only)}"
-    )
-    write_markdown(results, args.output, command)
+    results = {name: results[name] for name in BENCHMARKS if name in results}
+    write_markdown(results, args.output)
     print("\n".join(table(results)))
     print(f"written to {args.output}")
 
