@@ -482,68 +482,40 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-# The manifest schema: every field any rectool command reads, checked in `read_manifest`. A
-# manifest holds the identity names of its pack: about 37 bytes each for 2M identities named
-# like WebFace42M's (76 MB), up to ~280 bytes each for names of NAME_MAX (255) bytes. 1 GiB
-# holds 2M identities at any name length, twice over; parsing it takes a few GB at most.
+# The manifest: the reader checks the fields it reads; inside rectool, `read_manifest` checks
+# every field a command reads as well (rectool/format/manifest.py). 1 GiB holds the names of
+# WebFace42M's 2M identities at any length (NAME_MAX), twice over.
 MAX_MANIFEST_BYTES = 1 << 30
 MAX_MANIFEST_DEPTH = 16  # rectool writes 3 levels (shards[0], options.transform)
-MAX_CLASS_ID = 1 << 24  # float32 labels are exact integers below 2**24 (FLOAT32_EXACT)
-_HEX, _DIGITS = frozenset("0123456789abcdef"), frozenset("0123456789")
 
 
 def _plain_name(v):
     return isinstance(v, str) and v not in ("", ".", "..") and not {"/", "\\", "\0"} & set(v)
 
 
-_COUNT = (lambda v: type(v) is int and 0 <= v < 1 << 63, "a count (an integer >= 0)")
-_KEY = (lambda v: type(v) is int and 0 <= v < 1 << 64, "a record key (an integer 0 .. 2**64-1)")
-_TEXT = (lambda v: isinstance(v, str), "a string")
-_FLAG = (lambda v: type(v) is bool, "true or false")
-_NAME = (_plain_name, "a plain file name in the manifest's folder")
-_SHA256 = (lambda v: isinstance(v, str) and len(v) == 64 and _HEX >= set(v), "64 hex digits")
-_XXH128 = (lambda v: isinstance(v, str) and len(v) == 32 and _HEX >= set(v), "32 hex digits")
-_LAYOUT = (lambda v: v in DATASET_LAYOUTS, f"one of {DATASET_LAYOUTS}")
-_CLASSES = (lambda v: type(v) is int and 0 <= v <= MAX_CLASS_ID, f"an integer 0 .. {MAX_CLASS_ID}")
-_INT = (lambda v: type(v) is int and -(1 << 31) <= v < 1 << 31, "an integer")
-# Each object's fields: name -> (test, what it must be); null always means "not recorded".
-# Fields not named here are kept as they are (only the nesting depth limits them).
-_TRANSFORM = {"resize": _COUNT, "center_crop": _FLAG, "quality": _INT, "encoding": _TEXT,
-              "color": _INT}  # fmt: skip
-_OPTIONS = {"transform": _TRANSFORM, "check": _TEXT, "pack_label": _FLAG, "shard_bytes": _COUNT,
-            "shard_records": _COUNT, "layout": _LAYOUT, "allow_outside_root": _FLAG,
-            "workers": _COUNT, "max_failures": _COUNT, "sha256": _FLAG}  # fmt: skip
-_SHARD = {"rec": _NAME, "idx": _NAME, "records": _COUNT, "rec_bytes": _COUNT,
-          "idx_bytes": _COUNT, "rec_sha256": _SHA256, "idx_sha256": _SHA256, "first_key": _KEY,
-          "last_key": _KEY, "crc": _NAME, "crc_sha256": _SHA256, "rec_xxh3_128": _XXH128,
-          "idx_xxh3_128": _XXH128, "crc_xxh3_128": _XXH128}  # fmt: skip
-_TOTALS = {n: _COUNT for n in ("shards", "records", "images", "rec_bytes", "failures")}
-_MANIFEST = {"rectool_version": _TEXT, "created": _TEXT, "date": _TEXT, "layout": _LAYOUT,
-             "options": _OPTIONS, "list": _TEXT, "source": {"list_sha256": _TEXT, "root": _TEXT},
-             "totals": _TOTALS, "failures_file": _NAME, "classes": _CLASSES}  # fmt: skip
-_CLOSED = {"options.transform"}  # objects whose every field is known (--resume compares them)
+# A field's (test, what it must be); null always means "not recorded".
+COUNT_FIELD = (lambda v: type(v) is int and 0 <= v < 1 << 63, "a count (an integer >= 0)")
+NAME_FIELD = (_plain_name, "a plain file name in the manifest's folder")
+LAYOUT_FIELD = (lambda v: v in DATASET_LAYOUTS, f"one of {DATASET_LAYOUTS}")
+_SHARD = {"rec": NAME_FIELD, "idx": NAME_FIELD, "records": COUNT_FIELD, "rec_bytes": COUNT_FIELD}
 
 
-def _too_deep(data, limit):
-    """Return True when the JSON text `data` (bytes) nests arrays and objects deeper than
-    `limit`: its strings dropped, its brackets kept, innermost pairs removed `limit` times."""
-    brackets = _JSON_STRING.sub(b"", data).translate(_BRACKETS, _NOT_BRACKETS)
-    for _ in range(limit):
-        brackets = brackets.replace(b"()", b"")
-    return bool(brackets)
+def bad_field(path, field, want):
+    """Return the `InputError` of a manifest field that is not what it must be."""
+    return InputError(f"{path}: manifest field {field!r} must be {want}")
 
 
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.S)
-_BRACKETS = bytes.maketrans(b"[]{}", b"()()")
-_NOT_BRACKETS = bytes(sorted(set(range(256)) - set(b"[]{}")))
+def check_fields(path, obj, fields, where=""):
+    """Raise `bad_field` for the first of `fields` ({name: (test, want)}) set in `obj` but wrong."""
+    for name, (test, want) in fields.items():
+        if obj.get(name) is not None and not test(obj[name]):
+            raise bad_field(path, where + name, want)
 
 
 def read_manifest(path, require=()):
-    """Read and check a pack manifest; raise `RectoolError` naming the file and field.
+    """Read and check a pack manifest; raise `InputError` naming the file and field.
 
-    Every field a command reads is checked here (type, range, nesting): `identities` comes
-    back as {"label": name} (a list of names is accepted as labels 0, 1, ...). `require`:
-    dotted names ("totals.images") of fields that must be present and not null.
+    `require`: dotted names ("totals.images") of fields that must be present and not null.
     """
     path = os.fspath(path)
     fd, st = open_regular(path, "manifest")
@@ -556,73 +528,40 @@ def read_manifest(path, require=()):
         )
     try:
         doc, deep = json.loads(data), False
-    except RecursionError:  # deeper than json's own limit
+    except RecursionError:  # deeper than json's own limit (rectool checks the depth below it)
         doc, deep = None, True
     except (ValueError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not a JSON manifest ({exc})") from None
-    if deep or _too_deep(data, MAX_MANIFEST_DEPTH):
-        raise InputError(
-            f"{path}: not a rectool manifest (JSON nested more than {MAX_MANIFEST_DEPTH} deep)"
-        )
+    if deep:
+        raise too_deep(path)
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise InputError(f'{path}: not a rectool manifest (no "format": "{MANIFEST_FORMAT}")')
-
-    def fail(field, want):
-        raise InputError(f"{path}: manifest field {field!r} must be {want}")
-
-    def check_object(obj, fields, where):
-        for name, spec in fields.items():
-            value, field = obj.get(name), f"{where}{name}"
-            if value is None:
-                continue
-            if isinstance(spec, dict):
-                if not isinstance(value, dict):
-                    fail(field, "an object")
-                if field in _CLOSED and not set(value) <= set(spec):
-                    fail(field, f"an object of {', '.join(spec)} only")
-                check_object(value, spec, field + ".")
-            elif not spec[0](value):
-                fail(field, spec[1])
-
     version = doc.get("format_version", 0)
     if not (type(version) is int and version >= 0):
-        fail("format_version", "an integer >= 0")
+        raise bad_field(path, "format_version", "an integer >= 0")
     if version > MANIFEST_VERSION:
         raise InputError(
             f"{path}: manifest format version {version} is newer than this reader "
             f"understands ({MANIFEST_VERSION}); upgrade rectool"
         )
-    check_object(doc, _MANIFEST, "")
-    identities = doc.get("identities")
-    if isinstance(identities, list):  # labels 0, 1, ...
-        identities = doc["identities"] = {str(i): name for i, name in enumerate(identities)}
-    if not isinstance(identities, (dict, type(None))):
-        fail("identities", 'an object {"label": "name"}, a list of names or null')
-    for label, name in (identities or {}).items():
-        canonical = 0 < len(label) <= 8 and _DIGITS >= set(label)
-        if not (canonical and (label == "0" or label[0] != "0") and int(label) < MAX_CLASS_ID):
-            fail(f'identities["{label[:40]}"]', f"keyed by a label (0 .. {MAX_CLASS_ID - 1})")
-        if not isinstance(name, str):
-            fail(f'identities["{label}"]', "a name (a string)")
-    sources = doc.get("sources")
-    if sources is not None and not (
-        isinstance(sources, list) and all(isinstance(s, str) for s in sources)
-    ):
-        fail("sources", "a list of strings")
-    shards = doc.get("shards")
+    check_fields(path, doc, {"layout": LAYOUT_FIELD})
+    shards, seen = doc.get("shards"), set()
     if not isinstance(shards, list) or not shards:
-        fail("shards", "a list of {rec, idx, ...} objects, one or more")
-    seen = set()
+        raise bad_field(path, "shards", "a list of {rec, idx, ...} objects, one or more")
     for i, shard in enumerate(shards):
         if not isinstance(shard, dict):
-            fail(f"shards[{i}]", "an object")
+            raise bad_field(path, f"shards[{i}]", "an object")
         for name in ("rec", "idx"):
             if not _plain_name(shard.get(name)):
-                fail(f"shards[{i}].{name}", _NAME[1])
+                raise bad_field(path, f"shards[{i}].{name}", NAME_FIELD[1])
             if shard[name] in seen:
                 raise InputError(f"{path}: manifest lists the shard file {shard[name]!r} twice")
             seen.add(shard[name])
-        check_object(shard, _SHARD, f"shards[{i}].")
+        check_fields(path, shard, _SHARD, f"shards[{i}].")
+    if __name__ == "rectool.reader":  # not in the emitted copy, which reads no other field
+        from rectool.format.manifest import check_command_fields
+
+        check_command_fields(path, doc)
     for field in require:
         value = doc
         for part in field.split("."):
@@ -630,6 +569,13 @@ def read_manifest(path, require=()):
         if value is None:
             raise InputError(f"{path}: manifest field {field!r} is missing (or null)")
     return doc
+
+
+def too_deep(path):
+    """Return the `InputError` of a manifest nested deeper than `MAX_MANIFEST_DEPTH`."""
+    return InputError(
+        f"{path}: not a rectool manifest (JSON nested more than {MAX_MANIFEST_DEPTH} deep)"
+    )
 
 
 def resolve_source(source):

@@ -193,11 +193,37 @@ def test_the_emitted_reader_passes_the_reader_suite_standalone(tmp_path):
 def test_emitted_module_has_no_rectool_imports():
     # A relative or package import would break the standalone copy (`from rectool_reader`,
     # the emitted reader's name in examples, is fine).
-    # The one exception: `open_dataset` of a URL imports rectool.remote, guarded, so that a
-    # standalone copy without rectool says what to install instead of failing to import.
+    # Two exceptions: `open_dataset` of a URL imports rectool.remote, guarded, so that a
+    # standalone copy without rectool says what to install instead of failing to import; and
+    # `read_manifest` checks the fields rectool's commands read only as rectool's own module.
     guarded = "from rectool.remote import open_remote"
+    commands = "from rectool.format.manifest import check_command_fields"
     lines = [line.strip() for line in (SOURCE + TRAINING_SOURCE).splitlines()]
     package_import = re.compile(r"from \.|from rectool\b|import rectool\b")
-    assert [line for line in lines if package_import.match(line)] == [guarded]
+    assert [line for line in lines if package_import.match(line)] == [commands, guarded]
     after = SOURCE.split(guarded, 1)[1].splitlines()[1].strip()
     assert after == "except ImportError:"
+    before = SOURCE.split(commands, 1)[0].splitlines()[-2].strip()
+    assert before.startswith('if __name__ == "rectool.reader":')
+
+
+def test_the_emitted_reader_checks_only_the_manifest_fields_it_reads(tmp_path):
+    """A field only rectool's commands read is checked by rectool, not by the emitted copy."""
+    import importlib.util
+    import json
+
+    from helpers.rec_files import make_pack
+
+    made = make_pack(tmp_path / "pack")
+    doc = json.loads(made.manifest.read_text())
+    made.manifest.write_text(json.dumps({**doc, "totals": {**doc["totals"], "images": -1}}))
+    module = tmp_path / "emitted_reader.py"
+    emit.emit_reader(module)
+    spec = importlib.util.spec_from_file_location("emitted_reader", module)
+    emitted = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(emitted)
+    assert emitted.read_manifest(made.manifest)["totals"]["images"] == -1
+    with emitted.open_dataset(made.manifest) as ds:
+        assert len(ds) == doc["totals"]["images"]
+    with pytest.raises(reader.InputError, match="manifest field 'totals.images' must be a count"):
+        reader.read_manifest(made.manifest)

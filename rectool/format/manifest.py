@@ -1,0 +1,152 @@
+"""The manifest fields rectool's commands read beyond the reader's, checked on every read.
+
+`reader.read_manifest` is the one door: it checks what reading a pack needs (format, version,
+layout, each shard's files and counts) and, in the package, calls `check_command_fields` on
+the same document, so every field any command uses is checked before one is used. The
+emitted reader reads no other field, so it carries none of this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..reader import (
+    COUNT_FIELD,
+    LAYOUT_FIELD,
+    MAX_MANIFEST_DEPTH,
+    NAME_FIELD,
+    bad_field,
+    check_fields,
+    too_deep,
+)
+
+Field = tuple[Callable[[Any], bool], str]
+Fields = dict[str, Any]  # name -> a Field, or the Fields of an object
+
+MAX_CLASS_ID = 1 << 24  # float32 labels are exact integers below 2**24 (FLOAT32_EXACT)
+_HEX, _DIGITS = frozenset("0123456789abcdef"), frozenset("0123456789")
+
+_KEY: Field = (
+    lambda v: type(v) is int and 0 <= v < 1 << 64,
+    "a record key (an integer 0 .. 2**64-1)",
+)
+_TEXT: Field = (lambda v: isinstance(v, str), "a string")
+_FLAG: Field = (lambda v: type(v) is bool, "true or false")
+_SHA256: Field = (lambda v: isinstance(v, str) and len(v) == 64 and _HEX >= set(v), "64 hex digits")
+_XXH128: Field = (lambda v: isinstance(v, str) and len(v) == 32 and _HEX >= set(v), "32 hex digits")
+_CLASSES: Field = (
+    lambda v: type(v) is int and 0 <= v <= MAX_CLASS_ID,
+    f"an integer 0 .. {MAX_CLASS_ID}",
+)
+_INT: Field = (lambda v: type(v) is int and -(1 << 31) <= v < 1 << 31, "an integer")
+
+# Each object's fields: name -> a field, or the fields of an object. Fields not named here are
+# kept as they are (only the nesting depth limits them).
+TRANSFORM: Fields = {
+    "resize": COUNT_FIELD,
+    "center_crop": _FLAG,
+    "quality": _INT,
+    "encoding": _TEXT,
+    "color": _INT,
+}
+OPTIONS: Fields = {
+    "transform": TRANSFORM,
+    "check": _TEXT,
+    "pack_label": _FLAG,
+    "shard_bytes": COUNT_FIELD,
+    "shard_records": COUNT_FIELD,
+    "layout": LAYOUT_FIELD,
+    "allow_outside_root": _FLAG,
+    "workers": COUNT_FIELD,
+    "max_failures": COUNT_FIELD,
+    "sha256": _FLAG,
+}
+SHARD: Fields = {
+    "idx_bytes": COUNT_FIELD,
+    "rec_sha256": _SHA256,
+    "idx_sha256": _SHA256,
+    "first_key": _KEY,
+    "last_key": _KEY,
+    "crc": NAME_FIELD,
+    "crc_sha256": _SHA256,
+    "rec_xxh3_128": _XXH128,
+    "idx_xxh3_128": _XXH128,
+    "crc_xxh3_128": _XXH128,
+}
+MANIFEST: Fields = {
+    "rectool_version": _TEXT,
+    "created": _TEXT,
+    "date": _TEXT,
+    "options": OPTIONS,
+    "list": _TEXT,
+    "source": {"list_sha256": _TEXT, "root": _TEXT},
+    "totals": {n: COUNT_FIELD for n in ("shards", "records", "images", "rec_bytes", "failures")},
+    "failures_file": NAME_FIELD,
+    "classes": _CLASSES,
+}
+CLOSED = {"options.transform"}  # objects whose every field is known (--resume compares them)
+
+
+def check_command_fields(path: str, doc: dict[str, Any]) -> None:
+    """Check the fields of a manifest that commands read; raise `InputError` naming one.
+
+    `doc` has passed the reader's own checks. `identities` given as a list of names becomes
+    {"label": name} (labels 0, 1, ...), the form every command reads.
+    """
+    if _deeper_than(doc, MAX_MANIFEST_DEPTH):
+        raise too_deep(path)
+    _check_object(path, doc, MANIFEST, "")
+    identities = doc.get("identities")
+    if isinstance(identities, list):
+        identities = doc["identities"] = {str(i): name for i, name in enumerate(identities)}
+    if not isinstance(identities, (dict, type(None))):
+        raise bad_field(path, "identities", 'an object {"label": "name"}, a list of names or null')
+    for label, name in (identities or {}).items():
+        canonical = 0 < len(label) <= 8 and _DIGITS >= set(label)
+        if not (canonical and (label == "0" or label[0] != "0") and int(label) < MAX_CLASS_ID):
+            field, want = (
+                f'identities["{label[:40]}"]',
+                f"keyed by a label (0 .. {MAX_CLASS_ID - 1})",
+            )
+            raise bad_field(path, field, want)
+        if not isinstance(name, str):
+            raise bad_field(path, f'identities["{label}"]', "a name (a string)")
+    sources = doc.get("sources")
+    if sources is not None and not (
+        isinstance(sources, list) and all(isinstance(s, str) for s in sources)
+    ):
+        raise bad_field(path, "sources", "a list of strings")
+    for i, shard in enumerate(doc["shards"]):
+        _check_object(path, shard, SHARD, f"shards[{i}].")
+
+
+def _check_object(path: str, obj: dict[str, Any], fields: Fields, where: str) -> None:
+    for name, spec in fields.items():
+        value, field = obj.get(name), f"{where}{name}"
+        if not isinstance(spec, dict):
+            check_fields(path, obj, {name: spec}, where)
+        elif value is not None:
+            if not isinstance(value, dict):
+                raise bad_field(path, field, "an object")
+            if field in CLOSED and not set(value) <= set(spec):
+                raise bad_field(path, field, f"an object of {', '.join(spec)} only")
+            _check_object(path, value, spec, field + ".")
+
+
+def _deeper_than(doc: dict[str, Any], limit: int) -> bool:
+    """Return True when `doc` nests lists and objects more than `limit` deep (a layer at a
+    time, without recursion)."""
+    layer: list[Any] = [doc]
+    depth = 1
+    while layer:
+        if depth > limit:
+            return True
+        layer = [
+            v
+            for c in layer
+            for v in (c.values() if isinstance(c, dict) else c)
+            if isinstance(v, (dict, list))
+        ]
+        depth += 1
+    return False
