@@ -132,21 +132,33 @@ def open_regular(path, what, max_bytes=None, follow=True):
 
 def unpack_header(record, path=None, offset=None):
     """Split one record into its `Header` and image bytes, as `mxnet.recordio.unpack` does."""
-    if len(record) < IMAGE_HEADER_SIZE:
+    found = peek_header(record)
+    if found is None:
         raise RecordFormatError(
             f"record of {len(record)} bytes is shorter than the {IMAGE_HEADER_SIZE}-byte "
             "image header", path, offset,
         )  # fmt: skip
-    flag, label, id1, id2 = IMAGE_HEADER.unpack_from(record, 0)
-    start = IMAGE_HEADER_SIZE + 4 * flag
-    if flag > 0:
-        if start > len(record):
-            raise RecordFormatError(
-                f"header announces {flag} float32 labels but the record has only "
-                f"{len(record) - IMAGE_HEADER_SIZE} bytes after the header", path, offset,
-            )  # fmt: skip
-        label = np.frombuffer(record, np.float32, flag, IMAGE_HEADER_SIZE)
-    return Header(flag, label, id1, id2), record[start:]
+    head, start = found
+    if start > len(record):
+        raise RecordFormatError(
+            f"header announces {head.flag} float32 labels but the record has only "
+            f"{len(record) - IMAGE_HEADER_SIZE} bytes after the header", path, offset,
+        )  # fmt: skip
+    if head.flag > 0:
+        head = head._replace(label=np.frombuffer(record, np.float32, head.flag, IMAGE_HEADER_SIZE))
+    return head, record[start:]
+
+
+def peek_header(record):
+    """Return (`Header` with the header's own float label, where the image starts) of a record.
+
+    Never raises (as `unpack_header` does, for `rectool verify` to report): None when the
+    record is shorter than the header, a start past its end when the labels it announces are.
+    """
+    if len(record) < IMAGE_HEADER_SIZE:
+        return None
+    head = Header(*IMAGE_HEADER.unpack_from(record, 0))
+    return head, IMAGE_HEADER_SIZE + 4 * head.flag
 
 
 def parse_index(data, path=None, chunk=1 << 20, first_line=1):

@@ -137,6 +137,25 @@ def test_one_name_for_one_thing():
     assert sorted(shared) == sorted(SHARED_NAMES)
 
 
+def test_one_image_header_unpack():
+    """Only the reader unpacks MXNet's image header from a record (`unpack_header`, and
+    `peek_header` where `verify` reports rather than raises): inspect/scan.py had its own."""
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel in {"rectool/reader.py", *STANDALONE_COPIES}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            func = node.func if isinstance(node, ast.Call) else None
+            if (
+                isinstance(func, ast.Attribute)
+                and func.attr in ("unpack", "unpack_from")
+                and ast.unparse(func.value) == "IMAGE_HEADER"
+            ):
+                offenders.append(f"{rel}:{node.lineno}")
+    assert offenders == []
+
+
 # The modules that may call mmap.mmap: the reader (a .rec through `RecordFile`, an .idx cache),
 # the training module (its shared-memory files) and the standalone recordio drop-in.
 MAPPING_MODULES = {"rectool/reader.py", "rectool/training.py", "rectool/recordio.py"}

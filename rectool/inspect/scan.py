@@ -24,7 +24,6 @@ from ..reader import (
     CFLAG_LAST,
     CFLAG_MIDDLE,
     CFLAG_WHOLE,
-    IMAGE_HEADER,
     IMAGE_HEADER_SIZE,
     LENGTH_BITS,
     LENGTH_MASK,
@@ -35,6 +34,7 @@ from ..reader import (
     RecordFile,
     RecordFormatError,
     insightface_header,
+    peek_header,
     unpack_header,
 )
 
@@ -367,11 +367,11 @@ def read_headers(
 
 
 def _read_one_header(out: Headers, i: int, record: bytes) -> None:
-    if len(record) < IMAGE_HEADER_SIZE:
+    found = peek_header(record)
+    if found is None:
         return
-    flag, label, id1, id2 = IMAGE_HEADER.unpack_from(record, 0)
+    (flag, label, id1, id2), need = found
     out.flag[i], out.label[i], out.id[i], out.id2[i] = flag, label, id1, id2
-    need = IMAGE_HEADER_SIZE + 4 * flag
     if len(record) < need:
         return
     out.complete[i] = True
