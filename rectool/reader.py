@@ -1264,8 +1264,9 @@ def record_heads(words, size, offsets):
     ok = (offsets.view(np.uint64) <= size - 32) & (offsets & 3 == 0)  # negative: huge
     w = np.where(ok, offsets >> 2, 0)
     head = heads[w].view("<u4").reshape(-1, 4)
-    lrec, flag = head[:, 1], head[:, 2]  # uint32: room for the image header and its labels
-    ok &= (head[:, 0] == MAGIC) & (lrec <= LENGTH_MASK) & (lrec >= 24) & (flag <= lrec - 24 >> 2)
+    lrec, flag = head[:, 1], head[:, 2]
+    room = lrec - np.uint32(24)  # uint32: the bytes after the image header, huge if none
+    ok &= (head[:, 0] == MAGIC) & (room <= LENGTH_MASK - 24) & (flag <= room >> 2)
     ok &= offsets + ((lrec + 11) & ~np.uint32(3)) <= size
     return ok, w, head
 

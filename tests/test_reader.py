@@ -779,6 +779,15 @@ def test_record_heads_takes_whole_records_only():
     assert heads[1, 2] == 2
 
 
+def test_record_heads_refuses_a_record_shorter_than_the_image_header():
+    image_header = struct.pack("<IfQQ", 0, 7.0, 1, 0)
+    data = _part(0, b"\0" * 20) + _part(0, image_header)  # 20 bytes: no room for 24
+    assert len(data) == 60
+    words = np.frombuffer(data, "<u4")
+    ok, _, heads = reader.record_heads(words, len(data), [0, 28])
+    assert ok.tolist() == [False, True] and heads[1, 1] == 24
+
+
 def test_record_heads_of_a_file_too_small_for_a_record():
     ok, w, heads = reader.record_heads(np.zeros(2, "<u4"), 8, [0, 4])
     assert ok.tolist() == [False, False] and heads.shape == (2, 4)
