@@ -427,13 +427,6 @@ class RecordFile:
         """Return the file size in bytes."""
         return len(self.open())
 
-    def scan(self, start=0):
-        """Yield (offset, record) for every record from byte `start` to the end, in file order."""
-        while start < self.size:
-            record, after = self.read_parts(start)
-            yield start, record
-            start = after
-
     def next_offset(self, offset, key=None):
         """Return the byte offset just past the record starting at `offset` (padding included)."""
         return self.read_parts(offset, key)[1]

@@ -6,7 +6,7 @@ import pytest
 from helpers.framing_cases import image_record_cases, raw_payload_cases
 from helpers.mxnet_oracle import run_mxnet
 
-from rectool.format.records import IndexedRecordFile
+from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.format.writer import IndexedRecordWriter, RecordWriter, pack_image_record
 from rectool.reader import RecordFile, unpack_header
 
@@ -67,7 +67,7 @@ def test_rectool_reads_what_mxnet_writes_raw(tmp_path):
     rec = tmp_path / "mx.rec"
     run_mxnet(MX_WRITE_RAW, {"rec": str(rec), "payloads": payloads})
     with RecordFile(rec) as f:
-        got = [record for _, record in f.scan()]
+        got = [record for _, record in iter_records(f)]
     assert len(got) == len(payloads)
     for (name, expected), actual in zip(raw_payload_cases(), got):
         assert actual == expected, name

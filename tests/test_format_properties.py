@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from rectool.format.records import IndexedRecordFile
+from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.format.writer import (
     IndexedRecordWriter,
     RecordWriter,
@@ -106,7 +106,7 @@ def test_records_read_back_by_scan_and_read_at(tmp_path, records):
     with RecordFile(path) as f:
         assert f.size == end == path.stat().st_size
         assert end % 4 == 0
-        assert list(f.scan()) == list(zip(offsets, records))
+        assert list(iter_records(f)) == list(zip(offsets, records))
         for offset, payload in zip(offsets, records):
             assert f.read_at(offset) == payload
         assert [f.next_offset(offset) for offset in offsets] == (offsets + [end])[1:]
@@ -188,7 +188,7 @@ def test_image_records_through_a_file(tmp_path, items):
         for key, (image, label) in enumerate(items):
             w.write(pack_image_record(image, label, key))
     with RecordFile(path) as f:
-        got = [unpack_header(record) for _, record in f.scan()]
+        got = [unpack_header(record) for _, record in iter_records(f)]
     assert len(got) == len(items)
     for key, ((header, body), (image, label)) in enumerate(zip(got, items)):
         assert (header.id, body) == (key, image)

@@ -13,7 +13,7 @@ from helpers.image_files import encode, image_array, jpeg_bytes, write_list, wri
 from rectool.build.images import Transform
 from rectool.build.packing import PackOptions, pack_images
 from rectool.errors import RectoolError, UsageError
-from rectool.format.records import IndexedRecordFile
+from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.reader import RecordFile, unpack_header
 
 
@@ -247,7 +247,7 @@ def test_shard_rollover_by_bytes(small_tree, tmp_path):
     for rec in shards:
         size = rec.stat().st_size
         with RecordFile(rec) as f:
-            count = sum(1 for _ in f.scan())
+            count = sum(1 for _ in iter_records(f))
         assert size <= limit or count == 1
         seen += list(read_pack(rec))
     assert seen == [i for i, _, _ in items]

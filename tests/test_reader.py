@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from rectool import errors, reader
 from rectool.cli import cli
 from rectool.format.indexcache import write_index_cache
-from rectool.format.records import IndexedRecordFile
+from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.reader import (
     IndexFormatError,
     RecordFile,
@@ -388,21 +388,21 @@ def test_read_at(rec):
         assert [f.next_offset(o) for o in (0, 16, 24, 60)] == [16, 24, 60, 72]
 
 
-def test_scan(rec):
+def test_iter_records(rec):
     with RecordFile(rec) as f:
-        assert list(f.scan()) == [
+        assert list(iter_records(f)) == [
             (0, b"hello"),
             (16, b""),
             (24, b"abcd" + MAGIC + b"efgh" + MAGIC + b"ij"),
             (60, b"xyzw"),
         ]
-        assert [offset for offset, _ in f.scan(24)] == [24, 60]
+        assert [offset for offset, _ in iter_records(f, 24)] == [24, 60]
 
 
 def test_empty_rec_scans_to_nothing(tmp_path):
     with RecordFile(write(tmp_path / "empty.rec", b"")) as f:
         assert f.size == 0
-        assert list(f.scan()) == []
+        assert list(iter_records(f)) == []
 
 
 # --- RecordFile: errors ---------------------------------------------------------------------------
@@ -423,7 +423,7 @@ def assert_format_error(caught, path, offset, reason, key=None):
 def check_error(path, offset, reason, start=None, readers=None):
     """Assert that reading at `start` (default `offset`), and a scan from 0, fail at `offset`."""
     start = offset if start is None else start
-    for read in readers or [lambda f: f.read_at(start), lambda f: list(f.scan())]:
+    for read in readers or [lambda f: f.read_at(start), lambda f: list(iter_records(f))]:
         with RecordFile(path) as f, pytest.raises(RecordFormatError) as caught:
             read(f)
         assert_format_error(caught, path, offset, reason)
@@ -490,7 +490,7 @@ def test_offset_inside_a_split_record(rec, offset, cflag):
         rec,
         offset,
         f"part has continuation flag {cflag}: not a record start",
-        readers=[lambda f: f.read_at(offset), lambda f: list(f.scan(offset))],
+        readers=[lambda f: f.read_at(offset), lambda f: list(iter_records(f, offset))],
     )
 
 
@@ -699,7 +699,7 @@ def test_no_descriptor_leaks(tmp_path):
             assert open_fds() > before
         assert open_fds() == before
         f = RecordFile(rec)
-        assert list(f.scan()) == [(0, b"a"), (12, b"b")]
+        assert list(iter_records(f)) == [(0, b"a"), (12, b"b")]
         f.close()
         f.close()  # closing twice is harmless
         assert open_fds() == before

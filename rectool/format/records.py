@@ -1,8 +1,9 @@
-"""Records by key: a .rec with its .idx, what rectool's own commands need beyond the reader."""
+"""Records by key and in file order: what rectool's own commands need beyond the reader."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..reader import RecordFile, RectoolError, load_index
@@ -46,3 +47,11 @@ class IndexedRecordFile:
     def read_at_position(self, i: int) -> bytes:
         """Return the record of the i-th line of the index (bytes)."""
         return self.rec.read_at(int(self.offsets[i]), int(self.keys[i]))
+
+
+def iter_records(records: RecordFile, start: int = 0) -> Iterator[tuple[int, bytes]]:
+    """Yield (offset, record) for every record of a .rec from byte `start` on, in file order."""
+    while start < records.size:
+        record, after = records.read_parts(start)
+        yield start, record
+        start = after
