@@ -27,6 +27,7 @@ TYPED = {
     "rectool/errors.py",
     "rectool/doors/__init__.py",
     "rectool/doors/commit.py",
+    "rectool/doors/failures.py",
     "rectool/doors/faults.py",
     "rectool/doors/files.py",
     "rectool/doors/folder.py",

@@ -29,7 +29,6 @@ from .duplicates import MEMBERS_SHOWN as MEMBERS_SHOWN
 from .duplicates import Duplicates, find_duplicates
 from .images import ImageTable, Payloads
 from .page import LEFT_OUT, page_thumbs, render_html, render_rows, render_sheet
-from .refusals import MAX_FAILURES_LINE as MAX_FAILURES_LINE
 from .refusals import REASONS_KEPT as REASONS_KEPT
 from .refusals import REFUSALS_SHOWN as REFUSALS_SHOWN
 from .refusals import SOURCE_LIMIT as SOURCE_LIMIT

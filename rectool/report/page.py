@@ -423,7 +423,10 @@ def _refusals_section(report):
     )
     if ref.bad_lines:
         lines = ", ".join(str(n) for n in ref.bad_lines)
-        out.append(f'<p class="note">Lines of the failures file that are not JSON: {lines}.</p>')
+        out.append(
+            '<p class="note">Lines of the failures file that are not refusals (not JSON, or '
+            f"not of its shape): {lines}.</p>"
+        )
     if ref.total:
         out.append(
             _table(

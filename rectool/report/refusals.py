@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from dataclasses import dataclass, field
 
-from ..doors.inputs import dataset_path, open_checked, read_regular
+from ..doors.failures import KINDS, open_failures
+from ..doors.inputs import dataset_path, read_regular
 from ..errors import RectoolError
 from .thumbs import thumbnail
 
@@ -24,7 +24,7 @@ class Refusals:
     total: int = 0
     reasons: Counter = field(default_factory=Counter)
     rows: list = field(default_factory=list)  # (line, path, reason, Thumb or None, note)
-    bad_lines: list = field(default_factory=list)  # line numbers that are not JSON objects
+    bad_lines: list = field(default_factory=list)  # numbers of the lines that are not refusals
     note: str | None = None
 
 
@@ -51,23 +51,16 @@ def read_refusals(manifest, manifest_path, options, budget, reduce):
         out.note = f"The failures file {out.path} is missing{said}."
         return out
     try:
-        fd, _ = open_checked(out.path, "failures file", within=folder)
+        failures = open_failures(out.path, KINDS, bad_lines=True, within=folder)
     except RectoolError as exc:
         out.note = f"The failures file cannot be read: {exc}."
         return out
-    with os.fdopen(fd, "rb") as f:
-        for number, line in enumerate(_bounded_lines(f), 1):
-            if line is None or not line.strip():
-                if line is None and len(out.bad_lines) < REFUSALS_SHOWN:
-                    out.bad_lines.append(number)
-                continue
-            try:
-                entry = json.loads(line.decode("utf-8", "replace"))
-                if not isinstance(entry, dict):
-                    raise ValueError
-            except ValueError:
-                if len(out.bad_lines) < REFUSALS_SHOWN:
-                    out.bad_lines.append(number)
+    with failures:
+        for failure in failures:
+            entry = failure.entry
+            if entry is None:  # a blank line is no line; any other is listed
+                if not failure.text.isspace() and len(out.bad_lines) < REFUSALS_SHOWN:
+                    out.bad_lines.append(failure.number)
                 continue
             out.total += 1
             reason = str(entry.get("reason", "no reason given"))
@@ -82,22 +75,6 @@ def read_refusals(manifest, manifest_path, options, budget, reduce):
                     (entry.get("line"), path, reason, thumb and budget.admit(thumb), note)
                 )
     return out
-
-
-# A failures line longer than this is a bad line (a refusal's line is a few hundred bytes).
-MAX_FAILURES_LINE = 1 << 20
-
-
-def _bounded_lines(f):
-    """Yield the lines of a binary file, None for one over `MAX_FAILURES_LINE` bytes (read
-    past, never held whole)."""
-    while line := f.readline(MAX_FAILURES_LINE + 1):
-        if len(line) > MAX_FAILURES_LINE and not line.endswith(b"\n"):
-            while (rest := f.readline(MAX_FAILURES_LINE)) and not rest.endswith(b"\n"):
-                pass
-            yield None
-        else:
-            yield line
 
 
 def _source_thumb(path, line, options, reduce):
