@@ -31,7 +31,7 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypedDict, final
 
 from ..errors import InputError
 from .inputs import open_input
@@ -46,6 +46,7 @@ MAX_LINE_BYTES = 1 << 20
 SHORTENED_CHARS = 1 << 14
 
 
+@final  # no other keys: `"line" in entry` tells a pack line from a repack line
 class PackLine(TypedDict):
     """An image `pack` refused: its list line, the list's index, its path and why."""
 
@@ -64,6 +65,7 @@ class _RepackFields(TypedDict):
     reason: str
 
 
+@final
 class RepackLine(_RepackFields, total=False):
     """A record `repack` did not write: removed by its plan (`detail` says why) or refused
     while writing (`position` in the plan)."""

@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from ..doors.failures import KINDS, open_failures
 from ..doors.inputs import dataset_path, read_regular
 from ..errors import RectoolError
-from .thumbs import thumbnail
+from .thumbs import Thumb, ThumbBudget, thumbnail
+
+if TYPE_CHECKING:
+    from .data import ReportOptions
 
 REFUSALS_SHOWN = 50
 REASONS_KEPT = 200  # distinct refusal reasons counted one by one; the rest as "other"
@@ -22,16 +27,23 @@ class Refusals:
 
     path: str | None = None
     total: int = 0
-    reasons: Counter = field(default_factory=Counter)
-    rows: list = field(default_factory=list)  # (line, path, reason, Thumb or None, note)
-    bad_lines: list = field(default_factory=list)  # numbers of the lines that are not refusals
+    reasons: Counter[str] = field(default_factory=Counter)
+    # (list line, path, reason, thumbnail, why there is none)
+    rows: list[tuple[int | None, str, str, Thumb | None, str | None]] = field(default_factory=list)
+    bad_lines: list[int] = field(default_factory=list)  # numbers of the lines that are not refusals
     note: str | None = None
 
 
-def read_refusals(manifest, manifest_path, options, budget, reduce):
+def read_refusals(
+    manifest: Mapping[str, Any] | None,
+    manifest_path: str | None,
+    options: ReportOptions,
+    budget: ThumbBudget,
+    reduce: int,
+) -> Refusals:
     """Read the pack's failures file (one JSON object a line); say so when it cannot be."""
     out = Refusals()
-    if manifest is None:
+    if manifest is None or manifest_path is None:  # (None together: no manifest)
         out.note = "No manifest: the refusals of the pack that wrote this data are not known."
         return out
     name = manifest.get("failures_file")
@@ -63,21 +75,22 @@ def read_refusals(manifest, manifest_path, options, budget, reduce):
                     out.bad_lines.append(failure.number)
                 continue
             out.total += 1
-            reason = str(entry.get("reason", "no reason given"))
+            reason = entry["reason"]
             if reason in out.reasons or len(out.reasons) < REASONS_KEPT:
                 out.reasons[reason] += 1
             else:
                 out.reasons["(other reasons)"] += 1
             if len(out.rows) < REFUSALS_SHOWN:
-                path = str(entry.get("path", ""))
-                thumb, note = _source_thumb(path, entry.get("line"), options, reduce)
-                out.rows.append(
-                    (entry.get("line"), path, reason, thumb and budget.admit(thumb), note)
-                )
+                # A pack's refusal names its list line and path; a repack's, neither.
+                line, path = (entry["line"], entry["path"]) if "line" in entry else (None, "")
+                thumb, note = _source_thumb(path, line, options, reduce)
+                out.rows.append((line, path, reason, thumb and budget.admit(thumb), note))
     return out
 
 
-def _source_thumb(path, line, options, reduce):
+def _source_thumb(
+    path: str, line: int | None, options: ReportOptions, reduce: int
+) -> tuple[Thumb | None, str | None]:
     """Return (Thumb or None, note) for a refused image, if its source file is still there.
 
     The path comes from the failures file: only a path inside --images-root is read."""
