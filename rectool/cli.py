@@ -45,10 +45,10 @@ COMMANDS = {
 class LazyGroup(RectoolGroup):
     """The group whose commands are imported from `commands/` on first use."""
 
-    def list_commands(self, ctx):
+    def list_commands(self, ctx: click.Context | None) -> list[str]:
         return sorted({*COMMANDS, *self.commands})
 
-    def get_command(self, ctx, cmd_name):
+    def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             module = importlib.import_module(f"{__package__}.commands.{COMMANDS[cmd_name]}")
             self.add_command(getattr(module, f"{COMMANDS[cmd_name]}_command"))
@@ -56,12 +56,13 @@ class LazyGroup(RectoolGroup):
 
     def load_all(self) -> dict[str, click.Command]:
         """Every command by name, each imported now (for tests and docs that walk them all)."""
-        return {name: self.get_command(None, name) for name in self.list_commands(None)}
+        commands = {name: self.get_command(None, name) for name in self.list_commands(None)}
+        return {name: command for name, command in commands.items() if command is not None}
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="rectool")
-def cli():
+def cli() -> None:
     """Pack identity-per-folder image trees into MXNet RecordIO shards and read them back.
 
     \b
@@ -72,7 +73,7 @@ def cli():
     """
 
 
-def main():
+def main() -> None:
     """Run the command line (the `rectool` console script)."""
     watch_sigterm()  # SIGTERM cleans up and reports as Ctrl-C does
     cli(prog_name="rectool")

@@ -385,12 +385,17 @@ def unpack(s):
 DEFAULT_MAX_PIXELS = 50_000_000
 _JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # not DHT, JPG, DAC
 _JPEG_STANDALONE_MARKERS = frozenset((0x01, *range(0xD0, 0xD8)))
-_MARKER_STEP = bytes(1 if m == 0xFF else 2 if m in _JPEG_STANDALONE_MARKERS or not m else 0
-                     for m in range(256))  # fmt: skip
+_MARKER_STEP = bytes(
+    1 if m == 0xFF else 2 if m in _JPEG_STANDALONE_MARKERS or not m else 0 for m in range(256)
+)
 _SIGNATURES = (
-    ("jpeg", b"\xff\xd8\xff"), ("png", b"\x89PNG\r\n\x1a\n"), ("bmp", b"BM"),
-    ("gif", (b"GIF87a", b"GIF89a")), ("webp", b"RIFF"), ("tiff", (b"II*\0", b"MM\0*")),
-)  # fmt: skip
+    ("jpeg", b"\xff\xd8\xff"),
+    ("png", b"\x89PNG\r\n\x1a\n"),
+    ("bmp", b"BM"),
+    ("gif", (b"GIF87a", b"GIF89a")),
+    ("webp", b"RIFF"),
+    ("tiff", (b"II*\0", b"MM\0*")),
+)
 SIZED_FORMATS = "JPEG, PNG, BMP, GIF, WebP, TIFF"
 
 
@@ -499,9 +504,13 @@ def _tiff_size(data):
 
 
 _SIZES = {
-    "jpeg": _jpeg_size, "png": _png_size, "bmp": _bmp_size, "webp": _webp_size, "tiff": _tiff_size,
+    "jpeg": _jpeg_size,
+    "png": _png_size,
+    "bmp": _bmp_size,
+    "webp": _webp_size,
+    "tiff": _tiff_size,
     "gif": lambda data: struct.unpack_from("<HH", data, 6)[::-1],  # the logical screen
-}  # fmt: skip
+}
 
 
 def _cv2():

@@ -268,3 +268,106 @@ def test_the_writer_stack_check_finds_one():
         (4, "os.fsync"),
         (5, "os.write"),
     ]
+
+
+# One door for the failures file: its lines are parsed and formatted in doors/failures.py only
+# (`open_failures`, `failure_line`, one schema). Five modules once parsed it each their own way
+# (finalize, results, pack's and repack's resume, the report), none checking a line's shape.
+FAILURES_DOOR = "rectool/doors/failures.py"
+# What code handling the failures file names: its description (the opener's `what`), its name,
+# its descriptors, and `ShardWriter.write_after`, which only the failures file is written through
+# (not FAILURES_SUFFIX alone: a result names the file's path beside JSON parsed for another).
+FAILURES_MARKERS = (
+    "failures file",
+    "failures-file",
+    "failures.jsonl",
+    "failures_partial",
+    "failures_fd",
+    "write_after",
+)
+JSON_CODING = {"loads", "load", "dumps", "dump", "JSONDecoder", "JSONEncoder", "raw_decode"}
+
+
+def _codes_failures_lines(tree):
+    """Return the line numbers of the functions (and the module's own code) in `tree` that both
+    name the failures file and call json to parse or format text."""
+
+    def names_failures(node):
+        for child in ast.walk(node):
+            text = None
+            if isinstance(child, ast.Constant) and isinstance(child.value, str):
+                text = child.value
+            elif isinstance(child, ast.Name):
+                text = child.id
+            elif isinstance(child, ast.Attribute):
+                text = child.attr
+            if text is not None and any(m in text.lower() for m in FAILURES_MARKERS):
+                return True
+        return False
+
+    def codes_json(node):
+        for child in ast.walk(node):
+            if isinstance(child, ast.Call):
+                func = child.func
+                name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+                on_json = (
+                    isinstance(func, ast.Attribute) and getattr(func.value, "id", "") == "json"
+                )
+                if name in JSON_CODING and (on_json or isinstance(func, ast.Name)):
+                    return True
+        return False
+
+    functions = [
+        n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    ]
+    module_code = ast.Module(
+        body=[
+            n
+            for n in tree.body
+            if not isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        ],
+        type_ignores=[],
+    )
+    return sorted(
+        getattr(node, "lineno", 0)
+        for node in [module_code, *functions]
+        if names_failures(node) and codes_json(node)
+    )
+
+
+def test_only_the_failures_door_parses_or_formats_the_failures_file():
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = str(path.relative_to(REPO))
+        if rel != FAILURES_DOOR:
+            lines = _codes_failures_lines(ast.parse(path.read_text(encoding="utf-8")))
+            offenders += [f"{rel}:{line}" for line in lines]
+    assert offenders == []
+
+
+def test_the_failures_check_finds_each_old_parser():
+    resume = (
+        "def _resume(self):\n"
+        "    with open_input(self.failures_partial, 'failures file', follow=False) as f:\n"
+        "        data = f.read()\n"
+        "    for raw in data.splitlines():\n"
+        "        entry = json.loads(raw)\n"
+    )
+    refuse = (
+        "class Run:\n"
+        "    def _refuse(self, entry):\n"
+        "        line = json.dumps(entry, ensure_ascii=False) + '\\n'\n"
+        "        self.writer.write_after(self._fd, line.encode('utf-8'))\n"
+    )
+    plan = (
+        "def _plan_lines(self):\n"
+        '    """Yield the failures-file lines of the records the plan removes."""\n'
+        "    yield dumps(entry)\n"
+    )
+    module = "PATH = 'out.failures.jsonl'\nENTRIES = [json.loads(x) for x in open(PATH)]\n"
+    unrelated = "def save(path, doc):\n    return json.dumps(doc)\n"
+    assert _codes_failures_lines(ast.parse(resume)) == [1]
+    assert _codes_failures_lines(ast.parse(refuse)) == [2]
+    assert _codes_failures_lines(ast.parse(plan)) == [1]
+    assert _codes_failures_lines(ast.parse(module)) == [0]
+    assert _codes_failures_lines(ast.parse(unrelated)) == []

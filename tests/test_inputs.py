@@ -101,7 +101,8 @@ def read_refusals(folder, failures_file, images_root=None):
 def test_report_reads_no_failures_file_outside_the_dataset(tmp_path, name):
     pack = tmp_path / "a" / "b" / "c" / "pack"
     pack.mkdir(parents=True)
-    (tmp_path / "x.jsonl").write_text('{"path": "secret.jpg", "reason": "leaked"}\n')
+    leaked = {"line": 1, "index": 0, "path": "secret.jpg", "reason": "leaked"}
+    (tmp_path / "x.jsonl").write_text(json.dumps(leaked) + "\n")
     out = read_refusals(pack, name)
     assert out.total == 0 and not out.reasons
     assert "is not a path inside the dataset's folder" in out.note
@@ -121,10 +122,10 @@ def test_report_does_not_follow_a_failures_link_out_or_read_a_fifo_or_device(tmp
 
 
 def test_report_holds_at_most_one_bounded_line_of_a_failures_file(tmp_path, monkeypatch):
-    from rectool.report import refusals
+    from rectool.doors import failures
 
-    monkeypatch.setattr(refusals, "MAX_FAILURES_LINE", 64)
-    good = b'{"path": "a/1.jpg", "reason": "empty file"}\n'
+    monkeypatch.setattr(failures, "MAX_LINE_BYTES", 100)
+    good = b'{"line": 1, "index": 0, "path": "a/1.jpg", "reason": "empty file"}\n'
     (tmp_path / "f.jsonl").write_bytes(good + b"x" * 1000 + b"\n" + good)
     out = read_refusals(tmp_path, "f.jsonl")
     assert out.total == 2 and out.bad_lines == [2]
@@ -140,10 +141,10 @@ def test_report_shows_no_thumbnail_of_an_image_outside_images_root(tmp_path):
     pack = tmp_path / "pack"
     pack.mkdir()
     lines = [
-        {"line": 1, "path": str(secret), "reason": "r"},
-        {"line": 2, "path": "../secret.jpg", "reason": "r"},
-        {"line": 3, "path": "alice/link.jpg", "reason": "r"},
-        {"line": 4, "path": "alice/1.jpg", "reason": "r"},  # inside: shown
+        {"line": 1, "index": 0, "path": str(secret), "reason": "r"},
+        {"line": 2, "index": 1, "path": "../secret.jpg", "reason": "r"},
+        {"line": 3, "index": 2, "path": "alice/link.jpg", "reason": "r"},
+        {"line": 4, "index": 3, "path": "alice/1.jpg", "reason": "r"},  # inside: shown
     ]
     (pack / "f.jsonl").write_text("".join(json.dumps(entry) + "\n" for entry in lines))
     out = read_refusals(pack, "f.jsonl", images_root=root)

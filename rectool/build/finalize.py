@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import os
 
+from ..doors.failures import open_failures
 from ..doors.inputs import dataset_path, open_input
 from ..doors.output import OutputLock, remove, rename, stage_file, write_json_atomic
 from ..errors import RectoolError
@@ -115,8 +115,8 @@ def _completed_result(prefix):
     manifest = read_manifest(manifest_path(prefix), require=COMPLETE_FIELDS)
     folder = os.path.dirname(prefix) or "."
     failures_path = dataset_path(folder, manifest["failures_file"], "failures file")
-    with open_input(failures_path, "failures file", "utf-8", within=folder) as f:
-        refused = [Refusal(**json.loads(line)) for line in itertools.islice(f, 100)]
+    with open_failures(failures_path, within=folder) as failures:
+        refused = [Refusal(**failure.entry) for failure in itertools.islice(failures, 100)]
     totals = manifest["totals"]
     return PackResult(
         manifest_path(prefix),

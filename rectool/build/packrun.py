@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from ..doors.failures import failure_line, open_failures
 from ..doors.inputs import open_input
 from ..doors.output import create_new, open_existing, truncate
 from ..errors import RectoolError
@@ -87,15 +87,14 @@ class PackRun:
                 f"{self.failures_partial}: is a symlink, not a file this pack wrote; remove it"
             )
         if os.path.exists(self.failures_partial):
-            with open_input(self.failures_partial, "failures file", follow=False) as f:
-                data = f.read()
-            complete = data[: data.rfind(b"\n") + 1]
-            truncate(self.failures_partial, len(complete))
-            for raw in complete.splitlines():
-                entry = json.loads(raw)
-                refused_lines.add(entry["line"])
-                if len(self.first_refusals) < 100:
-                    self.first_refusals.append(Refusal(**entry))
+            complete = 0  # bytes of whole lines: a torn last line is cut (doors/failures.py)
+            with open_failures(self.failures_partial, torn_tail=True, follow=False) as failures:
+                for failure in failures:
+                    entry, complete = failure.entry, failure.end
+                    refused_lines.add(entry["line"])
+                    if len(self.first_refusals) < 100:
+                        self.first_refusals.append(Refusal(**entry))
+            truncate(self.failures_partial, complete)
         self.failures = len(refused_lines)
         self.images = written
         self.resumed_from = written + self.failures
@@ -221,8 +220,7 @@ class PackRun:
         refusal = Refusal(item.line, item.index, item.path, reason)
         # Records before this one must reach the file first, so that what a kill leaves is a
         # prefix of the list's outcomes (see ShardWriter.resume).
-        line = json.dumps(refusal.to_json(), ensure_ascii=False) + "\n"
-        self.writer.write_after(self._failures_fd, line.encode("utf-8"))
+        self.writer.write_after(self._failures_fd, failure_line(refusal.to_json()))
         self.failures += 1
         if len(self.first_refusals) < 100:
             self.first_refusals.append(refusal)

@@ -4,11 +4,10 @@
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
-from ..doors.inputs import open_input
+from ..doors.failures import open_failures
 
 
 @dataclass(frozen=True)
@@ -121,5 +120,5 @@ class ShardResult:
 
 
 def read_failures_file(path):
-    with open_input(path, "failures file", "utf-8", follow=False) as f:
-        return [Refusal(**json.loads(line)) for line in f]
+    with open_failures(path, follow=False) as failures:
+        return [Refusal(**failure.entry) for failure in failures]

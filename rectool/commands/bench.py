@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import click
 
@@ -15,6 +16,9 @@ from .conventions import (
 )
 from .options import json_option, max_pixels_option, renamed_option, workers_option
 from .paramtypes import MAX_SECONDS, Count, Finite
+
+if TYPE_CHECKING:
+    from ..inspect.bench import BenchReport
 
 
 @click.command(cls=RectoolCommand, name="bench")
@@ -46,7 +50,15 @@ from .paramtypes import MAX_SECONDS, Count, Finite
 @max_pixels_option("Refuse images whose header declares more pixels, as open_dataset does.")
 @json_option("Print the report as JSON.")
 @library_errors
-def bench_command(target, samples, seconds, workers, decode, max_pixels, as_json):
+def bench_command(
+    target: str,
+    samples: int,
+    seconds: float,
+    workers: int,
+    decode: str,
+    max_pixels: int,
+    as_json: bool,
+) -> None:
     """Measure how fast TARGET reads, the way training will read it.
 
     TARGET is a manifest, a prefix, a .rec file or an insightface folder. Reports the time
@@ -60,7 +72,7 @@ def bench_command(target, samples, seconds, workers, decode, max_pixels, as_json
     """
     from ..inspect.bench import bench_dataset
 
-    def announce(name):
+    def announce(name: str) -> None:
         if not as_json and sys.stderr.isatty():
             click.echo(f"measuring: {name} ...", err=True)
 
@@ -73,7 +85,7 @@ def bench_command(target, samples, seconds, workers, decode, max_pixels, as_json
     write_stream(render_bench_report(report))  # the answer: stdout
 
 
-def render_bench_report(report):
+def render_bench_report(report: BenchReport) -> str:
     """Return the human table of a `BenchReport`."""
     lines = [
         f"{report.source}: {report.samples:,} samples ({report.layout} layout), "

@@ -14,7 +14,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import FrameType
+from typing import IO, Any, NoReturn, TypeVar, cast
 
 import click
 
@@ -35,7 +37,7 @@ from ..errors import InputError, RectoolError, UsageError
 JSON_FLAG = "--json"
 
 
-def _wants_json(args):
+def _wants_json(args: Iterable[str]) -> bool:
     """Return True when --json is on a command line (before any `--`)."""
     args = list(args)
     if "--" in args:
@@ -43,12 +45,12 @@ def _wants_json(args):
     return JSON_FLAG in args
 
 
-def seconds_since_start(ctx):
+def seconds_since_start(ctx: click.Context | None) -> float:
     start = ctx.meta.get("rectool.start") if ctx is not None else None
     return round(time.perf_counter() - start, 3) if start is not None else 0.0
 
 
-def emit_json(document, exit_code=0, err=False):
+def emit_json(document: Mapping[str, object], exit_code: int = 0, err: bool = False) -> None:
     """Print `document` as the command's one JSON document (with `seconds`, and `exit` when
     non-zero), then exit with `exit_code` when it is not 0."""
     ctx = click.get_current_context(silent=True)
@@ -65,17 +67,17 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where the process was so that it cleans up as for Ctrl-C; exit 143."""
 
 
-_WATCHER = {"pid": None}
+_WATCHER: dict[str, int | None] = {"pid": None}
 
 
-def watch_sigterm():
+def watch_sigterm() -> None:
     """Make SIGTERM (a job scheduler's stop, `kill`) an interruption of this process, cleaned
     up and reported as Ctrl-C is (`rectool`'s `main` calls it)."""
     _WATCHER["pid"] = os.getpid()
     signal.signal(signal.SIGTERM, on_sigterm)
 
 
-def on_sigterm(signum, frame):
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
     """Make SIGTERM an interruption in the rectool process itself. A forked worker (a pool's
     process, which its pool stops with SIGTERM) inherits this handler: there it ends quietly,
     as SIGTERM's default does, instead of printing a traceback."""
@@ -86,12 +88,12 @@ def on_sigterm(signum, frame):
     raise Terminated()
 
 
-def interrupted_status(exc):
+def interrupted_status(exc: BaseException) -> int:
     """Return the exit status of an interruption: 143 for SIGTERM, 130 for Ctrl-C."""
     return 143 if isinstance(exc, Terminated) else 130
 
 
-def write_stream(text, nl=True, err=False):
+def write_stream(text: str, nl: bool = True, err: bool = False) -> None:
     """Write a command's data or JSON document to stdout (`err`: to stderr) and flush it: the
     one place commands write their output, so a closed pipe or a full disk (`> /dev/full`)
     ends every command the same way, never with a traceback. A closed pipe exits 1 quietly, as
@@ -104,7 +106,7 @@ def write_stream(text, nl=True, err=False):
         _output_failed(stream, exc)
 
 
-def _output_failed(stream, exc):
+def _output_failed(stream: IO[str], exc: OSError) -> NoReturn:
     # What is left in the stream's buffer would fail again when Python flushes it at exit:
     # point the descriptor at /dev/null first (what the Python docs advise for SIGPIPE).
     try:
@@ -129,24 +131,26 @@ class UnusableInput(click.ClickException):
 class CommandFailed(click.ClickException):
     """An exit with a status and a message printed as is (no `Error: ` prefix)."""
 
-    def __init__(self, message, exit_code):
+    def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click types `exit_code` a ClassVar; click itself reads it from the instance.
+        self.exit_code = exit_code  # type: ignore[misc]
 
-    def show(self, file=None):
+    def show(self, file: IO[Any] | None = None) -> None:
         click.echo(self.message, err=True)
 
 
 class JsonFailure(click.ClickException):
     """A failure under --json: `{"error": ..., "exit": N, "seconds": ...}` on stdout."""
 
-    def __init__(self, message, exit_code, seconds, err=False):
+    def __init__(self, message: str, exit_code: int, seconds: float, err: bool = False) -> None:
         super().__init__(message)
-        self.exit_code = exit_code
+        # click types `exit_code` a ClassVar; click itself reads it from the instance.
+        self.exit_code = exit_code  # type: ignore[misc]
         self.seconds = seconds
         self.err = err
 
-    def show(self, file=None):
+    def show(self, file: IO[Any] | None = None) -> None:
         document = {"error": self.message, "exit": self.exit_code, "seconds": self.seconds}
         write_stream(json.dumps(document, ensure_ascii=False, indent=2), err=self.err)
 
@@ -156,12 +160,18 @@ class RectoolCommand(click.Command):
 
     # A command whose stdout may carry data: its JSON goes to stderr when the command line
     # (its arguments, as given) says it does.
-    json_on_stderr = None  # callable(args) -> bool
+    json_on_stderr: Callable[[list[str]], bool] | None = None
 
-    def _json_on_stderr(self, args):
+    def _json_on_stderr(self, args: list[str]) -> bool:
         return bool(self.json_on_stderr and self.json_on_stderr(args))
 
-    def make_context(self, info_name, args, parent=None, **extra):
+    def make_context(
+        self,
+        info_name: str | None,
+        args: list[str],
+        parent: click.Context | None = None,
+        **extra: Any,
+    ) -> click.Context:
         given = list(args)
         as_json = _wants_json(given)
         start = time.perf_counter()
@@ -178,7 +188,7 @@ class RectoolCommand(click.Command):
         ctx.meta["rectool.args"] = given
         return ctx
 
-    def invoke(self, ctx):
+    def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.params.get("as_json"))
         err = as_json and self._json_on_stderr(ctx.meta.get("rectool.args", []))
         try:
@@ -206,11 +216,14 @@ class RectoolGroup(click.Group):
     command_class = RectoolCommand
 
 
-def library_errors(func):
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def library_errors(func: F) -> F:
     """Turn the library's own exceptions into click's: exit 1 (`Error: ...`) or 2 for usage."""
 
     @functools.wraps(func)
-    def wrapper(*args, **kwargs):
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return func(*args, **kwargs)
         except UsageError as exc:
@@ -225,13 +238,13 @@ def library_errors(func):
             where = f"{exc.filename}: " if exc.filename else ""
             raise click.ClickException(f"{where}{exc.strerror or exc}") from exc
 
-    return wrapper
+    return cast(F, wrapper)  # functools.wraps: the same signature
 
 
 # Options several commands share, defined once (as pip-tools does).
 
 
-def local_targets(targets, quiet=False):
+def local_targets(targets: Iterable[str], quiet: bool = False) -> list[str]:
     """Return `targets` with each URL (s3://, https://...) replaced by the manifest of a local
     copy of its pack (`rectool.remote.mirror`), said on stderr unless `quiet`."""
     from ..remote.store import is_url

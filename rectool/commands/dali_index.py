@@ -24,7 +24,7 @@ from .options import (
 @overwrite_option("Replace an existing file at OUTPUT (never a file of a pack).")
 @json_option("Print the index and the .rec paths as JSON on stdout.")
 @library_errors
-def dali_index_command(target, output, overwrite, as_json):
+def dali_index_command(target: str, output: str, overwrite: bool, as_json: bool) -> None:
     """Write the one .idx that DALI's fn.readers.mxnet needs for TARGET's shards.
 
     DALI reads its .rec files as one stream, so OUTPUT holds offsets counted from the start

@@ -20,7 +20,7 @@ from .options import (
 @click.argument("target")
 @json_option("Print the caches written as JSON on stdout.")
 @library_errors
-def index_cache_command(target, as_json):
+def index_cache_command(target: str, as_json: bool) -> None:
     """Write the .idx sidecar cache (IDX.rtc) of every shard of TARGET.
 
     The reader never writes: it reads the cache when one matches its .idx (size, mtime,

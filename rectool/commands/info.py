@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from typing import Any
 
 import click
 
@@ -29,7 +31,7 @@ from .options import (
 )
 @json_option("Print the description as JSON on stdout.")
 @library_errors
-def info_command(target, sample, max_pixels, as_json):
+def info_command(target: str, sample: int, max_pixels: int, as_json: bool) -> None:
     """Describe TARGET (manifest, prefix, .rec or train.rec folder).
 
     Records, images, identities and images per identity (min / median / max and a small
@@ -52,7 +54,7 @@ def info_command(target, sample, max_pixels, as_json):
     exit_for_damage(info)
 
 
-def exit_for_damage(info):
+def exit_for_damage(info: Mapping[str, Any]) -> None:
     """Exit 1 (problems found) with one line on stderr when records could not be read."""
     damage = info.get("damage")
     if damage:
@@ -64,7 +66,7 @@ def exit_for_damage(info):
         sys.exit(1)
 
 
-def render_info(info, width=40):
+def render_info(info: Mapping[str, Any], width: int = 40) -> str:
     """Return the human description of a dataset."""
     shards = info["shards"]
     lines = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO, cast
 
 import click
 
@@ -28,8 +29,13 @@ from .options import (
 from .paramtypes import Count, Finite
 from .progress import progress_bar
 
+if TYPE_CHECKING:
+    from ..build.splits import Listing
 
-def parse_extensions(ctx, param, value):
+
+def parse_extensions(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
     """Return `--exts` values (comma-separated and/or repeated) as one tuple."""
     if not value:
         return DEFAULT_EXTENSIONS
@@ -115,26 +121,26 @@ def parse_extensions(ctx, param, value):
 @json_option("Print the summary as JSON: on stdout, or on stderr when OUT is -.")
 @library_errors
 def list_command(
-    root,
-    out,
-    recursive,
-    exts,
-    shuffle,
-    seed,
-    chunks,
-    train_ratio,
-    val_ratio,
-    test_ratio,
-    split_by,
-    min_per_id,
-    max_per_id,
-    workers,
-    labels,
-    allow_outside_root,
-    overwrite,
-    quiet,
-    as_json,
-):
+    root: Path,
+    out: Path,
+    recursive: bool,
+    exts: tuple[str, ...],
+    shuffle: bool,
+    seed: int | None,
+    chunks: int,
+    train_ratio: float | None,
+    val_ratio: float | None,
+    test_ratio: float | None,
+    split_by: str,
+    min_per_id: int,
+    max_per_id: int | None,
+    workers: int | None,
+    labels: Path | None,
+    allow_outside_root: bool,
+    overwrite: bool,
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """List the images under ROOT, one identity per folder, into OUT (.lst, or - for stdout).
 
     Each first-level folder of ROOT is an identity. Labels 0, 1, ... go to identities in
@@ -165,7 +171,7 @@ def list_command(
     try:
         listing = list_images(
             root,
-            click.open_file("-", "wb") if to_stdout else out,
+            cast(BinaryIO, click.open_file("-", "wb")) if to_stdout else out,  # stdout's bytes
             labels=labels,
             overwrite=overwrite,
             exts=exts,
@@ -193,14 +199,14 @@ def list_command(
         click.echo(render_list_summary(listing, seconds), err=True)
 
 
-def _list_json_on_stderr(args):
+def _list_json_on_stderr(args: list[str]) -> bool:
     return "-" in args  # OUT - (no option of `list` takes - as its value)
 
 
 list_command.json_on_stderr = _list_json_on_stderr
 
 
-def render_list_summary(listing, seconds, shown=3):
+def render_list_summary(listing: Listing, seconds: float, shown: int = 3) -> str:
     """Return the human summary of a listing: what was listed and written, what passed over."""
 
     lines = [

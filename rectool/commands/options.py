@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import click
 from click.core import ParameterSource
@@ -12,10 +14,21 @@ from click.core import ParameterSource
 from ..choices import ENCODINGS, LAYOUTS
 from .paramtypes import SEED, ByteSize, Count, FailureLimit, PixelCount
 
+if TYPE_CHECKING:
+    from ..build.images import Transform
+
 ALL_CORES = os.cpu_count() or 1
 
+# A command's function, decorated: each option keeps its type.
+F = TypeVar("F", bound=Callable[..., Any])
 
-def workers_option(help, type=None, default=ALL_CORES, show_default="all cores"):
+
+def workers_option(
+    help: str,
+    type: click.ParamType | None = None,
+    default: int | None = ALL_CORES,
+    show_default: bool | str | None = "all cores",
+) -> Callable[[F], F]:
     """--workers/-j N, default all cores; `help` says what the workers do."""
     return click.option(
         "--workers",
@@ -27,83 +40,91 @@ def workers_option(help, type=None, default=ALL_CORES, show_default="all cores")
     )
 
 
-def quiet_option(help="No progress bar and no summary."):
+def quiet_option(help: str = "No progress bar and no summary.") -> Callable[[F], F]:
     """--quiet/-q."""
     return click.option("--quiet", "-q", is_flag=True, help=help)
 
 
-def overwrite_option(help="Replace an existing output file."):
+def overwrite_option(help: str = "Replace an existing output file.") -> Callable[[F], F]:
     """--overwrite: without it no existing output is replaced (a pack's files never are)."""
     return click.option("--overwrite", is_flag=True, help=help)
 
 
-def resume_option(help):
+def resume_option(help: str) -> Callable[[F], F]:
     """--resume: continue an interrupted run where it stopped."""
     return click.option("--resume", is_flag=True, help=help)
 
 
-def allow_outside_root_option(help):
+def allow_outside_root_option(help: str) -> Callable[[F], F]:
     """--allow-outside-root: take paths that leave ROOT (refused or skipped by default)."""
     return click.option("--allow-outside-root", is_flag=True, help=help)
 
 
-def decode_option(help):
+def decode_option(help: str) -> Callable[[F], F]:
     """--decode: decode every image as well."""
     return click.option("--decode", is_flag=True, help=help)
 
 
-def output_option(help, type, *dest, **more):
+def output_option(help: str, type: click.ParamType, *dest: str, **more: Any) -> Callable[[F], F]:
     """--output/-o PATH: where a command writes its one output file (`dest` renames it)."""
     return click.option("--output", "-o", *dest, type=type, help=help, **more)
 
 
-def labels_option(help, dest, type):
+def labels_option(help: str, dest: str, type: click.ParamType) -> Callable[[F], F]:
     """--labels FILE: the label map (label<TAB>identity) that list writes and pack reads."""
     return click.option("--labels", dest, type=type, help=help)
 
 
-def layout_option(help):
+def layout_option(help: str) -> Callable[[F], F]:
     """--layout images|insightface (default images): how a pack's records are laid out."""
     return click.option(
         "--layout", type=click.Choice(LAYOUTS), default="images", show_default=True, help=help
     )
 
 
-def check_option(modes, help):
+def check_option(modes: tuple[str, ...], help: str) -> Callable[[F], F]:
     """--check MODE (default structure): what each image is checked for before it is written."""
     return click.option(
         "--check", type=click.Choice(modes), default="structure", show_default=True, help=help
     )
 
 
-def sample_option(help):
+def sample_option(help: str) -> Callable[[F], F]:
     """--sample N (default 200): images decoded, spread over the dataset."""
     return click.option("--sample", type=Count(0), default=200, show_default=True, help=help)
 
 
-def seed_option(help, type=None, default=0):
+def seed_option(
+    help: str, type: click.ParamType | None = None, default: int | None = 0
+) -> Callable[[F], F]:
     """--seed N, default 0 (None: no default, the command picks one)."""
-    shown = {} if default is None else {"default": default, "show_default": True}
+    shown: dict[str, Any] = {} if default is None else {"default": default, "show_default": True}
     return click.option("--seed", type=type or SEED, help=help, **shown)
 
 
-def per_id_options(min_help, max_help, min_default=None):
+def per_id_options(
+    min_help: str, max_help: str, min_default: int | None = None
+) -> Callable[[F], F]:
     """--min-per-id and --max-per-id N: identities kept by their count of images."""
-    shown = {} if min_default is None else {"default": min_default, "show_default": True}
+    shown: dict[str, Any] = {}
+    if min_default is not None:
+        shown = {"default": min_default, "show_default": True}
 
-    def decorate(func):
+    def decorate(func: F) -> F:
         func = click.option("--max-per-id", type=Count(1), help=max_help)(func)
         return click.option("--min-per-id", type=Count(1), help=min_help, **shown)(func)
 
     return decorate
 
 
-def json_option(help="Print the summary as JSON on stdout."):
+def json_option(help: str = "Print the summary as JSON on stdout.") -> Callable[[F], F]:
     """--json, passed to the command as `as_json`."""
     return click.option("--json", "as_json", is_flag=True, help=help)
 
 
-def max_pixels_option(help="Refuse images whose header declares more pixels, before decoding."):
+def max_pixels_option(
+    help: str = "Refuse images whose header declares more pixels, before decoding.",
+) -> Callable[[F], F]:
     """--max-pixels N: the decode guard's budget (`reader.admit_image`), 50M by default."""
     from ..reader import DEFAULT_MAX_PIXELS
 
@@ -119,7 +140,7 @@ def max_pixels_option(help="Refuse images whose header declares more pixels, bef
 TRANSFORM_NAMES = ("resize", "center_crop", "quality", "encoding", "color")
 
 
-def transform_of(values):
+def transform_of(values: dict[str, Any]) -> Transform | None:
     """Return the `Transform` that the `transform_options` among `values` (a command's keyword
     arguments) ask for, or None; those five are taken out of `values`."""
     from ..build.images import transform_from_options  # here: only a command that runs
@@ -127,7 +148,7 @@ def transform_of(values):
     return transform_from_options(**{name: values.pop(name) for name in TRANSFORM_NAMES})
 
 
-def transform_options(func):
+def transform_options(func: F) -> F:
     """--resize, --center-crop, --quality, --encoding, --color: re-encode as `rectool pack` does
     (the same options and help; `transform_from_options` turns them into a `Transform`)."""
     for option in reversed(
@@ -162,7 +183,7 @@ def transform_options(func):
     return func
 
 
-def shard_options(func):
+def shard_options(func: F) -> F:
     """--shard-size and --shard-records: when pack and repack roll over to a new shard."""
     func = click.option(
         "--shard-records", type=Count(1), help="Roll over to a new shard every N records."
@@ -174,7 +195,7 @@ def shard_options(func):
     )(func)
 
 
-def max_failures_option(images="the images"):
+def max_failures_option(images: str = "the images") -> Callable[[F], F]:
     """--max-failures N|P%: refusals accepted before pack's and repack's exit status turns 3."""
     return click.option(
         "--max-failures",
@@ -186,7 +207,7 @@ def max_failures_option(images="the images"):
     )
 
 
-def sha256_option(func):
+def sha256_option(func: F) -> F:
     """--sha256: each file's SHA-256 in the manifest beside its xxh3-128."""
     return click.option(
         "--sha256",
@@ -196,15 +217,17 @@ def sha256_option(func):
     )(func)
 
 
-def renamed_option(old, new, param, type=None):
+def renamed_option(
+    old: str, new: str, param: str, type: click.ParamType | None = None
+) -> Callable[[F], F]:
     """Keep accepting `old`, the name an option had before it was unified across commands as
     `new` (whose value is the command's `param`): hidden from --help, it warns on stderr and
     gives its value to `param`. Giving both is a usage error."""
     dest = "renamed_" + param
 
-    def decorate(func):
+    def decorate(func: F) -> F:
         @functools.wraps(func)
-        def wrapper(*args, **kwargs):
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
             value = kwargs.pop(dest)
             if value is not None:
                 ctx = click.get_current_context()
@@ -214,6 +237,6 @@ def renamed_option(old, new, param, type=None):
                 kwargs[param] = value
             return func(*args, **kwargs)
 
-        return click.option(old, dest, type=type, default=None, hidden=True)(wrapper)
+        return cast(F, click.option(old, dest, type=type, default=None, hidden=True)(wrapper))
 
     return decorate

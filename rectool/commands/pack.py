@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -36,13 +37,16 @@ from .options import (
 from .pack_messages import (
     has_output,
     interrupted_message,
-    render_pack_summary,
+    refused_too_many,
     render_plan,
-    render_shard_result,
+    render_result,
     shard_plan,
 )
 from .paramtypes import Count
 from .progress import progress_bar, remember_progress
+
+if TYPE_CHECKING:
+    from ..build.results import PackResult, ShardResult
 
 
 @click.command(cls=RectoolCommand, name="pack")
@@ -123,10 +127,33 @@ from .progress import progress_bar, remember_progress
 @json_option("Print the summary as JSON on stdout.")
 @library_errors
 def pack_command(
-    list_file, root, prefix, pack_label, check, no_check, shard_size, shard_records, layout,
-    workers, max_pixels, max_failures, label_map, allow_outside_root, sha256, resume, overwrite,
-    only_shard, finalize, show_plan, executor, scheduler, allow_empty, quiet, as_json, **values,
-):  # fmt: skip
+    list_file: str,
+    root: Path,
+    prefix: str,
+    pack_label: bool,
+    check: str,
+    no_check: bool,
+    shard_size: int | None,
+    shard_records: int | None,
+    layout: str,
+    workers: int,
+    max_pixels: int,
+    max_failures: int | float,
+    label_map: str | None,
+    allow_outside_root: bool,
+    sha256: bool,
+    resume: bool,
+    overwrite: bool,
+    only_shard: int | None,
+    finalize: bool,
+    show_plan: bool,
+    executor: str,
+    scheduler: str | None,
+    allow_empty: bool,
+    quiet: bool,
+    as_json: bool,
+    **values: Any,  # the re-encoding options (`transform_of`)
+) -> None:
     """Pack the images of LIST (or - for stdin) under ROOT into OUT_PREFIX.rec/.idx shards.
 
     Images are passed through byte for byte, each checked as --check says (by default their
@@ -171,7 +198,8 @@ def pack_command(
         shard_records=shard_records,
         layout=layout,
         workers=workers,
-        max_failures=max_failures,
+        # A count or a share (a float), as `allowed_failures` reads it; declared an int.
+        max_failures=max_failures,  # type: ignore[arg-type]
         allow_outside_root=allow_outside_root,
         max_pixels=max_pixels,
         sha256=sha256,
@@ -204,6 +232,7 @@ def pack_command(
     update, close = progress_bar(quiet or as_json, "img")
     update, seen = remember_progress(update)
     replaces = overwrite and only_shard is None and not finalize and has_output(prefix)
+    result: PackResult | ShardResult
     try:
         if only_shard is not None:
             result = pack_images(
@@ -256,16 +285,11 @@ def pack_command(
     if as_json:
         document = result.to_json()
         if exit_code:
-            document["error"] = _refused_too_many(result)
+            document["error"] = refused_too_many(result)
         emit_json(document, exit_code)
         return
     if not quiet:
-        render = render_shard_result if only_shard is not None else render_pack_summary
-        click.echo(render(result), err=True)
+        click.echo(render_result(result), err=True)
     elif exit_code:  # quiet hides progress, never the reason for a non-zero exit
-        click.echo(f"Error: {_refused_too_many(result)}", err=True)
+        click.echo(f"Error: {refused_too_many(result)}", err=True)
     sys.exit(exit_code)
-
-
-def _refused_too_many(result):
-    return f"more than --max-failures {result.max_failures} refused ({result.failures:,})"

@@ -3,19 +3,34 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, TypedDict, cast
 
 from ..text import counted, plural
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
-def has_output(prefix):
+    from ..build.options import PackOptions
+    from ..build.results import PackResult, ShardResult
+    from ..build.shardfile import ShardInfo
+    from .progress import Seen
+
+
+def has_output(prefix: str) -> bool:
     from ..build.manifest import output_files
 
     return bool(output_files(prefix))
 
 
 def interrupted_message(
-    prefix, seen, overwrite, finalize, only_shard, status=130, unit="list item"
-):
+    prefix: str,
+    seen: Seen,
+    overwrite: bool,
+    finalize: bool,
+    only_shard: int | None,
+    status: int = 130,
+    unit: str = "list item",
+) -> str:
     """Say what an interrupted pack (or repack) kept and how to continue it; `status` 143 says
     it was terminated (SIGTERM), 130 interrupted (Ctrl-C)."""
     from ..build.manifest import journal_path
@@ -48,7 +63,15 @@ def interrupted_message(
     )
 
 
-def shard_plan(list_file, options):
+class ShardPlan(TypedDict):
+    """A list's shard plan as `pack --plan --json` prints it."""
+
+    items: int
+    shard_records: int | None
+    shards: list[list[int]]
+
+
+def shard_plan(list_file: StrPath, options: PackOptions) -> ShardPlan:
     """Return the shard plan of a list as JSON-ready data (list lines are 1-based)."""
     from ..build.packing import plan_list
 
@@ -60,7 +83,7 @@ def shard_plan(list_file, options):
     }
 
 
-def render_plan(plan):
+def render_plan(plan: ShardPlan) -> str:
     """Return the human form of a `shard_plan`: the list lines of each shard."""
     shards, lines = counted(len(plan["shards"]), "shard"), counted(plan["items"], "list line")
     rows = [
@@ -70,10 +93,11 @@ def render_plan(plan):
     return "\n".join([f"{shards} of {lines}:", *rows])
 
 
-def render_shard_result(shard):
+def render_shard_result(shard: ShardResult) -> str:
     """Return the human summary of packing one shard."""
+    info = cast("ShardInfo", shard.info)  # `ShardResult.info` is declared as an object
     lines = [
-        f"Packed shard {shard.shard} of {shard.shards}: {counted(shard.info.records, 'image')} in "
+        f"Packed shard {shard.shard} of {shard.shards}: {counted(info.records, 'image')} in "
         f"{shard.rec_path}, {shard.failures:,} refused ({shard.failures_path}). "
         "Run --finalize once every shard is packed."
     ]
@@ -84,7 +108,7 @@ def render_shard_result(shard):
     return "\n".join(lines)
 
 
-def render_pack_summary(result, shown=10):
+def render_pack_summary(result: PackResult, shown: int = 10) -> str:
     """Return the human summary of a pack."""
     from ..build.results import COMPLETE, FINALIZED, RESUMED
 
@@ -119,3 +143,17 @@ def render_pack_summary(result, shown=10):
         if not result.accepted:
             lines.append(f"More than --max-failures {result.max_failures} refused: exit status 3.")
     return "\n".join(lines)
+
+
+def refused_too_many(result: PackResult | ShardResult) -> str:
+    """Return why a pack (or a shard) exits 3."""
+    return f"more than --max-failures {result.max_failures} refused ({result.failures:,})"
+
+
+def render_result(result: PackResult | ShardResult) -> str:
+    """Return the human summary of a pack, or of one shard of its plan."""
+    from ..build.results import ShardResult
+
+    if isinstance(result, ShardResult):
+        return render_shard_result(result)
+    return render_pack_summary(result)

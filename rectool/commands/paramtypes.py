@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 # Every numeric option is range-checked by its type, so nan, inf, negative and huge values are
@@ -18,10 +20,10 @@ MAX_SECONDS = 86400.0
 class Count(click.IntRange):
     """An integer option from `min` to `max` (int64 at most, a bound help does not show)."""
 
-    def __init__(self, min, max=INT64_MAX):
+    def __init__(self, min: int, max: int = INT64_MAX) -> None:
         super().__init__(min, max)
 
-    def _describe_range(self):
+    def _describe_range(self) -> str:
         if self.max == INT64_MAX:
             return f"x>={self.min}"
         return super()._describe_range()
@@ -33,7 +35,9 @@ class FailureLimit(click.ParamType):
 
     name = "N|P%"
 
-    def convert(self, value, param, ctx):
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> int | float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return value
         text = str(value).strip()
@@ -54,7 +58,9 @@ class FailureLimit(click.ParamType):
 class Finite(click.FloatRange):
     """A `click.FloatRange` that also refuses nan (which compares false to every bound)."""
 
-    def convert(self, value, param, ctx):
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
         number = super().convert(value, param, ctx)
         if number != number or number in (float("inf"), float("-inf")):
             self.fail(f"{value!r} is not a finite number", param, ctx)
@@ -66,7 +72,7 @@ class ByteSize(click.ParamType):
 
     name = "size"
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
         from ..build.shards import parse_size
@@ -91,7 +97,9 @@ class ImageSize(click.ParamType):
 
     name = "HxW"
 
-    def convert(self, value, param, ctx):
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[int, int]:
         if isinstance(value, tuple):
             return value
         parts = str(value).lower().split("x")
@@ -110,7 +118,7 @@ class PixelCount(click.ParamType):
     name = "pixels"
     _SUFFIXES = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9}
 
-    def convert(self, value, param, ctx):
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int) and not isinstance(value, bool):
             number = value
         else:

@@ -41,7 +41,9 @@ from .options import (
 @overwrite_option("Replace an existing file at --output.")
 @json_option("Print what was written as JSON on stdout (needs --output FILE).")
 @library_errors
-def reader_command(output, training_module, recordio_module, overwrite, as_json):
+def reader_command(
+    output: str, training_module: bool, recordio_module: bool, overwrite: bool, as_json: bool
+) -> None:
     """Write the standalone reader module for training code (standard library + numpy).
 
     It is rectool's own reader (rectool/reader.py) copied verbatim under a header naming the

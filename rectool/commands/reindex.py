@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
@@ -20,6 +21,9 @@ from .options import (
     overwrite_option,
     quiet_option,
 )
+
+if TYPE_CHECKING:
+    from ..inspect.reindex import ReindexResult
 
 
 @click.command(cls=RectoolCommand, name="reindex")
@@ -41,7 +45,9 @@ from .options import (
 @quiet_option("No summary; only the exit status tells.")
 @json_option("Print the result as JSON on stdout.")
 @library_errors
-def reindex_command(rec, idx, keys, overwrite, quiet, as_json):
+def reindex_command(
+    rec: Path, idx: Path | None, keys: str, overwrite: bool, quiet: bool, as_json: bool
+) -> None:
     """Rebuild the .idx of REC by walking its records from first byte to last.
 
     Where REC is damaged the walk skips to the next record start (an aligned magic followed
@@ -71,7 +77,7 @@ def reindex_command(rec, idx, keys, overwrite, quiet, as_json):
     sys.exit(exit_code)
 
 
-def render_reindex_result(result, shown=20):
+def render_reindex_result(result: ReindexResult, shown: int = 20) -> str:
     """Return the human summary of a reindex."""
     source = "record headers" if result.keys_from == "header" else "record positions"
     lines = [f"Wrote {result.idx_path}: {result.records:,} records, keys from {source}."]

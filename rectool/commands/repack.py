@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -35,6 +36,9 @@ from .options import (
 from .pack_messages import has_output, interrupted_message
 from .paramtypes import Finite
 from .progress import progress_bar, remember_progress
+
+if TYPE_CHECKING:
+    from ..repack.result import RepackResult
 
 
 @click.command(cls=RectoolCommand, name="repack")
@@ -132,7 +136,14 @@ from .progress import progress_bar, remember_progress
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON on stdout.")
 @library_errors
-def repack_command(paths, resume, overwrite, quiet, as_json, **options):
+def repack_command(
+    paths: tuple[str, ...],
+    resume: bool,
+    overwrite: bool,
+    quiet: bool,
+    as_json: bool,
+    **options: Any,  # the options of `RepackOptions`, of every type
+) -> None:
     """Repack the records of each SOURCE into a new pack at OUT_PREFIX, without the tree.
 
     A SOURCE is anything the reader opens: a manifest or pack prefix, an im2rec .rec (with
@@ -236,7 +247,7 @@ def repack_command(paths, resume, overwrite, quiet, as_json, **options):
         sys.exit(3)
 
 
-def render_repack_summary(result):
+def render_repack_summary(result: RepackResult) -> str:
     """Return the human summary of a repack."""
     report, shards = result.report, result.manifest["shards"]
     lines = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -83,22 +84,22 @@ from .progress import progress_bar
 @json_option("Print what was written as JSON on stdout.")
 @library_errors
 def report_command(
-    target,
-    output,
-    sheet,
-    seed,
-    identities,
-    per_identity,
-    thumb,
-    sample,
-    max_bytes,
-    images_root,
-    verify,
-    decode,
-    overwrite,
-    max_pixels,
-    as_json,
-):
+    target: str,
+    output: Path | None,
+    sheet: Path | None,
+    seed: int,
+    identities: int,
+    per_identity: int,
+    thumb: int,
+    sample: int,
+    max_bytes: int,
+    images_root: Path | None,
+    verify: bool,
+    decode: bool,
+    overwrite: bool,
+    max_pixels: int,
+    as_json: bool,
+) -> None:
     """Write a report of TARGET (manifest, prefix, .rec or train.rec folder) as one HTML page.
 
     A TARGET that is the URL of a manifest (s3://, https://) is read from a copy of its pack
@@ -135,7 +136,9 @@ def report_command(
         max_pixels=max_pixels,
     )
     update, close = progress_bar(as_json, "thumb")
-    progress = update and (lambda done, total: update(done, total, 0))
+    progress: Callable[[int, int | None], None] | None = None
+    if update is not None:
+        progress = lambda done, total: update(done, total, 0)  # noqa: E731
     try:
         local = local_targets([target], as_json)[0]  # a URL: a local copy of its pack
         shown_as = None if local == target else named_by_url(local, target)

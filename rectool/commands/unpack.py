@@ -29,7 +29,7 @@ from .progress import progress_bar, remember_progress
 @quiet_option("No progress bar and no summary.")
 @json_option("Print the summary as JSON on stdout.")
 @library_errors
-def unpack_command(target, out_dir, resume, quiet, as_json):
+def unpack_command(target: str, out_dir: Path, resume: bool, quiet: bool, as_json: bool) -> None:
     """Write the images of TARGET back as an identity-per-folder tree under OUT_DIR.
 
     Each image becomes OUT_DIR/IDENTITY/KEY.EXT: IDENTITY is the folder name the manifest's

@@ -104,9 +104,8 @@ def verify_command(
         # A URL's pack is read from a local copy, and named by the URL wherever it is shown.
         shown_as = named_by_urls(targets, local)
         report = verify_dataset(
-            local, decode=options, workers=workers, progress=update,
-            image_check=not no_image_check,
-        )  # fmt: skip
+            local, decode=options, workers=workers, progress=update, image_check=not no_image_check
+        )
     except UsageError as exc:
         raise click.UsageError(_shown(shown_as, str(exc))) from exc
     except RectoolError as exc:

@@ -34,7 +34,8 @@ from __future__ import annotations
 import fcntl
 import os
 import time
-from typing import NamedTuple
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, NamedTuple
 
 from ..doors.output import (
     make_folders,
@@ -48,6 +49,11 @@ from ..doors.output import (
 from ..format.digest import DIGEST_NAMES, Digests
 from .fetch import download_elsewhere
 from .store import RemoteError, Retry
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    from .store import Store
 
 LOCK_SUFFIX = ".lock"  # held shared by readers, exclusive by an evictor
 DOWNLOAD_SUFFIX = ".download"  # held exclusive by whoever downloads the shard
@@ -65,7 +71,7 @@ class CacheFullError(RemoteError):
 class CachedObject(NamedTuple):
     """One remote object and where its checked copy lives in the cache."""
 
-    store: object  # a store of `rectool.remote.store`
+    store: Store  # a store of `rectool.remote.store`
     name: str  # the object's name in the store
     path: str  # its path in the cache
     size: int  # bytes, from the manifest
@@ -74,7 +80,7 @@ class CachedObject(NamedTuple):
     what: str  # how errors name it: "URL (shard 3 of faces.manifest.json)"
 
 
-def _unlock(fd):
+def _unlock(fd: int) -> None:
     """Unlock and close `fd`. Unlocked first: a child forked meanwhile has a copy of the
     descriptor, which would otherwise keep the lock held for as long as it lives."""
     try:
@@ -86,10 +92,11 @@ def _unlock(fd):
 class Pin:
     """A shard held (its lock shared) by this process: never evicted until released."""
 
-    def __init__(self, fd, path, clock):
-        self.fd, self.path, self.pid, self._clock = fd, path, os.getpid(), clock
+    def __init__(self, fd: int, path: str, clock: Callable[[], int]) -> None:
+        self.fd: int | None = fd
+        self.path, self.pid, self._clock = path, os.getpid(), clock
 
-    def release(self, touch=True):
+    def release(self, touch: bool = True) -> None:
         """Let the shard go (`touch`: record now as its last use, for eviction)."""
         fd, self.fd = self.fd, None
         if fd is None:
@@ -101,7 +108,7 @@ class Pin:
         os.close(fd)
 
 
-def _folder_bytes(folder):
+def _folder_bytes(folder: str) -> int:
     total = 0
     for root, _, names in os.walk(folder):
         for name in names:
@@ -119,7 +126,13 @@ class ShardCache:
     Picklable (for Loader workers) when they are.
     """
 
-    def __init__(self, folder, limit=None, clock=time.time_ns, retry=None):
+    def __init__(
+        self,
+        folder: StrPath,
+        limit: int | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        retry: Retry | None = None,
+    ) -> None:
         if limit is not None and limit < 0:
             raise ValueError("cache_limit must be >= 0 bytes (or None: unbounded)")
         self.folder, self.limit, self.clock = os.fspath(folder), limit, clock
@@ -127,13 +140,13 @@ class ShardCache:
         self.downloads = self.evictions = 0  # this process's, for reports and tests
         make_folders(self.folder)
 
-    def pack_folder(self, key):
+    def pack_folder(self, key: str) -> str:
         """Return the cache's folder for one pack (`key`: its URL and manifest digest)."""
         folder = os.path.join(self.folder, "packs", key)
         make_folders(folder)
         return folder
 
-    def pin(self, obj, touch=True, fit=False):
+    def pin(self, obj: CachedObject, touch: bool = True, fit: bool = False) -> Pin:
         """Return a `Pin` of `obj`, downloading and checking it first if it is not cached.
 
         Blocks while another process downloads it (their lock), then uses their copy. When
@@ -163,20 +176,20 @@ class ShardCache:
             set_mtime(obj.path, self.clock())
         return Pin(fd, obj.path, self.clock)
 
-    def fetch(self, obj, fit=False):
+    def fetch(self, obj: CachedObject, fit: bool = False) -> str:
         """Make sure `obj` is cached (downloading it if needed) without marking it used;
         `fit`: only if room can be made for it within the limit (else `CacheFullError`)."""
         self.pin(obj, touch=False, fit=fit).release(touch=False)
         return obj.path
 
-    def download(self, obj):
+    def download(self, obj: CachedObject) -> None:
         """Download `obj` to its cache path through a temporary name; refuse a wrong digest.
 
         The caller holds the object's lock exclusively (`pin` does).
         """
         digests = Digests([obj.algorithm] if obj.algorithm else [])
 
-        def chunks():
+        def chunks() -> Iterator[bytes]:
             for chunk in self.retry.stream(obj.store, obj.name, obj.size, obj.what):
                 digests.update(chunk)
                 yield chunk
@@ -185,15 +198,16 @@ class ShardCache:
         got = digests.hexdigests().get(obj.algorithm) if obj.algorithm else None
         if got != obj.digest:
             remove(tmp)
+            name = DIGEST_NAMES[obj.algorithm] if obj.algorithm else "digest"
             raise DigestMismatchError(
-                f"{obj.what}: its {obj.size} bytes have the {DIGEST_NAMES[obj.algorithm]} {got}, "
+                f"{obj.what}: its {obj.size} bytes have the {name} {got}, "
                 f"but the manifest gives {obj.digest}: the object was changed or damaged after "
                 "packing; it is not used"
             )
         rename(tmp, obj.path)
         self.downloads += 1
 
-    def usage(self):
+    def usage(self) -> tuple[int, list[tuple[int, str, int]]]:
         """Return (bytes of every file of the cache's packs and copies, [(mtime_ns, path,
         size)] of what eviction may remove: the `.rec` shards, and each `mirror/` copy whole,
         dated by its lock file)."""
@@ -214,7 +228,7 @@ class ShardCache:
                     shards.append((st.st_mtime_ns, entry.path, st.st_size))
         return total, shards
 
-    def _copies_usage(self):
+    def _copies_usage(self) -> tuple[int, list[tuple[int, str, int]]]:
         total, copies = 0, []
         mirror = os.path.join(self.folder, "mirror")
         for copy in os.scandir(mirror) if os.path.isdir(mirror) else ():
@@ -229,7 +243,7 @@ class ShardCache:
             copies.append((dated, copy.path, size))
         return total, copies
 
-    def _make_room(self, size):
+    def _make_room(self, size: int) -> bool:
         """Evict shards used least recently, and not held, until `size` more bytes fit;
         return whether they do."""
         if self.limit is None:
@@ -247,7 +261,7 @@ class ShardCache:
         finally:
             _unlock(lock)
 
-    def _evict(self, path):
+    def _evict(self, path: str) -> bool:
         """Remove the shard (or copy) at `path` unless someone holds it (its `PATH.lock`);
         return whether it was removed."""
         fd = open_lock_file(path + LOCK_SUFFIX)

@@ -17,11 +17,14 @@ downloads on background threads, at most `prefetch_shards` not yet used.
 from __future__ import annotations
 
 import io
+import mmap
 import os
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import xxhash
@@ -41,11 +44,15 @@ from .cache import CachedObject, CacheFullError, ShardCache
 from .order import StreamingSampler, first_uses
 from .store import RemoteError, Retry, open_store, safe_url, split_url
 
+if TYPE_CHECKING:
+    from .cache import Pin
+    from .store import Store
+
 CACHE_ENV = "RECTOOL_CACHE_DIR"
 _lock = threading.Lock()  # this process's opening and letting go of shards
 
 
-def _after_fork_in_child():
+def _after_fork_in_child() -> None:
     global _lock
     _lock = threading.Lock()  # one a parent thread held at the fork stays held
 
@@ -54,7 +61,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def default_cache_dir():
+def default_cache_dir() -> str:
     """Return `$RECTOOL_CACHE_DIR`, else `$XDG_CACHE_HOME/rectool` (`~/.cache/rectool`)."""
     if os.environ.get(CACHE_ENV):
         return os.environ[CACHE_ENV]
@@ -62,7 +69,9 @@ def default_cache_dir():
     return os.path.join(base, "rectool")
 
 
-def open_remote(url, decode=None, **options):
+def open_remote(
+    url: str, decode: str | Callable[..., Any] | None = None, **options: Any
+) -> RemoteDataset:
     """Open the pack whose manifest is at `url`; return a `RemoteDataset` (see its options)."""
     return RemoteDataset(url, decode, **options)
 
@@ -70,44 +79,50 @@ def open_remote(url, decode=None, **options):
 class _OpenShards:
     """The shards this process has mapped, most recent last; past `limit`, the oldest is let go."""
 
-    def __init__(self, limit):
-        self.limit, self.files = limit, OrderedDict()
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.files: OrderedDict[int, CachedRecordFile] = OrderedDict()
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, int]:
         return {"limit": self.limit}
 
-    def __setstate__(self, state):
-        self.__init__(state["limit"])
+    def __setstate__(self, state: dict[str, int]) -> None:
+        _OpenShards.__init__(self, state["limit"])
 
-    def opening(self, rf):
+    def opening(self, rf: CachedRecordFile) -> None:
         """Let go of the oldest shards until `rf` fits (before it is fetched: room in the cache)."""
         while len(self.files) >= self.limit and next(iter(self.files)) != id(rf):
             _, oldest = self.files.popitem(last=False)
             oldest.close()
 
-    def opened(self, rf):
+    def opened(self, rf: CachedRecordFile) -> None:
         self.files[id(rf)] = rf
         self.files.move_to_end(id(rf))
 
-    def closed(self, rf):
+    def closed(self, rf: CachedRecordFile) -> None:
         self.files.pop(id(rf), None)
 
 
 class CachedRecordFile(RecordFile):
     """A shard of a remote pack: fetched into the cache and held there while it is mapped."""
 
-    def __init__(self, path, obj=None, cache=None, shards=None):
+    def __init__(
+        self, path: str, obj: CachedObject, cache: ShardCache, shards: _OpenShards | None = None
+    ) -> None:
         super().__init__(path)
         self.obj, self.cache, self.shards = obj, cache, shards
-        self._pin, self._opening = None, False
+        self._pin: Pin | None = None
+        self._opening = False
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "obj": self.obj, "cache": self.cache, "shards": self.shards}
 
-    def __setstate__(self, state):
-        self.__init__(state["path"], state["obj"], state["cache"], state["shards"])
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        CachedRecordFile.__init__(
+            self, state["path"], state["obj"], state["cache"], state["shards"]
+        )
 
-    def open(self):
+    def open(self) -> mmap.mmap | bytes:
         pin = self._pin
         if pin is not None and pin.fd is not None and pin.pid == os.getpid():
             return super().open()
@@ -130,14 +145,14 @@ class CachedRecordFile(RecordFile):
                 self.shards.opened(self)
         return mm
 
-    def close(self):
+    def close(self) -> None:
         super().close()
         if not self._opening:  # RecordFile.open closes before it maps: keep the pin then
             self._unpin()
             if self.shards is not None:
                 self.shards.closed(self)
 
-    def _unpin(self):
+    def _unpin(self) -> None:
         pin, self._pin = self._pin, None
         if pin is not None:
             pin.release()
@@ -148,16 +163,20 @@ class ShardPrefetcher:
     used (a use sets a shard's modification time: `cache.Pin`). Errors are left to the reader,
     which fetches (and reports) by itself; `stop()` ends it."""
 
-    def __init__(self, cache, objects, ahead=4, threads=4):
-        self.cache, self.ahead, self.errors = cache, max(1, ahead), []
+    def __init__(
+        self, cache: ShardCache, objects: Iterable[CachedObject], ahead: int = 4, threads: int = 4
+    ) -> None:
+        self.cache, self.ahead = cache, max(1, ahead)
+        self.errors: list[str] = []
         self._pending, self._stop = list(objects)[::-1], threading.Event()
         self._thread = threading.Thread(
             target=self._run, args=(max(1, threads),), name="rectool-shard-prefetch", daemon=True
         )
         self._thread.start()
 
-    def _run(self, threads):
-        unused, running = {}, {}  # path -> mtime at fetch; future -> object
+    def _run(self, threads: int) -> None:
+        unused: dict[str, int] = {}  # path -> mtime at fetch
+        running: dict[Future[str], CachedObject] = {}
         with ThreadPoolExecutor(threads, thread_name_prefix="rectool-fetch") as pool:
             while (self._pending or running) and not self._stop.is_set():
                 for path, mtime in list(unused.items()):
@@ -185,11 +204,11 @@ class ShardPrefetcher:
                     except (RectoolError, OSError) as exc:
                         self.errors.append(str(exc))
 
-    def stop(self):
+    def stop(self) -> None:
         self._stop.set()
         self._thread.join()
 
-    def done(self):
+    def done(self) -> bool:
         return not self._thread.is_alive()
 
 
@@ -205,22 +224,22 @@ class RemoteDataset(RecordDataset):
 
     def __init__(
         self,
-        url,
-        decode=None,
-        layout=None,
-        cache=True,
-        max_pixels=DEFAULT_MAX_PIXELS,
+        url: str,
+        decode: str | Callable[..., Any] | None = None,
+        layout: str | None = None,
+        cache: bool = True,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
         *,
-        cache_dir=None,
-        cache_limit=None,
-        retry=None,
-        block_shards=4,
-        prefetch_shards=None,
-        prefetch_threads=8,
-        open_shards=None,
-        store=None,
-        clock=time.time_ns,
-    ):
+        cache_dir: str | None = None,
+        cache_limit: int | None = None,
+        retry: Retry | None = None,
+        block_shards: int = 4,
+        prefetch_shards: int | None = None,
+        prefetch_threads: int = 8,
+        open_shards: int | None = None,
+        store: Store | None = None,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
         folder_url, name = split_url(url)
         self.url = safe_url(url)
         if not name.endswith(MANIFEST_SUFFIX):
@@ -231,7 +250,7 @@ class RemoteDataset(RecordDataset):
         self.block_shards = block_shards
         self.prefetch_shards = prefetch_shards or 2 * block_shards
         self.prefetch_threads = prefetch_threads
-        self._prefetcher = None
+        self._prefetcher: ShardPrefetcher | None = None
         data = retry.call(lambda: self.store.read(name), self.url)
         key = xxhash.xxh3_64_hexdigest(self.url.encode() + b"\0" + data)
         self._folder = self.shard_cache.pack_folder(key)
@@ -239,7 +258,8 @@ class RemoteDataset(RecordDataset):
         if not os.path.exists(local):
             write_atomic(local, data)
         doc = read_manifest(local)
-        self._objects, indexes = {}, []
+        self._objects: dict[str, CachedObject] = {}
+        indexes = []
         for i, shard in enumerate(doc["shards"]):
             rec, idx = (self._object(doc, i, shard, kind) for kind in ("rec", "idx"))
             self._objects[rec.path] = rec
@@ -249,7 +269,9 @@ class RemoteDataset(RecordDataset):
         self._open_files = _OpenShards(open_shards or block_shards)
         super().__init__(local, decode, layout, cache, max_pixels)
 
-    def _object(self, doc, i, shard, kind):
+    def _object(
+        self, doc: Mapping[str, Any], i: int, shard: Mapping[str, Any], kind: str
+    ) -> CachedObject:
         """Return the `CachedObject` of shard `i`'s `kind` file ("rec", "idx")."""
         name, size = shard[kind], shard.get(f"{kind}_bytes")
         for algorithm in (XXH3_128, SHA256):
@@ -267,15 +289,22 @@ class RemoteDataset(RecordDataset):
         path = os.path.join(self._folder, name)
         return CachedObject(self.store, name, path, size or 0, algorithm, digest, what)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_prefetcher"] = None
         return state
 
-    def _open_shard(self, rec):
+    def _open_shard(self, rec: str) -> CachedRecordFile:
         return CachedRecordFile(rec, self._objects[rec], self.shard_cache, self._open_files)
 
-    def _check_at_open(self, rf, idx, keys, offsets, listed):
+    def _check_at_open(
+        self,
+        rf: CachedRecordFile,
+        idx: str,
+        keys: np.ndarray,
+        offsets: np.ndarray,
+        listed: Mapping[str, Any],
+    ) -> None:
         # The .rec's bytes are checked whole against their digest when they arrive; here only
         # what the .idx alone tells (and the .idx itself was checked against its digest).
         if listed.get("records") not in (None, len(keys)):
@@ -284,7 +313,7 @@ class RemoteDataset(RecordDataset):
                 f"{listed['records']} records for it"
             )
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"RemoteDataset({self.url!r}, {len(self.shards)} shards, {len(self)} samples, "
             f"layout={self.layout!r}, decode={self.decode!r}, cache={self.shard_cache.folder!r})"
@@ -292,7 +321,15 @@ class RemoteDataset(RecordDataset):
 
     # -- the order, and the shards it needs next -------------------------------------------
 
-    def rank_sampler(self, size, rank=0, world_size=1, shuffle=True, seed=0, drop_last=False):
+    def rank_sampler(
+        self,
+        size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> StreamingSampler:
         """Return the `Loader`'s sampler: `StreamingSampler`, prefetching what it reads next."""
         if size != len(self):
             raise ValueError(f"a sampler of {size} samples for a dataset of {len(self)}")
@@ -307,7 +344,7 @@ class RemoteDataset(RecordDataset):
             on_order=self.prefetch,
         )
 
-    def prefetch(self, order):
+    def prefetch(self, order: np.ndarray) -> ShardPrefetcher:
         """Start fetching the shards that the samples `order` need, in the order they need them
         (the fetch of an earlier order is stopped)."""
         self.stop_prefetch()
@@ -320,7 +357,7 @@ class RemoteDataset(RecordDataset):
         )
         return self._prefetcher
 
-    def stop_prefetch(self):
+    def stop_prefetch(self) -> None:
         """Stop fetching ahead."""
         if self._prefetcher is not None:
             self._prefetcher.stop()
@@ -329,7 +366,7 @@ class RemoteDataset(RecordDataset):
     # -- labels: every shard's headers once, then kept beside the pack's manifest ------------
 
     @property
-    def labels(self):
+    def labels(self) -> np.ndarray:
         if self._labels is None:
             saved = os.path.join(self._folder, "labels.npy")
             if os.path.exists(saved):
@@ -340,7 +377,7 @@ class RemoteDataset(RecordDataset):
                     return labels
             self.prefetch(np.arange(len(self)))  # every shard, in reading order
             try:
-                labels = RecordDataset.labels.fget(self)
+                labels = super().labels
             finally:
                 self.stop_prefetch()
                 self.close()  # let the shards go: the cache may need the room
@@ -348,4 +385,4 @@ class RemoteDataset(RecordDataset):
                 buffer = io.BytesIO()
                 np.save(buffer, labels, allow_pickle=False)
                 write_atomic(saved, buffer.getvalue())
-        return self._labels
+        return cast(np.ndarray, self._labels)  # set by `RecordDataset.labels` at the latest

@@ -17,20 +17,27 @@ import pickle
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 from ..errors import RectoolError
 
-_helper = None  # (pid, Popen) of this process's helper
+if TYPE_CHECKING:
+    from .cache import CachedObject, ShardCache
+
+T = TypeVar("T")
+
+_helper: tuple[int, subprocess.Popen[bytes]] | None = None  # (pid, Popen) of this process's helper
 _helper_lock = threading.Lock()
 
 
-def download_elsewhere(cache, obj):
+def download_elsewhere(cache: ShardCache, obj: CachedObject) -> None:
     """Run `cache.download(obj)` in this process's helper; raise what it raised."""
     run_elsewhere(cache.download, obj)
     cache.downloads += 1
 
 
-def run_elsewhere(function, *args):
+def run_elsewhere(function: Callable[..., T], *args: object) -> T:
     """Return `function(*args)` run in this process's helper (both must pickle); raise what
     it raised."""
     global _helper
@@ -44,19 +51,21 @@ def run_elsewhere(function, *args):
                 env=env,
             )
             _helper = (os.getpid(), process)
-        process = _helper[1]
+        stdin, stdout = _helper[1].stdin, _helper[1].stdout
         try:
-            pickle.dump((function, args), process.stdin)
-            process.stdin.flush()
-            kind, value = pickle.load(process.stdout)
+            if stdin is None or stdout is None:  # (never: both are pipes)
+                raise ValueError("no pipe to the helper")
+            pickle.dump((function, args), stdin)
+            stdin.flush()
+            kind, value = pickle.load(stdout)
         except Exception as exc:  # a dead helper, or a job that does not pickle
             raise RectoolError(f"the download helper failed ({exc})") from None
     if kind == "error":
         raise value
-    return value
+    return value  # what `function` returned, unpickled
 
 
-def main():
+def main() -> None:
     """Serve download jobs from stdin until it closes."""
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
     while True:
@@ -65,7 +74,7 @@ def main():
         except EOFError:
             return
         try:
-            answer = ("ok", function(*args))
+            answer: tuple[str, object] = ("ok", function(*args))
         except RectoolError as exc:
             answer = ("error", exc)
         except Exception as exc:

@@ -18,7 +18,9 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import xxhash
 
@@ -27,8 +29,20 @@ from ..format.digest import DIGEST_NAMES, SHA256, XXH3_128, digests_of, field_na
 from ..reader import MANIFEST_SUFFIX, read_manifest
 from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
-def local_copy(url, cache_dir=None, retry=None, threads=8, check=False):
+# (object name, size or None: read whole, digest algorithm, digest) of a file to copy.
+_Wanted = tuple[str, int | None, str | None, str | None]
+
+
+def local_copy(
+    url: str,
+    cache_dir: StrPath | None = None,
+    retry: Retry | None = None,
+    threads: int = 8,
+    check: bool = False,
+) -> str:
     """Download the pack whose manifest is at `url`; return the local manifest's path.
 
     `check`: every file the manifest gives a digest of (shards, indexes, checksum files) is
@@ -56,7 +70,7 @@ def local_copy(url, cache_dir=None, retry=None, threads=8, check=False):
     local = os.path.join(folder, name)
     write_atomic(local, data)
     doc = read_manifest(local)
-    wanted = [
+    wanted: list[_Wanted] = [
         (s[kind], s.get(f"{kind}_bytes"), *_digest(s, kind))
         for s in doc["shards"]
         for kind in ("rec", "idx", "crc")
@@ -65,7 +79,7 @@ def local_copy(url, cache_dir=None, retry=None, threads=8, check=False):
     if doc.get("failures_file"):
         wanted.append((doc["failures_file"], None, None, None))
 
-    def fetch(item):
+    def fetch(item: _Wanted) -> None:
         object_name, size, algorithm, digest = item
         if not check:
             algorithm = digest = None
@@ -98,7 +112,7 @@ def local_copy(url, cache_dir=None, retry=None, threads=8, check=False):
 _held: dict[str, int] = {}  # copy folder -> the descriptor of its lock, held shared
 
 
-def _hold(folder):
+def _hold(folder: str) -> None:
     """Hold the copy at `folder` (its lock shared) and date its use, for the cache's LRU."""
     from .cache import LOCK_SUFFIX  # here: see local_copy
 
@@ -110,7 +124,7 @@ def _hold(folder):
     set_mtime(lock, time.time_ns())
 
 
-def release_copy(local_manifest):
+def release_copy(local_manifest: StrPath) -> None:
     """Let go of the copy `local_copy` returned `local_manifest` of: evictable from now."""
     folder = os.path.dirname(os.fspath(local_manifest))
     fd = _held.pop(folder, None)
@@ -122,7 +136,7 @@ def release_copy(local_manifest):
         os.close(fd)
 
 
-def _digest(shard, kind):
+def _digest(shard: Mapping[str, Any], kind: str) -> tuple[str | None, str | None]:
     """Return (algorithm, digest) the manifest gives for `kind` ("rec", ...) of `shard`."""
     for algorithm in (XXH3_128, SHA256):
         if shard.get(field_name(kind, algorithm)):
@@ -130,7 +144,9 @@ def _digest(shard, kind):
     return None, None
 
 
-def local_source(source, cache_dir=None, check=False):
+def local_source(source: StrPath, cache_dir: StrPath | None = None, check: bool = False) -> StrPath:
     """Return `source` itself, or, when it is a URL, the local manifest of its copy
     (`local_copy`, with `check`)."""
-    return local_copy(source, cache_dir, check=check) if is_url(source) else source
+    if isinstance(source, str) and is_url(source):
+        return local_copy(source, cache_dir, check=check)
+    return source

@@ -14,16 +14,21 @@ of Loader workers; ranks read interleaved positions of it, as `RankSampler`'s.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..training import RankSampler
 
 
-def _permutation(n, *seed):
+def _permutation(n: int, *seed: int) -> np.ndarray:
     return np.argsort(np.random.PCG64(list(seed)).random_raw(n), kind="stable")
 
 
-def block_order(shard_of, epoch=0, seed=0, block_shards=4):
+def block_order(
+    shard_of: ArrayLike, epoch: int = 0, seed: int = 0, block_shards: int = 4
+) -> np.ndarray:
     """Return the order of the samples (int64) in one epoch, block of shards after block.
 
     `shard_of[i]` is sample i's shard. The shards are permuted by (seed, epoch), taken
@@ -49,7 +54,7 @@ def block_order(shard_of, epoch=0, seed=0, block_shards=4):
     return np.concatenate(blocks).astype(np.int64) if blocks else np.zeros(0, np.int64)
 
 
-def first_uses(shard_of, order):
+def first_uses(shard_of: ArrayLike, order: ArrayLike) -> list[int]:
     """Return the shards in the order `order` (sample indices) first needs them."""
     seen = np.asarray(shard_of)[np.asarray(order, np.int64)]
     _, first = np.unique(seen, return_index=True)
@@ -65,19 +70,19 @@ class StreamingSampler(RankSampler):
 
     def __init__(
         self,
-        shard_of,
-        rank=0,
-        world_size=1,
-        shuffle=True,
-        seed=0,
-        drop_last=False,
-        block_shards=4,
-        on_order=None,
-    ):
+        shard_of: np.ndarray,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        block_shards: int = 4,
+        on_order: Callable[[np.ndarray], object] | None = None,
+    ) -> None:
         super().__init__(len(shard_of), rank, world_size, shuffle, seed, drop_last)
         self.shard_of, self.block_shards, self.on_order = shard_of, block_shards, on_order
 
-    def global_order(self):
+    def global_order(self) -> np.ndarray:
         """Return the epoch's global order (`block_order`), padded or cut to `total`."""
         if self.shuffle:
             order = block_order(self.shard_of, self.epoch, self.seed, self.block_shards)
@@ -87,7 +92,7 @@ class StreamingSampler(RankSampler):
             return order[: self.total]
         return np.resize(order, self.total)
 
-    def indices(self):
+    def indices(self) -> np.ndarray:
         indices = super().indices()
         if self.on_order is not None:
             self.on_order(indices)

@@ -21,8 +21,19 @@ import random
 import re
 import time
 import urllib.parse
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import RectoolError
+
+if TYPE_CHECKING:
+    from http.client import HTTPResponse
+
+    from _typeshed import StrPath
+    from obstore import GetOptions
+    from obstore.store import ObjectStore as ObstoreStore
+
+T = TypeVar("T")
 
 _CHUNK = 1 << 20
 URL_SCHEMES = ("s3", "gs", "az", "abfs", "http", "https")
@@ -43,19 +54,19 @@ class TransientError(RemoteError):
     """A failure worth retrying: a dropped connection, a timeout, HTTP 5xx or 429."""
 
 
-def is_url(source):
+def is_url(source: object) -> bool:
     """Return whether `source` names a remote object (s3://, gs://, az://, http(s)://)."""
     return isinstance(source, str) and bool(_URL.match(source))
 
 
-def safe_url(url):
+def safe_url(url: str) -> str:
     """Return `url` without a user:password and without a query string (a signature)."""
     parts = urllib.parse.urlsplit(url)
     host = parts.netloc.rpartition("@")[2]
     return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
 
 
-def scrub(text):
+def scrub(text: str) -> str:
     """Return `text` with the values of credential variables in the environment removed."""
     for name, value in os.environ.items():
         if len(value) >= 6 and _SECRET_NAME.search(name) and value in text:
@@ -63,7 +74,7 @@ def scrub(text):
     return text
 
 
-def split_url(url):
+def split_url(url: str) -> tuple[str, str]:
     """Return (folder URL, object name) of `url` (`s3://b/p/x.json` -> `s3://b/p`, `x.json`)."""
     folder, _, name = url.rstrip("/").rpartition("/")
     if not name or folder.endswith(":/") or "://" not in url:
@@ -75,18 +86,25 @@ class Retry:
     """How often and how long to retry: `attempts` tries, backoff doubling from `backoff`
     seconds up to `max_backoff`, with jitter. `sleep` is injected (tests pass a recorder)."""
 
-    def __init__(self, attempts=6, backoff=0.5, max_backoff=20.0, sleep=time.sleep, jitter=True):
+    def __init__(
+        self,
+        attempts: int = 6,
+        backoff: float = 0.5,
+        max_backoff: float = 20.0,
+        sleep: Callable[[float], object] = time.sleep,
+        jitter: bool = True,
+    ) -> None:
         if attempts < 1:
             raise ValueError("attempts must be >= 1")
         self.attempts, self.backoff, self.max_backoff = attempts, backoff, max_backoff
         self.sleep, self.jitter = sleep, jitter
 
-    def delay(self, failures):
+    def delay(self, failures: int) -> float:
         """Return the seconds to wait after `failures` failures in a row."""
         wait = min(self.max_backoff, self.backoff * 2 ** (failures - 1))
         return wait * (0.5 + random.random() / 2) if self.jitter else wait
 
-    def call(self, fn, what):
+    def call(self, fn: Callable[[], T], what: str) -> T:
         """Return `fn()`, retried on `TransientError`; after the last try, a `RemoteError`
         naming `what` (the URL, and the shard)."""
         for failures in range(1, self.attempts + 1):
@@ -98,7 +116,7 @@ class Retry:
                 self.sleep(self.delay(failures))
         raise AssertionError("unreachable")
 
-    def stream(self, store, name, size, what):
+    def stream(self, store: Store, name: str, size: int, what: str) -> Iterator[bytes]:
         """Yield the `size` bytes of object `name` in chunks; a transfer that fails is retried
         from the byte it reached (a range request), the failures in a row bounded by
         `attempts`."""
@@ -124,7 +142,7 @@ class Retry:
                 self.sleep(self.delay(failures))
 
 
-def open_store(folder_url):
+def open_store(folder_url: str) -> Store:
     """Return the store of the objects under `folder_url` (`s3://bucket/prefix`, `https://...`)."""
     scheme = folder_url.split("://", 1)[0].lower()
     if scheme in ("http", "https"):
@@ -139,13 +157,13 @@ class HttpStore:
 
     writable = False
 
-    def __init__(self, folder_url, timeout=60.0):
+    def __init__(self, folder_url: str, timeout: float = 60.0) -> None:
         self.url, self.timeout = folder_url.rstrip("/"), timeout
 
-    def object_url(self, name):
+    def object_url(self, name: str) -> str:
         return f"{safe_url(self.url)}/{name}"
 
-    def _open(self, name, start):
+    def _open(self, name: str, start: int) -> HTTPResponse:
         import http.client  # here, not at the top: only an https:// pack needs them
         import urllib.error
         import urllib.request
@@ -153,7 +171,7 @@ class HttpStore:
         headers = {"Range": f"bytes={start}-"} if start else {}
         request = urllib.request.Request(f"{self.url}/{urllib.parse.quote(name)}", headers=headers)
         try:
-            response = urllib.request.urlopen(request, timeout=self.timeout)
+            response: HTTPResponse = urllib.request.urlopen(request, timeout=self.timeout)
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code == 404:
@@ -165,7 +183,7 @@ class HttpStore:
             raise TransientError(scrub(f"cannot connect ({reason})")) from None
         return response
 
-    def stream(self, name, start=0):
+    def stream(self, name: str, start: int = 0) -> Iterator[bytes]:
         """Yield the bytes of object `name` from byte `start`."""
         from http.client import HTTPException
 
@@ -181,18 +199,20 @@ class HttpStore:
             except (TimeoutError, OSError, HTTPException) as exc:
                 raise TransientError(f"connection lost ({type(exc).__name__}: {exc})") from None
 
-    def read(self, name):
+    def read(self, name: str) -> bytes:
         """Return the whole object `name` (one try; see `Retry.call`)."""
         return b"".join(self.stream(name))
 
-    def put(self, name, path):
+    def put(self, name: str, path: StrPath) -> None:
         raise RemoteError(f"{self.object_url(name)}: http(s):// is read-only; write to s3://")
 
 
-_obstore_pid = None  # the process that started obstore's runtime (a forked child cannot use it)
+_obstore_pid: int | None = (
+    None  # the process that started obstore's runtime (a forked child cannot use it)
+)
 
 
-def obstore_forked():
+def obstore_forked() -> bool:
     """Return whether this process was forked from one that had used obstore (whose runtime
     threads it lacks: a request would hang; `fetch.download_elsewhere` is the way round)."""
     return _obstore_pid not in (None, os.getpid())
@@ -203,20 +223,20 @@ class ObjectStore:
 
     writable = True
 
-    def __init__(self, folder_url):
+    def __init__(self, folder_url: str) -> None:
         self.url = folder_url.rstrip("/")
-        self._store = None
+        self._store: ObstoreStore | None = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "_store": None}
 
-    def object_url(self, name):
+    def object_url(self, name: str) -> str:
         return f"{safe_url(self.url)}/{name}"
 
-    def fork_unsafe(self):
+    def fork_unsafe(self) -> bool:
         return obstore_forked()
 
-    def store(self):
+    def store(self) -> ObstoreStore:
         global _obstore_pid
         if obstore_forked():
             raise RemoteError(
@@ -238,18 +258,18 @@ class ObjectStore:
                 raise RemoteError(f"{safe_url(self.url)}: {_first_line(exc)}") from None
         return self._store
 
-    def stream(self, name, start=0):
+    def stream(self, name: str, start: int = 0) -> Iterator[bytes]:
         """Yield the bytes of object `name` from byte `start`."""
         import obstore
 
-        options = {"range": {"offset": start}} if start else None
+        options: GetOptions | None = {"range": {"offset": start}} if start else None
         try:
             result = obstore.get(self.store(), name, options=options)
             yield from result.stream(min_chunk_size=_CHUNK)
         except Exception as exc:
             raise _translated(exc, self.object_url(name)) from None
 
-    def read(self, name):
+    def read(self, name: str) -> bytes:
         """Return the whole object `name` (one try; see `Retry.call`)."""
         if obstore_forked():
             from .fetch import run_elsewhere
@@ -257,7 +277,7 @@ class ObjectStore:
             return run_elsewhere(self.read, name)
         return b"".join(bytes(chunk) for chunk in self.stream(name))
 
-    def exists(self, name):
+    def exists(self, name: str) -> bool:
         """Return whether object `name` is there (one try; see `Retry.call`)."""
         import obstore
 
@@ -274,7 +294,7 @@ class ObjectStore:
             raise error from None
         return True
 
-    def names(self):
+    def names(self) -> list[str]:
         """Return the names of the objects directly in this folder (one try)."""
         import obstore
 
@@ -288,7 +308,7 @@ class ObjectStore:
             raise _translated(exc, safe_url(self.url)) from None
         return [meta["path"].rsplit("/", 1)[-1] for meta in listing["objects"]]
 
-    def delete(self, names):
+    def delete(self, names: Iterable[str]) -> None:
         """Delete the objects `names` (those not there are no error; one try)."""
         import obstore
 
@@ -301,7 +321,7 @@ class ObjectStore:
         except Exception as exc:
             raise _translated(exc, safe_url(self.url)) from None
 
-    def put(self, name, path):
+    def put(self, name: str, path: StrPath) -> None:
         """Upload the local file `path` as object `name` (multipart for large files)."""
         import obstore
 
@@ -319,11 +339,11 @@ class ObjectStore:
                 raise _translated(exc, self.object_url(name)) from None
 
 
-def _first_line(exc):
+def _first_line(exc: BaseException) -> str:
     return scrub(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
 
 
-def _translated(exc, url):
+def _translated(exc: BaseException, url: str) -> RectoolError:
     """Return the rectool error for an obstore exception about `url`."""
     from obstore import exceptions
 
@@ -335,3 +355,7 @@ def _translated(exc, url):
     if isinstance(exc, RectoolError):
         return exc
     return TransientError(line)
+
+
+# A store of a pack's folder: what `open_store` returns.
+Store = HttpStore | ObjectStore

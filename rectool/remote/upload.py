@@ -25,31 +25,42 @@ import contextlib
 import dataclasses
 import os
 import re
-from concurrent.futures import ThreadPoolExecutor
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from functools import partial
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..doors.output import make_folders, remove_tree
 from ..errors import RectoolError, UsageError
 from ..reader import MANIFEST_SUFFIX, read_manifest
-from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
+from .store import ObjectStore, RemoteError, Retry, is_url, open_store, safe_url, split_url
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance, StrPath
+
+    from ..build.shardfile import ShardInfo
+
+Result = TypeVar("Result", bound="DataclassInstance")
 
 UPLOAD_THREADS = 4  # files uploaded at once
 WRITABLE_SCHEMES = ("s3", "gs", "az", "abfs")  # obstore's; http(s):// is read-only
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
-def check_output_prefix(prefix):
+def check_output_prefix(prefix: StrPath) -> None:
     """Refuse (`UsageError`) an OUT_PREFIX that is a URL rectool cannot write: http(s)://,
     or any scheme but s3://, gs://, az://. Called before anything is read or packed, so that
     such a prefix is never packed for nothing, nor taken for a local folder named `ftp:`."""
-    match = _SCHEME.match(os.fspath(prefix))
+    text = os.fspath(prefix)
+    match = _SCHEME.match(text)
     if match is None or match.group(1).lower() in WRITABLE_SCHEMES:
         return
     scheme = match.group(1).lower()
     why = "is read-only" if scheme in ("http", "https") else "is not a place rectool writes to"
     raise UsageError(
-        f"OUT_PREFIX {safe_url(prefix)}: {scheme}:// {why}; write packs to a local folder or "
+        f"OUT_PREFIX {safe_url(text)}: {scheme}:// {why}; write packs to a local folder or "
         f"to object storage ({', '.join(s + '://' for s in WRITABLE_SCHEMES[:3])})"
     )
 
@@ -59,19 +70,23 @@ class ShardUploader:
     when `shard_finished` is told (on background threads), the rest and the manifest at
     `finish`. Refuses a URL it cannot write to at once, before anything is packed."""
 
-    def __init__(self, url_prefix, retry=None, threads=UPLOAD_THREADS):
+    def __init__(
+        self, url_prefix: str, retry: Retry | None = None, threads: int = UPLOAD_THREADS
+    ) -> None:
         folder_url, self.name = split_url(url_prefix)
         self.url_prefix, self.retry = url_prefix, retry or Retry()
-        self.store = open_store(folder_url)
-        if not self.store.writable:
+        store = open_store(folder_url)
+        if not isinstance(store, ObjectStore):  # (not `writable`: http(s)://)
             raise RemoteError(f"{safe_url(url_prefix)}: cannot write there; write packs to s3://")
+        self.store = store
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="rectool-upload")
-        self._uploads = []  # futures, in submission order
-        self.uploaded = set()  # names of the objects submitted
-        self.kept = frozenset()  # names of the pack replaced (--overwrite): never deleted
-        self._started = set()  # names whose upload began: those a cleanup may delete
+        self._uploads: list[Future[None]] = []  # in submission order
+        self.uploaded: set[str] = set()  # names of the objects submitted
+        # Names of the pack replaced (--overwrite): never deleted.
+        self.kept: frozenset[str] = frozenset()
+        self._started: set[str] = set()  # names whose upload began: those a cleanup may delete
 
-    def refuse_existing(self, overwrite):
+    def refuse_existing(self, overwrite: bool) -> None:
         """Refuse (`RemoteError`) to pack over a pack already at the URL (its manifest is
         there) unless `overwrite`, as a local OUT_PREFIX is refused; call before packing.
         With `overwrite`, note the old pack's objects: `remove_uploaded` never deletes them."""
@@ -87,7 +102,7 @@ class ShardUploader:
         names = self.retry.call(self.store.names, safe_url(self.store.url))
         self.kept = frozenset(n for n in names if n.startswith(self.name))
 
-    def remove_uploaded(self):
+    def remove_uploaded(self) -> list[str]:
         """Delete the objects this run began to upload (after a failure, once `close`d) but
         those of the pack it was replacing (`kept`), whose manifest would then name missing
         shards; return their names. Once the manifest was sent over an old pack's, nothing is
@@ -103,30 +118,31 @@ class ShardUploader:
                 self.retry.call(partial(self.store.delete, names), safe_url(self.url_prefix))
         return first + rest
 
-    def shard_finished(self, info, paths):
+    def shard_finished(self, info: ShardInfo, paths: Iterable[str]) -> None:
         """Start uploading the files of a finished shard (`ShardWriter`'s `on_shard_finished`);
         raise the error of an earlier upload that failed, which ends the pack."""
         for future in self._uploads:
-            if future.done() and future.exception() is not None:
-                raise future.exception()
+            error = future.exception() if future.done() else None
+            if error is not None:
+                raise error
         for path in paths:
             self._submit(path)
 
-    def _submit(self, path):
+    def _submit(self, path: str) -> None:
         name = os.path.basename(path)
         self.uploaded.add(name)
         self._uploads.append(self._pool.submit(self._put, name, path))
 
-    def _put(self, name, path):
+    def _put(self, name: str, path: str) -> None:
         self._started.add(name)
         self.retry.call(lambda: self.store.put(name, path), self.store.object_url(name))
 
-    def wait(self):
+    def wait(self) -> None:
         """Wait until every upload started is done; raise the first error among them."""
         for future in self._uploads:
             future.result()
 
-    def finish(self, manifest_path):
+    def finish(self, manifest_path: StrPath) -> str:
         """Wait for the shards' uploads, upload the pack's other files (those of the manifest's
         folder whose names start with the pack's name), then the manifest; return its URL."""
         read_manifest(manifest_path)  # a whole pack, or no manifest is uploaded
@@ -150,12 +166,12 @@ class ShardUploader:
         self._put(manifest, os.path.join(folder, manifest))
         return self.store.object_url(manifest)
 
-    def close(self):
+    def close(self) -> None:
         """Stop: uploads not started are dropped, those running are waited for."""
         self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def upload_pack(manifest_path, url_prefix, retry=None):
+def upload_pack(manifest_path: StrPath, url_prefix: str, retry: Retry | None = None) -> str:
     """Upload the local pack of `manifest_path` to `url_prefix` (`s3://bucket/path/NAME`):
     its other files first, the manifest last; return the manifest's URL.
 
@@ -173,11 +189,16 @@ class Output(NamedTuple):
     as it is finished (None for a local pack)."""
 
     prefix: str
-    on_shard_finished: object = None
+    on_shard_finished: Callable[[ShardInfo, list[str]], None] | None = None
 
 
 @contextlib.contextmanager
-def staged_pack(url_prefix, overwrite=False, staging=None, retry=None):
+def staged_pack(
+    url_prefix: str,
+    overwrite: bool = False,
+    staging: StrPath | None = None,
+    retry: Retry | None = None,
+) -> Iterator[Output]:
     """Yield the `Output` to pack `url_prefix` through: a prefix in a staging folder (under
     `staging`, default the cache folder), whose shards are uploaded as they are finished; on
     success the rest and the manifest are uploaded. The staging folder is removed either way.
@@ -204,7 +225,8 @@ def staged_pack(url_prefix, overwrite=False, staging=None, retry=None):
             uploader.remove_uploaded()
         except RectoolError as cleanup:
             if not isinstance(exc, RectoolError):
-                exc.add_note(f"the objects it had uploaded stay: {cleanup}")
+                if sys.version_info >= (3, 11):  # (Python 3.10 has no notes)
+                    exc.add_note(f"the objects it had uploaded stay: {cleanup}")
                 raise
             raise RemoteError(f"{exc} (and the objects it had uploaded stay: {cleanup})") from exc
         raise
@@ -213,7 +235,7 @@ def staged_pack(url_prefix, overwrite=False, staging=None, retry=None):
         remove_tree(folder)
 
 
-def output_prefix(prefix, overwrite=False):
+def output_prefix(prefix: str, overwrite: bool = False) -> AbstractContextManager[Output]:
     """Return a context yielding the `Output` to pack `prefix` through: itself, or a staging
     folder uploaded shard by shard when `prefix` is a URL (`staged_pack`: a pack already
     there is refused on entering, unless `overwrite`)."""
@@ -223,13 +245,13 @@ def output_prefix(prefix, overwrite=False):
     return contextlib.nullcontext(Output(prefix))
 
 
-def named_at(result, local_prefix, prefix):
+def named_at(result: Result, local_prefix: StrPath, prefix: str) -> Result:
     """Return `result` (a dataclass of paths: `PackResult`, `RepackResult`) with each path
     under `local_prefix`, the staging folder that was uploaded, named under `prefix` instead."""
     local_prefix = os.fspath(local_prefix)
     if local_prefix == prefix:
         return result
-    changes = {}
+    changes: dict[str, Any] = {}
     for f in dataclasses.fields(result):
         value = getattr(result, f.name)
         if isinstance(value, str) and value.startswith(local_prefix):

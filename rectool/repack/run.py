@@ -4,7 +4,6 @@ that describe them."""
 from __future__ import annotations
 
 import itertools
-import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -23,7 +22,7 @@ from ..build.manifest import (
     remove_stale_temporaries,
 )
 from ..build.shards import ShardWriter
-from ..doors.inputs import open_input
+from ..doors.failures import REPACK, failure_line, open_failures
 from ..doors.output import (
     open_existing,
     remove,
@@ -32,6 +31,7 @@ from ..doors.output import (
     write_atomic,
     write_json_atomic,
 )
+from ..errors import InputError
 from ..format.writer import frame_image_record
 from ..reader import RecordFile, unpack_header
 from .copier import RecordCopier
@@ -89,7 +89,7 @@ class RepackRun:
                 target = self.targets[code - 2]
                 detail = f"byte-identical to {target.where(other)} of {target.spec}"
             entry.update(stage="plan", reason=reason_of(code), detail=detail)
-            yield json.dumps(entry, ensure_ascii=False) + "\n"
+            yield failure_line(entry)
 
     def _describe(self, row):
         cat = self.catalog
@@ -109,15 +109,17 @@ class RepackRun:
         if not os.path.exists(earlier):  # killed after renaming it, before the manifest
             earlier = self.prefix + FAILURES_SUFFIX
         if resume and os.path.exists(earlier):
-            with open_input(earlier, "failures file", follow=False) as f:
-                data = f.read()
-            lines = data[: data.rfind(b"\n") + 1].splitlines(keepends=True)
-            kept = b"".join(line for line in lines if b'"stage": "write"' in line)
-            for line in kept.splitlines():
-                self.refused[json.loads(line)["position"]] = True
+            written = []  # the refusals while writing, kept as written; a torn last line is not
+            with open_failures(earlier, (REPACK,), torn_tail=True, follow=False) as failures:
+                for failure in failures:
+                    if failure.entry["stage"] == "write":
+                        if failure.entry["position"] >= self.total:
+                            raise InputError(f"{earlier}: line {failure.number}: not in the plan")
+                        self.refused[failure.entry["position"]] = True
+                        written.append(failure.text)
+            kept = b"".join(written)
             self.refused_count = int(self.refused.sum())
-        lines = (line.encode("utf-8") for line in self._plan_lines())
-        staged = stage_file(self.failures_partial, itertools.chain(lines, [kept]))
+        staged = stage_file(self.failures_partial, itertools.chain(self._plan_lines(), [kept]))
         rename(staged, self.failures_partial)
         self._fd = open_existing(self.failures_partial)
         self.writer.register(self._fd, self.failures_partial)
@@ -192,8 +194,7 @@ class RepackRun:
         """Write the refusal of catalog `row` at plan `position` to the failures file."""
         entry = self._describe(row)
         entry.update(stage="write", position=position, reason=reason)
-        line = json.dumps(entry, ensure_ascii=False) + "\n"
-        self.writer.write_after(self._fd, line.encode("utf-8"))
+        self.writer.write_after(self._fd, failure_line(entry))
         self.refused_count += not self.refused[position]
         self.refused[position] = True
 

@@ -8,13 +8,21 @@ and never relies on colour.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from html import escape
 
 WIDTH, HEIGHT = 720, 320
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 70, 16, 34, 98
 
 
-def bar_chart(chart_id, title, bars, x_label, y_label, log=False):
+def bar_chart(
+    chart_id: str,
+    title: str,
+    bars: Sequence[tuple[str, int | float]],
+    x_label: str,
+    y_label: str,
+    log: bool = False,
+) -> str:
     """Return an SVG bar chart of `bars`, a list of (category label, value >= 0).
 
     `log` draws the value axis on a log10 scale (bars of value 0 are then empty). The chart is
@@ -26,9 +34,9 @@ def bar_chart(chart_id, title, bars, x_label, y_label, log=False):
     plot_h = HEIGHT - MARGIN_TOP - MARGIN_BOTTOM
     if log:
         decades = max(1, math.ceil(math.log10(max(top, 1)) + 1e-9))
-        ticks = [10**d for d in range(decades + 1)]
+        ticks: list[int | float] = [10**d for d in range(decades + 1)]
 
-        def scale(v):
+        def scale(v: int | float) -> float:
             return 0.0 if v < 1 else (math.log10(v) + 0.3) / (decades + 0.3)
 
         # A bar of 1 gets a visible stub: the axis starts at 10**-0.3 ~= 0.5.
@@ -36,7 +44,7 @@ def bar_chart(chart_id, title, bars, x_label, y_label, log=False):
         step = _nice_step(top)
         ticks = [step * i for i in range(int(math.ceil(top / step)) + 1)]
 
-        def scale(v):
+        def scale(v: int | float) -> float:
             return v / ticks[-1]
 
     out = [
@@ -94,7 +102,7 @@ def bar_chart(chart_id, title, bars, x_label, y_label, log=False):
     return "".join(out)
 
 
-def _nice_step(top):
+def _nice_step(top: int | float) -> int | float:
     """Return a round tick step (1, 2 or 5 times a power of ten) giving about 5 ticks."""
     raw = top / 5
     power = 10 ** math.floor(math.log10(raw)) if raw > 0 else 1
@@ -104,6 +112,6 @@ def _nice_step(top):
     return max(1, 10 * power)
 
 
-def _number(value):
+def _number(value: int | float) -> str:
     value = int(value) if float(value).is_integer() else value
     return f"{value:,}" if isinstance(value, int) else f"{value:,.1f}"

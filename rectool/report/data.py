@@ -15,7 +15,9 @@ payloads are hashed one at a time, only where size and fingerprint collide.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -29,7 +31,6 @@ from .duplicates import MEMBERS_SHOWN as MEMBERS_SHOWN
 from .duplicates import Duplicates, find_duplicates
 from .images import ImageTable, Payloads
 from .page import LEFT_OUT, page_thumbs, render_html, render_rows, render_sheet
-from .refusals import MAX_FAILURES_LINE as MAX_FAILURES_LINE
 from .refusals import REASONS_KEPT as REASONS_KEPT
 from .refusals import REFUSALS_SHOWN as REFUSALS_SHOWN
 from .refusals import SOURCE_LIMIT as SOURCE_LIMIT
@@ -38,6 +39,15 @@ from .thumbs import EXTREMES as EXTREMES
 from .thumbs import TEXT_RESERVE as TEXT_RESERVE
 from .thumbs import SheetRow as SheetRow
 from .thumbs import Thumb, ThumbBudget, reduction, sheet_rows, thumbnail
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    from ..inspect.verify import VerifyReport
+
+# progress(thumbnails made, thumbnails to make); shown_as(text): the paths in it renamed.
+ThumbProgress = Callable[[int, int], object]
+ShownAs = Callable[[str], str]
 
 DEFAULT_IDENTITIES = 12
 DEFAULT_PER_IDENTITY = 8
@@ -69,14 +79,14 @@ class Report:
 
     target: str
     options: ReportOptions
-    info: dict
-    manifest: dict | None
-    rows: list
+    info: dict[str, Any]  # `dataset_info`'s (its manifest path renamed by `shown_as`)
+    manifest: dict[str, Any] | None
+    rows: list[SheetRow]
     refusals: Refusals
     duplicates: Duplicates
-    size_histogram: list  # (label, count)
-    verify: object = None
-    problems: list = field(default_factory=list)  # things that went wrong while reporting
+    size_histogram: list[tuple[str, int]]  # (label, count)
+    verify: VerifyReport | None = None
+    problems: list[str] = field(default_factory=list)  # things that went wrong while reporting
     left_out: int = 0  # thumbnails left out of the page to stay within max_bytes
     rows_shown: int | None = None  # sheet rows on the page (None: all); the sheet image has all
 
@@ -90,7 +100,7 @@ class ReportResult:
     sheet: str | None
     report: Report
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         """Return what `rectool report --json` prints."""
         info = self.report.info
         return {
@@ -106,14 +116,14 @@ class ReportResult:
 
 
 def write_report(
-    target,
-    html_path=None,
-    sheet_path=None,
-    options=ReportOptions(),
-    overwrite=False,
-    progress=None,
-    shown_as=None,
-):
+    target: StrPath,
+    html_path: StrPath | None = None,
+    sheet_path: StrPath | None = None,
+    options: ReportOptions = ReportOptions(),
+    overwrite: bool = False,
+    progress: ThumbProgress | None = None,
+    shown_as: ShownAs | None = None,
+) -> ReportResult:
     """Build the report of `target`; write the page to `html_path`, the sheet to `sheet_path`.
 
     Either path may be None, not both. The page is at most `options.max_bytes` bytes: the
@@ -125,14 +135,14 @@ def write_report(
     Raises `RectoolError` when the dataset cannot be read or an output may not be written,
     `UsageError` for a sheet format other than .jpg/.png.
     """
-    if html_path is None and sheet_path is None:
+    first = html_path if html_path is not None else sheet_path
+    if first is None:
         raise UsageError("nothing to write: give an HTML output, a sheet, or both")
     if sheet_path is not None and os.path.splitext(os.fspath(sheet_path))[1].lower() not in (
         SHEET_FORMATS
     ):
         raise UsageError(f"{sheet_path}: the sheet must be a .jpg or .png file")
-    first = os.fspath(html_path if html_path is not None else sheet_path)
-    output = OutputFiles(_journal_beside(first), overwrite, "report")
+    output = OutputFiles(_journal_beside(os.fspath(first)), overwrite, "report")
     for path in (html_path, sheet_path):
         if path is not None:
             output.check(path)  # before the work: a refusal costs nothing
@@ -157,7 +167,7 @@ def write_report(
     )
 
 
-def fit_page(report):
+def fit_page(report: Report) -> bytes:
     """Render the page as UTF-8 within `report.options.max_bytes`: leave out thumbnails (the
     last ones first) until it fits, then contact-sheet rows; raise `RectoolError` when even
     the page's text is over the limit. Sets `report.left_out` to what the page says."""
@@ -187,36 +197,42 @@ def fit_page(report):
     return page
 
 
-def count_left_out(report):
+def count_left_out(report: Report) -> int:
     """Count the thumbnails the page leaves out to stay within --max-bytes."""
     return sum(t.problem == LEFT_OUT for t in page_thumbs(report))
 
 
-def _journal_beside(path):
+def _journal_beside(path: str) -> str:
     folder, name = os.path.split(path)
     return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
 
 
-def build_report(target, options=ReportOptions(), progress=None, shown_as=None):
+def build_report(
+    target: StrPath,
+    options: ReportOptions = ReportOptions(),
+    progress: ThumbProgress | None = None,
+    shown_as: ShownAs | None = None,
+) -> Report:
     """Gather what the report of `target` shows; raise `RectoolError` when it cannot be read.
 
     `progress(done, total)`, when given, is called as the contact sheet's thumbnails are made.
     `shown_as(text)`, when given, renames the target, manifest, failures file and verify's
     paths it names."""
     images = ImageTable()
-    info = dataset_info(
+    info: dict[str, Any] = dataset_info(
         target, sample=options.sample, on_shard=images.add, max_pixels=options.max_pixels
     )
     images.finish()
     manifest = _manifest_of(info)
     names = (manifest or {}).get("identities") or {}
-    problems = []
+    problems: list[str] = []
     budget = ThumbBudget(options.max_bytes)
     reduce = reduction(info, options.thumb)
-    decoded = {}  # image number -> (jpeg, pixels, problem): each image is decoded once
+    # image number -> (jpeg, pixels, problem): each image is decoded once
+    decoded: dict[int, tuple[bytes | None, np.ndarray | None, str | None]] = {}
     with Payloads(images) as payloads:
 
-        def thumb_of(i, alt, caption):
+        def thumb_of(i: int, alt: str, caption: str) -> Thumb:
             if i not in decoded:
                 try:
                     data = payloads.image(i)
@@ -262,7 +278,7 @@ def build_report(target, options=ReportOptions(), progress=None, shown_as=None):
     return report
 
 
-def _manifest_of(info):
+def _manifest_of(info: dict[str, Any]) -> dict[str, Any] | None:
     if not info.get("manifest"):
         return None
     from ..reader import read_manifest
@@ -273,7 +289,7 @@ def _manifest_of(info):
 # --- charts -----------------------------------------------------------------------------------
 
 
-def _size_histogram(sizes, bins=12):
+def _size_histogram(sizes: np.ndarray, bins: int = 12) -> list[tuple[str, int]]:
     """Bin image sizes in bytes: log-spaced edges when they spread over a factor of 20."""
     if not len(sizes):
         return []
@@ -292,7 +308,7 @@ def _size_histogram(sizes, bins=12):
     ]
 
 
-def _bytes_label(n, width):
+def _bytes_label(n: int, width: int) -> str:
     """Write a bin edge as precisely as the bin's width needs: 4,312, 4.3k or 43k."""
     if n < 1000 or width < 100:
         return f"{n:,}"

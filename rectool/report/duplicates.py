@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .thumbs import identity_caption
+from .thumbs import Thumb, ThumbOf, identity_caption
+
+if TYPE_CHECKING:
+    from .images import ImageTable, Payloads
 
 DUPLICATES_SHOWN = 20
 MEMBERS_SHOWN = 6  # copies listed per duplicate group
@@ -17,14 +22,19 @@ MEMBERS_SHOWN = 6  # copies listed per duplicate group
 class Duplicates:
     """Byte-identical images: groups spanning identities (the first kept) and counts."""
 
-    groups: list = field(default_factory=list)  # (digest, copies, [(label, where)], Thumb)
+    # (digest, copies, [(label, where)], thumb of the first)
+    groups: list[tuple[str, int, list[tuple[int | float, str]], Thumb]] = field(
+        default_factory=list
+    )
     across: int = 0  # groups whose copies carry more than one label
     across_images: int = 0
     within: int = 0  # groups inside one identity
     hashed: int = 0  # images hashed in full (fingerprint collisions)
 
 
-def find_duplicates(images, payloads, names, thumb_of):
+def find_duplicates(
+    images: ImageTable, payloads: Payloads, names: Mapping[str, str], thumb_of: ThumbOf
+) -> Duplicates:
     """Find byte-identical images: equal (size, fingerprint) first, then a full blake2b."""
     result = Duplicates()
     n = len(images)
@@ -39,7 +49,7 @@ def find_duplicates(images, payloads, names, thumb_of):
     edges = np.flatnonzero(np.diff(np.concatenate([[False], same, [False]]).astype(np.int8)))
     for start, stop in zip(edges[::2].tolist(), (edges[1::2] + 1).tolist()):
         run = order[start:stop]
-        digests = {}
+        digests: dict[str, list[int]] = {}
         for i in run.tolist():
             digest = hashlib.blake2b(payloads.image(i), digest_size=16).hexdigest()
             digests.setdefault(digest, []).append(i)

@@ -6,6 +6,8 @@ The only code of the report that knows the reader's and scanner's internals.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -16,10 +18,17 @@ from ..format.keys import shared_offsets
 class ImageTable:
     """Every image of the dataset as parallel arrays: shard, record offset, label, size."""
 
-    def __init__(self):
-        self.recs, self._parts = [], []
+    shard: np.ndarray  # the columns, once `finish` has joined the shards' parts
+    offsets: np.ndarray
+    labels: np.ndarray
+    sizes: np.ndarray
+    integral: bool  # every label a whole number: class ids
 
-    def add(self, rec, facts):
+    def __init__(self) -> None:
+        self.recs: list[str] = []
+        self._parts: list[tuple[np.ndarray, ...]] = []
+
+    def add(self, rec: str, facts: dict[str, Any]) -> None:
         """Take one shard's facts from `dataset_info(on_shard=...)`."""
         number = len(self.recs)
         self.recs.append(rec)
@@ -42,24 +51,26 @@ class ImageTable:
             )
         )
 
-    def finish(self):
-        columns = list(zip(*self._parts)) or [[np.zeros(0, t)] for t in ("i4", "i8", "f8", "i8")]
+    def finish(self) -> None:
+        columns: list[Sequence[np.ndarray]] = list(zip(*self._parts)) or [
+            [np.zeros(0, t)] for t in ("i4", "i8", "f8", "i8")
+        ]
         self.shard, self.offsets, self.labels, self.sizes = (np.concatenate(c) for c in columns)
-        self._parts = None
+        self._parts = []  # joined: let them go
         self.integral = bool(
             len(self.labels)
             and np.isfinite(self.labels).all()
             and (self.labels == np.round(self.labels)).all()
         )
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.offsets)
 
-    def where(self, i):
+    def where(self, i: int) -> str:
         """Say where image `i` is, for people: file name and byte offset."""
         return f"{os.path.basename(self.recs[self.shard[i]])} byte {int(self.offsets[i]):,}"
 
-    def label(self, i):
+    def label(self, i: int) -> int | float:
         value = float(self.labels[i])
         return int(value) if self.integral else value
 
@@ -67,20 +78,20 @@ class ImageTable:
 class Payloads:
     """Read image bytes and fingerprints from the shards (memory maps, opened once)."""
 
-    def __init__(self, images):
+    def __init__(self, images: ImageTable) -> None:
         from ..reader import RecordFile
 
         self.images = images
         self.files = [RecordFile(rec) for rec in images.recs]
 
-    def __enter__(self):
+    def __enter__(self) -> Payloads:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         for f in self.files:
             f.close()
 
-    def image(self, i):
+    def image(self, i: int) -> bytes:
         """Return the image bytes of image `i` (labels and header stripped)."""
         from ..reader import unpack_header
 
@@ -88,7 +99,7 @@ class Payloads:
         offset = int(self.images.offsets[i])
         return bytes(unpack_header(rec.read_at(offset), rec.path, offset)[1])
 
-    def fingerprints(self):
+    def fingerprints(self) -> np.ndarray:
         """Return an (n, 2) uint64 array: 8 bytes from the middle and the end of each image.
 
         Whole records are read in place, vectorised; split records are read one by one.

@@ -10,7 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+from collections.abc import Iterable, Iterator, Mapping
 from html import escape
+from typing import TYPE_CHECKING
 
 import cv2
 import numpy as np
@@ -18,6 +20,11 @@ import numpy as np
 from .. import __version__
 from ..text import counted
 from .charts import bar_chart
+
+if TYPE_CHECKING:
+    from ..inspect.verify import VerifyReport
+    from .data import Report
+    from .thumbs import SheetRow, Thumb
 
 CSP = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 LISTED = 50  # verify problems and reporting problems listed one by one
@@ -48,7 +55,7 @@ summary{cursor:pointer;margin:.3em 0}
 """
 
 
-def render_html(report):
+def render_html(report: Report) -> str:
     """Return the report page: one HTML document with no external resource."""
     title = f"rectool report: {os.path.basename(report.target.rstrip('/')) or report.target}"
     parts = [
@@ -72,13 +79,13 @@ def render_html(report):
     return "\n".join(parts)
 
 
-def _row(name, value, number=None):
+def _row(name: str, value: object, number: int | float | None = None) -> str:
     data = f' data-value="{number}"' if number is not None else ""
     cls = ' class="n"' if number is not None else ""
     return f'<tr><th scope="row">{escape(name)}</th><td{cls}{data}>{value}</td></tr>'
 
 
-def _summary_section(report):
+def _summary_section(report: Report) -> str:
     info, manifest = report.info, report.manifest or {}
     rows = [
         _row("Target", f"<code>{escape(report.target)}</code>"),
@@ -165,7 +172,7 @@ def _summary_section(report):
     return "\n".join(out)
 
 
-def _verify_text(verify):
+def _verify_text(verify: VerifyReport | None) -> str:
     if verify is None:
         return "not run (use --verify)"
     what = "framing, index, headers, checksums" + (", decoding" if verify.decoded else "")
@@ -175,7 +182,9 @@ def _verify_text(verify):
     return f"<strong>{counted(verify.problem_count, 'problem')}</strong> ({counts}); checked {what}"
 
 
-def _table(table_id, caption, headers, rows):
+def _table(
+    table_id: str, caption: str, headers: Iterable[str], rows: Iterable[Iterable[object]]
+) -> str:
     out = [f'<table id="{table_id}"><caption>{escape(caption)}</caption><tr>']
     out += [f'<th scope="col">{escape(h)}</th>' for h in headers]
     out.append("</tr>")
@@ -191,12 +200,12 @@ def _table(table_id, caption, headers, rows):
     return "".join(out)
 
 
-def _numbers(table):
+def _numbers(table: str) -> str:
     """Fold a chart's table of numbers under the chart (the bars carry the same numbers)."""
     return f"<details><summary>The chart's numbers as a table</summary>{table}</details>"
 
 
-def _charts_section(report):
+def _charts_section(report: Report) -> str:
     info = report.info
     out = [
         '<section id="charts" aria-labelledby="charts-h" class="charts">',
@@ -288,7 +297,7 @@ def _charts_section(report):
     return "\n".join(out)
 
 
-def _dimension_spread(counts):
+def _dimension_spread(counts: Mapping[str, int]) -> str:
     sizes = []
     for key in counts:
         try:
@@ -312,7 +321,7 @@ def _dimension_spread(counts):
     return text
 
 
-def page_thumbs(report):
+def page_thumbs(report: Report) -> Iterator[Thumb]:
     """The thumbnails the page shows, in page order (left-out ones included)."""
     for row in _shown_rows(report):
         yield from row.thumbs
@@ -324,25 +333,25 @@ def page_thumbs(report):
             yield thumb
 
 
-def _shown_rows(report):
+def _shown_rows(report: Report) -> list[SheetRow]:
     return report.rows if report.rows_shown is None else report.rows[: report.rows_shown]
 
 
-def _rows_hidden(report):
+def _rows_hidden(report: Report) -> int:
     return len(report.rows) - len(_shown_rows(report))
 
 
-def _left_out(report):
+def _left_out(report: Report) -> int:
     return sum(t.problem == LEFT_OUT for t in page_thumbs(report))
 
 
-def _figure(thumb, size):
+def _figure(thumb: Thumb | None, size: int) -> str:
     if thumb is None:
         return ""
     caption = f"<figcaption>{escape(thumb.caption)}</figcaption>" if thumb.caption else ""
     if thumb.jpeg is None and thumb.problem == LEFT_OUT:
         return f'<span class="left-out" data-left-out="1">{escape(LEFT_OUT)}</span>'
-    if thumb.jpeg is None:
+    if thumb.jpeg is None or thumb.pixels is None:  # (they are None together)
         return (
             f'<figure><div class="missing" style="width:{size}px;height:{size}px" role="img" '
             f'aria-label="{escape(thumb.alt)}: {escape(thumb.problem or "")}">'
@@ -356,7 +365,7 @@ def _figure(thumb, size):
     )
 
 
-def _sheet_section(report):
+def _sheet_section(report: Report) -> str:
     out = [
         '<section id="contact-sheet" aria-labelledby="sheet-h">',
         '<h2 id="sheet-h">Contact sheet</h2>',
@@ -383,7 +392,7 @@ SHEET_HEADINGS = {
 }
 
 
-def render_rows(report, shown=None):
+def render_rows(report: Report, shown: int | None = None) -> str:
     """Return the contact sheet's first `shown` rows (all when None) as HTML. The thumbnails
     left out to keep the page small are one count per row, not one placeholder each."""
     size, out, group = report.options.thumb, [], None
@@ -408,7 +417,7 @@ def render_rows(report, shown=None):
     return "\n".join(out)
 
 
-def _refusals_section(report):
+def _refusals_section(report: Report) -> str:
     ref = report.refusals
     out = [
         '<section id="refusals" aria-labelledby="refusals-h">',
@@ -419,11 +428,14 @@ def _refusals_section(report):
         return "\n".join(out)
     out.append(
         f"<p>{counted(ref.total, 'image')} refused by the pack, from "
-        f"<code>{escape(ref.path)}</code>.</p>"
+        f"<code>{escape(ref.path or '')}</code>.</p>"  # a path, unless there is a note
     )
     if ref.bad_lines:
         lines = ", ".join(str(n) for n in ref.bad_lines)
-        out.append(f'<p class="note">Lines of the failures file that are not JSON: {lines}.</p>')
+        out.append(
+            '<p class="note">Lines of the failures file that are not refusals (not JSON, or '
+            f"not of its shape): {lines}.</p>"
+        )
     if ref.total:
         out.append(
             _table(
@@ -450,7 +462,7 @@ def _refusals_section(report):
     return "\n".join(out)
 
 
-def _duplicates_section(report):
+def _duplicates_section(report: Report) -> str:
     dup = report.duplicates
     out = [
         '<section id="duplicates" aria-labelledby="duplicates-h">',
@@ -483,7 +495,7 @@ def _duplicates_section(report):
     return "\n".join(out)
 
 
-def _problems_section(report):
+def _problems_section(report: Report) -> str:
     out = [
         '<section id="problems" aria-labelledby="problems-h">',
         '<h2 id="problems-h">Problems met while reporting</h2><ul>',
@@ -514,14 +526,14 @@ def _problems_section(report):
 SHEET_GROUPS = {"sample": "(sampled)", "smallest": "(fewest)", "largest": "(most)"}
 
 
-def sheet_caption(row):
+def sheet_caption(row: SheetRow) -> list[str]:
     """Return the three lines beside a contact-sheet row: who, their name, how many images."""
     who = "images sampled" if row.label is None else f"identity {row.label}"
     of = "in the dataset" if row.label is None else SHEET_GROUPS[row.group]
     return [who, _ascii(row.name or ""), f"{counted(row.count, 'image')} {of}"]
 
 
-def render_sheet(report):
+def render_sheet(report: Report) -> np.ndarray:
     """Draw the contact sheet: a row per identity, its label and name, then its thumbnails."""
     size, pad, text_w = report.options.thumb, 4, SHEET_TEXT_WIDTH
     rows = report.rows
@@ -547,5 +559,5 @@ def render_sheet(report):
     return sheet
 
 
-def _ascii(text):
+def _ascii(text: str) -> str:
     return text.encode("ascii", "replace").decode("ascii")

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from ..doors.inputs import dataset_path, open_checked, read_regular
+from ..doors.failures import KINDS, open_failures
+from ..doors.inputs import dataset_path, read_regular
 from ..errors import RectoolError
-from .thumbs import thumbnail
+from .thumbs import Thumb, ThumbBudget, thumbnail
+
+if TYPE_CHECKING:
+    from .data import ReportOptions
 
 REFUSALS_SHOWN = 50
 REASONS_KEPT = 200  # distinct refusal reasons counted one by one; the rest as "other"
@@ -22,16 +27,23 @@ class Refusals:
 
     path: str | None = None
     total: int = 0
-    reasons: Counter = field(default_factory=Counter)
-    rows: list = field(default_factory=list)  # (line, path, reason, Thumb or None, note)
-    bad_lines: list = field(default_factory=list)  # line numbers that are not JSON objects
+    reasons: Counter[str] = field(default_factory=Counter)
+    # (list line, path, reason, thumbnail, why there is none)
+    rows: list[tuple[int | None, str, str, Thumb | None, str | None]] = field(default_factory=list)
+    bad_lines: list[int] = field(default_factory=list)  # numbers of the lines that are not refusals
     note: str | None = None
 
 
-def read_refusals(manifest, manifest_path, options, budget, reduce):
+def read_refusals(
+    manifest: Mapping[str, Any] | None,
+    manifest_path: str | None,
+    options: ReportOptions,
+    budget: ThumbBudget,
+    reduce: int,
+) -> Refusals:
     """Read the pack's failures file (one JSON object a line); say so when it cannot be."""
     out = Refusals()
-    if manifest is None:
+    if manifest is None or manifest_path is None:  # (None together: no manifest)
         out.note = "No manifest: the refusals of the pack that wrote this data are not known."
         return out
     name = manifest.get("failures_file")
@@ -51,56 +63,34 @@ def read_refusals(manifest, manifest_path, options, budget, reduce):
         out.note = f"The failures file {out.path} is missing{said}."
         return out
     try:
-        fd, _ = open_checked(out.path, "failures file", within=folder)
+        failures = open_failures(out.path, KINDS, bad_lines=True, within=folder)
     except RectoolError as exc:
         out.note = f"The failures file cannot be read: {exc}."
         return out
-    with os.fdopen(fd, "rb") as f:
-        for number, line in enumerate(_bounded_lines(f), 1):
-            if line is None or not line.strip():
-                if line is None and len(out.bad_lines) < REFUSALS_SHOWN:
-                    out.bad_lines.append(number)
-                continue
-            try:
-                entry = json.loads(line.decode("utf-8", "replace"))
-                if not isinstance(entry, dict):
-                    raise ValueError
-            except ValueError:
-                if len(out.bad_lines) < REFUSALS_SHOWN:
-                    out.bad_lines.append(number)
+    with failures:
+        for failure in failures:
+            entry = failure.entry
+            if entry is None:  # a blank line is no line; any other is listed
+                if not failure.text.isspace() and len(out.bad_lines) < REFUSALS_SHOWN:
+                    out.bad_lines.append(failure.number)
                 continue
             out.total += 1
-            reason = str(entry.get("reason", "no reason given"))
+            reason = entry["reason"]
             if reason in out.reasons or len(out.reasons) < REASONS_KEPT:
                 out.reasons[reason] += 1
             else:
                 out.reasons["(other reasons)"] += 1
             if len(out.rows) < REFUSALS_SHOWN:
-                path = str(entry.get("path", ""))
-                thumb, note = _source_thumb(path, entry.get("line"), options, reduce)
-                out.rows.append(
-                    (entry.get("line"), path, reason, thumb and budget.admit(thumb), note)
-                )
+                # A pack's refusal names its list line and path; a repack's, neither.
+                line, path = (entry["line"], entry["path"]) if "line" in entry else (None, "")
+                thumb, note = _source_thumb(path, line, options, reduce)
+                out.rows.append((line, path, reason, thumb and budget.admit(thumb), note))
     return out
 
 
-# A failures line longer than this is a bad line (a refusal's line is a few hundred bytes).
-MAX_FAILURES_LINE = 1 << 20
-
-
-def _bounded_lines(f):
-    """Yield the lines of a binary file, None for one over `MAX_FAILURES_LINE` bytes (read
-    past, never held whole)."""
-    while line := f.readline(MAX_FAILURES_LINE + 1):
-        if len(line) > MAX_FAILURES_LINE and not line.endswith(b"\n"):
-            while (rest := f.readline(MAX_FAILURES_LINE)) and not rest.endswith(b"\n"):
-                pass
-            yield None
-        else:
-            yield line
-
-
-def _source_thumb(path, line, options, reduce):
+def _source_thumb(
+    path: str, line: int | None, options: ReportOptions, reduce: int
+) -> tuple[Thumb | None, str | None]:
     """Return (Thumb or None, note) for a refused image, if its source file is still there.
 
     The path comes from the failures file: only a path inside --images-root is read."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
@@ -10,6 +12,10 @@ import numpy as np
 from ..errors import RecordFormatError
 from ..reader import ImageTooLargeError, imdecode
 from .page import LEFT_OUT
+
+if TYPE_CHECKING:
+    from .data import ReportOptions
+    from .images import ImageTable
 
 EXTREMES = 2  # smallest and largest identities shown beside the sample
 # Room kept for the page's text (tables are bounded by the *_SHOWN limits) when thumbnails
@@ -33,20 +39,24 @@ class SheetRow:
     """A row of the contact sheet: one identity and thumbnails of its images."""
 
     group: str  # "sample", "smallest" or "largest"
-    label: object
+    label: int | None  # None: labels are not class ids (one row sampled from every image)
     name: str | None
     count: int
-    thumbs: list
+    thumbs: list[Thumb]
+
+
+# thumb_of(image number, alt text, caption): the image's thumbnail, admitted to the page or not.
+ThumbOf = Callable[[int, str, str], Thumb]
 
 
 class ThumbBudget:
     """Admit thumbnails into the page while their base64 text fits within the page budget."""
 
-    def __init__(self, max_bytes):
+    def __init__(self, max_bytes: int) -> None:
         self.room = max(0, max_bytes - TEXT_RESERVE)
         self.left_out = 0
 
-    def admit(self, thumb):
+    def admit(self, thumb: Thumb) -> Thumb:
         if thumb.jpeg is None:
             return thumb
         cost = (len(thumb.jpeg) + 2) // 3 * 4 + 200  # base64 plus the <img> tag around it
@@ -67,7 +77,7 @@ _REDUCED = {
 }
 
 
-def reduction(info, thumb):
+def reduction(info: Mapping[str, Any], thumb: int) -> int:
     """Pick the JPEG decoder's scale (1/2/4/8) from the most common sampled size."""
     for key in info["dimensions"]["counts"]:
         try:
@@ -81,7 +91,7 @@ def reduction(info, thumb):
     return 1
 
 
-def thumbnail(data, options, reduce, alt, caption):
+def thumbnail(data: bytes, options: ReportOptions, reduce: int, alt: str, caption: str) -> Thumb:
     """Decode `data` at reduced scale (through the decode guard), fit it in a square of
     `options.thumb` pixels, encode it as a small JPEG."""
     size = options.thumb
@@ -106,7 +116,13 @@ def thumbnail(data, options, reduce, alt, caption):
     return Thumb(alt, caption, encoded.tobytes(), array)
 
 
-def sheet_rows(images, names, options, thumb_of, progress=None):
+def sheet_rows(
+    images: ImageTable,
+    names: Mapping[str, str],
+    options: ReportOptions,
+    thumb_of: ThumbOf,
+    progress: Callable[[int, int], object] | None = None,
+) -> list[SheetRow]:
     """Choose the sampled identities (seeded) and the smallest and largest; decode their thumbs."""
     if not len(images):
         return []
@@ -155,5 +171,5 @@ def sheet_rows(images, names, options, thumb_of, progress=None):
     return rows
 
 
-def identity_caption(label, name):
+def identity_caption(label: int | float, name: str | None) -> str:
     return f"{label} {name}" if name else f"{label}"

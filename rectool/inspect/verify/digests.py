@@ -176,9 +176,12 @@ def check_record_checksums(
         entries, actual = load_checksums(path, list(expected))
     except FileNotFoundError:
         yield one_problem(
-            "checksum-file", path, None, None, "listed in the manifest, missing; "
-            "records cannot be checked one by one"
-        )  # fmt: skip
+            "checksum-file",
+            path,
+            None,
+            None,
+            "listed in the manifest, missing; records cannot be checked one by one",
+        )
         return
     except ChecksumFileError as exc:
         yield one_problem("checksum-file", path, None, None, str(exc).removeprefix(f"{path}: "))

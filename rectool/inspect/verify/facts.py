@@ -182,9 +182,23 @@ def read_shard(
     formats = image_formats(buf, size, starts, h, framing.split, rows, read_record)
     unknown = rows[np.equal(formats, None)]  # type: ignore[call-overload]  # stubs: no None
     return ShardFacts(
-        dataset, rec, idx, entry, size, buf, read_record, index, framing, h, keys, indexed,
-        index_hit, layout, sound, unknown,
-    )  # fmt: skip
+        dataset,
+        rec,
+        idx,
+        entry,
+        size,
+        buf,
+        read_record,
+        index,
+        framing,
+        h,
+        keys,
+        indexed,
+        index_hit,
+        layout,
+        sound,
+        unknown,
+    )
 
 
 def read_index(idx: str) -> ShardIndex | None:

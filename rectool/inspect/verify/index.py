@@ -25,9 +25,16 @@ def check_index_file(facts: ShardFacts) -> Iterator[Found]:
     yield Found(
         "index-syntax",
         len(index.bad_lines),
-        ((idx, None, None, f"line {number}: expected 'key<TAB>offset' with integers, got {raw!r}")
-         for number, raw in index.bad_lines),
-    )  # fmt: skip
+        (
+            (
+                idx,
+                None,
+                None,
+                f"line {number}: expected 'key<TAB>offset' with integers, got {raw!r}",
+            )
+            for number, raw in index.bad_lines
+        ),
+    )
     try:
         cached = read_index_cache(idx)
     except (OSError, ValueError):
@@ -60,10 +67,16 @@ def check_index(facts: ShardFacts) -> Iterator[Found]:
     yield Found(
         "index-offset",
         len(miss),
-        ((idx, keys[i], int(offsets[i]),
-          f"line {lines[i]}: {_describe_offset(facts, int(offsets[i]))}")
-         for i in miss),
-    )  # fmt: skip
+        (
+            (
+                idx,
+                keys[i],
+                int(offsets[i]),
+                f"line {lines[i]}: {_describe_offset(facts, int(offsets[i]))}",
+            )
+            for i in miss
+        ),
+    )
 
     unindexed = np.flatnonzero(~indexed)
     if not len(keys) and len(unindexed):

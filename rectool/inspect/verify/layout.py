@@ -103,10 +103,16 @@ def _check_insightface(facts: ShardFacts) -> Iterator[Found]:
     yield Found(
         "insightface-range",
         len(outside),
-        ((rec, keys[i], starts[i],
-          f"key {keys[i]} is outside the layout's keys 0..{b - 1} that record 0 announces")
-         for i in outside.tolist()),
-    )  # fmt: skip
+        (
+            (
+                rec,
+                keys[i],
+                starts[i],
+                f"key {keys[i]} is outside the layout's keys 0..{b - 1} that record 0 announces",
+            )
+            for i in outside.tolist()
+        ),
+    )
     missing = np.flatnonzero(by_key[1:] < 0) + 1
 
     def missing_problems() -> Iterator[ProblemAt]:
@@ -125,10 +131,16 @@ def _check_insightface(facts: ShardFacts) -> Iterator[Found]:
     yield Found(
         "insightface-range",
         len(not_ranges),
-        ((rec, keys[i], starts[i],
-          f"identity record has flag {h.flag[i]}, expected 2 (a [start, end) label pair)")
-         for i in not_ranges.tolist()),
-    )  # fmt: skip
+        (
+            (
+                rec,
+                keys[i],
+                starts[i],
+                f"identity record has flag {h.flag[i]}, expected 2 (a [start, end) label pair)",
+            )
+            for i in not_ranges.tolist()
+        ),
+    )
     if len(missing) or len(not_ranges):
         return
     lo, hi = h.label0[ids].astype(np.float64), h.label1[ids].astype(np.float64)

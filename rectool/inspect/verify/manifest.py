@@ -114,8 +114,14 @@ def _check_ids(facts: ShardFacts) -> Found:
     return Found(
         "id-mismatch",
         len(differ),
-        ((facts.idx, keys[j], starts[j],
-          f"the .idx gives key {keys[j]} to the record at byte "
-          f"{starts[j]}, whose header id is {h.id[j]}")
-         for j in differ.tolist()),
-    )  # fmt: skip
+        (
+            (
+                facts.idx,
+                keys[j],
+                starts[j],
+                f"the .idx gives key {keys[j]} to the record at byte "
+                f"{starts[j]}, whose header id is {h.id[j]}",
+            )
+            for j in differ.tolist()
+        ),
+    )

@@ -76,8 +76,8 @@ def verify_dataset(
                     findings.take(check_listed_once(dataset, number, repeats[number]))
                     continue
                 layout, index, size = _verify_shard(
-                    dataset, number, findings, hashes, decode, decoder, progress, image_check,
-                )  # fmt: skip
+                    dataset, number, findings, hashes, decode, decoder, progress, image_check
+                )
                 if layout is not None:
                     layouts.add(layout)
                 if index is not None:
