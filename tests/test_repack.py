@@ -314,6 +314,29 @@ def test_letting_go_of_the_source_mappings_mid_copy_changes_no_byte(tmp_path, mo
         assert (tmp_path / f"released{suffix}").read_bytes() == kept, suffix
 
 
+def test_records_kept_as_they_lie_are_handed_over_in_large_views(tmp_path, monkeypatch):
+    # Keys 0..9 in identity order, labels already 0..2: the output repeats the source's bytes,
+    # but for record 6 (source key 60, written as key 6).
+    images = [jpeg_bytes(k, 12, 10) for k in range(10)]
+    labels = [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    keys = [60 if k == 6 else k for k in range(10)]
+    write_pack(tmp_path / "src", [[(keys[k], images[k], labels[k]) for k in range(10)]])
+    monkeypatch.setattr(copier_module, "BATCH_BYTES", 64)  # a copy: one record at a time
+    calls = []
+    add_run = run_module.ShardWriter.add_run
+
+    def recording(self, data, keys, starts, positions):
+        calls.append((type(data).__name__, len(starts)))
+        return add_run(self, data, keys, starts, positions)
+
+    monkeypatch.setattr(run_module.ShardWriter, "add_run", recording)
+    repack([tmp_path / "src"], tmp_path / "out", RepackOptions())
+    expected = b"".join(frame(image_record(images[k], labels[k], k)) for k in range(10))
+    assert (tmp_path / "out.rec").read_bytes() == expected
+    # Records 0-5 and 7-9 lie as they are written: two views; record 6 is copied and patched.
+    assert calls == [("memoryview", 6), ("bytearray", 1), ("memoryview", 3)]
+
+
 def counting(calls, name):
     """Return a method that records each call, then runs `RecordCopier.<name>`."""
     original = getattr(copier_module.RecordCopier, name)

@@ -339,6 +339,16 @@ def test_index_lines_at_every_digit_count():
     assert writer.format_index_lines(values, values[::-1]) == expected
 
 
+def test_index_lines_of_rising_keys_and_offsets_across_digit_counts():
+    # A shard's lines: keys and offsets rise, so their widths change at a few lines only
+    # (written a run of one width at a time); keys and offsets cross powers of ten apart.
+    keys = [k for n in (1, 4, 9, 18) for k in range(max(10**n - 700, 0), 10**n + 700)]
+    offsets = [7 * k for k in keys]
+    expected = "".join(f"{k}\t{o}\n" for k, o in zip(keys, offsets)).encode()
+    assert writer.format_index_lines(keys, offsets) == expected
+    assert writer.format_index_lines(np.array(keys, np.int64), offsets) == expected
+
+
 # --- one writer stack ----------------------------------------------------------------------------
 
 

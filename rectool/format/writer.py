@@ -178,6 +178,11 @@ _POWERS = 10 ** np.arange(1, 19, dtype=np.int64)
 # Fewer lines than this are written by Python: numpy's fixed cost per call is larger.
 _NUMPY_LINES = 512
 _DIGITS = np.frombuffer(b"0123456789", np.uint8)
+# The 4 ASCII digits of 0..9999 ("0000".."9999"), each as one word (see `_same_width_lines`).
+_QUAD = 10**4
+_QUADS = _DIGITS[np.arange(_QUAD)[:, None] // 10 ** np.arange(3, -1, -1) % 10].view("<u4").ravel()
+# Lines are written a run of equal widths at a time when runs are at least this long on average.
+_RUN_LINES = 64
 
 
 def format_index_lines(keys, offsets):
@@ -190,6 +195,18 @@ def format_index_lines(keys, offsets):
     offsets = np.asarray(offsets, np.int64).reshape(-1)
     if keys.min() < 0 or offsets.min() < 0:  # a sign: as Python writes it
         return _python_lines(keys, offsets)
+    # A shard's keys and offsets mostly rise: their digit counts change at a few lines only.
+    key_digits = np.searchsorted(_POWERS, keys, side="right") + 1
+    offset_digits = np.searchsorted(_POWERS, offsets, side="right") + 1
+    change = np.flatnonzero(
+        (key_digits[1:] != key_digits[:-1]) | (offset_digits[1:] != offset_digits[:-1])
+    )
+    if len(change) * _RUN_LINES <= len(keys):
+        bounds = [0, *(change + 1).tolist(), len(keys)]
+        return b"".join(
+            _same_width_lines(keys[a:b], offsets[a:b], int(key_digits[a]), int(offset_digits[a]))
+            for a, b in zip(bounds, bounds[1:])
+        )
     columns, keep = [], []
     for values, end in ((keys, b"\t"), (offsets, b"\n")):
         width = int(np.searchsorted(_POWERS, values.max(), side="right")) + 1
@@ -205,6 +222,29 @@ def format_index_lines(keys, offsets):
         keep.append(np.arange(width + 1) >= (width - digits)[:, None])
     lines = np.concatenate(columns, axis=1)
     return lines[np.concatenate(keep, axis=1)].tobytes()
+
+
+def _same_width_lines(keys, offsets, key_width, offset_width):
+    """Return the .idx lines of `keys` at `offsets` whose numbers all have `key_width` and
+    `offset_width` digits: one fixed-width block, 4 digits at a time (a word of `_QUADS`)."""
+    lines = np.empty((len(keys), key_width + offset_width + 2), np.uint8)
+    _put_digits(lines, 0, keys, key_width)
+    lines[:, key_width] = b"\t"[0]
+    _put_digits(lines, key_width + 1, offsets, offset_width)
+    lines[:, -1] = b"\n"[0]
+    return lines.tobytes()
+
+
+def _put_digits(lines, column, values, width):
+    """Write `values` (below 10**width) as `width` decimal digits from `column` of `lines`."""
+    groups = (width + 3) // 4
+    quads = np.empty((len(values), groups), "<u4")
+    rest = values
+    for group in range(groups - 1, 0, -1):
+        rest, low = np.divmod(rest, _QUAD)
+        quads[:, group] = _QUADS[low]
+    quads[:, 0] = _QUADS[rest]
+    lines[:, column : column + width] = quads.view(np.uint8)[:, 4 * groups - width :]
 
 
 def _python_lines(keys, offsets):

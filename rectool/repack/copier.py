@@ -32,6 +32,9 @@ from .selection import distinct
 
 # A stretch handed to the writer holds at most this many bytes of records.
 BATCH_BYTES = 8 << 20
+# A stretch handed over as a view of the mapping (nothing copied) may hold this many: fewer,
+# larger writes and .idx blocks (see `RecordCopier.frame`).
+VIEW_BYTES = 64 << 20
 # The source mappings are let go once about this many bytes of them are mapped (see
 # `RecordCopier._note_pages`), counted in blocks of BLOCK_BITS bits (Linux maps a file's cached
 # pages 64 KiB around each page fault).
@@ -57,6 +60,11 @@ class Window:
 
     def __len__(self):
         return len(self.rows)
+
+
+def _leading(flags):
+    """Return how many of the first `flags` (a bool array) are all True."""
+    return len(flags) if flags.all() else int(np.argmin(flags))
 
 
 class RecordCopier:
@@ -187,20 +195,27 @@ class RecordCopier:
                 out[i] = refusal.reason
         return out
 
-    def frame(self, win, a, b, labels, keys, scalar_only, max_bytes=BATCH_BYTES):
+    def frame(self, win, a, b, labels, keys, scalar_only, max_bytes=None, view_bytes=None):
         """Frame the first records of `win[a:b]` (relabelled to `labels`, keyed `keys`, one
-        each) that fit in `max_bytes` (at least one); return (framed records back to back,
-        their start offsets, how many that is).
+        each) that fit in `max_bytes` (default BATCH_BYTES; at least one); return (framed
+        records back to back, their start offsets, how many that is).
 
         Whole records are copied and their header words patched; any other record is read,
         rejoined and framed again. `scalar_only` turns label vectors into one scalar label.
+        When the records that fit lie back to back in one source and keep their header
+        words, that stretch, as far as it goes up to `view_bytes`, is handed over as a view
+        of the mapping: nothing is copied, so it may be larger.
         """
+        max_bytes = BATCH_BYTES if max_bytes is None else max_bytes
         framed = win.framed[a:b]
-        n = max(1, int(np.searchsorted(np.cumsum(framed), max_bytes, side="right")))
-        end = a + n
+        reach = np.cumsum(framed)
+        n = max(1, int(np.searchsorted(reach, max_bytes, side="right")))
+        # Looked at: what a view may hold (and at least what a copy holds).
+        m = max(n, int(np.searchsorted(reach, view_bytes or 0, side="right")))
+        end = a + m
         rows, files, offsets = win.rows[a:end], win.files[a:end], win.offsets[a:end]
-        flag, framed, whole = win.flag[a:end], framed[:n], win.whole[a:end]
-        labels, keys = labels[:n], keys[:n]
+        flag, framed, whole = win.flag[a:end], framed[:m], win.whole[a:end]
+        labels, keys = labels[:m], keys[:m]
         label_bits = labels.astype("<f4").view("<u4")
         key_lo = (keys & 0xFFFFFFFF).astype(np.uint32)
         key_hi = (keys >> 32).astype(np.uint32)
@@ -208,24 +223,33 @@ class RecordCopier:
         if scalar_only:
             fast &= flag == 0
         # Records that follow each other in one source file are copied as one slice.
-        joined = np.zeros(n, bool)
+        joined = np.zeros(m, bool)
         joined[1:] = (
             fast[1:]
             & fast[:-1]
             & (files[1:] == files[:-1])
             & (offsets[1:] == offsets[:-1] + framed[:-1])
         )
-        if (
-            fast.all()
-            and joined[1:].all()
-            and self._unchanged(files[0], offsets, flag, label_bits, key_lo, key_hi)
-        ):
-            # One stretch of a source whose headers stay as they are (a pack resharded, or
-            # already in this order): handed to the writer as it is, without a copy.
-            mm = self._file(int(files[0]))[0]
-            first = int(offsets[0])
-            data = memoryview(mm)[first : int(offsets[-1] + framed[-1])]
-            return data, (offsets - first).tolist(), n
+        if fast[0]:
+            # The leading records that lie back to back in one source and keep their header
+            # words (a pack resharded, or already in this order): handed to the writer as
+            # they are, without a copy, when they cover at least what a copy would.
+            stretch = _leading(np.r_[True, joined[1:]])  # back to back in one file
+            if stretch >= n:
+                k = slice(0, stretch)
+                same = self._unchanged(
+                    files[0], offsets[k], flag[k], label_bits[k], key_lo[k], key_hi[k]
+                )
+                stretch = _leading(same)
+            if stretch >= n:
+                mm = self._file(int(files[0]))[0]
+                first = int(offsets[0])
+                data = memoryview(mm)[first : int(offsets[stretch - 1] + framed[stretch - 1])]
+                return data, (offsets[:stretch] - first).tolist(), stretch
+        rows, files, offsets = rows[:n], files[:n], offsets[:n]
+        flag, framed, whole, fast, joined = flag[:n], framed[:n], whole[:n], fast[:n], joined[:n]
+        labels, keys, label_bits = labels[:n], keys[:n], label_bits[:n]
+        key_lo, key_hi = key_lo[:n], key_hi[:n]
         firsts = np.flatnonzero(~joined)
         lasts = np.r_[firsts[1:], n] - 1
         sizes_out = framed.copy()
@@ -259,16 +283,12 @@ class RecordCopier:
         return data, starts.tolist(), n
 
     def _unchanged(self, f, offsets, flag, label_bits, key_lo, key_hi):
-        """Return True when the records at `offsets` of file `f` already hold these labels
-        and keys."""
+        """Return, per record at `offsets` of file `f`, whether it already holds this label
+        and key."""
         words = self._file(int(f))[1]
         w = offsets >> 2
         label_at = w + np.where(flag > 0, 8, 3)
-        return bool(
-            (words[label_at] == label_bits).all()
-            and (words[w + 4] == key_lo).all()
-            and (words[w + 5] == key_hi).all()
-        )
+        return (words[label_at] == label_bits) & (words[w + 4] == key_lo) & (words[w + 5] == key_hi)
 
     def _note_pages(self, f, offsets, ends):
         """Count the blocks of file `f` that records `offsets`..`ends` map; once they add up

@@ -34,7 +34,7 @@ from ..doors.output import (
 from ..errors import InputError
 from ..format.writer import frame_image_record
 from ..reader import RecordFile, unpack_header
-from .copier import RecordCopier
+from .copier import VIEW_BYTES, RecordCopier
 from .plan import reason_of
 from .result import RepackResult
 
@@ -162,6 +162,10 @@ class RepackRun:
         refuse (`RecordCopier.refusals`), as re-encoding refuses what does not decode."""
         rows, labels = self.plan.rows, self.plan.new_label
         position = done
+        # Large views only where no shard ends inside one (`ShardWriter.add_run` would take
+        # such a run record by record).
+        one_shard = not (self.options.shard_bytes or self.options.shard_records)
+        view_bytes = VIEW_BYTES if one_shard else None
         while position < self.total:
             win = self.copier.window(rows[position : min(position + BATCH_RECORDS, self.total)])
             new_labels = labels[win.rows]
@@ -176,8 +180,9 @@ class RepackRun:
                 while i < stop:  # the records before the next refusal, as many as fit
                     keys = self._keys(range(position, position + stop - i))
                     data, starts, count = self.copier.frame(
-                        win, i, stop, new_labels[i:stop], keys, self.insightface
-                    )
+                        win, i, stop, new_labels[i:stop], keys, self.insightface,
+                        view_bytes=view_bytes,
+                    )  # fmt: skip
                     positions = range(position, position + count)
                     self.writer.add_run(data, keys[:count], starts, positions)
                     self.images += count
