@@ -25,6 +25,7 @@ TYPED = {
     "rectool/choices.py",
     "rectool/emit.py",
     "rectool/errors.py",
+    "rectool/training.py",
     "rectool/recordio.py",
     "rectool/doors/__init__.py",
     "rectool/doors/commit.py",
