@@ -7,7 +7,67 @@ such as `rectool list` does not load numpy or OpenCV it never needs.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the names below, typed for a checker (`X as X`: exported)
+    from .build.finalize import finalize_pack as finalize_pack
+    from .build.listing import list_images as list_images
+    from .build.options import PackOptions as PackOptions
+    from .build.packing import pack_images as pack_images
+    from .errors import (
+        IndexFormatError as IndexFormatError,
+    )
+    from .errors import (
+        RecordFormatError as RecordFormatError,
+    )
+    from .errors import (
+        RecordTooLargeError as RecordTooLargeError,
+    )
+    from .errors import (
+        RectoolError as RectoolError,
+    )
+    from .errors import (
+        UsageError as UsageError,
+    )
+    from .format.indexcache import write_index_cache as write_index_cache
+    from .format.records import IndexedRecordFile as IndexedRecordFile
+    from .format.writer import (
+        IndexedRecordWriter as IndexedRecordWriter,
+    )
+    from .format.writer import (
+        RecordWriter as RecordWriter,
+    )
+    from .format.writer import (
+        frame_record as frame_record,
+    )
+    from .format.writer import (
+        pack_image_record as pack_image_record,
+    )
+    from .inspect.dali import write_dali_index as write_dali_index
+    from .inspect.verify import verify_dataset as verify_dataset
+    from .reader import (
+        Header as Header,
+    )
+    from .reader import (
+        RecordDataset as RecordDataset,
+    )
+    from .reader import (
+        RecordFile as RecordFile,
+    )
+    from .reader import (
+        decode_image as decode_image,
+    )
+    from .reader import (
+        load_index as load_index,
+    )
+    from .reader import (
+        open_dataset as open_dataset,
+    )
+    from .reader import (
+        unpack_header as unpack_header,
+    )
+    from .training import RankSampler as RankSampler
+    from .training import prefetch as prefetch
 
 __version__ = "0.1.0"
 

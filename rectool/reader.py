@@ -24,6 +24,19 @@ import struct
 import threading
 import zlib
 from collections import namedtuple
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the checker's names: standard library and numpy only
+    from collections.abc import Callable, Iterable, Iterator
+
+    import numpy as np
+    from numpy.typing import NDArray
+
+    StrPath = str | os.PathLike[str]
+    Ints = NDArray[np.int64]  # .idx keys, offsets
+    Data = bytes | bytearray | memoryview  # image bytes
+    Source = StrPath | list[StrPath] | tuple[StrPath, ...]  # see resolve_source
+    Decode = str | Callable[[bytes], Any] | None
 
 __all__ = [
     "Header", "ImageTooLargeError", "IndexFormatError", "RecordDataset", "RecordFile",
@@ -35,14 +48,14 @@ __all__ = [
 class _LazyNumpy:
     """numpy, imported on first use: the CLI loads this module for its errors only."""
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         global np
         import numpy as np
 
         return getattr(np, name)
 
 
-np = _LazyNumpy()
+np = _LazyNumpy()  # type: ignore[assignment]  # a stand-in: numpy is imported on first use
 
 FORMAT_VERSION = 1
 # dmlc-core recordio.h: parts of magic:u32, lrec:u32 = cflag << 29 | length, data, padding.
@@ -81,18 +94,20 @@ class RectoolError(Exception):
 class RecordFormatError(RectoolError):
     """Bytes on disk are not what the format says: names the file, key and byte offset."""
 
-    def __init__(self, message, path=None, offset=None, key=None):
+    def __init__(
+        self, message: str, path: StrPath | None = None, offset: int | None = None, key: Any = None
+    ) -> None:
         self.reason, self.offset, self.key = message, offset, key
         self.path = None if path is None else os.fspath(path)
-        where = zip((self.path, f"key {key}", f"byte offset {offset}"), (path, key, offset))
-        where = ", ".join(text for text, value in where if value is not None)
+        pairs = zip((self.path or "", f"key {key}", f"byte offset {offset}"), (path, key, offset))
+        where = ", ".join(text for text, value in pairs if value is not None)
         super().__init__(f"{where}: {message}" if where else message)
 
 
 class IndexFormatError(RecordFormatError):
     """An .idx file cannot be parsed: names the file and line."""
 
-    def __init__(self, message, path=None, line=None):
+    def __init__(self, message: str, path: StrPath | None = None, line: int | None = None) -> None:
         self.line = line
         super().__init__(f"line {line}: {message}" if line is not None else message, path)
 
@@ -106,7 +121,9 @@ class SampleIndexError(RectoolError, IndexError):
     """A sample index outside the dataset (an `IndexError`, so iteration protocols stop)."""
 
 
-def open_regular(path, what, max_bytes=None, follow=True):
+def open_regular(
+    path: StrPath, what: str, max_bytes: int | None = None, follow: bool = True
+) -> tuple[int, os.stat_result]:
     """Open `path` read-only and return (fd, stat); refuse anything but a regular file.
 
     Every file rectool reads is opened here (`rectool.doors.inputs` adds the folder rule). Opened
@@ -130,7 +147,9 @@ def open_regular(path, what, max_bytes=None, follow=True):
     return fd, st
 
 
-def unpack_header(record, path=None, offset=None):
+def unpack_header(
+    record: bytes, path: StrPath | None = None, offset: int | None = None
+) -> tuple[Header, bytes]:
     """Split one record into its `Header` and image bytes, as `mxnet.recordio.unpack` does."""
     found = peek_header(record)
     if found is None:
@@ -149,7 +168,7 @@ def unpack_header(record, path=None, offset=None):
     return head, record[start:]
 
 
-def peek_header(record):
+def peek_header(record: bytes) -> tuple[Header, int] | None:
     """Return (`Header` with the header's own float label, where the image starts) of a record.
 
     Never raises (as `unpack_header` does, for `rectool verify` to report): None when the
@@ -161,7 +180,9 @@ def peek_header(record):
     return head, IMAGE_HEADER_SIZE + 4 * head.flag
 
 
-def parse_index(data, path=None, chunk=1 << 20, first_line=1):
+def parse_index(
+    data: bytes, path: StrPath | None = None, chunk: int = 1 << 20, first_line: int = 1
+) -> tuple[Ints, Ints]:
     """Parse .idx text (`key TAB offset` lines) into int64 arrays (keys, offsets), in file order.
 
     Repeated keys stay (lookups take the last line, as MXNet does). Runs of equally wide
@@ -222,7 +243,9 @@ def parse_index(data, path=None, chunk=1 << 20, first_line=1):
     return np.concatenate(keys), np.concatenate(offsets)
 
 
-def parse_index_stream(f, path=None, block=INDEX_BLOCK_BYTES):
+def parse_index_stream(
+    f: Any, path: StrPath | None = None, block: int = INDEX_BLOCK_BYTES
+) -> tuple[Ints, Ints]:
     """Parse the .idx text of the open file `f` a `block` of bytes at a time, as `parse_index`.
 
     The temporaries are a block's: the arrays are allocated for the most lines the file's
@@ -248,12 +271,12 @@ def parse_index_stream(f, path=None, block=INDEX_BLOCK_BYTES):
     return keys, offsets
 
 
-def index_cache_path(idx_path):
+def index_cache_path(idx_path: StrPath) -> str:
     """Return the path of the binary cache that rectool keeps next to an .idx file."""
     return os.fspath(idx_path) + ".rtc"
 
 
-def load_index(idx_path, cache=True):
+def load_index(idx_path: StrPath, cache: bool = True) -> tuple[Ints, Ints]:
     """Read an .idx into int64 arrays (keys, offsets) in file order, from its cache if current.
 
     From the cache, the arrays are read-only views of its mapping, never copied (a pickled
@@ -266,7 +289,7 @@ def load_index(idx_path, cache=True):
         return parse_index_stream(f, idx_path) if cached is None else cached
 
 
-def index_sample_crc(fd, size):
+def index_sample_crc(fd: int, size: int) -> int:
     """Return the CRC-32 of the .idx bytes a version-3 cache is checked against.
 
     All of an .idx up to 1 MiB, else 64 blocks of 16 KiB spread evenly, first and last block
@@ -282,7 +305,9 @@ def index_sample_crc(fd, size):
     return crc
 
 
-def read_index_cache(idx_path, st=None, idx_fd=None):
+def read_index_cache(
+    idx_path: StrPath, st: os.stat_result | None = None, idx_fd: int | None = None
+) -> tuple[Ints, Ints] | None:
     """Return (keys, offsets) mapped from the .idx cache, or None if missing, stale or damaged."""
     if idx_fd is None:
         with os.fdopen(open_regular(idx_path, "index file")[0], "rb") as f:
@@ -316,8 +341,11 @@ def read_index_cache(idx_path, st=None, idx_fd=None):
 class _IndexCacheMap(mmap.mmap):
     """The read-only mapping of one .rtc, with its path and file identity (for pickling)."""
 
+    path: str
+    identity: tuple[int, int, int, int]
 
-def _map_cache(path, fd, st):
+
+def _map_cache(path: str, fd: int, st: os.stat_result) -> tuple[Ints, Ints] | None:
     try:
         mm = _IndexCacheMap(fd, 0, access=mmap.ACCESS_READ)
     except OSError:  # ENOMEM under a memory limit: parse the text instead
@@ -328,7 +356,7 @@ def _map_cache(path, fd, st):
     return body[:count], body[count:]
 
 
-def _mapping_of(a):
+def _mapping_of(a: object) -> mmap.mmap | None:
     """Return the mmap an array views (np.frombuffer's base is a memoryview of it), or None."""
     while isinstance(a, np.ndarray):
         a = a.base
@@ -336,7 +364,7 @@ def _mapping_of(a):
     return a if isinstance(a, mmap.mmap) else None
 
 
-def _cache_place(a):
+def _cache_place(a: NDArray[Any]) -> tuple[Any, ...] | None:
     """Return ("mapped", path, identity, first item, count) for a contiguous view of a cache."""
     mm = _mapping_of(a)
     if not isinstance(mm, _IndexCacheMap) or a.dtype != np.int64 or a.ndim != 1:
@@ -347,7 +375,7 @@ def _cache_place(a):
     return "mapped", mm.path, mm.identity, (start - INDEX_CACHE_HEADER.size) // 8, len(a)
 
 
-def _remap(place):
+def _remap(place: tuple[Any, ...]) -> Ints:
     """Return the array a `_cache_place` names, mapping that same cache again."""
     _, path, identity, first, count = place
     fd, st = open_regular(path, "index cache", follow=False)
@@ -358,10 +386,10 @@ def _remap(place):
         os.close(fd)
     if arrays is None:
         raise RectoolError(f"{path} was replaced after the dataset was opened; open it again")
-    return arrays[0].base[first : first + count]
+    return arrays[0].base[first : first + count]  # type: ignore[index]  # the whole body
 
 
-def _release_pages(a):
+def _release_pages(a: object) -> None:
     """Drop this process's page-table entries of a mapping (its pages stay in the page cache)."""
     mm = _mapping_of(a)
     if mm is not None and len(mm) and hasattr(mm, "madvise"):
@@ -376,23 +404,25 @@ class RecordFile:
     refuses another file at the path (a pack replaced by `--overwrite`), by one fstat.
     """
 
-    def __init__(self, path, identity=None):
+    _mm: Any  # the mapping (b"" for an empty file); None while closed
+
+    def __init__(self, path: StrPath, identity: tuple[int, ...] | None = None) -> None:
         self.path, self._mm, self._size, self._generation = os.fspath(path), None, 0, -1
         self._identity = identity  # (st_dev, st_ino, st_size, st_mtime_ns) of the file mapped
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "identity": self._identity}
 
-    def __setstate__(self, state):
-        self.__init__(state["path"], state.get("identity"))
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], state.get("identity"))  # type: ignore[misc]  # a subclass's
 
-    def __enter__(self):
+    def __enter__(self) -> RecordFile:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def open(self):
+    def open(self) -> mmap.mmap | bytes:
         """Return the mapping of the file in this process, mapping it on first use."""
         if self._generation == _generation:
             return self._mm
@@ -416,22 +446,22 @@ class RecordFile:
                 self._size, self._generation = st.st_size, _generation
             return self._mm
 
-    def close(self):
+    def close(self) -> None:
         """Release the mapping (the next read maps the file again)."""
         mm, self._generation, self._mm = self._mm, -1, None  # readers check the generation
         if isinstance(mm, mmap.mmap):
             mm.close()
 
     @property
-    def size(self):
+    def size(self) -> int:
         """Return the file size in bytes."""
         return len(self.open())
 
-    def next_offset(self, offset, key=None):
+    def next_offset(self, offset: int, key: int | None = None) -> int:
         """Return the byte offset just past the record starting at `offset` (padding included)."""
         return self.read_parts(offset, key)[1]
 
-    def read_at(self, offset, key=None):
+    def read_at(self, offset: int, key: int | None = None) -> bytes:
         """Return the record whose first part starts at byte `offset`, split parts rejoined."""
         mm = self.open()
         if offset + 8 <= self._size and not offset & 3 and offset >= 0:
@@ -441,11 +471,12 @@ class RecordFile:
                 return mm[offset + 8 : end]
         return self.read_parts(offset, key)[0]
 
-    def read_parts(self, offset, key=None):
+    def read_parts(self, offset: int, key: int | None = None) -> tuple[bytes, int]:
         """Read the record at `offset` part by part; return (bytes, offset after it)."""
+        pieces: list[bytes]
         mm, size, start, pieces = self.open(), self._size, offset, []
 
-        def fail(message, at=None):
+        def fail(message: str, at: int | None = None) -> RecordFormatError:
             return RecordFormatError(message, self.path, start if at is None else at, key)
 
         if offset < 0 or offset & 3:
@@ -476,7 +507,7 @@ class RecordFile:
         return (pieces[0] if len(pieces) == 1 else MAGIC_BYTES.join(pieces)), offset
 
 
-def _after_fork_in_child():
+def _after_fork_in_child() -> None:
     global _generation, _map_lock
     _generation += 1  # every RecordFile maps afresh: no getpid() per read
     _map_lock = threading.Lock()  # one that a parent thread held at the fork stays held
@@ -494,7 +525,7 @@ MAX_MANIFEST_BYTES = 1 << 30
 MAX_MANIFEST_DEPTH = 16  # rectool writes 3 levels (shards[0], options.transform)
 
 
-def _plain_name(v):
+def _plain_name(v: object) -> bool:
     return isinstance(v, str) and v not in ("", ".", "..") and not {"/", "\\", "\0"} & set(v)
 
 
@@ -505,19 +536,19 @@ LAYOUT_FIELD = (lambda v: v in DATASET_LAYOUTS, f"one of {DATASET_LAYOUTS}")
 _SHARD = {"rec": NAME_FIELD, "idx": NAME_FIELD, "records": COUNT_FIELD, "rec_bytes": COUNT_FIELD}
 
 
-def bad_field(path, field, want):
+def bad_field(path: str, field: str, want: str) -> InputError:
     """Return the `InputError` of a manifest field that is not what it must be."""
     return InputError(f"{path}: manifest field {field!r} must be {want}")
 
 
-def check_fields(path, obj, fields, where=""):
+def check_fields(path: str, obj: dict[str, Any], fields: dict[str, Any], where: str = "") -> None:
     """Raise `bad_field` for the first of `fields` ({name: (test, want)}) set in `obj` but wrong."""
     for name, (test, want) in fields.items():
         if obj.get(name) is not None and not test(obj[name]):
             raise bad_field(path, where + name, want)
 
 
-def read_manifest(path, require=()):
+def read_manifest(path: StrPath, require: Iterable[str] = ()) -> dict[str, Any]:
     """Read and check a pack manifest; raise `InputError` naming the file and field.
 
     `require`: dotted names ("totals.images") of fields that must be present and not null.
@@ -568,7 +599,7 @@ def read_manifest(path, require=()):
 
         check_command_fields(path, doc)
     for field in require:
-        value = doc
+        value: Any = doc
         for part in field.split("."):
             value = value.get(part) if isinstance(value, dict) else None
         if value is None:
@@ -576,14 +607,16 @@ def read_manifest(path, require=()):
     return doc
 
 
-def too_deep(path):
+def too_deep(path: str) -> InputError:
     """Return the `InputError` of a manifest nested deeper than `MAX_MANIFEST_DEPTH`."""
     return InputError(
         f"{path}: not a rectool manifest (JSON nested more than {MAX_MANIFEST_DEPTH} deep)"
     )
 
 
-def resolve_source(source):
+def resolve_source(
+    source: Source,
+) -> tuple[dict[str, Any] | None, str | None, list[tuple[str, str]]]:
     """Find a dataset's shards; return (manifest or None, manifest path or None, shards).
 
     `source`: a manifest (.json), a .rec, a pack prefix (`PREFIX.manifest.json`, `PREFIX.rec`,
@@ -611,14 +644,13 @@ def resolve_source(source):
         for prefix in source_prefixes(source):
             refuse_unfinished(prefix)
         manifest, folder = read_manifest(source), os.path.dirname(source)
-        pairs = [
-            tuple(os.path.join(folder, s[n]) for n in ("rec", "idx")) for s in manifest["shards"]
-        ]
+        shards = [(s["rec"], s["idx"]) for s in manifest["shards"]]
+        pairs = [(os.path.join(folder, rec), os.path.join(folder, idx)) for rec, idx in shards]
         return manifest, source, _checked(pairs)
     elif source.endswith(".rec"):
-        manifest = source[:-4] + MANIFEST_SUFFIX
-        if os.path.exists(manifest) and os.path.exists(source):  # a pack of one shard
-            found = resolve_source(manifest)
+        named = source[:-4] + MANIFEST_SUFFIX
+        if os.path.exists(named) and os.path.exists(source):  # a pack of one shard
+            found = resolve_source(named)
             if len(found[2]) == 1 and os.path.samefile(found[2][0][0], source):
                 return found
         if not os.path.exists(source):
@@ -641,7 +673,7 @@ def resolve_source(source):
     return None, None, _checked([(p, os.path.splitext(p)[0] + ".idx") for p in recs])
 
 
-def refuse_unfinished(prefix):
+def refuse_unfinished(prefix: str) -> None:
     """Raise when the pack at `prefix` is unfinished or half replaced (never read as whole)."""
     if os.path.lexists(prefix + JOURNAL_SUFFIX):
         raise RectoolError(
@@ -656,7 +688,7 @@ def refuse_unfinished(prefix):
         )
 
 
-def source_prefixes(source):
+def source_prefixes(source: str) -> list[str]:
     """Return the pack prefixes a source path may belong to (for `refuse_unfinished`)."""
     if source.endswith(MANIFEST_SUFFIX):
         return [source[: -len(MANIFEST_SUFFIX)]]
@@ -667,7 +699,7 @@ def source_prefixes(source):
     return [source]
 
 
-def _checked(pairs):
+def _checked(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
     if len({os.path.realpath(rec) for rec, _ in pairs}) < len(pairs):
         raise InputError(f"{pairs[0][0]}: a shard is listed twice")
     for path in (p for pair in pairs for p in pair):
@@ -676,7 +708,14 @@ def _checked(pairs):
     return pairs
 
 
-def _check_shard(rf, idx, keys, offsets, listed, manifest_path):
+def _check_shard(
+    rf: RecordFile,
+    idx: str,
+    keys: Ints,
+    offsets: Ints,
+    listed: dict[str, Any],
+    manifest_path: str | None,
+) -> None:
     """Refuse a shard whose .idx does not describe its .rec (a few records are read)."""
     size = len(rf.open())
     if listed.get("records") not in (None, len(keys)):
@@ -709,7 +748,9 @@ def _check_shard(rf, idx, keys, offsets, listed, manifest_path):
             ) from None  # fmt: skip
 
 
-def insightface_header(read, keys):
+def insightface_header(
+    read: Callable[[int], tuple[Header, bytes]], keys: Ints
+) -> tuple[range, range] | None:
     """Return the key ranges (images, identities) that record 0 of an insightface .rec declares.
 
     Record 0 is that header only with flag 2, no image bytes, and two whole-number labels
@@ -732,7 +773,7 @@ def insightface_header(read, keys):
     return range(1, int(first)), range(int(first), int(end))
 
 
-def _key_lines(keys, wanted, where):
+def _key_lines(keys: Ints, wanted: range, where: str) -> slice | Ints:
     """Return the .idx line of each key in the range `wanted` (a repeated key: its last line)."""
     if len(wanted) > len(keys):
         raise RectoolError(
@@ -747,13 +788,13 @@ def _key_lines(keys, wanted, where):
         if not elsewhere and (block[1:] > block[:-1]).all():
             return slice(first, stop)  # each wanted key once, in order: a view, not a copy
     order = np.argsort(keys, kind="stable")
-    wanted = np.arange(wanted.start, wanted.stop, dtype=np.int64)
-    lines = order[np.maximum(np.searchsorted(keys, wanted, "right", sorter=order) - 1, 0)]
-    missing = np.flatnonzero(keys[lines] != wanted)  # (keys holds key 0: never empty)
+    want = np.arange(wanted.start, wanted.stop, dtype=np.int64)
+    lines = order[np.maximum(np.searchsorted(keys, want, "right", sorter=order) - 1, 0)]
+    missing = np.flatnonzero(keys[lines] != want)  # (keys holds key 0: never empty)
     if len(missing):
         raise RectoolError(
-            f"{where}: key {int(wanted[missing[0]])} is not in the index, but record 0 says keys "
-            f"up to {int(wanted[-1])} exist"
+            f"{where}: key {int(want[missing[0]])} is not in the index, but record 0 says keys "
+            f"up to {int(want[-1])} exist"
         )
     return lines
 
@@ -775,7 +816,7 @@ class ImageTooLargeError(RecordFormatError):
     """An image whose header declares more pixels than the decode budget (`max_pixels`)."""
 
 
-def sniff_format(data):
+def sniff_format(data: Data) -> str | None:
     """Return 'jpeg', 'png', 'bmp', 'gif', 'webp', 'tiff' or None from the first bytes."""
     head = bytes(data[:12])
     if head[:3] == b"\xff\xd8\xff":
@@ -792,7 +833,7 @@ _SIGNATURES = (
 )  # fmt: skip
 
 
-def admit_image(data, max_pixels=DEFAULT_MAX_PIXELS):
+def admit_image(data: Data, max_pixels: float = DEFAULT_MAX_PIXELS) -> tuple[str, int, int]:
     """Return (format, height, width) of image bytes that may be decoded, from their header.
 
     The one rule before every decoder in rectool. A JPEG's markers are read as libjpeg reads
@@ -820,14 +861,14 @@ def admit_image(data, max_pixels=DEFAULT_MAX_PIXELS):
     return kind, height, width
 
 
-def check_max_pixels(max_pixels):
+def check_max_pixels(max_pixels: float) -> int:
     """Return `max_pixels` when it is a pixel budget (an int >= 1); raise ValueError if not."""
     if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
         raise ValueError(f"max_pixels must be an int >= 1, not {max_pixels!r}")
     return max_pixels
 
 
-def _jpeg_size(data):
+def _jpeg_size(data: bytes) -> tuple[int, int]:
     # As libjpeg reads markers (jdmarker.c): bytes before a marker are skipped, and the first
     # frame header sizes the image (a second one is an error).
     n, i, size = len(data), 2, None
@@ -859,11 +900,12 @@ def _jpeg_size(data):
     return size
 
 
-_MARKER_STEP = bytes(1 if m == 0xFF else 2 if m in JPEG_STANDALONE_MARKERS or not m else 0
-                     for m in range(256))  # fmt: skip
+_MARKER_STEP = bytes(
+    1 if m == 0xFF else 2 if m in JPEG_STANDALONE_MARKERS or not m else 0 for m in range(256)
+)
 
 
-def _png_size(data):
+def _png_size(data: bytes) -> tuple[int, int]:
     # As libpng reads chunks: IHDR first, then each by its length, to IEND.
     n, pos = len(data), 8
     if data[12:16] != b"IHDR" or data[8:12] != b"\0\0\0\r":
@@ -876,14 +918,14 @@ def _png_size(data):
     raise RecordFormatError("truncated PNG (no IEND chunk)")
 
 
-def _bmp_size(data):
+def _bmp_size(data: bytes) -> tuple[int, int]:
     if struct.unpack_from("<I", data, 14)[0] == 12:  # OS/2 1.x: 16-bit sides
         return struct.unpack_from("<HH", data, 18)[::-1]
     width, height = struct.unpack_from("<ii", data, 18)
     return abs(height), width  # negative: rows stored top-down
 
 
-def _webp_size(data):
+def _webp_size(data: bytes) -> tuple[int, int]:
     chunk = data[12:16]
     if chunk == b"VP8X":  # the canvas: 24 bits a side, minus one
         width, height = (struct.unpack_from("<I", data, at)[0] >> 8 for at in (23, 26))
@@ -897,7 +939,7 @@ def _webp_size(data):
     raise RecordFormatError(f"corrupt WEBP (first chunk {bytes(chunk)!r})")
 
 
-def _tiff_size(data):
+def _tiff_size(data: bytes) -> tuple[int, int]:
     order = "<" if data[:1] == b"I" else ">"
     ifd = struct.unpack_from(order + "I", data, 4)[0]  # the first page: what OpenCV decodes
     found = {}
@@ -914,7 +956,9 @@ _HEADERS = {
 }  # fmt: skip
 
 
-def imdecode(data, flags, max_pixels=DEFAULT_MAX_PIXELS):
+def imdecode(
+    data: Data, flags: int | Callable[[str, int, int], int], max_pixels: float = DEFAULT_MAX_PIXELS
+) -> NDArray[np.uint8]:
     """Return `cv2.imdecode(data, flags)` of image bytes that `admit_image` admits.
 
     The one call of OpenCV's decoder in rectool. `flags` is an `IMREAD_*` flag, or a function
@@ -944,14 +988,14 @@ def imdecode(data, flags, max_pixels=DEFAULT_MAX_PIXELS):
     return image
 
 
-def _undecodable(data, why):
+def _undecodable(data: Data, why: str) -> RecordFormatError:
     return RecordFormatError(f"the {len(data)} image bytes cannot be decoded{why}")
 
 
 _cv2 = None
 
 
-def _opencv():
+def _opencv() -> Any:
     global _cv2
     if _cv2 is None:
         try:
@@ -963,7 +1007,9 @@ def _opencv():
     return _cv2
 
 
-def decode_image(data, mode="bgr", max_pixels=DEFAULT_MAX_PIXELS):
+def decode_image(
+    data: Data, mode: str = "bgr", max_pixels: float = DEFAULT_MAX_PIXELS
+) -> NDArray[np.uint8]:
     """Decode image bytes into an HWC uint8 array ("bgr", "rgb" or "gray": H x W x 1).
 
     Raises `RecordFormatError` (without a location) when the bytes are empty, cut or
@@ -982,8 +1028,14 @@ def decode_image(data, mode="bgr", max_pixels=DEFAULT_MAX_PIXELS):
 
 
 def open_dataset(
-    source, decode=None, *, layout=None, cache=True, max_pixels=DEFAULT_MAX_PIXELS, **remote
-):
+    source: Source,
+    decode: Decode = None,
+    *,
+    layout: str | None = None,
+    cache: bool = True,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    **remote: Any,
+) -> RecordDataset:
     """Open a packed dataset for training; return a `RecordDataset`.
 
     `source`: a manifest, pack prefix, .rec, list of .rec paths or insightface folder; or
@@ -994,7 +1046,7 @@ def open_dataset(
     `max_pixels`: images whose header declares more pixels are refused before decoding
     (`ImageTooLargeError`); the training module's loaders take it from the dataset.
     """
-    options = dict(decode=decode, layout=layout, cache=cache, max_pixels=max_pixels)
+    options: dict[str, Any] = dict(decode=decode, layout=layout, cache=cache, max_pixels=max_pixels)
     if isinstance(source, str) and re.match(r"(s3|gs|az|abfs|https?)://", source, re.I):
         try:
             from rectool.remote import open_remote
@@ -1016,7 +1068,14 @@ class RecordDataset:
     without its open files, so it is ready for DataLoader workers (fork or spawn).
     """
 
-    def __init__(self, source, decode=None, layout=None, cache=True, max_pixels=DEFAULT_MAX_PIXELS):
+    def __init__(
+        self,
+        source: Source,
+        decode: Decode = None,
+        layout: str | None = None,
+        cache: bool = True,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
         if not (decode is None or decode in DECODE_MODES or callable(decode)):
             raise ValueError(f"decode must be None, one of {DECODE_MODES} or a function")
         self.max_pixels = check_max_pixels(max_pixels)
@@ -1024,7 +1083,9 @@ class RecordDataset:
             raise ValueError(f"layout must be one of {DATASET_LAYOUTS}, not {layout!r}")
         self.manifest, self.manifest_path, self.shards = resolve_source(source)
         self.decode, self._files = decode, [self._open_shard(rec) for rec, _ in self.shards]
-        self._labels = self._identity_ranges = self._identities = None
+        self._labels: NDArray[Any] | None = None
+        self._identity_ranges: Ints | None = None
+        self._identities = None
         listed = (self.manifest or {}).get("shards") or [{}] * len(self.shards)
         indexes = [load_index(idx, cache=cache) for _, idx in self.shards]
         try:
@@ -1063,7 +1124,7 @@ class RecordDataset:
         for index_keys, _ in indexes:  # checked whole: their pages are the page cache's again
             _release_pages(index_keys)
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         # Index arrays mapped from a cache travel as their place in it (mapped again on
         # arrival, shared through the page cache), labels not at all (read again if asked).
         state = {**self.__dict__, "_labels": None}
@@ -1076,8 +1137,8 @@ class RecordDataset:
             state[name] = arrays if many else arrays[0]
         return state
 
-    def __setstate__(self, state):
-        def load(a):
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        def load(a: Any) -> Any:
             return _remap(a) if isinstance(a, tuple) else a
 
         state["keys"], state["offsets"] = load(state["keys"]), load(state["offsets"])
@@ -1087,21 +1148,25 @@ class RecordDataset:
             state["_shard_ids"] = _shard_numbers(np.diff(state["_bounds"]).tolist())
         self.__dict__.update(state)
 
-    def _open_shard(self, rec):
+    def _open_shard(self, rec: str) -> RecordFile:
         """Return the `RecordFile` of a shard (rectool.remote's downloads it on first use)."""
         return RecordFile(rec)
 
-    def _check_at_open(self, rf, idx, keys, offsets, listed):
+    def _check_at_open(
+        self, rf: RecordFile, idx: str, keys: Ints, offsets: Ints, listed: dict[str, Any]
+    ) -> None:
         _check_shard(rf, idx, keys, offsets, listed, self.manifest_path)
 
-    def _insightface(self, keys, offsets, shard_of):
-        def read(line):
+    def _insightface(
+        self, keys: Ints, offsets: Ints, shard_of: NDArray[Any]
+    ) -> tuple[range, range] | None:
+        def read(line: int) -> tuple[Header, bytes]:
             rf, offset = self._files[int(shard_of[line])], int(offsets[line])
             return unpack_header(rf.read_at(offset, int(keys[line])), rf.path, offset)
 
         return insightface_header(read, keys)
 
-    def close(self):
+    def close(self) -> None:
         """Release this process's mappings and index pages (they come back on the next read).
 
         A loader worker calls it after each batch: else every page it ever read stays mapped
@@ -1111,13 +1176,13 @@ class RecordDataset:
             rf.close()
         _release_pages(getattr(self, "offsets", None))
 
-    def __enter__(self):
+    def __enter__(self) -> RecordDataset:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         where = self.manifest_path or self.shards[0][0]
         more = f" + {len(self.shards) - 1} shards" if len(self.shards) > 1 else ""
         return (
@@ -1125,14 +1190,14 @@ class RecordDataset:
             f"decode={self.decode!r})"
         )
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._count
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
         for i in range(len(self)):
             yield self[i]
 
-    def _locate(self, i):
+    def _locate(self, i: int) -> tuple[int, int]:
         """Return (shard, sample number) of index `i`, negative indices counted from the end."""
         i = given = operator.index(i)
         i += self._count if i < 0 else 0
@@ -1144,18 +1209,18 @@ class RecordDataset:
             return bisect.bisect_right(self._bounds, i) - 1, i
         return self._shard_ids.item(i), i
 
-    def location(self, i):
+    def location(self, i: int) -> tuple[str, int, int]:
         """Return (rec path, byte offset, key) of sample `i`."""
         s, i = self._locate(i)
         return self.shards[s][0], self.offsets.item(i), self.keys.item(i)
 
-    def header(self, i):
+    def header(self, i: int) -> Header:
         """Return the `Header` of sample `i` (flag, label, id, id2)."""
         s, i = self._locate(i)
         rf, offset = self._files[s], self.offsets.item(i)
         return unpack_header(rf.read_at(offset, self.keys.item(i)), rf.path, offset)[0]
 
-    def raw(self, i):
+    def raw(self, i: int) -> tuple[bytes, Any]:
         """Return sample `i` undecoded: (image bytes as a buffer, label)."""
         s, i = self._locate(i)
         rf, offset = self._files[s], self.offsets.item(i)
@@ -1179,7 +1244,7 @@ class RecordDataset:
             raise RecordFormatError(exc.reason, rf.path, offset, self.keys.item(i)) from None
         return bytes(payload), (head.label if head.flag == 0 else head.label.copy())
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> tuple[Any, Any]:
         payload, label = self.raw(i)
         if self.decode is None or callable(self.decode):
             return (payload if self.decode is None else self.decode(payload)), label
@@ -1189,7 +1254,7 @@ class RecordDataset:
             raise type(exc)(exc.reason, *self.location(i)) from None
 
     @property
-    def labels(self):
+    def labels(self) -> NDArray[Any]:
         """Return every sample's label, read from the record headers only (no image bytes).
 
         float32 (N,) when every header has flag 0, (N, k) when each has k labels, else an
@@ -1200,7 +1265,7 @@ class RecordDataset:
         return self._labels
 
     @property
-    def identity_ranges(self):
+    def identity_ranges(self) -> Ints | None:
         """Return the insightface identities as an int64 (K, 2) array [start, end) of samples.
 
         None in the images layout.
@@ -1227,7 +1292,7 @@ class RecordDataset:
         return self._identity_ranges
 
 
-def _shard_numbers(counts):
+def _shard_numbers(counts: list[int]) -> NDArray[np.unsignedinteger[Any]]:
     """Return each record's shard number (`counts[s]` records in shard s): a broadcast for one."""
     n = len(counts)
     if n == 1:
@@ -1235,13 +1300,15 @@ def _shard_numbers(counts):
     return np.repeat(np.arange(n, dtype=np.min_scalar_type(n)), counts)
 
 
-def _runs(starts, counts):
+def _runs(starts: Ints, counts: Ints) -> Ints:
     """Return the indices of a run of `counts[i]` consecutive items from each `starts[i]`."""
     ends = np.cumsum(counts)
     return np.repeat(starts - ends + counts, counts) + np.arange(ends[-1] if len(ends) else 0)
 
 
-def record_heads(words, size, offsets):
+def record_heads(
+    words: NDArray[np.uint32], size: int, offsets: Any
+) -> tuple[NDArray[np.bool_], Ints, NDArray[np.uint32]]:
     """Gather the first 4 words (magic, lrec, flag, label) of the records at `offsets` in a
     mapping (`words`: its uint32 words, `size`: its bytes); return (ok, word index, heads).
 
@@ -1264,7 +1331,9 @@ def record_heads(words, size, offsets):
     return ok, w, head
 
 
-def _header_labels(files, shard_of, offsets, keys):
+def _header_labels(
+    files: list[RecordFile], shard_of: NDArray[Any], offsets: Ints, keys: Ints
+) -> NDArray[Any]:
     """Return the header labels of the records at `offsets`, without reading image bytes.
 
     float32 (N,) when every flag is 0, (N, k) when every record has k labels, else objects.
@@ -1280,7 +1349,7 @@ def _header_labels(files, shard_of, offsets, keys):
         try:
             for start in range(0, n, 1 << 20):  # temporaries of a chunk, not of every record
                 end = min(n, start + (1 << 20))
-                rows = slice(start, end)
+                rows: Any = slice(start, end)
                 if len(files) > 1:
                     rows = start + np.flatnonzero(shard_of[rows] == s)
                 ok, w, head = record_heads(words, rf._size, offsets[rows])
@@ -1302,14 +1371,14 @@ def _header_labels(files, shard_of, offsets, keys):
     for row in np.flatnonzero(~fast).tolist():
         rf, offset, key = files[int(shard_of[row])], int(offsets[row]), int(keys[row])
         try:
-            head, _ = unpack_header(rf.read_at(offset, key), rf.path, offset)
+            header, _ = unpack_header(rf.read_at(offset, key), rf.path, offset)
         except RecordFormatError as exc:
             raise RecordFormatError(exc.reason, rf.path, offset, key) from None
-        flags[row] = head.flag
-        if head.flag:
-            slow.append((row, head.label))
+        flags[row] = header.flag
+        if header.flag:
+            slow.append((row, header.label))
         else:
-            scalars[row] = head.label
+            scalars[row] = header.label
     width = int(flags.max()) if n else 0
     if not width:
         scalars.flags.writeable = False

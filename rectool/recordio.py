@@ -23,6 +23,7 @@ import numbers
 import os
 import struct
 from collections import namedtuple
+from typing import Any
 
 import numpy as np
 
@@ -59,7 +60,7 @@ _PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")
 _PID = os.getpid()
 
 
-def _forked():
+def _forked() -> None:
     global _PID
     _PID = os.getpid()
 
@@ -75,7 +76,9 @@ class RectoolError(Exception):
 class RecordFormatError(RectoolError):
     """Bytes in a .rec are not a record: names the file, key and byte offset."""
 
-    def __init__(self, message, path=None, offset=None, key=None):
+    def __init__(
+        self, message: str, path: str | None = None, offset: int | None = None, key: Any = None
+    ) -> None:
         self.reason, self.path, self.offset, self.key = message, path, offset, key
         where = [f"{path}"] if path is not None else []
         where += [f"key {key}"] if key is not None else []
@@ -90,14 +93,19 @@ class IndexFormatError(RectoolError, ValueError, IndexError):
 class MissingKeyError(RectoolError, KeyError):
     """A key that is not in the .idx; a `KeyError`, as MXNet raises."""
 
-    def __str__(self):
+    def __str__(self) -> str:
         return str(self.args[0])
 
 
 class MXRecordIO:
     """Read ('r') or write ('w') a RecordIO file sequentially, as `mxnet.recordio.MXRecordIO`."""
 
-    def __init__(self, uri, flag):
+    _file: Any  # the file written ('w'), else None
+    _mm: Any  # the mapping read ('r'; b"" for an empty file), else None
+    pid: int | None
+    _reader_pid: int | None  # the pid of an open reader, for read_idx's fast path
+
+    def __init__(self, uri: str | os.PathLike[str], flag: str) -> None:
         self.uri = os.fspath(uri)
         self.flag = flag
         self.pid = None
@@ -105,7 +113,7 @@ class MXRecordIO:
         self._file = self._mm = None
         self.open()
 
-    def open(self):
+    def open(self) -> None:
         """Open the file: 'w' creates or truncates it, 'r' maps it."""
         if self.flag == "w":
             self._file = open(self.uri, "wb")  # noqa: SIM115 - closed by close()
@@ -127,11 +135,11 @@ class MXRecordIO:
         self._reader_pid = None if self.writable else self.pid
         self.is_open = True
 
-    def __del__(self):
+    def __del__(self) -> None:
         if getattr(self, "is_open", False):
             self.close()
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         """Pickle as MXNet does: close here, remember whether it was open."""
         is_open = self.is_open
         self.close()
@@ -139,7 +147,7 @@ class MXRecordIO:
         d["is_open"] = is_open
         return d
 
-    def __setstate__(self, d):
+    def __setstate__(self, d: dict[str, Any]) -> None:
         """Unpickle as MXNet does: reopen the file if it was open."""
         is_open = d["is_open"]
         self.__dict__ = d
@@ -148,14 +156,14 @@ class MXRecordIO:
         if is_open:
             self.open()
 
-    def _check_pid(self, allow_reset=False):
+    def _check_pid(self, allow_reset: bool = False) -> None:
         if self.pid != os.getpid():
             if allow_reset:
                 self.reset()
             else:
                 raise RuntimeError("Forbidden operation in multiple processes")
 
-    def close(self):
+    def close(self) -> None:
         """Close the file (writes are flushed)."""
         if not self.is_open:
             return
@@ -167,12 +175,12 @@ class MXRecordIO:
         self.is_open = False
         self.pid = self._reader_pid = None
 
-    def reset(self):
+    def reset(self) -> None:
         """Go back to the first record; in 'w' mode this truncates the file, as in MXNet."""
         self.close()
         self.open()
 
-    def write(self, buf):
+    def write(self, buf: bytes) -> None:
         """Append `buf` (bytes) as one record."""
         assert self.writable
         self._check_pid(allow_reset=False)
@@ -187,7 +195,7 @@ class MXRecordIO:
         self._file.write(framed)
         self._pos += len(framed)
 
-    def read(self):
+    def read(self) -> bytes | None:
         """Return the next record as bytes, or None at the end of the file."""
         assert not self.writable
         self._check_pid(allow_reset=False)
@@ -203,10 +211,11 @@ class MXRecordIO:
         data, self._pos = self._read_parts(pos, key)
         return data
 
-    def _read_parts(self, start, key):
+    def _read_parts(self, start: int, key: Any) -> tuple[bytes, int]:
+        pieces: list[bytes]
         mm, size, offset, pieces, cflag = self._mm, self._size, start, [], None
 
-        def fail(message, at):
+        def fail(message: str, at: int) -> RecordFormatError:
             return RecordFormatError(message, self.uri, at, key)
 
         if start > size:
@@ -239,7 +248,17 @@ class MXRecordIO:
 class MXIndexedRecordIO(MXRecordIO):
     """Random access through an .idx, as `mxnet.recordio.MXIndexedRecordIO`."""
 
-    def __init__(self, idx_path, uri, flag, key_type=int):
+    idx: dict[Any, int]  # key -> byte offset
+    keys: list[Any]
+    fidx: Any  # the .idx file, None once pickled
+
+    def __init__(
+        self,
+        idx_path: str,
+        uri: str | os.PathLike[str],
+        flag: str,
+        key_type: type = int,
+    ) -> None:
         self.idx_path = idx_path
         self.idx = {}
         self.keys = []
@@ -247,7 +266,7 @@ class MXIndexedRecordIO(MXRecordIO):
         self.fidx = None
         super().__init__(uri, flag)
 
-    def open(self):
+    def open(self) -> None:
         """Open both files; in 'r' mode parse the .idx as MXNet does (the last of duplicates)."""
         super().open()
         self.idx = {}
@@ -268,19 +287,19 @@ class MXIndexedRecordIO(MXRecordIO):
                     ) from None
                 keys.append(key)
 
-    def close(self):
+    def close(self) -> None:
         """Close the record file and the .idx."""
         if not self.is_open:
             return
         super().close()
         self.fidx.close()
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         d = super().__getstate__()
         d["fidx"] = None
         return d
 
-    def seek(self, idx):
+    def seek(self, idx: Any) -> None:
         """Position the reader at the record of key `idx` (reopening in a new process)."""
         assert not self.writable
         self._check_pid(allow_reset=True)
@@ -292,12 +311,12 @@ class MXIndexedRecordIO(MXRecordIO):
             ) from None
         self._key = idx
 
-    def tell(self):
+    def tell(self) -> int:
         """Return the byte offset at which the next record will be written."""
         assert self.writable
         return self._pos
 
-    def read_idx(self, idx):
+    def read_idx(self, idx: Any) -> bytes | None:
         """Return the record of key `idx`."""
         # The common case inlined: open for reading in this process, a key in the .idx, a
         # whole one-part record inside the file. Anything else (a closed or writing object,
@@ -314,7 +333,7 @@ class MXIndexedRecordIO(MXRecordIO):
         self.seek(idx)
         return self.read()
 
-    def write_idx(self, idx, buf):
+    def write_idx(self, idx: Any, buf: bytes) -> None:
         """Append `buf` as the record of key `idx` and add its .idx line."""
         key = self.key_type(idx)
         pos = self.tell()
@@ -324,7 +343,7 @@ class MXIndexedRecordIO(MXRecordIO):
         self.keys.append(key)
 
 
-def _frame(payload):
+def _frame(payload: bytes) -> bytes:
     """Return the framed bytes of `payload`: parts split at aligned magic words, zero padded."""
     n, limit, splits = len(payload), len(payload) & ~3, []
     i = payload.find(MAGIC_BYTES)
@@ -345,12 +364,12 @@ def _frame(payload):
     return b"".join(out)
 
 
-IRHeader = namedtuple("HEADER", ["flag", "label", "id", "id2"])
+IRHeader = namedtuple("HEADER", ["flag", "label", "id", "id2"])  # type: ignore[name-match]  # MXNet's name
 _IR_FORMAT = "IfQQ"
 _IR_SIZE = struct.calcsize(_IR_FORMAT)
 
 
-def pack(header, s):
+def pack(header: tuple[Any, ...], s: bytes) -> bytes:
     """Return header + `s`: a number label gives flag 0, an array gives flag = its size."""
     header = IRHeader(*header)
     if isinstance(header.label, numbers.Number):
@@ -362,7 +381,7 @@ def pack(header, s):
     return struct.pack(_IR_FORMAT, *header) + s
 
 
-def unpack(s):
+def unpack(s: bytes) -> tuple[IRHeader, bytes]:
     """Return (IRHeader, payload); the label is a float, or a float32 array when flag > 0."""
     header = IRHeader(*struct.unpack(_IR_FORMAT, s[:_IR_SIZE]))
     s = s[_IR_SIZE:]
@@ -403,7 +422,7 @@ class ImageTooLargeError(RecordFormatError):
     """An image whose header declares more pixels than the decode budget (`max_pixels`)."""
 
 
-def image_size(data):
+def image_size(data: bytes | bytearray | memoryview) -> tuple[str, int, int] | None:
     """Return (format, height, width) read from image bytes' header, or None if unreadable.
 
     The formats are JPEG, PNG, BMP, GIF, WebP and TIFF; anything else, a header cut short or
@@ -425,7 +444,9 @@ def image_size(data):
     return None
 
 
-def admit_image(data, max_pixels=DEFAULT_MAX_PIXELS):
+def admit_image(
+    data: bytes | bytearray | memoryview, max_pixels: float = DEFAULT_MAX_PIXELS
+) -> tuple[str, int, int] | None:
     """Return `image_size(data)`; raise `ImageTooLargeError` if it is over `max_pixels` pixels."""
     size = image_size(data)
     if size is not None and size[1] * size[2] > max_pixels:
@@ -437,12 +458,12 @@ def admit_image(data, max_pixels=DEFAULT_MAX_PIXELS):
     return size
 
 
-def _check_max_pixels(max_pixels):
+def _check_max_pixels(max_pixels: object) -> None:
     if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
         raise ValueError(f"max_pixels must be an int >= 1, not {max_pixels!r}")
 
 
-def _jpeg_size(data):
+def _jpeg_size(data: bytes | bytearray) -> tuple[int, int] | None:
     # As libjpeg reads markers (jdmarker.c): bytes before a marker are skipped, and the first
     # frame header sizes the image; image data or the end before it leaves nothing to decode.
     n, i = len(data), 2
@@ -465,20 +486,20 @@ def _jpeg_size(data):
     return None
 
 
-def _png_size(data):
+def _png_size(data: bytes | bytearray) -> tuple[int, int] | None:
     if data[12:16] != b"IHDR" or data[8:12] != b"\0\0\0\r":
         return None
     return struct.unpack_from(">II", data, 16)[::-1]
 
 
-def _bmp_size(data):
+def _bmp_size(data: bytes | bytearray) -> tuple[int, int] | None:
     if struct.unpack_from("<I", data, 14)[0] == 12:  # OS/2 1.x: 16-bit sides
         return struct.unpack_from("<HH", data, 18)[::-1]
     width, height = struct.unpack_from("<ii", data, 18)
     return abs(height), width  # negative: rows stored top-down
 
 
-def _webp_size(data):
+def _webp_size(data: bytes | bytearray) -> tuple[int, int] | None:
     chunk = data[12:16]
     if chunk == b"VP8X":  # the canvas: 24 bits a side, minus one
         width, height = (struct.unpack_from("<I", data, at)[0] >> 8 for at in (23, 26))
@@ -492,7 +513,7 @@ def _webp_size(data):
     return None
 
 
-def _tiff_size(data):
+def _tiff_size(data: bytes | bytearray) -> tuple[int, int] | None:
     order = "<" if data[:1] == b"I" else ">"
     ifd = struct.unpack_from(order + "I", data, 4)[0]  # the first page: what OpenCV decodes
     found = {}
@@ -513,13 +534,13 @@ _SIZES = {
 }
 
 
-def _cv2():
+def _cv2() -> Any:
     import cv2
 
     return cv2
 
 
-def _decode(buf, flags, max_pixels):
+def _decode(buf: bytes, flags: int, max_pixels: float) -> np.ndarray | None:
     """Return `cv2.imdecode(buf, flags)` if the header admits it, None if it cannot be sized.
 
     The module's one call of a decoder. Raises `ImageTooLargeError` before decoding an image
@@ -531,7 +552,9 @@ def _decode(buf, flags, max_pixels):
     return _cv2().imdecode(np.frombuffer(buf, dtype=np.uint8), flags)
 
 
-def unpack_img(s, iscolor=-1, *, max_pixels=DEFAULT_MAX_PIXELS):
+def unpack_img(
+    s: bytes, iscolor: int = -1, *, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> tuple[IRHeader, np.ndarray | None]:
     """Return (IRHeader, image): `cv2.imdecode(payload, iscolor)` (BGR; None if undecodable).
 
     An image whose header declares more than `max_pixels` pixels raises `ImageTooLargeError`
@@ -542,7 +565,9 @@ def unpack_img(s, iscolor=-1, *, max_pixels=DEFAULT_MAX_PIXELS):
     return header, _decode(s, iscolor, max_pixels)
 
 
-def pack_img(header, img, quality=95, img_fmt=".jpg"):
+def pack_img(
+    header: tuple[Any, ...], img: np.ndarray, quality: int = 95, img_fmt: str = ".jpg"
+) -> bytes:
     """Encode `img` with OpenCV (JPEG quality 1-100 or PNG compression 0-9) and `pack` it."""
     cv2 = _cv2()
     encode_params = None
@@ -555,7 +580,9 @@ def pack_img(header, img, quality=95, img_fmt=".jpg"):
     return pack(header, buf.tobytes())
 
 
-def imdecode(buf, flag=1, to_rgb=True, *, max_pixels=DEFAULT_MAX_PIXELS):
+def imdecode(
+    buf: bytes, flag: int = 1, to_rgb: bool = True, *, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> np.ndarray:
     """Decode image bytes as `mx.image.imdecode(buf, flag, to_rgb).asnumpy()` does.
 
     flag=1: (H, W, 3) uint8, RGB unless to_rgb=False; flag=0: (H, W, 1) grayscale.

@@ -40,8 +40,17 @@ import tempfile
 import threading
 import traceback
 import weakref
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # for the checker only: the standard library and numpy
+    from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+
+    from numpy.typing import NDArray
+
+    Dataset = Any  # the reader's RecordDataset (of whichever module defines it), or one like it
+    Report = tuple[int, list[tuple[int, str]], list[tuple[int, int, str]]]  # see fill_batch
 
 __all__ = ["BatchDecoder", "Loader", "Prefetcher", "RankSampler", "epoch_order", "prefetch"]
 
@@ -49,7 +58,9 @@ __all__ = ["BatchDecoder", "Loader", "Prefetcher", "RankSampler", "epoch_order",
 # --- sampling: epochs, ranks, resuming ---------------------------------------------------------
 
 
-def epoch_order(size, epoch=0, seed=0, shuffle=True):
+def epoch_order(
+    size: int, epoch: int = 0, seed: int = 0, shuffle: bool = True
+) -> NDArray[np.int64]:
     """Return the order of all `size` samples in one epoch (int64), the same on every rank.
 
     Shuffled from PCG64 raw bits seeded by (seed, epoch), whose stream numpy keeps stable
@@ -73,7 +84,15 @@ class RankSampler:
     `load_state_dict()` resumes there, on any number of ranks. Use as a DataLoader `sampler`.
     """
 
-    def __init__(self, size, rank=0, world_size=1, shuffle=True, seed=0, drop_last=False):
+    def __init__(
+        self,
+        size: int | Sequence[Any],
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> None:
         size = size if isinstance(size, int) else len(size)
         if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"need 0 <= rank < world_size, got rank {rank} of {world_size}")
@@ -83,48 +102,48 @@ class RankSampler:
         self.position = 0  # where in the epoch's global order this view starts
         self._yielded = 0
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"RankSampler(size={self.size}, rank={self.rank}, world_size={self.world_size}, "
             f"epoch={self.epoch}, position={self.position})"
         )
 
     @property
-    def total(self):
+    def total(self) -> int:
         """Return the length of an epoch's global order after padding or dropping."""
         w = self.world_size
         return self.size // w * w if self.drop_last else -(-self.size // w) * w
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Start epoch `epoch` from its beginning."""
         self.epoch, self.position, self._yielded = epoch, 0, 0
 
-    def global_order(self):
+    def global_order(self) -> NDArray[np.int64]:
         """Return the epoch's global order, padded or cut to `total`."""
         order = epoch_order(self.size, self.epoch, self.seed, self.shuffle)
         if self.total <= self.size:
             return order[: self.total]
         return np.resize(order, self.total)  # repeats the order from its start
 
-    def indices(self):
+    def indices(self) -> NDArray[np.int64]:
         """Return the sample indices this rank reads from `position` to the end of the epoch."""
         start = min(self.position, self.total)
         return self.global_order()[start + self.rank :: self.world_size]
 
-    def __len__(self):
+    def __len__(self) -> int:
         return max(0, self.total - self.position) // self.world_size
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         self._yielded = 0
         return self._count_yielded(self.indices())
 
-    def _count_yielded(self, indices):
+    def _count_yielded(self, indices: NDArray[np.int64]) -> Iterator[int]:
         for start in range(0, len(indices), 1 << 16):  # Python ints a block at a time, not
             for i in indices[start : start + (1 << 16)].tolist():  # one per sample at once
                 self._yielded += 1
                 yield i
 
-    def state_dict(self, consumed=None):
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
         """Return {epoch, position, ...}: where to resume after `consumed` samples of this rank.
 
         `consumed` defaults to what the last iteration yielded, exact without DataLoader
@@ -139,7 +158,7 @@ class RankSampler:
             "shuffle": self.shuffle,
         }
 
-    def load_state_dict(self, state):
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume at a `state_dict()`: the next iteration reads the rest of that epoch."""
         for name in ("seed", "size", "shuffle"):
             if name in state and state[name] != getattr(self, name):
@@ -155,7 +174,9 @@ class RankSampler:
 _ITEM, _END, _ERROR = range(3)
 
 
-def prefetch(iterable, depth=2, fn=None):
+def prefetch(
+    iterable: Iterable[Any], depth: int = 2, fn: Callable[[Any], Any] | None = None
+) -> Prefetcher:
     """Iterate `iterable` on a background thread, up to `depth` items ahead; return a `Prefetcher`.
 
     `fn` (optional) runs on that thread for each item, e.g. a copy to the GPU with
@@ -172,10 +193,12 @@ class Prefetcher:
     stops the thread and closes the source iterator.
     """
 
-    def __init__(self, iterable, depth=2, fn=None):
+    def __init__(
+        self, iterable: Iterable[Any], depth: int = 2, fn: Callable[[Any], Any] | None = None
+    ) -> None:
         if depth < 1:
             raise ValueError("depth must be >= 1")
-        self._queue = queue.Queue(depth)
+        self._queue: queue.Queue[tuple[int, Any]] = queue.Queue(depth)
         self._stop = threading.Event()
         self._done = False
         # The thread must not reference self, or an abandoned Prefetcher would never be freed.
@@ -187,10 +210,10 @@ class Prefetcher:
         )
         self._thread.start()
 
-    def __iter__(self):
+    def __iter__(self) -> Prefetcher:
         return self
 
-    def __next__(self):
+    def __next__(self) -> Any:
         if self._done:
             raise StopIteration
         kind, value = self._queue.get()
@@ -201,7 +224,7 @@ class Prefetcher:
             raise value
         raise StopIteration
 
-    def close(self):
+    def close(self) -> None:
         """Stop the background thread and drop what it produced ahead."""
         self._done = True
         self._stop.set()
@@ -212,21 +235,26 @@ class Prefetcher:
                 pass
         self._thread.join()
 
-    def __enter__(self):
+    def __enter__(self) -> Any:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         # No join here: the thread sees the flag within 50 ms and ends by itself.
         if getattr(self, "_stop", None) is not None:
             self._done = True
             self._stop.set()
 
 
-def _produce(iterable, fn, out, stop):
-    def put(entry):
+def _produce(
+    iterable: Iterable[Any],
+    fn: Callable[[Any], Any] | None,
+    out: queue.Queue[tuple[int, Any]],
+    stop: threading.Event,
+) -> None:
+    def put(entry: tuple[int, Any]) -> bool:
         while not stop.is_set():
             try:
                 out.put(entry, timeout=0.05)
@@ -255,7 +283,7 @@ def _produce(iterable, fn, out, stop):
 MODES = ("bgr", "rgb", "gray")
 
 
-def reduction_factor(source, target):
+def reduction_factor(source: tuple[int, int], target: tuple[int, int]) -> int:
     """Return the largest libjpeg scale 8, 4 or 2 at which `source` (h, w) still covers `target`.
 
     1 when the source is less than twice the target in either dimension.
@@ -267,7 +295,7 @@ def reduction_factor(source, target):
     return 1
 
 
-def crop_box(source, target):
+def crop_box(source: tuple[int, int], target: tuple[int, int]) -> tuple[int, int, int, int]:
     """Return (y, x, h, w): the centred region of `source` (h, w) with the target's aspect ratio.
 
     The region is what "scale to cover the target, then centre-crop" keeps: the whole of the
@@ -282,7 +310,7 @@ def crop_box(source, target):
 class _BadSample(Exception):
     """A sample that cannot be read or decoded; `error` is the RecordFormatError to report."""
 
-    def __init__(self, error):
+    def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
         self.error = error
 
@@ -291,7 +319,7 @@ class ShapeMismatchError(Exception):
     """Images of different shapes where the batch needs one (raised as the reader's error)."""
 
 
-def _reader(ds):
+def _reader(ds: Dataset) -> Any:
     """Return the reader module that defines the dataset (or the class it extends, as a remote
     pack's does): its decoders and errors."""
     for cls in type(ds).__mro__:
@@ -308,42 +336,46 @@ class _SampleDecoder:
     image whose header declares more than `max_pixels` pixels is a bad sample, never decoded.
     """
 
-    def __init__(self, ds, mode, size, max_pixels):
+    def __init__(
+        self, ds: Dataset, mode: str, size: tuple[int, int] | None, max_pixels: int
+    ) -> None:
         self.ds, self.mode, self.size, self.max_pixels = ds, mode, size, max_pixels
-        self._cv2 = self._flags = None
+        self._cv2: Any = None  # OpenCV, False without it, None until asked
+        self._flags: dict[int, int] | None = None
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_cv2"] = None
         return state
 
-    def cv2(self):
+    def cv2(self) -> Any:
         if self._cv2 is None:
             try:
                 import cv2
+
+                self._cv2 = cv2
             except ImportError:
-                cv2 = False
-            self._cv2 = cv2
+                self._cv2 = False
         return self._cv2
 
-    def read(self, i):
+    def read(self, i: int) -> Any:
         """Return the image bytes of sample `i`; raise _BadSample if its record is damaged."""
         try:
             return self.ds.raw(i)[0]
         except _reader(self.ds).RecordFormatError as exc:
             raise _BadSample(exc) from None
 
-    def release(self):
+    def release(self) -> None:
         """Unmap what the batch read (`ds.close()`): a worker holds no pages between batches."""
         close = getattr(self.ds, "close", None)
         if close is not None:
             close()
 
-    def _bad(self, i, exc):
+    def _bad(self, i: int, exc: Any) -> _BadSample:
         """Return the _BadSample of the reader's error `exc`, naming sample `i`'s location."""
         return _BadSample(type(exc)(exc.reason, *self.ds.location(i)))
 
-    def decode(self, i, payload):
+    def decode(self, i: int, payload: Any) -> NDArray[np.uint8]:
         """Return sample `i` decoded at full size by the reader, as (H, W, C) uint8."""
         reader = _reader(self.ds)
         try:
@@ -351,7 +383,7 @@ class _SampleDecoder:
         except reader.RecordFormatError as exc:
             raise self._bad(i, exc) from None
 
-    def _flag(self, factor):
+    def _flag(self, factor: int) -> int:
         """Return OpenCV's flag decoding at 1/`factor` scale, in BGR (or gray, 2-D)."""
         if self._flags is None:
             cv2, gray = self.cv2(), self.mode == "gray"
@@ -363,7 +395,9 @@ class _SampleDecoder:
             }
         return self._flags[factor]
 
-    def _imdecode(self, i, payload, flags):
+    def _imdecode(
+        self, i: int, payload: Any, flags: int | Callable[[str, int, int], int]
+    ) -> NDArray[np.uint8]:
         """Return sample `i` decoded by the reader's `imdecode` (`flags`: a flag, or a function
         of the image's format and size choosing one)."""
         reader = _reader(self.ds)
@@ -372,7 +406,7 @@ class _SampleDecoder:
         except reader.RecordFormatError as exc:
             raise self._bad(i, exc) from None
 
-    def into(self, i, payload, out):
+    def into(self, i: int, payload: Any, out: NDArray[np.uint8]) -> None:
         """Decode sample `i` into `out` (H, W, C) uint8, resized per `size` when given."""
         if self.size is None:
             if self.mode == "rgb" and self.cv2():  # converted straight into the slot
@@ -387,33 +421,33 @@ class _SampleDecoder:
         cv2 = self.cv2()
         if not cv2:
             raise _reader(self.ds).RectoolError("size= needs OpenCV (opencv-python-headless)")
-        factor = [1]
+        factor, size = [1], self.size
 
-        def scaled(kind, height, width):  # the largest JPEG scale still covering the target
-            if kind == "jpeg":
-                factor[0] = reduction_factor((height, width), self.size)
+        def scaled(kind: str, height: int, width: int) -> int:
+            if kind == "jpeg":  # the largest JPEG scale still covering the target
+                factor[0] = reduction_factor((height, width), size)
             return self._flag(factor[0])
 
         image = self._imdecode(i, payload, scaled)
-        if factor[0] > 1 and (image.shape[0] < self.size[0] or image.shape[1] < self.size[1]):
+        if factor[0] > 1 and (image.shape[0] < size[0] or image.shape[1] < size[1]):
             image = self._imdecode(i, payload, self._flag(1))  # EXIF turned it: decode in full
         if self.mode == "rgb":
             image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
-        y, x, h, w = crop_box(image.shape[:2], self.size)
+        y, x, h, w = crop_box(image.shape[:2], size)
         crop = image[y : y + h, x : x + w]
         target = out[:, :, 0] if self.mode == "gray" else out
-        if (h, w) == self.size:
+        if (h, w) == size:
             target[...] = crop
             return
-        shrink = h >= self.size[0] and w >= self.size[1]
+        shrink = h >= size[0] and w >= size[1]
         cv2.resize(
             crop,
-            (self.size[1], self.size[0]),
+            (size[1], size[0]),
             dst=target,
             interpolation=cv2.INTER_AREA if shrink else cv2.INTER_LINEAR,
         )
 
-    def _check_shape(self, i, shape, expected):
+    def _check_shape(self, i: int, shape: tuple[int, ...], expected: tuple[int, ...]) -> None:
         if shape != expected:
             path, offset, key = self.ds.location(i)
             raise ShapeMismatchError(
@@ -430,12 +464,20 @@ ON_ERROR = ("raise", "skip", "replace")
 REPLACE_ATTEMPTS = 16
 
 
-def replacement(seed, i, attempt, size):
+def replacement(seed: int, i: int, attempt: int, size: int) -> int:
     """Return the sample that stands in for bad sample `i` (`attempt`-th try): a pure function."""
     return int(np.random.Generator(np.random.PCG64([seed, i, attempt])).integers(size))
 
 
-def fill_batch(decoder, label_table, indices, images, labels, on_error, seed):
+def fill_batch(
+    decoder: _SampleDecoder,
+    label_table: NDArray[Any],
+    indices: Iterable[int],
+    images: NDArray[np.uint8],
+    labels: NDArray[Any],
+    on_error: str,
+    seed: int,
+) -> Report:
     """Decode samples `indices` into `images[:n]`, their labels into `labels[:n]`; return a report.
 
     The report is (n, skipped, replaced): n samples written; `skipped` a list of (index,
@@ -477,7 +519,7 @@ def fill_batch(decoder, label_table, indices, images, labels, on_error, seed):
     return n, skipped, replaced
 
 
-def label_table(ds):
+def label_table(ds: Dataset) -> NDArray[Any]:
     """Return every label for batching: int64 (N,) when all are whole numbers, else float32.
 
     Scalar whole-number labels (class indices, what `rectool pack` writes) become int64, what
@@ -505,21 +547,21 @@ class _SharedLabels:
     of 336 MB instead of holding eight copies. Pickled anywhere else, it carries the array.
     """
 
-    def __init__(self, array):
+    def __init__(self, array: NDArray[Any]) -> None:
         array = np.asarray(array)
         self._fd = _unlinked_shared_file(max(1, array.nbytes))
         weakref.finalize(self, os.close, self._fd)
         self._map(array.dtype, array.shape, mmap.ACCESS_WRITE)[...] = array
         self.array.flags.writeable = False
 
-    def _map(self, dtype, shape, access):
+    def _map(self, dtype: Any, shape: tuple[int, ...], access: int) -> NDArray[Any]:
         dtype, count = np.dtype(dtype), int(np.prod(shape, dtype=np.int64))
         mm = mmap.mmap(self._fd, max(1, count * dtype.itemsize), access=access)
         self.spec = dtype.str, tuple(shape)
         self.array = np.frombuffer(mm, dtype, count).reshape(shape)
         return self.array
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         from multiprocessing import context, reduction
 
         if self._fd is None or context.get_spawning_popen() is None:
@@ -527,18 +569,18 @@ class _SharedLabels:
         return _SharedLabels._attach, (reduction.DupFd(self._fd), self.spec)
 
     @classmethod
-    def _attach(cls, dup, spec):
+    def _attach(cls, dup: Any, spec: tuple[str, tuple[int, ...]]) -> _SharedLabels:
         self = cls.__new__(cls)
         self._fd = dup.detach()
         try:
             self._map(*spec, mmap.ACCESS_READ)
         finally:
             os.close(self._fd)
-            self._fd = None  # the mapping is all a worker needs
+            self._fd = None  # type: ignore[assignment]  # the mapping is all a worker needs
         return self
 
 
-def _new_shared_file(kind, size):
+def _new_shared_file(kind: str, size: int) -> tuple[int, str]:
     """Create a file of `size` bytes under /dev/shm (else the temporary folder) that only this
     user can open, named `rectool-KIND-PID-RANDOM`; return (descriptor, path)."""
     folder = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
@@ -553,7 +595,7 @@ def _new_shared_file(kind, size):
     return fd, path
 
 
-def _unlinked_shared_file(size):
+def _unlinked_shared_file(size: int) -> int:
     """Return the descriptor of a new shared-memory file of `size` bytes that has no name."""
     if not hasattr(os, "memfd_create"):
         fd, path = _new_shared_file("labels", size)
@@ -568,7 +610,7 @@ def _unlinked_shared_file(size):
     return fd
 
 
-def _check_options(mode, size, on_error):
+def _check_options(mode: str, size: Sequence[int] | None, on_error: str) -> Any:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, not {mode!r}")
     if on_error not in ON_ERROR:
@@ -580,7 +622,7 @@ def _check_options(mode, size, on_error):
     return size
 
 
-def _max_pixels(ds, max_pixels):
+def _max_pixels(ds: Dataset, max_pixels: int | None) -> int:
     """Return the decode budget: `max_pixels`, else the dataset's (`open_dataset(max_pixels=)`)."""
     reader = _reader(ds)
     if max_pixels is None:
@@ -588,25 +630,27 @@ def _max_pixels(ds, max_pixels):
     return reader.check_max_pixels(max_pixels)
 
 
-def _default_mode(ds, mode):
+def _default_mode(ds: Dataset, mode: str | None) -> str:
     if mode is not None:
         return mode
     decode = getattr(ds, "decode", None)
     return decode if decode in MODES else "rgb"
 
 
-def _sample_shape(decoder, mode, size, count):
+def _sample_shape(
+    decoder: _SampleDecoder, mode: str, size: tuple[int, int] | None, count: int
+) -> tuple[int, ...]:
     """Return the (H, W, C) of every image: from `size`, else from the first decodable image."""
     channels = 1 if mode == "gray" else 3
     if size is not None:
         return (*size, channels)
-    first = None
+    first: Exception | None = None
     for i in range(min(count, 100)):
         try:
             return decoder.decode(i, decoder.read(i)).shape
         except _BadSample as bad:
             first = first or bad.error
-    raise first
+    raise first  # type: ignore[misc]  # set: the loaders refuse an empty dataset
 
 
 # --- shared memory: a ring of batch slots -----------------------------------------------------
@@ -622,8 +666,16 @@ class _Ring:
     """
 
     def __init__(
-        self, slots, batch, shape, label_shape, label_dtype, path=None, fd=None, named=True
-    ):
+        self,
+        slots: int,
+        batch: int,
+        shape: Sequence[int],
+        label_shape: Sequence[int],
+        label_dtype: Any,
+        path: str | None = None,
+        fd: int | None = None,
+        named: bool = True,
+    ) -> None:
         self.spec = (slots, batch, tuple(shape), tuple(label_shape), np.dtype(label_dtype).str)
         image_bytes = slots * batch * int(np.prod(shape))
         self._label_start = -(-image_bytes // 64) * 64
@@ -654,21 +706,21 @@ class _Ring:
         ).reshape(slots, batch, *label_shape)
 
     @classmethod
-    def attach(cls, path, spec):
+    def attach(cls, path: str, spec: tuple[Any, ...]) -> _Ring:
         slots, batch, shape, label_shape, label_dtype = spec
         return cls(slots, batch, shape, label_shape, label_dtype, path=path)
 
-    def handle(self):
+    def handle(self) -> _SharedFd:
         """Return the ring's descriptor as workers receive it (see `_SharedFd`)."""
-        return _SharedFd(self._fd)
+        return _SharedFd(self._fd)  # type: ignore[arg-type]  # held until release()
 
-    def release(self):
+    def release(self) -> None:
         """Close the descriptor kept for the workers (the mapping stays)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
-    def unlink(self):
+    def unlink(self) -> None:
         self.release()
         if self.path is not None:
             try:
@@ -677,10 +729,10 @@ class _Ring:
                 pass
             self.path = None
 
-    def close(self):
+    def close(self) -> None:
         """Unmap, unless the caller still holds views of a batch (then the last view unmaps)."""
         self.unlink()
-        self.images = self.labels = None
+        self.images = self.labels = None  # type: ignore[assignment]  # closed
         try:
             self._mm.close()
         except BufferError:
@@ -691,16 +743,16 @@ class _SharedFd:
     """A descriptor handed to a worker process: inherited under fork, duplicated into the
     child by multiprocessing under spawn and forkserver (as it passes a Pipe's ends)."""
 
-    def __init__(self, fd):
+    def __init__(self, fd: int) -> None:
         self.fd = fd
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         from multiprocessing import reduction
 
         return _SharedFd._rebuild, (reduction.DupFd(self.fd),)
 
     @staticmethod
-    def _rebuild(dup):
+    def _rebuild(dup: Any) -> _SharedFd:
         return _SharedFd(dup.detach())
 
 
@@ -715,21 +767,31 @@ class _forking:
     starts with the single-threaded pool a worker wants anyway.
     """
 
-    def __init__(self, forked):
+    def __init__(self, forked: bool) -> None:
         self.cv2 = sys.modules.get("cv2") if forked else None
         self.threads = None
 
-    def __enter__(self):
+    def __enter__(self) -> None:
         if self.cv2 is not None:
             self.threads = self.cv2.getNumThreads()
             self.cv2.setNumThreads(1)
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         if self.threads is not None:
             self.cv2.setNumThreads(self.threads)
 
 
-def _work(decoder, table, ring_fd, ring_spec, conn, parent, on_error, seed, forked):
+def _work(
+    decoder: _SampleDecoder,
+    table: Any,
+    ring_fd: _SharedFd,
+    ring_spec: tuple[Any, ...],
+    conn: Any,
+    parent: int,
+    on_error: str,
+    seed: int,
+    forked: bool,
+) -> None:
     """A worker: decode each batch it is sent into its slot, answer with the report."""
     table = table.array
     try:
@@ -764,12 +826,14 @@ def _work(decoder, table, ring_fd, ring_spec, conn, parent, on_error, seed, fork
             conn.send(("error", number, _portable_error(exc)))
 
 
-def _portable_error(exc):
+def _portable_error(
+    exc: BaseException,
+) -> tuple[str, str, tuple[Any, ...] | None, bytes | None, str]:
     """Return what the parent needs to raise `exc` again: the error, or its text if unpicklable."""
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     fields = None
     if hasattr(exc, "reason") and hasattr(exc, "key"):  # the reader's RecordFormatError
-        fields = (exc.reason, exc.path, exc.offset, exc.key)
+        fields = (exc.reason, exc.path, exc.offset, exc.key)  # type: ignore[attr-defined]
     try:
         blob = pickle.dumps(exc)
     except Exception:
@@ -780,7 +844,7 @@ def _portable_error(exc):
 class _RemoteTraceback(Exception):
     """The traceback of an error in a loader worker (the `__cause__` of what is raised)."""
 
-    def __str__(self):
+    def __str__(self) -> str:
         return self.args[0]
 
 
@@ -828,24 +892,24 @@ class Loader:
 
     def __init__(
         self,
-        ds,
-        batch_size,
+        ds: Dataset,
+        batch_size: int,
         *,
-        workers=2,
-        shuffle=True,
-        seed=0,
-        rank=0,
-        world_size=1,
-        drop_last=False,
-        size=None,
-        mode=None,
-        on_error="raise",
-        copy=False,
-        tensors=False,
-        slots=None,
-        start_method=None,
-        max_pixels=None,
-    ):
+        workers: int = 2,
+        shuffle: bool = True,
+        seed: int = 0,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+        size: Sequence[int] | None = None,
+        mode: str | None = None,
+        on_error: str = "raise",
+        copy: bool = False,
+        tensors: bool = False,
+        slots: int | None = None,
+        start_method: str | None = None,
+        max_pixels: int | None = None,
+    ) -> None:
         if batch_size < 1 or workers < 1:
             raise ValueError("batch_size and workers must be >= 1")
         mode = _default_mode(ds, mode)
@@ -868,47 +932,49 @@ class Loader:
         self._labels = self._table.array
         self.shape = tuple(_sample_shape(self._decoder, mode, self.size, len(ds)))
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "replaced": 0}
-        self.bad_samples = []
-        self._processes, self._conns, self._ring = [], [], None
-        self._active = None
+        self.bad_samples: list[tuple[int, int | None, str]] = []
+        self._processes: list[Any] = []
+        self._conns: list[Any] = []
+        self._ring: Any = None  # a _Ring while the workers run
+        self._active: Generator[tuple[Any, Any]] | None = None
         self._broken = False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"Loader({len(self.sampler)} samples of {self.shape}, batch_size={self.batch_size}, "
             f"workers={self.workers}, epoch={self.sampler.epoch})"
         )
 
-    def set_epoch(self, epoch):
+    def set_epoch(self, epoch: int) -> None:
         """Iterate epoch `epoch` from its start next (its own seeded order)."""
         self.sampler.set_epoch(epoch)
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Return the number of batches of the next iteration."""
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[tuple[Any, Any]]:
         if self._active is not None:
             self._active.close()  # one pass at a time: finish the previous one first
         self._active = self._batches()
         return self._active
 
-    def __enter__(self):
+    def __enter__(self) -> Any:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):
+    def __del__(self) -> None:
         if getattr(self, "_processes", None):
             self.close()
 
     # -- workers ---------------------------------------------------------------------------
-    def _start(self):
+    def _start(self) -> None:
         import multiprocessing
 
-        context = multiprocessing.get_context(self.start_method)
+        context: Any = multiprocessing.get_context(self.start_method)
         forked = context.get_start_method() == "fork"
         self._ring = _Ring(
             self.slots,
@@ -957,14 +1023,14 @@ class Loader:
             if self._ring is not None:
                 self._ring.release()  # every worker has mapped it (or none will)
 
-    def close(self):
+    def close(self) -> None:
         """Stop the workers and release the shared memory (batches still held stay readable)."""
         if self._active is not None:
             active, self._active = self._active, None
             active.close()
         self._stop_workers()
 
-    def _stop_workers(self):
+    def _stop_workers(self) -> None:
         for conn in self._conns:
             try:
                 conn.send(None)
@@ -982,7 +1048,7 @@ class Loader:
             self._ring.close()
             self._ring = None
 
-    def _send(self, w, task):
+    def _send(self, w: int, task: tuple[int, int, NDArray[np.int64]]) -> None:
         try:
             self._conns[w].send(task)
         except OSError:  # its end of the pipe is closed: the worker is gone
@@ -992,7 +1058,7 @@ class Loader:
                 f"loader worker {w} (pid {process.pid}) died with exit code {process.exitcode}"
             ) from None
 
-    def _receive(self, w, number):
+    def _receive(self, w: int, number: int | None) -> Any:
         """Return worker `w`'s next answer, which must be about batch `number`."""
         conn, process = self._conns[w], self._processes[w]
         while not conn.poll(0.5):
@@ -1014,7 +1080,9 @@ class Loader:
             raise AssertionError(f"worker {w} answered batch {rest[0]}, expected {number}")
         return rest[1] if kind == "ok" else None
 
-    def _raise(self, name, message, fields, blob, text):
+    def _raise(
+        self, name: str, message: str, fields: tuple[Any, ...] | None, blob: bytes | None, text: str
+    ) -> None:
         reader = _reader(self._decoder.ds)
         if fields is not None:  # the reader's error class, by name (ImageTooLargeError...)
             kind = getattr(reader, name, None)
@@ -1025,13 +1093,13 @@ class Loader:
             error = reader.RectoolError(message)
         else:
             try:
-                error = pickle.loads(blob)
+                error = pickle.loads(blob)  # type: ignore[arg-type]  # None raises: caught
             except Exception:
                 error = reader.RectoolError(f"in a loader worker: {name}: {message}")
         raise error from _RemoteTraceback(text)
 
     # -- batches ---------------------------------------------------------------------------
-    def _batches(self):
+    def _batches(self) -> Generator[tuple[Any, Any]]:
         if self._broken:
             self._stop_workers()
             self._broken = False
@@ -1040,7 +1108,7 @@ class Loader:
         indices = self.sampler.indices()
         count = len(self)
         free = list(range(self.slots))
-        slot_of = {}  # batch number -> slot, for batches sent to a worker
+        slot_of: dict[int, int] = {}  # batch number -> slot, for batches sent to a worker
         received = 0
         try:
             while received < count:
@@ -1073,7 +1141,7 @@ class Loader:
                 except Exception:  # an error in a batch nobody will see
                     pass
 
-    def _deliver(self, slot, report):
+    def _deliver(self, slot: int, report: Report) -> tuple[Any, Any]:
         n, skipped, replaced = report
         stats = self.stats
         stats["batches"] += 1
@@ -1091,7 +1159,7 @@ class Loader:
         if self.copy:
             images, labels = images.copy(), labels.copy()
         if self.tensors:
-            torch = sys.modules.get("torch")
+            torch: Any = sys.modules.get("torch")
             if torch is None:
                 raise ValueError("tensors=True needs torch imported first")
             images, labels = torch.from_numpy(images), torch.from_numpy(labels)
@@ -1127,8 +1195,16 @@ class BatchDecoder:
     """
 
     def __init__(
-        self, ds, *, size=None, mode=None, on_error="raise", seed=0, slots=8, max_pixels=None
-    ):
+        self,
+        ds: Dataset,
+        *,
+        size: Sequence[int] | None = None,
+        mode: str | None = None,
+        on_error: str = "raise",
+        seed: int = 0,
+        slots: int = 8,
+        max_pixels: int | None = None,
+    ) -> None:
         mode = _default_mode(ds, mode)
         self.size = _check_options(mode, size, on_error)
         self.mode, self.on_error, self.seed, self.slots = mode, on_error, seed, slots
@@ -1137,26 +1213,27 @@ class BatchDecoder:
         self._labels = self._table.array
         self.shape = tuple(_sample_shape(self._decoder, mode, self.size, len(ds)))
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "replaced": 0}
-        self._ring, self._next_slot = None, 0
+        self._ring: Any = None  # this worker's _Ring, made on first use
+        self._next_slot = 0
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_ring"] = None  # each worker makes its own
         state["_labels"] = None  # the table travels as itself
         return state
 
-    def __setstate__(self, state):
+    def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._labels = self._table.array
 
-    def __len__(self):
+    def __len__(self) -> int:
         """Return the number of samples (indices range over the dataset)."""
         return len(self._labels)
 
-    def __getitem__(self, indices):
+    def __getitem__(self, indices: Sequence[int] | NDArray[np.integer[Any]]) -> Any:
         indices = np.asarray(indices, np.int64).reshape(-1)
         labels = np.empty((len(indices), *self._labels.shape[1:]), self._labels.dtype)
-        torch = sys.modules.get("torch")
+        torch: Any = sys.modules.get("torch")
         in_worker = torch is not None and torch.utils.data.get_worker_info() is not None
         slot = None
         if in_worker and self.slots:
@@ -1186,7 +1263,7 @@ class BatchDecoder:
             return shared[:n], torch.from_numpy(labels[:n])
         return images[:n], labels[:n]
 
-    def _take_slot(self, n):
+    def _take_slot(self, n: int) -> int | None:
         """Return the next slot of this worker's ring (made on first use); None if n is larger."""
         if self._ring is None:
             self._ring = _Ring(self.slots, n, self.shape, (), np.uint8)
@@ -1204,18 +1281,22 @@ class BatchDecoder:
 class _RingBatch:
     """A batch in a worker's ring, pickled as its place: unpickled as (images, labels) views."""
 
-    def __init__(self, path, spec, slot, n, labels):
+    def __init__(
+        self, path: str, spec: tuple[Any, ...], slot: int, n: int, labels: NDArray[Any]
+    ) -> None:
         self.place = (path, spec, slot, n, labels)
 
-    def __reduce__(self):
+    def __reduce__(self) -> tuple[Any, ...]:
         return _attach_batch, self.place
 
 
-_ATTACHED = {}  # ring path -> _Ring, in the process that receives batches
+_ATTACHED: dict[str, _Ring] = {}  # ring path -> _Ring, in the process that receives batches
 _ATTACHED_MAX = 256
 
 
-def _attach_batch(path, spec, slot, n, labels):
+def _attach_batch(
+    path: str, spec: tuple[Any, ...], slot: int, n: int, labels: NDArray[Any]
+) -> tuple[Any, Any]:
     """Return batch `slot` of the ring at `path` as torch tensors (numpy without torch)."""
     ring = _ATTACHED.pop(path, None)
     if ring is None:
@@ -1225,7 +1306,7 @@ def _attach_batch(path, spec, slot, n, labels):
             del _ATTACHED[next(iter(_ATTACHED))]
     _ATTACHED[path] = ring  # most recent last
     images = ring.images[slot, :n]
-    torch = sys.modules.get("torch")
+    torch: Any = sys.modules.get("torch")
     if torch is None:
         return images, labels
     return torch.from_numpy(images), torch.from_numpy(labels)

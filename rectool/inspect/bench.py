@@ -91,7 +91,7 @@ def _timed_reads(
 _DATASET: RecordDataset | None = None
 
 
-def _init_worker(source: Source, decode: str, max_pixels: float) -> None:
+def _init_worker(source: Source, decode: str, max_pixels: int) -> None:
     global _DATASET
     _DATASET = open_dataset(source, decode=decode, max_pixels=max_pixels)
 
@@ -110,7 +110,7 @@ def bench_dataset(
     decode: str = "rgb",
     seed: int = 0,
     progress: Callable[[str], object] | None = None,
-    max_pixels: float = DEFAULT_MAX_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> BenchReport:
     """Measure the read speed of a dataset; return a `BenchReport`.
 

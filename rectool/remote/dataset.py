@@ -222,6 +222,8 @@ class RemoteDataset(RecordDataset):
     keeps mapped; default a block), `store` (one of `store`'s, for tests), `clock`.
     """
 
+    _files: list[CachedRecordFile]  # type: ignore[assignment]  # _open_shard makes them
+
     def __init__(
         self,
         url: str,
@@ -297,7 +299,7 @@ class RemoteDataset(RecordDataset):
     def _open_shard(self, rec: str) -> CachedRecordFile:
         return CachedRecordFile(rec, self._objects[rec], self.shard_cache, self._open_files)
 
-    def _check_at_open(
+    def _check_at_open(  # type: ignore[override]  # its own shards: CachedRecordFile
         self,
         rf: CachedRecordFile,
         idx: str,

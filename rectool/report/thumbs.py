@@ -96,7 +96,7 @@ def thumbnail(data: bytes, options: ReportOptions, reduce: int, alt: str, captio
     `options.thumb` pixels, encode it as a small JPEG."""
     size = options.thumb
     try:
-        array = imdecode(data, _REDUCED[reduce], options.max_pixels)
+        array: np.ndarray = imdecode(data, _REDUCED[reduce], options.max_pixels)
     except ImageTooLargeError:
         return Thumb(alt, caption, problem="not decoded: more pixels than --max-pixels")
     except RecordFormatError:
