@@ -335,57 +335,61 @@ def test_random_operation_sequences_give_mxnets_results_and_files(oracle, tmp_pa
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
         ),
     )
-    # The machine must keep exercising what this file claims to compare.
-    # Hypothesis mixes constants from every loaded module into what it draws, so the counts
-    # differ between this file alone and the whole suite: the floors leave room for both.
-    # Operations drawn only a few times (a forked child's or a worker's read, a read error, a
-    # vector label read back) have no floor here: the scripted run below makes each happen.
-    wanted = {
-        "split": 100,
-        "vector label": 25,
-        "missing key": 20,
-        "read AssertionError": 30,
-        "pickle": 100,
-        "reset": 30,
-        "open": 4,
-        "tell": 15,
-        "seek": 15,
-        "read_idx": 8,
-        "files": 400,
-        "open_reader": 25,
-    }
-    short = {kind: (SEEN[kind], n) for kind, n in wanted.items() if SEEN[kind] < n}
-    assert not short, f"exercised too rarely (seen, wanted): {short}; all: {dict(SEEN)}"
+    # How often hypothesis draws each operation moves with every module the suite loads (it
+    # mixes in their constants): in one week "open" went from 34 draws to 2 and "seek" from 78
+    # to 21 with no change to this file. So no floor per operation here: the scripted run
+    # below makes each one happen; this only checks that the random run ran its course.
+    assert sum(SEEN.values()) >= 1000, f"the machine ran too few steps: {dict(SEEN)}"
 
 
-class _FirstKey:
-    """Stands in for `st.data()` in a scripted run: every key drawn is the first on disk."""
+class _Key:
+    """Stands in for `st.data()` in a scripted run: draws `key`, or the first key on disk."""
 
-    def __init__(self, machine):
-        self.machine = machine
+    def __init__(self, machine, key=None):
+        self.machine, self.key = machine, key
 
     def draw(self, strategy):
-        return self.machine.keys_on_disk()[0]
+        return self.machine.keys_on_disk()[0] if self.key is None else self.key
 
 
-def test_each_rare_operation_gives_mxnets_results_in_a_scripted_run(oracle, tmp_path):
-    """The operations the random run draws rarely, each made to happen once, on purpose.
+# What the scripted run must make happen, each compared with MXNet at least once.
+SCRIPTED = (
+    "open_writer", "write_idx", "write", "split", "vector label", "close", "open_reader",
+    "read", "read a vector label", "tell", "seek", "read_idx", "missing key", "pickle",
+    "fork read", "worker read", "reset", "read RuntimeError", "open", "read AssertionError",
+    "files",
+)  # fmt: skip
+
+
+def test_each_operation_gives_mxnets_results_in_a_scripted_run(oracle, tmp_path):
+    """Every operation the random run draws, made to happen on purpose, against MXNet.
 
     How often the random run draws an operation shifts with every module the suite loads
-    (hypothesis draws constants from them), so this run, not a floor, proves that a forked
-    child's and a worker's reads, a read error and a vector label read back are compared."""
+    (hypothesis draws constants from them), so this run, not a floor on the random run's
+    counts, proves that each operation (a forked child's and a worker's reads, errors, a
+    vector label read back, reopening, ...) is compared."""
     RecordIOMachine.oracle, RecordIOMachine.base = oracle, tmp_path
     SEEN.clear()
-    machine = RecordIOMachine()
+    m = RecordIOMachine()
     vector = ("pack", (2, [1.5, -2.0], 7, 3), MAGIC + b"xyz")  # split, and a vector label
-    machine.written("int", [(4, vector), (9, ("raw", b"ab"))], [(0, ("raw", b"c"))])
-    machine.read(1)
-    machine.other_process(_FirstKey(machine), "fork", 2)
-    machine.other_process(_FirstKey(machine), "worker", 1)
-    machine.reset_or_close("close")
-    machine.read(1)
-    machine.files_match()
-    machine.teardown()
-    for kind in ("split", "vector label", "read a vector label", "fork read", "worker read"):
-        assert SEEN[kind] >= 1, f"{kind} did not happen: {dict(SEEN)}"
-    assert SEEN["read RuntimeError"] >= 1, f"a read after close raised nothing: {dict(SEEN)}"
+    m.written("int", [(4, vector), (9, ("raw", b"ab"))], [(0, ("raw", b"c"))])
+    m.read(1)  # the vector label read back
+    m.inspect("tell")
+    m.read_idx(_Key(m, 9), "seek", 1)
+    m.read_idx(_Key(m, 4), "read_idx", 0)
+    m.read_idx(_Key(m, 12345), "read_idx", 0)  # a missing key
+    m.pickle()
+    m.other_process(_Key(m), "fork", 2)
+    m.other_process(_Key(m), "worker", 1)
+    m.reset_or_close("reset")
+    m.reset_or_close("close")
+    m.read(1)  # a closed reader: RuntimeError on both sides
+    m.reopen()
+    m.read(1)
+    m.open_writer("plain", "int", [(0, ("raw", b"de"))])
+    m.read(1)  # a writer: AssertionError on both sides
+    m.reset_or_close("close")
+    m.files_match()
+    m.teardown()
+    missing = [kind for kind in SCRIPTED if not SEEN[kind]]
+    assert not missing, f"did not happen: {missing}; all: {dict(SEEN)}"
