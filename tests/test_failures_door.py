@@ -101,6 +101,11 @@ BAD = {
     "float line": (PACK_LINE.replace(b"3", b"3.0"), 1, "field 'line' must be an integer"),
     "true index": (PACK_LINE.replace(b"2", b"true"), 1, "field 'index' must be an integer"),
     "null path": (b'{"line": 1, "index": 0, "path": null, "reason": "r"}\n', 1, "field 'path'"),
+    "lone surrogate": (
+        PACK_LINE.replace(b"bob/", b"\\ud800/"),
+        1,
+        "field 'path' is not text (it holds half of a UTF-16 surrogate pair)",
+    ),
 }
 
 
@@ -322,3 +327,23 @@ def test_the_report_lists_the_lines_that_are_not_refusals_and_counts_the_rest(tm
         (3, "bob/été.jpg", "empty file"),
         (None, "", "empty file"),
     ]
+
+
+def test_the_report_lists_a_line_that_holds_no_text_as_a_bad_line(tmp_path):
+    """A \\udc80 escape alone is half a UTF-16 pair: such a path or reason cannot be written to
+    the page (it was a UnicodeEncodeError traceback); the line is listed as not a refusal."""
+    from helpers.rec_files import make_pack
+
+    pack = make_pack(tmp_path)
+    failures_file = pack.manifest.parent / "faces.failures.jsonl"
+    failures_file.write_bytes(
+        PACK_LINE
+        + PACK_LINE.replace(b"bob/", b"\\ud800/")
+        + PACK_LINE.replace(b'"empty file"', b'"\\udfff"')
+    )
+    page = tmp_path / "r.html"
+    result = CliRunner().invoke(cli, ["report", str(pack.manifest), "-o", str(page)])
+    assert result.exit_code == 0, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "1 refusal," in result.stderr
+    assert "Lines of the failures file that are not refusals" in page.read_text(encoding="utf-8")
