@@ -523,10 +523,11 @@ if hasattr(os, "register_at_fork"):
 # WebFace42M's 2M identities at any length (NAME_MAX), twice over.
 MAX_MANIFEST_BYTES = 1 << 30
 MAX_MANIFEST_DEPTH = 16  # rectool writes 3 levels (shards[0], options.transform)
+_NOT_IN_NAMES = re.compile("[/\\\\\0\ud800-\udfff]")  # + half a UTF-16 pair: no name
 
 
 def _plain_name(v: object) -> bool:
-    return isinstance(v, str) and v not in ("", ".", "..") and not {"/", "\\", "\0"} & set(v)
+    return isinstance(v, str) and v not in ("", ".", "..") and not _NOT_IN_NAMES.search(v)
 
 
 # A field's (test, what it must be); null always means "not recorded".
@@ -597,7 +598,7 @@ def read_manifest(path: StrPath, require: Iterable[str] = ()) -> dict[str, Any]:
     if __name__ == "rectool.reader":  # not in the emitted copy, which reads no other field
         from rectool.format.manifest import check_command_fields
 
-        check_command_fields(path, doc)
+        check_command_fields(path, doc, data)
     for field in require:
         value: Any = doc
         for part in field.split("."):

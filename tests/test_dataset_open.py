@@ -186,6 +186,20 @@ def test_manifest_fields_are_checked_and_named(handmade_shards, edit, field):
     assert str(caught.value).startswith(f"{manifest}: manifest field {field!r} must be ")
 
 
+@pytest.mark.parametrize("field", ["rec", "idx"])
+def test_a_shard_name_holding_a_lone_surrogate_is_refused_naming_it(handmade_shards, field):
+    """JSON's \\ud800 escape alone is half a UTF-16 pair, no text: no file can be opened by
+    such a name (a UnicodeEncodeError in os.open). Refused as any bad name is."""
+    manifest = edit_manifest(handmade_shards[0], lambda d: d["shards"][1].update({field: "\ud800"}))
+    assert b"\\ud800" in manifest.read_bytes()
+    with pytest.raises(rd.InputError) as caught:
+        rd.open_dataset(manifest)
+    assert str(caught.value) == (
+        f"{manifest}: manifest field 'shards[1].{field}' must be a plain file name in the "
+        "manifest's folder"
+    )
+
+
 def test_manifest_listing_one_shard_twice_is_refused(handmade_shards):
     manifest = edit_manifest(handmade_shards[0], lambda d: d["shards"].append(dict(d["shards"][0])))
     with pytest.raises(rd.RectoolError) as caught:

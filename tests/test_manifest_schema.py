@@ -216,6 +216,57 @@ def test_a_manifest_larger_than_the_limit_is_refused_unread(tmp_path):
         rd.read_manifest(manifest)
 
 
+LONE_SURROGATES = {  # where, what, the field named
+    "identity name": (("identities", "1"), "\udc80bob", "identities.1"),
+    "failures file": (("failures_file",), "\ud800.jsonl", "failures_file"),
+    "list": (("list",), "faces\udfff.lst", "list"),
+    "unknown field": (("note",), ["text", {"a": "\ud800"}], "note[1].a"),
+    "a field's name": (("options", "\udc80"), 1, "options.\udc80"),
+    "surrogate bytes": (None, None, "note"),  # ED A0 80 in the file: json reads them too
+    "utf-16": (None, None, "note"),  # json reads UTF-16 too, its lone surrogates as well
+}
+
+
+@pytest.mark.parametrize("case", LONE_SURROGATES)
+def test_a_lone_surrogate_is_refused_by_every_command(pack, tmp_path, case):
+    """Half a UTF-16 pair (a \\ud800 escape, or its bytes, which json reads too) is no text:
+    refused at the door naming the file and the field, never a UnicodeEncodeError later (the
+    report writing a page, unpack naming a folder)."""
+    folder, document = pack
+    work = tmp_path / "pack"
+    shutil.copytree(folder, work, symlinks=True)
+    manifest = work / "faces.manifest.json"
+    if case == "surrogate bytes":
+        text = json.dumps({**document, "note": "SURROGATE"}, ensure_ascii=False).encode()
+        manifest.write_bytes(text.replace(b"SURROGATE", b"a\xed\xa0\x80b"))
+    elif case == "utf-16":
+        text = json.dumps({**document, "note": "a\ud800b"}, ensure_ascii=False)
+        manifest.write_bytes(text.encode("utf-16-le", "surrogatepass"))
+    else:
+        path, value, _ = LONE_SURROGATES[case]
+        manifest.write_text(json.dumps(mutated(document, path, value)))
+    with pytest.raises(rd.InputError) as caught:
+        rd.read_manifest(manifest)
+    field = LONE_SURROGATES[case][2]
+    assert str(caught.value) == (
+        f"{manifest}: manifest field {field!r} must be text (it holds half of a UTF-16 "
+        "surrogate pair)"
+    )
+    assert run_commands(work, folder.parent) == []
+    for args in commands(work, folder.parent):
+        result = CliRunner().invoke(cli, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert f"{manifest}: " in result.output, args
+
+
+def test_a_surrogate_pair_is_text(pack, tmp_path):
+    _, document = pack
+    manifest = tmp_path / "x.manifest.json"
+    manifest.write_text(json.dumps({**document, "identities": {"0": "\U0001f600"}}))
+    assert b"\\ud83d\\ude00" in manifest.read_bytes()  # json.dumps writes the pair escaped
+    assert rd.read_manifest(manifest)["identities"] == {"0": "\U0001f600"}
+
+
 def test_identities_as_a_list_are_read_as_labels(pack, tmp_path):
     _, document = pack
     manifest = tmp_path / "x.manifest.json"

@@ -146,3 +146,15 @@ def test_insightface_image_key_missing_from_the_index_is_an_error(tmp_path):
         f"{idx}: key 2 is not in the index, but record 0 says image keys up to 2 exist"
     )
     assert not (tmp_path / "back").exists()
+
+
+def test_a_record_shorter_than_its_header_is_an_error_naming_its_offset(tmp_path):
+    rec, idx = tmp_path / "x.rec", tmp_path / "x.idx"
+    first = image_payload(jpeg_bytes(1), 0.0, 1)
+    write_records(rec, idx, [(1, first), (2, b"0123456789")])
+    offset = 8 + len(first) + -len(first) % 4  # the second record's part header
+    with pytest.raises(RectoolError) as caught:
+        unpack_dataset(rec, tmp_path / "back")
+    assert str(caught.value) == (
+        f"{rec}, byte offset {offset}: record of 10 bytes is shorter than the 24-byte image header"
+    )

@@ -6,10 +6,11 @@ A failures file holds one JSON object a line, each ending with a newline. `pack`
 line for each record its plan removes (`"stage": "plan"`, with a `detail`) or its writing
 refuses (`"stage": "write"`, with the plan `position`). Every field is checked here, as the
 manifest's are in `reader.read_manifest`: a line that is not UTF-8 JSON, not an object, has a
-field missing, extra or of the wrong type, or is longer than `MAX_LINE_BYTES` is an
-`InputError` naming the file and line number (`bad_lines=True` yields it instead, for the
-report). A line is read at most `MAX_LINE_BYTES` at a time, a longer one read past, never
-held whole. The file is opened by the door in (`doors.inputs.open_input`).
+field missing, extra or of the wrong type, a string that is no text (a lone `\\ud800`), or is
+longer than `MAX_LINE_BYTES` is an `InputError` naming the file and line number
+(`bad_lines=True` yields it instead, for the report). A line is read at most `MAX_LINE_BYTES`
+at a time, a longer one read past, never held whole. The file is opened by the door in
+(`doors.inputs.open_input`).
 
 A torn last line: the writers append a line, newline included, only after every record before
 it reached its file (`ShardWriter.write_after`), in one `os.write` (a line is at most
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, Literal, TypedDict, final
@@ -44,6 +46,7 @@ MAX_LINE_BYTES = 1 << 20
 # A string longer than this is cut in a line that would be longer than MAX_LINE_BYTES: a line
 # holds at most 8 strings, each at most 6 bytes a character (JSON's \uXXXX), all under it.
 SHORTENED_CHARS = 1 << 14
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @final  # no other keys: `"line" in entry` tells a pack line from a repack line
@@ -147,6 +150,9 @@ def check_entry(doc: object, kind: Kind) -> str | None:
     extra = sorted(str(name) for name in doc if name not in fields)
     if extra:
         return f"a field {extra[0]!r} a {kind} failures line does not have"
+    for name, value in doc.items():  # JSON reads a \\ud800 escape alone: no path, no reason
+        if isinstance(value, str) and _SURROGATE.search(value):
+            return f"field {name!r} is not text (it holds half of a UTF-16 surrogate pair)"
     return None
 
 

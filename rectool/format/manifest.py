@@ -8,6 +8,7 @@ emitted reader reads no other field, so it carries none of this.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -24,6 +25,7 @@ from ..reader import (
 Field = tuple[Callable[[Any], bool], str]
 Fields = dict[str, Any]  # name -> a Field, or the Fields of an object
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_CLASS_ID = 1 << 24  # float32 labels are exact integers below 2**24 (FLOAT32_EXACT)
 _HEX, _DIGITS = frozenset("0123456789abcdef"), frozenset("0123456789")
 
@@ -88,14 +90,21 @@ MANIFEST: Fields = {
 CLOSED = {"options.transform"}  # objects whose every field is known (--resume compares them)
 
 
-def check_command_fields(path: str, doc: dict[str, Any]) -> None:
+def check_command_fields(path: str, doc: dict[str, Any], data: bytes) -> None:
     """Check the fields of a manifest that commands read; raise `InputError` naming one.
 
-    `doc` has passed the reader's own checks. `identities` given as a list of names becomes
-    {"label": name} (labels 0, 1, ...), the form every command reads.
+    `doc` has passed the reader's own checks; `data` is the file it was parsed from.
+    `identities` given as a list of names becomes {"label": name} (labels 0, 1, ...), the form
+    every command reads. No name or string may hold a lone surrogate (see `lone_surrogate`).
     """
     if _deeper_than(doc, MAX_MANIFEST_DEPTH):
         raise too_deep(path)
+    # json reads one from the \\ud800 escape alone, and from its bytes in UTF-8 (ED A0..BF) or
+    # UTF-16/32 (a NUL in the first 4 bytes): only then is every string looked at.
+    if b"\\u" in data or b"\xed" in data or b"\0" in data[:4]:
+        where = lone_surrogate(doc)
+        if where is not None:
+            raise bad_field(path, where, "text (it holds half of a UTF-16 surrogate pair)")
     _check_object(path, doc, MANIFEST, "")
     identities = doc.get("identities")
     if isinstance(identities, list):
@@ -119,6 +128,25 @@ def check_command_fields(path: str, doc: dict[str, Any]) -> None:
         raise bad_field(path, "sources", "a list of strings")
     for i, shard in enumerate(doc["shards"]):
         _check_object(path, shard, SHARD, f"shards[{i}].")
+
+
+def lone_surrogate(doc: object) -> str | None:
+    """Return the field of parsed JSON `doc` ("shards[0].rec") whose name or string holds half
+    of a UTF-16 surrogate pair (JSON reads one from a \\ud800 escape alone), or None. Such a
+    string is no text: it cannot name a file, nor be printed, written to a page or a JSON
+    document in UTF-8."""
+    todo: list[tuple[str, object]] = [("", doc)]
+    while todo:
+        where, value = todo.pop()
+        if isinstance(value, str) and _SURROGATE.search(value):
+            return where
+        if isinstance(value, dict):
+            for name, item in value.items():
+                field = f"{where}.{name}" if where else name
+                todo += [(field, name), (field, item)]
+        elif isinstance(value, list):
+            todo += [(f"{where}[{i}]", item) for i, item in enumerate(value)]
+    return None
 
 
 def _check_object(path: str, obj: dict[str, Any], fields: Fields, where: str) -> None:

@@ -110,7 +110,9 @@ def unpack_dataset(
         done = 0
         for records, (_, keys, offsets) in zip(opened, plans):
             for key, offset in zip(keys.tolist(), offsets.tolist()):
-                header, image = unpack_header(records.rec.read_at(offset, key), records.rec.path)
+                header, image = unpack_header(
+                    records.rec.read_at(offset, key), records.rec.path, offset
+                )
                 label = header.label if header.flag == 0 else header.label[0]
                 folder = folders.get(float(label))
                 if folder is None:
