@@ -306,7 +306,9 @@ def test_repack_resume_over_a_position_outside_the_plan_is_an_error(tmp_path):
     entry = json.loads(WRITE_LINE)
     with open(partial, "ab") as f:
         f.write(failure_line({**entry, "position": 80}))
-    with pytest.raises(InputError, match=f"^{partial}: line {number}: not in the plan$"):
+    with pytest.raises(
+        InputError, match=f"^{partial}: line {number}: position 80: not in the plan$"
+    ):
         repack([tmp_path / "src"], prefix, options, resume=True)
 
 
@@ -381,11 +383,6 @@ def test_pack_resume_over_a_line_naming_a_later_item_is_an_error(tree_with_refus
     assert (result.images, result.failures) == (reference.images, reference.failures)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="repack --resume trusts the positions of the partial failures file: a position past "
-    "where the run stopped skips a record silently (repack/run.py RepackRun.execute)",
-)
 def test_repack_resume_over_a_later_position_is_an_error(tmp_path):
     items = [(k, b"broken" if k % 3 == 1 else jpeg_bytes(k, 12, 10), 0.0) for k in range(80)]
     write_pack(tmp_path / "src", [items])
@@ -409,3 +406,23 @@ def test_repack_resume_over_a_later_position_is_an_error(tmp_path):
         return
     assert (tmp_path / "out" / "o.rec").read_bytes() == (tmp_path / "ref" / "o.rec").read_bytes()
     assert result.images == reference.images
+
+
+def test_repack_resume_over_a_position_refused_twice_is_an_error(tmp_path):
+    items = [(k, b"broken" if k % 3 == 1 else jpeg_bytes(k, 12, 10), 0.0) for k in range(80)]
+    write_pack(tmp_path / "src", [items])
+    options = RepackOptions(transform=Transform(quality=70), workers=1, max_failures=100)
+    prefix = tmp_path / "out" / "o"
+
+    def run(progress):
+        repack([tmp_path / "src"], prefix, options, progress=progress)
+
+    interrupted(run, 40)
+    partial = tmp_path / "out" / "o.failures.jsonl.partial"
+    lines = partial.read_bytes().splitlines(keepends=True)
+    assert b'"position": 1,' in lines[0]  # item 1 is broken: the first refusal
+    with open(partial, "ab") as f:
+        f.write(lines[0])
+    with pytest.raises(InputError) as caught:
+        repack([tmp_path / "src"], prefix, options, resume=True)
+    assert str(caught.value) == f"{partial}: line {len(lines) + 1}: position 1: refused twice"

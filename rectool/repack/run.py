@@ -69,6 +69,7 @@ class RepackRun:
         self.copier = RecordCopier(sources, catalog)
         self.failures_partial = prefix + FAILURES_SUFFIX + PARTIAL_SUFFIX
         self.refused = np.zeros(self.total, bool)  # plan positions refused while writing
+        self._last_refusal = (-1, "")  # the refusal furthest in the plan read by --resume
         self.refused_count = 0  # of them, kept as they come: progress reports it often
         self.images = 0
         self.resumed_from = 0
@@ -113,9 +114,15 @@ class RepackRun:
             with open_failures(earlier, (REPACK,), torn_tail=True, follow=False) as failures:
                 for failure in failures:
                     if failure.entry["stage"] == "write":
-                        if failure.entry["position"] >= self.total:
-                            raise InputError(f"{earlier}: line {failure.number}: not in the plan")
-                        self.refused[failure.entry["position"]] = True
+                        position = failure.entry["position"]
+                        where = f"{earlier}: line {failure.number}: position {position}"
+                        if position >= self.total:
+                            raise InputError(f"{where}: not in the plan")
+                        if self.refused[position]:
+                            raise InputError(f"{where}: refused twice")
+                        self.refused[position] = True
+                        if position >= self._last_refusal[0]:
+                            self._last_refusal = (position, where)
                         written.append(failure.text)
             kept = b"".join(written)
             self.refused_count = int(self.refused.sum())
@@ -136,6 +143,13 @@ class RepackRun:
         try:
             if resume and not self.complete:
                 done = written + int(self.refused.sum())
+                position, where = self._last_refusal
+                if position >= done:  # records and refusals must be the plan's first `done`
+                    raise InputError(
+                        f"{where}: past where the interrupted run stopped ({written} records "
+                        f"written, {int(self.refused.sum())} refused): start again with "
+                        "--overwrite"
+                    )
                 self.images = written
                 self.resumed_from = done
             if not self.complete:
