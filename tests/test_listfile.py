@@ -35,6 +35,31 @@ def test_blocks_give_what_lines_give(rows, read_chars, final_newline, crlf):
     assert [type(item) for item in got] == [listfile.ListItem] * len(got)
 
 
+plain_labels = st.from_regex(r"[-+]?(?:[0-9]{1,7}(?:\.[0-9]*)?|\.[0-9]+)", fullmatch=True)
+plain_lines = st.tuples(st.integers(0, 10**18 - 1), plain_labels, names).map(
+    lambda t: f"{t[0]}\t{t[1]}\t{t[2]}"
+)
+
+
+@given(st.lists(plain_lines, min_size=1, max_size=40))
+def test_plain_blocks_parse_to_what_lines_give(rows):
+    # Blocks of ordinary lines skip the line-by-line checks: they must give the same items.
+    expected = [parse_list_line(line, "l", n) for n, line in enumerate(rows, 1)]
+
+    def unused(*args):
+        raise AssertionError("a plain block parsed line by line")
+
+    saved = listfile._parse_lines
+    listfile._parse_lines = unused
+    try:
+        got = list(iter_list(io.StringIO("\n".join(rows) + "\n", newline=""), "l"))
+    finally:
+        listfile._parse_lines = saved
+    assert got == expected
+    assert [type(item) for item in got] == [listfile.ListItem] * len(got)
+    assert [type(item.labels[0]) for item in got] == [float] * len(got)
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

@@ -11,6 +11,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import repeat
 from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from ..doors.inputs import open_input
@@ -180,10 +181,34 @@ def iter_list(stream: TextIO, path: str = "<list>") -> Iterator[ListItem]:
             if rest:
                 yield parse_list_line(rest.rstrip("\r"), path, number + 1)
             return
-        lines = (rest + block).split("\n")
-        rest = lines.pop()  # the start of a line that the next block ends
-        yield from _parse_lines(lines, path, number)
+        text = rest + block
+        cut = text.rfind("\n") + 1
+        rest = text[cut:]  # the start of a line that the next block ends
+        if not cut:
+            continue
+        lines = text[: cut - 1].split("\n")
+        if _PLAIN_BLOCK.fullmatch(text, 0, cut):
+            yield from _plain_lines(lines, number)
+        else:
+            yield from _parse_lines(lines, path, number)
         number += len(lines)
+
+
+# Lines that `_plain_item` takes as they are: `index<TAB>label<TAB>path`, an index of at most 18
+# digits, a label without exponent whose integer part float32 holds, a path without tab, CR or
+# NUL. A block of them is parsed without its checks (`_plain_lines`), to the same items.
+_PLAIN_BLOCK = re.compile(
+    r"(?:[0-9]{1,18}\t[-+]?(?:[0-9]{1,7}(?:\.[0-9]*)?|\.[0-9]+)\t[^\t\n\r\0]+\n)*"
+)
+
+
+def _plain_lines(lines: list[str], number: int) -> list[ListItem]:
+    """Return the `ListItem`s of lines that `_PLAIN_BLOCK` matched, numbered from `number`+1."""
+    new = tuple.__new__
+    return [
+        new(ListItem, (int(index), (float(label),), name, line))
+        for line, (index, label, name) in enumerate(map(str.split, lines, repeat("\t")), number + 1)
+    ]
 
 
 def _parse_lines(lines: Iterable[str], path: str, number: int) -> Iterator[ListItem]:
