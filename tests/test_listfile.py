@@ -49,12 +49,12 @@ def test_plain_blocks_parse_to_what_lines_give(rows):
     def unused(*args):
         raise AssertionError("a plain block parsed line by line")
 
-    saved = listfile._parse_lines
-    listfile._parse_lines = unused
+    saved = listfile._parse_lines, listfile._PLAIN_CHUNK
+    listfile._parse_lines, listfile._PLAIN_CHUNK = unused, 3  # chunks cut everywhere
     try:
         got = list(iter_list(io.StringIO("\n".join(rows) + "\n", newline=""), "l"))
     finally:
-        listfile._parse_lines = saved
+        listfile._parse_lines, listfile._PLAIN_CHUNK = saved
     assert got == expected
     assert [type(item) for item in got] == [listfile.ListItem] * len(got)
     assert [type(item.labels[0]) for item in got] == [float] * len(got)

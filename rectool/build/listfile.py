@@ -187,16 +187,20 @@ def iter_list(stream: TextIO, path: str = "<list>") -> Iterator[ListItem]:
         if not cut:
             continue
         lines = text[: cut - 1].split("\n")
-        if _PLAIN_BLOCK.fullmatch(text, 0, cut):
-            yield from _plain_lines(lines, number)
-        else:
-            yield from _parse_lines(lines, path, number)
+        # Lazily, a chunk at a time: a caller may want a few items only.
+        for first in range(0, len(lines), _PLAIN_CHUNK):
+            chunk = lines[first : first + _PLAIN_CHUNK]
+            if _PLAIN_BLOCK.fullmatch("\n".join(chunk) + "\n"):
+                yield from _plain_lines(chunk, number + first)
+            else:
+                yield from _parse_lines(chunk, path, number + first)
         number += len(lines)
 
 
 # Lines that `_plain_item` takes as they are: `index<TAB>label<TAB>path`, an index of at most 18
 # digits, a label without exponent whose integer part float32 holds, a path without tab, CR or
 # NUL. A block of them is parsed without its checks (`_plain_lines`), to the same items.
+_PLAIN_CHUNK = 1024
 _PLAIN_BLOCK = re.compile(
     r"(?:[0-9]{1,18}\t[-+]?(?:[0-9]{1,7}(?:\.[0-9]*)?|\.[0-9]+)\t[^\t\n\r\0]+\n)*"
 )
