@@ -73,3 +73,24 @@ def test_plain_blocks_parse_to_what_lines_give(rows):
 def test_bad_lines_are_named(text, message):
     with pytest.raises(ListFormatError, match=message):
         list(iter_list(io.StringIO(text, newline=""), "l"))
+
+
+@given(st.lists(st.tuples(st.integers(0, 10**18 - 1), st.integers(0, 3)), min_size=1), names)
+def test_line_indices_are_the_leading_numbers_of_lines(rows, name):
+    from rectool.build.listcheck import line_indices
+
+    # Indices written with leading zeros as well (`zeros`), as a list may hold them.
+    fields = [f"{'0' * zeros}{index}" for index, zeros in rows]
+    data = "".join(f"{field}\t1\t{name}\n" for field in fields).encode("utf-8")
+    got = line_indices(data)
+    if max(map(len, fields)) > 18:
+        assert got is None  # left to the line-by-line check
+    else:
+        assert got.dtype == "int64" and got.tolist() == [index for index, _ in rows]
+
+
+def test_line_indices_leave_long_numbers_to_the_line_by_line_check():
+    from rectool.build.listcheck import line_indices
+
+    assert line_indices(b"1\t0\ta\n" + b"1" * 19 + b"\t0\tb\n") is None
+    assert line_indices(b"1\t0\ta\n" + b"9" * 18 + b"\t0\tb\n").tolist() == [1, 10**18 - 1]

@@ -73,7 +73,6 @@ try:
     _PLAIN_LINES = re.compile(rb"(?:[0-9]++(?:\t" + _NUMBER + rb"(?=\t))++\t[^\t\n\0]++\n)*+")
 except re.error:  # Python 3.10: the same lines, with backtracking
     _PLAIN_LINES = re.compile(rb"(?:[0-9]+(?:\t" + _NUMBER + rb")+\t[^\t\n\0]+\n)*")
-_LINE_INDEX = re.compile(rb"^([0-9]+)\t", re.M)
 # With a label map: ordinary lines whose one label is an integer (`3`, or im2rec's `3.000000`);
 # their index and label, taken a block at a time.
 _MAPPED_LINES = re.compile(rb"(?:[0-9]+\t[0-9]{1,7}(?:\.0*)?\t[^\t\n\0]+\n)*")
@@ -113,7 +112,9 @@ def validate_list(path, layout, identities=None):
                 if data:
                     data.decode("utf-8")  # raises for invalid UTF-8, reported slowly below
                     if identities is None:
-                        found = np.array(_LINE_INDEX.findall(data)).astype(np.int64)
+                        found = line_indices(data)
+                        if found is None:  # an index of more than 18 digits: see which
+                            return _validate_list_slowly(path, layout, identities)
                     else:
                         pairs = np.array(_LINE_INDEX_LABEL.findall(data)).astype(np.int64)
                         found = pairs[:, 0]
@@ -134,6 +135,24 @@ def validate_list(path, layout, identities=None):
         if len(np.unique(everything)) != len(everything):
             return _validate_list_slowly(path, layout, identities)  # names the repeated index
     return digest.hexdigest(), count
+
+
+def line_indices(data):
+    """Return the leading digits of each line of `data` (complete lines, each digits then a
+    tab, as `_PLAIN_LINES` matches them) as int64 numbers, all lines at once; None when one
+    has more than 18 digits (which an int64 may not hold)."""
+    u8 = np.frombuffer(data, np.uint8)
+    ends = np.flatnonzero(u8 == 10)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    tabs = np.flatnonzero(u8 == 9)
+    widths = tabs[np.searchsorted(tabs, starts)] - starts
+    if widths.max() > 18:
+        return None
+    values = np.zeros(len(starts), np.int64)
+    for k in range(int(widths.max())):
+        digits = u8[starts + np.minimum(k, widths - 1)].astype(np.int64) - 48
+        values = np.where(widths > k, values * 10 + digits, values)
+    return values
 
 
 def _all_mapped(labels, identities):
