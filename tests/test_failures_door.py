@@ -358,11 +358,6 @@ def test_the_report_lists_a_line_that_holds_no_text_as_a_bad_line(tmp_path):
 # repack/ are being rewritten): these fail until resume checks each line against its place.
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="pack --resume trusts the partial failures file: a line naming a later list line "
-    "skips an image silently (build/packrun.py PackRun._resume)",
-)
 def test_pack_resume_over_a_line_naming_a_later_item_is_an_error(tree_with_refusals, tmp_path):
     root, lst = tree_with_refusals
     reference = pack_images(lst, root, tmp_path / "ref" / "t", PACKED)
@@ -381,6 +376,20 @@ def test_pack_resume_over_a_line_naming_a_later_item_is_an_error(tree_with_refus
     # as refused though packed: the same count of items, another pack.
     assert result.images + result.failures == reference.images + reference.failures
     assert (result.images, result.failures) == (reference.images, reference.failures)
+
+
+def test_pack_resume_over_a_line_refused_twice_is_an_error(tree_with_refusals, tmp_path):
+    root, lst = tree_with_refusals
+    prefix = tmp_path / "out" / "t"
+    interrupted(lambda progress: pack_images(lst, root, prefix, PACKED, progress=progress), 1)
+    partial = tmp_path / "out" / "t.failures.jsonl.partial"
+    lines = partial.read_bytes().splitlines(keepends=True)
+    assert lines and b'"line": 4,' in lines[0]  # every fourth item is empty: line 4 first
+    with open(partial, "ab") as f:
+        f.write(lines[0])
+    with pytest.raises(InputError) as caught:
+        pack_images(lst, root, prefix, PACKED, resume=True)
+    assert str(caught.value) == f"{partial}: line {len(lines) + 1}: list line 4: refused twice"
 
 
 def test_repack_resume_over_a_later_position_is_an_error(tmp_path):

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from ..doors.failures import failure_line, open_failures
 from ..doors.inputs import open_input
 from ..doors.output import create_new, open_existing, truncate
-from ..errors import RectoolError
+from ..errors import InputError, RectoolError
 from .layout import image_size, layout_named
 from .listfile import iter_list
 from .manifest import FAILURES_SUFFIX, PARTIAL_SUFFIX, shard_stem
@@ -81,7 +81,7 @@ class PackRun:
     # -- resume -----------------------------------------------------------------------------
     def _resume(self):
         written = self.writer.resume(drop_tail=self.layout.written_after_images)
-        refused_lines = set()
+        refused_lines = {}  # list line -> where in the failures file it was refused
         if os.path.islink(self.failures_partial):
             raise RectoolError(
                 f"{self.failures_partial}: is a symlink, not a file this pack wrote; remove it"
@@ -91,7 +91,11 @@ class PackRun:
             with open_failures(self.failures_partial, torn_tail=True, follow=False) as failures:
                 for failure in failures:
                     entry, complete = failure.entry, failure.end
-                    refused_lines.add(entry["line"])
+                    number, line = failure.number, entry["line"]
+                    where = f"{self.failures_partial}: line {number}: list line {line}"
+                    if line in refused_lines:
+                        raise InputError(f"{where}: refused twice")
+                    refused_lines[line] = where
                     if len(self.first_refusals) < 100:
                         self.first_refusals.append(Refusal(**entry))
             truncate(self.failures_partial, complete)
@@ -102,7 +106,7 @@ class PackRun:
 
     # -- the pipeline -----------------------------------------------------------------------
     def execute(self, resume):
-        refused_lines = self._resume() if resume else set()
+        refused_lines = self._resume() if resume else {}
         skip = self.resumed_from
         if resume:
             self._failures_fd = open_existing(self.failures_partial)
@@ -111,9 +115,18 @@ class PackRun:
         self.writer.register(self._failures_fd, self.failures_partial)
         try:
             items = itertools.islice(self._items(), self.positions.start, self.positions.stop)
+            met = set()  # the refused lines among the items done: every one, or a lie
             for item in itertools.islice(items, skip):
-                if item.line not in refused_lines:
+                if item.line in refused_lines:
+                    met.add(item.line)
+                else:
                     self._count_label(item)
+            for line in sorted(refused_lines.keys() - met)[:1]:
+                raise InputError(
+                    f"{refused_lines[line]}: past where the interrupted run stopped "
+                    f"({self.images} images written, {self.failures} refused): start again "
+                    "with --overwrite"
+                )
             self._position = self.positions.start + skip
             self._report(skip)
             self._process(items, skip)
