@@ -34,10 +34,6 @@ ALLOWED = {
     ("recordio.py", "open"): "mxnet.recordio's API, standalone: the user's own paths, as MXNet",
     ("emit.py", "reader_source"): "rectool's own module source, shipped with the package",
     ("demo.py", "make_tree"): "a file the demo itself just wrote",
-    ("manifest.py", "check_resume_state"): "pending: the pack state file, in the manifest "
-    "staging code another part of issue 19 rewrites",
-    ("shards.py", "resume"): "pending: a shard's own .idx on --resume, in the shard "
-    "writers another part of issue 19 rewrites",
     ("packrun.py", "_in_python"): "/proc/thread-self/schedstat of this thread, not user input",
 }
 

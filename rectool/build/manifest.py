@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict
 
 from .. import __version__
+from ..doors.inputs import read_regular
 from ..doors.output import (
     JOURNAL_SUFFIX,
     LOCK_SUFFIX,
@@ -29,7 +30,7 @@ from ..doors.output import (
     rename,
     stage_file,
 )
-from ..errors import RectoolError, UsageError
+from ..errors import InputError, RectoolError, UsageError
 from ..format.checksums import SUFFIX as CHECKSUM_SUFFIX
 from ..reader import (
     MANIFEST_FORMAT,
@@ -276,10 +277,24 @@ def manifest_source(manifest):
     return source
 
 
+# A state file holds the options and the list's digest: a few KB.
+MAX_STATE_BYTES = 1 << 20
+
+
 def check_resume_state(state_path, state):
     """Raise naming what differs when the interrupted pack's state file is not `state`."""
-    with open(state_path, encoding="utf-8") as f:
-        saved = json.load(f)
+    data, _ = read_regular(state_path, "pack state file", max_bytes=MAX_STATE_BYTES, follow=False)
+    try:
+        saved = json.loads(data)
+    except ValueError as exc:  # not UTF-8, or not JSON
+        raise InputError(f"{state_path}: not a pack state file: {exc}") from None
+    if not isinstance(saved, dict):
+        raise InputError(f"{state_path}: not a pack state file: not a JSON object")
+    for field, kind in (("list_sha256", str), ("root", str), ("options", dict)):
+        if not isinstance(saved.get(field), (kind, type(None))):
+            raise InputError(
+                f"{state_path}: not a pack state file: {field} is not a {kind.__name__}"
+            )
     check_same_source(state_path, saved, state, "interrupted pack")
 
 

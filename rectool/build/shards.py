@@ -16,6 +16,7 @@ import os
 
 import numpy as np
 
+from ..doors.inputs import read_regular
 from ..doors.output import rename, truncate
 from ..errors import RectoolError, UsageError
 from ..format.checksums import RecordChecksums, checksum_path
@@ -268,8 +269,7 @@ class ShardWriter:
             else:
                 os.close(open_for_writing(idx_p, False))
         _refuse_links(rec_p, idx_p)
-        with open(idx_p, "rb") as f:
-            data = f.read()
+        data, _ = read_regular(idx_p, "partial index", follow=False)
         complete = data[: data.rfind(b"\n") + 1]
         keys, offsets = parse_index(complete, idx_p)
         with RecordFile(rec_p) as records:
