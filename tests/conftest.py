@@ -173,3 +173,18 @@ def http_pack(tmp_path):
 def remote_pack(request):
     """The pack on S3, then on the HTTP server."""
     return request.getfixturevalue(f"{request.param}_pack")
+
+
+@pytest.fixture
+def no_hang():
+    """Fail a test that blocks (a FIFO opened for reading, a regression) instead of hanging
+    the suite: an alarm far beyond what any of these tiny operations takes."""
+
+    def hung(*args):
+        raise AssertionError("blocked for 60 s: a FIFO opened and waited on?")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)

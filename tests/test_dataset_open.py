@@ -116,21 +116,6 @@ def test_rec_changed_after_packing(handmade_shards):
 # --- hostile and damaged inputs (issue 12) ---------------------------------------------------
 
 
-@pytest.fixture
-def no_hang():
-    """Fail a test that blocks (a FIFO opened for reading) instead of hanging the suite."""
-    import signal
-
-    def timeout(*args):
-        raise AssertionError("blocked for 20 s")
-
-    previous = signal.signal(signal.SIGALRM, timeout)
-    signal.alarm(20)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
-
-
 def edit_manifest(prefix, edit):
     path = Path(f"{prefix}.manifest.json")
     document = json.loads(path.read_text())

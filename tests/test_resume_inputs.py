@@ -9,7 +9,6 @@ refused before it is read.
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 from helpers.image_files import write_list, write_pack_tree
@@ -57,20 +56,6 @@ def test_a_bad_state_file_is_an_error_naming_it(interrupted, content, why):
     with pytest.raises(InputError) as caught:
         pack_images(lst, root, prefix, OPTIONS, resume=True)
     assert str(caught.value).startswith(f"{state}: {why}")
-
-
-@pytest.fixture
-def no_hang():
-    """Fail, rather than hang the suite, when a FIFO is opened for reading (a regression)."""
-
-    def hung(signum, frame):
-        raise AssertionError("opened a FIFO and waited for a writer")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
 
 
 def test_a_state_file_that_is_a_fifo_is_refused_unread(interrupted, no_hang):
