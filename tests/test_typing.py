@@ -47,6 +47,7 @@ TYPED = {
     "rectool/build/layout.py",
     "rectool/build/listfile.py",
     "rectool/build/listing.py",
+    "rectool/build/options.py",
     "rectool/build/splits.py",
     "rectool/build/walk.py",
     "rectool/commands/__init__.py",

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..errors import UsageError
 from .images import CHECK_MODES, DEFAULT_MAX_PIXELS, Transform
@@ -24,14 +25,14 @@ class PackOptions:
     shard_records: int | None = None
     layout: str = "images"
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-    max_failures: int = 0
+    max_failures: int | float = 0  # a count, or a share from 0 to 1 (`allowed_failures`)
     allow_outside_root: bool = False  # pack list paths that leave ROOT (absolute, `..`)
     # Images whose header declares more pixels are refused before decoding (--check none: kept).
     max_pixels: int = DEFAULT_MAX_PIXELS
     # The manifest gives each file's SHA-256 beside its xxh3-128 (.rec/.idx bytes unchanged).
     sha256: bool = False
 
-    def byte_options(self):
+    def byte_options(self) -> dict[str, Any]:
         """Return the options that determine the output bytes (compared on --resume).
 
         Not `max_pixels`: a safety limit like `max_failures`; what it refuses is listed in the
@@ -43,7 +44,7 @@ class PackOptions:
         return doc
 
 
-def check_prefix(prefix):
+def check_prefix(prefix: str | os.PathLike[str]) -> str:
     """Return `prefix` as a string; raise `UsageError` when it names a folder (`""`, `.`,
     `..`, `out/`), which would give hidden files such as `out/.rec`."""
     prefix = os.fspath(prefix)
@@ -55,7 +56,7 @@ def check_prefix(prefix):
     return prefix
 
 
-def allowed_failures(max_failures, total):
+def allowed_failures(max_failures: int | float, total: int) -> int:
     """Return the refusals allowed among `total` images: `max_failures` itself (a count), or
     that share of them rounded down (a float from 0 to 1, `--max-failures 0.1%`)."""
     if isinstance(max_failures, float):
@@ -63,7 +64,7 @@ def allowed_failures(max_failures, total):
     return max_failures
 
 
-def check_pack_options(options):
+def check_pack_options(options: PackOptions) -> None:
     limit = options.max_failures
     if (
         isinstance(limit, bool)

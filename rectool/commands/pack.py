@@ -198,8 +198,7 @@ def pack_command(
         shard_records=shard_records,
         layout=layout,
         workers=workers,
-        # A count or a share (a float), as `allowed_failures` reads it; declared an int.
-        max_failures=max_failures,  # type: ignore[arg-type]
+        max_failures=max_failures,  # a count or a share (a float): `allowed_failures`
         allow_outside_root=allow_outside_root,
         max_pixels=max_pixels,
         sha256=sha256,
