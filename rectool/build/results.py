@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from ..doors.failures import open_failures
+from .shardfile import ShardInfo
 
 
 @dataclass(frozen=True)
@@ -19,7 +21,7 @@ class Refusal:
     path: str
     reason: str
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         return {"line": self.line, "index": self.index, "path": self.path, "reason": self.reason}
 
 
@@ -35,30 +37,30 @@ class PackResult:
     """What `pack_images` did; `outcome` is one of PACKED, RESUMED, COMPLETE, FINALIZED."""
 
     manifest_path: str
-    manifest: dict
+    manifest: dict[str, Any]
     images: int
     failures: int
     failures_path: str
-    refused: list  # the first refusals, as `Refusal`s
+    refused: list[Refusal]  # the first refusals
     resumed_from: int = 0
     outcome: str = PACKED
 
     @property
-    def accepted(self):
+    def accepted(self) -> bool:
         """Return True when no more images were refused than `max_failures` allows."""
         return self.failures <= self.manifest["options"]["max_failures"]
 
     @property
-    def max_failures(self):
+    def max_failures(self) -> int:
         return self.manifest["options"]["max_failures"]
 
     @property
-    def shard_paths(self):
+    def shard_paths(self) -> list[str]:
         """Return each shard's .rec, in the manifest's folder as `manifest_path` names it."""
         folder = os.path.dirname(self.manifest_path)
         return [os.path.join(folder, s["rec"]) for s in self.manifest["shards"]]
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         """Return the result as plain data (what `rectool pack --json` prints)."""
         totals = self.manifest["totals"]
         return {
@@ -83,15 +85,15 @@ class ShardResult:
 
     shard: int
     shards: int  # in the plan
-    info: object  # shards.ShardInfo
+    info: ShardInfo
     failures: int
     failures_path: str
-    refused: list
+    refused: list[Refusal]
     resumed_from: int = 0
     max_failures: int = 0
 
     @property
-    def accepted(self):
+    def accepted(self) -> bool:
         """Return True when this shard refused no more images than `max_failures` allows.
 
         A task is judged by its own shard, so the exit status of a job-array task tells its
@@ -99,11 +101,11 @@ class ShardResult:
         return self.failures <= self.max_failures
 
     @property
-    def rec_path(self):
+    def rec_path(self) -> str:
         """Return the shard's .rec, in the folder `failures_path` names."""
         return os.path.join(os.path.dirname(self.failures_path), self.info.rec)
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         """Return the result as plain data (what `rectool pack --only-shard K --json` prints)."""
         return {
             "shard": self.shard,
@@ -119,6 +121,7 @@ class ShardResult:
         }
 
 
-def read_failures_file(path):
+def read_failures_file(path: str) -> list[Refusal]:
     with open_failures(path, follow=False) as failures:
-        return [Refusal(**failure.entry) for failure in failures]
+        # Without `bad_lines` every entry is set, and a pack's failures file holds pack lines.
+        return [Refusal(**failure.entry) for failure in failures]  # type: ignore[arg-type]

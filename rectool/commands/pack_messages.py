@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, TypedDict
 
 from ..text import counted, plural
 
@@ -12,7 +12,6 @@ if TYPE_CHECKING:
 
     from ..build.options import PackOptions
     from ..build.results import PackResult, ShardResult
-    from ..build.shardfile import ShardInfo
     from .progress import Seen
 
 
@@ -95,7 +94,7 @@ def render_plan(plan: ShardPlan) -> str:
 
 def render_shard_result(shard: ShardResult) -> str:
     """Return the human summary of packing one shard."""
-    info = cast("ShardInfo", shard.info)  # `ShardResult.info` is declared as an object
+    info = shard.info
     lines = [
         f"Packed shard {shard.shard} of {shard.shards}: {counted(info.records, 'image')} in "
         f"{shard.rec_path}, {shard.failures:,} refused ({shard.failures_path}). "
