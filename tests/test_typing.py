@@ -48,6 +48,7 @@ TYPED = {
     "rectool/build/listfile.py",
     "rectool/build/listing.py",
     "rectool/build/options.py",
+    "rectool/build/packing.py",
     "rectool/build/results.py",
     "rectool/build/splits.py",
     "rectool/build/walk.py",

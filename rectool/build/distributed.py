@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..doors.output import OutputLock, make_folders
@@ -38,10 +37,8 @@ if TYPE_CHECKING:
     from _typeshed import StrPath
     from dask.distributed import Client, LocalCluster
 
+    from .packrun import Progress
     from .results import PackResult, ShardResult
-
-# `progress(done, total, refused)`, as `pack_images` calls it.
-Progress = Callable[[int, int, int], object]
 
 INSTALL_HINT = (
     "--executor dask needs Dask: pip install 'rectool[dask]' from an index, or from a checkout "

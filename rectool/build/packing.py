@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from typing import TYPE_CHECKING, overload
 
 from ..doors.output import (
     OutputLock,
@@ -73,22 +74,67 @@ from .results import ShardResult as ShardResult
 from .results import read_failures_file
 from .shards import plan_shards
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath, SupportsRead
+
+    from .packrun import Progress
+    from .shardfile import ShardFinished
+
+    ListStream = SupportsRead[str] | SupportsRead[bytes]
+
+
+@overload
+def pack_images(
+    list_path: StrPath,
+    root: StrPath,
+    prefix: StrPath,
+    options: PackOptions | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    label_map: StrPath | None = None,
+    progress: Progress | None = None,
+    list_stream: ListStream | None = None,
+    only_shard: None = None,
+    lock_token: str | None = None,
+    allow_empty: bool = False,
+    on_shard_finished: ShardFinished | None = None,
+) -> PackResult: ...
+
+
+@overload
+def pack_images(
+    list_path: StrPath,
+    root: StrPath,
+    prefix: StrPath,
+    options: PackOptions | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    label_map: StrPath | None = None,
+    progress: Progress | None = None,
+    list_stream: ListStream | None = None,
+    *,
+    only_shard: int,
+    lock_token: str | None = None,
+    allow_empty: bool = False,
+    on_shard_finished: ShardFinished | None = None,
+) -> ShardResult: ...
+
 
 def pack_images(
-    list_path,
-    root,
-    prefix,
-    options=None,
-    resume=False,
-    overwrite=False,
-    label_map=None,
-    progress=None,
-    list_stream=None,
-    only_shard=None,
-    lock_token=None,
-    allow_empty=False,
-    on_shard_finished=None,
-):
+    list_path: StrPath,
+    root: StrPath,
+    prefix: StrPath,
+    options: PackOptions | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    label_map: StrPath | None = None,
+    progress: Progress | None = None,
+    list_stream: ListStream | None = None,
+    only_shard: int | None = None,
+    lock_token: str | None = None,
+    allow_empty: bool = False,
+    on_shard_finished: ShardFinished | None = None,
+) -> PackResult | ShardResult:
     """Pack the images of a .lst under `root` into shards at `prefix`; return a `PackResult`.
 
     `list_path` may be "-" with the text given as `list_stream` (it is copied beside the
@@ -110,18 +156,41 @@ def pack_images(
     make_folders(out_dir)
     try:
         return _pack_locked(
-            list_path, root, prefix, options, resume, overwrite, label_map, progress,
-            list_stream, only_shard, lock_token, allow_empty, on_shard_finished,
-        )  # fmt: skip
+            list_path,
+            root,
+            prefix,
+            options,
+            resume,
+            overwrite,
+            label_map,
+            progress,
+            list_stream,
+            only_shard,
+            lock_token,
+            allow_empty,
+            on_shard_finished,
+        )
     except (WrongRootError, EmptyListError):
         if made:  # nothing was written: leave nothing behind
             remove_empty_folder(out_dir)
         raise
 
 
-def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map, progress,
-                 list_stream, only_shard, lock_token=None, allow_empty=False,
-                 on_shard_finished=None):  # fmt: skip
+def _pack_locked(
+    list_path: StrPath,
+    root: str,
+    prefix: str,
+    options: PackOptions,
+    resume: bool,
+    overwrite: bool,
+    label_map: StrPath | None,
+    progress: Progress | None,
+    list_stream: ListStream | None,
+    only_shard: int | None,
+    lock_token: str | None = None,
+    allow_empty: bool = False,
+    on_shard_finished: ShardFinished | None = None,
+) -> PackResult | ShardResult:
     if only_shard is not None:
         # Shard tasks of one plan run side by side (a shared lock on the prefix), never beside
         # a whole run of the prefix; each also holds its own shard.
@@ -136,23 +205,52 @@ def _pack_locked(list_path, root, prefix, options, resume, overwrite, label_map,
             result = replace_beside(
                 prefix,
                 lambda staging: _pack_all(
-                    list_path, root, staging, options, False, False, label_map, progress,
-                    list_stream, allow_empty, on_shard_finished,
+                    list_path,
+                    root,
+                    staging,
+                    options,
+                    False,
+                    False,
+                    label_map,
+                    progress,
+                    list_stream,
+                    allow_empty,
+                    on_shard_finished,
                 ),
-            )  # fmt: skip
+            )
             return dataclasses.replace(
                 result,
                 manifest_path=manifest_path(prefix),
                 failures_path=prefix + FAILURES_SUFFIX,
             )
         return _pack_all(
-            list_path, root, prefix, options, resume, overwrite, label_map, progress, list_stream,
-            allow_empty, on_shard_finished,
-        )  # fmt: skip
+            list_path,
+            root,
+            prefix,
+            options,
+            resume,
+            overwrite,
+            label_map,
+            progress,
+            list_stream,
+            allow_empty,
+            on_shard_finished,
+        )
 
 
-def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, progress,
-              list_stream, allow_empty=False, on_shard_finished=None):  # fmt: skip
+def _pack_all(
+    list_path: StrPath,
+    root: str,
+    prefix: str,
+    options: PackOptions,
+    resume: bool,
+    overwrite: bool,
+    label_map: StrPath | None,
+    progress: Progress | None,
+    list_stream: ListStream | None,
+    allow_empty: bool = False,
+    on_shard_finished: ShardFinished | None = None,
+) -> PackResult:
     complete = resume and is_complete(prefix)
     if not complete:
         prepare_outputs(prefix, resume, overwrite)
@@ -202,9 +300,16 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     run.execute(resume)
 
     manifest = build_manifest(
-        options, "-" if from_stdin else list_path, prefix, run.writer.finished, run.images,
-        run.failures, run.classes, identities, state,
-    )  # fmt: skip
+        options,
+        "-" if from_stdin else list_path,
+        prefix,
+        run.writer.finished,
+        run.images,
+        run.failures,
+        run.classes,
+        identities,
+        state,
+    )
     final_failures = prefix + FAILURES_SUFFIX
     rename(run.failures_partial, final_failures)
     if run.layout.numbered:  # a layout with a `property` file
@@ -227,7 +332,16 @@ def _pack_all(list_path, root, prefix, options, resume, overwrite, label_map, pr
     )
 
 
-def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, progress):
+def _pack_shard(
+    list_path: StrPath,
+    root: str,
+    prefix: str,
+    options: PackOptions,
+    number: int,
+    resume: bool,
+    overwrite: bool,
+    progress: Progress | None,
+) -> ShardResult:
     if list_path == "-":
         raise UsageError("--only-shard needs the list as a file that every task can read, not -")
     list_path = os.fspath(list_path)
@@ -237,9 +351,8 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     if not 0 <= number < len(plan):
         raise UsageError(f"--only-shard {number}: the plan has shards 0..{len(plan) - 1}")
-    options = dataclasses.replace(
-        options, max_failures=allowed_failures(options.max_failures, len(plan[number]))
-    )
+    allowed = allowed_failures(options.max_failures, len(plan[number]))
+    options = dataclasses.replace(options, max_failures=allowed)
     stem = shard_stem(prefix, number)
     state_path = stem + STATE_SUFFIX
     existing = shard_files(stem)
@@ -267,25 +380,38 @@ def _pack_shard(list_path, root, prefix, options, number, resume, overwrite, pro
         run.writer.resume()  # already complete: describe it, change nothing
         refused = read_failures_file(stem + FAILURES_SUFFIX)
         info = run.writer.finished[0]
-        return ShardResult(number, len(plan), info, len(refused), stem + FAILURES_SUFFIX,
-                           refused[:100], info.records + len(refused),
-                           options.max_failures)  # fmt: skip
+        return ShardResult(
+            number,
+            len(plan),
+            info,
+            len(refused),
+            stem + FAILURES_SUFFIX,
+            refused[:100],
+            info.records + len(refused),
+            allowed,
+        )
     run.execute(resume)
     rename(run.failures_partial, stem + FAILURES_SUFFIX)
     remove(state_path)
     return ShardResult(
-        number, len(plan), run.writer.finished[0], run.failures, stem + FAILURES_SUFFIX,
-        run.first_refusals, run.resumed_from, options.max_failures,
-    )  # fmt: skip
+        number,
+        len(plan),
+        run.writer.finished[0],
+        run.failures,
+        stem + FAILURES_SUFFIX,
+        run.first_refusals,
+        run.resumed_from,
+        allowed,
+    )
 
 
-def plan_list(list_path, options):
+def plan_list(list_path: StrPath, options: PackOptions) -> list[range]:
     """Return the shard plan of a list file: one range of list positions per shard."""
     _, total = validate_list(os.fspath(list_path), options.layout)
     return plan_shards(total, options.shard_bytes, options.shard_records)
 
 
-def _property_size(prefix, run):
+def _property_size(prefix: str, run: PackRun) -> tuple[int, int] | None:
     """Return the (height, width) of the first image packed, or None when there is none."""
     size = run.image_size
     if size is None and run.images:

@@ -16,6 +16,7 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 from ..doors.failures import failure_line, open_failures
 from ..doors.inputs import open_input
@@ -28,6 +29,12 @@ from .passthrough import PassThroughPacker
 from .results import Refusal
 from .shards import ShardWriter, plan_shards
 from .workers import ChunkResults, ImageWorker
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    # `progress(done, total, refused)`, called as list items finish.
+    Progress = Callable[[int, int, int], object]
 
 # Items go to worker threads in chunks: one future per image would cost more than a check.
 CHUNK_ITEMS = 32

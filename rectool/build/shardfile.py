@@ -12,6 +12,7 @@ import array
 import itertools
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -23,6 +24,9 @@ from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
 from ..format.writer import format_index_line, format_index_lines
 from .manifest import PARTIAL_SUFFIX
 from .ordered import WRITE_BYTES, OrderedWriter
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 # Records are buffered and written in batches; kill -9 can then only cut between two writes.
 FLUSH_BYTES = 4 << 20
@@ -61,6 +65,12 @@ class ShardInfo:
             entry["crc"] = self.crc
             entry.update(fields("crc"))
         return entry
+
+
+if TYPE_CHECKING:
+    # `on_shard_finished(info, paths)`: a shard got its final names (`paths`: its .rec, .idx and
+    # checksum file).
+    ShardFinished = Callable[[ShardInfo, list[str]], object]
 
 
 class _ShardDigest:
