@@ -105,6 +105,8 @@ TYPED = {
     "rectool/report/page.py",
     "rectool/report/refusals.py",
     "rectool/report/thumbs.py",
+    "rectool/repack/options.py",
+    "rectool/repack/result.py",
 }
 
 

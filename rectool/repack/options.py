@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from ..build.images import DEFAULT_MAX_PIXELS, Transform
 from ..build.layout import layout_named
@@ -34,18 +35,19 @@ class RepackOptions:
     shard_bytes: int | None = None
     shard_records: int | None = None
     dedupe: bool = False
-    drop_overlap: tuple = ()  # datasets or verification sets (.bin) whose images are removed
+    # Datasets or verification sets (.bin) whose images are removed.
+    drop_overlap: tuple[str, ...] = ()
     transform: Transform | None = None
     # What is refused when copying: "structure" (as pack: empty, truncated, not an image) or
     # "none" (every record carried as it is).
     check: str = "structure"
     workers: int = field(default_factory=lambda: os.cpu_count() or 1)
-    max_failures: int = 0
+    max_failures: int | float = 0  # a count, or a share from 0 to 1 (`allowed_failures`)
     max_pixels: int = DEFAULT_MAX_PIXELS  # re-encoding: larger images refused before decoding
     # The manifest gives each file's SHA-256 beside its xxh3-128 (.rec/.idx bytes unchanged).
     sha256: bool = False
 
-    def byte_options(self):
+    def byte_options(self) -> dict[str, Any]:
         """Return the options that determine the output bytes (compared on --resume)."""
         doc = asdict(self)
         for name in ("workers", "max_failures", "max_pixels", "sha256"):  # safety, not bytes
@@ -57,7 +59,7 @@ class RepackOptions:
         return doc
 
 
-def check_repack_options(options):
+def check_repack_options(options: RepackOptions) -> None:
     """Refuse options that cannot work together."""
     if options.check not in ("structure", "none"):
         raise UsageError(f"unknown --check {options.check!r}: repack checks structure or none")
@@ -84,7 +86,7 @@ def check_repack_options(options):
         raise UsageError("--workers must be at least 1")
 
 
-def _file_digest(path):
+def _file_digest(path: str) -> str:
     try:
         return sha256_file(path)
     except RectoolError:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -11,17 +12,17 @@ class RepackResult:
     """What `repack` did."""
 
     manifest_path: str
-    manifest: dict
+    manifest: dict[str, Any]
     images: int
     classes: int
     failures: int  # images not written: removed duplicates/overlap, refused re-encodes
     failures_path: str
     report_path: str
-    report: dict
+    report: dict[str, Any]
     resumed_from: int = 0
 
     @property
-    def accepted(self):
+    def accepted(self) -> bool:
         """Return True when no more images were refused than `max_failures` allows.
 
         Only re-encoding refuses images; removals asked for (--dedupe, --drop-overlap) are
@@ -29,7 +30,7 @@ class RepackResult:
         """
         return self.report["refused"] <= self.manifest["options"]["max_failures"]
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         """Return what `rectool repack --json` prints."""
         totals = self.manifest["totals"]
         return {
