@@ -106,6 +106,7 @@ TYPED = {
     "rectool/report/refusals.py",
     "rectool/report/thumbs.py",
     "rectool/repack/options.py",
+    "rectool/repack/pipeline.py",
     "rectool/repack/result.py",
 }
 

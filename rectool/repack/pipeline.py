@@ -21,6 +21,8 @@ import dataclasses
 import json
 import os
 import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..build.manifest import (
     FAILURES_SUFFIX,
@@ -55,19 +57,26 @@ from .result import RepackResult as RepackResult
 from .run import BATCH_RECORDS as BATCH_RECORDS
 from .run import REENCODE_CHUNK as REENCODE_CHUNK
 from .run import RepackRun as RepackRun
+from .sources import PackTarget, Target
 from .sources import Source as Source
 from .sources import open_target as open_target
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    from ..build.packrun import Progress
+    from ..build.shardfile import ShardFinished
+
 
 def repack(
-    sources,
-    prefix,
-    options=None,
-    resume=False,
-    overwrite=False,
-    progress=None,
-    on_shard_finished=None,
-):
+    sources: Sequence[StrPath],
+    prefix: StrPath,
+    options: RepackOptions | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    progress: Progress | None = None,
+    on_shard_finished: ShardFinished | None = None,
+) -> RepackResult:
     """Repack the records of `sources` (datasets `open_dataset` accepts) into a pack at
     `prefix`; return a `RepackResult`.
 
@@ -82,7 +91,8 @@ def repack(
         raise UsageError("give at least one SOURCE")
     opened = [Source(s) for s in sources]
     targets = [open_target(t) for t in options.drop_overlap]
-    _check_not_a_source(prefix, opened + [t for t in targets if t.dataset is not None])
+    # An evaluation set (.bin) has no shards a repack could write over.
+    _check_not_a_source(prefix, [*opened, *(t for t in targets if isinstance(t, PackTarget))])
     catalog = build_catalog(opened, options.labels_by)
     plan = plan_repack(opened, catalog, options, targets)
     check_plan(plan, options)
@@ -95,7 +105,7 @@ def repack(
         if resume and is_complete(prefix):
             return _completed_result(prefix)
 
-        def write_at(at, resume, overwrite):
+        def write_at(at: str, resume: bool, overwrite: bool) -> RepackResult:
             return _repack_into(
                 opened,
                 targets,
@@ -121,17 +131,17 @@ def repack(
 
 
 def _repack_into(
-    opened,
-    targets,
-    catalog,
-    plan,
-    prefix,
-    options,
-    resume,
-    overwrite,
-    progress,
-    on_shard_finished=None,
-):
+    opened: list[Source],
+    targets: list[Target],
+    catalog: Catalog,
+    plan: Plan,
+    prefix: str,
+    options: RepackOptions,
+    resume: bool,
+    overwrite: bool,
+    progress: Progress | None,
+    on_shard_finished: ShardFinished | None = None,
+) -> RepackResult:
     """Write the planned repack at `prefix` (locked, and the final or a staging prefix)."""
     prepare_outputs(prefix, resume, overwrite)
     if not resume:
@@ -156,7 +166,7 @@ def _repack_into(
     return run.finish(state_path)
 
 
-def _check_state(state_path, state):
+def _check_state(state_path: str, state: dict[str, Any]) -> None:
     """Refuse to resume a repack that an interrupted run started with other sources or
     options."""
     try:
@@ -177,7 +187,7 @@ def _check_state(state_path, state):
 _SHARD_NAME = re.compile(r"(?:-[0-9]{5})?\.(?:rec|idx)(?:\.rtc)?")
 
 
-def _check_not_a_source(prefix, sources):
+def _check_not_a_source(prefix: str, sources: Sequence[Source | PackTarget]) -> None:
     """Refuse an OUT_PREFIX whose shards would replace a source's (or a target's) files."""
     out = os.path.realpath(prefix)
     for s in sources:
@@ -190,7 +200,7 @@ def _check_not_a_source(prefix, sources):
                 )
 
 
-def _completed_result(prefix):
+def _completed_result(prefix: str) -> RepackResult:
     required = (
         "classes",
         "totals.images",

@@ -111,6 +111,10 @@ class EvalTarget:
         return f"image {i} (pair {i // 2})"
 
 
+# A --drop-overlap TARGET, as `open_target` opens it.
+Target = PackTarget | EvalTarget
+
+
 def open_target(spec):
     """Open a --drop-overlap TARGET: a verification set when it is a `.bin` file, else a
     dataset."""
