@@ -43,6 +43,7 @@ TYPED = {
     "rectool/format/keys.py",
     "rectool/format/records.py",
     "rectool/build/distributed.py",
+    "rectool/build/finalize.py",
     "rectool/build/images.py",
     "rectool/build/layout.py",
     "rectool/build/listfile.py",

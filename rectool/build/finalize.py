@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..doors.failures import open_failures
 from ..doors.inputs import dataset_path, open_input
@@ -33,8 +35,19 @@ from .options import PackOptions, allowed_failures, check_pack_options, check_pr
 from .results import COMPLETE, FINALIZED, PackResult, Refusal, read_failures_file
 from .shards import describe_shard, plan_shards, shard_digests
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
-def finalize_pack(list_path, root, prefix, options=None, label_map=None):
+    from .shardfile import ShardInfo
+
+
+def finalize_pack(
+    list_path: StrPath,
+    root: StrPath,
+    prefix: StrPath,
+    options: PackOptions | None = None,
+    label_map: StrPath | None = None,
+) -> PackResult:
     """Check that every shard of the plan was packed, then write the failures file and manifest.
 
     For shards packed one by one (`only_shard`), e.g. by a job array or a cluster; the result
@@ -48,7 +61,13 @@ def finalize_pack(list_path, root, prefix, options=None, label_map=None):
         return finalize_locked(list_path, root, prefix, options, label_map)
 
 
-def finalize_locked(list_path, root, prefix, options, label_map):
+def finalize_locked(
+    list_path: StrPath,
+    root: StrPath,
+    prefix: str,
+    options: PackOptions,
+    label_map: StrPath | None,
+) -> PackResult:
     """`finalize_pack` once the prefix is locked."""
     list_path = os.fspath(list_path)
     identities = load_identities(list_path, label_map)
@@ -59,7 +78,8 @@ def finalize_locked(list_path, root, prefix, options, label_map):
     if is_complete(prefix):
         return completed_if_same(prefix, source_state(digest, root, options))
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
-    infos, refused = [], []
+    infos: list[ShardInfo] = []
+    refused: list[Refusal] = []
     for number in range(len(plan)):
         stem = shard_stem(prefix, number)
         rec, idx, failures = stem + ".rec", stem + ".idx", stem + FAILURES_SUFFIX
@@ -85,12 +105,18 @@ def finalize_locked(list_path, root, prefix, options, label_map):
     for name in shard_failures:  # only now: until the manifest, a rerun needs them
         remove(name)
     return PackResult(
-        manifest_path(prefix), manifest, images, len(refused), final_failures, refused[:100],
-        0, FINALIZED,
-    )  # fmt: skip
+        manifest_path(prefix),
+        manifest,
+        images,
+        len(refused),
+        final_failures,
+        refused[:100],
+        0,
+        FINALIZED,
+    )
 
 
-def _concatenated(paths, size=1 << 20):
+def _concatenated(paths: Iterable[str], size: int = 1 << 20) -> Iterator[bytes]:
     for path in paths:
         with open_input(path, "failures file") as f:
             while block := f.read(size):
@@ -98,11 +124,16 @@ def _concatenated(paths, size=1 << 20):
 
 
 # The fields of a complete pack's manifest that describing it again reads.
-COMPLETE_FIELDS = ("failures_file", "totals.images", "totals.failures", "totals.rec_bytes",
-                   "options.max_failures")  # fmt: skip
+COMPLETE_FIELDS = (
+    "failures_file",
+    "totals.images",
+    "totals.failures",
+    "totals.rec_bytes",
+    "options.max_failures",
+)
 
 
-def completed_if_same(prefix, state):
+def completed_if_same(prefix: str, state: dict[str, Any]) -> PackResult:
     """Describe the complete pack at `prefix` if it was made as `state` (a `source_state`)
     says; else raise naming what differs."""
     manifest = read_manifest(manifest_path(prefix))
@@ -110,13 +141,15 @@ def completed_if_same(prefix, state):
     return _completed_result(prefix)
 
 
-def _completed_result(prefix):
+def _completed_result(prefix: str) -> PackResult:
     """Describe a pack that is already complete (so `--resume` can be run again safely)."""
     manifest = read_manifest(manifest_path(prefix), require=COMPLETE_FIELDS)
     folder = os.path.dirname(prefix) or "."
     failures_path = dataset_path(folder, manifest["failures_file"], "failures file")
     with open_failures(failures_path, within=folder) as failures:
-        refused = [Refusal(**failure.entry) for failure in itertools.islice(failures, 100)]
+        # Without `bad_lines` every entry is set, and a pack's failures file holds pack lines.
+        lines = itertools.islice(failures, 100)
+        refused = [Refusal(**failure.entry) for failure in lines]  # type: ignore[arg-type]
     totals = manifest["totals"]
     return PackResult(
         manifest_path(prefix),
