@@ -48,6 +48,7 @@ TYPED = {
     "rectool/build/layout.py",
     "rectool/build/listfile.py",
     "rectool/build/listing.py",
+    "rectool/build/manifest.py",
     "rectool/build/options.py",
     "rectool/build/packing.py",
     "rectool/build/results.py",

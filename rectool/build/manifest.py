@@ -14,7 +14,9 @@ import glob
 import json
 import os
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import __version__
 from ..doors.inputs import read_regular
@@ -40,6 +42,13 @@ from ..reader import (
     source_prefixes,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath, SupportsRead
+
+    from ..reader import Source
+    from .images import Transform
+    from .shardfile import ShardInfo
+
 PARTIAL_SUFFIX = ".partial"
 SHARD_DIGITS = 5
 FAILURES_SUFFIX = ".failures.jsonl"
@@ -49,26 +58,46 @@ STAGING_SUFFIX = ".overwrite"
 RELABEL_SUFFIX = ".relabel.tsv"
 REPORT_SUFFIX = ".report.json"
 
+T = TypeVar("T")
 
-def manifest_path(prefix):
+
+class ManifestOptions(Protocol):
+    """What a manifest records of a pack's or a repack's options (`PackOptions`,
+    `RepackOptions`)."""
+
+    @property
+    def layout(self) -> str: ...
+    @property
+    def transform(self) -> Transform | None: ...
+    @property
+    def workers(self) -> int: ...
+    @property
+    def max_failures(self) -> int | float: ...
+    @property
+    def sha256(self) -> bool: ...
+    def byte_options(self) -> dict[str, Any]: ...
+
+
+def manifest_path(prefix: StrPath) -> str:
     """Return the manifest path of a pack written to `prefix`."""
     return os.fspath(prefix) + MANIFEST_SUFFIX
 
 
-def shard_stem(prefix, number):
+def shard_stem(prefix: str, number: int) -> str:
     """Return the name stem of numbered shard `number` (`PREFIX-00003`)."""
     return f"{prefix}-{number:0{SHARD_DIGITS}d}"
 
 
-def shard_paths(prefix, number, numbered):
+def shard_paths(prefix: str, number: int, numbered: bool) -> tuple[str, str]:
     """Return the final (rec, idx) paths of shard `number`."""
     stem = shard_stem(prefix, number) if numbered else os.fspath(prefix)
     return stem + ".rec", stem + ".idx"
 
 
-def output_files(prefix):
+def output_files(prefix: StrPath) -> list[str]:
     """Return every file a pack to `prefix` may have written (existing ones only)."""
     prefix = os.fspath(prefix)
+    suffixes: tuple[str, ...]
     suffixes = (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
     # (Not PREFIX.labels.tsv: beside a list of the same name, it is pack's input.)
     suffixes += (RELABEL_SUFFIX, REPORT_SUFFIX)
@@ -85,31 +114,31 @@ def output_files(prefix):
     return sorted({n for n in names if os.path.exists(n)})
 
 
-def _stale_temporaries(prefix):
+def _stale_temporaries(prefix: StrPath) -> list[str]:
     """Return temporary files (`.NAME.XXXX.tmp`, see `write_atomic`) that a killed run of this
     pack left behind."""
     folder, name = os.path.split(os.fspath(prefix))
     return glob.glob(os.path.join(glob.escape(folder), "." + glob.escape(name) + "*.tmp"))
 
 
-def remove_stale_temporaries(prefix):
+def remove_stale_temporaries(prefix: StrPath) -> None:
     """Remove the temporary files a killed run of the pack at `prefix` left."""
     for name in _stale_temporaries(prefix):
         remove(name)
 
 
-def journal_path(prefix):
+def journal_path(prefix: StrPath) -> str:
     """Return the commit journal of the pack at `prefix` (see `output.commit`)."""
     return os.fspath(prefix) + JOURNAL_SUFFIX
 
 
-def finish_interrupted(prefix):
+def finish_interrupted(prefix: StrPath) -> bool:
     """Complete a replacement of the pack at `prefix` that a killed run committed but did not
     finish; return whether there was one. Call it holding the prefix's lock."""
     return finish_commit(journal_path(prefix))
 
 
-def finish_interrupted_source(source):
+def finish_interrupted_source(source: Source) -> list[str]:
     """Finish the interrupted replacement of the pack `source` (what `open_dataset` takes)
     names, under its lock; return the prefixes finished (`verify` runs this first)."""
     if isinstance(source, (list, tuple)):
@@ -125,7 +154,7 @@ def finish_interrupted_source(source):
     return finished
 
 
-def staging_prefix(prefix):
+def staging_prefix(prefix: str) -> str:
     """Return a fresh prefix in a hidden folder beside `prefix` (`.NAME.overwrite/NAME`), where
     `--overwrite` builds the new pack; what a killed run left there is removed first."""
     staging = staging_folder(prefix)
@@ -134,13 +163,13 @@ def staging_prefix(prefix):
     return os.path.join(staging, os.path.basename(prefix))
 
 
-def staging_folder(prefix):
+def staging_folder(prefix: StrPath) -> str:
     """Return the hidden folder beside `prefix` where `--overwrite` builds (`.NAME.overwrite`)."""
     folder, name = os.path.split(os.fspath(prefix))
     return os.path.join(folder, f".{name}{STAGING_SUFFIX}")
 
 
-def leftover_staging(prefix):
+def leftover_staging(prefix: StrPath) -> str | None:
     """Return the staging folder a killed `--overwrite` left beside `prefix` (no journal: the
     pack at `prefix` is the old one, whole), or None."""
     staging = staging_folder(prefix)
@@ -149,12 +178,12 @@ def leftover_staging(prefix):
     return None
 
 
-def discard_staging(staging):
+def discard_staging(staging: str) -> None:
     """Remove the staging folder of `staging_prefix` and everything a failed run put there."""
     remove_tree(os.path.dirname(staging))
 
 
-def replace_beside(prefix, build):
+def replace_beside(prefix: str, build: Callable[[str], T]) -> T:
     """Build a new pack beside the one at `prefix`, then swap it in; return what `build` did.
 
     `build(staging)` writes the whole new pack at a staging prefix (`staging_prefix`). The old
@@ -173,7 +202,7 @@ def replace_beside(prefix, build):
     return result
 
 
-def swap_in(staging, prefix):
+def swap_in(staging: str, prefix: str) -> None:
     """Replace the pack at `prefix` with the complete one at `staging` (see `staging_prefix`).
 
     One commit (`output.commit`): its journal lists every move, the old files the new pack
@@ -196,7 +225,7 @@ def swap_in(staging, prefix):
     commit(journal_path(prefix), moves, sorted(old), last)
 
 
-def shard_files(stem):
+def shard_files(stem: str) -> list[str]:
     """Return the files of one planned shard (`--only-shard`) that exist, `.partial`s included."""
     names = [stem + s for s in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX)]
     names.append(stem + ".rec" + CHECKSUM_SUFFIX)
@@ -204,7 +233,7 @@ def shard_files(stem):
     return [n for n in names if os.path.exists(n)]
 
 
-def prepare_outputs(prefix, resume, overwrite):
+def prepare_outputs(prefix: str, resume: bool, overwrite: bool) -> None:
     """Make way for a pack at `prefix`: remove an old one (`overwrite`), keep an interrupted
     one that a state file describes (`resume`), else refuse to write over files."""
     existing = output_files(prefix)
@@ -239,24 +268,26 @@ def prepare_outputs(prefix, resume, overwrite):
     )
 
 
-def is_complete(prefix):
+def is_complete(prefix: str) -> bool:
     """Return True when the pack at `prefix` has its manifest and no state file."""
     return os.path.exists(manifest_path(prefix)) and not os.path.exists(prefix + STATE_SUFFIX)
 
 
-def copy_stream(stream, prefix):
+def copy_stream(stream: SupportsRead[str] | SupportsRead[bytes], prefix: str) -> str:
     """Copy a list read from `stream` beside the pack (so it can be resumed); return its path."""
     target = prefix + STDIN_COPY_SUFFIX
     rename(stage_file(target, _chunks_of(stream)), target)
     return target
 
 
-def _chunks_of(stream, size=1 << 20):
+def _chunks_of(
+    stream: SupportsRead[str] | SupportsRead[bytes], size: int = 1 << 20
+) -> Iterable[bytes]:
     while block := stream.read(size):
         yield block.encode("utf-8") if isinstance(block, str) else block
 
 
-def source_state(list_digest, root, options):
+def source_state(list_digest: str, root: StrPath, options: ManifestOptions) -> dict[str, Any]:
     """Return what a pack is made from, compared on --resume: list, ROOT and byte options."""
     return {
         "list_sha256": list_digest,
@@ -265,7 +296,7 @@ def source_state(list_digest, root, options):
     }
 
 
-def manifest_source(manifest):
+def manifest_source(manifest: Mapping[str, Any]) -> dict[str, Any]:
     """Return the `source_state` a complete pack was made from, as its manifest records it
     (options without the ones that do not change the bytes)."""
     source = dict(manifest.get("source") or {})
@@ -281,7 +312,7 @@ def manifest_source(manifest):
 MAX_STATE_BYTES = 1 << 20
 
 
-def check_resume_state(state_path, state):
+def check_resume_state(state_path: str, state: Mapping[str, Any]) -> None:
     """Raise naming what differs when the interrupted pack's state file is not `state`."""
     data, _ = read_regular(state_path, "pack state file", max_bytes=MAX_STATE_BYTES, follow=False)
     try:
@@ -314,7 +345,9 @@ _OPTION_NAMES = {
 }
 
 
-def check_same_source(path, saved, state, what):
+def check_same_source(
+    path: str, saved: Mapping[str, Any], state: Mapping[str, Any], what: str
+) -> None:
     """Raise naming each way `state` differs from the `saved` one of the pack at `path`."""
     differences = []
     if saved.get("list_sha256") != state["list_sha256"]:
@@ -352,7 +385,7 @@ def check_same_source(path, saved, state, what):
         )
 
 
-def _flat_options(options):
+def _flat_options(options: Mapping[str, Any]) -> dict[str, Any]:
     """Return byte options as {name: value}, a re-encoding's fields among them (pass-through:
     none of them)."""
     flat = {k: v for k, v in options.items() if k != "transform" and k in _OPTION_NAMES}
@@ -360,20 +393,20 @@ def _flat_options(options):
     return flat
 
 
-def _show_transform(options):
+def _show_transform(options: Mapping[str, Any]) -> str:
     transform = options.get("transform")
     if transform is None:
         return "pass-through"
     return " ".join(f"{_OPTION_NAMES[k]} {_show(v)}" for k, v in transform.items())
 
 
-def _show(value):
+def _show(value: object) -> str:
     if value is None:
         return "not given"
     return json.dumps(value)
 
 
-def created_time(environ=os.environ):
+def created_time(environ: Mapping[str, str] = os.environ) -> str:
     """Return when a pack is made, UTC in ISO 8601 to the second: now, or `SOURCE_DATE_EPOCH`
     when set (reproducible builds' convention: the same inputs then give the same manifest)."""
     epoch = environ.get("SOURCE_DATE_EPOCH")
@@ -387,13 +420,21 @@ def created_time(environ=os.environ):
 
 
 def build_manifest(
-    options, list_path, prefix, shards, images, failures, classes, identities, source
-):
+    options: ManifestOptions,
+    list_path: str | None,
+    prefix: str,
+    shards: Iterable[ShardInfo],
+    images: int,
+    failures: int,
+    classes: int | None,
+    identities: Mapping[int, str] | None,
+    source: Mapping[str, Any] | None,
+) -> dict[str, Any]:
     """Return the manifest of a pack (`shards`: their `ShardInfo`s); `list_path` "-" is stdin.
 
     A repack has no list and no ROOT: `list_path` and `source` None (it adds its `sources`).
     """
-    shards = [s.to_json() for s in shards]
+    entries = [s.to_json() for s in shards]
     if classes is None and identities is not None:
         classes = len(identities)
     document = {
@@ -412,12 +453,12 @@ def build_manifest(
         "list": None if list_path is None else os.path.basename(list_path),  # "-": stdin
         # What --resume compares (the options are above).
         "source": None if source is None else {k: source[k] for k in ("list_sha256", "root")},
-        "shards": shards,
+        "shards": entries,
         "totals": {
-            "shards": len(shards),
-            "records": sum(s["records"] for s in shards),
+            "shards": len(entries),
+            "records": sum(s["records"] for s in entries),
             "images": images,
-            "rec_bytes": sum(s["rec_bytes"] for s in shards),
+            "rec_bytes": sum(s["rec_bytes"] for s in entries),
             "failures": failures,
         },
         "failures_file": os.path.basename(prefix + FAILURES_SUFFIX),
