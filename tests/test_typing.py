@@ -46,6 +46,7 @@ TYPED = {
     "rectool/build/finalize.py",
     "rectool/build/images.py",
     "rectool/build/layout.py",
+    "rectool/build/listcheck.py",
     "rectool/build/listfile.py",
     "rectool/build/listing.py",
     "rectool/build/manifest.py",

@@ -12,6 +12,8 @@ import hashlib
 import itertools
 import os
 import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +31,12 @@ from .listfile import (
 )
 from .passthrough import resolve_path
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    from .layout import Layout
+    from .listfile import ListItem
+
 # A wrong ROOT is told from a few missing files by this many list items, all missing.
 ROOT_CHECK_ITEMS = 100
 
@@ -41,14 +49,13 @@ class WrongRootError(RectoolError):
     """None of the first images of the list exist under ROOT."""
 
 
-def check_root(list_path, root, allow_outside_root=False):
+def check_root(list_path: StrPath, root: StrPath, allow_outside_root: bool = False) -> None:
     """Raise `WrongRootError` when none of the first `ROOT_CHECK_ITEMS` list items exist under
     `root`: ROOT is wrong, and packing would only refuse every image."""
     prefix = os.path.join(os.fspath(root), "")
     try:
         with open_input(list_path, "list file", "utf-8", "\n") as f:
-            items = list(itertools.islice(iter_list(f, os.fspath(list_path)),
-                                          ROOT_CHECK_ITEMS))  # fmt: skip
+            items = list(itertools.islice(iter_list(f, os.fspath(list_path)), ROOT_CHECK_ITEMS))
     except (OSError, UnicodeDecodeError, RectoolError):
         return  # reported, naming the line, where the list is validated
     for item in items:
@@ -80,7 +87,9 @@ _LINE_INDEX_LABEL = re.compile(rb"^([0-9]+)\t([0-9]+)(?:\.0*)?\t", re.M)
 _LIST_BLOCK = 1 << 20
 
 
-def validate_list(path, layout, identities=None):
+def validate_list(
+    path: str, layout: str, identities: Mapping[int, str] | None = None
+) -> tuple[str, int]:
     """Parse every line once before packing; return (sha256 of the file, number of items).
 
     A bad line, a repeated index, a label the layout (a name) cannot key or, given the label
@@ -88,9 +97,10 @@ def validate_list(path, layout, identities=None):
     is written. The file is read a block at a time, so memory does not grow
     with the list (but for 8 bytes an index when the indices are not in increasing order).
     """
-    layout = layout_named(layout)
+    rules = layout_named(layout)
     digest = hashlib.sha256()
-    count, last, unordered = 0, -1, []
+    count, last = 0, -1
+    unordered: list[np.ndarray] = []
     try:
         with open_input(path, "list file") as f:
             rest = b""
@@ -107,19 +117,19 @@ def validate_list(path, layout, identities=None):
                     data, rest = data[:cut], data[cut:]
                 # A numbered layout checks each item's label: line by line.
                 lines = _MAPPED_LINES if identities is not None else _PLAIN_LINES
-                if layout.numbered or not lines.fullmatch(data):
-                    return _validate_list_slowly(path, layout, identities)  # names the line
+                if rules.numbered or not lines.fullmatch(data):
+                    return _validate_list_slowly(path, rules, identities)  # names the line
                 if data:
                     data.decode("utf-8")  # raises for invalid UTF-8, reported slowly below
                     if identities is None:
                         found = line_indices(data)
                         if found is None:  # an index of more than 18 digits: see which
-                            return _validate_list_slowly(path, layout, identities)
+                            return _validate_list_slowly(path, rules, identities)
                     else:
                         pairs = np.array(_LINE_INDEX_LABEL.findall(data)).astype(np.int64)
                         found = pairs[:, 0]
                         if not _all_mapped(pairs[:, 1], identities):
-                            return _validate_list_slowly(path, layout, identities)
+                            return _validate_list_slowly(path, rules, identities)
                     count += len(found)
                     if unordered or found[0] <= last or (found[1:] <= found[:-1]).any():
                         unordered.append(found)
@@ -129,15 +139,15 @@ def validate_list(path, layout, identities=None):
     except FileNotFoundError:
         raise RectoolError(f"{path}: list file not found") from None
     except (UnicodeDecodeError, OverflowError, ValueError):
-        return _validate_list_slowly(path, layout, identities)
+        return _validate_list_slowly(path, rules, identities)
     if unordered:
         everything = np.concatenate(unordered)
         if len(np.unique(everything)) != len(everything):
-            return _validate_list_slowly(path, layout, identities)  # names the repeated index
+            return _validate_list_slowly(path, rules, identities)  # names the repeated index
     return digest.hexdigest(), count
 
 
-def line_indices(data):
+def line_indices(data: bytes) -> np.ndarray | None:
     """Return the leading digits of each line of `data` (complete lines, each digits then a
     tab, as `_PLAIN_LINES` matches them) as int64 numbers, all lines at once; None when one
     has more than 18 digits (which an int64 may not hold)."""
@@ -155,7 +165,7 @@ def line_indices(data):
     return values
 
 
-def _all_mapped(labels, identities):
+def _all_mapped(labels: np.ndarray, identities: Mapping[int, str]) -> bool:
     """Return whether every label (int64, none negative) is a label of the map."""
     if not len(labels):
         return True
@@ -169,7 +179,7 @@ def _all_mapped(labels, identities):
 _INTEGER_LABEL = re.compile(r"[-+]?[0-9]+(?:\.0*)?")
 
 
-def _check_float32(text, item, path):
+def _check_float32(text: str, item: ListItem, path: StrPath) -> None:
     """Raise `ListFormatError` for an integer label that float32, the records' label type, would
     store as another integer (16777217 as 16777216)."""
     for spelled, label in zip(text.split("\t")[1:-1], item.labels):
@@ -184,7 +194,7 @@ def _check_float32(text, item, path):
                 )
 
 
-def _check_mapped(item, identities, path):
+def _check_mapped(item: ListItem, identities: Mapping[int, str], path: StrPath) -> None:
     """Raise `ListFormatError` for a label of `item` that the label map does not hold."""
     for label in item.labels:
         if not (label.is_integer() and int(label) in identities):
@@ -198,7 +208,9 @@ def _check_mapped(item, identities, path):
             )
 
 
-def _validate_list_slowly(path, layout, identities=None):
+def _validate_list_slowly(
+    path: str, layout: Layout, identities: Mapping[int, str] | None = None
+) -> tuple[str, int]:
     """Parse line by line, naming the first bad line or repeated index."""
     digest = hashlib.sha256()
     keys = _KeyRegistry()
@@ -223,8 +235,9 @@ def _validate_list_slowly(path, layout, identities=None):
     return digest.hexdigest(), count
 
 
-def load_identities(list_path, label_map):
+def load_identities(list_path: StrPath | None, label_map: StrPath | None) -> dict[int, str] | None:
     """Return the label map given, else the one beside `list_path` (None: look nowhere)."""
+    path: str | None
     if label_map:
         path = os.fspath(label_map)
     else:
@@ -240,11 +253,11 @@ def load_identities(list_path, label_map):
 class _KeyRegistry:
     """Detect a repeated list index with a bitmap: memory grows with the largest index, not N."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._bits = bytearray()
-        self._large = set()
+        self._large: set[int] = set()
 
-    def add(self, key):
+    def add(self, key: int) -> bool:
         if key >= 1 << 33:
             if key in self._large:
                 return False
