@@ -51,6 +51,7 @@ TYPED = {
     "rectool/build/listing.py",
     "rectool/build/manifest.py",
     "rectool/build/options.py",
+    "rectool/build/ordered.py",
     "rectool/build/packing.py",
     "rectool/build/results.py",
     "rectool/build/splits.py",

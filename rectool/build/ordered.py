@@ -12,9 +12,14 @@ import os
 import queue
 import sys
 import threading
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Protocol
 
 from ..doors.output import fault_point, output_error
+
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer
 
 # At most this many bytes an `os.write` call (see `write_all`).
 WRITE_BYTES = 1 << 20
@@ -23,7 +28,18 @@ WRITEBACK_BYTES = 8 << 20
 _ADVISE = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform.startswith("linux") else None
 
 
-def _feed(digest, parts):
+class Feed(Protocol):
+    """What a write's bytes are fed to, in order (`Digests`, a shard's digest and checksums)."""
+
+    def update(self, data: ReadableBuffer, /) -> None: ...
+
+
+if TYPE_CHECKING:
+    # One write: the descriptor, its buffers in order, and what they are fed to.
+    Job = tuple[int, list[ReadableBuffer], Feed | None]
+
+
+def _feed(digest: Feed, parts: Iterable[ReadableBuffer]) -> None:
     for data in parts:
         digest.update(data)
 
@@ -37,26 +53,28 @@ class OrderedWriter:
     (the same code, no threads: for the public writers) and its error is raised there.
     """
 
-    def __init__(self, depth=4, background=True):
+    def __init__(self, depth: int = 4, background: bool = True) -> None:
         self.background = background
-        self._queue = queue.Queue(maxsize=depth)
-        self._error = None
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
         # Jobs are numbered from 1 as submitted; `wait(n)` returns once job n is done.
         self.submitted = 0
         self._completed = 0
         self._done = threading.Condition()
-        self._thread = None  # started on first use, so a process pool can fork before it
-        self.names = {}  # fd -> file name, for error messages
-        self._written = {}  # fd -> offset up to which writeback was started
-        self._hasher = None  # a second thread: a job's bytes are hashed while they are written
+        # Started on first use, so a process pool can fork before it.
+        self._thread: threading.Thread | None = None
+        self.names: dict[int, str] = {}  # fd -> file name, for error messages
+        self._written: dict[int, int | None] = {}  # fd -> offset writeback was started to
+        # A second thread: a job's bytes are hashed while they are written.
+        self._hasher: ThreadPoolExecutor | None = None
 
-    def _started(self):
+    def _started(self) -> queue.Queue[Job | None]:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="rectool-writer", daemon=True)
             self._thread.start()
         return self._queue
 
-    def _run(self):
+    def _run(self) -> None:
         while True:
             job = self._queue.get()
             if job is None:
@@ -71,7 +89,7 @@ class OrderedWriter:
                     self._completed += 1
                     self._done.notify_all()
 
-    def _write(self, fd, parts, digest):
+    def _write(self, fd: int, parts: list[ReadableBuffer], digest: Feed | None) -> None:
         """Write `parts` to `fd` in order, feeding them to `digest` meanwhile: one job."""
         try:
             hashed = None if digest is None else self._hashing().submit(_feed, digest, parts)
@@ -86,12 +104,12 @@ class OrderedWriter:
         except OSError as exc:  # a full disk, say: the error names the file
             raise output_error(exc, self.names.get(fd, f"descriptor {fd}")) from None
 
-    def _hashing(self):
+    def _hashing(self) -> ThreadPoolExecutor:
         if self._hasher is None:
             self._hasher = ThreadPoolExecutor(1, thread_name_prefix="rectool-hash")
         return self._hasher
 
-    def _start_writeback(self, fd):
+    def _start_writeback(self, fd: int) -> None:
         """Have the kernel start writing what this fd wrote to disk, without waiting for it.
 
         Otherwise gigabytes wait in the page cache for the fsync that finishes a shard, and
@@ -113,16 +131,18 @@ class OrderedWriter:
             start = None
         self._written[fd] = start
 
-    def forget(self, fd):
+    def forget(self, fd: int) -> None:
         """Forget what was written to `fd`, about to be closed (its number may come again)."""
         self._written.pop(fd, None)
 
-    def _raise(self):
+    def _raise(self) -> None:
         if self._error is not None:
             error, self._error = self._error, None
             raise error
 
-    def submit(self, fd, data, digest=None):
+    def submit(
+        self, fd: int, data: ReadableBuffer | list[ReadableBuffer], digest: Feed | None = None
+    ) -> int:
         """Queue `data` (bytes, or a list of buffers) to be written to `fd` (and fed to
         `digest`) after everything before; return the job's number (see `wait`)."""
         self._raise()
@@ -138,18 +158,18 @@ class OrderedWriter:
         self.submitted += 1
         return self.submitted
 
-    def wait(self, job):
+    def wait(self, job: int) -> None:
         """Wait until job number `job` and every one before it are done with their buffers."""
         with self._done:
             while self._completed < job:
                 self._done.wait()
 
-    def drain(self):
+    def drain(self) -> None:
         """Wait until every queued write is done."""
         self.wait(self.submitted)
         self._raise()
 
-    def close(self):
+    def close(self) -> None:
         """Finish the queued writes and stop the thread."""
         if self._thread is not None:
             self._queue.put(None)
@@ -161,7 +181,7 @@ class OrderedWriter:
         self._raise()
 
 
-def write_all(fd, data):
+def write_all(fd: int, data: ReadableBuffer) -> None:
     """Write all of `data` to `fd`, at most WRITE_BYTES a call."""
     view = memoryview(data)
     while view:
