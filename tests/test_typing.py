@@ -112,6 +112,7 @@ TYPED = {
     "rectool/repack/options.py",
     "rectool/repack/pipeline.py",
     "rectool/repack/result.py",
+    "rectool/repack/selection.py",
 }
 
 
