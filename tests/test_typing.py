@@ -109,6 +109,7 @@ TYPED = {
     "rectool/report/page.py",
     "rectool/report/refusals.py",
     "rectool/report/thumbs.py",
+    "rectool/repack/evalsets.py",
     "rectool/repack/options.py",
     "rectool/repack/pipeline.py",
     "rectool/repack/result.py",

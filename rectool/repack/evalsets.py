@@ -20,9 +20,13 @@ import os
 import pickle
 import pickletools
 from dataclasses import dataclass
+from typing import IO, TYPE_CHECKING, Any, NoReturn
 
 from ..doors.inputs import read_regular
 from ..errors import RectoolError
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
 # lfw.bin is about 60 MB; these leave room for larger sets and refuse a file that would take
 # the machine's memory.
@@ -46,42 +50,42 @@ class EvalSet:
     """A verification set: its images in file order and one flag per pair of them."""
 
     path: str
-    images: list  # bytes, two per pair
-    issame: list  # bool, one per pair
+    images: list[bytes]  # two per pair
+    issame: list[bool]  # one per pair
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.images)
 
 
-def is_eval_set(spec):
+def is_eval_set(spec: StrPath) -> bool:
     """Return True when `spec` names a verification set (`*.bin`, not a folder)."""
-    spec = os.fspath(spec)
-    return spec.lower().endswith(SUFFIX) and not os.path.isdir(spec)
+    name = os.fspath(spec)
+    return name.lower().endswith(SUFFIX) and not os.path.isdir(name)
 
 
-def read_eval_set(path):
+def read_eval_set(path: StrPath) -> EvalSet:
     """Read an insightface verification set; return an `EvalSet`.
 
     Raise `RectoolError` naming the file when it is missing, larger than `MAX_FILE_BYTES`, or
     anything but a pickle of (list of bytes, list of bool) with two images per flag.
     """
-    path = os.fspath(path)
-    data = _read_bounded(path)
-    _check_opcodes(path, data)
+    name = os.fspath(path)
+    data = _read_bounded(name)
+    _check_opcodes(name, data)
     try:
         value = _Unpickler(io.BytesIO(data)).load()
     except RectoolError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever a damaged pickle raises, say so
-        raise _refuse(path, f"cannot unpickle ({type(exc).__name__}: {exc})") from None
-    return _check_value(path, value)
+        raise _refuse(name, f"cannot unpickle ({type(exc).__name__}: {exc})") from None
+    return _check_value(name, value)
 
 
-def _refuse(path, why):
+def _refuse(path: str, why: str) -> RectoolError:
     return RectoolError(f"{path}: not an insightface verification set: {why}")
 
 
-def _read_bounded(path):
+def _read_bounded(path: str) -> bytes:
     if os.path.isdir(path):
         raise RectoolError(f"{path}: a folder, not a verification set")
     data, _ = read_regular(path, "verification set", max_bytes=MAX_FILE_BYTES)
@@ -94,22 +98,25 @@ class _List:
     """A list the pickle builds (only its identity matters to the check)."""
 
 
-def _check_opcodes(path, data):
+def _check_opcodes(path: str, data: bytes) -> None:
     """Walk the pickle's opcodes without executing any; refuse everything a verification set
     does not need, before the unpickler sees it.
 
     The stack is simulated with the kinds of the items the unpickler would build: "bytes",
     "bool", ("str", short value or None), a `_List`, ("tuple", items), "encode", and MARK.
     """
-    stack, marks, memo = [], [], {}
+    # The kinds above: what is checked of each is more than a type can say.
+    stack: list[Any] = []
+    marks: list[int] = []
+    memo: dict[int, Any] = {}
     pushed = 0
     stream = io.BytesIO(data)
-    end = None
+    end: int | None = None
 
-    def fail(pos, why):
+    def fail(pos: int | None, why: str) -> NoReturn:
         raise _refuse(path, f"byte {pos}: {why}")
 
-    def pop(pos, op):
+    def pop(pos: int | None, op: str) -> Any:
         if len(stack) <= (marks[-1] if marks else 0):
             fail(pos, f"{op} with nothing to take")
         return stack.pop()
@@ -117,6 +124,7 @@ def _check_opcodes(path, data):
     try:
         ops = pickletools.genops(stream)
         first = True
+        arg: Any  # what each opcode's argument is, its opcode says (genops: `Any | None`)
         for opcode, arg, pos in ops:
             name = opcode.name
             if first:
@@ -156,12 +164,12 @@ def _check_opcodes(path, data):
                 continue
             elif name == "TUPLE2":
                 second, first_item = pop(pos, name), pop(pos, name)
-                items = (first_item, second)
-                strings = all(isinstance(x, tuple) and x[0] == "str" for x in items)
-                lists = all(isinstance(x, _List) for x in items)
+                pair = (first_item, second)
+                strings = all(isinstance(x, tuple) and x[0] == "str" for x in pair)
+                lists = all(isinstance(x, _List) for x in pair)
                 if not (strings or lists):
                     fail(pos, "a tuple that is neither (images, flags) nor encode's arguments")
-                stack.append(("tuple", items))
+                stack.append(("tuple", pair))
             elif name == "GLOBAL":
                 if arg != "_codecs encode":
                     fail(pos, f"refused global {arg.replace(' ', '.')} (no code is run)")
@@ -197,13 +205,14 @@ def _check_opcodes(path, data):
     except ValueError as exc:  # genops: truncated data, an unknown opcode, a bad length
         raise _refuse(path, f"damaged pickle ({exc})") from None
     if end != len(data):  # genops raised ValueError if it saw no STOP
-        raise _refuse(path, f"{len(data) - end:,} bytes after the end of the pickle")
+        # `end` is set: genops raised ValueError if it saw no STOP.
+        raise _refuse(path, f"{len(data) - end:,} bytes after the end of the pickle")  # type: ignore[operator]
     whole = len(stack) == 1 and isinstance(stack[0], tuple) and stack[0][0] == "tuple"
     if marks or not whole or not isinstance(stack[0][1][0], _List):
         raise _refuse(path, "it does not hold one (images, flags) pair of lists")
 
 
-def _latin1(text, encoding):
+def _latin1(text: object, encoding: object) -> bytes:
     """The stand-in for `_codecs.encode`: str to latin-1 bytes, nothing else."""
     if type(text) is not str or encoding != _LATIN1:
         raise pickle.UnpicklingError("refused call of _codecs.encode")
@@ -213,19 +222,19 @@ def _latin1(text, encoding):
 class _Unpickler(pickle.Unpickler):
     """An unpickler that builds no object of any class and calls no function."""
 
-    def __init__(self, file):
+    def __init__(self, file: IO[bytes]) -> None:
         super().__init__(file, encoding="bytes")
 
-    def find_class(self, module, name):
+    def find_class(self, module: str, name: str) -> Any:
         if (module, name) == ("_codecs", "encode"):
             return _latin1
         raise pickle.UnpicklingError(f"refused global {module}.{name}")
 
-    def persistent_load(self, pid):
+    def persistent_load(self, pid: object) -> NoReturn:
         raise pickle.UnpicklingError("refused persistent id")
 
 
-def _check_value(path, value):
+def _check_value(path: str, value: object) -> EvalSet:
     if type(value) is not tuple or len(value) != 2:
         raise _refuse(path, "not a (images, flags) pair")
     images, issame = value
