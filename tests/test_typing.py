@@ -114,6 +114,7 @@ TYPED = {
     "rectool/repack/pipeline.py",
     "rectool/repack/result.py",
     "rectool/repack/selection.py",
+    "rectool/repack/sources.py",
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,11 +18,16 @@ from ..remote.mirror import local_source
 from .copier import RELEASE_BYTES
 from .evalsets import is_eval_set, read_eval_set
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, StrPath
+
+    from ..reader import RecordDataset, RecordFile
+
 
 class Source:
     """One opened source: its dataset, the shard of each sample, and its identity names."""
 
-    def __init__(self, spec):
+    def __init__(self, spec: StrPath) -> None:
         self.spec = os.fspath(spec)
         try:  # a URL: a local copy, named by its URL (the manifest's sources, refusals)
             self.dataset = open_dataset(local_source(self.spec, check=True))
@@ -35,14 +41,14 @@ class Source:
         self.names = _identity_names(self.dataset)
         # The copy reads the same files: a source small enough to stay mapped keeps the
         # mappings its labels were read through, so its pages are faulted in once, not twice.
-        self.record_files = _shard_files(self.dataset)
+        self.record_files: list[RecordFile] | None = _shard_files(self.dataset)
         if self.record_files is None or _rec_bytes(self.dataset) > RELEASE_BYTES:
             self.record_files = None
             self.dataset.close()  # its mappings are touched end to end: let them go
 
-    def fingerprint(self):
+    def fingerprint(self) -> list[list[str | int]]:
         """Return what identifies the source's files (compared on --resume)."""
-        files = []
+        files: list[list[str | int]] = []
         for rec, idx in self.dataset.shards:
             st_rec, st_idx = os.stat(rec), os.stat(idx)
             files.append(
@@ -57,20 +63,21 @@ class Source:
         return files
 
 
-def _refuse_shared_offsets(dataset, shard_of):
+def _refuse_shared_offsets(dataset: RecordDataset, shard_of: np.ndarray) -> None:
     """Refuse a source whose index names one record under several keys: repack would copy it
     once per key (work bounded by the records that exist, not by the index's lines)."""
     keys, offsets = np.asarray(dataset.keys), np.asarray(dataset.offsets)
     count, number, _ = shared_offsets(keys, offsets, shard_of)
     if count:
         mine = shard_of == number
-        refuse_shared_offsets(dataset.shards[number][1], keys[mine], offsets[mine], "repack")
+        shard = dataset.shards[number]  # type: ignore[index]  # a count: `number` is set
+        refuse_shared_offsets(shard[1], keys[mine], offsets[mine], "repack")
 
 
 class PackTarget:
     """A --drop-overlap target that is a dataset: its images are compared, nothing else."""
 
-    def __init__(self, spec):
+    def __init__(self, spec: StrPath) -> None:
         self.spec = os.fspath(spec)
         try:
             self.dataset = open_dataset(self.spec)
@@ -79,13 +86,13 @@ class PackTarget:
         except RectoolError as exc:
             raise RectoolError(f"--drop-overlap {self.spec}: {exc}") from None
 
-    def digests(self):
+    def digests(self) -> np.ndarray:
         return _dataset_digests(self.dataset)
 
-    def image(self, i):
+    def image(self, i: int) -> bytes:
         return bytes(self.dataset[i][0])
 
-    def where(self, i):
+    def where(self, i: int) -> str:
         return f"key {int(self.dataset.keys[i])}"
 
 
@@ -93,21 +100,21 @@ class EvalTarget:
     """A --drop-overlap target that is an insightface verification set (`lfw.bin`): images
     without identities, read by `evalsets.read_eval_set` (no pickle code is run)."""
 
-    def __init__(self, spec):
+    def __init__(self, spec: StrPath) -> None:
         self.spec = os.fspath(spec)
         self.images = read_eval_set(self.spec).images
         self.dataset = None  # no files a repack could write over: a .bin is no shard name
 
-    def digests(self):
+    def digests(self) -> np.ndarray:
         out = np.zeros((len(self.images), 2), np.uint64)
         for i, image in enumerate(self.images):
             out[i] = image_digest(image)
         return out
 
-    def image(self, i):
+    def image(self, i: int) -> bytes:
         return self.images[i]
 
-    def where(self, i):
+    def where(self, i: int) -> str:
         return f"image {i} (pair {i // 2})"
 
 
@@ -115,17 +122,17 @@ class EvalTarget:
 Target = PackTarget | EvalTarget
 
 
-def open_target(spec):
+def open_target(spec: StrPath) -> Target:
     """Open a --drop-overlap TARGET: a verification set when it is a `.bin` file, else a
     dataset."""
     return EvalTarget(spec) if is_eval_set(spec) else PackTarget(spec)
 
 
-def _rec_bytes(dataset):
+def _rec_bytes(dataset: RecordDataset) -> int:
     return sum(os.path.getsize(rec) for rec, _ in dataset.shards)
 
 
-def _shard_files(dataset):
+def _shard_files(dataset: RecordDataset) -> list[RecordFile] | None:
     """Return the dataset's own `reader.RecordFile` of each shard (the mappings it read the
     labels through), or None.
 
@@ -137,7 +144,7 @@ def _shard_files(dataset):
     return list(files)
 
 
-def _sample_shards(dataset):
+def _sample_shards(dataset: RecordDataset) -> np.ndarray:
     """Return the shard number of every sample (int32), from the dataset's own table.
 
     Reads `reader.RecordDataset` internals (its per-sample shard table, see `_shard_files`);
@@ -156,7 +163,7 @@ def _sample_shards(dataset):
     return np.fromiter((number[dataset.location(i)[0]] for i in range(count)), np.int32, count)
 
 
-def _identity_labels(dataset, spec):
+def _identity_labels(dataset: RecordDataset, spec: str) -> np.ndarray:
     """Return every sample's class label as int64, from the record headers."""
     labels = dataset.labels
     if labels.dtype == object:
@@ -177,7 +184,7 @@ def _identity_labels(dataset, spec):
     return labels.astype(np.int64)
 
 
-def _identity_names(dataset):
+def _identity_names(dataset: RecordDataset) -> dict[int, str] | None:
     """Return label -> identity name from the manifest or a label map beside the pack, or None."""
     names = (dataset.manifest or {}).get("identities")
     if names:
@@ -192,11 +199,11 @@ def _identity_names(dataset):
     return None
 
 
-def image_digest(data):
+def image_digest(data: ReadableBuffer) -> np.ndarray:
     return np.frombuffer(hashlib.blake2b(data, digest_size=16).digest(), "<u8")
 
 
-def _dataset_digests(dataset):
+def _dataset_digests(dataset: RecordDataset) -> np.ndarray:
     out = np.zeros((len(dataset), 2), np.uint64)
     for i in range(len(dataset)):
         out[i] = image_digest(dataset[i][0])
