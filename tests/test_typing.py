@@ -112,6 +112,7 @@ TYPED = {
     "rectool/repack/evalsets.py",
     "rectool/repack/options.py",
     "rectool/repack/pipeline.py",
+    "rectool/repack/plan.py",
     "rectool/repack/result.py",
     "rectool/repack/selection.py",
     "rectool/repack/sources.py",

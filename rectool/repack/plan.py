@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,6 +13,10 @@ from ..errors import RectoolError, UsageError
 from ..format.keys import FLOAT32_EXACT
 from . import selection
 from .sources import image_digest
+
+if TYPE_CHECKING:
+    from .options import RepackOptions
+    from .sources import Source, Target
 
 # Cross-identity duplicate groups listed in the report (all are counted).
 REPORT_GROUPS = 1000
@@ -23,19 +29,21 @@ class Catalog:
     source: np.ndarray  # int32: which source
     sample: np.ndarray  # int64: sample index in that source
     label: np.ndarray  # int64: the merged label (offset or by name)
-    names: dict | None  # merged label -> identity name
-    source_labels: list  # per source: merged label -> its label in that source (arrays)
+    names: dict[int, str] | None  # merged label -> identity name
+    source_labels: list[dict[int, int]]  # per source: merged label -> its label in that source
 
 
-def build_catalog(sources, labels_by="offset"):
+def build_catalog(sources: Sequence[Source], labels_by: str = "offset") -> Catalog:
     """Merge the sources' records; return a `Catalog`.
 
     offset: source k's labels are shifted by the label count of sources 0..k-1 (one past each
     one's largest label). name: identities with the same name share a label; labels are given
     in code-point order of the names, as `rectool list` gives them to folders.
     """
-    labels, source_ids, samples = [], [], []
-    names = None
+    labels: list[np.ndarray] = []
+    source_ids: list[np.ndarray] = []
+    samples: list[np.ndarray] = []
+    names: dict[int, str] | None = None
     if labels_by == "name":
         missing = [s.spec for s in sources if not s.names]
         if missing:
@@ -43,12 +51,13 @@ def build_catalog(sources, labels_by="offset"):
                 f"--labels-by name needs identity names, and {missing[0]} has none (no "
                 "manifest identities, no label map beside it); use --labels-by offset"
             )
-        everything = sorted({name for s in sources for name in s.names.values()})
+        # Below, every source has names (`missing` is empty): the ignores say so.
+        everything = sorted({n for s in sources for n in s.names.values()})  # type: ignore[union-attr]
         merged = {name: label for label, name in enumerate(everything)}
         names = dict(enumerate(everything))
         for s in sources:
-            table = np.full(max(s.names) + 1, -1, np.int64)
-            for label, name in s.names.items():
+            table = np.full(max(s.names) + 1, -1, np.int64)  # type: ignore[arg-type]
+            for label, name in s.names.items():  # type: ignore[union-attr]
                 table[label] = merged[name]
             inside = np.minimum(s.labels, len(table) - 1)
             unnamed = s.labels[(s.labels >= len(table)) | (table[inside] < 0)]
@@ -64,8 +73,9 @@ def build_catalog(sources, labels_by="offset"):
         names = {} if named else None
         for s in sources:
             labels.append(s.labels + base)
-            if named:
-                names.update({label + base: name for label, name in s.names.items()})
+            if named:  # `names` is a dict, and every source has names
+                renamed = {label + base: name for label, name in s.names.items()}  # type: ignore[union-attr]
+                names.update(renamed)  # type: ignore[union-attr]
             width = int(s.labels.max()) + 1 if len(s.labels) else 0
             if s.names:
                 width = max(width, max(s.names) + 1)
@@ -74,7 +84,7 @@ def build_catalog(sources, labels_by="offset"):
         source_ids.append(np.full(len(s.labels), k, np.int32))
         samples.append(np.arange(len(s.labels), dtype=np.int64))
     label = np.concatenate(labels) if labels else np.empty(0, np.int64)
-    source_labels = []
+    source_labels: list[dict[int, int]] = []
     for merged_l, s in zip(labels, sources):
         present, first = np.unique(s.labels, return_index=True)  # merged = f(source label)
         source_labels.append(dict(zip(merged_l[first].tolist(), present.tolist())))
@@ -92,17 +102,22 @@ class Plan:
     removed_rows: np.ndarray  # catalog rows removed as duplicates or overlap, in row order
     removed_reason: np.ndarray  # int16 code per removed row (see `reason_of`)
     removed_other: np.ndarray  # the catalog row / target sample each one repeats
-    counts: dict  # what each step kept and removed
-    shared_groups: list  # cross-identity duplicate groups (catalog rows), the first ones
+    counts: dict[str, int]  # what each step kept and removed
+    shared_groups: list[list[int]]  # cross-identity duplicate groups (catalog rows), the first ones
     shared_total: int
 
 
-def reason_of(code):
+def reason_of(code: int) -> str:
     """Return the reason a plan removed a record: code 1 duplicate, 2 + t overlap (target t)."""
     return "duplicate" if code == 1 else "overlap"
 
 
-def plan_repack(sources, catalog, options, targets=()):
+def plan_repack(
+    sources: Sequence[Source],
+    catalog: Catalog,
+    options: RepackOptions,
+    targets: Sequence[Target] = (),
+) -> Plan:
     """Decide which records are written, with what labels and in which order; return a `Plan`.
 
     The steps run in this order: --keep-ids/--drop-ids, --drop-overlap, --dedupe, --sample,
@@ -118,9 +133,13 @@ def plan_repack(sources, catalog, options, targets=()):
             before = int(mask.sum())
             mask &= selection.identity_mask(labels, wanted, keep)
             counts["keep_ids" if keep else "drop_ids"] = before - int(mask.sum())
-    removed_rows, removed_reason, removed_other = [], [], []
-    shared_groups, shared_total = [], 0
-    digests = None
+    removed_rows: list[np.ndarray] = []
+    removed_reason: list[np.ndarray] = []
+    removed_other: list[np.ndarray] = []
+    shared_groups: list[list[int]] = []
+    shared_total = 0
+    # Set below whenever it is read (--dedupe, or --drop-overlap targets).
+    digests: np.ndarray = None  # type: ignore[assignment]
     if options.dedupe or targets:
         digests = _catalog_digests(sources, catalog, mask)
     for t, target in enumerate(targets):
@@ -178,7 +197,7 @@ def plan_repack(sources, catalog, options, targets=()):
     )
 
 
-def _catalog_digests(sources, catalog, mask):
+def _catalog_digests(sources: Sequence[Source], catalog: Catalog, mask: np.ndarray) -> np.ndarray:
     """Return a 128-bit BLAKE2b digest of the image bytes of every record in `mask`."""
     digests = np.zeros((len(catalog.label), 2), np.uint64)
     for k, s in enumerate(sources):
@@ -190,20 +209,26 @@ def _catalog_digests(sources, catalog, mask):
     return digests
 
 
-def _image(sources, catalog, row):
+def _image(sources: Sequence[Source], catalog: Catalog, row: int) -> bytes:
     return bytes(sources[catalog.source[row]].dataset[int(catalog.sample[row])][0])
 
 
-def _same_bytes(sources, catalog, a, b):
+def _same_bytes(sources: Sequence[Source], catalog: Catalog, a: int, b: int) -> bool:
     # A digest match is checked byte for byte: "identical" means identical.
     return _image(sources, catalog, a) == _image(sources, catalog, b)
 
 
-def _as_pairs(digests):
+def _as_pairs(digests: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(digests).view([("a", "<u8"), ("b", "<u8")]).ravel()
 
 
-def _overlap(sources, catalog, digests, mask, target):
+def _overlap(
+    sources: Sequence[Source],
+    catalog: Catalog,
+    digests: np.ndarray,
+    mask: np.ndarray,
+    target: Target,
+) -> tuple[np.ndarray, np.ndarray]:
     """Return (catalog rows in `mask` whose image is byte-identical to one of `target`, and
     the target sample each one equals)."""
     theirs = target.digests()
@@ -225,7 +250,9 @@ def _overlap(sources, catalog, digests, mask, target):
     return rows[same], matches[same]
 
 
-def _shared_groups(digests, labels, mask, shared):
+def _shared_groups(
+    digests: np.ndarray, labels: np.ndarray, mask: np.ndarray, shared: np.ndarray
+) -> tuple[list[list[int]], int]:
     """Return (the first REPORT_GROUPS groups of kept rows sharing an image across identities,
     the number of such groups)."""
     rows = np.flatnonzero(shared & mask)
@@ -240,7 +267,7 @@ def _shared_groups(digests, labels, mask, shared):
     return [rows[a:b].tolist() for a, b in shown], len(starts)
 
 
-def check_plan(plan, options):
+def check_plan(plan: Plan, options: RepackOptions) -> None:
     """Refuse, before writing, a plan the output layout cannot hold."""
     layout_named(options.layout).check_keys(len(plan.rows), plan.classes)
     if plan.classes > FLOAT32_EXACT:
