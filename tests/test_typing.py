@@ -56,6 +56,7 @@ TYPED = {
     "rectool/build/results.py",
     "rectool/build/splits.py",
     "rectool/build/walk.py",
+    "rectool/build/workers.py",
     "rectool/commands/__init__.py",
     "rectool/commands/bench.py",
     "rectool/commands/conventions.py",

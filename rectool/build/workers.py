@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import os
 import stat
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from ..reader import MAX_RECORD_BYTES
 from .images import ImageRefused, check_image, reencode_image
@@ -22,6 +24,16 @@ from .passthrough import (
     resolve_path,
 )
 
+if TYPE_CHECKING:
+    from .listfile import ListItem
+    from .options import PackOptions
+
+    # What a worker makes of one image: its bytes (or framed record), or why it was refused.
+    Prepared = bytes | ImageRefused
+    # What `runs()` yields: (items, their framed records back to back, where each starts, the
+    # first one's place in the chunk), or a refusal (item, reason).
+    Run = tuple[Sequence[ListItem], bytes, list[int], int] | tuple[ListItem, str]
+
 
 class ImageWorker:
     """Reads, checks or re-encodes, and frames images, in worker threads.
@@ -30,16 +42,16 @@ class ImageWorker:
     and pipes than they save (see docs/benchmarks.md).
     """
 
-    def __init__(self, root, options):
+    def __init__(self, root: str, options: PackOptions) -> None:
         self.root, self.options = root, options
         self._prefix = os.path.join(root, "")
         self._guard = RootGuard(root, options.allow_outside_root)
         # A layout that numbers images as written frames them where they are written.
         self.frame = not layout_named(options.layout).numbered
 
-    def prepare_chunk(self, chunk):
+    def prepare_chunk(self, chunk: Sequence[ListItem]) -> list[Prepared]:
         """Return, per item, its framed record (or image bytes) or an `ImageRefused`."""
-        results = []
+        results: list[Prepared] = []
         for item in chunk:
             data = self.prepare(item)
             if self.frame and not isinstance(data, ImageRefused):
@@ -47,7 +59,7 @@ class ImageWorker:
             results.append(data)
         return results
 
-    def prepare(self, item):
+    def prepare(self, item: ListItem) -> Prepared:
         """Read and check or re-encode one image; return its bytes or an `ImageRefused`."""
         path = resolve_path(self._prefix, item.path, self.options.allow_outside_root)
         if path is None:
@@ -76,7 +88,7 @@ class ImageWorker:
         return data
 
 
-def _read_file(path, open_):
+def _read_file(path: str, open_: Callable[[str], int]) -> bytes:
     """Return a file's bytes with four system calls for a small file, and no file object.
 
     Raises `ImageRefused` for anything but a regular file (opened without waiting: a FIFO
@@ -117,11 +129,14 @@ class ChunkResults:
 
     reuses_buffer = False  # its records are its own bytes
 
-    def __init__(self, items, results, first_key=None):
+    def __init__(
+        self, items: Sequence[ListItem], results: list[Prepared], first_key: int | None = None
+    ) -> None:
         self.items = items
         self._images = results if first_key is not None else None
         if first_key is not None:
-            framed, key = [], first_key
+            framed: list[Prepared] = []
+            key = first_key
             for item, image in zip(items, results):
                 if not isinstance(image, ImageRefused):
                     image = frame_image(item, image, key, False)
@@ -130,21 +145,22 @@ class ChunkResults:
             results = framed
         self._results = results
 
-    def image(self, j):
+    def image(self, j: int) -> Prepared:
         """Return the image bytes of record j (numbered results only)."""
-        return self._images[j]
+        return self._images[j]  # type: ignore[index]  # numbered results: set
 
-    def runs(self):
+    def runs(self) -> Iterator[Run]:
         """Yield `(items, data, starts, j)` runs of records and `(item, reason)` refusals."""
         items, results = self.items, self._results
         first = 0
         for j in range(len(items) + 1):
             refused = j < len(items) and isinstance(results[j], ImageRefused)
             if j == len(items) or refused:
+                # The ignores: results[first:j] are all bytes, results[j] is refused.
                 if first < j:
                     parts = results[first:j]
-                    starts = list(itertools.accumulate(map(len, parts[:-1]), initial=0))
-                    yield items[first:j], b"".join(parts), starts, first
+                    starts = list(itertools.accumulate(map(len, parts[:-1]), initial=0))  # type: ignore[arg-type]
+                    yield items[first:j], b"".join(parts), starts, first  # type: ignore[arg-type]
                 if refused:
-                    yield items[j], results[j].reason
+                    yield items[j], results[j].reason  # type: ignore[union-attr]
                 first = j + 1
