@@ -54,6 +54,7 @@ TYPED = {
     "rectool/build/ordered.py",
     "rectool/build/packing.py",
     "rectool/build/results.py",
+    "rectool/build/shardfile.py",
     "rectool/build/splits.py",
     "rectool/build/walk.py",
     "rectool/build/workers.py",

@@ -21,6 +21,9 @@ from ..doors.output import fault_point, output_error
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer
 
+    # Bytes handed in to be written: framed records, index lines, or views of a reused buffer.
+    Buffer = bytes | bytearray | memoryview
+
 # At most this many bytes an `os.write` call (see `write_all`).
 WRITE_BYTES = 1 << 20
 # Writeback to disk is started every this many bytes written (see `OrderedWriter`).
@@ -36,10 +39,10 @@ class Feed(Protocol):
 
 if TYPE_CHECKING:
     # One write: the descriptor, its buffers in order, and what they are fed to.
-    Job = tuple[int, list[ReadableBuffer], Feed | None]
+    Job = tuple[int, list[Buffer], Feed | None]
 
 
-def _feed(digest: Feed, parts: Iterable[ReadableBuffer]) -> None:
+def _feed(digest: Feed, parts: Iterable[Buffer]) -> None:
     for data in parts:
         digest.update(data)
 
@@ -89,7 +92,7 @@ class OrderedWriter:
                     self._completed += 1
                     self._done.notify_all()
 
-    def _write(self, fd: int, parts: list[ReadableBuffer], digest: Feed | None) -> None:
+    def _write(self, fd: int, parts: list[Buffer], digest: Feed | None) -> None:
         """Write `parts` to `fd` in order, feeding them to `digest` meanwhile: one job."""
         try:
             hashed = None if digest is None else self._hashing().submit(_feed, digest, parts)
@@ -140,9 +143,7 @@ class OrderedWriter:
             error, self._error = self._error, None
             raise error
 
-    def submit(
-        self, fd: int, data: ReadableBuffer | list[ReadableBuffer], digest: Feed | None = None
-    ) -> int:
+    def submit(self, fd: int, data: Buffer | list[Buffer], digest: Feed | None = None) -> int:
         """Queue `data` (bytes, or a list of buffers) to be written to `fd` (and fed to
         `digest`) after everything before; return the job's number (see `wait`)."""
         self._raise()

@@ -12,7 +12,7 @@ import array
 import itertools
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,7 +26,11 @@ from .manifest import PARTIAL_SUFFIX
 from .ordered import WRITE_BYTES, OrderedWriter
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Mapping, Sequence
+
+    from _typeshed import ReadableBuffer
+
+    from .ordered import Buffer
 
 # Records are buffered and written in batches; kill -9 can then only cut between two writes.
 FLUSH_BYTES = 4 << 20
@@ -49,18 +53,25 @@ class ShardInfo:
     last_key: int | None
     # The per-record checksum file (see rectool.format.checksums), when written.
     crc: str | None = None
-    digests: dict | None = None
+    digests: dict[str, dict[str, str]] | None = None
 
-    def to_json(self):
+    def to_json(self) -> dict[str, Any]:
         digests = self.digests or {}
 
-        def fields(file):
+        def fields(file: str) -> dict[str, str]:
             return {field_name(file, a): h for a, h in (digests.get(file) or {}).items()}
 
-        entry = {"rec": self.rec, "idx": self.idx, "records": self.records,
-                 "rec_bytes": self.rec_bytes, "idx_bytes": self.idx_bytes,
-                 **fields("rec"), **fields("idx"),
-                 "first_key": self.first_key, "last_key": self.last_key}  # fmt: skip
+        entry: dict[str, Any] = {
+            "rec": self.rec,
+            "idx": self.idx,
+            "records": self.records,
+            "rec_bytes": self.rec_bytes,
+            "idx_bytes": self.idx_bytes,
+            **fields("rec"),
+            **fields("idx"),
+            "first_key": self.first_key,
+            "last_key": self.last_key,
+        }
         if self.crc is not None:
             entry["crc"] = self.crc
             entry.update(fields("crc"))
@@ -77,10 +88,12 @@ class _ShardDigest:
     """What the hashing thread feeds a shard's written buffers to, in order: the .rec's
     digests, and the checksum of each record (`starts`: per buffer, where its records start)."""
 
-    def __init__(self, digests, checksums, starts):
+    def __init__(
+        self, digests: Digests, checksums: RecordChecksums, starts: Iterable[Sequence[int]]
+    ) -> None:
         self.digests, self.checksums, self.starts = digests, checksums, iter(starts)
 
-    def update(self, data):
+    def update(self, data: ReadableBuffer, /) -> None:
         self.digests.update(data)
         self.checksums.add(data, next(self.starts))
 
@@ -100,10 +113,19 @@ class ShardFile:
     """
 
     def __init__(
-        self, number, rec_path, idx_path, io, resumed=None, digests=(XXH3_128,), plain=False,
-        append=False,
-    ):  # fmt: skip
-        self.number, self.rec_path, self.idx_path = number, rec_path, idx_path
+        self,
+        number: int | None,
+        rec_path: str,
+        idx_path: str | None,
+        io: OrderedWriter,
+        resumed: Mapping[str, Any] | None = None,
+        digests: Iterable[str] = (XXH3_128,),
+        plain: bool = False,
+        append: bool = False,
+    ) -> None:
+        self.number, self.rec_path = number, rec_path
+        # None only for a plain file without an .idx; `finish` (a shard's) reads it.
+        self.idx_path: str = idx_path  # type: ignore[assignment]
         self._io = io
         self._plain = plain
         self.algorithms = () if plain else tuple(digests)
@@ -112,7 +134,7 @@ class ShardFile:
         rec_p = rec_path + suffix
         self._rec_fd = open_for_writing(rec_p, append)
         io.names[self._rec_fd] = rec_p
-        self._idx_fd = None
+        self._idx_fd: int | None = None
         if idx_path is not None:
             self._idx_fd = open_for_writing(idx_path + suffix, append)
             io.names[self._idx_fd] = idx_path + suffix
@@ -127,7 +149,13 @@ class ShardFile:
         self.idx_bytes = resumed.get("idx_bytes", 0)
         self.first_key = resumed.get("first_key")
         self.last_key = resumed.get("last_key")
-        self._keys = self._offsets = self._rec_hash = self._idx_hash = self._checksums = None
+        self._keys: array.array[int]
+        self._offsets: array.array[int]
+        self._rec_hash: Digests
+        self._idx_hash: Digests
+        self._checksums: RecordChecksums
+        # A plain file has none of them (`_append` tells by `_keys`); a shard sets them below.
+        self._keys = self._offsets = self._rec_hash = self._idx_hash = self._checksums = None  # type: ignore[assignment]
         if not plain:
             # 16 bytes a record, for the shard's .idx cache; nothing else grows with the data.
             self._keys = resumed.get("keys", array.array("q"))
@@ -138,24 +166,25 @@ class ShardFile:
             if checksums is None:
                 checksums = RecordChecksums(self._offsets)
             self._checksums = checksums
-        self._rec_buf: list = []
-        self._rec_starts: list = []  # per buffer, where its records start (their checksums)
+        self._rec_buf: list[Buffer] = []
+        # Per buffer, where its records start (their checksums).
+        self._rec_starts: list[Sequence[int]] = []
         self._idx_buf: list[bytes] = []
         self.buffered = 0  # bytes of records not yet handed to the writer thread
 
     @classmethod
-    def plain(cls, rec_path, idx_path=None, append=False):
+    def plain(cls, rec_path: str, idx_path: str | None = None, append: bool = False) -> ShardFile:
         """Return a plain `ShardFile`: a `.rec` (and an `.idx`) at the names given, new or
         (`append`) continued, written in the caller's thread."""
         io = OrderedWriter(background=False)
         return cls(None, rec_path, idx_path, io, plain=True, append=append)
 
     @property
-    def closed(self):
+    def closed(self) -> bool:
         """Whether `close` was called."""
         return self._rec_fd is None
 
-    def add(self, key, framed):
+    def add(self, key: int | None, framed: Buffer) -> int:
         """Append one framed record under `key` (None: a plain file without an .idx); return
         its offset in the .rec."""
         offset = self.rec_bytes
@@ -165,7 +194,9 @@ class ShardFile:
         self.last_key = key
         return offset
 
-    def add_run(self, data, keys, starts):
+    def add_run(
+        self, data: Buffer, keys: Sequence[int] | np.ndarray, starts: Sequence[int]
+    ) -> None:
         """Append records framed back to back in `data` (record i from `starts[i]`, a list)
         under `keys` (integers): the same bytes as `add` for each in turn."""
         if len(starts) >= 512:  # numpy's fixed costs are worth it (see format_index_lines)
@@ -179,7 +210,14 @@ class ShardFile:
         self.first_key = int(keys[0]) if self.first_key is None else self.first_key
         self.last_key = int(keys[-1])
 
-    def _append(self, data, lines, keys, offsets, starts):
+    def _append(
+        self,
+        data: Buffer,
+        lines: bytes,
+        keys: Sequence[int | None] | np.ndarray,
+        offsets: Sequence[int] | np.ndarray,
+        starts: Sequence[int],
+    ) -> None:
         self._rec_buf.append(data)
         self._rec_starts.append(starts)
         self._idx_buf.append(lines)
@@ -189,16 +227,17 @@ class ShardFile:
         self.idx_bytes += len(lines)
         if self._keys is None:  # plain: no .idx cache, no checksums
             pass
+        # The ignores: offsets are an array when keys are; a shard's keys are never None.
         elif isinstance(keys, np.ndarray):
             self._keys.frombytes(keys.tobytes())
-            self._offsets.frombytes(offsets.tobytes())
+            self._offsets.frombytes(offsets.tobytes())  # type: ignore[union-attr]
         else:
-            self._keys.extend(keys)
+            self._keys.extend(keys)  # type: ignore[arg-type]
             self._offsets.extend(offsets)
         if self.buffered >= FLUSH_BYTES:
             self.flush()
 
-    def flush(self):
+    def flush(self) -> int:
         """Write buffered records: all their .rec bytes first, then their .idx lines.
 
         Return a number to give `OrderedWriter.wait`: the buffers added so far are then
@@ -225,7 +264,7 @@ class ShardFile:
         self.buffered = 0
         return self._io.submitted
 
-    def sync(self, fsync=True):
+    def sync(self, fsync: bool = True) -> None:
         """Write everything buffered and wait until it is written; with `fsync`, until it is
         on the disk (the .rec first, then the .idx)."""
         self.flush()
@@ -235,7 +274,7 @@ class ShardFile:
                 if fd is not None:
                     fsync_fd(fd, self._io.names.get(fd, self.rec_path))
 
-    def finish(self):
+    def finish(self) -> ShardInfo:
         """Flush, fsync and give the shard its final names; write its .idx cache; return
         its `ShardInfo`."""
         assert not self._plain, "a plain file is ended by sync and close"
@@ -268,21 +307,21 @@ class ShardFile:
             },
         )
 
-    def abort(self):
+    def abort(self) -> None:
         """Queue what is buffered, then (once the writer thread is stopped) `close`."""
         self.flush()
 
-    def close(self):
+    def close(self) -> None:
         """Close the `.partial` files as they are, to be resumed (once: later calls do
         nothing)."""
         for fd in (self._rec_fd, self._idx_fd):
             if fd is not None:
                 self._io.forget(fd)
                 os.close(fd)
-        self._rec_fd = self._idx_fd = None
+        self._rec_fd = self._idx_fd = None  # type: ignore[assignment]  # closed (see `closed`)
 
 
-def open_for_writing(path, append):
+def open_for_writing(path: str, append: bool) -> int:
     """Open a `.partial` file: a new one (whatever is at the name is replaced, never followed),
     or, to resume, the one there (never through a symlink)."""
     try:
