@@ -55,6 +55,7 @@ TYPED = {
     "rectool/build/packing.py",
     "rectool/build/results.py",
     "rectool/build/shardfile.py",
+    "rectool/build/shards.py",
     "rectool/build/splits.py",
     "rectool/build/walk.py",
     "rectool/build/workers.py",

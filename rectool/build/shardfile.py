@@ -114,7 +114,7 @@ class ShardFile:
 
     def __init__(
         self,
-        number: int | None,
+        number: int,
         rec_path: str,
         idx_path: str | None,
         io: OrderedWriter,
@@ -177,7 +177,8 @@ class ShardFile:
         """Return a plain `ShardFile`: a `.rec` (and an `.idx`) at the names given, new or
         (`append`) continued, written in the caller's thread."""
         io = OrderedWriter(background=False)
-        return cls(None, rec_path, idx_path, io, plain=True, append=append)
+        # A plain file has no shard number.
+        return cls(None, rec_path, idx_path, io, plain=True, append=append)  # type: ignore[arg-type]
 
     @property
     def closed(self) -> bool:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import array
 import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -31,8 +33,16 @@ from .shardfile import ShardFile as ShardFile
 from .shardfile import ShardInfo as ShardInfo
 from .shardfile import open_for_writing
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
 
-def plan_shards(total, shard_bytes=None, shard_records=None):
+    from .ordered import Buffer
+    from .shardfile import ShardFinished
+
+
+def plan_shards(
+    total: int, shard_bytes: int | None = None, shard_records: int | None = None
+) -> list[range]:
     """Return the list positions of each shard, as ranges: a pure function of the list length.
 
     Only a record count makes a plan: shard k holds list lines k*N .. k*N+N-1 (less the refused
@@ -48,7 +58,7 @@ def plan_shards(total, shard_bytes=None, shard_records=None):
     return [range(k, min(k + shard_records, total)) for k in range(0, max(total, 1), shard_records)]
 
 
-def parse_size(text):
+def parse_size(text: str | int) -> int:
     """Parse a byte size such as `512MB`, `2GiB`, `1.5G` or `1000000` into an int."""
     units = {
         "": 1, "B": 1,
@@ -68,7 +78,7 @@ def parse_size(text):
     return int(value * units[unit])
 
 
-def shard_digests(sha256=False):
+def shard_digests(sha256: bool = False) -> tuple[str, ...]:
     """Return the whole-file digests a pack's manifest gives: xxh3-128, and SHA-256 with
     `--sha256`."""
     return (XXH3_128, SHA256) if sha256 else (XXH3_128,)
@@ -84,9 +94,15 @@ class ShardWriter:
     """
 
     def __init__(
-        self, prefix, shard_bytes=None, shard_records=None, first_shard=0, last_shard=None,
-        sha256=False, on_shard_finished=None,
-    ):  # fmt: skip
+        self,
+        prefix: StrPath,
+        shard_bytes: int | None = None,
+        shard_records: int | None = None,
+        first_shard: int = 0,
+        last_shard: int | None = None,
+        sha256: bool = False,
+        on_shard_finished: ShardFinished | None = None,
+    ) -> None:
         self.prefix = os.fspath(prefix)
         # The manifest's digests of each file: xxh3-128, and SHA-256 too with `sha256`.
         self.digests = shard_digests(sha256)
@@ -103,29 +119,35 @@ class ShardWriter:
 
     # -- state ------------------------------------------------------------------------------
     @property
-    def records_written(self):
+    def records_written(self) -> int:
         """Return the records in finished shards plus the open one."""
         return sum(s.records for s in self.finished) + (self._shard.records if self._shard else 0)
 
-    def paths(self, number):
+    def paths(self, number: int) -> tuple[str, str]:
         """Return the final (rec, idx) paths of shard `number`."""
         return shard_paths(self.prefix, number, self.numbered)
 
     # -- writing ----------------------------------------------------------------------------
-    def _number(self):
+    def _number(self) -> int:
         """Return the number of the open shard, or of the next one to open."""
         return self.first_shard + len(self.finished)
 
-    def add(self, key, framed, position=0):
+    def add(self, key: int, framed: Buffer, position: int = 0) -> int:
         """Append one framed record under `key` (list position `position`), rolling over first
         when the shard limits say so; return its offset in its shard's .rec."""
-        if self.planned:
-            self.open_through(position // self.shard_records)
+        if self.planned:  # (so `shard_records` is set: the ignores here and in add_run)
+            self.open_through(position // self.shard_records)  # type: ignore[operator]
         elif self._shard and self._shard.records and self._full(self._shard, len(framed)):
             self.finish_shard()
         return (self._shard or self._start(self._number())).add(key, framed)
 
-    def add_run(self, data, keys, starts, positions):
+    def add_run(
+        self,
+        data: Buffer,
+        keys: Sequence[int] | np.ndarray,
+        starts: Sequence[int],
+        positions: Sequence[int],
+    ) -> None:
         """Append records framed back to back in `data` (record i from `starts[i]`), under
         `keys`, at list positions `positions`: the same bytes as `add` for each in turn.
 
@@ -136,8 +158,8 @@ class ShardWriter:
             return
         shard = self._shard
         if self.planned:
-            number = positions[0] // self.shard_records
-            fits = positions[-1] // self.shard_records == number
+            number = positions[0] // self.shard_records  # type: ignore[operator]
+            fits = positions[-1] // self.shard_records == number  # type: ignore[operator]
             if fits:
                 self.open_through(number)
                 shard = self._shard
@@ -154,7 +176,7 @@ class ShardWriter:
             return
         (shard or self._start(self._number())).add_run(data, keys, starts)
 
-    def open_through(self, number):
+    def open_through(self, number: int) -> None:
         """Finish shards, empty ones included, until shard `number` is the open one.
 
         Does nothing when shard `number` is already finished (a resumed run that was killed
@@ -168,36 +190,36 @@ class ShardWriter:
             else:
                 self._start(self._number())
 
-    def _full(self, shard, incoming):
+    def _full(self, shard: ShardFile, incoming: int) -> bool:
         if self.shard_records and shard.records >= self.shard_records:
             return True
         return bool(self.shard_bytes) and shard.rec_bytes + incoming > self.shard_bytes
 
-    def _start(self, number, resumed=None):
+    def _start(self, number: int, resumed: dict[str, Any] | None = None) -> ShardFile:
         self._shard = ShardFile(number, *self.paths(number), self._io, resumed, self.digests)
         return self._shard
 
-    def flush(self):
+    def flush(self) -> int:
         """Write buffered records; return a number to give `wait_written`: the buffers
         added so far are then written."""
         if self._shard is None:
             return self._io.submitted
         return self._shard.flush()
 
-    def wait_written(self, job):
+    def wait_written(self, job: int) -> None:
         """Wait until what `flush` returned `job` for is written (its buffers may be reused)."""
         self._io.wait(job)
 
-    def register(self, fd, name):
+    def register(self, fd: int, name: str) -> None:
         """Name another file written through `write_after`, for error messages."""
         self._io.names[fd] = name
 
-    def write_after(self, fd, data):
+    def write_after(self, fd: int, data: Buffer) -> None:
         """Write `data` to another file once every record added so far is written."""
         self.flush()
         self._io.submit(fd, data)
 
-    def finish_shard(self):
+    def finish_shard(self) -> ShardInfo | None:
         """Finish the open shard (see `ShardFile.finish`); return its `ShardInfo`."""
         if self._shard is None:
             return None
@@ -210,7 +232,7 @@ class ShardWriter:
             self.on_shard_finished(info, [os.path.join(folder, n) for n in names])
         return info
 
-    def close(self, last_shard=None):
+    def close(self, last_shard: int | None = None) -> None:
         """Finish the open shard, and empty ones up to `last_shard` (a planned pack's last).
 
         An empty pack still gets one empty shard.
@@ -222,7 +244,7 @@ class ShardWriter:
         self.finish_shard()
         self._io.close()
 
-    def abort(self):
+    def abort(self) -> None:
         """Write what is buffered and close the descriptors, leaving `.partial` files to resume."""
         shard = self._shard
         try:
@@ -235,7 +257,7 @@ class ShardWriter:
                 self._shard = None
 
     # -- resuming ---------------------------------------------------------------------------
-    def resume(self, drop_tail=None):
+    def resume(self, drop_tail: Callable[[bytes], bool] | None = None) -> int:
         """Adopt what an interrupted run left; return the number of records already written.
 
         Finished shards are taken as they are (re-hashed for the manifest). In the partial
@@ -304,7 +326,7 @@ class ShardWriter:
         return self.records_written
 
 
-def _line_start(data, n):
+def _line_start(data: bytes, n: int) -> int:
     """Return the byte position where line `n` (0-based) of `data` starts."""
     pos = 0
     for _ in range(n):
@@ -312,7 +334,7 @@ def _line_start(data, n):
     return pos
 
 
-def describe_shard(rec, idx, digests=(XXH3_128,)):
+def describe_shard(rec: str, idx: str, digests: Iterable[str] = (XXH3_128,)) -> ShardInfo:
     """Return the `ShardInfo` of a finished shard, read from its files (each read once, for
     all the `digests`)."""
     keys, _ = load_index(idx, cache=False)
@@ -332,7 +354,7 @@ def describe_shard(rec, idx, digests=(XXH3_128,)):
     )
 
 
-def _refuse_links(*paths):
+def _refuse_links(*paths: str) -> None:
     """Raise for a symlink planted where a `.partial` file should be (never written through)."""
     for path in paths:
         if os.path.islink(path):
