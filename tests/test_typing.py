@@ -53,6 +53,7 @@ TYPED = {
     "rectool/build/options.py",
     "rectool/build/ordered.py",
     "rectool/build/packing.py",
+    "rectool/build/packrun.py",
     "rectool/build/results.py",
     "rectool/build/shardfile.py",
     "rectool/build/shards.py",

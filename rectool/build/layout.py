@@ -15,7 +15,7 @@ This module is the writing side of the rule; `reader.insightface_header` is the 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from .. import choices
@@ -95,7 +95,7 @@ class Layout:
                 item.line,
             )
 
-    def order(self, items: Sequence[ListItem]) -> Sequence[ListItem]:
+    def order(self, items: Iterable[ListItem]) -> Iterable[ListItem]:
         """Return list items in the order they are written: each identity's together (a
         stable sort by label) when images are numbered."""
         return sorted(items, key=lambda item: item.labels[0]) if self.numbered else items

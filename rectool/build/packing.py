@@ -314,7 +314,8 @@ def _pack_all(
     rename(run.failures_partial, final_failures)
     if run.layout.numbered:  # a layout with a `property` file
         size = _property_size(prefix, run)
-        run.layout.write_property(os.path.dirname(prefix), run.classes, size)
+        # The ignore: a numbered layout counts its classes (an int).
+        run.layout.write_property(os.path.dirname(prefix), run.classes, size)  # type: ignore[arg-type]
     remove_stale_temporaries(prefix)
     write_json_atomic(manifest_path(prefix), manifest)
     remove(state_path)

@@ -15,7 +15,7 @@ import itertools
 import os
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..doors.failures import failure_line, open_failures
@@ -31,7 +31,12 @@ from .shards import ShardWriter, plan_shards
 from .workers import ChunkResults, ImageWorker
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable, Iterator
+
+    from .listfile import ListItem
+    from .options import PackOptions
+    from .passthrough import Block
+    from .workers import Prepared
 
     # `progress(done, total, refused)`, called as list items finish.
     Progress = Callable[[int, int, int], object]
@@ -50,7 +55,16 @@ BLOCK_ITEMS = 4096
 class PackRun:
     """One execution of the pipeline; holds the counters the manifest reports."""
 
-    def __init__(self, list_path, root, prefix, options, total, progress, part=None):
+    def __init__(
+        self,
+        list_path: str,
+        root: str,
+        prefix: str,
+        options: PackOptions,
+        total: int,
+        progress: Progress | None,
+        part: tuple[int, range] | None = None,
+    ) -> None:
         self.list_path, self.root, self.prefix = list_path, root, prefix
         self.options, self.total, self.progress = options, total, progress
         self.layout = layout_named(options.layout)
@@ -61,34 +75,39 @@ class PackRun:
             last = len(plan_shards(total, None, options.shard_records)) - 1
         self.last_shard = last
         self.writer = ShardWriter(
-            prefix, options.shard_bytes, options.shard_records, first_shard=first, last_shard=last,
+            prefix,
+            options.shard_bytes,
+            options.shard_records,
+            first_shard=first,
+            last_shard=last,
             sha256=options.sha256,
-        )  # fmt: skip
+        )
         stem = shard_stem(prefix, part[0]) if part else prefix
         self.failures_partial = stem + FAILURES_SUFFIX + PARTIAL_SUFFIX
         self.images = 0
         self.failures = 0
-        self.first_refusals = []
+        self.first_refusals: list[Refusal] = []
         self.resumed_from = 0
-        self.label_counts = collections.Counter()  # numbered layouts: images per identity
+        # Numbered layouts: images per identity.
+        self.label_counts: collections.Counter[int] = collections.Counter()
         self.max_label = -1
-        self.image_size = None
+        self.image_size: tuple[int, int] | None = None
         self._fault = _test_fault()
 
     # -- items ------------------------------------------------------------------------------
-    def _items(self):
+    def _items(self) -> Iterator[ListItem]:
         with open_input(self.list_path, "list file", "utf-8", "\n") as f:
             yield from self.layout.order(iter_list(f, self.list_path))
 
     @property
-    def classes(self):
+    def classes(self) -> int | None:
         """Return the identities counted while writing (numbered layouts), else None."""
         return self.max_label + 1 if self.layout.numbered else None
 
     # -- resume -----------------------------------------------------------------------------
-    def _resume(self):
+    def _resume(self) -> dict[int, str]:
         written = self.writer.resume(drop_tail=self.layout.written_after_images)
-        refused_lines = {}  # list line -> where in the failures file it was refused
+        refused_lines: dict[int, str] = {}  # list line -> where in the failures file it was refused
         if os.path.islink(self.failures_partial):
             raise RectoolError(
                 f"{self.failures_partial}: is a symlink, not a file this pack wrote; remove it"
@@ -97,14 +116,15 @@ class PackRun:
             complete = 0  # bytes of whole lines: a torn last line is cut (doors/failures.py)
             with open_failures(self.failures_partial, torn_tail=True, follow=False) as failures:
                 for failure in failures:
+                    # Without `bad_lines` every entry is set: a pack line (the ignores below).
                     entry, complete = failure.entry, failure.end
-                    number, line = failure.number, entry["line"]
+                    number, line = failure.number, entry["line"]  # type: ignore[index, typeddict-item]
                     where = f"{self.failures_partial}: line {number}: list line {line}"
                     if line in refused_lines:
                         raise InputError(f"{where}: refused twice")
                     refused_lines[line] = where
                     if len(self.first_refusals) < 100:
-                        self.first_refusals.append(Refusal(**entry))
+                        self.first_refusals.append(Refusal(**entry))  # type: ignore[arg-type]
             truncate(self.failures_partial, complete)
         self.failures = len(refused_lines)
         self.images = written
@@ -112,7 +132,7 @@ class PackRun:
         return refused_lines
 
     # -- the pipeline -----------------------------------------------------------------------
-    def execute(self, resume):
+    def execute(self, resume: bool) -> None:
         refused_lines = self._resume() if resume else {}
         skip = self.resumed_from
         if resume:
@@ -122,7 +142,7 @@ class PackRun:
         self.writer.register(self._failures_fd, self.failures_partial)
         try:
             items = itertools.islice(self._items(), self.positions.start, self.positions.stop)
-            met = set()  # the refused lines among the items done: every one, or a lie
+            met: set[int] = set()  # the refused lines among the items done: every one, or a lie
             for item in itertools.islice(items, skip):
                 if item.line in refused_lines:
                     met.add(item.line)
@@ -144,7 +164,7 @@ class PackRun:
         finally:
             os.close(self._failures_fd)
 
-    def _process(self, items, done):
+    def _process(self, items: Iterator[ListItem], done: int) -> None:
         may_switch = self.options.workers > 1
         worker = ImageWorker(self.root, self.options)
         chunks = _chunks(items, CHUNK_ITEMS)
@@ -156,6 +176,7 @@ class PackRun:
             for chunk in chunks:
                 done = self._consume(self._results(chunk, worker.prepare_chunk(chunk)), done)
             return
+        window: collections.deque[tuple[list[ListItem], Future[list[Prepared]]]]
         window = collections.deque()
         limit = 4 * self.options.workers
         with ThreadPoolExecutor(self.options.workers, thread_name_prefix="rectool-pack") as pool:
@@ -168,12 +189,14 @@ class PackRun:
                 chunk, pending = window.popleft()
                 done = self._consume(self._results(chunk, pending.result()), done)
 
-    def _results(self, chunk, results):
+    def _results(self, chunk: list[ListItem], results: list[Prepared]) -> ChunkResults:
         """Return a chunk's worker results as a `ChunkResults`, numbered (framed here) from
         the next key when the layout numbers images as written."""
         return ChunkResults(chunk, results, self.layout.first_key(self.images))
 
-    def _process_blocks(self, items, done, may_switch):
+    def _process_blocks(
+        self, items: Iterator[ListItem], done: int, may_switch: bool
+    ) -> tuple[int, bool]:
         """Pass images through a block at a time on this thread; return (done, finished),
         stopping when reads are slow (see `_ReadTimer`)."""
         packer = PassThroughPacker(
@@ -201,7 +224,7 @@ class PackRun:
             if may_switch and slow:
                 return done, False
 
-    def _consume(self, block, done):
+    def _consume(self, block: Block | ChunkResults, done: int) -> int:
         """Write the records and refusals of a pass-through `Block` or a `ChunkResults` in
         list order; return the new count of items done."""
         numbered = self.layout.numbered
@@ -210,13 +233,14 @@ class PackRun:
                 self._refuse(*run)
                 self._position += 1
                 continue
-            items, data, starts, first = run
+            items, data, starts, first = run  # type: ignore[misc]  # a run: 4 values
             count = len(items)
             positions = range(self._position, self._position + count)
             if numbered:
                 keys = list(range(self.images + 1, self.images + 1 + count))
                 if self.image_size is None:
-                    self.image_size = image_size(block.image(first))
+                    # The ignore: a record's image is bytes (a refusal is no record).
+                    self.image_size = image_size(block.image(first))  # type: ignore[arg-type]
                 for item in items:
                     self._count_label(item)
             else:
@@ -225,18 +249,19 @@ class PackRun:
             self.images += count
             self._position += count
         if block.reuses_buffer:
-            block.written = self.writer.flush()  # the packer reuses the buffer once written
+            # The packer reuses the buffer once written (a Block: only it reuses a buffer).
+            block.written = self.writer.flush()  # type: ignore[union-attr]
         done += len(block.items)
         self._report(done)
         return done
 
-    def _count_label(self, item):
+    def _count_label(self, item: ListItem) -> None:
         if self.layout.numbered:
             label = int(item.labels[0])
             self.label_counts[label] += 1
             self.max_label = max(self.max_label, label)
 
-    def _refuse(self, item, reason):
+    def _refuse(self, item: ListItem, reason: str) -> None:
         refusal = Refusal(item.line, item.index, item.path, reason)
         # Records before this one must reach the file first, so that what a kill leaves is a
         # prefix of the list's outcomes (see ShardWriter.resume).
@@ -245,14 +270,14 @@ class PackRun:
         if len(self.first_refusals) < 100:
             self.first_refusals.append(refusal)
 
-    def _report(self, done):
+    def _report(self, done: int) -> None:
         if self.progress is not None:
             self.progress(done, self.total, self.failures)
         if self._fault is not None and done >= self._fault[1]:
             signal_number, self._fault = self._fault[0], None
             os.kill(os.getpid(), signal_number)
 
-    def _finish(self):
+    def _finish(self) -> None:
         for key, framed in self.layout.records_after(self.images, self.label_counts):
             self.writer.add(key, framed)
         self.writer.close(self.last_shard)
@@ -268,18 +293,20 @@ class _ReadTimer:
     own work, and a machine busy with other work, do not, since threads cannot help there.
     """
 
-    def __init__(self):
-        self._clock = _in_python if _in_python() is not None else time.thread_time
+    def __init__(self) -> None:
+        # The ignore: `_in_python` is chosen only where it gives a number.
+        self._clock: Callable[[], float]
+        self._clock = _in_python if _in_python() is not None else time.thread_time  # type: ignore[assignment]
         self.seconds = 0.0
         self.items = 0
         self.slow_windows = 0
         self.start()
 
-    def start(self):
+    def start(self) -> None:
         """Start timing a read of some images."""
         self._wall, self._ran = time.perf_counter(), self._clock()
 
-    def slow(self, items):
+    def slow(self, items: int) -> bool:
         """Count `items` read since `start()`; return True once reads are slow."""
         self.seconds += (time.perf_counter() - self._wall) - (self._clock() - self._ran)
         self.items += items
@@ -293,7 +320,7 @@ class _ReadTimer:
         return self.slow_windows >= 2
 
 
-def _in_python():
+def _in_python() -> float | None:
     """Return the seconds this thread ran in user mode or waited on a run queue (Linux), or
     None where that cannot be known."""
     try:
@@ -309,7 +336,7 @@ def _in_python():
 FAULT_VARIABLE = "RECTOOL_TEST_FAULT"
 
 
-def _test_fault():
+def _test_fault() -> tuple[int, int] | None:
     """Return (signal, items) from `RECTOOL_TEST_FAULT=SIGNAME:N`, or None.
 
     A test hook: the run sends itself the signal once N list items are done (progress is
@@ -322,13 +349,13 @@ def _test_fault():
     return getattr(signal, name), int(items or 0)
 
 
-def _io_bound(options):
+def _io_bound(options: PackOptions) -> bool:
     """Return True when preparing an image is reading it, not decoding or encoding it."""
     return options.transform is None and options.check != "decode"
 
 
-def _chunks(items, size):
-    chunk = []
+def _chunks(items: Iterable[ListItem], size: int) -> Iterator[list[ListItem]]:
+    chunk: list[ListItem] = []
     for item in items:
         chunk.append(item)
         if len(chunk) == size:
