@@ -113,6 +113,7 @@ TYPED = {
     "rectool/report/page.py",
     "rectool/report/refusals.py",
     "rectool/report/thumbs.py",
+    "rectool/repack/copier.py",
     "rectool/repack/evalsets.py",
     "rectool/repack/options.py",
     "rectool/repack/pipeline.py",

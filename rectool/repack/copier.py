@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import mmap
 import operator
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -29,6 +31,15 @@ from ..reader import (
     unpack_header,
 )
 from .selection import distinct
+
+if TYPE_CHECKING:
+    from ..reader import Header
+    from .plan import Catalog
+    from .sources import Source
+
+    # A mapped source file: its mapping (8 zero bytes for an empty file), its uint32 words,
+    # and its size.
+    Mapped = tuple[mmap.mmap | bytes, np.ndarray, int]
 
 # A stretch handed to the writer holds at most this many bytes of records.
 BATCH_BYTES = 8 << 20
@@ -58,11 +69,11 @@ class Window:
     framed: np.ndarray  # int64: bytes from the record's magic to the next record
     whole: np.ndarray  # bool
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self.rows)
 
 
-def _leading(flags):
+def _leading(flags: np.ndarray) -> int:
     """Return how many of the first `flags` (a bool array) are all True."""
     return len(flags) if flags.all() else int(np.argmin(flags))
 
@@ -73,17 +84,19 @@ class RecordCopier:
     `sources` are repack's opened sources (`.dataset`, `.shard_of`), `catalog` its catalog.
     """
 
-    def __init__(self, sources, catalog):
+    def __init__(self, sources: Sequence[Source], catalog: Catalog) -> None:
         self.sources, self.catalog = sources, catalog
-        self._files = []  # (source, shard) -> (mmap, uint32 words, size)
+        self._files: list[Mapped | None] = []  # (source, shard) -> (mmap, uint32 words, size)
         self._base = np.cumsum([0] + [len(s.dataset.shards) for s in sources])
         # Read by worker threads when re-encoding: made here, once, not on first use.
         self._record_files = {rec: RecordFile(rec) for s in sources for rec, _ in s.dataset.shards}
-        self._shared = []  # the sources' own record files mapped here (see `_file`)
-        self._touched = {}  # file number -> bool per block touched since the last release
+        # The sources' own record files mapped here (see `_file`).
+        self._shared: list[RecordFile] = []
+        # File number -> bool per block touched since the last release.
+        self._touched: dict[int, np.ndarray] = {}
         self._mapped = 0  # bytes of those blocks, and of the insides of records longer than one
 
-    def close(self):
+    def close(self) -> None:
         maps = [entry[0] for entry in self._files if entry is not None]
         self._let_go()  # drops the numpy views first: a mapping with views cannot close
         for mm in maps:
@@ -95,7 +108,7 @@ class RecordCopier:
         for rf in self._record_files.values():
             rf.close()
 
-    def _file(self, f):
+    def _file(self, f: int) -> Mapped:
         """Return (mapping, its uint32 words, size) of source file `f`, mapping it if need be."""
         while len(self._files) <= f:
             self._files.append(None)
@@ -111,9 +124,9 @@ class RecordCopier:
             self._shared.append(rf)
             mm = mm if size else b"\0" * 8
             self._files[f] = (mm, np.frombuffer(mm, "<u4", len(mm) // 4), size)
-        return self._files[f]
+        return self._files[f]  # type: ignore[return-value]  # mapped above
 
-    def _let_go(self):
+    def _let_go(self) -> None:
         """Drop every mapping: each is unmapped once its last view (one queued for writing,
         say) is gone."""
         self._files = [None] * len(self._files)
@@ -124,7 +137,7 @@ class RecordCopier:
             except BufferError:  # a view is still queued: the mapping goes with the last one
                 pass
 
-    def locate(self, rows):
+    def locate(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Return (file number, byte offset) of catalog rows."""
         cat = self.catalog
         src = cat.source[rows]
@@ -140,7 +153,7 @@ class RecordCopier:
             offsets[sel] = np.asarray(self.sources[k].dataset.offsets)[samples]
         return files, offsets
 
-    def window(self, rows):
+    def window(self, rows: np.ndarray) -> Window:
         """Return the `Window` of catalog `rows`: their framing, read once from the mappings."""
         self._release_if_due()
         files, offsets = self.locate(rows)
@@ -161,7 +174,7 @@ class RecordCopier:
         framed = 8 + ((length + 3) & ~3)
         return Window(np.asarray(rows), files, offsets, flag, length, framed, whole)
 
-    def refusals(self, win, max_pixels):
+    def refusals(self, win: Window, max_pixels: int) -> dict[int, str]:
         """Return {i: reason} for each record `i` of `win` whose image `pack` would refuse
         (`check_image` in structure mode: empty, truncated, corrupt, over `max_pixels`).
 
@@ -171,7 +184,7 @@ class RecordCopier:
         Whole records are checked where they lie in the mapped source, the JPEG walk over
         all of them at once (`passthrough.refused_images`); any other record is read whole.
         """
-        out = {}
+        out: dict[int, str] = {}
         for f in distinct(win.files).tolist():
             sel = np.flatnonzero((win.files == f) & win.whole)
             if not len(sel):
@@ -195,7 +208,17 @@ class RecordCopier:
                 out[i] = refusal.reason
         return out
 
-    def frame(self, win, a, b, labels, keys, scalar_only, max_bytes=None, view_bytes=None):
+    def frame(
+        self,
+        win: Window,
+        a: int,
+        b: int,
+        labels: np.ndarray,
+        keys: np.ndarray,
+        scalar_only: bool,
+        max_bytes: int | None = None,
+        view_bytes: int | None = None,
+    ) -> tuple[memoryview | bytearray, list[int], int]:
         """Frame the first records of `win[a:b]` (relabelled to `labels`, keyed `keys`, one
         each) that fit in `max_bytes` (default BATCH_BYTES; at least one); return (framed
         records back to back, their start offsets, how many that is).
@@ -244,8 +267,8 @@ class RecordCopier:
             if stretch >= n:
                 mm = self._file(int(files[0]))[0]
                 first = int(offsets[0])
-                data = memoryview(mm)[first : int(offsets[stretch - 1] + framed[stretch - 1])]
-                return data, (offsets[:stretch] - first).tolist(), stretch
+                view = memoryview(mm)[first : int(offsets[stretch - 1] + framed[stretch - 1])]
+                return view, (offsets[:stretch] - first).tolist(), stretch
         rows, files, offsets = rows[:n], files[:n], offsets[:n]
         flag, framed, whole, fast, joined = flag[:n], framed[:n], whole[:n], fast[:n], joined[:n]
         labels, keys, label_bits = labels[:n], keys[:n], label_bits[:n]
@@ -257,9 +280,9 @@ class RecordCopier:
         run_files = files[firsts].tolist()
         views = {f: memoryview(self._file(f)[0]) for f in set(run_files)}
         # Every run as a slice of its mapping, sliced by C code (no bytecode per run).
-        parts = list(
+        parts: list[memoryview | bytes] = list(
             map(
-                operator.getitem,
+                operator.getitem,  # type: ignore[arg-type]  # stubs: a memoryview's slice
                 map(views.__getitem__, run_files),
                 map(slice, offsets[firsts].tolist(), (offsets + framed)[lasts].tolist()),
             )
@@ -282,7 +305,15 @@ class RecordCopier:
         del out
         return data, starts.tolist(), n
 
-    def _unchanged(self, f, offsets, flag, label_bits, key_lo, key_hi):
+    def _unchanged(
+        self,
+        f: int,
+        offsets: np.ndarray,
+        flag: np.ndarray,
+        label_bits: np.ndarray,
+        key_lo: np.ndarray,
+        key_hi: np.ndarray,
+    ) -> np.ndarray:
         """Return, per record at `offsets` of file `f`, whether it already holds this label
         and key."""
         words = self._file(int(f))[1]
@@ -290,7 +321,7 @@ class RecordCopier:
         label_at = w + np.where(flag > 0, 8, 3)
         return (words[label_at] == label_bits) & (words[w + 4] == key_lo) & (words[w + 5] == key_hi)
 
-    def _note_pages(self, f, offsets, ends):
+    def _note_pages(self, f: int, offsets: np.ndarray, ends: np.ndarray) -> None:
         """Count the blocks of file `f` that records `offsets`..`ends` map; once they add up
         to RELEASE_BYTES, the next window lets go of every mapping (`_release_if_due`).
 
@@ -313,7 +344,7 @@ class RecordCopier:
         inside = int(np.maximum(last - first - 1, 0).sum())
         self._mapped += (int(np.count_nonzero(touched)) - before + inside) << BLOCK_BITS
 
-    def _release_if_due(self):
+    def _release_if_due(self) -> None:
         if self._mapped >= RELEASE_BYTES:
             self._mapped = 0
             self._touched = {}
@@ -321,8 +352,9 @@ class RecordCopier:
             for rf in self._record_files.values():  # only this thread reads them here
                 rf.close()
 
-    def _reframe(self, row, label, key, scalar_only):
+    def _reframe(self, row: int, label: float, key: int, scalar_only: bool) -> bytes:
         head, image = self.read_record(row)
+        value: np.ndarray | float
         if head.flag and not scalar_only:
             value = np.array(head.label, np.float32)
             value[0] = label
@@ -330,7 +362,7 @@ class RecordCopier:
             value = label
         return frame_record(pack_image_record(image, value, key, head.id2), f"key {key}")
 
-    def read_record(self, row):
+    def read_record(self, row: int) -> tuple[Header, bytes]:
         """Return (header, image bytes) of a catalog row, read record by record."""
         s = self.sources[self.catalog.source[row]]
         i = int(self.catalog.sample[row])
