@@ -119,6 +119,7 @@ TYPED = {
     "rectool/repack/pipeline.py",
     "rectool/repack/plan.py",
     "rectool/repack/result.py",
+    "rectool/repack/run.py",
     "rectool/repack/selection.py",
     "rectool/repack/sources.py",
 }

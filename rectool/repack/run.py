@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import itertools
 import os
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -38,6 +40,16 @@ from .copier import VIEW_BYTES, RecordCopier
 from .plan import reason_of
 from .result import RepackResult
 
+if TYPE_CHECKING:
+    from ..build.packrun import Progress
+    from ..reader import Header
+    from .options import RepackOptions
+    from .plan import Catalog, Plan
+    from .sources import Source, Target
+
+    # A record read and re-encoded: its header, and its new image or why it was refused.
+    Reencoded = list[tuple[Header, bytes | ImageRefused]]
+
 # Records are copied this many at a time (see `copier.RecordCopier`).
 BATCH_RECORDS = 8192
 REENCODE_CHUNK = 32
@@ -46,13 +58,22 @@ REENCODE_CHUNK = 32
 class RepackRun:
     """One execution of a plan: writes the records, then the files that describe them."""
 
-    def __init__(self, sources, targets, catalog, plan, prefix, options, progress):
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        targets: Sequence[Target],
+        catalog: Catalog,
+        plan: Plan,
+        prefix: str,
+        options: RepackOptions,
+        progress: Progress | None,
+    ) -> None:
         self.sources, self.targets, self.catalog, self.plan = sources, targets, catalog, plan
         self.prefix, self.options, self.progress = prefix, options, progress
         self.layout = layout_named(options.layout)
         self.insightface = self.layout.numbered  # images keyed 1..N, identity records after
         self.total = len(plan.rows)
-        self.last_shard = None
+        self.last_shard: int | None = None
         if options.shard_records and not options.shard_bytes:
             self.last_shard = max(self.total - 1, 0) // options.shard_records
         elif not options.shard_bytes:
@@ -76,7 +97,7 @@ class RepackRun:
         self.complete = False
 
     # -- the failures file ------------------------------------------------------------------
-    def _plan_lines(self):
+    def _plan_lines(self) -> Iterator[bytes]:
         """Yield the failures-file lines of the records the plan removes, in catalog order."""
         plan = self.plan
         for row, code, other in zip(
@@ -92,7 +113,7 @@ class RepackRun:
             entry.update(stage="plan", reason=reason_of(code), detail=detail)
             yield failure_line(entry)
 
-    def _describe(self, row):
+    def _describe(self, row: int) -> dict[str, Any]:
         cat = self.catalog
         s = self.sources[int(cat.source[row])]
         label = int(cat.label[row])
@@ -103,18 +124,21 @@ class RepackRun:
             "identity": (cat.names or {}).get(label),
         }
 
-    def _open_failures(self, resume):
+    def _open_failures(self, resume: bool) -> int:
         """Write the plan's removals, then keep the refusals an interrupted run wrote."""
         kept = b""
         earlier = self.failures_partial
         if not os.path.exists(earlier):  # killed after renaming it, before the manifest
             earlier = self.prefix + FAILURES_SUFFIX
         if resume and os.path.exists(earlier):
-            written = []  # the refusals while writing, kept as written; a torn last line is not
+            written: list[
+                bytes
+            ] = []  # the refusals while writing, kept as written; a torn last line is not
             with open_failures(earlier, (REPACK,), torn_tail=True, follow=False) as failures:
                 for failure in failures:
-                    if failure.entry["stage"] == "write":
-                        position = failure.entry["position"]
+                    # The ignores: without `bad_lines` every entry is set, a repack line.
+                    if failure.entry["stage"] == "write":  # type: ignore[index, typeddict-item]
+                        position = failure.entry["position"]  # type: ignore[index, typeddict-item]
                         where = f"{earlier}: line {failure.number}: position {position}"
                         if position >= self.total:
                             raise InputError(f"{where}: not in the plan")
@@ -133,7 +157,7 @@ class RepackRun:
         return self._fd
 
     # -- writing ----------------------------------------------------------------------------
-    def execute(self, resume):
+    def execute(self, resume: bool) -> None:
         done = 0
         if resume:
             written = self.writer.resume(drop_tail=self.layout.written_after_images)
@@ -166,12 +190,12 @@ class RepackRun:
         finally:
             os.close(fd)
 
-    def _keys(self, positions):
+    def _keys(self, positions: range) -> np.ndarray:
         if self.insightface:
             return np.arange(self.images + 1, self.images + 1 + len(positions), dtype=np.int64)
         return np.arange(positions.start, positions.stop, dtype=np.int64)
 
-    def _copy(self, done):
+    def _copy(self, done: int) -> None:
         """Copy the plan's records from `done` on, refusing those whose image `pack` would
         refuse (`RecordCopier.refusals`), as re-encoding refuses what does not decode."""
         rows, labels = self.plan.rows, self.plan.new_label
@@ -194,9 +218,14 @@ class RepackRun:
                 while i < stop:  # the records before the next refusal, as many as fit
                     keys = self._keys(range(position, position + stop - i))
                     data, starts, count = self.copier.frame(
-                        win, i, stop, new_labels[i:stop], keys, self.insightface,
+                        win,
+                        i,
+                        stop,
+                        new_labels[i:stop],
+                        keys,
+                        self.insightface,
                         view_bytes=view_bytes,
-                    )  # fmt: skip
+                    )
                     positions = range(position, position + count)
                     self.writer.add_run(data, keys[:count], starts, positions)
                     self.images += count
@@ -209,7 +238,7 @@ class RepackRun:
                     i += 1
             self._report(position)
 
-    def _refuse(self, row, position, reason):
+    def _refuse(self, row: int, position: int, reason: str) -> None:
         """Write the refusal of catalog `row` at plan `position` to the failures file."""
         entry = self._describe(row)
         entry.update(stage="write", position=position, reason=reason)
@@ -217,17 +246,18 @@ class RepackRun:
         self.refused_count += not self.refused[position]
         self.refused[position] = True
 
-    def _reencode(self, done):
+    def _reencode(self, done: int) -> None:
         rows, labels = self.plan.rows, self.plan.new_label
         transform, max_pixels = self.options.transform, self.options.max_pixels
         copier = self.copier
 
-        def prepare(chunk):
-            out = []
+        def prepare(chunk: np.ndarray) -> Reencoded:
+            out: Reencoded = []
             for row in chunk.tolist():
                 head, image = copier.read_record(row)
                 try:
-                    out.append((head, reencode_image(image, transform, max_pixels)))
+                    # The ignore: re-encoding runs only with a transform.
+                    out.append((head, reencode_image(image, transform, max_pixels)))  # type: ignore[arg-type]
                 except ImageRefused as refusal:
                     out.append((head, refusal))
             return out
@@ -237,7 +267,7 @@ class RepackRun:
             for start in range(done, self.total, REENCODE_CHUNK)
         )
         position = done
-        window = []
+        window: list[tuple[np.ndarray, Future[Reencoded]]] = []
         with ThreadPoolExecutor(self.options.workers, thread_name_prefix="rectool-repack") as pool:
             for chunk in chunks:
                 window.append((chunk, pool.submit(prepare, chunk)))
@@ -246,12 +276,14 @@ class RepackRun:
             while window:
                 position = self._consume(*window.pop(0), position, labels)
 
-    def _consume(self, chunk, pending, position, labels):
+    def _consume(
+        self, chunk: np.ndarray, pending: Future[Reencoded], position: int, labels: np.ndarray
+    ) -> int:
         for row, (head, result) in zip(chunk.tolist(), pending.result()):
             if isinstance(result, ImageRefused):
                 self._refuse(row, position, result.reason)
             else:
-                label = float(labels[row])
+                label: float | np.ndarray = float(labels[row])
                 if head.flag and not self.insightface:
                     value = np.array(head.label, np.float32)
                     value[0] = label
@@ -264,7 +296,7 @@ class RepackRun:
         self._report(position)
         return position
 
-    def _write_identity_records(self):
+    def _write_identity_records(self) -> None:
         """Write the records that follow the images (insightface: identities and header)."""
         if not self.layout.numbered:
             return
@@ -273,12 +305,12 @@ class RepackRun:
         for key, framed in self.layout.records_after(self.images, counts.tolist()):
             self.writer.add(key, framed)
 
-    def _report(self, done):
+    def _report(self, done: int) -> None:
         if self.progress is not None:
             self.progress(done, self.total, self.refused_count)
 
     # -- the files that describe the output -------------------------------------------------
-    def finish(self, state_path):
+    def finish(self, state_path: str) -> RepackResult:
         prefix, plan, options = self.prefix, self.plan, self.options
         images = self.total - int(self.refused.sum())
         refused = int(self.refused.sum())
@@ -321,7 +353,7 @@ class RepackRun:
             self.resumed_from,
         )
 
-    def _new_names(self):
+    def _new_names(self) -> dict[int, str] | None:
         names = self.catalog.names
         if not names:
             return None
@@ -333,7 +365,7 @@ class RepackRun:
             if int(old) in names
         }
 
-    def _relabel_text(self):
+    def _relabel_text(self) -> str:
         plan, names = self.plan, self.catalog.names or {}
         lines = ["source\tsource_label\tlabel\tidentity\n"]
         kept = set(plan.old_labels.tolist())
@@ -349,9 +381,9 @@ class RepackRun:
                     lines.append(f"{s.spec}\t{original}\t{new}\t{names.get(merged, '')}\n")
         return "".join(lines)
 
-    def _write_property(self):
+    def _write_property(self) -> str:
         """Write `property` (classes,height,width) beside the pack; return where H,W came from."""
-        size = None
+        size: tuple[int, int] | None = None
         note = "no image written: 112x112 assumed"
         if self.total > self.refused.sum():
             with RecordFile(self.prefix + ".rec") as rf:
@@ -365,9 +397,9 @@ class RepackRun:
         self.layout.write_property(os.path.dirname(self.prefix), self.plan.classes, size)
         return note
 
-    def _report_document(self, refused, property_note):
+    def _report_document(self, refused: int, property_note: str | None) -> dict[str, Any]:
         plan, cat = self.plan, self.catalog
-        per_identity = {}
+        per_identity: dict[str, dict[str, int]] = {}
         for row, code in zip(plan.removed_rows.tolist(), plan.removed_reason.tolist()):
             label = int(cat.label[row])
             name = (cat.names or {}).get(label, str(label))
@@ -390,5 +422,5 @@ class RepackRun:
         }
 
 
-def _label_map_text(names):
+def _label_map_text(names: Mapping[int, str]) -> str:
     return "".join(f"{label}\t{name}\n" for label, name in sorted(names.items()))
