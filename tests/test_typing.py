@@ -54,6 +54,7 @@ TYPED = {
     "rectool/build/ordered.py",
     "rectool/build/packing.py",
     "rectool/build/packrun.py",
+    "rectool/build/passthrough.py",
     "rectool/build/results.py",
     "rectool/build/shardfile.py",
     "rectool/build/shards.py",

@@ -233,7 +233,7 @@ class PackRun:
                 self._refuse(*run)
                 self._position += 1
                 continue
-            items, data, starts, first = run  # type: ignore[misc]  # a run: 4 values
+            items, data, starts, first = run
             count = len(items)
             positions = range(self._position, self._position + count)
             if numbered:

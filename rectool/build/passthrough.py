@@ -22,6 +22,8 @@ import itertools
 import os
 import stat
 import struct
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,6 +37,12 @@ from .images import (
     ImageRefused,
     check_image,
 )
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
+
+    from .listfile import ListItem
+    from .workers import Run
 
 TOO_LARGE = f"record exceeds the RecordIO limit of {MAX_RECORD_BYTES} bytes"
 # Room for one block's records. Files longer than what is left of it are read on their own.
@@ -78,8 +86,16 @@ class Block:
 
     # Its records are views of a buffer that the packer fills again once `written` says so.
     reuses_buffer = True
+    buffer: bytearray
+    items: list[ListItem]
+    starts: list[int]
+    ends: list[int]
+    refused: dict[int, str]
+    framed: dict[int, bytes]
+    alone: tuple[int, bytes] | None
+    written: int | None
 
-    def __init__(self, buffer):
+    def __init__(self, buffer: bytearray) -> None:
         self.buffer = buffer
         self.items, self.starts, self.ends = [], [], []
         self.refused, self.framed = {}, {}
@@ -88,7 +104,7 @@ class Block:
         # Set by the consumer: a job number to wait for before the buffer is reused.
         self.written = None
 
-    def image(self, j):
+    def image(self, j: int) -> bytes:
         """Return the image bytes of record j (one that was not refused)."""
         if self.alone is not None and self.alone[0] == j:
             return self.alone[1]
@@ -96,7 +112,7 @@ class Block:
         (flag,) = struct.unpack_from("<I", self.buffer, begin)  # the number of extra labels
         return bytes(self.buffer[begin + IMAGE_HEADER.size + 4 * flag : end])
 
-    def payload(self, j):
+    def payload(self, j: int) -> tuple[int, int]:
         """Return where record j's payload is in the buffer, as (begin, end).
 
         The buffer holds it unsplit even where a magic word made the record framed apart.
@@ -105,7 +121,7 @@ class Block:
         (lrec,) = struct.unpack_from("<I", self.buffer, start + 4)
         return start + 8, start + 8 + (lrec & LENGTH_MASK)
 
-    def runs(self):
+    def runs(self) -> Iterator[Run]:
         """Yield, in list order, `(items, data, starts, j)` runs of records (the first of them
         entry j) and `(item, reason)` refusals.
 
@@ -134,14 +150,14 @@ class PassThroughPacker:
 
     def __init__(
         self,
-        root,
-        check="structure",
-        pack_label=False,
-        block_bytes=None,
-        wait=None,
-        allow_outside_root=False,
-        max_pixels=DEFAULT_MAX_PIXELS,
-    ):
+        root: str,
+        check: str = "structure",
+        pack_label: bool = False,
+        block_bytes: int | None = None,
+        wait: Callable[[int], object] | None = None,
+        allow_outside_root: bool = False,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
+    ) -> None:
         """`wait(block.written)`, when given, is called before a block's buffer is reused.
 
         Paths that leave `root` (absolute, or with `..` climbing out) are refused as
@@ -158,17 +174,19 @@ class PassThroughPacker:
         self._wait = wait
         # Blocks take turns over a few buffers, so one is filled while others are written.
         self._buffers = [bytearray(self._size) for _ in range(BUFFERS)]
-        self._blocks = [None] * BUFFERS
+        self._blocks: list[Block | None] = [None] * BUFFERS
         self._next = 0
 
-    def wait_for_buffer(self):
+    def wait_for_buffer(self) -> None:
         """Wait until the writer is done with the buffer the next `fill` fills."""
         previous = self._blocks[self._next]
         if previous is not None and previous.written is not None and self._wait is not None:
             self._wait(previous.written)
             previous.written = None
 
-    def fill(self, items, max_items, first_key=None):
+    def fill(
+        self, items: Iterator[ListItem], max_items: int, first_key: int | None = None
+    ) -> Block | None:
         """Read up to `max_items` items from the iterator `items` into a block; return it.
 
         Records are keyed by their list index, or, given `first_key`, numbered from it in
@@ -196,6 +214,8 @@ class PassThroughPacker:
         head = _HEADER_BYTES
         pos = j = 0
         key = first_key
+        path: str | None
+        rest: bytes | None
         for item in itertools.islice(items, max_items):
             add_item(item)
             add_start(pos)
@@ -245,7 +265,7 @@ class PassThroughPacker:
                 else:
                     pack_into(buffer, pos, MAGIC, head - 8 + n, 0, item.labels[0], key, 0)
                 if first_key is not None:
-                    key += 1
+                    key += 1  # type: ignore[operator]  # numbered: from `first_key`
                 end = begin + n
                 buffer[end : end + 3] = b"\0\0\0"  # the padding, and maybe bytes to overwrite
                 pos = end + (-n & 3)
@@ -265,16 +285,16 @@ class PassThroughPacker:
         self._blocks[slot] = block
         self._next = (slot + 1) % BUFFERS
         if self._check != "none":
-            refused = len(block.refused)
+            before = len(block.refused)
             self._check_images(block)
-            if first_key is not None and len(block.refused) > refused:
+            if first_key is not None and len(block.refused) > before:
                 self._renumber(block, first_key)
         if block.alone is not None:
             self._frame_alone(block, first_key)
         self._split_magic_words(block, pos)
         return block
 
-    def _renumber(self, block, first_key):
+    def _renumber(self, block: Block, first_key: int) -> None:
         """Number the records in order again, the refused ones left out."""
         key = first_key
         for j, start in enumerate(block.starts):
@@ -282,8 +302,8 @@ class PassThroughPacker:
                 struct.pack_into("<Q", block.buffer, start + _KEY_OFFSET, key)
                 key += 1
 
-    def _frame_alone(self, block, first_key):
-        j, data = block.alone
+    def _frame_alone(self, block: Block, first_key: int | None) -> None:
+        j, data = block.alone  # type: ignore[misc]  # called for a block with one
         item = block.items[j]
         if first_key is None:
             key = item.index
@@ -304,7 +324,7 @@ class PassThroughPacker:
             block.framed[j] = framed
 
     # -- checks per block -------------------------------------------------------------------
-    def _check_images(self, block):
+    def _check_images(self, block: Block) -> None:
         """Refuse what `check_image` refuses; walk JPEG markers for the whole block at once."""
         # Records in the buffer: not refused while reading, not read on beyond it.
         jobs = [
@@ -330,7 +350,7 @@ class PassThroughPacker:
             except ImageRefused as refusal:
                 block.refused[j] = refusal.reason
 
-    def _split_magic_words(self, block, used):
+    def _split_magic_words(self, block: Block, used: int) -> None:
         """Frame records again where an aligned word of their payload is the magic number."""
         is_magic = np.frombuffer(block.buffer, "<u4", used // 4) == MAGIC
         if np.count_nonzero(is_magic) == sum(map(int.__ne__, block.starts, block.ends)):
@@ -347,7 +367,9 @@ class PassThroughPacker:
             block.framed[j] = frame_record(bytes(view[begin:end]))
 
 
-def _walk_jpegs(u8, heads, ends, max_pixels=DEFAULT_MAX_PIXELS):
+def _walk_jpegs(
+    u8: np.ndarray, heads: np.ndarray, ends: np.ndarray, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> np.ndarray:
     """Return, per image `u8[heads[k]:ends[k]]`, whether it is a JPEG that passes the structure
     check without a doubt; False means: check it one by one.
 
@@ -399,7 +421,7 @@ def _walk_jpegs(u8, heads, ends, max_pixels=DEFAULT_MAX_PIXELS):
     return passed
 
 
-def frame_image(item, image, key, pack_label):
+def frame_image(item: ListItem, image: bytes, key: int, pack_label: bool) -> bytes | ImageRefused:
     """Return the framed record of one image, or an `ImageRefused` when it is too large."""
     label = list(item.labels) if pack_label else item.labels[0]
     try:
@@ -408,10 +430,10 @@ def frame_image(item, image, key, pack_label):
         return ImageRefused(TOO_LARGE)
 
 
-def _read_rest(fd, size):
+def _read_rest(fd: int, size: int) -> bytes:
     """Read on to the end of a file, at most `size` bytes (its size when opened: a file that
     grows is read as it was)."""
-    parts = []
+    parts: list[bytes] = []
     while size > 0 and (part := os.read(fd, min(size, 1 << 20))):
         parts.append(part)
         size -= len(part)
@@ -430,7 +452,7 @@ _KINDS = (
 )
 
 
-def not_regular(mode):
+def not_regular(mode: int) -> str:
     """Return the refusal reason of a file that is not a regular file, by its `st_mode`."""
     for test, reason in _KINDS:
         if test(mode):
@@ -456,17 +478,17 @@ class RootGuard:
     `allow_outside_root`, paths are opened as they are.
     """
 
-    def __init__(self, root, allow_outside_root=False):
+    def __init__(self, root: str, allow_outside_root: bool = False) -> None:
         self.allow = allow_outside_root
         self._real = os.path.realpath(root)
         self._below = os.path.join(self._real, "")
-        self._folders = {}
+        self._folders: dict[str, bool] = {}
 
-    def inside(self, real):
+    def inside(self, real: str) -> bool:
         """Return whether a real path is ROOT or below it."""
         return real == self._real or real.startswith(self._below)
 
-    def open(self, path):
+    def open(self, path: str) -> int:
         """Return a read-only fd for `path`; raise `OutsideRoot` where it leads out of ROOT."""
         if self.allow:
             return os.open(path, OPEN_FLAGS)
@@ -487,7 +509,7 @@ class RootGuard:
         return os.open(real, _NOFOLLOW_FLAGS)
 
 
-def resolve_path(prefix, path, allow_outside_root):
+def resolve_path(prefix: str, path: str, allow_outside_root: bool) -> str | None:
     """Return the file to open for list path `path` under ROOT (`prefix` ends with a
     separator), or None when the path leaves ROOT and that is not allowed."""
     if not leaves_root(path):
@@ -497,7 +519,7 @@ def resolve_path(prefix, path, allow_outside_root):
     return os.path.join(prefix, path)  # an absolute path is taken as it is
 
 
-def leaves_root(path):
+def leaves_root(path: str) -> bool:
     """Return True when a list path is absolute or climbs out of ROOT with `..`."""
     if path.startswith("/") or os.path.isabs(path):
         return True
@@ -512,7 +534,7 @@ def leaves_root(path):
     return False
 
 
-def _read_error(exc):
+def _read_error(exc: OSError) -> str:
     if isinstance(exc, FileNotFoundError):
         return "file not found"
     if isinstance(exc, IsADirectoryError):
@@ -520,7 +542,13 @@ def _read_error(exc):
     return f"cannot read ({exc.strerror or exc})"
 
 
-def refused_images(u8, heads, ends, check=check_image, max_pixels=DEFAULT_MAX_PIXELS):
+def refused_images(
+    u8: np.ndarray,
+    heads: ArrayLike,
+    ends: ArrayLike,
+    check: Callable[[bytes, str, int], object] = check_image,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+) -> dict[int, ImageRefused]:
     """Return {k: `ImageRefused`} for each image `u8[heads[k]:ends[k]]` that `check(data,
     "structure", max_pixels)` refuses (default `check_image`, as pack checks what it packs).
 
@@ -528,18 +556,18 @@ def refused_images(u8, heads, ends, check=check_image, max_pixels=DEFAULT_MAX_PI
     cleanly (an empty one, a PNG, another format, a damaged JPEG) are checked one by one. For
     verify and repack, which check the images already framed in a mapped .rec.
     """
-    heads = np.asarray(heads, np.int64)
-    ends = np.asarray(ends, np.int64)
-    out = {}
-    if not len(heads):
+    starts = np.asarray(heads, np.int64)
+    stops = np.asarray(ends, np.int64)
+    out: dict[int, ImageRefused] = {}
+    if not len(starts):
         return out
     if len(u8) >= 16:
-        passed = _walk_jpegs(u8, heads, ends, max_pixels)
+        passed = _walk_jpegs(u8, starts, stops, max_pixels)
     else:
-        passed = np.zeros(len(heads), bool)
+        passed = np.zeros(len(starts), bool)
     for k in np.flatnonzero(~passed).tolist():
         try:
-            check(u8[heads[k] : ends[k]].tobytes(), "structure", max_pixels)
+            check(u8[starts[k] : stops[k]].tobytes(), "structure", max_pixels)
         except ImageRefused as refusal:
             out[k] = refusal
     return out

@@ -27,12 +27,13 @@ from .passthrough import (
 if TYPE_CHECKING:
     from .listfile import ListItem
     from .options import PackOptions
+    from .ordered import Buffer
 
     # What a worker makes of one image: its bytes (or framed record), or why it was refused.
     Prepared = bytes | ImageRefused
     # What `runs()` yields: (items, their framed records back to back, where each starts, the
     # first one's place in the chunk), or a refusal (item, reason).
-    Run = tuple[Sequence[ListItem], bytes, list[int], int] | tuple[ListItem, str]
+    Run = tuple[Sequence[ListItem], Buffer, list[int], int] | tuple[ListItem, str]
 
 
 class ImageWorker:
