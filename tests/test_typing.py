@@ -41,6 +41,7 @@ TYPED = {
     "rectool/format/checksums.py",
     "rectool/format/digest.py",
     "rectool/format/keys.py",
+    "rectool/format/manifest.py",
     "rectool/format/records.py",
     "rectool/build/__init__.py",
     "rectool/build/distributed.py",
