@@ -43,6 +43,8 @@ TYPED = {
     "rectool/format/keys.py",
     "rectool/format/manifest.py",
     "rectool/format/records.py",
+    "rectool/format/writer.py",
+    "rectool/format/indexcache.py",
     "rectool/build/__init__.py",
     "rectool/build/distributed.py",
     "rectool/build/finalize.py",

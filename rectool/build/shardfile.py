@@ -189,7 +189,10 @@ class ShardFile:
         """Append one framed record under `key` (None: a plain file without an .idx); return
         its offset in the .rec."""
         offset = self.rec_bytes
-        lines = b"" if self._idx_fd is None else format_index_line(key, offset).encode("ascii")
+        if self._idx_fd is None:
+            lines = b""
+        else:  # a file with an .idx is given a key with every record (IndexedRecordWriter)
+            lines = format_index_line(key, offset).encode("ascii")  # type: ignore[arg-type]
         self._append(framed, lines, [key], [offset], [0])
         self.first_key = key if self.first_key is None else self.first_key
         self.last_key = key

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -25,11 +26,22 @@ from ..reader import (
     resolve_source,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    from ..reader import Source
+
 # Parsing a small index is instant; caching it would only litter the dataset folder.
 INDEX_CACHE_MIN_RECORDS = 100_000
 
 
-def write_index_cache(idx_path, keys, offsets, st=None, data=None):
+def write_index_cache(
+    idx_path: StrPath,
+    keys: np.ndarray,
+    offsets: np.ndarray,
+    st: os.stat_result | None = None,
+    data: bytes | None = None,
+) -> bool:
     """Write the sidecar cache for an .idx; return False when the folder is not writable.
 
     Version 3 (`INDEX_CACHE_MAGIC`): the header carries the CRC-32 of the whole .idx and of
@@ -62,7 +74,7 @@ def write_index_cache(idx_path, keys, offsets, st=None, data=None):
     return True
 
 
-def write_index_caches(target):
+def write_index_caches(target: Source) -> list[str]:
     """Write the sidecar cache of every shard of a dataset; return the cache paths written.
 
     `target` is what `open_dataset` takes. Raises `RectoolError` when a folder is not

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numbers
 import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,10 +27,20 @@ from ..reader import (
     PART_HEADER,
 )
 
+if TYPE_CHECKING:
+    from _typeshed import ReadableBuffer, StrPath
+
+    from ..build.shardfile import ShardFile
+
+    # A label: a number (flag 0), or a sequence or array of them (float32 labels).
+    Label = float | Sequence[float] | np.ndarray
+    # Integers in a sequence or a numpy array.
+    Integers = Sequence[int] | np.ndarray
+
 _PADDING = (b"", b"\0\0\0", b"\0\0", b"\0")
 
 
-def pack_image_record(image, label, id=0, id2=0):
+def pack_image_record(image: ReadableBuffer, label: Label, id: int = 0, id2: int = 0) -> bytes:
     """Return one record: the MXNet image header, the labels, then `image` bytes.
 
     A number gives flag 0 and the label in the header; a sequence or array gives
@@ -40,7 +52,7 @@ def pack_image_record(image, label, id=0, id2=0):
     return IMAGE_HEADER.pack(labels.size, 0.0, id, id2) + labels.tobytes() + bytes(image)
 
 
-def frame_record(payload, item=None):
+def frame_record(payload: ReadableBuffer, item: object = None) -> bytes:
     """Return the framed bytes of one record: parts split at aligned magic words, zero padded.
 
     dmlc's writer ends a part before every 4-byte-aligned occurrence of the magic in the payload
@@ -57,7 +69,7 @@ def frame_record(payload, item=None):
     splits = _aligned_magic_positions(payload)
     if not splits:
         return PART_HEADER.pack(MAGIC, n) + bytes(payload) + _PADDING[n & 3]
-    out = []
+    out: list[bytes | bytearray] = []
     start = 0
     for pos in splits:
         cflag = CFLAG_FIRST if start == 0 else CFLAG_MIDDLE
@@ -70,7 +82,9 @@ def frame_record(payload, item=None):
     return b"".join(out)
 
 
-def frame_image_record(image, label, id=0, id2=0, item=None):
+def frame_image_record(
+    image: ReadableBuffer, label: Label, id: int = 0, id2: int = 0, item: object = None
+) -> bytes:
     """Return `frame_record(pack_image_record(image, label, id, id2), item)`.
 
     The common record (a float label, image bytes, no magic word anywhere) is built with a
@@ -86,8 +100,8 @@ def frame_image_record(image, label, id=0, id2=0, item=None):
     return frame_record(pack_image_record(image, label, id, id2), item)
 
 
-def _aligned_magic_positions(payload):
-    positions = []
+def _aligned_magic_positions(payload: bytes | bytearray) -> list[int]:
+    positions: list[int] = []
     limit = len(payload) & ~3  # dmlc only looks at whole aligned words
     i = payload.find(MAGIC_BYTES)
     while 0 <= i and i + 4 <= limit:
@@ -107,57 +121,57 @@ class RecordWriter:
     written by a plain `ShardFile` (buffered, handed to the OS by `flush` and `close`).
     """
 
-    def __init__(self, path, append=False):
+    def __init__(self, path: StrPath, append: bool = False) -> None:
         self.path = os.fspath(path)
         self._shard = _plain_file(self.path, None, append)
 
-    def __enter__(self):
+    def __enter__(self) -> RecordWriter:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):  # a writer dropped unclosed still writes its records, as a file does
+    def __del__(self) -> None:  # dropped unclosed: still writes its records, as a file does
         if getattr(self, "_shard", None) is not None and not self._shard.closed:
             self.close()
 
-    def tell(self):
+    def tell(self) -> int:
         """Return the byte offset at which the next record starts."""
         return self._shard.rec_bytes
 
-    def write(self, payload, item=None):
+    def write(self, payload: ReadableBuffer, item: object = None) -> int:
         """Frame and append one record; return the bytes written."""
         return self.write_framed(frame_record(payload, item))
 
-    def write_framed(self, framed):
+    def write_framed(self, framed: ReadableBuffer) -> int:
         """Append bytes already produced by `frame_record`; return the bytes written."""
         _check_open(self._shard, "write to closed file")
         framed = framed if type(framed) is bytes else bytes(framed)  # the caller may reuse it
         self._shard.add(None, framed)
         return len(framed)
 
-    def flush(self, sync=False):
+    def flush(self, sync: bool = False) -> None:
         """Push buffered bytes to the OS, and to the disk with `sync=True`."""
         _check_open(self._shard, "flush of closed file")
         self._shard.sync(fsync=sync)
 
-    def close(self):
+    def close(self) -> None:
         """Flush and close the file."""
         _close(self._shard)
 
 
-def _plain_file(rec_path, idx_path, append):
+def _plain_file(rec_path: str, idx_path: str | None, append: bool) -> ShardFile:
     from ..build.shardfile import ShardFile  # the pipeline's writer (it imports this module)
 
     return ShardFile.plain(rec_path, idx_path, append)
 
 
-def _check_open(shard, message):
+def _check_open(shard: ShardFile, message: str) -> None:
     if shard.closed:
         raise ValueError(message)
 
 
-def _close(shard):
+def _close(shard: ShardFile) -> None:
     if not shard.closed:
         try:
             shard.sync(fsync=False)
@@ -169,7 +183,7 @@ def _close(shard):
 INDEX_LINE = "%d\t%d\n"
 
 
-def format_index_line(key, offset):
+def format_index_line(key: int, offset: int) -> str:
     """Return one .idx line as MXNet's `MXIndexedRecordIO.write_idx` writes it."""
     return INDEX_LINE % (key, offset)
 
@@ -185,7 +199,7 @@ _QUADS = _DIGITS[np.arange(_QUAD)[:, None] // 10 ** np.arange(3, -1, -1) % 10].v
 _RUN_LINES = 64
 
 
-def format_index_lines(keys, offsets):
+def format_index_lines(keys: Integers, offsets: Integers) -> bytes:
     """Return the .idx lines of `keys` at `offsets` (integer sequences) as ASCII bytes: those
     of `format_index_line`, one after the other, written a column of digits at a time by
     numpy (no Python bytecode per line)."""
@@ -207,7 +221,8 @@ def format_index_lines(keys, offsets):
             _same_width_lines(keys[a:b], offsets[a:b], int(key_digits[a]), int(offset_digits[a]))
             for a, b in zip(bounds, bounds[1:])
         )
-    columns, keep = [], []
+    columns: list[np.ndarray] = []
+    keep: list[np.ndarray] = []
     for values, end in ((keys, b"\t"), (offsets, b"\n")):
         width = int(np.searchsorted(_POWERS, values.max(), side="right")) + 1
         digits = np.searchsorted(_POWERS, values, side="right") + 1
@@ -224,7 +239,9 @@ def format_index_lines(keys, offsets):
     return lines[np.concatenate(keep, axis=1)].tobytes()
 
 
-def _same_width_lines(keys, offsets, key_width, offset_width):
+def _same_width_lines(
+    keys: np.ndarray, offsets: np.ndarray, key_width: int, offset_width: int
+) -> bytes:
     """Return the .idx lines of `keys` at `offsets` whose numbers all have `key_width` and
     `offset_width` digits: one fixed-width block, 4 digits at a time (a word of `_QUADS`)."""
     lines = np.empty((len(keys), key_width + offset_width + 2), np.uint8)
@@ -235,7 +252,7 @@ def _same_width_lines(keys, offsets, key_width, offset_width):
     return lines.tobytes()
 
 
-def _put_digits(lines, column, values, width):
+def _put_digits(lines: np.ndarray, column: int, values: np.ndarray, width: int) -> None:
     """Write `values` (below 10**width) as `width` decimal digits from `column` of `lines`."""
     groups = (width + 3) // 4
     quads = np.empty((len(values), groups), "<u4")
@@ -247,10 +264,12 @@ def _put_digits(lines, column, values, width):
     lines[:, column : column + width] = quads.view(np.uint8)[:, 4 * groups - width :]
 
 
-def _python_lines(keys, offsets):
-    keys = keys.tolist() if isinstance(keys, np.ndarray) else keys
-    offsets = offsets.tolist() if isinstance(offsets, np.ndarray) else offsets
-    return "".join(map(INDEX_LINE.__mod__, zip(keys, offsets))).encode("ascii")
+def _python_lines(keys: Integers, offsets: Integers) -> bytes:
+    pairs: Any = zip(
+        keys.tolist() if isinstance(keys, np.ndarray) else keys,
+        offsets.tolist() if isinstance(offsets, np.ndarray) else offsets,
+    )
+    return "".join(map(INDEX_LINE.__mod__, pairs)).encode("ascii")
 
 
 class IndexedRecordWriter:
@@ -260,40 +279,40 @@ class IndexedRecordWriter:
     lines.
     """
 
-    def __init__(self, rec_path, idx_path, append=False):
+    def __init__(self, rec_path: StrPath, idx_path: StrPath, append: bool = False) -> None:
         self.idx_path = os.fspath(idx_path)
         self._shard = _plain_file(os.fspath(rec_path), self.idx_path, append)
 
-    def __enter__(self):
+    def __enter__(self) -> IndexedRecordWriter:
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self):  # a writer dropped unclosed still writes its records, as a file does
+    def __del__(self) -> None:  # dropped unclosed: still writes its records, as a file does
         if getattr(self, "_shard", None) is not None and not self._shard.closed:
             self.close()
 
-    def tell(self):
+    def tell(self) -> int:
         """Return the byte offset at which the next record starts."""
         return self._shard.rec_bytes
 
-    def write(self, key, payload, item=None):
+    def write(self, key: int, payload: ReadableBuffer, item: object = None) -> int:
         """Append one record under `key`; return its byte offset."""
         framed = frame_record(payload, item if item is not None else f"key {key}")
         return self.write_framed(key, framed)
 
-    def write_framed(self, key, framed):
+    def write_framed(self, key: int, framed: ReadableBuffer) -> int:
         """Append an already framed record under `key`; return its byte offset."""
         _check_open(self._shard, "write to closed file")
         framed = framed if type(framed) is bytes else bytes(framed)  # the caller may reuse it
         return self._shard.add(key, framed)
 
-    def flush(self, sync=False):
+    def flush(self, sync: bool = False) -> None:
         """Push buffered bytes of both files to the OS (and the disk with `sync=True`)."""
         _check_open(self._shard, "flush of closed file")
         self._shard.sync(fsync=sync)
 
-    def close(self):
+    def close(self) -> None:
         """Flush and close both files."""
         _close(self._shard)
