@@ -30,7 +30,7 @@ from .manifest import (
 )
 from .options import PackOptions, check_pack_options, check_prefix
 from .packing import pack_images
-from .results import PACKED, RESUMED
+from .results import PACKED, RESUMED, ShardResult
 from .shards import plan_shards
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from dask.distributed import Client, LocalCluster
 
     from .packrun import Progress
-    from .results import PackResult, ShardResult
+    from .results import PackResult
 
 INSTALL_HINT = (
     "--executor dask needs Dask: pip install 'rectool[dask]' from an index, or from a checkout "
@@ -68,9 +68,11 @@ def _pack_task(
     number: int,
     lock_token: str | None = None,
 ) -> ShardResult:
-    return pack_images(
+    result = pack_images(
         list_path, root, prefix, options, resume=True, only_shard=number, lock_token=lock_token
     )
+    assert isinstance(result, ShardResult)  # only_shard: one shard's result
+    return result
 
 
 def pack_on_dask(

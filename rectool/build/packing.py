@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from typing import TYPE_CHECKING, overload
+from typing import TYPE_CHECKING
 
 from ..doors.output import (
     OutputLock,
@@ -83,43 +83,6 @@ if TYPE_CHECKING:
     ListStream = SupportsRead[str] | SupportsRead[bytes]
 
 
-@overload
-def pack_images(
-    list_path: StrPath,
-    root: StrPath,
-    prefix: StrPath,
-    options: PackOptions | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    label_map: StrPath | None = None,
-    progress: Progress | None = None,
-    list_stream: ListStream | None = None,
-    only_shard: None = None,
-    lock_token: str | None = None,
-    allow_empty: bool = False,
-    on_shard_finished: ShardFinished | None = None,
-) -> PackResult: ...
-
-
-@overload
-def pack_images(
-    list_path: StrPath,
-    root: StrPath,
-    prefix: StrPath,
-    options: PackOptions | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    label_map: StrPath | None = None,
-    progress: Progress | None = None,
-    list_stream: ListStream | None = None,
-    *,
-    only_shard: int,
-    lock_token: str | None = None,
-    allow_empty: bool = False,
-    on_shard_finished: ShardFinished | None = None,
-) -> ShardResult: ...
-
-
 def pack_images(
     list_path: StrPath,
     root: StrPath,
@@ -135,7 +98,8 @@ def pack_images(
     allow_empty: bool = False,
     on_shard_finished: ShardFinished | None = None,
 ) -> PackResult | ShardResult:
-    """Pack the images of a .lst under `root` into shards at `prefix`; return a `PackResult`.
+    """Pack the images of a .lst under `root` into shards at `prefix`; return a `PackResult`
+    (a `ShardResult` with `only_shard`).
 
     `list_path` may be "-" with the text given as `list_stream` (it is copied beside the
     output so the run can be resumed). `progress(done, total, refused)` is called as items
