@@ -240,12 +240,18 @@ def tree_with_refusals(tmp_path):
 PACKED = PackOptions(transform=Transform(resize=12), workers=1, max_failures=100)
 
 
-def test_pack_resume_cuts_a_torn_last_line_and_writes_it_again(tree_with_refusals, tmp_path):
+def interrupted_pack(tree_with_refusals, tmp_path):
+    """Pack the tree with refusals and interrupt it after its first chunk of items; return
+    (root, list, prefix, partial failures file)."""
     root, lst = tree_with_refusals
-    pack_images(lst, root, tmp_path / "ref" / "t", PACKED)
     prefix = tmp_path / "out" / "t"
     interrupted(lambda progress: pack_images(lst, root, prefix, PACKED, progress=progress), 1)
-    partial = tmp_path / "out" / "t.failures.jsonl.partial"
+    return root, lst, prefix, tmp_path / "out" / "t.failures.jsonl.partial"
+
+
+def test_pack_resume_cuts_a_torn_last_line_and_writes_it_again(tree_with_refusals, tmp_path):
+    root, lst, prefix, partial = interrupted_pack(tree_with_refusals, tmp_path)
+    pack_images(lst, root, tmp_path / "ref" / "t", PACKED)
     before = partial.read_bytes()
     with open(partial, "ab") as f:
         f.write(b'{"line": 12, "index": 1')  # a kill in the middle of writing a line
@@ -257,10 +263,7 @@ def test_pack_resume_cuts_a_torn_last_line_and_writes_it_again(tree_with_refusal
 
 
 def test_pack_resume_over_a_bad_line_is_an_error_naming_it(tree_with_refusals, tmp_path):
-    root, lst = tree_with_refusals
-    prefix = tmp_path / "out" / "t"
-    interrupted(lambda progress: pack_images(lst, root, prefix, PACKED, progress=progress), 1)
-    partial = tmp_path / "out" / "t.failures.jsonl.partial"
+    root, lst, prefix, partial = interrupted_pack(tree_with_refusals, tmp_path)
     number = partial.read_bytes().count(b"\n") + 1
     with open(partial, "ab") as f:
         f.write(b'{"line": "twelve"}\n')
@@ -350,16 +353,12 @@ def test_the_report_lists_a_line_that_holds_no_text_as_a_bad_line(tmp_path):
 
 # -- a failures file that disagrees with what the interrupted run wrote -------------------------
 # Resume counts the lines of the partial failures file as items done: written records + lines =
-# where to go on. A line that names an item past that point (or one already written) moves the
-# point: an item is skipped, never packed and never refused. Not checked today (build/ and
-# repack/ are being rewritten): these fail until resume checks each line against its place.
+# where to go on. A line that names an item past that point (or one listed twice) would move the
+# point: an item skipped, never packed and never refused. Resume refuses such a file instead.
 
 
 def test_pack_resume_over_a_line_naming_a_later_item_is_an_error(tree_with_refusals, tmp_path):
-    root, lst = tree_with_refusals
-    prefix = tmp_path / "out" / "t"
-    interrupted(lambda progress: pack_images(lst, root, prefix, PACKED, progress=progress), 1)
-    partial = tmp_path / "out" / "t.failures.jsonl.partial"
+    root, lst, prefix, partial = interrupted_pack(tree_with_refusals, tmp_path)
     number = partial.read_bytes().count(b"\n") + 1
     with open(partial, "ab") as f:  # list line 80 is an image, far past where the run stopped
         f.write(failure_line({"line": 80, "index": 79, "path": "ann/x.jpg", "reason": "r"}))
@@ -371,10 +370,7 @@ def test_pack_resume_over_a_line_naming_a_later_item_is_an_error(tree_with_refus
 
 
 def test_pack_resume_over_a_line_refused_twice_is_an_error(tree_with_refusals, tmp_path):
-    root, lst = tree_with_refusals
-    prefix = tmp_path / "out" / "t"
-    interrupted(lambda progress: pack_images(lst, root, prefix, PACKED, progress=progress), 1)
-    partial = tmp_path / "out" / "t.failures.jsonl.partial"
+    root, lst, prefix, partial = interrupted_pack(tree_with_refusals, tmp_path)
     lines = partial.read_bytes().splitlines(keepends=True)
     assert lines and b'"line": 4,' in lines[0]  # every fourth item is empty: line 4 first
     with open(partial, "ab") as f:
