@@ -9,18 +9,21 @@ def test_a_forked_worker_ends_quietly_on_sigterm_as_by_default():
     the process as SIGTERM's default does (killed by the signal, no traceback), not raise the
     interruption meant for rectool itself (it printed a `Terminated` traceback per worker)."""
     probe = (
-        "import os, signal, time\n"
+        "import os, signal\n"
         "from rectool.commands.conventions import watch_sigterm\n"
         "watch_sigterm()\n"
         "r, w = os.pipe()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
+        # Python runs a handler between bytecodes, so a signal landing just before pause()
+        # left it waiting forever (it hung CI once). The signal's own wakeup byte cannot be
+        # missed: read it, and the handler runs before the next line.
+        "    wake_r, wake_w = os.pipe()\n"
+        "    os.set_blocking(wake_w, False)\n"
+        "    signal.set_wakeup_fd(wake_w)\n"
         "    os.write(w, b'x')\n"  # running Python code: the signal is not lost in the fork
-        # Python runs a handler between bytecodes: a signal that lands after that check but
-        # before pause() would leave pause() waiting forever (it hung CI once). A short sleep
-        # in a loop reaches the next check whenever the signal lands; the outcome is the same.
-        "    while True:\n"
-        "        time.sleep(0.01)\n"
+        "    os.read(wake_r, 1)\n"
+        "    os._exit(0)\n"
         "os.read(r, 1)\n"
         "os.kill(pid, signal.SIGTERM)\n"
         "_, status = os.waitpid(pid, 0)\n"
