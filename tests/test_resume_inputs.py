@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 
 import pytest
-from helpers.image_files import write_list, write_pack_tree
+from helpers.handmade_datasets import write_pack
+from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
 from rectool.build.images import Transform
 from rectool.build.manifest import STATE_SUFFIX
 from rectool.build.packing import PackOptions, pack_images
 from rectool.errors import InputError, RectoolError
+from rectool.repack.pipeline import RepackOptions, repack
 
 OPTIONS = PackOptions(transform=Transform(resize=12), workers=1, max_failures=100)
 
@@ -75,3 +77,28 @@ def test_a_partial_index_that_is_a_fifo_is_refused_unread(interrupted, no_hang):
     os.mkfifo(partial)
     with pytest.raises(RectoolError, match=f"^{partial}: "):
         pack_images(lst, root, prefix, OPTIONS, resume=True)
+
+
+@pytest.mark.parametrize(
+    ("content", "why"),
+    [(b"[1, 2]", "not a repack state: not a JSON object"), (b"{oops", "not a repack state: ")],
+)
+def test_a_bad_repack_state_file_is_an_error_naming_it(tmp_path, content, why):
+    items = [(k, jpeg_bytes(k, 12, 10), 0.0) for k in range(80)]
+    write_pack(tmp_path / "src", [items])
+    options = RepackOptions(transform=Transform(quality=70), workers=1)
+    prefix = tmp_path / "out" / "o"
+
+    def stop(done, total, refused):
+        if done >= 2:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        repack([tmp_path / "src"], prefix, options, progress=stop)
+    state = f"{prefix}{STATE_SUFFIX}"
+    with open(state, "wb") as f:
+        f.write(content)
+    with pytest.raises(RectoolError) as caught:
+        repack([tmp_path / "src"], prefix, options, resume=True)
+    assert str(caught.value).startswith(f"{state}: {why}")
+    assert str(caught.value).endswith("; start again with --overwrite")

@@ -19,7 +19,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import __version__
-from ..doors.inputs import read_regular
+from ..doors.inputs import read_state
 from ..doors.output import (
     JOURNAL_SUFFIX,
     LOCK_SUFFIX,
@@ -308,19 +308,9 @@ def manifest_source(manifest: Mapping[str, Any]) -> dict[str, Any]:
     return source
 
 
-# A state file holds the options and the list's digest: a few KB.
-MAX_STATE_BYTES = 1 << 20
-
-
 def check_resume_state(state_path: str, state: Mapping[str, Any]) -> None:
     """Raise naming what differs when the interrupted pack's state file is not `state`."""
-    data, _ = read_regular(state_path, "pack state file", max_bytes=MAX_STATE_BYTES, follow=False)
-    try:
-        saved = json.loads(data)
-    except ValueError as exc:  # not UTF-8, or not JSON
-        raise InputError(f"{state_path}: not a pack state file: {exc}") from None
-    if not isinstance(saved, dict):
-        raise InputError(f"{state_path}: not a pack state file: not a JSON object")
+    saved = read_state(state_path, "pack state file")
     for field, kind in (("list_sha256", str), ("root", str), ("options", dict)):
         if not isinstance(saved.get(field), (kind, type(None))):
             raise InputError(

@@ -10,10 +10,11 @@ real path of the file actually opened, so a link cannot lead out).
 
 from __future__ import annotations
 
+import json
 import os
 from typing import TYPE_CHECKING, Any, BinaryIO, TextIO, overload
 
-from ..errors import RectoolError
+from ..errors import InputError, RectoolError
 from ..reader import open_regular
 
 if TYPE_CHECKING:
@@ -82,6 +83,24 @@ def read_regular(path: StrPath, what: str, **checks: Any) -> tuple[bytes, os.sta
     fd, st = open_checked(path, what, **checks)
     with os.fdopen(fd, "rb") as f:
         return f.read(st.st_size), st
+
+
+# A state file rectool writes to resume a run holds its options and digests: a few KB.
+MAX_STATE_BYTES = 1 << 20
+
+
+def read_state(path: StrPath, what: str) -> dict[str, Any]:
+    """Return the JSON object of a state file an interrupted run left (pack's, repack's):
+    a regular file, not a link, at most `MAX_STATE_BYTES`; raise `InputError` naming it when
+    it is not UTF-8 JSON or not an object. The caller checks its fields."""
+    data, _ = read_regular(path, what, max_bytes=MAX_STATE_BYTES, follow=False)
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as exc:  # not UTF-8, not JSON, nested too deep
+        raise InputError(f"{os.fspath(path)}: not a {what}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{os.fspath(path)}: not a {what}: not a JSON object")
+    return doc
 
 
 def dataset_path(folder: StrPath, name: StrPath, what: str) -> str:

@@ -39,7 +39,7 @@ from ..build.manifest import (
 
 # Pack's output conventions and its --resume/--overwrite rules, reused as they are.
 from ..build.options import allowed_failures
-from ..doors.inputs import open_input
+from ..doors.inputs import open_input, read_state
 from ..doors.output import OutputLock, make_folders, remove, write_json_atomic
 from ..errors import RectoolError, UsageError
 from ..reader import read_manifest
@@ -170,12 +170,9 @@ def _check_state(state_path: str, state: dict[str, Any]) -> None:
     """Refuse to resume a repack that an interrupted run started with other sources or
     options."""
     try:
-        with open_input(state_path, "repack state", "utf-8", follow=False) as f:
-            saved = json.load(f)
-    except (OSError, ValueError, RectoolError) as exc:
-        raise RectoolError(
-            f"{state_path}: cannot read ({exc}); start again with --overwrite"
-        ) from None
+        saved = read_state(state_path, "repack state")
+    except RectoolError as exc:
+        raise RectoolError(f"{exc}; start again with --overwrite") from None
     differences = [name for name in state if saved.get(name) != state[name]]
     if differences:
         raise RectoolError(
