@@ -24,6 +24,7 @@ import struct
 import threading
 import zlib
 from collections import namedtuple
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the checker's names: standard library and numpy only
@@ -75,6 +76,11 @@ IMAGE_HEADER_SIZE = IMAGE_HEADER.size
 INDEX_CACHE_MAGIC, INDEX_CACHE_MAGIC_V2 = b"RTIDXC03", b"RTIDXC02"
 INDEX_CACHE_HEADER = struct.Struct("<8sQqQII")
 INDEX_SAMPLE_BLOCKS, INDEX_SAMPLE_BYTES = 64, 1 << 14  # 1 MiB: all of a small .idx
+# A pack of several shards has one cache of them all, `PREFIX.idx.rtc`: magic, shard count,
+# record count; per shard its .idx size, mtime_ns, record count and sample CRC-32 (padded to
+# 32 bytes); then all keys, then all offsets, in manifest order (one mapping for all workers).
+DATASET_CACHE_MAGIC = b"RTIDXD01"
+DATASET_CACHE_HEADER, DATASET_CACHE_SHARD = struct.Struct("<8sQQ"), struct.Struct("<QqQI4x")
 INDEX_BLOCK_BYTES = 1 << 25  # the .idx text is parsed a block at a time
 # Manifest version 2 gives each file's xxh3-128 (SHA-256 optional); version 1, SHA-256 only.
 MANIFEST_SUFFIX, MANIFEST_FORMAT, MANIFEST_VERSION = ".manifest.json", "rectool-manifest", 2
@@ -343,17 +349,60 @@ class _IndexCacheMap(mmap.mmap):
 
     path: str
     identity: tuple[int, int, int, int]
+    head: int  # where the keys start
 
 
-def _map_cache(path: str, fd: int, st: os.stat_result) -> tuple[Ints, Ints] | None:
+def _map_cache(
+    path: str, fd: int, st: os.stat_result, head: int = INDEX_CACHE_HEADER.size
+) -> tuple[Ints, Ints] | None:
     try:
         mm = _IndexCacheMap(fd, 0, access=mmap.ACCESS_READ)
     except OSError:  # ENOMEM under a memory limit: parse the text instead
         return None
-    mm.path, mm.identity = path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-    count = (st.st_size - INDEX_CACHE_HEADER.size) // 16
-    body = np.frombuffer(mm, np.int64, 2 * count, INDEX_CACHE_HEADER.size)
+    mm.path, mm.identity, mm.head = path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), head
+    count = (st.st_size - head) // 16
+    body = np.frombuffer(mm, np.int64, 2 * count, head)
     return body[:count], body[count:]
+
+
+def dataset_cache_path(manifest_path: str) -> str:
+    """Return the path of the index cache of a pack of several shards (`PREFIX.idx.rtc`)."""
+    return manifest_path[: -len(MANIFEST_SUFFIX)] + ".idx.rtc"
+
+
+def read_dataset_cache(
+    manifest_path: str, idx_paths: list[str]
+) -> tuple[Ints, Ints, list[int]] | None:
+    """Return (keys, offsets, records per shard) mapped from a pack's dataset cache, or None if
+    missing, stale (any .idx's size, time or sample CRC differs) or damaged."""
+    path, size = dataset_cache_path(manifest_path), 24 + 32 * len(idx_paths)
+    try:
+        fd, cst = open_regular(path, "index cache", follow=False)
+    except RectoolError:
+        return None
+    try:
+        head = os.pread(fd, size, 0)
+        magic, shards, count = DATASET_CACHE_HEADER.unpack_from(head.ljust(24))
+        entries = [DATASET_CACHE_SHARD.unpack_from(head, at) for at in range(24, len(head), 32)]
+        whole = (magic, shards, len(head), cst.st_size, sum(e[2] for e in entries))
+        if whole != (DATASET_CACHE_MAGIC, len(idx_paths), size, size + 16 * count, count):
+            return None
+        if not all(map(_same_index, idx_paths, entries)):
+            return None
+        arrays = _map_cache(path, fd, cst, size)
+        return None if arrays is None else (*arrays, [e[2] for e in entries])
+    finally:
+        os.close(fd)
+
+
+def _same_index(idx: str, entry: tuple[int, int, int, int]) -> bool:
+    """Whether the .idx has the size, time and sample CRC a dataset cache's entry gives."""
+    fd, st = open_regular(idx, "index file")
+    try:
+        same = (st.st_size, st.st_mtime_ns) == entry[:2]
+        return same and index_sample_crc(fd, st.st_size) == entry[3]
+    finally:
+        os.close(fd)
 
 
 def _mapping_of(a: object) -> mmap.mmap | None:
@@ -365,23 +414,24 @@ def _mapping_of(a: object) -> mmap.mmap | None:
 
 
 def _cache_place(a: NDArray[Any]) -> tuple[Any, ...] | None:
-    """Return ("mapped", path, identity, first item, count) for a contiguous view of a cache."""
+    """Return ("mapped", path, identity, header size, first item, count) for a contiguous view
+    of a cache."""
     mm = _mapping_of(a)
     if not isinstance(mm, _IndexCacheMap) or a.dtype != np.int64 or a.ndim != 1:
         return None
     if len(a) > 1 and a.strides != (8,):
         return None
     start = a.__array_interface__["data"][0] - np.frombuffer(mm, np.uint8).ctypes.data
-    return "mapped", mm.path, mm.identity, (start - INDEX_CACHE_HEADER.size) // 8, len(a)
+    return "mapped", mm.path, mm.identity, mm.head, (start - mm.head) // 8, len(a)
 
 
 def _remap(place: tuple[Any, ...]) -> Ints:
     """Return the array a `_cache_place` names, mapping that same cache again."""
-    _, path, identity, first, count = place
+    _, path, identity, head, first, count = place
     fd, st = open_regular(path, "index cache", follow=False)
     try:
         same = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) == identity
-        arrays = _map_cache(path, fd, st) if same else None
+        arrays = _map_cache(path, fd, st, head) if same else None
     finally:
         os.close(fd)
     if arrays is None:
@@ -1088,11 +1138,10 @@ class RecordDataset:
         self._identity_ranges: Ints | None = None
         self._identities = None
         listed = (self.manifest or {}).get("shards") or [{}] * len(self.shards)
-        indexes = [load_index(idx, cache=cache) for _, idx in self.shards]
+        (keys, offsets), indexes = self._load_indexes(cache)
         try:
             for rf, (_, idx), info, index in zip(self._files, self.shards, listed, indexes):
                 self._check_at_open(rf, idx, *index, info)
-            keys, offsets = indexes[0] if len(indexes) == 1 else map(np.concatenate, zip(*indexes))
             shard_of = _shard_numbers([len(k) for k, _ in indexes])
             # An explicit layout= decides; a manifest's claim is checked against record 0.
             claim = layout or (self.manifest or {}).get("layout")
@@ -1122,8 +1171,8 @@ class RecordDataset:
             self._bounds = np.searchsorted(shard_of, np.arange(len(self.shards) + 1)).tolist()
         if keys.flags.writeable:
             keys.flags.writeable = offsets.flags.writeable = False
-        for index_keys, _ in indexes:  # checked whole: their pages are the page cache's again
-            _release_pages(index_keys)
+        for index_keys in {id(_mapping_of(k)): k for k, _ in indexes}.values():
+            _release_pages(index_keys)  # checked whole: their pages are the page cache's again
 
     def __getstate__(self) -> dict[str, Any]:
         # Index arrays mapped from a cache travel as their place in it (mapped again on
@@ -1148,6 +1197,22 @@ class RecordDataset:
         if state["_shard_ids"] is None:
             state["_shard_ids"] = _shard_numbers(np.diff(state["_bounds"]).tolist())
         self.__dict__.update(state)
+
+    def _load_indexes(self, cache: bool) -> tuple[tuple[Ints, Ints], list[tuple[Ints, Ints]]]:
+        """Return (all keys, all offsets), [(keys, offsets) of each shard]: views of one
+        mapping when a pack of several shards has a current dataset cache."""
+        idx_paths, where = [idx for _, idx in self.shards], self.manifest_path or ""
+        if cache and len(idx_paths) > 1 and where.endswith(MANIFEST_SUFFIX):
+            mapped = read_dataset_cache(where, idx_paths)
+            if mapped is not None:
+                keys, offsets, counts = mapped
+                ends = np.cumsum([0, *counts]).tolist()
+                return (keys, offsets), [(keys[a:b], offsets[a:b]) for a, b in pairwise(ends)]
+        indexes = [load_index(idx, cache=cache) for idx in idx_paths]
+        if len(indexes) == 1:
+            return indexes[0], indexes
+        keys, offsets = (np.concatenate(column) for column in zip(*indexes))
+        return (keys, offsets), indexes
 
     def _open_shard(self, rec: str) -> RecordFile:
         """Return the `RecordFile` of a shard (rectool.remote's downloads it on first use)."""

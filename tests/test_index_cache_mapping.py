@@ -29,7 +29,7 @@ from helpers.image_files import jpeg_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rectool.format.indexcache import write_index_cache
+from rectool.format.indexcache import write_index_cache, write_index_caches
 from rectool.reader import (
     IndexFormatError,
     RecordFormatError,
@@ -189,6 +189,141 @@ def _worker_maps(arg, queue):
     else:
         ds, label = arg, arg[41][1]
     queue.put(((ds[41][0], float(label)), ".idx.rtc" in maps, "rectool-labels" in maps))
+
+
+# --- a pack of several shards: one cache of them all -------------------------------------------
+
+
+def sharded_pack(folder, shards=4, per=500):
+    """A pack of `shards` shards of `per` records b"img<k>" (key k, label k % 7) with a
+    manifest, written by hand; return (prefix, the samples as written)."""
+    prefix = os.fspath(folder / "many")
+    items = [[(k, b"img%d" % k, float(k % 7)) for k in range(s * per, (s + 1) * per)]
+             for s in range(shards)]  # fmt: skip
+    return prefix, write_pack(prefix, items)
+
+
+def written_places(ds, samples):
+    return [ds.location(i) for i in range(len(ds))] == [(s.rec, s.offset, s.key) for s in samples]
+
+
+def test_a_pack_of_several_shards_maps_one_cache_of_them_all(tmp_path):
+    prefix, samples = sharded_pack(tmp_path)
+    assert mapping_behind(open_dataset(prefix).keys) is None  # no cache: joined in memory
+    written = write_index_caches(prefix)
+    assert written[-1] == f"{prefix}.idx.rtc" and len(written) == 5
+    ds = open_dataset(prefix)
+    assert mapping_behind(ds.keys) is mapping_behind(ds.offsets)
+    assert mapping_behind(ds.keys).path == f"{prefix}.idx.rtc"
+    assert written_places(ds, samples)
+    assert [ds[i] for i in (0, 499, 500, 1999)] == [
+        (b"img0", 0.0), (b"img499", float(499 % 7)), (b"img500", float(500 % 7)),
+        (b"img1999", float(1999 % 7)),
+    ]  # fmt: skip
+    assert open_dataset(prefix, cache=False).keys.flags.owndata  # cache=False: never read
+
+
+def test_the_dataset_cache_header_lists_every_shard(tmp_path):
+    prefix, _ = sharded_pack(tmp_path, shards=3, per=10)
+    write_index_caches(prefix)
+    data = open(f"{prefix}.idx.rtc", "rb").read()
+    assert struct.unpack_from("<8sQQ", data) == (b"RTIDXD01", 3, 30)
+    for s in range(3):
+        idx = f"{prefix}-{s:05d}.idx"
+        st_idx, text = os.stat(idx), open(idx, "rb").read()
+        entry = struct.unpack_from("<QqQI4x", data, 24 + 32 * s)
+        assert entry == (st_idx.st_size, st_idx.st_mtime_ns, 10, zlib.crc32(text))
+    body = np.frombuffer(data, np.int64, offset=24 + 3 * 32)
+    assert body[:30].tolist() == list(range(30)) and len(body) == 60
+
+
+def test_a_pickled_pack_of_several_shards_carries_no_index_arrays(tmp_path):
+    prefix, samples = sharded_pack(tmp_path, shards=6, per=3000)
+    write_index_caches(prefix)
+    ds = open_dataset(prefix)
+    blob = pickle.dumps(ds)
+    assert len(blob) < 4_000  # the arrays alone are 288,000 bytes
+    copy = pickle.loads(blob)
+    assert mapping_behind(copy.keys).path == f"{prefix}.idx.rtc"
+    assert written_places(copy, samples) and copy[17_999] == (b"img17999", float(17_999 % 7))
+
+
+def test_a_changed_shard_index_retires_the_dataset_cache(tmp_path):
+    prefix, samples = sharded_pack(tmp_path, shards=3, per=50)
+    write_index_caches(prefix)
+    idx = f"{prefix}-00001.idx"
+    lines = open(idx, "rb").read().splitlines(keepends=True)
+    st_before = os.stat(idx)
+    with open(idx, "wb") as f:  # the same lines, reversed: same size, and the same time below
+        f.writelines(reversed(lines))
+    os.utime(idx, ns=(st_before.st_atime_ns, st_before.st_mtime_ns))
+    ds = open_dataset(prefix)
+    assert mapping_behind(ds.keys) is None
+    order = samples[:50] + samples[50:100][::-1] + samples[100:]
+    assert written_places(ds, order)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other magic", "another shard count"])
+def test_a_damaged_dataset_cache_is_ignored(tmp_path, damage):
+    prefix, samples = sharded_pack(tmp_path, shards=3, per=20)
+    write_index_caches(prefix)
+    path = f"{prefix}.idx.rtc"
+    data = bytearray(open(path, "rb").read())
+    if damage == "truncated":
+        data = data[:-8]
+    elif damage == "other magic":
+        data[:8] = b"RTIDXD02"
+    else:
+        data[8:16] = struct.pack("<Q", 2)
+    open(path, "wb").write(bytes(data))
+    ds = open_dataset(prefix)
+    assert mapping_behind(ds.keys) is None and written_places(ds, samples)
+
+
+def test_pack_finalize_and_repack_write_the_cache_of_a_pack_of_several_shards(
+    tmp_path, monkeypatch
+):
+    from helpers.image_files import write_list, write_pack_tree
+
+    from rectool.build import manifest
+    from rectool.build.packing import PackOptions, finalize_pack, pack_images
+    from rectool.repack.pipeline import RepackOptions, repack
+
+    items = write_pack_tree(tmp_path / "tree", ["a", "b", "c"], 4)
+    lst = write_list(tmp_path / "faces.lst", items)
+    pack_images(lst, tmp_path / "tree", tmp_path / "small", PackOptions(shard_records=5))
+    assert not os.path.exists(tmp_path / "small.idx.rtc")  # 12 records: not worth a file
+    monkeypatch.setattr(manifest, "INDEX_CACHE_MIN_RECORDS", 10)
+    pack_images(lst, tmp_path / "tree", tmp_path / "big", PackOptions(shard_records=5))
+    for number in range(3):  # shards packed one by one, then finalized
+        pack_images(lst, tmp_path / "tree", tmp_path / "jobs", PackOptions(shard_records=5),
+                    only_shard=number)  # fmt: skip
+    finalize_pack(lst, tmp_path / "tree", tmp_path / "jobs", PackOptions(shard_records=5))
+    repack([tmp_path / "small"], tmp_path / "again", RepackOptions(shard_records=4))
+    plain = open_dataset(tmp_path / "small")
+    for name, shards in (("big", 3), ("jobs", 3), ("again", 3)):
+        ds = open_dataset(tmp_path / name)
+        assert mapping_behind(ds.keys).path == os.fspath(tmp_path / f"{name}.idx.rtc")
+        assert len(ds.shards) == shards and len(ds) == 12
+        assert [ds[i] for i in range(12)] == [plain[i] for i in range(12)]
+
+
+def test_verify_names_a_dataset_cache_that_lies(tmp_path):
+    from rectool.inspect.verify import verify_dataset
+
+    def problems():  # the records hold b"img<k>", not images: verify says so every time
+        return {(p.kind, p.path) for p in verify_dataset(prefix).problems}
+
+    prefix, _ = sharded_pack(tmp_path, shards=3, per=20)
+    write_index_caches(prefix)
+    before = problems()
+    assert {kind for kind, _ in before} == {"not-an-image"}
+    path = f"{prefix}.idx.rtc"
+    data = bytearray(open(path, "rb").read())
+    last = len(data) - 8  # the last offset, 4 bytes on: a size and time that still match
+    data[last:] = struct.pack("<q", struct.unpack_from("<q", data, last)[0] + 4)
+    open(path, "wb").write(bytes(data))
+    assert problems() - before == {("stale-index-cache", path)}
 
 
 # --- labels, gathered a chunk at a time ---------------------------------------------------------

@@ -20,6 +20,7 @@ from helpers.image_files import encode, image_array, jpeg_bytes, write_list, wri
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rectool.build import manifest as manifest_module
 from rectool.build.images import Transform
 from rectool.build.listfile import write_label_map
 from rectool.build.listing import list_images
@@ -561,17 +562,17 @@ def test_resume_after_a_kill_just_before_the_manifest(tmp_path, monkeypatch):
     write_pack(tmp_path / "src", [[(0, good, 0.0), (1, b"not an image", 0.0), (2, good, 1.0)]])
     options = RepackOptions(transform=Transform(quality=80), layout="insightface")
     reference = repack([tmp_path / "src"], tmp_path / "ref" / "train", options)
-    real = run_module.write_json_atomic
+    real = manifest_module.write_json_atomic
 
     def killed_before_manifest(path, document):
         if str(path).endswith(".manifest.json"):
             raise KeyboardInterrupt
         return real(path, document)
 
-    monkeypatch.setattr(run_module, "write_json_atomic", killed_before_manifest)
+    monkeypatch.setattr(manifest_module, "write_json_atomic", killed_before_manifest)
     with pytest.raises(KeyboardInterrupt):
         repack([tmp_path / "src"], tmp_path / "run" / "train", options)
-    monkeypatch.setattr(run_module, "write_json_atomic", real)
+    monkeypatch.setattr(manifest_module, "write_json_atomic", real)
     resumed = repack([tmp_path / "src"], tmp_path / "run" / "train", options, resume=True)
     assert (resumed.images, resumed.failures) == (reference.images, reference.failures) == (2, 1)
     for name in ("train.rec", "train.idx", "train.failures.jsonl", "property"):
@@ -580,17 +581,17 @@ def test_resume_after_a_kill_just_before_the_manifest(tmp_path, monkeypatch):
 
 def test_resume_with_other_options_is_refused(tmp_path, monkeypatch):
     counted_pack(tmp_path, [2, 2])
-    real = run_module.write_json_atomic
+    real = manifest_module.write_json_atomic
 
     def killed_before_manifest(path, document):
         if str(path).endswith(".manifest.json"):
             raise KeyboardInterrupt
         return real(path, document)
 
-    monkeypatch.setattr(run_module, "write_json_atomic", killed_before_manifest)
+    monkeypatch.setattr(manifest_module, "write_json_atomic", killed_before_manifest)
     with pytest.raises(KeyboardInterrupt):
         repack([tmp_path / "src"], tmp_path / "out", RepackOptions(seed=1))
-    monkeypatch.setattr(run_module, "write_json_atomic", real)
+    monkeypatch.setattr(manifest_module, "write_json_atomic", real)
     with pytest.raises(
         RectoolError, match="cannot resume: the interrupted repack used different options"
     ):

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..doors.failures import open_failures
 from ..doors.inputs import dataset_path, open_input
-from ..doors.output import OutputLock, remove, rename, stage_file, write_json_atomic
+from ..doors.output import OutputLock, remove, rename, stage_file
 from ..errors import RectoolError
 from ..reader import read_manifest
 from .listcheck import load_identities, validate_list
@@ -30,6 +30,7 @@ from .manifest import (
     shard_files,
     shard_stem,
     source_state,
+    write_manifest,
 )
 from .options import PackOptions, allowed_failures, check_pack_options, check_prefix
 from .results import COMPLETE, FINALIZED, PackResult, Refusal, read_failures_file
@@ -101,7 +102,7 @@ def finalize_locked(
         options, list_path, prefix, infos, images, len(refused), None, identities, source
     )
     remove_stale_temporaries(prefix)
-    write_json_atomic(manifest_path(prefix), manifest)
+    write_manifest(prefix, manifest)
     for name in shard_failures:  # only now: until the manifest, a rerun needs them
         remove(name)
     return PackResult(

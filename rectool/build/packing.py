@@ -58,6 +58,7 @@ from .manifest import (
     shard_files,
     shard_stem,
     source_state,
+    write_manifest,
 )
 from .options import PackOptions as PackOptions
 from .options import allowed_failures as allowed_failures
@@ -281,7 +282,7 @@ def _pack_all(
         # The ignore: a numbered layout counts its classes (an int).
         run.layout.write_property(os.path.dirname(prefix), run.classes, size)  # type: ignore[arg-type]
     remove_stale_temporaries(prefix)
-    write_json_atomic(manifest_path(prefix), manifest)
+    write_manifest(prefix, manifest)
     remove(state_path)
     if os.path.exists(prefix + STDIN_COPY_SUFFIX):
         remove(prefix + STDIN_COPY_SUFFIX)

@@ -23,8 +23,10 @@ from .options import (
 def index_cache_command(target: str, as_json: bool) -> None:
     """Write the .idx sidecar cache (IDX.rtc) of every shard of TARGET.
 
-    The reader never writes: it reads the cache when one matches its .idx (size, mtime,
-    CRC-32) and otherwise parses the .idx text. `pack` writes the cache of large shards
+    For a pack of several shards with a manifest, also the cache of them all (PREFIX.idx.rtc),
+    which every loader worker maps instead of joining the shards' indexes. The reader never
+    writes: it reads a cache when it matches the .idx files (size, mtime, CRC-32) and
+    otherwise parses the .idx text. `pack` writes the caches of large shards and packs
     itself; use this for packs made by others (insightface's train.idx, im2rec's).
 
     \b

@@ -1,9 +1,10 @@
-"""Write the .idx sidecar cache (`<idx>.rtc`) that the reader only reads.
+"""Write the .idx sidecar caches that the reader only reads: one shard's (`<idx>.rtc`) and a
+pack of several shards' (`PREFIX.idx.rtc`, all their keys and offsets in one file).
 
-The format (header, then int64 keys and offsets, which readers map in place) is defined in
-`rectool.reader`, which reads versions 2 and 3; this module is the one writer (version 3):
-`pack` calls it for large shards, `rectool index-cache` for packs made by others
-(insightface's train.idx, im2rec's).
+The formats (a header, then int64 keys and offsets, which readers map in place) are defined in
+`rectool.reader`, which reads shard caches of versions 2 and 3; this module is the one writer:
+`pack` and `repack` call it for large shards and packs, `rectool index-cache` for packs made
+by others (insightface's train.idx, im2rec's).
 """
 
 from __future__ import annotations
@@ -18,15 +19,24 @@ from ..doors.inputs import open_input
 from ..doors.output import write_atomic
 from ..errors import RectoolError
 from ..reader import (
+    DATASET_CACHE_HEADER,
+    DATASET_CACHE_MAGIC,
+    DATASET_CACHE_SHARD,
     INDEX_CACHE_HEADER,
     INDEX_CACHE_MAGIC,
+    MANIFEST_SUFFIX,
+    dataset_cache_path,
     index_cache_path,
     index_sample_crc,
     load_index,
+    parse_index_stream,
+    read_index_cache,
     resolve_source,
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+
     from _typeshed import StrPath
 
     from ..reader import Source
@@ -74,17 +84,56 @@ def write_index_cache(
     return True
 
 
+def write_dataset_cache(manifest_path: str, idx_paths: Sequence[str]) -> bool:
+    """Write the index cache of a pack of several shards (`PREFIX.idx.rtc`, all keys and then
+    all offsets, in the order the manifest lists the shards); return False when the folder is
+    not writable.
+
+    Each shard's .idx is read once, from its own cache when that is current. Readers check
+    every .idx's size, time and sample CRC against the header, so a rebuilt .idx retires it.
+    """
+    entries, indexes = [], []
+    for idx in idx_paths:
+        with open_input(idx, "index file") as f:
+            st = os.fstat(f.fileno())
+            cached = read_index_cache(idx, st, f.fileno())
+            keys, offsets = parse_index_stream(f, idx) if cached is None else cached
+            sample = index_sample_crc(f.fileno(), st.st_size)
+        entries.append(DATASET_CACHE_SHARD.pack(st.st_size, st.st_mtime_ns, len(keys), sample))
+        indexes.append((keys, offsets))
+
+    def body() -> Iterator[bytes]:
+        records = sum(len(keys) for keys, _ in indexes)
+        yield DATASET_CACHE_HEADER.pack(DATASET_CACHE_MAGIC, len(indexes), records)
+        yield b"".join(entries)
+        for column in (0, 1):
+            for index in indexes:
+                yield np.ascontiguousarray(index[column], np.int64).tobytes()
+
+    try:
+        write_atomic(dataset_cache_path(manifest_path), body())
+    except RectoolError:
+        return False
+    return True
+
+
 def write_index_caches(target: Source) -> list[str]:
-    """Write the sidecar cache of every shard of a dataset; return the cache paths written.
+    """Write the sidecar cache of every shard of a dataset, and for a pack of several shards
+    its dataset cache; return the cache paths written.
 
     `target` is what `open_dataset` takes. Raises `RectoolError` when a folder is not
     writable or an .idx cannot be parsed.
     """
-    _, _, shards = resolve_source(target)
+    _, manifest_path, shards = resolve_source(target)
     written = []
     for _, idx in shards:
         keys, offsets = load_index(idx, cache=False)
         if not write_index_cache(idx, keys, offsets):
             raise RectoolError(f"{index_cache_path(idx)}: cannot write the index cache")
         written.append(index_cache_path(idx))
+    if len(shards) > 1 and (manifest_path or "").endswith(MANIFEST_SUFFIX):
+        assert manifest_path is not None
+        if not write_dataset_cache(manifest_path, [idx for _, idx in shards]):
+            raise RectoolError(f"{dataset_cache_path(manifest_path)}: cannot write the index cache")
+        written.append(dataset_cache_path(manifest_path))
     return written

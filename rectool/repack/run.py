@@ -22,6 +22,7 @@ from ..build.manifest import (
     build_manifest,
     manifest_path,
     remove_stale_temporaries,
+    write_manifest,
 )
 from ..build.shards import ShardWriter
 from ..doors.failures import REPACK, failure_line, open_failures
@@ -339,7 +340,7 @@ class RepackRun:
         )
         manifest["sources"] = [s.spec for s in self.sources]
         remove_stale_temporaries(prefix)
-        write_json_atomic(manifest_path(prefix), manifest)
+        write_manifest(prefix, manifest)
         remove(state_path)
         return RepackResult(
             manifest_path(prefix),

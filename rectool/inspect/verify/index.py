@@ -8,7 +8,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ...reader import read_index_cache
+from ...errors import RectoolError
+from ...reader import MANIFEST_SUFFIX, dataset_cache_path, read_dataset_cache, read_index_cache
 from .facts import ShardFacts, ShardIndex
 from .report import Found, ProblemAt, one_problem
 
@@ -181,3 +182,34 @@ def check_keys_across_shards(indexes: Sequence[ShardIndex]) -> Iterator[Found]:
             )
 
     yield Found("duplicate-key", len(clash), problems())
+
+
+def check_dataset_cache(
+    manifest_path: str | None, idx_paths: Sequence[str], indexes: Sequence[ShardIndex]
+) -> Iterator[Found]:
+    """The index cache of a pack of several shards (if any, and current) agrees with every .idx
+    (`indexes`: the `ShardIndex` of each shard that has one)."""
+    if not (manifest_path or "").endswith(MANIFEST_SUFFIX) or len(idx_paths) < 2:
+        return
+    assert manifest_path is not None
+    try:
+        cached = read_dataset_cache(manifest_path, list(idx_paths))
+    except (OSError, ValueError, RectoolError):  # a missing .idx: its own check says so
+        cached = None
+    if cached is None or len(indexes) != len(idx_paths):
+        return
+    keys, offsets, counts = cached
+    ends = np.cumsum([0, *counts]).tolist()
+    same = all(
+        np.array_equal(keys[a:b], index.keys) and np.array_equal(offsets[a:b], index.offsets)
+        for a, b, index in zip(ends, ends[1:], indexes)
+    )
+    if not same:
+        yield one_problem(
+            "stale-index-cache",
+            dataset_cache_path(manifest_path),
+            None,
+            None,
+            "the pack's index cache matches every .idx's size and time but not their content; "
+            "delete it (readers would use its offsets)",
+        )

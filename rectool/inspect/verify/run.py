@@ -18,7 +18,7 @@ from .facts import DatasetFacts, ShardIndex, read_shard, size_or_zero
 from .framing import check_framing
 from .headers import check_headers
 from .images import DecodeOptions, check_decoding, check_image_structure, decodable_rows
-from .index import check_index, check_index_file, check_keys_across_shards
+from .index import check_dataset_cache, check_index, check_index_file, check_keys_across_shards
 from .layout import check_layout
 from .manifest import check_listed_once, check_manifest_entry, check_totals, repeated_shards
 from .report import DEFAULT_KEEP, CheckResult, Findings, Tally, VerifyReport, one_problem
@@ -88,6 +88,7 @@ def verify_dataset(
             findings.take(hashes.check())
             findings.take(check_totals(dataset))
             findings.take(check_keys_across_shards(indexes))
+            findings.take(check_dataset_cache(manifest_path, [i for _, i in shards], indexes))
             report.layouts.append("/".join(sorted(layouts)) or "empty")
     report.seconds = time.perf_counter() - start
     return report
