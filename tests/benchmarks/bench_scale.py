@@ -44,6 +44,7 @@ CHUNK = 1 << 20
 # images differ there (report's duplicate search fingerprints the middle and the end).
 QUANT_AT = 32 + 67
 WORKERS = 8
+SHARDS = 8  # the second pack: 42M records in 8 shards of ~0.9 GB, as `--shard-size 1GB` cuts it
 BATCHES = 40
 BATCH = 256
 # (key in run()'s result, what it is, "<=" or ">=", limit): read by run_all.py.
@@ -56,6 +57,25 @@ TARGETS = [
     (
         "batch_decoder_pss_mb",
         "total PSS of 8 spawned DataLoader workers over BatchDecoder (MB)",
+        "<=",
+        3000,
+    ),
+    (
+        "sharded_open_cached_s",
+        "open_dataset of the 42M pack in 8 shards, with its cache (s)",
+        "<=",
+        0.5,
+    ),
+    ("sharded_open_rss_mb", "parent RSS after opening the 42M pack in 8 shards (MB)", "<=", 300),
+    (
+        "sharded_loader_pss_mb",
+        "total PSS of 8 spawned Loader workers over the 42M pack in 8 shards (MB)",
+        "<=",
+        3000,
+    ),
+    (
+        "sharded_batch_decoder_pss_mb",
+        "total PSS of 8 spawned DataLoader workers, BatchDecoder, 8 shards (MB)",
         "<=",
         3000,
     ),
@@ -107,14 +127,18 @@ def _widths(values):
     return np.maximum(1, np.floor(np.log10(np.maximum(values, 1))).astype(np.int64) + 1)
 
 
-def generate(folder, records=RECORDS, log=print):
-    """Write `folder/scale.rec`, `.idx` and `.idx.rtc` of `records` records; return the prefix."""
-    from rectool.format.indexcache import write_index_cache
-    from rectool.reader import IMAGE_HEADER_SIZE, MAGIC
+def generate(folder, records=RECORDS, log=print, shards=1):
+    """Write `folder/scale.rec`, `.idx` and `.idx.rtc` of `records` records; return the prefix.
+
+    With `shards` > 1: `folder/sharded-0000N.rec`, `.idx` and `.idx.rtc`, a manifest, and the
+    pack's own `sharded.idx.rtc`, as `rectool pack --shard-size` writes them.
+    """
+    from rectool.format.indexcache import write_dataset_cache, write_index_cache
+    from rectool.reader import IMAGE_HEADER_SIZE, MAGIC, MANIFEST_FORMAT
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    prefix = folder / "scale"
+    prefix = folder / ("scale" if shards == 1 else "sharded")
     jpeg = tiny_jpeg()
     length = IMAGE_HEADER_SIZE + len(jpeg)
     stride = 8 + (length + 3) // 4 * 4
@@ -123,25 +147,44 @@ def generate(folder, records=RECORDS, log=print):
     words = template.view("<u4")
     words[0], words[1] = MAGIC, length
     keys = np.arange(records, dtype=np.int64)
-    offsets = keys * stride
+    bounds = np.linspace(0, records, shards + 1).astype(np.int64).tolist()
     start = time.perf_counter()
-    with open(f"{prefix}.rec", "wb") as rec, open(f"{prefix}.idx", "wb") as idx:
-        for a in range(0, records, CHUNK):
-            b = min(records, a + CHUNK)
-            block = np.tile(template, (b - a, 1))
-            w = block.view("<u4")
-            w[:, 3] = (keys[a:b] // IMAGES_PER_IDENTITY).astype(np.float32).view("<u4")
-            w[:, 4] = keys[a:b]  # id (low word; keys < 2**32)
-            for byte in range(4):  # 4 quantisation values from the key: every image distinct
-                block[:, QUANT_AT + byte] = keys[a:b] >> (7 * byte) & 0x7F | 0x80
-            rec.write(block)
-            idx.write(_idx_text(keys[a:b], offsets[a:b]))
-    write_index_cache(f"{prefix}.idx", keys, offsets)
+    entries = []
+    for number, (first, end) in enumerate(zip(bounds, bounds[1:])):
+        stem = f"{prefix}" if shards == 1 else f"{prefix}-{number:05d}"
+        offsets = (keys[first:end] - first) * stride
+        with open(f"{stem}.rec", "wb") as rec, open(f"{stem}.idx", "wb") as idx:
+            for a in range(first, end, CHUNK):
+                b = min(end, a + CHUNK)
+                block = np.tile(template, (b - a, 1))
+                w = block.view("<u4")
+                w[:, 3] = (keys[a:b] // IMAGES_PER_IDENTITY).astype(np.float32).view("<u4")
+                w[:, 4] = keys[a:b]  # id (low word; keys < 2**32)
+                for byte in range(4):  # 4 quantisation values from the key: images differ
+                    block[:, QUANT_AT + byte] = keys[a:b] >> (7 * byte) & 0x7F | 0x80
+                rec.write(block)
+                idx.write(_idx_text(keys[a:b], offsets[a - first : b - first]))
+        write_index_cache(f"{stem}.idx", keys[first:end], offsets)
+        name = os.path.basename(stem)
+        entries.append(
+            {"rec": f"{name}.rec", "idx": f"{name}.idx", "records": end - first,
+             "rec_bytes": (end - first) * stride}
+        )  # fmt: skip
+    if shards > 1:
+        manifest = {"format": MANIFEST_FORMAT, "format_version": 1, "layout": "images",
+                    "shards": entries, "totals": {"records": records}}  # fmt: skip
+        Path(f"{prefix}.manifest.json").write_text(json.dumps(manifest))
+        write_dataset_cache(f"{prefix}.manifest.json", [f"{folder}/{e['idx']}" for e in entries])
     log(
-        f"generated {records:,} records ({records * stride / 1e9:.1f} GB) in "
-        f"{time.perf_counter() - start:.1f} s under {folder}"
+        f"generated {records:,} records in {shards} shard(s) ({records * stride / 1e9:.1f} GB) "
+        f"in {time.perf_counter() - start:.1f} s under {folder}"
     )
     return prefix
+
+
+def pack_files(prefix):
+    """Return the files of a generated pack."""
+    return sorted(Path(prefix).parent.glob(Path(prefix).name + "[.-]*"))
 
 
 # Each probe runs in a fresh interpreter and prints one JSON document.
@@ -212,16 +255,31 @@ def probe(prefix, what, *args):
 
 
 def _warm(prefix):
-    for suffix in (".rec", ".idx", ".idx.rtc"):
-        with open(f"{prefix}{suffix}", "rb") as f:
+    for path in pack_files(prefix):
+        with open(path, "rb") as f:
             while f.read(1 << 24):
                 pass
 
 
-def measure(prefix, log=print, torch=True):
-    """Return the figures of the pack at `prefix` (each from a fresh process)."""
+def measure(prefix, log=print, torch=True, sharded=False):
+    """Return the figures of the pack at `prefix` (each from a fresh process); of a pack of
+    several shards (`sharded`), only those of its open and workers, under `sharded_` names."""
     _warm(prefix)
     result = {}
+    if sharded:
+        cached = min((probe(prefix, "cached") for _ in range(3)), key=lambda r: r["open_s"])
+        result["sharded_open_cached_s"] = cached["open_s"]
+        result["sharded_open_rss_mb"] = cached["open_rss"]["VmRSS"]
+        log(f"{SHARDS} shards, open with cache: {cached['open_s']:.3f} s, RSS {cached['open_rss']}")
+        for name, what in (("loader", "Loader"), ("batch_decoder", "BatchDecoder")):
+            if name == "batch_decoder" and not (torch and _has_torch()):
+                continue
+            got = probe(prefix, name, BATCHES, WORKERS, BATCH)
+            workers = {k: sum(w[k] for w in got["workers_pss"]) for k in got["workers_pss"][0]}
+            result[f"sharded_{name}_pss_mb"] = workers["Pss"]
+            result[f"sharded_{name}_workers_pss_mb"] = workers
+            log(f"{SHARDS} shards, {what}, {WORKERS} spawned workers: PSS {_mb(workers)}")
+        return result
     cached = min((probe(prefix, "cached") for _ in range(3)), key=lambda r: r["open_s"])
     result["open_cached_s"], result["open_rss"] = cached["open_s"], cached["open_rss"]
     result["open_rss_mb"] = cached["open_rss"]["VmRSS"]
@@ -265,26 +323,30 @@ def _has_torch():
 
 
 def run(records=RECORDS, folder=None, keep=False, log=print):
-    """Generate the pack, measure it, delete it (unless `keep`); return the figures."""
+    """Generate the packs (one shard, then `SHARDS`), measure each, delete each (unless
+    `keep`); return the figures."""
     own = folder is None
     folder = Path(folder or tempfile.mkdtemp(prefix="rectool-scale-"))
-    prefix = folder / "scale"
+    folder.mkdir(parents=True, exist_ok=True)
+    result = {"records": records, "shards": SHARDS}
     try:
-        free = shutil.disk_usage(folder).free
-        if not Path(f"{prefix}.rec").exists():
-            need = records * 200
-            if free < need:
-                raise RuntimeError(f"{folder}: {free / 1e9:.1f} GB free, {need / 1e9:.1f} needed")
-            generate(folder, records, log=log)
-        result = measure(prefix, log=log)
-        result["records"] = records
+        for shards, name in ((1, "scale"), (SHARDS, "sharded")):
+            prefix = folder / name
+            if not pack_files(prefix):
+                free, need = shutil.disk_usage(folder).free, records * 200
+                if free < need:
+                    raise RuntimeError(
+                        f"{folder}: {free / 1e9:.1f} GB free, {need / 1e9:.1f} needed"
+                    )
+                generate(folder, records, log=log, shards=shards)
+            result.update(measure(prefix, log=log, sharded=shards > 1))
+            if not keep:
+                for path in pack_files(prefix):
+                    path.unlink()
         return result
     finally:
-        if not keep:
-            for suffix in (".rec", ".idx", ".idx.rtc"):
-                Path(f"{prefix}{suffix}").unlink(missing_ok=True)
-            if own:
-                shutil.rmtree(folder, ignore_errors=True)
+        if own and not keep:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def main():
