@@ -49,6 +49,31 @@ def test_opening_fetches_the_indexes_and_a_shard_only_when_it_is_read(s3_pack, t
     assert rec_gets(s3_pack.faults) == {"faces-00000.rec": 1, "faces-00002.rec": 1}
 
 
+def test_a_remote_pack_of_several_shards_maps_one_index_cache_on_this_machine(
+    remote_pack, tmp_path, monkeypatch
+):
+    import pickle
+
+    from rectool.remote import dataset as dataset_module
+
+    monkeypatch.setattr(dataset_module, "INDEX_CACHE_MIN_RECORDS", 10)
+    ds, local = opened(remote_pack, tmp_path), open_dataset(str(remote_pack.local))
+    mapped = mapping_of(ds.keys)
+    assert mapped is not None and mapped.path.endswith("faces.idx.rtc")
+    assert mapped is mapping_of(ds.offsets)
+    copy = pickle.loads(pickle.dumps(ds))  # as a spawned loader worker gets it: mapped again
+    assert mapping_of(copy.offsets).path == mapped.path
+    assert [bytes(copy.raw(i)[0]) for i in range(12)] == [bytes(local.raw(i)[0]) for i in range(12)]
+    assert copy.keys.tolist() == local.keys.tolist()
+
+
+def mapping_of(array):
+    while isinstance(array, np.ndarray):
+        array = array.base
+    array = getattr(array, "obj", array)
+    return array if hasattr(array, "madvise") else None
+
+
 @pytest.mark.parametrize("workers", [1, 3])
 def test_a_loader_epoch_over_a_remote_pack_gives_every_sample_once_with_the_local_labels(
     remote_pack, tmp_path, workers

@@ -32,12 +32,14 @@ import xxhash
 from ..doors.inputs import read_regular
 from ..doors.output import write_atomic
 from ..format.digest import SHA256, XXH3_128, field_name
+from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_dataset_cache
 from ..reader import (
     DEFAULT_MAX_PIXELS,
     MANIFEST_SUFFIX,
     RecordDataset,
     RecordFile,
     RectoolError,
+    read_dataset_cache,
     read_manifest,
 )
 from .cache import CachedObject, CacheFullError, ShardCache
@@ -268,6 +270,11 @@ class RemoteDataset(RecordDataset):
             indexes.append(idx)
         with ThreadPoolExecutor(prefetch_threads) as pool:  # the indexes, checked, before open
             list(pool.map(self.shard_cache.fetch, indexes))
+        idx_paths = [obj.path for obj in indexes]
+        records = sum(shard.get("records") or 0 for shard in doc["shards"])
+        if cache and len(indexes) > 1 and records >= INDEX_CACHE_MIN_RECORDS:
+            if read_dataset_cache(local, idx_paths) is None:  # one per machine, for every worker
+                write_dataset_cache(local, idx_paths)
         self._open_files = _OpenShards(open_shards or block_shards)
         super().__init__(local, decode, layout, cache, max_pixels)
 
@@ -292,7 +299,7 @@ class RemoteDataset(RecordDataset):
         return CachedObject(self.store, name, path, size or 0, algorithm, digest, what)
 
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
+        state = super().__getstate__()  # the index as its place in the cache, when mapped
         state["_prefetcher"] = None
         return state
 
