@@ -1164,11 +1164,13 @@ class RecordDataset:
             lines = _key_lines(keys, ranges[0], self.shards[0][1])
             keys, offsets, shard_of = keys[lines], offsets[lines], shard_of[lines]
         self.layout = "images" if ranges is None else "insightface"
-        # _shard_ids: every sample's shard number (rectool's repack reads it too).
-        self.keys, self.offsets, self._shard_ids, self._count = keys, offsets, shard_of, len(keys)
+        self.keys, self.offsets, self._count = keys, offsets, len(keys)
+        self._shard_table: NDArray[Any] | None = None
         self._bounds = None  # samples shard by shard (every images layout): bisect shard starts
         if len(self.shards) == 1 or (shard_of[1:] >= shard_of[:-1]).all():
             self._bounds = np.searchsorted(shard_of, np.arange(len(self.shards) + 1)).tolist()
+        else:
+            self._shard_table = shard_of
         if keys.flags.writeable:
             keys.flags.writeable = offsets.flags.writeable = False
         for index_keys in {id(_mapping_of(k)): k for k, _ in indexes}.values():
@@ -1179,7 +1181,7 @@ class RecordDataset:
         # arrival, shared through the page cache), labels not at all (read again if asked).
         state = {**self.__dict__, "_labels": None}
         if self._bounds is not None:  # the shard numbers follow from the bounds
-            state["_shard_ids"] = None
+            state["_shard_table"] = None
         for name in ("keys", "offsets", "_identities"):
             many = name == "_identities" and state[name] is not None
             arrays = state[name] if many else (state[name],)
@@ -1194,9 +1196,16 @@ class RecordDataset:
         state["keys"], state["offsets"] = load(state["keys"]), load(state["offsets"])
         if state["_identities"] is not None:
             state["_identities"] = tuple(map(load, state["_identities"]))
-        if state["_shard_ids"] is None:
-            state["_shard_ids"] = _shard_numbers(np.diff(state["_bounds"]).tolist())
         self.__dict__.update(state)
+
+    @property
+    def _shard_ids(self) -> NDArray[Any]:
+        """Every sample's shard number (rectool's repack reads it too): made on first use
+        where samples run shard by shard (1 byte a sample; `_locate` bisects `_bounds`)."""
+        if self._shard_table is None:
+            ends = self._bounds or []  # set whenever the table is not
+            self._shard_table = _shard_numbers([b - a for a, b in pairwise(ends)])
+        return self._shard_table
 
     def _load_indexes(self, cache: bool) -> tuple[tuple[Ints, Ints], list[tuple[Ints, Ints]]]:
         """Return (all keys, all offsets), [(keys, offsets) of each shard]: views of one

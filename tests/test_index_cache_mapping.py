@@ -246,6 +246,11 @@ def test_a_pickled_pack_of_several_shards_carries_no_index_arrays(tmp_path):
     copy = pickle.loads(blob)
     assert mapping_behind(copy.keys).path == f"{prefix}.idx.rtc"
     assert written_places(copy, samples) and copy[17_999] == (b"img17999", float(17_999 % 7))
+    # Reads locate samples by the shard bounds: no table of a byte a sample (42 MB at 42M)
+    # is made in a worker until something asks for every sample's shard.
+    assert vars(copy)["_shard_table"] is None
+    assert copy.labels.tolist() == [float(k % 7) for k in range(18_000)]
+    assert vars(copy)["_shard_table"] is not None
 
 
 def test_a_changed_shard_index_retires_the_dataset_cache(tmp_path):
