@@ -6,6 +6,7 @@ command, printed before it runs; the demo stops at the first step that fails.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
@@ -20,7 +21,7 @@ IDENTITIES = ("ada", "grace", "hedy", "katherine", "margaret", "radia")
 PER_IDENTITY = 8
 
 
-def make_tree(root):
+def make_tree(root: Path) -> None:
     """Write 112x112 JPEGs in one folder per identity, plus two broken files to be refused."""
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:112, 0:112]
@@ -36,7 +37,7 @@ def make_tree(root):
     (root / "hedy" / "cut-off.jpg").write_bytes(good[: len(good) // 2])
 
 
-def step(*args, ok=(0,)):
+def step(*args: object, ok: tuple[int, ...] = (0,)) -> None:
     """Run one rectool command, echoing it; exit when its status is not in `ok`."""
     print(f"\n$ rectool {shlex.join(str(a) for a in args)}", flush=True)
     status = subprocess.run([sys.executable, "-m", "rectool", *map(str, args)]).returncode
@@ -58,7 +59,12 @@ print(f"  labels per identity: {[labels.count(k) for k in sorted(set(labels))]}"
 """
 
 
-def activation_hint(executable=None, prefix=None, base_prefix=None, cwd=None):
+def activation_hint(
+    executable: str | Path | None = None,
+    prefix: str | None = None,
+    base_prefix: str | None = None,
+    cwd: str | Path | None = None,
+) -> str:
     """Return the line that says where the `rectool` command is and how to put it on PATH."""
     executable = Path(executable or sys.executable)
     prefix = sys.prefix if prefix is None else prefix
@@ -76,10 +82,34 @@ def activation_hint(executable=None, prefix=None, base_prefix=None, cwd=None):
     )
 
 
-def main(argv=None):
+# The demo clears its folder before a run only when this file says the demo made it.
+MARKER = ".rectool-demo"
+
+
+def fresh_folder(out: Path) -> None:
+    """Make `out` an empty folder of the demo's: create it, or empty one an earlier demo made.
+
+    Anything else there is refused, never deleted: `python -m rectool.demo ~` must not
+    remove a home folder.
+    """
+    if os.path.lexists(out):
+        if out.is_symlink() or not out.is_dir() or not (out / MARKER).is_file():
+            if out.is_dir() and not any(out.iterdir()):
+                (out / MARKER).write_text("made by python -m rectool.demo\n")
+                return
+            sys.exit(
+                f"demo: {out} exists and was not made by the demo; give a new folder "
+                "(the demo empties its folder before each run)"
+            )
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    (out / MARKER).write_text("made by python -m rectool.demo\n")
+
+
+def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     out = Path(argv[0] if argv else "demo-out")
-    shutil.rmtree(out, ignore_errors=True)
+    fresh_folder(out)
     tree = out / "tree"
     make_tree(tree)
     print(f"generated {len(IDENTITIES) * PER_IDENTITY} images and 2 broken files under {tree}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rectool.demo import activation_hint
 
 
@@ -18,3 +20,35 @@ def test_outside_the_working_folder_the_path_is_absolute(tmp_path):
     venv_python = tmp_path / "env" / "bin" / "python"
     hint = activation_hint(venv_python, "/x/env", "/usr", cwd=tmp_path / "elsewhere")
     assert hint.startswith(f"the rectool command is {tmp_path / 'env' / 'bin' / 'rectool'}: ")
+
+
+def test_the_demo_never_empties_a_folder_it_did_not_make(tmp_path):
+    from rectool.demo import fresh_folder
+
+    home = tmp_path / "home"
+    (home / "thesis").mkdir(parents=True)
+    (home / "thesis" / "chapter1.tex").write_text("years of work")
+    with pytest.raises(SystemExit, match="exists and was not made by the demo"):
+        fresh_folder(home)
+    assert (home / "thesis" / "chapter1.tex").read_text() == "years of work"
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(SystemExit, match="exists and was not made by the demo"):
+        fresh_folder(tmp_path / "file")
+    (tmp_path / "link").symlink_to(home)
+    with pytest.raises(SystemExit, match="exists and was not made by the demo"):
+        fresh_folder(tmp_path / "link")
+    assert (home / "thesis" / "chapter1.tex").exists()
+
+
+def test_the_demo_empties_its_own_folder_and_takes_an_empty_one(tmp_path):
+    from rectool.demo import fresh_folder
+
+    out = tmp_path / "demo-out"
+    fresh_folder(out)
+    (out / "tree").mkdir()
+    fresh_folder(out)  # a second run: the demo's own folder, emptied
+    assert [p.name for p in out.iterdir()] == [".rectool-demo"]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    fresh_folder(empty)
+    assert [p.name for p in empty.iterdir()] == [".rectool-demo"]
