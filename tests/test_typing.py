@@ -22,6 +22,10 @@ CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["t
 
 TYPED = {
     "rectool/__init__.py",
+    "rectool/__main__.py",
+    "rectool/demo.py",
+    "rectool/text.py",
+    "rectool/format/__init__.py",
     "rectool/choices.py",
     "rectool/emit.py",
     "rectool/errors.py",
