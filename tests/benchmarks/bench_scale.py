@@ -15,8 +15,12 @@ are identities of ~21 images each. Then, each in a fresh process, from a warm pa
   (`/proc/PID/smaps_rollup`), summed, and the parent's; the same for torch's DataLoader of 8
   spawned workers over `BatchDecoder` when torch is installed.
 
-The pack is deleted afterwards unless `--keep`. Exits 1 when a limit is missed. `run()`
-returns the figures for run_all.py. Disk: the pack needs ~190 bytes a record (8 GB at 42M).
+Then the same records again as a pack of `SHARDS` shards with a manifest and the pack's own
+index cache (`PREFIX.idx.rtc`, as `pack --shard-size` writes it): its open with the cache, the
+parent's RSS, and the PSS of the same workers (the `sharded_` figures).
+
+Each pack is deleted after its figures unless `--keep`. Exits 1 when a limit is missed. `run()`
+returns the figures for run_all.py. Disk: a pack needs ~190 bytes a record (8 GB at 42M).
 """
 
 from __future__ import annotations
@@ -266,45 +270,33 @@ def measure(prefix, log=print, torch=True, sharded=False):
     several shards (`sharded`), only those of its open and workers, under `sharded_` names."""
     _warm(prefix)
     result = {}
-    if sharded:
-        cached = min((probe(prefix, "cached") for _ in range(3)), key=lambda r: r["open_s"])
-        result["sharded_open_cached_s"] = cached["open_s"]
-        result["sharded_open_rss_mb"] = cached["open_rss"]["VmRSS"]
-        log(f"{SHARDS} shards, open with cache: {cached['open_s']:.3f} s, RSS {cached['open_rss']}")
-        for name, what in (("loader", "Loader"), ("batch_decoder", "BatchDecoder")):
-            if name == "batch_decoder" and not (torch and _has_torch()):
-                continue
-            got = probe(prefix, name, BATCHES, WORKERS, BATCH)
-            workers = {k: sum(w[k] for w in got["workers_pss"]) for k in got["workers_pss"][0]}
-            result[f"sharded_{name}_pss_mb"] = workers["Pss"]
-            result[f"sharded_{name}_workers_pss_mb"] = workers
-            log(f"{SHARDS} shards, {what}, {WORKERS} spawned workers: PSS {_mb(workers)}")
-        return result
+    p, pack = ("sharded_", f"{SHARDS} shards: ") if sharded else ("", "")
     cached = min((probe(prefix, "cached") for _ in range(3)), key=lambda r: r["open_s"])
-    result["open_cached_s"], result["open_rss"] = cached["open_s"], cached["open_rss"]
-    result["open_rss_mb"] = cached["open_rss"]["VmRSS"]
-    result["samples"] = cached["samples"]
-    log(f"open with cache: {cached['open_s']:.3f} s, RSS {cached['open_rss']}")
-    uncached = min((probe(prefix, "uncached") for _ in range(2)), key=lambda r: r["open_s"])
-    result["open_uncached_s"], result["uncached_rss"] = uncached["open_s"], uncached["open_rss"]
-    log(f"open without cache: {uncached['open_s']:.3f} s, RSS {uncached['open_rss']}")
-    labels = min(
-        (probe(prefix, "labels", IMAGES_PER_IDENTITY) for _ in range(2)),
-        key=lambda r: r["labels_s"],
-    )
-    result["labels_s"], result["labels_rss"] = labels["labels_s"], labels["labels_rss"]
-    log(f"labels: {labels['labels_s']:.3f} s, RSS after {labels['labels_rss']}")
+    result[f"{p}open_cached_s"], result[f"{p}open_rss"] = cached["open_s"], cached["open_rss"]
+    result[f"{p}open_rss_mb"] = cached["open_rss"]["VmRSS"]
+    result[f"{p}samples"] = cached["samples"]
+    log(f"{pack}open with cache: {cached['open_s']:.3f} s, RSS {cached['open_rss']}")
+    if not sharded:
+        uncached = min((probe(prefix, "uncached") for _ in range(2)), key=lambda r: r["open_s"])
+        result["open_uncached_s"], result["uncached_rss"] = uncached["open_s"], uncached["open_rss"]
+        log(f"open without cache: {uncached['open_s']:.3f} s, RSS {uncached['open_rss']}")
+        labels = min(
+            (probe(prefix, "labels", IMAGES_PER_IDENTITY) for _ in range(2)),
+            key=lambda r: r["labels_s"],
+        )
+        result["labels_s"], result["labels_rss"] = labels["labels_s"], labels["labels_rss"]
+        log(f"labels: {labels['labels_s']:.3f} s, RSS after {labels['labels_rss']}")
     for name, what in (("loader", "Loader"), ("batch_decoder", "BatchDecoder in DataLoader")):
         if name == "batch_decoder" and not (torch and _has_torch()):
             continue
         got = probe(prefix, name, BATCHES, WORKERS, BATCH)
         workers = {k: sum(w[k] for w in got["workers_pss"]) for k in got["workers_pss"][0]}
-        result[f"{name}_pss_mb"] = workers["Pss"]
-        result[f"{name}_owned_pss_mb"] = workers["Pss_Anon"] + workers["Pss_Shmem"]
-        result[f"{name}_workers_pss_mb"] = workers
-        result[f"{name}_parent_pss_mb"] = got["parent_pss"]
+        result[f"{p}{name}_pss_mb"] = workers["Pss"]
+        result[f"{p}{name}_owned_pss_mb"] = workers["Pss_Anon"] + workers["Pss_Shmem"]
+        result[f"{p}{name}_workers_pss_mb"] = workers
+        result[f"{p}{name}_parent_pss_mb"] = got["parent_pss"]
         log(
-            f"{what}, {WORKERS} spawned workers after {BATCHES} batches of {BATCH}: PSS "
+            f"{pack}{what}, {WORKERS} spawned workers after {BATCHES} batches of {BATCH}: PSS "
             f"{_mb(workers)} in all; parent {_mb(got['parent_pss'])}"
         )
     return result
