@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import struct
 import subprocess
 import sys
 import threading
@@ -136,3 +135,24 @@ def test_two_opens_of_a_remote_pack_at_once_both_pickle_to_spawned_workers(
         except RectoolError as exc:
             pytest.fail(f"a dataset opened beside another cannot reach its workers: {exc}")
         assert copy.keys.tolist() == want
+
+
+# --- 3. the demo's folder: a marker that licenses deleting whatever is there later ----------
+# fresh_folder adopts an existing empty folder (writes .rectool-demo into it); from then on
+# every run rmtree's that folder whole, whatever was put there since: `python -m rectool.demo
+# .` in a new, empty project folder, then work in it, then the demo again, deletes the work.
+
+
+def test_the_demo_never_deletes_files_it_did_not_write_in_a_folder_it_adopted(tmp_path):
+    from rectool.demo import fresh_folder
+
+    project = tmp_path / "project"
+    project.mkdir()
+    fresh_folder(project)  # empty: adopted (the demo did not make it)
+    (project / "tree").mkdir()  # what the demo writes
+    (project / "train.py").write_text("weeks of work")  # what the user wrote there since
+    try:
+        fresh_folder(project)
+    except SystemExit:
+        pass  # refusing is fine
+    assert (project / "train.py").read_text() == "weeks of work"
