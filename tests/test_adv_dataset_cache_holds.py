@@ -305,3 +305,60 @@ def test_repack_and_dali_index_of_a_pack_mapped_from_its_dataset_cache(tmp_path)
     before, after = open_dataset(tmp_path / "before"), open_dataset(tmp_path / "after")
     assert len(after) == len(before) == 30
     assert [after.raw(i) for i in range(30)] == [before.raw(i) for i in range(30)]
+
+
+def test_a_pack_killed_between_its_dataset_cache_and_its_manifest_resumes(tmp_path, monkeypatch):
+    from helpers.image_files import write_list, write_pack_tree
+
+    from rectool.build import manifest
+    from rectool.build.packing import PackOptions, pack_images
+
+    items = write_pack_tree(tmp_path / "tree", ["a", "b", "c"], 4)
+    lst = write_list(tmp_path / "faces.lst", items)
+    out = tmp_path / "out" / "p"
+    monkeypatch.setattr(manifest, "INDEX_CACHE_MIN_RECORDS", 10)
+    real = manifest.write_json_atomic
+
+    def killed(*args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(manifest, "write_json_atomic", killed)
+    with pytest.raises(KeyboardInterrupt):
+        pack_images(lst, tmp_path / "tree", out, PackOptions(shard_records=5))
+    assert os.path.exists(cache_of(out)) and not os.path.exists(f"{out}.manifest.json")
+    with pytest.raises(RectoolError, match="unfinished pack"):
+        open_dataset(out)
+    monkeypatch.setattr(manifest, "write_json_atomic", real)
+    pack_images(lst, tmp_path / "tree", out, PackOptions(shard_records=5), resume=True)
+    ds = open_dataset(out)
+    assert mapped_path(ds.keys) == cache_of(out) and len(ds) == 12
+    want = [bytes(ds.raw(i)[0]) for i in range(12)]
+    # --overwrite to one shard, then back to several below the threshold: no cache is left
+    # that a reader could take for the new pack's
+    monkeypatch.setattr(manifest, "INDEX_CACHE_MIN_RECORDS", 10**9)
+    pack_images(lst, tmp_path / "tree", out, PackOptions(), overwrite=True)
+    assert not os.path.exists(cache_of(out))
+    write_index_caches(out)  # the one shard's own cache, under the same name
+    pack_images(lst, tmp_path / "tree", out, PackOptions(shard_records=5), overwrite=True)
+    assert not os.path.exists(cache_of(out))
+    ds = open_dataset(out)
+    assert [bytes(ds.raw(i)[0]) for i in range(12)] == want
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_loader_over_a_remote_pack_mapped_from_its_dataset_cache(
+    s3_pack, tmp_path, monkeypatch, start_method
+):
+    from rectool.remote import dataset as dataset_module
+    from rectool.training import Loader
+
+    monkeypatch.setattr(dataset_module, "INDEX_CACHE_MIN_RECORDS", 10)
+    ds = open_dataset(s3_pack.url, cache_dir=str(tmp_path / "cache"))
+    assert mapped_path(ds.keys).endswith("faces.idx.rtc")
+    local = open_dataset(str(s3_pack.local), decode="rgb")
+    loader = Loader(ds, batch_size=5, workers=2, seed=3, copy=True, start_method=start_method)
+    with loader:
+        order = loader.sampler.global_order()
+        labels = np.concatenate([b[1] for b in loader])
+    assert sorted(order.tolist()) == list(range(12))
+    assert labels.tolist() == [int(local.labels[i]) for i in order]
