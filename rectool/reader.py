@@ -382,10 +382,12 @@ def read_dataset_cache(
         return None
     try:
         head = os.pread(fd, size, 0)
-        magic, shards, count = DATASET_CACHE_HEADER.unpack_from(head.ljust(24))
+        if len(head) != size:  # cut short, maybe inside an entry
+            return None
+        magic, shards, count = DATASET_CACHE_HEADER.unpack_from(head)
         entries = [DATASET_CACHE_SHARD.unpack_from(head, at) for at in range(24, len(head), 32)]
-        whole = (magic, shards, len(head), cst.st_size, sum(e[2] for e in entries))
-        if whole != (DATASET_CACHE_MAGIC, len(idx_paths), size, size + 16 * count, count):
+        whole = (magic, shards, cst.st_size, sum(e[2] for e in entries))
+        if whole != (DATASET_CACHE_MAGIC, len(idx_paths), size + 16 * count, count):
             return None
         if not all(map(_same_index, idx_paths, entries)):
             return None
@@ -1213,7 +1215,8 @@ class RecordDataset:
         idx_paths, where = [idx for _, idx in self.shards], self.manifest_path or ""
         if cache and len(idx_paths) > 1 and where.endswith(MANIFEST_SUFFIX):
             mapped = read_dataset_cache(where, idx_paths)
-            if mapped is not None:
+            listed = [s.get("records") for s in (self.manifest or {}).get("shards", [])]
+            if mapped is not None and all(n in (None, c) for n, c in zip(listed, mapped[2])):
                 keys, offsets, counts = mapped
                 ends = np.cumsum([0, *counts]).tolist()
                 return (keys, offsets), [(keys[a:b], offsets[a:b]) for a, b in pairwise(ends)]
