@@ -67,6 +67,53 @@ def test_a_remote_pack_of_several_shards_maps_one_index_cache_on_this_machine(
     assert copy.keys.tolist() == local.keys.tolist()
 
 
+def test_two_opens_of_a_remote_pack_at_once_write_its_index_cache_once(
+    remote_pack, tmp_path, monkeypatch, no_hang
+):
+    """Ranks that open a remote pack together on one machine: one writes the index cache, the
+    others map that file (a second write would rename another over it, and the first rank's
+    dataset could no longer be pickled to its spawned workers)."""
+    import pickle
+    import threading
+
+    from rectool.remote import cache as cache_module
+    from rectool.remote import dataset as dataset_module
+
+    monkeypatch.setattr(dataset_module, "INDEX_CACHE_MIN_RECORDS", 10)
+    at_lock, opens, writes = threading.Event(), {}, []
+    real_open_lock, real_write = cache_module.open_lock_file, dataset_module.write_dataset_cache
+
+    def open_lock(path):  # the second open has come to the cache's lock
+        if path.endswith(".idx.rtc.download") and threading.current_thread().name == "second":
+            at_lock.set()
+        return real_open_lock(path)
+
+    def second():
+        try:
+            opens["second"] = opened(remote_pack, tmp_path)
+        finally:
+            at_lock.set()  # without a lock it never waits: it has written its own
+
+    other = threading.Thread(target=second, name="second")
+
+    def write(local, idx_paths):  # the first open writes only once the second has looked
+        writes.append(threading.current_thread().name)
+        if not other.is_alive() and "second" not in opens:
+            other.start()
+            at_lock.wait()
+        return real_write(local, idx_paths)
+
+    monkeypatch.setattr(cache_module, "open_lock_file", open_lock)
+    monkeypatch.setattr(dataset_module, "write_dataset_cache", write)
+    first = opened(remote_pack, tmp_path)
+    other.join()
+    assert writes == ["MainThread"]
+    want = open_dataset(str(remote_pack.local)).keys.tolist()
+    for ds in (first, opens["second"]):
+        copy = pickle.loads(pickle.dumps(ds))  # as the Loader's spawned workers get it
+        assert mapping_of(copy.keys) is not None and copy.keys.tolist() == want
+
+
 def mapping_of(array):
     while isinstance(array, np.ndarray):
         array = array.base

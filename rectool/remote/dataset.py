@@ -39,6 +39,7 @@ from ..reader import (
     RecordDataset,
     RecordFile,
     RectoolError,
+    dataset_cache_path,
     read_dataset_cache,
     read_manifest,
 )
@@ -273,8 +274,11 @@ class RemoteDataset(RecordDataset):
         idx_paths = [obj.path for obj in indexes]
         records = sum(shard.get("records") or 0 for shard in doc["shards"])
         if cache and len(indexes) > 1 and records >= INDEX_CACHE_MIN_RECORDS:
-            if read_dataset_cache(local, idx_paths) is None:  # one per machine, for every worker
-                write_dataset_cache(local, idx_paths)
+            self.shard_cache.write_once(  # one per machine, mapped by every process and worker
+                dataset_cache_path(local),
+                lambda: read_dataset_cache(local, idx_paths) is not None,
+                lambda: write_dataset_cache(local, idx_paths),
+            )
         self._open_files = _OpenShards(open_shards or block_shards)
         super().__init__(local, decode, layout, cache, max_pixels)
 
