@@ -82,27 +82,45 @@ def activation_hint(
     )
 
 
-# The demo clears its folder before a run only when this file says the demo made it.
+# The demo clears its folder before a run only when this file says the demo made it, and then
+# only of what it writes there.
 MARKER = ".rectool-demo"
+DEMO_NAMES = {
+    MARKER,
+    "tree",
+    "faces.lst",
+    "faces.labels.tsv",
+    "packed",
+    "report.html",
+    "rectool_reader.py",
+    "__pycache__",  # importing the emitted reader from the folder leaves it
+}
 
 
 def fresh_folder(out: Path) -> None:
-    """Make `out` an empty folder of the demo's: create it, or empty one an earlier demo made.
+    """Make `out` an empty folder of the demo's: create it, take an empty one, or remove what
+    an earlier run wrote into one marked as the demo's.
 
-    Anything else there is refused, never deleted: `python -m rectool.demo ~` must not
-    remove a home folder.
+    Anything else is refused, never deleted: `python -m rectool.demo ~` must not remove a home
+    folder, nor a later run files put beside the demo's since.
     """
-    if os.path.lexists(out):
-        if out.is_symlink() or not out.is_dir() or not (out / MARKER).is_file():
-            if out.is_dir() and not any(out.iterdir()):
-                (out / MARKER).write_text("made by python -m rectool.demo\n")
-                return
-            sys.exit(
-                f"demo: {out} exists and was not made by the demo; give a new folder "
-                "(the demo empties its folder before each run)"
-            )
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    if not os.path.lexists(out):
+        out.mkdir(parents=True)
+    elif out.is_symlink() or not out.is_dir():
+        sys.exit(f"demo: {out} exists and is not a folder; give a new or empty folder")
+    names = {path.name for path in out.iterdir()}
+    if (names and MARKER not in names) or names - DEMO_NAMES:
+        others = sorted(names - DEMO_NAMES) if MARKER in names else sorted(names)
+        sys.exit(
+            f"demo: {out} holds files the demo did not write ({', '.join(others[:3])}); give a "
+            "new or empty folder (the demo removes what it wrote there before each run)"
+        )
+    for name in sorted(names - {MARKER}):
+        path = out / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
     (out / MARKER).write_text("made by python -m rectool.demo\n")
 
 

@@ -28,14 +28,14 @@ def test_the_demo_never_empties_a_folder_it_did_not_make(tmp_path):
     home = tmp_path / "home"
     (home / "thesis").mkdir(parents=True)
     (home / "thesis" / "chapter1.tex").write_text("years of work")
-    with pytest.raises(SystemExit, match="exists and was not made by the demo"):
+    with pytest.raises(SystemExit, match="holds files the demo did not write"):
         fresh_folder(home)
     assert (home / "thesis" / "chapter1.tex").read_text() == "years of work"
     (tmp_path / "file").write_text("x")
-    with pytest.raises(SystemExit, match="exists and was not made by the demo"):
+    with pytest.raises(SystemExit, match="exists and is not a folder"):
         fresh_folder(tmp_path / "file")
     (tmp_path / "link").symlink_to(home)
-    with pytest.raises(SystemExit, match="exists and was not made by the demo"):
+    with pytest.raises(SystemExit, match="exists and is not a folder"):
         fresh_folder(tmp_path / "link")
     assert (home / "thesis" / "chapter1.tex").exists()
 
@@ -52,3 +52,17 @@ def test_the_demo_empties_its_own_folder_and_takes_an_empty_one(tmp_path):
     empty.mkdir()
     fresh_folder(empty)
     assert [p.name for p in empty.iterdir()] == [".rectool-demo"]
+
+
+def test_the_demo_never_deletes_files_it_did_not_write_in_a_folder_it_took(tmp_path):
+    from rectool.demo import fresh_folder
+
+    project = tmp_path / "project"
+    project.mkdir()
+    fresh_folder(project)  # empty: taken (the demo did not make it)
+    (project / "tree").mkdir()  # what the demo writes
+    (project / "train.py").write_text("weeks of work")  # what the user wrote there since
+    with pytest.raises(SystemExit, match=r"holds files the demo did not write \(train.py\)"):
+        fresh_folder(project)
+    assert (project / "train.py").read_text() == "weeks of work"
+    assert (project / "tree").is_dir()
