@@ -75,6 +75,27 @@ def test_each_shard_is_uploaded_while_the_next_are_written_and_the_manifest_last
     assert set(SHARD_FILES) <= set(log[:-1])  # every shard's files stored before the manifest
 
 
+def test_the_index_caches_stay_on_the_machine_that_packed(
+    s3, bucket, small_tree, monkeypatch, tmp_path
+):
+    # A cache names the times of the .idx files beside it, which a download does not keep:
+    # uploaded, it could never be used, and would cost as much again as the .idx files.
+    from rectool.build import manifest, shardfile
+
+    monkeypatch.setattr(shardfile, "INDEX_CACHE_MIN_RECORDS", 1)
+    monkeypatch.setattr(manifest, "INDEX_CACHE_MIN_RECORDS", 1)
+    result = pack(small_tree, f"s3://{bucket}/p/faces", "-q")
+    assert result.exit_code == 0, result.output
+    log = s3.faults.uploaded
+    assert set(SHARD_FILES) <= set(log) and log[-1] == "faces.manifest.json"
+    assert [n for n in log if n.endswith(".rtc")] == []
+    local = invoke("pack", small_tree.list_path, small_tree.root, tmp_path / "here" / "faces",
+                   "--shard-records", "3", "-q")  # fmt: skip
+    assert local.exit_code == 0, local.output
+    assert (tmp_path / "here" / "faces.idx.rtc").exists()  # written where it can be used
+    assert (tmp_path / "here" / "faces-00000.idx.rtc").exists()
+
+
 def test_repack_to_s3_uploads_each_shard_before_the_next_is_written(
     s3, bucket, small_pack, tmp_path, at_shard_2
 ):

@@ -144,7 +144,8 @@ class ShardUploader:
 
     def finish(self, manifest_path: StrPath) -> str:
         """Wait for the shards' uploads, upload the pack's other files (those of the manifest's
-        folder whose names start with the pack's name), then the manifest; return its URL."""
+        folder whose names start with the pack's name, but the index caches, which are only
+        valid beside the files they were made from), then the manifest; return its URL."""
         read_manifest(manifest_path)  # a whole pack, or no manifest is uploaded
         folder, manifest = os.path.split(os.fspath(manifest_path))
         local_name = manifest[: -len(MANIFEST_SUFFIX)]
@@ -156,7 +157,7 @@ class ShardUploader:
             for n in os.listdir(folder)
             if n.startswith(local_name)
             and n != manifest
-            and not n.endswith(".lock")
+            and not n.endswith((".lock", ".rtc"))  # caches name local files' times: not shared
             and n not in self.uploaded
             and os.path.isfile(os.path.join(folder, n))
         )
