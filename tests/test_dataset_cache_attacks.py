@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from helpers.handmade_datasets import write_insightface, write_pack, write_shard
 
-from rectool.format.indexcache import write_index_caches
+from rectool.format.indexcache import write_dataset_cache, write_index_caches
 from rectool.reader import RecordFormatError, RectoolError, open_dataset
 
 
@@ -207,9 +207,36 @@ def test_unpickling_after_the_cache_was_replaced_is_a_clear_error(tmp_path):
     prefix, _ = sharded_pack(tmp_path)
     write_index_caches(prefix)
     blob = pickle.dumps(open_dataset(prefix))
-    write_index_caches(prefix)  # the same content, a new file
+    idx_paths = [f"{prefix}-{n:05d}.idx" for n in range(3)]
+    assert write_dataset_cache(f"{prefix}.manifest.json", idx_paths)  # the same content, anew
     with pytest.raises(RectoolError, match="replaced after the dataset was opened"):
         pickle.loads(blob)
+
+
+def test_index_cache_leaves_current_caches_as_they_are(tmp_path):
+    # `rectool index-cache` run again (by hand, by a cron job) while a job trains: the files
+    # that job maps stay, so it can still pickle its dataset to new workers.
+    from click.testing import CliRunner
+
+    from rectool.cli import cli
+
+    prefix, samples = sharded_pack(tmp_path)
+    write_index_caches(prefix)
+    paths = [cache_of(prefix)] + [cache_of(f"{prefix}-{n:05d}") for n in range(3)]
+    before = {p: os.stat(p).st_ino for p in paths}
+    blob = pickle.dumps(open_dataset(prefix))
+    result = CliRunner().invoke(cli, ["index-cache", prefix, "--json"])
+    assert result.exit_code == 0, result.output
+    assert sorted(json.loads(result.stdout)["caches"]) == sorted(paths)
+    assert {p: os.stat(p).st_ino for p in paths} == before
+    assert places(pickle.loads(blob)) == expected(samples)
+    # One that lies (its size and time still match) is written again.
+    data = bytearray(open(cache_of(prefix), "rb").read())
+    struct.pack_into("<q", data, len(data) - 8, 4)
+    open(cache_of(prefix), "wb").write(bytes(data))
+    write_index_caches(prefix)
+    ds = open_dataset(prefix)
+    assert mapped_path(ds.keys) == cache_of(prefix) and places(ds) == expected(samples)
 
 
 def everything(ds):

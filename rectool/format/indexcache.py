@@ -30,6 +30,7 @@ from ..reader import (
     index_sample_crc,
     load_index,
     parse_index_stream,
+    read_dataset_cache,
     read_index_cache,
     resolve_source,
 )
@@ -119,8 +120,10 @@ def write_dataset_cache(manifest_path: str, idx_paths: Sequence[str]) -> bool:
 
 def write_index_caches(target: Source) -> list[str]:
     """Write the sidecar cache of every shard of a dataset, and for a pack of several shards
-    its dataset cache; return the cache paths written.
+    its dataset cache; return the paths of the caches, each now current.
 
+    A cache that is current (this version, and the same keys and offsets as the .idx text) is
+    left as it is: a job that maps it, and pickles its dataset to new workers, keeps working.
     `target` is what `open_dataset` takes. Raises `RectoolError` when a folder is not
     writable or an .idx cannot be parsed.
     """
@@ -128,12 +131,38 @@ def write_index_caches(target: Source) -> list[str]:
     written = []
     for _, idx in shards:
         keys, offsets = load_index(idx, cache=False)
-        if not write_index_cache(idx, keys, offsets):
-            raise RectoolError(f"{index_cache_path(idx)}: cannot write the index cache")
+        if not (_same(read_index_cache(idx), keys, offsets) and _current_version(idx)):
+            if not write_index_cache(idx, keys, offsets):
+                raise RectoolError(f"{index_cache_path(idx)}: cannot write the index cache")
         written.append(index_cache_path(idx))
     if len(shards) > 1 and (manifest_path or "").endswith(MANIFEST_SUFFIX):
         assert manifest_path is not None
-        if not write_dataset_cache(manifest_path, [idx for _, idx in shards]):
-            raise RectoolError(f"{dataset_cache_path(manifest_path)}: cannot write the index cache")
-        written.append(dataset_cache_path(manifest_path))
+        path, idx_paths = dataset_cache_path(manifest_path), [idx for _, idx in shards]
+        mapped = read_dataset_cache(manifest_path, idx_paths)
+        if mapped is None or not _same_split(mapped, idx_paths):
+            if not write_dataset_cache(manifest_path, idx_paths):
+                raise RectoolError(f"{path}: cannot write the index cache")
+        written.append(path)
     return written
+
+
+def _same_split(mapped: tuple[np.ndarray, np.ndarray, list[int]], idx_paths: list[str]) -> bool:
+    """Whether a dataset cache holds each shard's keys and offsets (read from the shards'
+    caches, current by now: mapped, not copied)."""
+    keys, offsets, counts = mapped
+    ends = np.cumsum([0, *counts]).tolist()
+    pieces = zip(ends, ends[1:], idx_paths)
+    return all(_same((keys[a:b], offsets[a:b]), *load_index(idx)) for a, b, idx in pieces)
+
+
+def _same(
+    cached: tuple[np.ndarray, np.ndarray] | None, keys: np.ndarray, offsets: np.ndarray
+) -> bool:
+    """Whether a cache's arrays (None: no current cache) hold these keys and offsets."""
+    return cached is not None and all(map(np.array_equal, cached, (keys, offsets)))
+
+
+def _current_version(idx: str) -> bool:
+    """Whether the shard cache of `idx` is of the version this module writes."""
+    with open_input(index_cache_path(idx), "index cache", follow=False) as f:
+        return f.read(len(INDEX_CACHE_MAGIC)) == INDEX_CACHE_MAGIC
