@@ -27,7 +27,8 @@ def index_cache_command(target: str, as_json: bool) -> None:
     which every loader worker maps instead of joining the shards' indexes. The reader never
     writes: it reads a cache when it matches the .idx files (size, mtime, CRC-32) and
     otherwise parses the .idx text. `pack` writes the caches of large shards and packs
-    itself; use this for packs made by others (insightface's train.idx, im2rec's).
+    itself; use this for packs made by others (insightface's train.idx, im2rec's). A cache
+    that is current is left as it is, so a job that maps it keeps working.
 
     \b
     Example:
