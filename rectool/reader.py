@@ -1201,13 +1201,24 @@ class RecordDataset:
         self.__dict__.update(state)
 
     @property
-    def _shard_ids(self) -> NDArray[Any]:
-        """Every sample's shard number (rectool's repack reads it too): made on first use
-        where samples run shard by shard (1 byte a sample; `_locate` bisects `_bounds`)."""
+    def shard_ids(self) -> NDArray[Any]:
+        """Every sample's shard number (an index into `shards`): made on first use where
+        samples run shard by shard (1 byte a sample; reads bisect `shard_bounds` instead)."""
         if self._shard_table is None:
             ends = self._bounds or []  # set whenever the table is not
             self._shard_table = _shard_numbers([b - a for a, b in pairwise(ends)])
         return self._shard_table
+
+    @property
+    def shard_bounds(self) -> list[int] | None:
+        """Shard s holds samples `shard_bounds[s]` to `shard_bounds[s + 1] - 1`; None where
+        samples do not run shard by shard (insightface images out of shard order)."""
+        return self._bounds
+
+    @property
+    def shard_files(self) -> list[RecordFile]:
+        """Each shard's `RecordFile`, as `shards` lists them (mapped on first read)."""
+        return list(self._files)
 
     def _load_indexes(self, cache: bool) -> tuple[tuple[Ints, Ints], list[tuple[Ints, Ints]]]:
         """Return (all keys, all offsets), [(keys, offsets) of each shard]: views of one
@@ -1285,7 +1296,7 @@ class RecordDataset:
             )
         if self._bounds is not None:  # no per-sample lookup: a cache miss per random read
             return bisect.bisect_right(self._bounds, i) - 1, i
-        return self._shard_ids.item(i), i
+        return self.shard_ids.item(i), i
 
     def location(self, i: int) -> tuple[str, int, int]:
         """Return (rec path, byte offset, key) of sample `i`."""
@@ -1339,7 +1350,7 @@ class RecordDataset:
         object array. Read once, then kept.
         """
         if self._labels is None:
-            self._labels = _header_labels(self._files, self._shard_ids, self.offsets, self.keys)
+            self._labels = _header_labels(self._files, self.shard_ids, self.offsets, self.keys)
         return self._labels
 
     @property

@@ -34,6 +34,18 @@ def test_samples_follow_shards_then_index_lines(handmade_shards):
         assert type(ds[i][1]) is float and type(ds[i][0]) is bytes
 
 
+def test_each_samples_shard_is_public(handmade_shards):
+    # Shards of 4, 3 and 5 samples (conftest.py): what the DALI index and repack read.
+    prefix, samples = handmade_shards
+    ds = rd.open_dataset(prefix)
+    assert ds.shard_bounds == [0, 4, 7, 12]
+    assert ds.shard_ids.tolist() == [0] * 4 + [1] * 3 + [2] * 5
+    assert [rf.path for rf in ds.shard_files] == [f"{prefix}-{n:05d}.rec" for n in range(3)]
+    assert [ds.shard_files[int(ds.shard_ids[i])].path for i in range(12)] == [
+        s.rec for s in samples
+    ]
+
+
 def test_negative_and_numpy_indices(handmade_shards):
     prefix, samples = handmade_shards
     ds = rd.open_dataset(prefix)

@@ -31,8 +31,8 @@ def write_dali_index(source: StrPath, path: StrPath, overwrite: bool = False) ->
             f"{ds.shards[0][0]}: DALI reads every record as a sample, including the header and "
             "identity records of the insightface layout; pack with --layout images for DALI"
         )
-    assert ds._bounds is not None  # the images layout reads samples shard by shard
-    counts = np.diff(ds._bounds)
+    assert ds.shard_bounds is not None  # the images layout reads samples shard by shard
+    counts = np.diff(ds.shard_bounds)
     sizes = [os.path.getsize(rec) for rec, _ in ds.shards]
     base = np.repeat(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64), counts)
     pairs = zip(ds.keys.tolist(), (ds.offsets + base).tolist())

@@ -347,7 +347,7 @@ class RemoteDataset(RecordDataset):
         if size != len(self):
             raise ValueError(f"a sampler of {size} samples for a dataset of {len(self)}")
         return StreamingSampler(
-            self._shard_ids,
+            self.shard_ids,
             rank,
             world_size,
             shuffle,
@@ -361,7 +361,7 @@ class RemoteDataset(RecordDataset):
         """Start fetching the shards that the samples `order` need, in the order they need them
         (the fetch of an earlier order is stopped)."""
         self.stop_prefetch()
-        files = [self._files[s] for s in first_uses(self._shard_ids, order)]
+        files = [self._files[s] for s in first_uses(self.shard_ids, order)]
         self._prefetcher = ShardPrefetcher(
             self.shard_cache,
             [rf.obj for rf in files],

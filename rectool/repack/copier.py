@@ -117,7 +117,7 @@ class RecordCopier:
             source, shard = self.sources[k], f - self._base[k]
             # The mapping the source's labels were read through (still mapped), else this
             # copier's own RecordFile of the shard: the reader's one mapping of a .rec.
-            shared = getattr(source, "record_files", None)
+            shared = source.record_files
             rf = shared[shard] if shared else self._record_files[source.dataset.shards[shard][0]]
             mm = rf.open()
             size = len(mm)

@@ -35,14 +35,14 @@ class Source:
             raise InputError(f"source {self.spec}: {exc}") from None
         except RectoolError as exc:
             raise RectoolError(f"source {self.spec}: {exc}") from None
-        self.shard_of = _sample_shards(self.dataset)
+        self.shard_of = np.asarray(self.dataset.shard_ids, np.int32)
         _refuse_shared_offsets(self.dataset, self.shard_of)
         self.labels = _identity_labels(self.dataset, self.spec)
         self.names = _identity_names(self.dataset)
         # The copy reads the same files: a source small enough to stay mapped keeps the
         # mappings its labels were read through, so its pages are faulted in once, not twice.
-        self.record_files: list[RecordFile] | None = _shard_files(self.dataset)
-        if self.record_files is None or _rec_bytes(self.dataset) > RELEASE_BYTES:
+        self.record_files: list[RecordFile] | None = self.dataset.shard_files
+        if _rec_bytes(self.dataset) > RELEASE_BYTES:
             self.record_files = None
             self.dataset.close()  # its mappings are touched end to end: let them go
 
@@ -130,37 +130,6 @@ def open_target(spec: StrPath) -> Target:
 
 def _rec_bytes(dataset: RecordDataset) -> int:
     return sum(os.path.getsize(rec) for rec, _ in dataset.shards)
-
-
-def _shard_files(dataset: RecordDataset) -> list[RecordFile] | None:
-    """Return the dataset's own `reader.RecordFile` of each shard (the mappings it read the
-    labels through), or None.
-
-    With `_sample_shards`, the one place that reads `reader.RecordDataset` internals.
-    """
-    files = getattr(dataset, "_files", None)
-    if files is None or len(files) != len(dataset.shards):
-        return None
-    return list(files)
-
-
-def _sample_shards(dataset: RecordDataset) -> np.ndarray:
-    """Return the shard number of every sample (int32), from the dataset's own table.
-
-    Reads `reader.RecordDataset` internals (its per-sample shard table, see `_shard_files`);
-    without them, `location(i)` of every sample says the same, slowly.
-    """
-    table = getattr(dataset, "_sample_shards", None)
-    if table is not None:
-        return np.asarray(table(), np.int32)
-    shard_ids, bounds = getattr(dataset, "_shard_ids", None), getattr(dataset, "_bounds", None)
-    if shard_ids is not None:
-        return np.asarray(shard_ids, np.int32)
-    if bounds is not None:
-        return np.repeat(np.arange(len(dataset.shards), dtype=np.int32), np.diff(bounds))
-    number = {rec: k for k, (rec, _) in enumerate(dataset.shards)}
-    count = len(dataset)
-    return np.fromiter((number[dataset.location(i)[0]] for i in range(count)), np.int32, count)
 
 
 def _identity_labels(dataset: RecordDataset, spec: str) -> np.ndarray:
