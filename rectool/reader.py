@@ -1173,6 +1173,7 @@ class RecordDataset:
             self._bounds = np.searchsorted(shard_of, np.arange(len(self.shards) + 1)).tolist()
         else:
             self._shard_table = shard_of
+            shard_of.flags.writeable = False  # read by every read: public as shard_ids
         if keys.flags.writeable:
             keys.flags.writeable = offsets.flags.writeable = False
         for index_keys in {id(_mapping_of(k)): k for k, _ in indexes}.values():
@@ -1207,13 +1208,14 @@ class RecordDataset:
         if self._shard_table is None:
             ends = self._bounds or []  # set whenever the table is not
             self._shard_table = _shard_numbers([b - a for a, b in pairwise(ends)])
+            self._shard_table.flags.writeable = False
         return self._shard_table
 
     @property
     def shard_bounds(self) -> list[int] | None:
         """Shard s holds samples `shard_bounds[s]` to `shard_bounds[s + 1] - 1`; None where
-        samples do not run shard by shard (insightface images out of shard order)."""
-        return self._bounds
+        samples do not run shard by shard (insightface images out of shard order). A copy."""
+        return None if self._bounds is None else list(self._bounds)
 
     @property
     def shard_files(self) -> list[RecordFile]:
