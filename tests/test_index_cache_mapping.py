@@ -210,8 +210,8 @@ def written_places(ds, samples):
 def test_a_pack_of_several_shards_maps_one_cache_of_them_all(tmp_path):
     prefix, samples = sharded_pack(tmp_path)
     assert mapping_behind(open_dataset(prefix).keys) is None  # no cache: joined in memory
-    written = write_index_caches(prefix)
-    assert written[-1] == f"{prefix}.idx.rtc" and len(written) == 5
+    done = write_index_caches(prefix)
+    assert done.written[-1] == f"{prefix}.idx.rtc" and len(done.written) == 5 and not done.kept
     ds = open_dataset(prefix)
     assert mapping_behind(ds.keys) is mapping_behind(ds.offsets)
     assert mapping_behind(ds.keys).path == f"{prefix}.idx.rtc"

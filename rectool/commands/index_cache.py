@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
 from .conventions import (
@@ -18,7 +16,7 @@ from .options import (
 
 @click.command(cls=RectoolCommand, name="index-cache")
 @click.argument("target")
-@json_option("Print the caches written as JSON on stdout.")
+@json_option("Print the caches (written, and kept as current) as JSON on stdout.")
 @library_errors
 def index_cache_command(target: str, as_json: bool) -> None:
     """Write the .idx sidecar cache (IDX.rtc) of every shard of TARGET.
@@ -36,9 +34,11 @@ def index_cache_command(target: str, as_json: bool) -> None:
     """
     from ..format.indexcache import write_index_caches
 
-    paths = [os.fspath(p) for p in write_index_caches(target)]
+    done = write_index_caches(target)
     if as_json:
-        emit_json({"caches": paths})
+        emit_json(done.to_json())
         return
-    for path in paths:
+    for path in done.written:
         click.echo(f"Wrote {path}.", err=True)
+    for path in done.kept:
+        click.echo(f"{path} is current; left as it is.", err=True)

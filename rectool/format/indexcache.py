@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -93,6 +93,8 @@ def write_dataset_cache(manifest_path: str, idx_paths: Sequence[str]) -> bool:
     Each shard's .idx is read once, from its own cache when that is current. Readers check
     every .idx's size, time and sample CRC against the header, so a rebuilt .idx retires it.
     """
+    if _clashes(manifest_path, idx_paths):  # the name is a shard's cache's
+        return False
     entries, indexes = [], []
     for idx in idx_paths:
         with open_input(idx, "index file") as f:
@@ -118,32 +120,55 @@ def write_dataset_cache(manifest_path: str, idx_paths: Sequence[str]) -> bool:
     return True
 
 
-def write_index_caches(target: Source) -> list[str]:
+class IndexCaches(NamedTuple):
+    """What `write_index_caches` did: the caches it wrote, and those it found current and left
+    as they were (every one of both is current now)."""
+
+    written: list[str]
+    kept: list[str]
+
+    def to_json(self) -> dict[str, list[str]]:
+        return {"caches": self.written + self.kept, "written": self.written, "kept": self.kept}
+
+
+def write_index_caches(target: Source) -> IndexCaches:
     """Write the sidecar cache of every shard of a dataset, and for a pack of several shards
-    its dataset cache; return the paths of the caches, each now current.
+    its dataset cache, where they are not current.
 
     A cache that is current (this version, and the same keys and offsets as the .idx text) is
     left as it is: a job that maps it, and pickles its dataset to new workers, keeps working.
-    `target` is what `open_dataset` takes. Raises `RectoolError` when a folder is not
-    writable or an .idx cannot be parsed.
+    A pack whose first shard's cache would have the dataset cache's name (a manifest listing
+    PREFIX.rec and PREFIX.idx) gets no dataset cache. `target` is what `open_dataset` takes.
+    Raises `RectoolError` when a folder is not writable or an .idx cannot be parsed.
     """
     _, manifest_path, shards = resolve_source(target)
-    written = []
+    done = IndexCaches([], [])
     for _, idx in shards:
         keys, offsets = load_index(idx, cache=False)
-        if not (_same(read_index_cache(idx), keys, offsets) and _current_version(idx)):
-            if not write_index_cache(idx, keys, offsets):
-                raise RectoolError(f"{index_cache_path(idx)}: cannot write the index cache")
-        written.append(index_cache_path(idx))
+        if _same(read_index_cache(idx), keys, offsets) and _current_version(idx):
+            done.kept.append(index_cache_path(idx))
+            continue
+        if not write_index_cache(idx, keys, offsets):
+            raise RectoolError(f"{index_cache_path(idx)}: cannot write the index cache")
+        done.written.append(index_cache_path(idx))
     if len(shards) > 1 and (manifest_path or "").endswith(MANIFEST_SUFFIX):
         assert manifest_path is not None
         path, idx_paths = dataset_cache_path(manifest_path), [idx for _, idx in shards]
+        if _clashes(manifest_path, idx_paths):
+            return done
         mapped = read_dataset_cache(manifest_path, idx_paths)
-        if mapped is None or not _same_split(mapped, idx_paths):
-            if not write_dataset_cache(manifest_path, idx_paths):
-                raise RectoolError(f"{path}: cannot write the index cache")
-        written.append(path)
-    return written
+        if mapped is not None and _same_split(mapped, idx_paths):
+            done.kept.append(path)
+        elif write_dataset_cache(manifest_path, idx_paths):
+            done.written.append(path)
+        else:
+            raise RectoolError(f"{path}: cannot write the index cache")
+    return done
+
+
+def _clashes(manifest_path: str, idx_paths: Sequence[str]) -> bool:
+    """Whether a shard's own cache would have the name of the pack's dataset cache."""
+    return dataset_cache_path(manifest_path) in {index_cache_path(idx) for idx in idx_paths}
 
 
 def _same_split(mapped: tuple[np.ndarray, np.ndarray, list[int]], idx_paths: list[str]) -> bool:
