@@ -109,6 +109,11 @@ def fresh_folder(out: Path) -> None:
     elif out.is_symlink() or not out.is_dir():
         sys.exit(f"demo: {out} exists and is not a folder; give a new or empty folder")
     names = {path.name for path in out.iterdir()}
+    marker = out / MARKER
+    if MARKER in names and (marker.is_symlink() or not marker.is_file()):
+        sys.exit(
+            f"demo: {marker} is not the demo's mark (a link, or not a file); give a new folder"
+        )
     if (names and MARKER not in names) or names - DEMO_NAMES:
         others = sorted(names - DEMO_NAMES) if MARKER in names else sorted(names)
         sys.exit(
@@ -121,7 +126,9 @@ def fresh_folder(out: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
-    (out / MARKER).write_text("made by python -m rectool.demo\n")
+    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write("made by python -m rectool.demo\n")
 
 
 def main(argv: list[str] | None = None) -> None:

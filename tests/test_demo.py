@@ -66,3 +66,35 @@ def test_the_demo_never_deletes_files_it_did_not_write_in_a_folder_it_took(tmp_p
         fresh_folder(project)
     assert (project / "train.py").read_text() == "weeks of work"
     assert (project / "tree").is_dir()
+
+
+def test_the_demo_never_writes_through_a_marker_that_is_a_link(tmp_path):
+    """A folder whose .rectool-demo is a link to a user's file (planted, or a dotfiles manager
+    linking every dotfile): `fresh_folder` accepts it as the demo's and writes its marker text
+    through the link, over the user's file."""
+    from rectool.demo import MARKER, fresh_folder
+
+    victim = tmp_path / "bashrc"
+    victim.write_text("years of aliases")
+    out = tmp_path / "demo"
+    out.mkdir()
+    (out / MARKER).symlink_to(victim)
+    try:
+        fresh_folder(out)
+    except SystemExit:
+        pass  # refused: fine
+    assert victim.read_text() == "years of aliases"
+
+
+def test_the_demo_refuses_a_marker_that_is_a_folder_with_a_message(tmp_path):
+    """.rectool-demo a folder: an IsADirectoryError traceback instead of the demo's refusal."""
+    from rectool.demo import MARKER, fresh_folder
+
+    out = tmp_path / "demo"
+    (out / MARKER).mkdir(parents=True)
+    (out / MARKER / "notes.txt").write_text("mine")
+    try:
+        fresh_folder(out)
+    except SystemExit:
+        pass
+    assert (out / MARKER / "notes.txt").read_text() == "mine"
