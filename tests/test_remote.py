@@ -3,6 +3,8 @@ S3 server (moto) and a plain HTTP server of byte ranges, both on 127.0.0.1 (conf
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from helpers.servers import no_wait
@@ -211,3 +213,29 @@ def test_urls_are_shown_without_their_credentials():
     from rectool.remote import safe_url
 
     assert safe_url("https://me:pw@host/p/x.json?X-Amz-Signature=abc") == "https://host/p/x.json"
+
+
+def test_a_remote_pack_opens_when_its_optional_index_cache_cannot_be_locked(
+    remote_pack, tmp_path, monkeypatch
+):
+    """The pack's index cache only saves time: when its lock cannot be opened (here a folder
+    left at PREFIX.idx.rtc.download; likewise a link, EACCES or EROFS on a shared cache
+    folder), the pack opens without it."""
+    from rectool.remote import Retry
+    from rectool.remote import dataset as dataset_module
+
+    monkeypatch.setattr(dataset_module, "INDEX_CACHE_MIN_RECORDS", 10)
+    retry = Retry(sleep=lambda s: None, jitter=False)
+    first = open_dataset(remote_pack.url, cache_dir=str(tmp_path / "cache"), retry=retry)
+    want = first.keys.tolist()
+    cache = next(
+        os.path.join(root, name)
+        for root, _, names in os.walk(tmp_path / "cache")
+        for name in names
+        if name.endswith(".idx.rtc")
+    )
+    os.remove(cache)
+    os.remove(cache + ".download")  # the lock the first open left
+    os.mkdir(cache + ".download")  # what is there instead of a lock file
+    ds = open_dataset(remote_pack.url, cache_dir=str(tmp_path / "cache"), retry=retry)
+    assert ds.keys.tolist() == want

@@ -46,6 +46,7 @@ from ..doors.output import (
     set_mtime,
     stage_file,
 )
+from ..errors import RectoolError
 from ..format.digest import DIGEST_NAMES, Digests
 from .fetch import download_elsewhere
 from .store import RemoteError, Retry
@@ -153,7 +154,10 @@ class ShardCache:
         both under `path`'s download lock: processes that open a pack at once write a file
         derived from it once, and the others find and use that one (replacing it would leave
         them a mapping of a file no longer at its path)."""
-        fd = open_lock_file(path + DOWNLOAD_SUFFIX)
+        try:
+            fd = open_lock_file(path + DOWNLOAD_SUFFIX)
+        except (RectoolError, OSError):  # the file only saves time: go on without it
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if not current():
