@@ -96,6 +96,21 @@ def test_the_index_caches_stay_on_the_machine_that_packed(
     assert (tmp_path / "here" / "faces-00000.idx.rtc").exists()
 
 
+def test_upload_pack_takes_the_packs_own_files_not_a_neighbours(s3, bucket, small_tree, tmp_path):
+    from rectool.remote.upload import upload_pack
+
+    here = tmp_path / "here"
+    local = invoke("pack", small_tree.list_path, small_tree.root, here / "faces",
+                   "--shard-records", "3", "-q")  # fmt: skip
+    assert local.exit_code == 0, local.output
+    for name in ("faces2.manifest.json", "faces2-00000.rec", "faces_old.rec", "facesX.txt"):
+        (here / name).write_bytes(b"another pack's")
+    upload_pack(here / "faces.manifest.json", f"s3://{bucket}/p/faces")
+    log = s3.faults.uploaded
+    assert set(SHARD_FILES) <= set(log) and log[-1] == "faces.manifest.json"
+    assert [n for n in log if not n.startswith(("faces.", "faces-"))] == []
+
+
 def test_repack_to_s3_uploads_each_shard_before_the_next_is_written(
     s3, bucket, small_pack, tmp_path, at_shard_2
 ):

@@ -144,18 +144,19 @@ class ShardUploader:
 
     def finish(self, manifest_path: StrPath) -> str:
         """Wait for the shards' uploads, upload the pack's other files (those of the manifest's
-        folder whose names start with the pack's name, but the index caches, which are only
-        valid beside the files they were made from), then the manifest; return its URL."""
+        folder named NAME.* or NAME-N.*, but the index caches, which are only valid beside the
+        files they were made from), then the manifest; return its URL."""
         read_manifest(manifest_path)  # a whole pack, or no manifest is uploaded
         folder, manifest = os.path.split(os.fspath(manifest_path))
         local_name = manifest[: -len(MANIFEST_SUFFIX)]
         if local_name != self.name:
             raise RemoteError(f"{manifest_path}: a pack named {local_name!r}, not {self.name!r}")
         self.wait()
+        own = re.compile(re.escape(local_name) + r"(?:-[0-9]+)?\..+")  # not NAME2's, say
         rest = sorted(
             n
             for n in os.listdir(folder)
-            if n.startswith(local_name)
+            if own.fullmatch(n)
             and n != manifest
             and not n.endswith((".lock", ".rtc"))  # caches name local files' times: not shared
             and n not in self.uploaded
@@ -176,7 +177,7 @@ def upload_pack(manifest_path: StrPath, url_prefix: str, retry: Retry | None = N
     """Upload the local pack of `manifest_path` to `url_prefix` (`s3://bucket/path/NAME`):
     its other files first, the manifest last; return the manifest's URL.
 
-    The files are those in the manifest's folder whose names start with the pack's name.
+    The files are those in the manifest's folder named after the pack (NAME.*, NAME-N.*).
     """
     uploader = ShardUploader(url_prefix, retry)
     try:
