@@ -167,6 +167,7 @@ def test_cli_human_output(uneven):
     assert result.stdout.splitlines() == [
         f"{prefix}: layout images, 1 shard, 12 records, 12 images, "
         f"{prefix.with_suffix('.rec').stat().st_size / 1e6:,.1f} MB",
+        "Index: no cache; the .idx text is parsed at each open",
         "Identities: 3 (of 3 classes)",
         "Images per identity: min 2, median 3, max 7",
         f"          2 images:         1 {bar}",
@@ -254,3 +255,30 @@ def test_an_empty_image_is_damage_not_a_decoder_crash(tmp_path):
     assert result.exit_code == 1, result.output
     assert f"e.rec, key 1, byte offset {offsets[1]}: empty image" in result.stdout
     assert result.stderr.startswith("Error: 1 damaged record left out; run `rectool verify")
+
+
+def test_info_says_whether_the_index_is_mapped_and_how_to_map_it(tmp_path, monkeypatch):
+    from helpers.handmade_datasets import write_pack
+
+    from rectool.format.indexcache import write_index_caches
+
+    prefix = tmp_path / "many"
+    items = [[(k, jpeg_bytes(k), float(k % 3)) for k in range(s * 4, s * 4 + 4)] for s in range(3)]
+    write_pack(prefix, items)
+    manifest = f"{prefix}.manifest.json"
+    assert dataset_info(manifest)["index_cache"] == {"pack": None, "shards_cached": 0, "shards": 3}
+    monkeypatch.setattr("rectool.format.indexcache.INDEX_CACHE_MIN_RECORDS", 10)  # "large"
+    assert invoke("info", manifest).stdout.splitlines()[1] == (
+        "Index: no cache of the whole pack (0 of 3 shards have their own), so each process "
+        f"joins the shards' indexes (`rectool index-cache {manifest}` writes one)"
+    )
+    write_index_caches(manifest)
+    assert dataset_info(manifest)["index_cache"] == {
+        "pack": f"{prefix}.idx.rtc",
+        "shards_cached": 3,
+        "shards": 3,
+    }
+    assert invoke("info", manifest).stdout.splitlines()[1] == (
+        "Index: mapped from many.idx.rtc, one cache of all 3 shards, shared by every process "
+        "and loader worker"
+    )

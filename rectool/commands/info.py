@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -74,7 +75,8 @@ def render_info(info: Mapping[str, Any], width: int = 40) -> str:
         f"{', label vectors' if info.get('label_vectors') else ''}, "
         f"{counted(shards, 'shard')}, "
         f"{counted(info['records'], 'record')}, {counted(info['images'], 'image')}, "
-        f"{info['rec_bytes'] / 1e6:,.1f} MB"
+        f"{info['rec_bytes'] / 1e6:,.1f} MB",
+        _index_line(info),
     ]
     per = info.get("images_per_identity")
     if info.get("identities") is None:
@@ -130,3 +132,27 @@ def render_info(info: Mapping[str, Any], width: int = 40) -> str:
         if n > len(damage["first"]):
             lines.append(f"  and {n - len(damage['first']):,} more")
     return "\n".join(lines)
+
+
+def _index_line(info: Mapping[str, Any]) -> str:
+    """Say whether a reader maps the index from a cache, or parses the .idx text at each open
+    (with a hint where that costs: a large pack)."""
+    from ..format.indexcache import INDEX_CACHE_MIN_RECORDS
+
+    cache = info["index_cache"]
+    hint = ""
+    if info["records"] >= INDEX_CACHE_MIN_RECORDS:
+        hint = f" (`rectool index-cache {info['target']}` writes one)"
+    if cache["pack"] is not None:
+        return (
+            f"Index: mapped from {os.path.basename(cache['pack'])}, one cache of all "
+            f"{cache['shards']} shards, shared by every process and loader worker"
+        )
+    if cache["shards"] == 1:
+        if cache["shards_cached"]:
+            return "Index: mapped from its .idx.rtc cache, shared by every process"
+        return f"Index: no cache; the .idx text is parsed at each open{hint}"
+    return (
+        f"Index: no cache of the whole pack ({cache['shards_cached']} of {cache['shards']} "
+        f"shards have their own), so each process joins the shards' indexes{hint}"
+    )

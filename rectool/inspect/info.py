@@ -24,10 +24,14 @@ from ..errors import RecordFormatError, RectoolError
 from ..format.keys import last_line_wins
 from ..reader import (
     DEFAULT_MAX_PIXELS,
+    MANIFEST_SUFFIX,
     ImageTooLargeError,
     RecordFile,
+    dataset_cache_path,
     imdecode,
     load_index,
+    read_dataset_cache,
+    read_index_cache,
     resolve_source,
     unpack_header,
 )
@@ -148,7 +152,30 @@ def dataset_info(
     info["encodings"] = dict(formats.most_common())
     info["dimensions"] = _sample_dimensions(images_by_shard, sample, max_pixels)
     info["damage"] = _damage_summary(os.fspath(target), damage)
+    info["index_cache"] = index_cache_state(manifest_path, shards)
     return DatasetInfo(info)
+
+
+def index_cache_state(manifest_path: str | None, shards: list[tuple[str, str]]) -> dict[str, Any]:
+    """Return which index caches a reader would map: {"pack": the path of the pack's one cache
+    of all its shards, or None when it has none current; "shards_cached": how many shards have
+    a current cache of their own; "shards": how many shards}."""
+    idx_paths = [idx for _, idx in shards]
+    pack = None
+    if len(shards) > 1 and (manifest_path or "").endswith(MANIFEST_SUFFIX):
+        assert manifest_path is not None
+        try:
+            if read_dataset_cache(manifest_path, idx_paths) is not None:
+                pack = dataset_cache_path(manifest_path)
+        except RectoolError:  # a missing .idx: described elsewhere
+            pass
+    cached = 0
+    for idx in idx_paths:
+        try:
+            cached += read_index_cache(idx) is not None
+        except RectoolError:
+            pass
+    return {"pack": pack, "shards_cached": cached, "shards": len(shards)}
 
 
 def _read_shard(rec: str, idx: str) -> dict[str, Any]:
