@@ -60,7 +60,7 @@ def test_info_says_1_image_and_separates_classes(lopsided):
     _, _, prefix = lopsided
     out = rectool("info", prefix).stdout.splitlines()
     assert out[0] == f"{prefix}: layout images, 1 shard, 4 records, 4 images, 0.0 MB"
-    assert out[1] == "Identities: 2 (of 2 classes)"
+    assert out[2] == "Identities: 2 (of 2 classes)"
     histogram = [line.split(":")[0].strip() for line in out if line.startswith("    ")]
     assert "1 image" in histogram and "1 images" not in histogram
 
