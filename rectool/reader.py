@@ -24,7 +24,7 @@ import struct
 import threading
 import zlib
 from collections import namedtuple
-from itertools import pairwise
+from itertools import accumulate, pairwise
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the checker's names: standard library and numpy only
@@ -372,27 +372,28 @@ def dataset_cache_path(manifest_path: str) -> str:
 
 def read_dataset_cache(
     manifest_path: str, idx_paths: list[str]
-) -> tuple[Ints, Ints, list[int]] | None:
-    """Return (keys, offsets, records per shard) mapped from a pack's dataset cache, or None if
-    missing, stale (any .idx's size, time or sample CRC differs) or damaged."""
-    path, size = dataset_cache_path(manifest_path), 24 + 32 * len(idx_paths)
+) -> tuple[Ints, Ints, list[tuple[Ints, Ints]]] | None:
+    """Return (keys, offsets, [(keys, offsets) of each shard]), views of a pack's dataset cache
+    mapped, or None if missing, stale (any .idx's size, time or sample CRC differs) or damaged."""
+    size = DATASET_CACHE_HEADER.size + DATASET_CACHE_SHARD.size * len(idx_paths)
+    path = dataset_cache_path(manifest_path)
     try:
         fd, cst = open_regular(path, "index cache", follow=False)
     except RectoolError:
         return None
     try:
-        head = os.pread(fd, size, 0)
-        if len(head) != size:  # cut short, maybe inside an entry
-            return None
+        head = os.pread(fd, size, 0).ljust(size, b"\0")  # a file cut short fails the size check
         magic, shards, count = DATASET_CACHE_HEADER.unpack_from(head)
-        entries = [DATASET_CACHE_SHARD.unpack_from(head, at) for at in range(24, len(head), 32)]
+        entries = list(DATASET_CACHE_SHARD.iter_unpack(head[DATASET_CACHE_HEADER.size :]))
         whole = (magic, shards, cst.st_size, sum(e[2] for e in entries))
         if whole != (DATASET_CACHE_MAGIC, len(idx_paths), size + 16 * count, count):
             return None
         if not all(map(_same_index, idx_paths, entries)):
             return None
-        arrays = _map_cache(path, fd, cst, size)
-        return None if arrays is None else (*arrays, [e[2] for e in entries])
+        arrays, ends = _map_cache(path, fd, cst, size), [0, *accumulate(e[2] for e in entries)]
+        if arrays is None:
+            return None
+        return (*arrays, [(arrays[0][a:b], arrays[1][a:b]) for a, b in pairwise(ends)])
     finally:
         os.close(fd)
 
@@ -1229,10 +1230,9 @@ class RecordDataset:
         if cache and len(idx_paths) > 1 and where.endswith(MANIFEST_SUFFIX):
             mapped = read_dataset_cache(where, idx_paths)
             listed = [s.get("records") for s in (self.manifest or {}).get("shards", [])]
-            if mapped is not None and all(n in (None, c) for n, c in zip(listed, mapped[2])):
-                keys, offsets, counts = mapped
-                ends = np.cumsum([0, *counts]).tolist()
-                return (keys, offsets), [(keys[a:b], offsets[a:b]) for a, b in pairwise(ends)]
+            shards = [] if mapped is None else mapped[2]
+            if mapped and all(n in (None, len(k)) for n, (k, _) in zip(listed, shards)):
+                return mapped[:2], shards
         indexes = [load_index(idx, cache=cache) for idx in idx_paths]
         if len(indexes) == 1:
             return indexes[0], indexes

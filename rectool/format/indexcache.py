@@ -157,7 +157,7 @@ def write_index_caches(target: Source) -> IndexCaches:
         if _clashes(manifest_path, idx_paths):
             return done
         mapped = read_dataset_cache(manifest_path, idx_paths)
-        if mapped is not None and _same_split(mapped, idx_paths):
+        if mapped is not None and _same_split(mapped[2], idx_paths):
             done.kept.append(path)
         elif write_dataset_cache(manifest_path, idx_paths):
             done.written.append(path)
@@ -171,13 +171,10 @@ def _clashes(manifest_path: str, idx_paths: Sequence[str]) -> bool:
     return dataset_cache_path(manifest_path) in {index_cache_path(idx) for idx in idx_paths}
 
 
-def _same_split(mapped: tuple[np.ndarray, np.ndarray, list[int]], idx_paths: list[str]) -> bool:
-    """Whether a dataset cache holds each shard's keys and offsets (read from the shards'
-    caches, current by now: mapped, not copied)."""
-    keys, offsets, counts = mapped
-    ends = np.cumsum([0, *counts]).tolist()
-    pieces = zip(ends, ends[1:], idx_paths)
-    return all(_same((keys[a:b], offsets[a:b]), *load_index(idx)) for a, b, idx in pieces)
+def _same_split(shards: list[tuple[np.ndarray, np.ndarray]], idx_paths: list[str]) -> bool:
+    """Whether a dataset cache's shards (`read_dataset_cache`'s views) hold each shard's keys
+    and offsets (read from the shards' caches, current by now: mapped, not copied)."""
+    return all(_same(view, *load_index(idx)) for view, idx in zip(shards, idx_paths))
 
 
 def _same(

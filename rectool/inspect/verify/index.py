@@ -198,11 +198,9 @@ def check_dataset_cache(
         cached = None
     if cached is None or len(indexes) != len(idx_paths):
         return
-    keys, offsets, counts = cached
-    ends = np.cumsum([0, *counts]).tolist()
     same = all(
-        np.array_equal(keys[a:b], index.keys) and np.array_equal(offsets[a:b], index.offsets)
-        for a, b, index in zip(ends, ends[1:], indexes)
+        np.array_equal(keys, index.keys) and np.array_equal(offsets, index.offsets)
+        for (keys, offsets), index in zip(cached[2], indexes)
     )
     if not same:
         yield one_problem(
