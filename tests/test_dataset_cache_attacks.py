@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 from helpers.handmade_datasets import write_insightface, write_pack, write_shard
 
+from rectool.format import indexcache
 from rectool.format.indexcache import write_dataset_cache, write_index_caches
 from rectool.reader import RecordFormatError, RectoolError, open_dataset
 
@@ -384,7 +385,7 @@ def test_a_pack_killed_between_its_dataset_cache_and_its_manifest_resumes(tmp_pa
     items = write_pack_tree(tmp_path / "tree", ["a", "b", "c"], 4)
     lst = write_list(tmp_path / "faces.lst", items)
     out = tmp_path / "out" / "p"
-    monkeypatch.setattr(manifest, "INDEX_CACHE_MIN_RECORDS", 10)
+    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 10)
     real = manifest.write_json_atomic
 
     def killed(*args):
@@ -403,7 +404,7 @@ def test_a_pack_killed_between_its_dataset_cache_and_its_manifest_resumes(tmp_pa
     want = [bytes(ds.raw(i)[0]) for i in range(12)]
     # --overwrite to one shard, then back to several below the threshold: no cache is left
     # that a reader could take for the new pack's
-    monkeypatch.setattr(manifest, "INDEX_CACHE_MIN_RECORDS", 10**9)
+    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 10**9)
     pack_images(lst, tmp_path / "tree", out, PackOptions(), overwrite=True)
     assert not os.path.exists(cache_of(out))
     write_index_caches(out)  # the one shard's own cache, under the same name
@@ -417,10 +418,9 @@ def test_a_pack_killed_between_its_dataset_cache_and_its_manifest_resumes(tmp_pa
 def test_a_loader_over_a_remote_pack_mapped_from_its_dataset_cache(
     s3_pack, tmp_path, monkeypatch, start_method
 ):
-    from rectool.remote import dataset as dataset_module
     from rectool.training import Loader
 
-    monkeypatch.setattr(dataset_module, "INDEX_CACHE_MIN_RECORDS", 10)
+    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 10)
     ds = open_dataset(s3_pack.url, cache_dir=str(tmp_path / "cache"))
     assert mapped_path(ds.keys).endswith("faces.idx.rtc")
     local = open_dataset(str(s3_pack.local), decode="rgb")

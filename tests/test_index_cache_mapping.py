@@ -29,6 +29,7 @@ from helpers.image_files import jpeg_bytes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rectool.format import indexcache
 from rectool.format.indexcache import write_index_cache, write_index_caches
 from rectool.reader import (
     IndexFormatError,
@@ -290,7 +291,6 @@ def test_pack_finalize_and_repack_write_the_cache_of_a_pack_of_several_shards(
 ):
     from helpers.image_files import write_list, write_pack_tree
 
-    from rectool.build import manifest
     from rectool.build.packing import PackOptions, finalize_pack, pack_images
     from rectool.repack.pipeline import RepackOptions, repack
 
@@ -298,7 +298,7 @@ def test_pack_finalize_and_repack_write_the_cache_of_a_pack_of_several_shards(
     lst = write_list(tmp_path / "faces.lst", items)
     pack_images(lst, tmp_path / "tree", tmp_path / "small", PackOptions(shard_records=5))
     assert not os.path.exists(tmp_path / "small.idx.rtc")  # 12 records: not worth a file
-    monkeypatch.setattr(manifest, "INDEX_CACHE_MIN_RECORDS", 10)
+    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 10)
     pack_images(lst, tmp_path / "tree", tmp_path / "big", PackOptions(shard_records=5))
     for number in range(3):  # shards packed one by one, then finalized
         pack_images(lst, tmp_path / "tree", tmp_path / "jobs", PackOptions(shard_records=5),

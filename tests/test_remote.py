@@ -10,6 +10,7 @@ import pytest
 from helpers.servers import no_wait
 
 from rectool import open_dataset
+from rectool.format import indexcache
 from rectool.remote import Retry
 from rectool.remote.dataset import RemoteDataset
 from rectool.training import Loader
@@ -56,9 +57,7 @@ def test_a_remote_pack_of_several_shards_maps_one_index_cache_on_this_machine(
 ):
     import pickle
 
-    from rectool.remote import dataset as dataset_module
-
-    monkeypatch.setattr(dataset_module, "INDEX_CACHE_MIN_RECORDS", 10)
+    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 10)
     ds, local = opened(remote_pack, tmp_path), open_dataset(str(remote_pack.local))
     mapped = mapping_of(ds.keys)
     assert mapped is not None and mapped.path.endswith("faces.idx.rtc")
@@ -81,7 +80,7 @@ def test_two_opens_of_a_remote_pack_at_once_write_its_index_cache_once(
     from rectool.remote import cache as cache_module
     from rectool.remote import dataset as dataset_module
 
-    monkeypatch.setattr(dataset_module, "INDEX_CACHE_MIN_RECORDS", 10)
+    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 10)
     at_lock, opens, writes = threading.Event(), {}, []
     real_open_lock, real_write = cache_module.open_lock_file, dataset_module.write_dataset_cache
 
@@ -222,9 +221,8 @@ def test_a_remote_pack_opens_when_its_optional_index_cache_cannot_be_locked(
     left at PREFIX.idx.rtc.download; likewise a link, EACCES or EROFS on a shared cache
     folder), the pack opens without it."""
     from rectool.remote import Retry
-    from rectool.remote import dataset as dataset_module
 
-    monkeypatch.setattr(dataset_module, "INDEX_CACHE_MIN_RECORDS", 10)
+    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 10)
     retry = Retry(sleep=lambda s: None, jitter=False)
     first = open_dataset(remote_pack.url, cache_dir=str(tmp_path / "cache"), retry=retry)
     want = first.keys.tolist()

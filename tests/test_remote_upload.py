@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 from rectool.cli import cli
 from rectool.doors import output
+from rectool.format import indexcache
 
 SHARD_FILES = [f"faces-0000{i}.{kind}" for i in range(4) for kind in ("rec", "idx", "rec.crc")]
 
@@ -80,10 +81,10 @@ def test_the_index_caches_stay_on_the_machine_that_packed(
 ):
     # A cache names the times of the .idx files beside it, which a download does not keep:
     # uploaded, it could never be used, and would cost as much again as the .idx files.
-    from rectool.build import manifest, shardfile
+    from rectool.build import shardfile
 
     monkeypatch.setattr(shardfile, "INDEX_CACHE_MIN_RECORDS", 1)
-    monkeypatch.setattr(manifest, "INDEX_CACHE_MIN_RECORDS", 1)
+    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 1)
     result = pack(small_tree, f"s3://{bucket}/p/faces", "-q")
     assert result.exit_code == 0, result.output
     log = s3.faults.uploaded

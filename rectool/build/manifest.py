@@ -35,7 +35,7 @@ from ..doors.output import (
 )
 from ..errors import InputError, RectoolError, UsageError
 from ..format.checksums import SUFFIX as CHECKSUM_SUFFIX
-from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_dataset_cache
+from ..format.indexcache import wants_dataset_cache, write_dataset_cache
 from ..reader import (
     MANIFEST_FORMAT,
     MANIFEST_SUFFIX,
@@ -87,10 +87,10 @@ def manifest_path(prefix: StrPath) -> str:
 
 def write_manifest(prefix: str, manifest: dict[str, Any]) -> None:
     """Write the manifest of the pack at `prefix`, the mark that it is complete; before it, for
-    a pack of several shards and `INDEX_CACHE_MIN_RECORDS` records or more, the index cache of
-    them all (`PREFIX.idx.rtc`: one mapping that every loader worker shares)."""
+    a pack that `wants_dataset_cache`, the index cache of all its shards (`PREFIX.idx.rtc`:
+    one mapping that every loader worker shares)."""
     shards, folder = manifest["shards"], os.path.dirname(prefix)
-    if len(shards) > 1 and sum(s["records"] for s in shards) >= INDEX_CACHE_MIN_RECORDS:
+    if wants_dataset_cache(shards):
         idx_paths = [os.path.join(folder, s["idx"]) for s in shards]
         write_dataset_cache(manifest_path(prefix), idx_paths)
     write_json_atomic(manifest_path(prefix), manifest)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import zlib
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -36,7 +36,7 @@ from ..reader import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Iterator, Mapping, Sequence
 
     from _typeshed import StrPath
 
@@ -44,6 +44,12 @@ if TYPE_CHECKING:
 
 # Parsing a small index is instant; caching it would only litter the dataset folder.
 INDEX_CACHE_MIN_RECORDS = 100_000
+
+
+def wants_dataset_cache(shards: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether a pack whose manifest lists `shards` gets one index cache of them all: several
+    shards, and `INDEX_CACHE_MIN_RECORDS` records or more in all."""
+    return len(shards) > 1 and sum(s.get("records") or 0 for s in shards) >= INDEX_CACHE_MIN_RECORDS
 
 
 def write_index_cache(

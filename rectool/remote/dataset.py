@@ -32,7 +32,7 @@ import xxhash
 from ..doors.inputs import read_regular
 from ..doors.output import write_atomic
 from ..format.digest import SHA256, XXH3_128, field_name
-from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_dataset_cache
+from ..format.indexcache import wants_dataset_cache, write_dataset_cache
 from ..reader import (
     DEFAULT_MAX_PIXELS,
     MANIFEST_SUFFIX,
@@ -272,8 +272,7 @@ class RemoteDataset(RecordDataset):
         with ThreadPoolExecutor(prefetch_threads) as pool:  # the indexes, checked, before open
             list(pool.map(self.shard_cache.fetch, indexes))
         idx_paths = [obj.path for obj in indexes]
-        records = sum(shard.get("records") or 0 for shard in doc["shards"])
-        if cache and len(indexes) > 1 and records >= INDEX_CACHE_MIN_RECORDS:
+        if cache and wants_dataset_cache(doc["shards"]):
             self.shard_cache.write_once(  # one per machine, mapped by every process and worker
                 dataset_cache_path(local),
                 lambda: read_dataset_cache(local, idx_paths) is not None,
