@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -16,6 +15,8 @@ from pathlib import Path
 
 import cv2
 import numpy as np
+
+from .doors.output import make_folders, remove_tree, write_atomic
 
 IDENTITIES = ("ada", "grace", "hedy", "katherine", "margaret", "radia")
 PER_IDENTITY = 8
@@ -105,7 +106,7 @@ def fresh_folder(out: Path) -> None:
     folder, nor a later run files put beside the demo's since.
     """
     if not os.path.lexists(out):
-        out.mkdir(parents=True)
+        make_folders(os.fspath(out))
     elif out.is_symlink() or not out.is_dir():
         sys.exit(f"demo: {out} exists and is not a folder; give a new or empty folder")
     names = {path.name for path in out.iterdir()}
@@ -121,14 +122,8 @@ def fresh_folder(out: Path) -> None:
             "new or empty folder (the demo removes what it wrote there before each run)"
         )
     for name in sorted(names - {MARKER}):
-        path = out / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        else:
-            path.unlink()
-    fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-    with os.fdopen(fd, "w") as f:
-        f.write("made by python -m rectool.demo\n")
+        remove_tree(os.fspath(out / name))  # a link is removed, never followed
+    write_atomic(marker, "made by python -m rectool.demo\n")  # replaced, not written through
 
 
 def main(argv: list[str] | None = None) -> None:
