@@ -1,8 +1,10 @@
 """The ordered writer every record file's bytes go through (`OrderedWriter`).
 
 One thread runs writes in submission order, so writing overlaps encoding; a second hashes
-each write's bytes meanwhile. `build/shardfile.py` hands it a shard's buffers (and those of
-the public `RecordWriter`/`IndexedRecordWriter`, which write in the caller's thread:
+each write's bytes meanwhile, and a third flushes what was written to the disk every
+FLUSH_BYTES, so the fsync that finishes a shard waits for its last part only.
+`build/shardfile.py` hands it a shard's buffers (and those of the public
+`RecordWriter`/`IndexedRecordWriter`, which write in the caller's thread:
 `background=False`); nothing else writes records to a file.
 """
 
@@ -13,7 +15,7 @@ import queue
 import sys
 import threading
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Protocol
 
 from ..doors.output import fault_point, output_error
@@ -28,6 +30,11 @@ if TYPE_CHECKING:
 WRITE_BYTES = 1 << 20
 # Writeback to disk is started every this many bytes written (see `OrderedWriter`).
 WRITEBACK_BYTES = 8 << 20
+# Every this many bytes written to a file, its data is flushed to the disk (fdatasync) on a
+# thread of its own while writing goes on. On this machine the fsync of a 600 MB shard whose
+# writeback had been started all along still took 0.56 s: the disk's own cache is flushed
+# then. Flushed as it goes, that wait overlaps the run.
+FLUSH_BYTES = 64 << 20
 _ADVISE = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform.startswith("linux") else None
 
 
@@ -47,9 +54,27 @@ def _feed(digest: Feed, parts: Iterable[Buffer]) -> None:
         digest.update(data)
 
 
+def _flush(fd: int, name: str) -> None:
+    """fdatasync `fd`, a duplicate of a file being written (`name`), then close it.
+
+    The duplicate shares the file's open description, so an error of this flush is not seen
+    again by the fsync that finishes the file: it is raised here, naming the file, and
+    `OrderedWriter` raises it in its caller.
+    """
+    try:
+        fault_point("flush", name)
+        os.fdatasync(fd)
+    except OSError as exc:
+        raise output_error(exc, name) from None
+    finally:
+        os.close(fd)
+
+
 class OrderedWriter:
     """One background thread that runs writes in submission order, so writing overlaps work;
-    the bytes of each write are hashed on a second thread meanwhile.
+    the bytes of each write are hashed on a second thread meanwhile, and every FLUSH_BYTES
+    a file is flushed to the disk on a third (one flush at a time; its error is raised at the
+    next `submit` or `drain`).
 
     A bounded queue keeps memory flat; an error in the thread is raised in the caller at its
     next `submit` or `drain`. With `background=False` each write runs in `submit` itself
@@ -70,6 +95,10 @@ class OrderedWriter:
         self._written: dict[int, int | None] = {}  # fd -> offset writeback was started to
         # A second thread: a job's bytes are hashed while they are written.
         self._hasher: ThreadPoolExecutor | None = None
+        # A third: a file's data is flushed to the disk while writing goes on.
+        self._flusher: ThreadPoolExecutor | None = None
+        self._flushing: Future[None] | None = None  # the flush under way, if any
+        self._flushed: dict[int, int] = {}  # fd -> offset its last flush was started at
 
     def _started(self) -> queue.Queue[Job | None]:
         if self._thread is None:
@@ -133,10 +162,35 @@ class OrderedWriter:
         except OSError:  # not a regular file, say: leave writeback to the kernel
             start = None
         self._written[fd] = start
+        if start is not None:
+            self._start_flush(fd, position)
+
+    def _start_flush(self, fd: int, position: int) -> None:
+        """Start flushing `fd` to the disk where FLUSH_BYTES were written since its last
+        flush and no flush is under way (see FLUSH_BYTES)."""
+        last = self._flushed.get(fd, 0)
+        if position - (last if last <= position else 0) < FLUSH_BYTES:
+            return
+        if self._flushing is not None:
+            if not self._flushing.done():
+                return
+            self._end_flush()
+        if self._flusher is None:
+            self._flusher = ThreadPoolExecutor(1, thread_name_prefix="rectool-flush")
+        self._flushed[fd] = position
+        name = self.names.get(fd, f"descriptor {fd}")
+        self._flushing = self._flusher.submit(_flush, os.dup(fd), name)
+
+    def _end_flush(self) -> None:
+        """Wait for the flush under way, if any; raise its error."""
+        flushing, self._flushing = self._flushing, None
+        if flushing is not None:
+            flushing.result()
 
     def forget(self, fd: int) -> None:
         """Forget what was written to `fd`, about to be closed (its number may come again)."""
         self._written.pop(fd, None)
+        self._flushed.pop(fd, None)
 
     def _raise(self) -> None:
         if self._error is not None:
@@ -166,9 +220,10 @@ class OrderedWriter:
                 self._done.wait()
 
     def drain(self) -> None:
-        """Wait until every queued write is done."""
+        """Wait until every queued write, and the flush under way, are done."""
         self.wait(self.submitted)
         self._raise()
+        self._end_flush()  # the writer thread is idle: no job starts another
 
     def close(self) -> None:
         """Finish the queued writes and stop the thread."""
@@ -179,6 +234,12 @@ class OrderedWriter:
         if self._hasher is not None:
             self._hasher.shutdown()
             self._hasher = None
+        try:
+            self._end_flush()
+        finally:
+            if self._flusher is not None:
+                self._flusher.shutdown()
+                self._flusher = None
         self._raise()
 
 

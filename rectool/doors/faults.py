@@ -12,7 +12,17 @@ import signal
 from collections.abc import Callable
 
 FAULT_ENV = "RECTOOL_OUTPUT_FAULT"
-FAULT_STEPS = ("create", "write", "fsync", "rename", "shard", "journal", "swap", "manifest")
+FAULT_STEPS = (
+    "create",
+    "write",
+    "fsync",
+    "flush",
+    "rename",
+    "shard",
+    "journal",
+    "swap",
+    "manifest",
+)
 _fault_hook: Callable[[str, str], None] | None = None
 _fault_counts: dict[str, int] = {}
 _FAULT_SPEC = os.environ.get(FAULT_ENV)  # read once: fault_point runs on every write

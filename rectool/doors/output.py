@@ -17,7 +17,7 @@
   whole (no journal yet) or `finish_commit` rolls the journal forward to the new one.
 - `OutputFolder`: a tree written under one folder (unpack) through descriptors opened with
   O_NOFOLLOW, so a link planted inside it never leads a file outside.
-- `fault_point`: the public fault-injection hook, called at every step (create, write, fsync,
+- `fault_point`: the public fault-injection hook, called at every step (create, write, fsync, flush,
   rename, journal, swap, manifest), set by `set_fault_hook` or `RECTOOL_OUTPUT_FAULT`.
 
 Every caller imports these from here; each rule lives in a module of its own beside it:

@@ -1,0 +1,118 @@
+"""A shard is flushed to the disk while it is written (`build/ordered.py`, FLUSH_BYTES), so the
+fsync that finishes it waits for its last part only. Such a flush runs on a duplicate of the
+file's descriptor, whose error the final fsync does not see again: its error must fail the run,
+naming the file, as the fsync's own would. Steps are seen through the output door's fault hook;
+the sizes are made small here so that a small pack reaches them."""
+
+from __future__ import annotations
+
+import errno
+import json
+
+import pytest
+from click.testing import CliRunner
+from helpers.image_files import write_list, write_pack_tree
+
+from rectool.build import ordered, passthrough
+from rectool.cli import cli
+from rectool.doors import output
+from rectool.doors.output import create_new
+from rectool.errors import RectoolError
+
+CHUNK = 16 << 10
+
+
+@pytest.fixture
+def small_flushes(monkeypatch):
+    """Writeback every 4 KB, a flush every 32 KB, pass-through blocks of 16 KB."""
+    monkeypatch.setattr(ordered, "WRITEBACK_BYTES", 4 << 10)
+    monkeypatch.setattr(ordered, "FLUSH_BYTES", 32 << 10, raising=False)
+    monkeypatch.setattr(passthrough, "BLOCK_BYTES", CHUNK)
+
+
+@pytest.fixture
+def steps():
+    """The (step, path) of every step of every output, in order; `fail_at(step)` makes that
+    step raise an I/O error from then on."""
+    seen: list[tuple[str, str]] = []
+    failing: set[str] = set()
+
+    def hook(step, path):
+        seen.append((step, path))
+        if step in failing:
+            raise OSError(errno.EIO, "Input/output error", path)
+
+    output.set_fault_hook(hook)
+    seen_and_fail = (seen, failing.add)
+    yield seen_and_fail
+    output.set_fault_hook(None)
+
+
+def test_a_file_is_flushed_while_it_is_written_not_only_at_its_end(tmp_path, small_flushes, steps):
+    seen, _ = steps
+    writer = ordered.OrderedWriter()
+    path = str(tmp_path / "data.bin")
+    fd = create_new(path)
+    writer.names[fd] = path
+    try:
+        for n in range(16):  # 256 KB in 16 KB writes
+            writer.submit(fd, bytes([n]) * CHUNK)
+        writer.drain()
+    finally:
+        writer.forget(fd)
+        writer.close()
+    flushes = [p for step, p in seen if step == "flush"]
+    assert flushes and set(flushes) == {path}
+    assert len(flushes) >= 2  # one at a time, while writing goes on: not one at the end
+    assert (tmp_path / "data.bin").read_bytes() == b"".join(bytes([n]) * CHUNK for n in range(16))
+
+
+def test_an_error_of_a_flush_is_raised_naming_the_file(tmp_path, small_flushes, steps):
+    _, fail_at = steps
+    fail_at("flush")
+    writer = ordered.OrderedWriter()
+    path = str(tmp_path / "data.bin")
+    fd = create_new(path)
+    writer.names[fd] = path
+    with pytest.raises(RectoolError, match="data.bin") as raised:
+        try:
+            for n in range(16):
+                writer.submit(fd, bytes([n]) * CHUNK)
+            writer.drain()
+        finally:
+            writer.forget(fd)
+            writer.close()
+    assert "Input/output error" in str(raised.value)
+
+
+def _tree(tmp_path):
+    root = tmp_path / "tree"
+    items = write_pack_tree(root, ["alice", "bob", "carol"], 40, height=96, width=96)
+    return root, write_list(tmp_path / "faces.lst", items)
+
+
+def test_pack_flushes_its_shard_before_the_fsync_that_finishes_it(tmp_path, small_flushes, steps):
+    seen, _ = steps
+    root, lst = _tree(tmp_path)
+    out = tmp_path / "out" / "faces"
+    result = CliRunner().invoke(cli, ["pack", str(lst), str(root), str(out), "-q"])
+    assert result.exit_code == 0, result.output
+    partial = f"{out}.rec.partial"
+    rec_steps = [step for step, p in seen if p == partial and step in ("flush", "fsync")]
+    assert rec_steps.count("flush") >= 2
+    assert rec_steps[-1] == "fsync"  # the flushes come while writing; the fsync ends it
+
+
+def test_pack_whose_flush_fails_names_the_shard_and_leaves_no_pack(tmp_path, small_flushes, steps):
+    _, fail_at = steps
+    fail_at("flush")
+    root, lst = _tree(tmp_path)
+    out = tmp_path / "out" / "faces"
+    result = CliRunner().invoke(cli, ["pack", str(lst), str(root), str(out), "-q", "--json"])
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    report = json.loads(result.stdout)
+    assert "faces.rec.partial" in json.dumps(report)
+    assert "Input/output error" in json.dumps(report)
+    assert not (tmp_path / "out" / "faces.rec").exists()
+    assert not (tmp_path / "out" / "faces.manifest.json").exists()
