@@ -3,7 +3,10 @@
 Run: `python tests/benchmarks/bench_pack.py` (or `make bench`). Prints a table of ratios and
 returns them from `run()`. Targets from issues 4 and 22: pass-through >= 4x faster than im2rec
 and within 1.3x of tar; re-encode no slower than im2rec and within 1.1x of a bare OpenCV loop on
-the same workers; 2x faster than that loop with sources 4x the target; flat peak RSS.
+the same workers; 2x faster than that loop with sources 4x the target; flat peak RSS. Unlike
+`tar` and im2rec, a pack fsyncs what it wrote before naming it, so `tar cf` followed by `sync`
+of the archive is timed in the same turns too: an informational ratio (the target stays
+against plain `tar cf`), what the same bytes cost once they are on the disk.
 """
 
 from __future__ import annotations
@@ -125,13 +128,19 @@ def run(repeats=3, with_im2rec=True, log=print):
     r = {"images": n, "workers": WORKERS}
 
     log(f"pass-through: {n} images")
-    r["ours_pass_through_s"], r["tar_s"] = best_in_turns(
+    tar = WORK / "tar" / "t.tar"
+    tar_cf = ["tar", "cf", str(tar), "-C", str(root), "."]
+
+    def tar_sync():
+        # Informational: tar does not fsync; a pack is on the disk when it ends, so this is
+        # what the same bytes cost once they are there too.
+        return timed(tar_cf, prepare=fresh(tar))[0] + timed(["sync", str(tar)])[0]
+
+    r["ours_pass_through_s"], r["tar_s"], r["tar_sync_s"] = best_in_turns(
         repeats,
         lambda: ours(lst, root, WORK / "pt" / "t")[0],
-        lambda: timed(
-            ["tar", "cf", str(WORK / "tar" / "t.tar"), "-C", str(root), "."],
-            prepare=fresh(WORK / "tar" / "t.tar"),
-        )[0],
+        lambda: timed(tar_cf, prepare=fresh(tar))[0],
+        tar_sync,
     )
     if with_im2rec:
         r["im2rec_pass_through_s"] = im2rec(lst, root, WORK / "im2rec-pt" / "t", "--pass-through")[
@@ -167,6 +176,7 @@ def run(repeats=3, with_im2rec=True, log=print):
     shutil.rmtree(WORK / "m4", ignore_errors=True)
 
     r["ratio_pass_through_vs_tar"] = r["ours_pass_through_s"] / r["tar_s"]
+    r["ratio_pass_through_vs_tar_sync"] = r["ours_pass_through_s"] / r["tar_sync_s"]
     r["ratio_reencode_vs_bare"] = r["ours_reencode_s"] / r["bare_reencode_s"]
     r["speedup_large_vs_bare"] = r["bare_large_s"] / r["ours_large_s"]
     r["rss_growth"] = r["rss_4x_mib"] / r["rss_1x_mib"]
@@ -197,6 +207,11 @@ def render(r):
             f"  {label:<40} {r[key]:7.2f}  (target {op} {target:g}: {'PASS' if ok else 'FAIL'})"
         )
     times = {k: round(v, 2) for k, v in r.items() if k.endswith("_s") or k.endswith("_mib")}
+    if "ratio_pass_through_vs_tar_sync" in r:
+        lines.append(
+            f"  {'pass-through: ours / (tar cf + sync)':<40} "
+            f"{r['ratio_pass_through_vs_tar_sync']:7.2f}  (informational)"
+        )
     lines.append("  raw: " + json.dumps(times))
     return "\n".join(lines)
 
