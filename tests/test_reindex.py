@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -26,7 +27,7 @@ from rectool.format.indexcache import write_index_cache
 from rectool.format.writer import IndexedRecordWriter, pack_image_record
 from rectool.inspect.reindex import reindex
 from rectool.inspect.verify import verify_dataset
-from rectool.reader import index_cache_path
+from rectool.reader import index_cache_path, open_dataset, read_index_cache
 
 
 def invoke(*args):
@@ -74,12 +75,14 @@ def test_refuses_to_replace_an_existing_idx(small_pack):
         reindex(small_pack.rec)
 
 
-def test_overwrite_removes_the_stale_sidecar_cache(small_pack):
+def test_overwrite_leaves_no_stale_sidecar_cache(small_pack):
     keys = np.array([k for k, _ in small_pack.lines], np.int64)
     write_index_cache(small_pack.idx, keys, np.array([o for _, o in small_pack.lines], np.int64))
     assert os.path.exists(index_cache_path(small_pack.idx))
     reindex(small_pack.rec, overwrite=True)
-    assert not os.path.exists(index_cache_path(small_pack.idx))
+    # The cache is written again, of the new .idx (see the section at the end).
+    cached = read_index_cache(small_pack.idx)
+    assert cached is not None and cached[0].tolist() == [k for k, _ in small_pack.lines]
     assert idx_lines(small_pack.idx) == small_pack.lines
 
 
@@ -235,3 +238,67 @@ def test_cli_json_and_duplicates(tmp_path):
 def test_cli_usage_errors(tmp_path, small_pack):
     assert invoke("reindex", tmp_path / "missing.rec").exit_code == 2
     assert invoke("reindex", small_pack.rec, "--keys", "bogus").exit_code == 2
+
+
+# --- the index caches a rebuilt .idx made stale are written again -----------------------------
+# A rebuilt .idx, even byte-identical to the old, has a new mtime: every cache made of it is
+# retired, and at WebFace42M's size a pack read without its cache holds its whole index in every
+# loader worker. `rectool info --json` says which caches a reader would map.
+
+
+def _index_cache_state(target):
+    result = invoke("info", target, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["index_cache"]
+
+
+def _sharded_pack(folder, shards=3, per=40):
+    from helpers.handmade_datasets import write_pack
+
+    prefix = os.fspath(folder / "many")
+    write_pack(prefix, [[(k, b"img%d" % k, 0.0) for k in range(s * per, (s + 1) * per)]
+                        for s in range(shards)])  # fmt: skip
+    return prefix
+
+
+def test_reindex_of_a_shard_writes_its_packs_cache_again(tmp_path):
+    prefix = _sharded_pack(tmp_path)
+    assert invoke("index-cache", prefix).exit_code == 0
+    assert _index_cache_state(prefix)["pack"] == f"{prefix}.idx.rtc"
+    before = open(f"{prefix}-00001.idx", "rb").read()
+    result = invoke("reindex", f"{prefix}-00001.rec", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert open(f"{prefix}-00001.idx", "rb").read() == before  # a sound shard: the same text
+    assert _index_cache_state(prefix) == {"pack": f"{prefix}.idx.rtc", "shards_cached": 3,
+                                          "shards": 3}  # fmt: skip
+    assert f"{prefix}.idx.rtc" in result.output  # the summary names what it wrote again
+    assert open_dataset(prefix).keys.tolist() == list(range(120))
+
+
+def test_reindex_of_a_shard_into_another_file_leaves_the_packs_cache_as_it_is(tmp_path):
+    prefix = _sharded_pack(tmp_path)
+    assert invoke("index-cache", prefix).exit_code == 0
+    cache = f"{prefix}.idx.rtc"
+    stamp = os.stat(cache).st_mtime_ns, open(cache, "rb").read()
+    result = invoke("reindex", f"{prefix}-00001.rec", "-o", tmp_path / "elsewhere.idx", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["index_caches"] == []
+    assert (os.stat(cache).st_mtime_ns, open(cache, "rb").read()) == stamp
+    assert _index_cache_state(prefix)["pack"] == cache
+
+
+def test_reindex_writes_a_shards_own_cache_again_where_it_had_one(small_pack):
+    assert invoke("index-cache", small_pack.rec).exit_code == 0
+    assert _index_cache_state(small_pack.rec)["shards_cached"] == 1
+    result = invoke("reindex", small_pack.rec, "--overwrite", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["index_caches"] == [index_cache_path(small_pack.idx)]
+    assert _index_cache_state(small_pack.rec)["shards_cached"] == 1
+
+
+def test_reindex_of_a_small_shard_without_a_cache_writes_none(small_pack):
+    assert not os.path.exists(index_cache_path(small_pack.idx))
+    result = invoke("reindex", small_pack.rec, "--overwrite", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["index_caches"] == []
+    assert not os.path.exists(index_cache_path(small_pack.idx))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from ..doors.inputs import open_input
-from ..doors.output import write_atomic
+from ..doors.output import remove, write_atomic
 from ..errors import RectoolError
 from ..reader import (
     DATASET_CACHE_HEADER,
@@ -33,6 +33,7 @@ from ..reader import (
     read_dataset_cache,
     read_index_cache,
     resolve_source,
+    source_prefixes,
 )
 
 if TYPE_CHECKING:
@@ -170,6 +171,49 @@ def write_index_caches(target: Source) -> IndexCaches:
         else:
             raise RectoolError(f"{path}: cannot write the index cache")
     return done
+
+
+def rewrite_stale_caches(idx_path: str, rec_path: str, had_cache: bool) -> list[str]:
+    """Write again the caches that the rewriting of `idx_path` (by `rectool reindex`, the
+    index of the shard `rec_path`) made stale; return those written.
+
+    Its own cache, where it had one or has INDEX_CACHE_MIN_RECORDS records or more (otherwise,
+    or in a read-only folder, the stale one is removed). Where `idx_path` is the index a pack
+    of several shards lists for `rec_path`, and that pack has its one cache, that cache too:
+    a rebuilt .idx, even one byte-identical to the old, has a new mtime, which retires every
+    cache made of it, and at WebFace42M's size a pack read without its cache holds its index
+    in every worker.
+    """
+    written = []
+    cache = index_cache_path(idx_path)
+    keys, offsets = load_index(idx_path, cache=False)
+    if (had_cache or len(keys) >= INDEX_CACHE_MIN_RECORDS) and write_index_cache(
+        idx_path, keys, offsets
+    ):
+        written.append(cache)
+    else:
+        remove(cache)
+    for prefix in source_prefixes(rec_path):
+        manifest_path = prefix + MANIFEST_SUFFIX
+        if not os.path.exists(dataset_cache_path(manifest_path)):
+            continue
+        try:
+            _, _, shards = resolve_source(manifest_path)
+            idx_paths = [idx for _, idx in shards]
+            if not any(_same_file(idx, idx_path) for idx in idx_paths):
+                continue
+            if len(shards) > 1 and write_dataset_cache(manifest_path, idx_paths):
+                written.append(dataset_cache_path(manifest_path))
+        except RectoolError:  # a pack that cannot be read keeps its stale cache, unused
+            continue
+    return written
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _clashes(manifest_path: str, idx_paths: Sequence[str]) -> bool:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..doors.output import check_target, make_folders, remove, write_atomic
+from ..doors.output import check_target, make_folders, write_atomic
 from ..errors import RectoolError, UsageError
 from ..format.checksums import (
     ChecksumFileError,
@@ -29,6 +29,7 @@ from ..format.checksums import (
     stale_reason,
 )
 from ..format.digest import DIGEST_NAMES
+from ..format.indexcache import rewrite_stale_caches
 from ..format.writer import format_index_line
 from ..reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
 from .scan import Buffer, Damage, mapped, read_headers, scan_framing
@@ -63,6 +64,8 @@ class ReindexResult:
     # (offset, key or None, reason)
     damaged: list[tuple[int, int | None, str]] = field(default_factory=list)
     checksum_problem: str | None = None
+    # The index caches written again (its own; the pack's of several shards it belongs to).
+    caches: list[str] = field(default_factory=list)
 
     @property
     def sound(self) -> bool:
@@ -96,6 +99,7 @@ class ReindexResult:
             "checksums": self.checksums,
             "damaged": [{"offset": o, "key": k, "reason": r} for o, k, r in self.damaged],
             "checksum_problem": self.checksum_problem,
+            "index_caches": self.caches,
         }
 
 
@@ -144,9 +148,10 @@ def reindex(
 ) -> ReindexResult:
     """Write an .idx for `rec_path` (default: beside it) from a walk over the .rec.
 
-    Returns a `ReindexResult`. Refuses to replace an existing .idx unless `overwrite`; a
-    replaced .idx loses its stale `.rtc` sidecar cache. The .idx is written to a temporary
-    file and renamed, so it is whole or absent.
+    Returns a `ReindexResult`. Refuses to replace an existing .idx unless `overwrite`. The
+    .idx is written to a temporary file and renamed, so it is whole or absent. The index
+    caches it made stale are written again (`indexcache.rewrite_stale_caches`: its own `.rtc`
+    sidecar, and the cache of the pack of several shards it is a shard of).
     """
     if keys not in KEY_SOURCES:
         raise UsageError(f"unknown key source {keys!r}; choose from {', '.join(KEY_SOURCES)}")
@@ -195,6 +200,7 @@ def reindex(
     result.duplicates = {k: n for k, n in counts.items() if n > 1}
     result.records = len(kept_keys)
     text = "".join(map(format_index_line, kept_keys, kept_offsets)).encode("ascii")
+    had_cache = os.path.lexists(index_cache_path(idx_path))
     write_atomic(idx_path, text)
-    remove(index_cache_path(idx_path))
+    result.caches = rewrite_stale_caches(idx_path, rec_path, had_cache)
     return result
