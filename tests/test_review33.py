@@ -49,7 +49,6 @@ def _payload(key):
     return key.to_bytes(8, "little") * (RECORD // 8 - 1)
 
 
-@pytest.mark.xfail(strict=True, reason="a flush error raised after the write: queued again")
 def test_a_public_writer_whose_flush_fails_writes_each_record_once(
     tmp_path, small_flushes, first_flush_fails
 ):
@@ -73,7 +72,6 @@ def test_a_public_writer_whose_flush_fails_writes_each_record_once(
             assert records.read_at(offset) == _payload(key), key
 
 
-@pytest.mark.xfail(strict=True, reason="background=False starts a flush thread")
 def test_a_public_writer_leaves_no_thread_behind_once_closed(tmp_path, small_flushes):
     """The public writers write in the caller's thread (`OrderedWriter(background=False)`):
     a program that forks after using one must not carry a thread of rectool's."""

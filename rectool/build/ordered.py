@@ -78,7 +78,8 @@ class OrderedWriter:
 
     A bounded queue keeps memory flat; an error in the thread is raised in the caller at its
     next `submit` or `drain`. With `background=False` each write runs in `submit` itself
-    (the same code, no threads: for the public writers) and its error is raised there.
+    (the same code, no threads and no flushes: for the public writers) and its error is
+    raised there.
     """
 
     def __init__(self, depth: int = 4, background: bool = True) -> None:
@@ -162,7 +163,9 @@ class OrderedWriter:
         except OSError:  # not a regular file, say: leave writeback to the kernel
             start = None
         self._written[fd] = start
-        if start is not None:
+        # Not for the public writers (`background=False`): they start no thread, and an error
+        # raised here, after the write, would have their caller write the same bytes again.
+        if start is not None and self.background:
             self._start_flush(fd, position)
 
     def _start_flush(self, fd: int, position: int) -> None:
