@@ -57,13 +57,15 @@ def test_a_file_is_flushed_while_it_is_written_not_only_at_its_end(tmp_path, sma
     try:
         for n in range(16):  # 256 KB in 16 KB writes
             writer.submit(fd, bytes([n]) * CHUNK)
-        writer.drain()
+            # Each write done, and its flush, before the next: a flush is skipped while
+            # another is under way, so without this how many there are depends on timing.
+            writer.drain()
     finally:
         writer.forget(fd)
         writer.close()
     flushes = [p for step, p in seen if step == "flush"]
     assert flushes and set(flushes) == {path}
-    assert len(flushes) >= 2  # one at a time, while writing goes on: not one at the end
+    assert len(flushes) == 8  # every 32 KB while writing goes on: not one at the end
     assert (tmp_path / "data.bin").read_bytes() == b"".join(bytes([n]) * CHUNK for n in range(16))
 
 
@@ -99,7 +101,8 @@ def test_pack_flushes_its_shard_before_the_fsync_that_finishes_it(tmp_path, smal
     assert result.exit_code == 0, result.output
     partial = f"{out}.rec.partial"
     rec_steps = [step for step, p in seen if p == partial and step in ("flush", "fsync")]
-    assert rec_steps.count("flush") >= 2
+    # At least one (a flush under way makes the next ones wait: how many is timing's).
+    assert rec_steps.count("flush") >= 1
     assert rec_steps[-1] == "fsync"  # the flushes come while writing; the fsync ends it
 
 
