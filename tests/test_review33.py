@@ -7,12 +7,16 @@ reach a flush."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import threading
 
 import pytest
+from click.testing import CliRunner
+from helpers.handmade_datasets import write_pack
 
 from rectool.build import ordered, passthrough, shardfile
+from rectool.cli import cli
 from rectool.doors import output
 from rectool.errors import RectoolError
 from rectool.format.writer import IndexedRecordWriter, RecordWriter, frame_record
@@ -82,3 +86,38 @@ def test_a_public_writer_leaves_no_thread_behind_once_closed(tmp_path, small_flu
     writer.close()
     left = [t.name for t in threading.enumerate() if t.ident not in before]
     assert left == []
+
+
+# --- reindex writes again the caches a rebuilt .idx made stale -----------------------------------
+
+
+def _invoke(*args):
+    return CliRunner().invoke(cli, [os.fspath(a) for a in args])
+
+
+def _sharded_pack(folder, shards=3, per=40):
+    prefix = os.fspath(folder / "many")
+    write_pack(prefix, [[(k, b"img%d" % k, 0.0) for k in range(s * per, (s + 1) * per)]
+                        for s in range(shards)])  # fmt: skip
+    return prefix
+
+
+def _pack_cache(prefix):
+    result = _invoke("info", prefix, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)["index_cache"]["pack"]
+
+
+@pytest.mark.xfail(strict=True, reason="PREFIX.idx.rtc, the pack's cache, taken for its own")
+def test_reindex_into_prefix_idx_leaves_the_cache_of_a_pack_of_several_shards(tmp_path):
+    """`-o PREFIX.idx` beside a pack of several shards: the .idx's own cache would be named
+    PREFIX.idx.rtc, the pack's cache. That is not this .idx's to write again or remove."""
+    prefix = _sharded_pack(tmp_path)
+    assert _invoke("index-cache", prefix).exit_code == 0
+    cache = f"{prefix}.idx.rtc"
+    stamp = open(cache, "rb").read()
+    result = _invoke("reindex", f"{prefix}-00000.rec", "-o", f"{prefix}.idx", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["index_caches"] == []
+    assert open(cache, "rb").read() == stamp
+    assert _pack_cache(prefix) == cache
