@@ -108,7 +108,6 @@ def _pack_cache(prefix):
     return json.loads(result.stdout)["index_cache"]["pack"]
 
 
-@pytest.mark.xfail(strict=True, reason="PREFIX.idx.rtc, the pack's cache, taken for its own")
 def test_reindex_into_prefix_idx_leaves_the_cache_of_a_pack_of_several_shards(tmp_path):
     """`-o PREFIX.idx` beside a pack of several shards: the .idx's own cache would be named
     PREFIX.idx.rtc, the pack's cache. That is not this .idx's to write again or remove."""

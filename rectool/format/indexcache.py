@@ -178,16 +178,19 @@ def rewrite_stale_caches(idx_path: str, rec_path: str, had_cache: bool) -> list[
     index of the shard `rec_path`) made stale; return those written.
 
     Its own cache, where it had one or has INDEX_CACHE_MIN_RECORDS records or more (otherwise,
-    or in a read-only folder, the stale one is removed). Where `idx_path` is the index a pack
-    of several shards lists for `rec_path`, and that pack has its one cache, that cache too:
-    a rebuilt .idx, even one byte-identical to the old, has a new mtime, which retires every
-    cache made of it, and at WebFace42M's size a pack read without its cache holds its index
-    in every worker.
+    or in a read-only folder, the stale one is removed; a pack's cache at its name, that of
+    an .idx named PREFIX.idx beside a pack of several shards, is left alone). Where
+    `idx_path` is the index a pack of several shards lists for `rec_path`, and that pack has
+    its one cache, that cache too: a rebuilt .idx, even one byte-identical to the old, has a
+    new mtime, which retires every cache made of it, and at WebFace42M's size a pack read
+    without its cache holds its index in every worker.
     """
     written = []
     cache = index_cache_path(idx_path)
     keys, offsets = load_index(idx_path, cache=False)
-    if (had_cache or len(keys) >= INDEX_CACHE_MIN_RECORDS) and write_index_cache(
+    if _is_dataset_cache(cache):
+        pass  # `-o PREFIX.idx` beside a pack of several shards: the name is that pack's cache
+    elif (had_cache or len(keys) >= INDEX_CACHE_MIN_RECORDS) and write_index_cache(
         idx_path, keys, offsets
     ):
         written.append(cache)
@@ -207,6 +210,15 @@ def rewrite_stale_caches(idx_path: str, rec_path: str, had_cache: bool) -> list[
         except RectoolError:  # a pack that cannot be read keeps its stale cache, unused
             continue
     return written
+
+
+def _is_dataset_cache(path: str) -> bool:
+    """Whether `path` holds the index cache of a pack of several shards."""
+    try:
+        with open_input(path, "index cache", follow=False) as f:
+            return f.read(len(DATASET_CACHE_MAGIC)) == DATASET_CACHE_MAGIC
+    except RectoolError:  # none there (or not a file): no pack's cache to keep
+        return False
 
 
 def _same_file(a: str, b: str) -> bool:
