@@ -302,3 +302,17 @@ def test_reindex_of_a_small_shard_without_a_cache_writes_none(small_pack):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["index_caches"] == []
     assert not os.path.exists(index_cache_path(small_pack.idx))
+
+
+def test_reindex_into_prefix_idx_leaves_the_cache_of_a_pack_of_several_shards(tmp_path):
+    """`-o PREFIX.idx` beside a pack of several shards: the .idx's own cache would be named
+    PREFIX.idx.rtc, the pack's cache. That is not this .idx's to write again or remove."""
+    prefix = _sharded_pack(tmp_path)
+    assert invoke("index-cache", prefix).exit_code == 0
+    cache = f"{prefix}.idx.rtc"
+    stamp = open(cache, "rb").read()
+    result = invoke("reindex", f"{prefix}-00000.rec", "-o", f"{prefix}.idx", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["index_caches"] == []
+    assert open(cache, "rb").read() == stamp
+    assert _index_cache_state(prefix)["pack"] == cache

@@ -2,7 +2,7 @@
 
 One thread runs writes in submission order, so writing overlaps encoding; a second hashes
 each write's bytes meanwhile, and a third flushes what was written to the disk every
-FLUSH_BYTES, so the fsync that finishes a shard waits for its last part only.
+DATASYNC_BYTES, so the fsync that finishes a shard waits for its last part only.
 `build/shardfile.py` hands it a shard's buffers (and those of the public
 `RecordWriter`/`IndexedRecordWriter`, which write in the caller's thread:
 `background=False`); nothing else writes records to a file.
@@ -34,7 +34,7 @@ WRITEBACK_BYTES = 8 << 20
 # thread of its own while writing goes on. On this machine the fsync of a 600 MB shard whose
 # writeback had been started all along still took 0.56 s: the disk's own cache is flushed
 # then. Flushed as it goes, that wait overlaps the run.
-FLUSH_BYTES = 64 << 20
+DATASYNC_BYTES = 64 << 20
 _ADVISE = getattr(os, "POSIX_FADV_DONTNEED", None) if sys.platform.startswith("linux") else None
 
 
@@ -72,7 +72,7 @@ def _flush(fd: int, name: str) -> None:
 
 class OrderedWriter:
     """One background thread that runs writes in submission order, so writing overlaps work;
-    the bytes of each write are hashed on a second thread meanwhile, and every FLUSH_BYTES
+    the bytes of each write are hashed on a second thread meanwhile, and every DATASYNC_BYTES
     a file is flushed to the disk on a third (one flush at a time; its error is raised at the
     next `submit` or `drain`).
 
@@ -169,10 +169,10 @@ class OrderedWriter:
             self._start_flush(fd, position)
 
     def _start_flush(self, fd: int, position: int) -> None:
-        """Start flushing `fd` to the disk where FLUSH_BYTES were written since its last
-        flush and no flush is under way (see FLUSH_BYTES)."""
+        """Start flushing `fd` to the disk where DATASYNC_BYTES were written since its last
+        flush and no flush is under way (see DATASYNC_BYTES)."""
         last = self._flushed.get(fd, 0)
-        if position - (last if last <= position else 0) < FLUSH_BYTES:
+        if position - (last if last <= position else 0) < DATASYNC_BYTES:
             return
         if self._flushing is not None:
             if not self._flushing.done():
