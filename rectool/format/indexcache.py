@@ -173,9 +173,16 @@ def write_index_caches(target: Source) -> IndexCaches:
     return done
 
 
-def rewrite_stale_caches(idx_path: str, rec_path: str, had_cache: bool) -> list[str]:
+def rewrite_stale_caches(
+    idx_path: str,
+    rec_path: str,
+    had_cache: bool,
+    index: tuple[np.ndarray, np.ndarray],
+    data: bytes,
+) -> list[str]:
     """Write again the caches that the rewriting of `idx_path` (by `rectool reindex`, the
-    index of the shard `rec_path`) made stale; return those written.
+    index of the shard `rec_path`) made stale; return those written. `index` is its keys and
+    offsets in file order and `data` its bytes, as just written: not read again.
 
     Its own cache, where it had one or has INDEX_CACHE_MIN_RECORDS records or more (otherwise,
     or in a read-only folder, the stale one is removed; a pack's cache at its name, that of
@@ -187,11 +194,11 @@ def rewrite_stale_caches(idx_path: str, rec_path: str, had_cache: bool) -> list[
     """
     written = []
     cache = index_cache_path(idx_path)
-    keys, offsets = load_index(idx_path, cache=False)
+    keys, offsets = index
     if _is_dataset_cache(cache):
         pass  # `-o PREFIX.idx` beside a pack of several shards: the name is that pack's cache
     elif (had_cache or len(keys) >= INDEX_CACHE_MIN_RECORDS) and write_index_cache(
-        idx_path, keys, offsets
+        idx_path, keys, offsets, data=data
     ):
         written.append(cache)
     else:

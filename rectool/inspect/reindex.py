@@ -195,12 +195,13 @@ def reindex(
                 )
             chosen = headers.id.astype(np.int64)
         _check_records(result, buf, size, starts, chosen, keep)
-    kept_keys, kept_offsets = chosen[keep].tolist(), starts[keep].tolist()
+    kept = chosen[keep], starts[keep].astype(np.int64, copy=False)
+    kept_keys, kept_offsets = kept[0].tolist(), kept[1].tolist()
     counts = Counter(kept_keys)
     result.duplicates = {k: n for k, n in counts.items() if n > 1}
     result.records = len(kept_keys)
     text = "".join(map(format_index_line, kept_keys, kept_offsets)).encode("ascii")
     had_cache = os.path.lexists(index_cache_path(idx_path))
     write_atomic(idx_path, text)
-    result.caches = rewrite_stale_caches(idx_path, rec_path, had_cache)
+    result.caches = rewrite_stale_caches(idx_path, rec_path, had_cache, kept, text)
     return result
