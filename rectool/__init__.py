@@ -10,10 +10,10 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below, typed for a checker (`X as X`: exported)
-    from .build.finalize import finalize_pack as finalize_pack
-    from .build.listing import list_images as list_images
-    from .build.options import PackOptions as PackOptions
-    from .build.packing import pack_images as pack_images
+    from .packer.finalize import finalize_pack as finalize_pack
+    from .packer.listing import list_images as list_images
+    from .packer.options import PackOptions as PackOptions
+    from .packer.packing import pack_images as pack_images
     from .errors import (
         IndexFormatError as IndexFormatError,
     )
@@ -97,10 +97,10 @@ _EXPORTS = {
     "frame_record": "format.writer",
     "pack_image_record": "format.writer",
     # pipelines
-    "PackOptions": "build.options",
-    "pack_images": "build.packing",
-    "finalize_pack": "build.finalize",
-    "list_images": "build.listing",
+    "PackOptions": "packer.options",
+    "pack_images": "packer.packing",
+    "finalize_pack": "packer.finalize",
+    "list_images": "packer.listing",
     "verify_dataset": "inspect.verify",
 }
 

@@ -28,14 +28,14 @@ _ELSEWHERE = {
     "ChecksumFileError": "format.checksums",
     "DamagedRecordsError": "inspect.unpack",
     "DigestMismatchError": "remote.cache",
-    "EmptyListError": "build.listcheck",
-    "ImageRefused": "build.images",
-    "ImageTooLarge": "build.images",
-    "ListFormatError": "build.listfile",
+    "EmptyListError": "packer.listcheck",
+    "ImageRefused": "packer.images",
+    "ImageTooLarge": "packer.images",
+    "ListFormatError": "packer.listfile",
     "NotFoundError": "remote.store",
     "RemoteError": "remote.store",
     "TransientError": "remote.store",
-    "WrongRootError": "build.listcheck",
+    "WrongRootError": "packer.listcheck",
 }
 
 __all__ = [

@@ -145,8 +145,9 @@ def test_no_module_is_over_600_lines_and_no_command_module_over_300():
 
 
 def test_no_module_is_ignored_by_git():
-    """`.gitignore` once held `build/` (setuptools' folder), which also matched `rectool/build/`:
-    `rectool/build/__init__.py` was never committed and ruff never linted the folder."""
+    """`.gitignore` once held `build/` (setuptools' folder), which also matched the package's
+    `rectool/build/` (now `rectool/packer/`): its `__init__.py` was never committed and ruff
+    never linted the folder."""
     import shutil
     import subprocess
 
@@ -255,14 +256,14 @@ def test_the_mapping_check_finds_one():
 
 
 # One writer stack: the bytes of every file written in place (shards, the public writers'
-# files) go through `build/ordered.py`'s `write_all`, and only `build/shardfile.py` opens
+# files) go through `packer/ordered.py`'s `write_all`, and only `packer/shardfile.py` opens
 # record files for it; the door out (doors/) and the standalone modules are the exceptions.
 WRITE_CALLS = {"write", "pwrite", "writev", "fsync", "fdatasync"}
-OWN_WRITERS = {"rectool/build/ordered.py"}
+OWN_WRITERS = {"rectool/packer/ordered.py"}
 # Modules that open files in place through the door's `create_new`/`open_existing`, and what.
 IN_PLACE_OPENERS = {
-    "rectool/build/shardfile.py": "shards and the public writers' files (ShardFile.plain)",
-    "rectool/build/packrun.py": "the failures file",
+    "rectool/packer/shardfile.py": "shards and the public writers' files (ShardFile.plain)",
+    "rectool/packer/packrun.py": "the failures file",
     "rectool/repack/run.py": "the failures file",
 }
 NOT_THE_PACKAGE = {"rectool/recordio.py", "rectool/training.py", "rectool/demo.py"}

@@ -18,8 +18,8 @@ from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 from helpers.rec_files import idx_lines, image_payload, make_pack, write_records, xor_byte
 
-from rectool.build.packing import PackOptions, pack_images
-from rectool.build.shards import ShardWriter
+from rectool.packer.packing import PackOptions, pack_images
+from rectool.packer.shards import ShardWriter
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.inspect.reindex import reindex

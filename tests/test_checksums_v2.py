@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 from helpers.rec_files import idx_lines, make_pack, xor_byte
 
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.format.checksums import ChecksumFileError, decode_checksums
@@ -292,7 +292,7 @@ def hook(event, args):
     if event == "open" and str(args[0]).startswith({str(out)!r}):
         events.append((str(args[0]), args[2]))  # (path, os.open flags)
 sys.addaudithook(hook)
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.packing import PackOptions, pack_images
 pack_images({str(lst)!r}, {str(root)!r}, {str(out / "x")!r},
             PackOptions(shard_records=5, sha256=True, workers=1))
 print(repr(events))

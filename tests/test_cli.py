@@ -12,8 +12,8 @@ from click.testing import CliRunner
 
 from rectool import __version__
 from rectool import cli as cli_module
-from rectool.build.images import CHECK_MODES, ENCODINGS
-from rectool.build.packing import LAYOUTS
+from rectool.packer.images import CHECK_MODES, ENCODINGS
+from rectool.packer.packing import LAYOUTS
 from rectool.cli import cli
 
 
@@ -43,8 +43,8 @@ def test_cli_choices_are_the_library_constants_themselves():
 def test_start_up_does_not_import_numpy_opencv_tqdm_or_the_pipeline():
     probe = (
         "import sys, rectool.cli; "
-        "print(sorted(m for m in ('numpy', 'cv2', 'tqdm', 'rectool.build.packing', "
-        "'rectool.build.images') "
+        "print(sorted(m for m in ('numpy', 'cv2', 'tqdm', 'rectool.packer.packing', "
+        "'rectool.packer.images') "
         "if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

@@ -16,7 +16,7 @@ from helpers.image_trees import (
     make_tree,
 )
 
-from rectool.build import listing as listing_module
+from rectool.packer import listing as listing_module
 from rectool.cli import cli
 
 

@@ -201,12 +201,12 @@ def test_pack_exit_3_is_the_summary_with_error_and_exit(world):
 
 
 def test_ctrl_c_is_one_document_with_exit_130(world, monkeypatch):
-    import rectool.build.packing
+    import rectool.packer.packing
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(rectool.build.packing, "pack_images", interrupted)
+    monkeypatch.setattr(rectool.packer.packing, "pack_images", interrupted)
     args = args_for("pack", world, "ok")
     result = invoke([*args, "--json"])
     assert result.exit_code == 130

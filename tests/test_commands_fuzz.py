@@ -21,7 +21,7 @@ from helpers.image_files import write_list, write_pack_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.cli import cli
 from rectool.format.indexcache import write_index_cache
 from rectool.reader import load_index

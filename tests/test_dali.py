@@ -19,7 +19,7 @@ import pytest
 from helpers.handmade_datasets import MAGIC, write_insightface, write_pack
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.inspect.dali import write_dali_index
 from rectool.reader import RectoolError, open_dataset
 

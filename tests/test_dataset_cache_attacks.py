@@ -379,8 +379,8 @@ def test_repack_and_dali_index_of_a_pack_mapped_from_its_dataset_cache(tmp_path)
 def test_a_pack_killed_between_its_dataset_cache_and_its_manifest_resumes(tmp_path, monkeypatch):
     from helpers.image_files import write_list, write_pack_tree
 
-    from rectool.build import manifest
-    from rectool.build.packing import PackOptions, pack_images
+    from rectool.packer import manifest
+    from rectool.packer.packing import PackOptions, pack_images
 
     items = write_pack_tree(tmp_path / "tree", ["a", "b", "c"], 4)
     lst = write_list(tmp_path / "faces.lst", items)

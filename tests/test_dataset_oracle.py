@@ -14,7 +14,7 @@ import pytest
 from helpers.image_files import write_list, write_pack_tree
 from helpers.mxnet_oracle import im2rec_path, oracle_python, run_mxnet
 
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.reader import open_dataset
 
 pytestmark = pytest.mark.oracle

@@ -14,7 +14,7 @@ import pytest
 from helpers.image_files import write_list, write_pack_tree
 
 from rectool import reader as rd
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.packing import PackOptions, pack_images
 
 
 def pack(tmp_path, name, height, overwrite=False):

@@ -25,7 +25,7 @@ from helpers.handmade_datasets import write_pack
 from helpers.image_files import jpeg_bytes, write_list
 from helpers.oversized_images import OVERSIZED, cut_jpeg, oversized_jpeg, oversized_png
 
-from rectool.build.images import (
+from rectool.packer.images import (
     ImageRefused,
     ImageTooLarge,
     Transform,
@@ -63,7 +63,7 @@ def no_decoders(monkeypatch):
 # recordio.py stands alone, so it has its own door, after its own copy of the guard.
 DOORS = {
     ("reader.py", "imdecode"),
-    ("build/images.py", "_simplejpeg_decode"),
+    ("packer/images.py", "_simplejpeg_decode"),
     ("recordio.py", "_decode"),
 }
 DECODERS = {"imdecode", "imread", "imreadmulti", "imreadanimation", "decode_jpeg", "imcount"}

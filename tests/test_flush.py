@@ -1,4 +1,4 @@
-"""A shard is flushed to the disk while it is written (`build/ordered.py`, DATASYNC_BYTES), so the
+"""A shard is flushed to the disk while it is written (`packer/ordered.py`, DATASYNC_BYTES), so the
 fsync that finishes it waits for its last part only. Such a flush runs on a duplicate of the
 file's descriptor, whose error the final fsync does not see again: its error must fail the run,
 naming the file, as the fsync's own would. Steps are seen through the output door's fault hook;
@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
-from rectool.build import ordered, passthrough, shardfile
+from rectool.packer import ordered, passthrough, shardfile
 from rectool.cli import cli
 from rectool.doors import output
 from rectool.doors.output import create_new

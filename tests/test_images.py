@@ -1,4 +1,4 @@
-"""`rectool.build.images` checks: what `--check structure` and `--check decode` accept and refuse.
+"""`rectool.packer.images` checks: what `--check structure` and `--check decode` accept and refuse.
 
 The structure walk (`check_image(data, "structure")`, the default of `pack`) is tested on bytes
 built by hand, one refusal at a time; re-encoding options are in tests/test_transform_options.py.
@@ -20,7 +20,7 @@ from helpers.damaged_jpegs import DAMAGES, good_jpeg, scan_start
 from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from PIL import Image
 
-from rectool.build.images import (
+from rectool.packer.images import (
     ImageRefused,
     Transform,
     check_image,

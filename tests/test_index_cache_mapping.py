@@ -291,7 +291,7 @@ def test_pack_finalize_and_repack_write_the_cache_of_a_pack_of_several_shards(
 ):
     from helpers.image_files import write_list, write_pack_tree
 
-    from rectool.build.packing import PackOptions, finalize_pack, pack_images
+    from rectool.packer.packing import PackOptions, finalize_pack, pack_images
     from rectool.repack.pipeline import RepackOptions, repack
 
     items = write_pack_tree(tmp_path / "tree", ["a", "b", "c"], 4)

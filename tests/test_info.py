@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from helpers.rec_files import image_payload, make_pack, write_records
 
-from rectool.build.listfile import write_label_map
-from rectool.build.packing import pack_images
+from rectool.packer.listfile import write_label_map
+from rectool.packer.packing import pack_images
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.inspect.info import dataset_info

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from rectool.build.listfile import read_label_map
+from rectool.packer.listfile import read_label_map
 from rectool.cli import cli
 from rectool.errors import RectoolError
 

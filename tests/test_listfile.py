@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-import rectool.build.listfile as listfile
-from rectool.build.listfile import ListFormatError, iter_list, parse_list_line
+import rectool.packer.listfile as listfile
+from rectool.packer.listfile import ListFormatError, iter_list, parse_list_line
 
 names = st.text(
     st.characters(blacklist_characters="\t\n\r\0", blacklist_categories=["Cs"]), min_size=1
@@ -77,7 +77,7 @@ def test_bad_lines_are_named(text, message):
 
 @given(st.lists(st.tuples(st.integers(0, 10**18 - 1), st.integers(0, 3)), min_size=1), names)
 def test_line_indices_are_the_leading_numbers_of_lines(rows, name):
-    from rectool.build.listcheck import line_indices
+    from rectool.packer.listcheck import line_indices
 
     # Indices written with leading zeros as well (`zeros`), as a list may hold them.
     fields = [f"{'0' * zeros}{index}" for index, zeros in rows]
@@ -90,7 +90,7 @@ def test_line_indices_are_the_leading_numbers_of_lines(rows, name):
 
 
 def test_line_indices_leave_long_numbers_to_the_line_by_line_check():
-    from rectool.build.listcheck import line_indices
+    from rectool.packer.listcheck import line_indices
 
     assert line_indices(b"1\t0\ta\n" + b"1" * 19 + b"\t0\tb\n") is None
     assert line_indices(b"1\t0\ta\n" + b"9" * 18 + b"\t0\tb\n").tolist() == [1, 10**18 - 1]

@@ -1,4 +1,4 @@
-"""rectool.build.listing: walking an identity tree, labels, splits, chunks, the files written."""
+"""rectool.packer.listing: walking an identity tree, labels, splits, chunks, the files written."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from helpers.image_trees import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rectool.build import listing as listing_module
-from rectool.build import walk as walk_module
-from rectool.build.listfile import (
+from rectool.packer import listing as listing_module
+from rectool.packer import walk as walk_module
+from rectool.packer.listfile import (
     find_label_map,
     format_list_line,
     format_list_lines,
@@ -31,7 +31,7 @@ from rectool.build.listfile import (
     read_list,
     unwritable_paths,
 )
-from rectool.build.listing import (
+from rectool.packer.listing import (
     SKIP_REASONS,
     display_path,
     list_images,

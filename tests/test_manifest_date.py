@@ -9,7 +9,7 @@ import pytest
 from helpers.rec_files import make_pack
 
 from rectool import __version__
-from rectool.build.manifest import created_time
+from rectool.packer.manifest import created_time
 from rectool.errors import UsageError
 
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from rectool.build.listfile import ListFormatError
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.listfile import ListFormatError
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.cli import cli
 from rectool.reader import open_dataset
 

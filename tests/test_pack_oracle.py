@@ -9,7 +9,7 @@ import pytest
 from helpers.image_files import encode, image_array, jpeg_bytes, write_list, write_pack_tree
 from helpers.mxnet_oracle import im2rec_path, oracle_python, run_mxnet
 
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.packing import PackOptions, pack_images
 
 pytestmark = pytest.mark.oracle
 

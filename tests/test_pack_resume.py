@@ -15,8 +15,8 @@ import sys
 import pytest
 from helpers.image_files import encode, image_array, write_list
 
-from rectool.build.packing import PackOptions, pack_images
-from rectool.build.shards import ShardWriter
+from rectool.packer.packing import PackOptions, pack_images
+from rectool.packer.shards import ShardWriter
 
 ARGS = ["--resize", "24", "--shard-records", "97", "--workers", "2", "--quiet"]
 
@@ -142,8 +142,8 @@ def test_insightface_resume_rewrites_identity_records_cut_by_a_kill(tmp_path):
 
     from helpers.image_files import write_pack_tree
 
-    from rectool.build.manifest import STATE_SUFFIX
-    from rectool.build.packing import validate_list
+    from rectool.packer.manifest import STATE_SUFFIX
+    from rectool.packer.packing import validate_list
 
     root = tmp_path / "tree"
     items = write_pack_tree(root, ["a", "b", "c"], 4)

@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
-from rectool.build.packing import PackOptions, finalize_pack, pack_images, validate_list
-from rectool.build.shards import plan_shards
+from rectool.packer.packing import PackOptions, finalize_pack, pack_images, validate_list
+from rectool.packer.shards import plan_shards
 from rectool.cli import cli
 from rectool.errors import RectoolError, UsageError
 
@@ -157,7 +157,7 @@ def cluster():
 
 
 def test_dask_cluster_gives_the_same_bytes_as_a_local_pack(tree_with_refusals, tmp_path, cluster):
-    from rectool.build.distributed import pack_on_dask
+    from rectool.packer.distributed import pack_on_dask
 
     root, lst = tree_with_refusals
     options = PackOptions(shard_records=7, max_failures=5, workers=1)
@@ -174,7 +174,7 @@ def test_dask_cluster_gives_the_same_bytes_as_a_local_pack(tree_with_refusals, t
 def test_dask_overwrite_replaces_the_old_pack_only_once_the_new_one_is_complete(
     tree_with_refusals, tmp_path, cluster
 ):
-    from rectool.build.distributed import pack_on_dask
+    from rectool.packer.distributed import pack_on_dask
 
     root, lst = tree_with_refusals
     options = PackOptions(shard_records=7, max_failures=5, workers=1)
@@ -193,7 +193,7 @@ def test_dask_overwrite_replaces_the_old_pack_only_once_the_new_one_is_complete(
 
 
 def test_dask_worker_killed_mid_run_still_gives_a_correct_pack(tmp_path, cluster):
-    from rectool.build.distributed import pack_on_dask
+    from rectool.packer.distributed import pack_on_dask
 
     root = tmp_path / "tree"
     items = write_pack_tree(root, [f"id{i}" for i in range(12)], 40, height=96, width=80)
@@ -259,8 +259,8 @@ def test_resuming_a_shard_killed_after_its_rename_leaves_the_next_shard_alone(
 
 
 def test_dask_wrong_root_stops_before_the_cluster_or_any_file(tree_with_refusals, tmp_path):
-    from rectool.build.distributed import pack_on_dask
-    from rectool.build.packing import WrongRootError
+    from rectool.packer.distributed import pack_on_dask
+    from rectool.packer.packing import WrongRootError
 
     _, lst = tree_with_refusals
     wrong = tmp_path / "elsewhere"

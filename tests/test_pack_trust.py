@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
-from rectool.build.packing import PackOptions, finalize_pack, pack_images
+from rectool.packer.packing import PackOptions, finalize_pack, pack_images
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.format.records import IndexedRecordFile
@@ -320,7 +320,7 @@ def test_rectool_list_never_writes_a_path_that_leaves_root(tmp_path):
     os.symlink(outside / "carol", root / "carol")  # a folder linked from elsewhere
     result = invoke("list", root, tmp_path / "t.lst", "-q")
     assert result.exit_code == 0, result.output
-    from rectool.build.passthrough import leaves_root
+    from rectool.packer.passthrough import leaves_root
 
     paths = [line.split("\t")[-1] for line in (tmp_path / "t.lst").read_text().splitlines()]
     assert paths and not any(leaves_root(p) for p in paths)
@@ -395,7 +395,7 @@ def test_planted_symlinks_at_temporary_names_are_not_followed(two_identity_tree,
 
 
 def test_planted_symlinks_at_partial_names_are_replaced_not_followed(tmp_path):
-    from rectool.build.shards import ShardWriter
+    from rectool.packer.shards import ShardWriter
     from rectool.format.writer import frame_record
 
     victim = tmp_path / "victim.txt"

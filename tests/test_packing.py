@@ -10,8 +10,8 @@ import pytest
 import xxhash
 from helpers.image_files import encode, image_array, jpeg_bytes, write_list, write_pack_tree
 
-from rectool.build.images import Transform
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.images import Transform
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.errors import RectoolError, UsageError
 from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.reader import RecordFile, unpack_header
@@ -331,10 +331,10 @@ def test_insightface_layout_refuses_shards_and_bad_labels(small_tree, tmp_path):
 
 
 def test_insightface_layout_refuses_numbers_float32_cannot_hold(small_tree, tmp_path, monkeypatch):
-    import rectool.build.layout
+    import rectool.packer.layout
 
     root, lst, _ = small_tree
-    monkeypatch.setattr(rectool.build.layout, "FLOAT32_EXACT", 16)
+    monkeypatch.setattr(rectool.packer.layout, "FLOAT32_EXACT", 16)
     with pytest.raises(RectoolError, match="exact only up to 16; 12 images \\+ 3 identities"):
         pack_images(lst, root, tmp_path / "z", PackOptions(layout="insightface"))
 
@@ -382,8 +382,8 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
     import os
     import time
 
-    import rectool.build.packrun as packrun
-    import rectool.build.workers as workers
+    import rectool.packer.packrun as packrun
+    import rectool.packer.workers as workers
 
     root = tmp_path / "tree"
     # Two timing windows in a row must be slow (one could be a stall of the machine).
@@ -419,14 +419,14 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
 
 
 def test_a_record_over_the_recordio_limit_is_refused(small_tree, tmp_path, monkeypatch):
-    import rectool.build.passthrough
+    import rectool.packer.passthrough
     import rectool.format.writer
 
     root, lst, items = small_tree
     largest = max((root / rel).stat().st_size for _, _, rel in items)
     # Pretend the 2**29 - 1 limit is one byte short of the largest record (header + image).
     monkeypatch.setattr(rectool.format.writer, "MAX_RECORD_BYTES", 24 + largest - 1)
-    monkeypatch.setattr(rectool.build.passthrough, "MAX_RECORD_BYTES", 24 + largest - 1)
+    monkeypatch.setattr(rectool.packer.passthrough, "MAX_RECORD_BYTES", 24 + largest - 1)
     result = pack_images(lst, root, tmp_path / "big")
     too_big = [(i, rel) for i, _, rel in items if (root / rel).stat().st_size == largest]
     assert [(r.path, r.reason) for r in result.refused] == [
@@ -448,14 +448,14 @@ def test_a_record_over_the_recordio_limit_is_refused(small_tree, tmp_path, monke
     ],
 )
 def test_parse_size_units(text, size):
-    from rectool.build.shards import parse_size
+    from rectool.packer.shards import parse_size
 
     assert parse_size(text) == size
 
 
 @pytest.mark.parametrize("text", ["", "MB", "-5MB", "2XB", "lots", "0"])
 def test_parse_size_rejects(text):
-    from rectool.build.shards import parse_size
+    from rectool.packer.shards import parse_size
 
     with pytest.raises(ValueError, match="is not a size"):
         parse_size(text)

@@ -17,12 +17,12 @@ from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import rectool.build.passthrough
-import rectool.build.shards
-from rectool.build.images import ImageRefused, check_image
-from rectool.build.listfile import ListItem
-from rectool.build.packing import PackOptions, pack_images
-from rectool.build.passthrough import PassThroughPacker, _walk_jpegs
+import rectool.packer.passthrough
+import rectool.packer.shards
+from rectool.packer.images import ImageRefused, check_image
+from rectool.packer.listfile import ListItem
+from rectool.packer.packing import PackOptions, pack_images
+from rectool.packer.passthrough import PassThroughPacker, _walk_jpegs
 
 MAGIC = struct.pack("<I", 0xCED7230A)
 
@@ -228,8 +228,8 @@ def test_a_pack_of_many_blocks_through_a_slow_writer(tmp_path, monkeypatch):
         if n % 37:
             expected.append(frame(image_record(data, float(n % 5), n * 2)))
     lst = write_list(tmp_path / "many.lst", items)
-    monkeypatch.setattr(rectool.build.passthrough, "BLOCK_BYTES", 16 << 10)
-    monkeypatch.setattr(rectool.build.passthrough, "BUFFERS", 1)
+    monkeypatch.setattr(rectool.packer.passthrough, "BLOCK_BYTES", 16 << 10)
+    monkeypatch.setattr(rectool.packer.passthrough, "BUFFERS", 1)
     slow_writes(monkeypatch, ".rec.partial", 0.002)
     result = pack_images(lst, root, tmp_path / "many", PackOptions(max_failures=10))
     assert result.failures == 7
@@ -278,7 +278,7 @@ def test_numbered_records_skip_the_refused(tmp_path, block_bytes):
 def test_blocks_and_worker_threads_pack_the_same_bytes(tmp_path, monkeypatch, layout):
     # Two implementations of pass-through: blocks on the calling thread (fast disks) and
     # image by image in worker threads (slow ones). Their files must be the same.
-    import rectool.build.packrun
+    import rectool.packer.packrun
 
     root = tmp_path / "tree"
     (root / "a").mkdir(parents=True)
@@ -299,7 +299,7 @@ def test_blocks_and_worker_threads_pack_the_same_bytes(tmp_path, monkeypatch, la
     lst = write_list(tmp_path / "mixed.lst", items)
     options = PackOptions(layout=layout, max_failures=100, workers=2)
     pack_images(lst, root, tmp_path / "blocks" / "p", options)
-    monkeypatch.setattr(rectool.build.packrun, "_io_bound", lambda options: False)
+    monkeypatch.setattr(rectool.packer.packrun, "_io_bound", lambda options: False)
     pack_images(lst, root, tmp_path / "threads" / "p", options)
     for suffix in (".rec", ".idx", ".failures.jsonl"):
         blocks = (tmp_path / "blocks" / f"p{suffix}").read_bytes()

@@ -81,7 +81,7 @@ def test_the_index_caches_stay_on_the_machine_that_packed(
 ):
     # A cache names the times of the .idx files beside it, which a download does not keep:
     # uploaded, it could never be used, and would cost as much again as the .idx files.
-    from rectool.build import shardfile
+    from rectool.packer import shardfile
 
     monkeypatch.setattr(shardfile, "INDEX_CACHE_MIN_RECORDS", 1)
     monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 1)

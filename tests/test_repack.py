@@ -20,11 +20,11 @@ from helpers.image_files import encode, image_array, jpeg_bytes, write_list, wri
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rectool.build import manifest as manifest_module
-from rectool.build.images import Transform
-from rectool.build.listfile import write_label_map
-from rectool.build.listing import list_images
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer import manifest as manifest_module
+from rectool.packer.images import Transform
+from rectool.packer.listfile import write_label_map
+from rectool.packer.listing import list_images
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.errors import RectoolError, UsageError
 from rectool.inspect.verify import verify_dataset
 from rectool.reader import open_dataset
@@ -392,9 +392,9 @@ def test_insightface_layout_needs_identity_order(tmp_path):
 
 def test_insightface_key_limit_is_checked_before_writing(tmp_path, monkeypatch):
     counted_pack(tmp_path, [3, 3])
-    import rectool.build.layout
+    import rectool.packer.layout
 
-    monkeypatch.setattr(rectool.build.layout, "FLOAT32_EXACT", 8)
+    monkeypatch.setattr(rectool.packer.layout, "FLOAT32_EXACT", 8)
     with pytest.raises(RectoolError, match="6 images \\+ 2 identities need 9"):
         repack([tmp_path / "src"], tmp_path / "o" / "train", RepackOptions(layout="insightface"))
     assert not (tmp_path / "o").exists()
@@ -503,7 +503,7 @@ def test_output_exists_needs_overwrite_and_resume_of_a_complete_pack_is_a_no_op(
 KILL_AT = """
 import os, signal, sys
 from rectool.repack import pipeline as m, run
-from rectool.build.images import Transform
+from rectool.packer.images import Transform
 run.BATCH_RECORDS = 7
 run.REENCODE_CHUNK = 5
 sources, prefix, kill_at, layout, reencode = sys.argv[1:-4], sys.argv[-4], int(sys.argv[-3]), \

@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from helpers.handmade_datasets import write_pack
 from helpers.image_files import encode, image_array, jpeg_bytes
 
-from rectool.build.listfile import write_label_map
+from rectool.packer.listfile import write_label_map
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.reader import open_dataset

@@ -14,9 +14,9 @@ import pytest
 from helpers.handmade_datasets import write_pack
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
-from rectool.build.images import Transform
-from rectool.build.manifest import STATE_SUFFIX
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.images import Transform
+from rectool.packer.manifest import STATE_SUFFIX
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.errors import InputError, RectoolError
 from rectool.repack.pipeline import RepackOptions, repack
 

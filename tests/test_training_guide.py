@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
-from rectool.build.packing import pack_images
+from rectool.packer.packing import pack_images
 from rectool.emit import emit_reader
 
 pytest.importorskip("torch")

@@ -1,10 +1,10 @@
-"""`rectool.build.images.transform_from_options`: im2rec's re-encoding options, defaults."""
+"""`rectool.packer.images.transform_from_options`: im2rec's re-encoding options, defaults."""
 
 from __future__ import annotations
 
 import pytest
 
-from rectool.build.images import Transform, transform_from_options
+from rectool.packer.images import Transform, transform_from_options
 from rectool.errors import UsageError
 
 

@@ -19,7 +19,7 @@ from helpers.rec_files import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rectool.build.packing import pack_images
+from rectool.packer.packing import pack_images
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.format.writer import IndexedRecordWriter, pack_image_record

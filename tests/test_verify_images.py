@@ -11,7 +11,7 @@ from helpers.handmade_datasets import write_insightface
 from helpers.image_files import encode, image_array, jpeg_bytes
 from helpers.rec_files import image_payload, write_records
 
-from rectool.build.images import ImageRefused, check_image
+from rectool.packer.images import ImageRefused, check_image
 from rectool.cli import cli
 from rectool.inspect.verify import verify_dataset
 

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import jpeg_bytes
 
-from rectool.build.listing import walk_tree
+from rectool.packer.listing import walk_tree
 from rectool.cli import cli
 
 

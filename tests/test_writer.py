@@ -357,7 +357,7 @@ def test_the_public_writers_write_through_the_pipelines_shard_file(tmp_path, mon
     their files is written by the pipeline's ShardFile (its OrderedWriter's `write_all`), and
     `flush(sync=True)` fsyncs through the ShardFile's `fsync_fd`. A writer that opened or wrote
     its files itself again would leave bytes that went through neither."""
-    from rectool.build import ordered, shardfile
+    from rectool.packer import ordered, shardfile
 
     written, synced, added = {}, [], []
     write_all, fsync_fd, add = ordered.write_all, shardfile.fsync_fd, shardfile.ShardFile.add
@@ -396,7 +396,7 @@ def test_the_public_writers_write_through_the_pipelines_shard_file(tmp_path, mon
 
 def test_the_one_writer_check_sees_a_writer_of_its_own(tmp_path, monkeypatch):
     """The check above fails for a writer that writes its file itself (the old RecordWriter)."""
-    from rectool.build import ordered
+    from rectool.packer import ordered
 
     written = []
     write_all = ordered.write_all

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, BinaryIO, cast
 
 import click
 
-from ..build.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, display_path, list_images
+from ..packer.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, display_path, list_images
 from ..text import counted
 from .conventions import (
     RectoolCommand,
@@ -30,7 +30,7 @@ from .paramtypes import Count, Finite
 from .progress import progress_bar
 
 if TYPE_CHECKING:
-    from ..build.splits import Listing
+    from ..packer.splits import Listing
 
 
 def parse_extensions(

@@ -15,7 +15,7 @@ from ..choices import ENCODINGS, LAYOUTS
 from .paramtypes import SEED, ByteSize, Count, FailureLimit, PixelCount
 
 if TYPE_CHECKING:
-    from ..build.images import Transform
+    from ..packer.images import Transform
 
 ALL_CORES = os.cpu_count() or 1
 
@@ -143,7 +143,7 @@ TRANSFORM_NAMES = ("resize", "center_crop", "quality", "encoding", "color")
 def transform_of(values: dict[str, Any]) -> Transform | None:
     """Return the `Transform` that the `transform_options` among `values` (a command's keyword
     arguments) ask for, or None; those five are taken out of `values`."""
-    from ..build.images import transform_from_options  # here: only a command that runs
+    from ..packer.images import transform_from_options  # here: only a command that runs
 
     return transform_from_options(**{name: values.pop(name) for name in TRANSFORM_NAMES})
 

@@ -46,7 +46,7 @@ from .paramtypes import Count
 from .progress import progress_bar, remember_progress
 
 if TYPE_CHECKING:
-    from ..build.results import PackResult, ShardResult
+    from ..packer.results import PackResult, ShardResult
 
 
 @click.command(cls=RectoolCommand, name="pack")
@@ -180,10 +180,10 @@ def pack_command(
         rectool list faces/ - --labels faces.tsv | rectool pack - faces/ out/f --labels faces.tsv
         rectool pack faces.lst faces/ s3://bucket/packs/faces   # staged, then uploaded
     """
-    from ..build.distributed import pack_on_dask
-    from ..build.finalize import finalize_pack
-    from ..build.options import PackOptions
-    from ..build.packing import pack_images
+    from ..packer.distributed import pack_on_dask
+    from ..packer.finalize import finalize_pack
+    from ..packer.options import PackOptions
+    from ..packer.packing import pack_images
     from ..remote.store import is_url
     from ..remote.upload import check_output_prefix, named_at, output_prefix
 

@@ -10,13 +10,13 @@ from ..text import counted, plural
 if TYPE_CHECKING:
     from _typeshed import StrPath
 
-    from ..build.options import PackOptions
-    from ..build.results import PackResult, ShardResult
+    from ..packer.options import PackOptions
+    from ..packer.results import PackResult, ShardResult
     from .progress import Seen
 
 
 def has_output(prefix: str) -> bool:
-    from ..build.manifest import output_files
+    from ..packer.manifest import output_files
 
     return bool(output_files(prefix))
 
@@ -32,7 +32,7 @@ def interrupted_message(
 ) -> str:
     """Say what an interrupted pack (or repack) kept and how to continue it; `status` 143 says
     it was terminated (SIGTERM), 130 interrupted (Ctrl-C)."""
-    from ..build.manifest import journal_path
+    from ..packer.manifest import journal_path
     from ..remote.store import is_url
 
     word = "Terminated (SIGTERM)" if status == 143 else "Interrupted"
@@ -72,7 +72,7 @@ class ShardPlan(TypedDict):
 
 def shard_plan(list_file: StrPath, options: PackOptions) -> ShardPlan:
     """Return the shard plan of a list as JSON-ready data (list lines are 1-based)."""
-    from ..build.packing import plan_list
+    from ..packer.packing import plan_list
 
     plan = plan_list(list_file, options)
     return {
@@ -109,7 +109,7 @@ def render_shard_result(shard: ShardResult) -> str:
 
 def render_pack_summary(result: PackResult, shown: int = 10) -> str:
     """Return the human summary of a pack."""
-    from ..build.results import COMPLETE, FINALIZED, RESUMED
+    from ..packer.results import COMPLETE, FINALIZED, RESUMED
 
     shards = result.manifest["shards"]
     totals = result.manifest["totals"]
@@ -151,7 +151,7 @@ def refused_too_many(result: PackResult | ShardResult) -> str:
 
 def render_result(result: PackResult | ShardResult) -> str:
     """Return the human summary of a pack, or of one shard of its plan."""
-    from ..build.results import ShardResult
+    from ..packer.results import ShardResult
 
     if isinstance(result, ShardResult):
         return render_shard_result(result)

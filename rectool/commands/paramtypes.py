@@ -75,7 +75,7 @@ class ByteSize(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
         if isinstance(value, int):
             return value
-        from ..build.shards import parse_size
+        from ..packer.shards import parse_size
 
         try:
             size = parse_size(value)

@@ -2,7 +2,7 @@
 (`failure_line`) and read (`open_failures`) in one place.
 
 A failures file holds one JSON object a line, each ending with a newline. `pack` writes a
-`PACK` line for each image it refuses (`build.results.Refusal`); `repack` writes a `REPACK`
+`PACK` line for each image it refuses (`packer.results.Refusal`); `repack` writes a `REPACK`
 line for each record its plan removes (`"stage": "plan"`, with a `detail`) or its writing
 refuses (`"stage": "write"`, with the plan `position`). Every field is checked here, as the
 manifest's are in `reader.read_manifest`: a line that is not UTF-8 JSON, not an object, has a

@@ -2,7 +2,7 @@
 
 The format constants live in `rectool.reader`, the one place that defines the bytes. The
 public `RecordWriter` and `IndexedRecordWriter` frame here and write through the pipeline's
-own `build.shardfile.ShardFile` (`ShardFile.plain`): one writing path, one fsync, one door.
+own `packer.shardfile.ShardFile` (`ShardFile.plain`): one writing path, one fsync, one door.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from ..reader import (
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, StrPath
 
-    from ..build.shardfile import ShardFile
+    from ..packer.shardfile import ShardFile
 
     # A label: a number (flag 0), or a sequence or array of them (float32 labels).
     Label = float | Sequence[float] | np.ndarray
@@ -161,7 +161,7 @@ class RecordWriter:
 
 
 def _plain_file(rec_path: str, idx_path: str | None, append: bool) -> ShardFile:
-    from ..build.shardfile import ShardFile  # the pipeline's writer (it imports this module)
+    from ..packer.shardfile import ShardFile  # the pipeline's writer (it imports this module)
 
     return ShardFile.plain(rec_path, idx_path, append)
 

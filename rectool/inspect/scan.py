@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from ..build.images import sniff_format
+from ..packer.images import sniff_format
 from ..reader import (
     CFLAG_FIRST,
     CFLAG_LAST,

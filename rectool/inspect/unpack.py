@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..build.images import sniff_format
+from ..packer.images import sniff_format
 from ..doors.output import OutputFolder
 from ..errors import RectoolError
 from ..format.checksums import (

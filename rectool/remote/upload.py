@@ -40,7 +40,7 @@ from .store import ObjectStore, RemoteError, Retry, is_url, open_store, safe_url
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance, StrPath
 
-    from ..build.shardfile import ShardInfo
+    from ..packer.shardfile import ShardInfo
 
 Result = TypeVar("Result", bound="DataclassInstance")
 

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..build.images import ImageRefused, check_image
-from ..build.passthrough import refused_images
+from ..packer.images import ImageRefused, check_image
+from ..packer.passthrough import refused_images
 from ..format.writer import frame_record, pack_image_record
 from ..reader import (
     IMAGE_HEADER_SIZE,

@@ -6,8 +6,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..build.images import DEFAULT_MAX_PIXELS, Transform
-from ..build.layout import layout_named
+from ..packer.images import DEFAULT_MAX_PIXELS, Transform
+from ..packer.layout import layout_named
 from ..errors import RectoolError, UsageError
 from ..format.digest import sha256_file
 from ..remote.store import is_url

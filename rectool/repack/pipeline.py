@@ -24,7 +24,7 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ..build.manifest import (
+from ..packer.manifest import (
     FAILURES_SUFFIX,
     RELABEL_SUFFIX,
     REPORT_SUFFIX,
@@ -38,7 +38,7 @@ from ..build.manifest import (
 )
 
 # Pack's output conventions and its --resume/--overwrite rules, reused as they are.
-from ..build.options import allowed_failures
+from ..packer.options import allowed_failures
 from ..doors.inputs import open_input, read_state
 from ..doors.output import OutputLock, make_folders, remove, write_json_atomic
 from ..errors import RectoolError, UsageError
@@ -64,8 +64,8 @@ from .sources import open_target as open_target
 if TYPE_CHECKING:
     from _typeshed import StrPath
 
-    from ..build.packrun import Progress
-    from ..build.shardfile import ShardFinished
+    from ..packer.packrun import Progress
+    from ..packer.shardfile import ShardFinished
 
 
 def repack(

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..build.layout import layout_named
+from ..packer.layout import layout_named
 from ..errors import RectoolError, UsageError
 from ..format.keys import FLOAT32_EXACT
 from . import selection

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..build.images import ImageRefused, reencode_image
-from ..build.layout import image_size, layout_named
-from ..build.listfile import LABEL_MAP_SUFFIX
-from ..build.manifest import (
+from ..packer.images import ImageRefused, reencode_image
+from ..packer.layout import image_size, layout_named
+from ..packer.listfile import LABEL_MAP_SUFFIX
+from ..packer.manifest import (
     FAILURES_SUFFIX,
     PARTIAL_SUFFIX,
     RELABEL_SUFFIX,
@@ -24,7 +24,7 @@ from ..build.manifest import (
     remove_stale_temporaries,
     write_manifest,
 )
-from ..build.shards import ShardWriter
+from ..packer.shards import ShardWriter
 from ..doors.failures import REPACK, failure_line, open_failures
 from ..doors.output import (
     open_existing,
@@ -42,7 +42,7 @@ from .plan import reason_of
 from .result import RepackResult
 
 if TYPE_CHECKING:
-    from ..build.packrun import Progress
+    from ..packer.packrun import Progress
     from ..reader import Header
     from .options import RepackOptions
     from .plan import Catalog, Plan

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..build.listfile import LABEL_MAP_SUFFIX, read_label_map
+from ..packer.listfile import LABEL_MAP_SUFFIX, read_label_map
 from ..errors import InputError, RectoolError
 from ..format.keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
 from ..reader import open_dataset

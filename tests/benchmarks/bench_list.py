@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from common import oracle_python  # noqa: E402
 from tree import DEFAULT_IDENTITIES, DEFAULT_IMAGES, ensure_tree  # noqa: E402
 
-from rectool.build import listing as listing_module  # noqa: E402
-from rectool.build.listfile import read_list  # noqa: E402
-from rectool.build.listing import default_threads, list_images  # noqa: E402
+from rectool.packer import listing as listing_module  # noqa: E402
+from rectool.packer.listfile import read_list  # noqa: E402
+from rectool.packer.listing import default_threads, list_images  # noqa: E402
 
 IM2REC_FASTER_BY = 5.0
 WITHIN_FIND = 5.0

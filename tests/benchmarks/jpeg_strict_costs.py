@@ -31,7 +31,7 @@ import simplejpeg
 sys.path.insert(0, str(Path(__file__).parent))
 from common import best_in_turns  # noqa: E402
 
-from rectool.build.images import check_image, check_jpeg_data, inspect_image  # noqa: E402
+from rectool.packer.images import check_image, check_jpeg_data, inspect_image  # noqa: E402
 
 
 def make_jpegs(count, side, seed=0):

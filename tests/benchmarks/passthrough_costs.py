@@ -17,8 +17,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import CACHE  # noqa: E402
 
-from rectool.build.listfile import iter_list  # noqa: E402
-from rectool.build.passthrough import PassThroughPacker  # noqa: E402
+from rectool.packer.listfile import iter_list  # noqa: E402
+from rectool.packer.passthrough import PassThroughPacker  # noqa: E402
 
 
 def system_calls(paths):

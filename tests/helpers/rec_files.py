@@ -10,8 +10,8 @@ import struct
 from types import SimpleNamespace
 
 from helpers.image_files import write_list, write_pack_tree
-from rectool.build.listfile import write_label_map
-from rectool.build.packing import PackOptions, pack_images
+from rectool.packer.listfile import write_label_map
+from rectool.packer.packing import PackOptions, pack_images
 
 MAGIC = b"\x0a\x23\xd7\xce"
 NAMES = ["alice", "bob", "carol"]

@@ -74,7 +74,7 @@ class ShardIndex:
 
 @dataclass(frozen=True, eq=False)
 class FoundLayout:
-    """How a shard's records are found laid out (what `build.layout.Layout` wrote): `name` is
+    """How a shard's records are found laid out (what `packer.layout.Layout` wrote): `name` is
     "images" or "insightface".
 
     For insightface, `header` is record 0's row and `span` its label (a, b): images are keys

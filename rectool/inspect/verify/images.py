@@ -9,14 +9,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...build.images import (
+from ...packer.images import (
     DEFAULT_MAX_PIXELS,
     ImageRefused,
     ImageTooLarge,
     check_container,
     inspect_image,
 )
-from ...build.passthrough import refused_images
+from ...packer.passthrough import refused_images
 from ...reader import IMAGE_HEADER_SIZE, unpack_header
 from ..scan import ReadRecord
 from .facts import ShardFacts

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from ...build.manifest import finish_interrupted_source, leftover_staging
+from ...packer.manifest import finish_interrupted_source, leftover_staging
 from ...errors import RectoolError
 from ...reader import RecordFile, resolve_source, source_prefixes
 from ..scan import mapped

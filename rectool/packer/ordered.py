@@ -3,7 +3,7 @@
 One thread runs writes in submission order, so writing overlaps encoding; a second hashes
 each write's bytes meanwhile, and a third flushes what was written to the disk every
 DATASYNC_BYTES, so the fsync that finishes a shard waits for its last part only.
-`build/shardfile.py` hands it a shard's buffers (and those of the public
+`packer/shardfile.py` hands it a shard's buffers (and those of the public
 `RecordWriter`/`IndexedRecordWriter`, which write in the caller's thread:
 `background=False`); nothing else writes records to a file.
 """
