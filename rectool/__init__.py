@@ -45,27 +45,14 @@ if TYPE_CHECKING:  # the names below, typed for a checker (`X as X`: exported)
     )
     from .inspect.dali import write_dali_index as write_dali_index
     from .inspect.verify import verify_dataset as verify_dataset
-    from .reader import (
-        Header as Header,
-    )
-    from .reader import (
-        RecordDataset as RecordDataset,
-    )
-    from .reader import (
-        RecordFile as RecordFile,
-    )
-    from .reader import (
-        decode_image as decode_image,
-    )
-    from .reader import (
-        load_index as load_index,
-    )
-    from .reader import (
-        open_dataset as open_dataset,
-    )
-    from .reader import (
-        unpack_header as unpack_header,
-    )
+    from .dataset.packs import PackDataset as PackDataset
+    from .dataset.packs import open_dataset as open_dataset
+    from .format.textindex import load_index as load_index
+    from .reader import Header as Header
+    from .reader import RecordDataset as RecordDataset
+    from .reader import RecordFile as RecordFile
+    from .reader import decode_image as decode_image
+    from .reader import unpack_header as unpack_header
     from .training import RankSampler as RankSampler
     from .training import prefetch as prefetch
 
@@ -82,10 +69,11 @@ _EXPORTS = {
     "Header": "reader",
     "IndexedRecordFile": "format.records",
     "RankSampler": "training",
+    "PackDataset": "dataset.packs",
     "RecordDataset": "reader",
     "RecordFile": "reader",
-    "load_index": "reader",
-    "open_dataset": "reader",
+    "load_index": "format.textindex",
+    "open_dataset": "dataset.packs",
     "prefetch": "training",
     "decode_image": "reader",
     "unpack_header": "reader",

@@ -15,10 +15,10 @@ from typing import Any
 
 from .reader import (
     ImageTooLargeError,
-    IndexFormatError,
     InputError,
     RecordFormatError,
     RectoolError,
+    NotIndexedError,
     SampleIndexError,
 )
 
@@ -31,6 +31,7 @@ _ELSEWHERE = {
     "EmptyListError": "packer.listcheck",
     "ImageRefused": "packer.images",
     "ImageTooLarge": "packer.images",
+    "IndexFormatError": "format.textindex",
     "ListFormatError": "packer.listfile",
     "NotFoundError": "remote.store",
     "RemoteError": "remote.store",
@@ -40,9 +41,9 @@ _ELSEWHERE = {
 
 __all__ = [
     "ImageTooLargeError",
-    "IndexFormatError",
     "InputError",
     "ListingError",
+    "NotIndexedError",
     "RecordFormatError",
     "RecordTooLargeError",
     "RectoolError",

@@ -34,7 +34,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import RectoolError
-from ..reader import JOURNAL_SUFFIX  # the reader refuses a prefix that has one
+from ..reader import JOURNAL_SUFFIX
 from .commit import OutputFiles, commit, finish_commit, read_journal
 from .faults import FAULT_ENV, FAULT_STEPS, fault_point, set_fault_hook
 from .files import (

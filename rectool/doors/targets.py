@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import RectoolError
-from ..reader import JOURNAL_SUFFIX  # the reader refuses a prefix that has one
+from ..reader import JOURNAL_SUFFIX
 from .lock import LOCK_SUFFIX
 
 if TYPE_CHECKING:

@@ -1,26 +1,33 @@
-"""The manifest fields rectool's commands read beyond the reader's, checked on every read.
+"""The manifest schema: every field rectool's commands read, checked on every read.
 
-`reader.read_manifest` is the one door: it checks what reading a pack needs (format, version,
-layout, each shard's files and counts) and, in the package, calls `check_command_fields` on
-the same document, so every field any command uses is checked before one is used. The
-emitted reader reads no other field, so it carries none of this.
+`read_manifest` here is the package's one door to a manifest: the reader's own
+`reader.read_manifest` checks what reading a pack needs (format, version, layout, each shard's
+files and counts, the index's files), then `check_command_fields` checks every other field a
+command uses before one is used. The emitted reader reads no other field, so it carries none
+of this.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..reader import (
     COUNT_FIELD,
     LAYOUT_FIELD,
-    MAX_MANIFEST_DEPTH,
     NAME_FIELD,
+    InputError,
     bad_field,
     check_fields,
-    too_deep,
 )
+from ..reader import read_manifest as read_reader_fields
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from _typeshed import StrPath
 
 Field = tuple[Callable[[Any], bool], str]
 Fields = dict[str, Any]  # name -> a Field, or the Fields of an object
@@ -41,6 +48,7 @@ _CLASSES: Field = (
     lambda v: type(v) is int and 0 <= v <= MAX_CLASS_ID,
     f"an integer 0 .. {MAX_CLASS_ID}",
 )
+MAX_MANIFEST_DEPTH = 16  # rectool writes 3 levels (shards[0], options.transform)
 _INT: Field = (lambda v: type(v) is int and -(1 << 31) <= v < 1 << 31, "an integer")
 
 # Each object's fields: name -> a field, or the fields of an object. Fields not named here are
@@ -76,6 +84,8 @@ SHARD: Fields = {
     "idx_xxh3_128": _XXH128,
     "crc_xxh3_128": _XXH128,
 }
+FILE: Fields = {"file": NAME_FIELD, "bytes": COUNT_FIELD, "xxh3_128": _XXH128}
+INDEX: Fields = {name: FILE for name in ("offsets", "keys", "labels", "identity_ranges")}
 MANIFEST: Fields = {
     "rectool_version": _TEXT,
     "created": _TEXT,
@@ -86,28 +96,55 @@ MANIFEST: Fields = {
     "totals": {n: COUNT_FIELD for n in ("shards", "records", "images", "rec_bytes", "failures")},
     "failures_file": NAME_FIELD,
     "classes": _CLASSES,
+    "index": INDEX,
 }
 CLOSED = {"options.transform"}  # objects whose every field is known (--resume compares them)
 
 
-def check_command_fields(path: str, doc: dict[str, Any], data: bytes) -> None:
+def read_manifest(path: StrPath, require: Iterable[str] = ()) -> dict[str, Any]:
+    """Read and check a pack manifest; raise `InputError` naming the file and field.
+
+    `require`: dotted names ("totals.images") of fields that must be present and not null.
+    """
+    path = os.fspath(path)
+    doc = read_reader_fields(path)
+    check_command_fields(path, doc)
+    for field in require:
+        value: Any = doc
+        for part in field.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            raise InputError(f"{path}: manifest field {field!r} is missing (or null)")
+    return doc
+
+
+def too_deep(path: str) -> InputError:
+    """Return the `InputError` of a manifest nested deeper than `MAX_MANIFEST_DEPTH`."""
+    return InputError(
+        f"{path}: not a rectool manifest (JSON nested more than {MAX_MANIFEST_DEPTH} deep)"
+    )
+
+
+def check_command_fields(path: str, doc: dict[str, Any]) -> None:
     """Check the fields of a manifest that commands read; raise `InputError` naming one.
 
-    `doc` has passed the reader's own checks; `data` is the file it was parsed from.
+    `doc` has passed the reader's own checks.
     `identities` given as a list of names becomes {"label": name} (labels 0, 1, ...), the form
     every command reads. No name or string may hold a lone surrogate (see `lone_surrogate`).
     """
     if _deeper_than(doc, MAX_MANIFEST_DEPTH):
         raise too_deep(path)
-    # json reads one from the \\ud800 escape alone, and from its bytes in UTF-8 (ED A0..BF) or
-    # UTF-16/32 (a NUL in the first 4 bytes): only then is every string looked at.
-    if b"\\u" in data or b"\xed" in data or b"\0" in data[:4]:
-        where = lone_surrogate(doc)
-        if where is not None:
-            raise bad_field(path, where, "text (it holds half of a UTF-16 surrogate pair)")
+    where = lone_surrogate(doc)  # json reads one from a \\ud800 escape alone
+    if where is not None:
+        raise bad_field(path, where, "text (it holds half of a UTF-16 surrogate pair)")
     _check_object(path, doc, MANIFEST, "")
     identities = doc.get("identities")
-    if isinstance(identities, list):
+    if doc.get("format_version", 0) >= 3:  # the names are in their own file
+        if identities is not None:
+            _check_object(path, {"identities": identities}, {"identities": FILE}, "")
+            check_fields(path, identities, {"count": COUNT_FIELD}, "identities.")
+        identities = None
+    elif isinstance(identities, list):
         identities = doc["identities"] = {str(i): name for i, name in enumerate(identities)}
     if not isinstance(identities, (dict, type(None))):
         raise bad_field(path, "identities", 'an object {"label": "name"}, a list of names or null')

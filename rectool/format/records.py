@@ -6,7 +6,11 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..reader import RecordFile, RectoolError, load_index
+from ..reader import (
+    RecordFile,
+    RectoolError,
+)
+from ..format.textindex import load_index
 
 if TYPE_CHECKING:
     from _typeshed import StrPath

@@ -17,7 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..reader import DEFAULT_MAX_PIXELS, RecordDataset, open_dataset
+from ..reader import DEFAULT_MAX_PIXELS
+from ..dataset.packs import (
+    PackDataset,
+    open_dataset,
+)
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -74,7 +78,7 @@ class BenchReport:
 
 
 def _timed_reads(
-    ds: RecordDataset, order: Iterable[int], deadline: float | None
+    ds: PackDataset, order: Iterable[int], deadline: float | None
 ) -> tuple[int, int, float]:
     """Read `ds[i]` for i in `order` until done or `deadline`; return (samples, bytes, seconds)."""
     total = count = 0
@@ -88,7 +92,7 @@ def _timed_reads(
     return count, total, time.perf_counter() - start
 
 
-_DATASET: RecordDataset | None = None
+_DATASET: PackDataset | None = None
 
 
 def _init_worker(source: Source, decode: str, max_pixels: int) -> None:
@@ -131,7 +135,7 @@ def bench_dataset(
     rng = np.random.default_rng(seed)
 
     def phase(
-        name: str, order: Iterable[int], dataset: RecordDataset, count_workers: int = 1
+        name: str, order: Iterable[int], dataset: PackDataset, count_workers: int = 1
     ) -> None:
         if progress is not None:
             progress(name)

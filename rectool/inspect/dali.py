@@ -9,7 +9,7 @@ import numpy as np
 
 from ..doors.output import check_target, write_output
 from ..errors import RectoolError
-from ..reader import RecordDataset
+from ..dataset.packs import PackDataset
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -25,7 +25,7 @@ def write_dali_index(source: StrPath, path: StrPath, overwrite: bool = False) ->
     `overwrite`, and never a pack's own file (its .idx, say).
     """
     check_target(path, overwrite, "DALI index")
-    ds = RecordDataset(source)
+    ds = PackDataset(source)
     if ds.layout != "images":
         raise RectoolError(
             f"{ds.shards[0][0]}: DALI reads every record as a sample, including the header and "

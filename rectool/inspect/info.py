@@ -29,12 +29,12 @@ from ..reader import (
     RecordFile,
     dataset_cache_path,
     imdecode,
-    load_index,
     read_dataset_cache,
     read_index_cache,
-    resolve_source,
     unpack_header,
 )
+from ..format.textindex import load_index
+from ..dataset.sources import resolve_source
 from .scan import (
     image_formats,
     insightface_ranges,

@@ -31,7 +31,11 @@ from ..format.checksums import (
 from ..format.digest import DIGEST_NAMES
 from ..format.indexcache import rewrite_stale_caches
 from ..format.writer import format_index_line
-from ..reader import IMAGE_HEADER_SIZE, RecordFile, index_cache_path
+from ..reader import (
+    IMAGE_HEADER_SIZE,
+    RecordFile,
+    index_cache_path,
+)
 from .scan import Buffer, Damage, mapped, read_headers, scan_framing
 
 if TYPE_CHECKING:

@@ -33,9 +33,11 @@ from ..reader import (
     Header,
     RecordFile,
     RecordFormatError,
+    unpack_header,
+)
+from ..dataset.headers import (
     insightface_header,
     peek_header,
-    unpack_header,
 )
 
 if TYPE_CHECKING:

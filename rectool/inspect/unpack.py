@@ -33,7 +33,9 @@ from ..format.checksums import (
 )
 from ..format.keys import last_line_wins, refuse_shared_offsets
 from ..format.records import IndexedRecordFile
-from ..reader import insightface_header, resolve_source, unpack_header
+from ..reader import unpack_header
+from ..dataset.headers import insightface_header
+from ..dataset.sources import resolve_source
 from ..text import counted
 from .scan import mapped
 

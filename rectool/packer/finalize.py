@@ -14,7 +14,7 @@ from ..doors.failures import open_failures
 from ..doors.inputs import dataset_path, open_input
 from ..doors.output import OutputLock, remove, rename, stage_file
 from ..errors import RectoolError
-from ..reader import read_manifest
+from ..format.manifest import read_manifest
 from .listcheck import load_identities, validate_list
 from .manifest import (
     FAILURES_SUFFIX,

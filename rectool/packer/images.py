@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from .. import choices
 from ..errors import RecordFormatError, RectoolError, UsageError
-from ..reader import (  # the format constants and sniff_format: re-exported for pack's modules
+from ..reader import (
     DEFAULT_MAX_PIXELS,
-    JPEG_FRAME_MARKERS,  # noqa: F401
-    JPEG_STANDALONE_MARKERS,  # noqa: F401
+    JPEG_FRAME_MARKERS,
+    JPEG_STANDALONE_MARKERS,
     ImageTooLargeError,
     admit_image,
     imdecode,
-    sniff_format,  # noqa: F401
+    sniff_format,
 )
 
 if TYPE_CHECKING:

@@ -23,7 +23,11 @@ from ..doors.output import write_atomic
 from ..errors import RectoolError, UsageError
 from ..format.keys import FLOAT32_EXACT
 from ..format.writer import frame_record, pack_image_record
-from ..reader import RecordFormatError, admit_image, unpack_header
+from ..reader import (
+    RecordFormatError,
+    admit_image,
+    unpack_header,
+)
 from .listfile import ListFormatError
 
 if TYPE_CHECKING:

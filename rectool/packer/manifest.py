@@ -19,6 +19,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from .. import __version__
+from ..dataset.sources import source_prefixes
 from ..doors.inputs import read_state
 from ..doors.output import (
     JOURNAL_SUFFIX,
@@ -34,20 +35,26 @@ from ..doors.output import (
     write_json_atomic,
 )
 from ..errors import InputError, RectoolError, UsageError
+from ..format.binindex import (
+    IDENTITIES_SUFFIX,
+    INDEX_SUFFIXES,
+    index_shards,
+    write_identities,
+    write_index,
+)
 from ..format.checksums import SUFFIX as CHECKSUM_SUFFIX
-from ..format.indexcache import wants_dataset_cache, write_dataset_cache
 from ..reader import (
     MANIFEST_FORMAT,
     MANIFEST_SUFFIX,
     MANIFEST_VERSION,
     STATE_SUFFIX,
-    source_prefixes,
+    RecordFile,
 )
 
 if TYPE_CHECKING:
     from _typeshed import StrPath, SupportsRead
 
-    from ..reader import Source
+    from ..dataset.sources import Source
     from .images import Transform
     from .shardfile import ShardInfo
 
@@ -86,13 +93,27 @@ def manifest_path(prefix: StrPath) -> str:
 
 
 def write_manifest(prefix: str, manifest: dict[str, Any]) -> None:
-    """Write the manifest of the pack at `prefix`, the mark that it is complete; before it, for
-    a pack that `wants_dataset_cache`, the index cache of all its shards (`PREFIX.idx.rtc`:
-    one mapping that every loader worker shares)."""
+    """Write the manifest of the pack at `prefix`, the mark that it is complete; before it, the
+    pack's binary index (format 3: `.npy` arrays the reader maps, read from the finished
+    shards) and the file of its identity names, both named in the manifest."""
     shards, folder = manifest["shards"], os.path.dirname(prefix)
-    if wants_dataset_cache(shards):
-        idx_paths = [os.path.join(folder, s["idx"]) for s in shards]
-        write_dataset_cache(manifest_path(prefix), idx_paths)
+    files = [RecordFile(os.path.join(folder, s["rec"])) for s in shards]
+    try:
+        index = index_shards(
+            files,
+            [os.path.join(folder, s["idx"]) for s in shards],
+            shards,
+            manifest.get("layout"),
+            manifest_path(prefix),
+        )
+    finally:
+        for rf in files:
+            rf.close()
+    manifest["index"] = write_index(prefix, index)
+    identities = manifest.get("identities")
+    if identities is not None and "file" not in identities:
+        names = {int(label): name for label, name in identities.items()}
+        manifest["identities"] = write_identities(prefix, names)
     write_json_atomic(manifest_path(prefix), manifest)
 
 
@@ -111,7 +132,8 @@ def output_files(prefix: StrPath) -> list[str]:
     """Return every file a pack to `prefix` may have written (existing ones only)."""
     prefix = os.fspath(prefix)
     suffixes: tuple[str, ...]
-    suffixes = (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
+    suffixes = (".rec", ".idx", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
+    suffixes += (*INDEX_SUFFIXES.values(), IDENTITIES_SUFFIX)
     # (Not PREFIX.labels.tsv: beside a list of the same name, it is pack's input.)
     suffixes += (RELABEL_SUFFIX, REPORT_SUFFIX)
     names = [prefix + suffix for suffix in suffixes]
@@ -120,7 +142,6 @@ def output_files(prefix: StrPath) -> list[str]:
     escaped = glob.escape(prefix)
     for pattern in ("-[0-9][0-9][0-9][0-9][0-9].rec", "-[0-9][0-9][0-9][0-9][0-9].idx"):
         names += glob.glob(escaped + pattern)
-        names += glob.glob(escaped + pattern + ".rtc")
         names += glob.glob(escaped + pattern + CHECKSUM_SUFFIX)
     names += [n + PARTIAL_SUFFIX for n in list(names)]
     names += _stale_temporaries(prefix)

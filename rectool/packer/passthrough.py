@@ -29,7 +29,13 @@ import numpy as np
 
 from ..errors import RecordTooLargeError
 from ..format.writer import frame_image_record, frame_record
-from ..reader import IMAGE_HEADER, LENGTH_MASK, MAGIC, MAX_RECORD_BYTES, PART_HEADER
+from ..reader import (
+    IMAGE_HEADER,
+    LENGTH_MASK,
+    MAGIC,
+    MAX_RECORD_BYTES,
+    PART_HEADER,
+)
 from .images import (
     DEFAULT_MAX_PIXELS,
     JPEG_FRAME_MARKERS,

@@ -20,7 +20,6 @@ from ..doors.output import create_new, fsync_fd, open_existing, rename
 from ..errors import RectoolError
 from ..format.checksums import RecordChecksums, checksum_path
 from ..format.digest import XXH3_128, Digests, field_name
-from ..format.indexcache import INDEX_CACHE_MIN_RECORDS, write_index_cache
 from ..format.writer import format_index_line, format_index_lines
 from .manifest import PARTIAL_SUFFIX
 from .ordered import WRITE_BYTES, OrderedWriter
@@ -279,7 +278,7 @@ class ShardFile:
                     fsync_fd(fd, self._io.names.get(fd, self.rec_path))
 
     def finish(self) -> ShardInfo:
-        """Flush, fsync and give the shard its final names; write its .idx cache; return
+        """Flush, fsync and give the shard its final names; return
         its `ShardInfo`."""
         assert not self._plain, "a plain file is ended by sync and close"
         self.sync()
@@ -289,12 +288,6 @@ class ShardFile:
         crc_digests = self._checksums.write(crc_path, self.rec_bytes, self.algorithms)
         rename(self.idx_path + PARTIAL_SUFFIX, self.idx_path, "shard")
         rename(self.rec_path + PARTIAL_SUFFIX, self.rec_path, "shard")
-        if len(self._keys) >= INDEX_CACHE_MIN_RECORDS:
-            write_index_cache(
-                self.idx_path,
-                np.frombuffer(self._keys, np.int64),
-                np.frombuffer(self._offsets, np.int64),
-            )
         return ShardInfo(
             os.path.basename(self.rec_path),
             os.path.basename(self.idx_path),

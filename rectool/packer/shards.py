@@ -23,7 +23,11 @@ from ..doors.output import rename, truncate
 from ..errors import RectoolError, UsageError
 from ..format.checksums import RecordChecksums, checksum_path
 from ..format.digest import SHA256, XXH3_128, Digests, file_digests
-from ..reader import RecordFile, load_index, parse_index
+from ..reader import RecordFile
+from ..format.textindex import (
+    load_index,
+    parse_index,
+)
 from .manifest import PARTIAL_SUFFIX, shard_paths
 from .ordered import WRITE_BYTES as WRITE_BYTES
 from .ordered import WRITEBACK_BYTES as WRITEBACK_BYTES

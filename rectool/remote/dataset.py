@@ -1,6 +1,6 @@
 """A remote pack opened like a local one: `open_dataset("s3://bucket/faces.manifest.json")`.
 
-`RemoteDataset` is the reader's `RecordDataset` over a local shard cache (`cache.ShardCache`):
+`RemoteDataset` is the reader's `PackDataset` over a local shard cache (`cache.ShardCache`):
 the manifest is read from the store on every open (and kept, by its digest, in the cache
 folder of this pack: `CACHE/packs/KEY/`), each `.idx` is downloaded and checked at open, and
 each `.rec` on first use by `CachedRecordFile`, which holds the shard (a shared lock) while it
@@ -36,13 +36,13 @@ from ..format.indexcache import wants_dataset_cache, write_dataset_cache
 from ..reader import (
     DEFAULT_MAX_PIXELS,
     MANIFEST_SUFFIX,
-    RecordDataset,
     RecordFile,
     RectoolError,
     dataset_cache_path,
     read_dataset_cache,
-    read_manifest,
 )
+from ..dataset.packs import PackDataset
+from ..format.manifest import read_manifest
 from .cache import CachedObject, CacheFullError, ShardCache
 from .order import StreamingSampler, first_uses
 from .store import RemoteError, Retry, open_store, safe_url, split_url
@@ -215,7 +215,7 @@ class ShardPrefetcher:
         return not self._thread.is_alive()
 
 
-class RemoteDataset(RecordDataset):
+class RemoteDataset(PackDataset):
     """The samples of the remote pack whose manifest is at `url`, read through a shard cache.
 
     Options beyond `open_dataset`'s: `cache_dir` (default `default_cache_dir()`),
@@ -397,4 +397,4 @@ class RemoteDataset(RecordDataset):
                 buffer = io.BytesIO()
                 np.save(buffer, labels, allow_pickle=False)
                 write_atomic(saved, buffer.getvalue())
-        return cast(np.ndarray, self._labels)  # set by `RecordDataset.labels` at the latest
+        return cast(np.ndarray, self._labels)  # set by `PackDataset.labels` at the latest

@@ -26,7 +26,8 @@ import xxhash
 
 from ..doors.output import make_folders, open_lock_file, remove, set_mtime, write_atomic
 from ..format.digest import DIGEST_NAMES, SHA256, XXH3_128, digests_of, field_name, file_hexdigest
-from ..reader import MANIFEST_SUFFIX, read_manifest
+from ..reader import MANIFEST_SUFFIX
+from ..format.manifest import read_manifest
 from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
 
 if TYPE_CHECKING:

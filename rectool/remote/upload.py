@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from ..doors.output import make_folders, remove_tree
 from ..errors import RectoolError, UsageError
-from ..reader import MANIFEST_SUFFIX, read_manifest
+from ..reader import MANIFEST_SUFFIX
+from ..format.manifest import read_manifest
 from .store import ObjectStore, RemoteError, Retry, is_url, open_store, safe_url, split_url
 
 if TYPE_CHECKING:

@@ -27,9 +27,9 @@ from ..reader import (
     IMAGE_HEADER_SIZE,
     MAGIC,
     RecordFile,
-    record_heads,
     unpack_header,
 )
+from ..dataset.headers import record_heads
 from .selection import distinct
 
 if TYPE_CHECKING:

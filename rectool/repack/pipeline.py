@@ -42,7 +42,7 @@ from ..packer.options import allowed_failures
 from ..doors.inputs import open_input, read_state
 from ..doors.output import OutputLock, make_folders, remove, write_json_atomic
 from ..errors import RectoolError, UsageError
-from ..reader import read_manifest
+from ..format.manifest import read_manifest
 from .options import LABELS_BY as LABELS_BY
 from .options import RepackOptions as RepackOptions
 from .options import check_repack_options as check_repack_options

@@ -36,7 +36,10 @@ from ..doors.output import (
 )
 from ..errors import InputError
 from ..format.writer import frame_image_record
-from ..reader import RecordFile, unpack_header
+from ..reader import (
+    RecordFile,
+    unpack_header,
+)
 from .copier import VIEW_BYTES, RecordCopier
 from .plan import reason_of
 from .result import RepackResult

@@ -13,7 +13,7 @@ import numpy as np
 from ..packer.listfile import LABEL_MAP_SUFFIX, read_label_map
 from ..errors import InputError, RectoolError
 from ..format.keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
-from ..reader import open_dataset
+from ..dataset.packs import open_dataset
 from ..remote.mirror import local_source
 from .copier import RELEASE_BYTES
 from .evalsets import is_eval_set, read_eval_set
@@ -21,7 +21,8 @@ from .evalsets import is_eval_set, read_eval_set
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, StrPath
 
-    from ..reader import RecordDataset, RecordFile
+    from ..reader import RecordFile
+    from ..dataset.packs import PackDataset
 
 
 class Source:
@@ -63,7 +64,7 @@ class Source:
         return files
 
 
-def _refuse_shared_offsets(dataset: RecordDataset, shard_of: np.ndarray) -> None:
+def _refuse_shared_offsets(dataset: PackDataset, shard_of: np.ndarray) -> None:
     """Refuse a source whose index names one record under several keys: repack would copy it
     once per key (work bounded by the records that exist, not by the index's lines)."""
     keys, offsets = np.asarray(dataset.keys), np.asarray(dataset.offsets)
@@ -128,11 +129,11 @@ def open_target(spec: StrPath) -> Target:
     return EvalTarget(spec) if is_eval_set(spec) else PackTarget(spec)
 
 
-def _rec_bytes(dataset: RecordDataset) -> int:
+def _rec_bytes(dataset: PackDataset) -> int:
     return sum(os.path.getsize(rec) for rec, _ in dataset.shards)
 
 
-def _identity_labels(dataset: RecordDataset, spec: str) -> np.ndarray:
+def _identity_labels(dataset: PackDataset, spec: str) -> np.ndarray:
     """Return every sample's class label as int64, from the record headers."""
     labels = dataset.labels
     if labels.dtype == object:
@@ -153,7 +154,7 @@ def _identity_labels(dataset: RecordDataset, spec: str) -> np.ndarray:
     return labels.astype(np.int64)
 
 
-def _identity_names(dataset: RecordDataset) -> dict[int, str] | None:
+def _identity_names(dataset: PackDataset) -> dict[int, str] | None:
     """Return label -> identity name from the manifest or a label map beside the pack, or None."""
     names = (dataset.manifest or {}).get("identities")
     if names:
@@ -172,7 +173,7 @@ def image_digest(data: ReadableBuffer) -> np.ndarray:
     return np.frombuffer(hashlib.blake2b(data, digest_size=16).digest(), "<u8")
 
 
-def _dataset_digests(dataset: RecordDataset) -> np.ndarray:
+def _dataset_digests(dataset: PackDataset) -> np.ndarray:
     out = np.zeros((len(dataset), 2), np.uint64)
     for i in range(len(dataset)):
         out[i] = image_digest(dataset[i][0])

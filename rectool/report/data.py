@@ -281,7 +281,7 @@ def build_report(
 def _manifest_of(info: dict[str, Any]) -> dict[str, Any] | None:
     if not info.get("manifest"):
         return None
-    from ..reader import read_manifest
+    from ..format.manifest import read_manifest
 
     return read_manifest(info["manifest"])
 

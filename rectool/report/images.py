@@ -105,7 +105,10 @@ class Payloads:
         Whole records are read in place, vectorised; split records are read one by one.
         """
         from ..inspect.scan import mapped
-        from ..reader import LENGTH_BITS, LENGTH_MASK
+        from ..reader import (
+            LENGTH_BITS,
+            LENGTH_MASK,
+        )
 
         images = self.images
         out = np.zeros((len(images), 2), np.uint64)

@@ -10,7 +10,10 @@ import cv2
 import numpy as np
 
 from ..errors import RecordFormatError
-from ..reader import ImageTooLargeError, imdecode
+from ..reader import (
+    ImageTooLargeError,
+    imdecode,
+)
 from .page import LEFT_OUT
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ...doors.inputs import open_input
 from ...errors import IndexFormatError, RectoolError
-from ...reader import parse_index
+from ...format.textindex import parse_index
 from ..scan import (
     Buffer,
     Framing,

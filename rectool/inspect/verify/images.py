@@ -17,7 +17,10 @@ from ...packer.images import (
     inspect_image,
 )
 from ...packer.passthrough import refused_images
-from ...reader import IMAGE_HEADER_SIZE, unpack_header
+from ...reader import (
+    IMAGE_HEADER_SIZE,
+    unpack_header,
+)
 from ..scan import ReadRecord
 from .facts import ShardFacts
 from .report import CheckResult, Found, Tally, one_problem

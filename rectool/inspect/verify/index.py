@@ -9,7 +9,12 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from ...errors import RectoolError
-from ...reader import MANIFEST_SUFFIX, dataset_cache_path, read_dataset_cache, read_index_cache
+from ...reader import (
+    MANIFEST_SUFFIX,
+    dataset_cache_path,
+    read_dataset_cache,
+    read_index_cache,
+)
 from .facts import ShardFacts, ShardIndex
 from .report import Found, ProblemAt, one_problem
 

@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING
 
 from ...packer.manifest import finish_interrupted_source, leftover_staging
 from ...errors import RectoolError
-from ...reader import RecordFile, resolve_source, source_prefixes
+from ...reader import RecordFile
+from ...dataset.sources import (
+    resolve_source,
+    source_prefixes,
+)
 from ..scan import mapped
 from .digests import ShardHashes, check_record_checksums
 from .facts import DatasetFacts, ShardIndex, read_shard, size_or_zero

@@ -1,0 +1,254 @@
+"""What the package reads from record headers in bulk: labels, and insightface's record 0.
+
+Used where a pack's binary index is written (`format/binindex.py`: at pack time, and by
+`rectool index` for a foreign pack) and where a pack without one is opened.
+"""
+
+from __future__ import annotations
+
+import mmap
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..reader import (
+    IMAGE_HEADER,
+    IMAGE_HEADER_SIZE,
+    LENGTH_MASK,
+    MAGIC,
+    Header,
+    RecordFile,
+    RecordFormatError,
+    RectoolError,
+    unpack_header,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from numpy.typing import NDArray
+
+    Ints = NDArray[np.int64]
+
+
+def peek_header(record: bytes) -> tuple[Header, int] | None:
+    """Return (`Header` with the header's own float label, where the image starts) of a record.
+
+    Never raises (as `unpack_header` does, for `rectool verify` to report): None when the
+    record is shorter than the header, a start past its end when the labels it announces are.
+    """
+    if len(record) < IMAGE_HEADER_SIZE:
+        return None
+    head = Header(*IMAGE_HEADER.unpack_from(record, 0))
+    return head, IMAGE_HEADER_SIZE + 4 * head.flag
+
+
+def check_shard(
+    rf: RecordFile,
+    idx: str,
+    keys: Ints,
+    offsets: Ints,
+    listed: dict[str, Any],
+    manifest_path: str | None,
+) -> None:
+    """Refuse a shard whose .idx does not describe its .rec (a few records are read)."""
+    size = len(rf.open())
+    if listed.get("records") not in (None, len(keys)):
+        raise RectoolError(
+            f"{idx}: {len(keys)} index lines, but the manifest {manifest_path} lists "
+            f"{listed['records']} records for this shard: the .idx or the manifest is stale"
+        )
+    if listed.get("rec_bytes") not in (None, size):
+        raise RectoolError(
+            f"{rf.path}: {size} bytes, but the manifest {manifest_path} lists "
+            f"{listed['rec_bytes']}: the file changed after packing"
+        )
+    if not len(keys) and size:
+        raise RectoolError(
+            f"{idx}: empty index beside {rf.path} of {size} bytes "
+            "(rebuild it with `rectool reindex`)"
+        )
+    past = np.flatnonzero((offsets > size - 8) | (offsets < 0))[:1].tolist()  # a crafted cache
+    # A few records, the farthest one included, must start where the index says.
+    for line in sorted(
+        {0, len(keys) // 2, len(keys) - 1, int(np.argmax(offsets)), *past} if len(keys) else ()
+    ):
+        offset, key = int(offsets[line]), int(keys[line])
+        try:
+            rf.read_parts(offset, key)
+        except RecordFormatError as exc:
+            raise RecordFormatError(
+                f"{exc.reason}; the index {idx} is stale or belongs to another .rec (rebuild it "
+                "from the .rec)", rf.path, offset, key,
+            ) from None  # fmt: skip
+
+
+def insightface_header(
+    read: Callable[[int], tuple[Header, bytes]], keys: Ints
+) -> tuple[range, range] | None:
+    """Return the key ranges (images, identities) that record 0 of an insightface .rec declares.
+
+    Record 0 is that header only with flag 2, no image bytes, and two whole-number labels
+    [N + 1, N + 1 + K], 1 <= N + 1 <= N + 1 + K, while key 1 (when N > 0 and it is there) has
+    a scalar label: keys 1..N are then the images, N+1..N+K the identity records (FORMAT-NOTES
+    §5). Else None. `keys` are the .idx's (a repeated key: its last line counts, as in MXNet);
+    `read(line)` returns `unpack_header` of the record on an .idx line.
+    """
+    zero, one = np.flatnonzero(keys == 0), np.flatnonzero(keys == 1)
+    if not len(zero):
+        return None
+    head, body = read(int(zero[-1]))
+    if head.flag != 2 or len(body):
+        return None
+    first, end = (float(x) for x in head.label)
+    if not (first.is_integer() and end.is_integer() and 1 <= first <= end):
+        return None
+    if first > 1 and len(one) and read(int(one[-1]))[0].flag != 0:
+        return None  # images with label vectors: an im2rec --pack-label pack
+    return range(1, int(first)), range(int(first), int(end))
+
+
+def key_lines(keys: Ints, wanted: range, where: str) -> slice | Ints:
+    """Return the .idx line of each key in the range `wanted` (a repeated key: its last line)."""
+    if len(wanted) > len(keys):
+        raise RectoolError(
+            f"{where}: record 0 says keys up to {wanted[-1]} exist, but the index has only "
+            f"{len(keys)} lines"
+        )
+    first = int(np.argmax(keys == wanted.start)) if len(wanted) else 0
+    stop = first + len(wanted)
+    block, rest = keys[first:stop], (keys[:first], keys[stop:])
+    if len(block) == len(wanted) > 0 and (block[0], block[-1]) == (wanted[0], wanted[-1]):
+        elsewhere = any(((k >= wanted.start) & (k < wanted.stop)).any() for k in rest)
+        if not elsewhere and (block[1:] > block[:-1]).all():
+            return slice(first, stop)  # each wanted key once, in order: a view, not a copy
+    order = np.argsort(keys, kind="stable")
+    want = np.arange(wanted.start, wanted.stop, dtype=np.int64)
+    lines = order[np.maximum(np.searchsorted(keys, want, "right", sorter=order) - 1, 0)]
+    missing = np.flatnonzero(keys[lines] != want)  # (keys holds key 0: never empty)
+    if len(missing):
+        raise RectoolError(
+            f"{where}: key {int(want[missing[0]])} is not in the index, but record 0 says keys "
+            f"up to {int(want[-1])} exist"
+        )
+    return lines
+
+
+# --- decoding, behind one guard: the size an image's header declares is read, and refused
+# over a budget, before any decoder allocates for it (333 bytes of JPEG can ask for 65000^2).
+# The guard reads the formats rectool packs and refuses every other: a size it cannot read is
+# a size it cannot bound. A cut JPEG (no end marker after its scan) or PNG (no IEND) is refused
+# too: libjpeg would fill the missing rows with grey and return a picture that is not the image.
+
+
+# 50 megapixels: more than a 45-megapixel full-frame camera (8192x5464) or a 48-megapixel phone
+# (8000x6000) writes; 150 MB decoded in 8-bit colour (a progressive JPEG needs ~as much again).
+def shard_numbers(counts: list[int]) -> NDArray[np.unsignedinteger[Any]]:
+    """Return each record's shard number (`counts[s]` records in shard s): a broadcast for one."""
+    n = len(counts)
+    if n == 1:
+        return np.broadcast_to(np.zeros(1, np.uint8), (counts[0],))  # no memory a record
+    return np.repeat(np.arange(n, dtype=np.min_scalar_type(n)), counts)
+
+
+def runs(starts: Ints, counts: Ints) -> Ints:
+    """Return the indices of a run of `counts[i]` consecutive items from each `starts[i]`."""
+    ends = np.cumsum(counts)
+    return np.repeat(starts - ends + counts, counts) + np.arange(ends[-1] if len(ends) else 0)
+
+
+def record_heads(
+    words: NDArray[np.uint32], size: int, offsets: Any
+) -> tuple[NDArray[np.bool_], Ints, NDArray[np.uint32]]:
+    """Gather the first 4 words (magic, lrec, flag, label) of the records at `offsets` in a
+    mapping (`words`: its uint32 words, `size`: its bytes); return (ok, word index, heads).
+
+    `ok`: a whole record (aligned, one part, room for its labels, inside the file): the one
+    check of a record read in bulk. A row not `ok` holds the file's first words.
+    """
+    offsets = np.asarray(offsets, np.int64)
+    if size < 32:
+        n = len(offsets)
+        return np.zeros(n, bool), np.zeros(n, np.int64), np.zeros((n, 4), np.uint32)
+    # 16 bytes from any word on as one item, no copy: a record's first 4 words gather as one.
+    heads = np.lib.stride_tricks.as_strided(words[:4].view("V16"), (len(words) - 3,), (4,))
+    ok = (offsets.view(np.uint64) <= size - 32) & (offsets & 3 == 0)  # negative: huge
+    w = np.where(ok, offsets >> 2, 0)
+    head = heads[w].view("<u4").reshape(-1, 4)
+    lrec, flag = head[:, 1], head[:, 2]
+    room = lrec - np.uint32(24)  # uint32: the bytes after the image header, huge if none
+    ok &= (head[:, 0] == MAGIC) & (room <= LENGTH_MASK - 24) & (flag <= room >> 2)
+    ok &= offsets + ((lrec + 11) & ~np.uint32(3)) <= size
+    return ok, w, head
+
+
+def header_labels(
+    files: list[RecordFile], shard_of: NDArray[Any], offsets: Ints, keys: Ints
+) -> NDArray[Any]:
+    """Return the header labels of the records at `offsets`, without reading image bytes.
+
+    float32 (N,) when every flag is 0, (N, k) when every record has k labels, else objects.
+    Whole, aligned records are gathered with numpy from the mappings; any other is read and
+    checked one by one, so damage raises a `RecordFormatError`.
+    """
+    n, columns = len(offsets), []  # columns: (rows, flags, their labels) of fast records
+    flags, scalars, fast = np.zeros(n, np.uint32), np.zeros(n, np.float32), np.zeros(n, bool)
+    for s, rf in enumerate(files):
+        if len(rf.open()) < 32:
+            continue
+        words = np.frombuffer(rf.open(), "<u4", rf._size // 4)
+        try:
+            for start in range(0, n, 1 << 20):  # temporaries of a chunk, not of every record
+                end = min(n, start + (1 << 20))
+                rows: Any = slice(start, end)
+                if len(files) > 1:
+                    rows = start + np.flatnonzero(shard_of[rows] == s)
+                ok, w, head = record_heads(words, rf._size, offsets[rows])
+                flag = head[:, 2].astype(np.int64)
+                if not ok.all():
+                    rows = (np.arange(start, end) if type(rows) is slice else rows)[ok]
+                    w, flag, head = w[ok], flag[ok], head[ok]
+                fast[rows], flags[rows], scalars[rows] = True, flag, head[:, 3].view(np.float32)
+                v = flag > 0  # label vectors: their labels, gathered flat
+                if v.any():
+                    rows = np.arange(start, end) if type(rows) is slice else rows
+                    labels = words[runs(w[v] + 8, flag[v])].view(np.float32)
+                    columns.append((rows[v], flag[v], labels))
+        finally:
+            del words
+        release_pages(rf.open())  # read once: the headers' pages are the page cache's again
+    slow = []
+    for row in np.flatnonzero(~fast).tolist():
+        rf, offset, key = files[int(shard_of[row])], int(offsets[row]), int(keys[row])
+        try:
+            header, _ = unpack_header(rf.read_at(offset, key), rf.path, offset)
+        except RecordFormatError as exc:
+            raise RecordFormatError(exc.reason, rf.path, offset, key) from None
+        flags[row] = header.flag
+        if header.flag:
+            slow.append((row, header.label))
+        else:
+            scalars[row] = header.label
+    width = int(flags.max()) if n else 0
+    if not width:
+        scalars.flags.writeable = False
+        return scalars
+    flags = flags.astype(np.int64)
+    starts = np.cumsum(flags) - flags  # every label, row after row: no n x width matrix
+    flat = np.zeros(int(flags.sum()), np.float32)
+    for rows, counts, values in columns:
+        flat[runs(starts[rows], counts)] = values
+    for row, label in slow:
+        flat[starts[row] : starts[row] + len(label)] = label
+    out = flat.reshape(n, width) if (flags == width).all() else np.empty(n, object)
+    for row, f in enumerate(flags.tolist() if out.dtype == object else []):
+        out[row] = flat[starts[row] : starts[row] + f].copy() if f else float(scalars[row])
+    out.flags.writeable = False
+    return out
+
+
+def release_pages(mapping: object) -> None:
+    """Drop this process's page-table entries of a mapping (its pages stay in the page cache),
+    so that a scan of a whole .rec does not count the file in the process's memory."""
+    if isinstance(mapping, mmap.mmap) and len(mapping) and hasattr(mapping, "madvise"):
+        mapping.madvise(mmap.MADV_DONTNEED)

@@ -1,0 +1,201 @@
+"""A pack's binary index (format 3): `.npy` arrays written once, when the pack is made.
+
+`index_shards` reads what a pack's shards say (each `.idx`, a few records checked, record 0 of
+an insightface `.rec`, the labels in the record headers) into a `PackIndex`; `write_index`
+writes its arrays beside the shards through the output door and returns the manifest's
+`index` entry (each file with its size and xxh3-128); the reader maps them. Every writer of
+a manifest goes through here (`packer/manifest.write_manifest`), and so does `rectool index`
+for packs made by im2rec, insightface or an older rectool. The identity names of a pack go to
+their own file (`write_identities`), read only when asked for (`read_identities`).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..dataset.headers import check_shard, header_labels, insightface_header, key_lines
+from ..doors.output import write_atomic
+from ..reader import (
+    INDEX_ARRAYS,
+    InputError,
+    RecordFile,
+    RecordFormatError,
+    RectoolError,
+    open_regular,
+    unpack_header,
+)
+from .digest import XXH3_128, Digests
+from .textindex import load_index
+
+if TYPE_CHECKING:
+    from numpy.typing import NDArray
+
+    from ..reader import Header
+
+# A pack's index files, after its prefix: `faces.offsets.npy`, ...
+INDEX_SUFFIXES = {name: f".{name}.npy" for name in (*INDEX_ARRAYS, "identity_ranges")}
+IDENTITIES_SUFFIX = ".identities.json"
+MAX_IDENTITIES_BYTES = 1 << 30  # WebFace42M's 2M names at any length (NAME_MAX), twice over
+
+
+@dataclass
+class PackIndex:
+    """What a reader needs to read a pack's samples by position, as numpy arrays."""
+
+    layout: str
+    counts: list[int]  # samples in each shard, in shard order
+    offsets: NDArray[np.int64]  # each sample's byte offset in its shard
+    keys: NDArray[np.int64]
+    labels: NDArray[Any] | None  # float32 (N,) or (N, k); object where widths differ
+    identity_ranges: NDArray[np.int64] | None = None  # insightface: [start, end) of samples
+
+
+def index_shards(
+    files: list[RecordFile],
+    idx_paths: list[str],
+    listed: list[Mapping[str, Any]] | None = None,
+    layout: str | None = None,
+    where: str | None = None,
+    labels: bool = True,
+) -> PackIndex:
+    """Return the `PackIndex` of a pack's shards (`files`, their `.idx` at `idx_paths`).
+
+    `listed`: the manifest's shard entries, checked against the files; `layout`: "images",
+    "insightface" or None (record 0 decides). Samples must run shard by shard. `labels=False`:
+    leave the labels (a read of every header) to the caller, as None.
+    """
+    indexes = [load_index(idx) for idx in idx_paths]
+    for rf, idx, info, (keys, offsets) in zip(
+        files, idx_paths, listed or [{}] * len(files), indexes
+    ):
+        check_shard(rf, idx, keys, offsets, dict(info), where)
+    counts = [len(k) for k, _ in indexes]
+    keys = np.concatenate([k for k, _ in indexes])
+    offsets = np.concatenate([o for _, o in indexes])
+    shard_of = np.repeat(np.arange(len(files)), counts)
+
+    def read(line: int) -> tuple[Header, bytes]:
+        rf, offset = files[int(shard_of[line])], int(offsets[line])
+        return unpack_header(rf.read_at(offset, int(keys[line])), rf.path, offset)
+
+    ranges = None if layout == "images" or not len(keys) else insightface_header(read, keys)
+    if ranges is None and layout == "insightface":
+        raise RecordFormatError(
+            "record 0 is not an insightface header (flag 2, no image bytes, labels "
+            "[first identity key, end key])", files[0].path, key=0,
+        )  # fmt: skip
+    identity_ranges = None
+    if ranges is not None:
+        ids = key_lines(keys, ranges[1], idx_paths[0])
+        pairs = header_labels(files, shard_of[ids], offsets[ids], keys[ids])
+        identity_ranges = _identity_ranges(pairs, len(ranges[0]), files[0].path)
+        lines = np.arange(len(keys))[key_lines(keys, ranges[0], idx_paths[0])]
+        if (np.diff(shard_of[lines]) < 0).any():
+            raise RectoolError(
+                f"{files[0].path}: the insightface images do not run shard by shard; a binary "
+                "index reads samples in shard order"
+            )
+        keys, offsets, shard_of = keys[lines], offsets[lines], shard_of[lines]
+        counts = np.bincount(shard_of, minlength=len(files)).tolist()
+    label_array = header_labels(files, shard_of, offsets, keys) if labels else None
+    return PackIndex(
+        "images" if ranges is None else "insightface",
+        counts,
+        np.ascontiguousarray(offsets, "<i8"),
+        np.ascontiguousarray(keys, "<i8"),
+        label_array,
+        identity_ranges,
+    )
+
+
+def _identity_ranges(pairs: NDArray[Any], images: int, rec: str) -> NDArray[np.int64]:
+    """Return the identity records' label pairs [first key, end key) as sample ranges."""
+    if pairs.dtype == object or pairs.ndim != 2 or pairs.shape[1] < 2:
+        raise RectoolError(f"{rec}: identity records must each hold a label pair [first, end)")
+    ranges = pairs[:, :2].astype(np.int64) - 1  # image key k is sample k - 1
+    bad = (ranges[:, 0] < 0) | (ranges[:, 0] > ranges[:, 1]) | (ranges[:, 1] > images)
+    if bad.any():
+        j = int(np.argmax(bad))
+        raise RectoolError(
+            f"{rec}: identity record {j} holds the key range {(pairs[j, :2] + 0).tolist()}, "
+            f"outside the image keys 1..{images}"
+        )
+    return ranges
+
+
+def index_paths(prefix: str) -> dict[str, str]:
+    """Return the path of each index array of the pack at `prefix`."""
+    return {name: prefix + suffix for name, suffix in INDEX_SUFFIXES.items()}
+
+
+def _npy(array: NDArray[Any]) -> list[Any]:
+    """Return the bytes of `array` as an .npy file: its header, then its data (no copy)."""
+    head = io.BytesIO()
+    np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(array))
+    return [head.getvalue(), memoryview(np.ascontiguousarray(array)).cast("B")]
+
+
+def _file_entry(path: str, parts: list[Any]) -> dict[str, Any]:
+    """Write `parts` to `path` (complete or absent); return its manifest entry."""
+    write_atomic(path, parts)
+    digests = Digests([XXH3_128])
+    for part in parts:
+        digests.update(part)
+    return {
+        "file": os.path.basename(path),
+        "bytes": sum(len(p) for p in parts),
+        "xxh3_128": digests.hexdigests()[XXH3_128],
+    }
+
+
+def write_index(prefix: str, index: PackIndex) -> dict[str, Any]:
+    """Write the index arrays of the pack at `prefix`; return the manifest's `index` entry."""
+    if index.labels is None or index.labels.dtype == object:
+        raise RectoolError(
+            f"{prefix}: the records hold labels of different widths; a binary index holds one "
+            "float32 label, or one vector width, a sample"
+        )
+    arrays = {"offsets": index.offsets, "keys": index.keys, "labels": index.labels}
+    if index.identity_ranges is not None:
+        arrays["identity_ranges"] = index.identity_ranges
+    entry: dict[str, Any] = {"samples": list(index.counts)}
+    for name, path in index_paths(prefix).items():
+        if name in arrays:
+            dtype = "<i8" if name != "labels" else "<f4"
+            entry[name] = _file_entry(path, _npy(np.ascontiguousarray(arrays[name], dtype)))
+    return entry
+
+
+def write_identities(prefix: str, identities: Mapping[int, str]) -> dict[str, Any]:
+    """Write a pack's identity names ({label: name}); return the manifest's entry of them."""
+    text = json.dumps({str(k): v for k, v in sorted(identities.items())}, ensure_ascii=False)
+    entry = _file_entry(prefix + IDENTITIES_SUFFIX, [text.encode("utf-8")])
+    return {**entry, "count": len(identities)}
+
+
+def read_identities(manifest_path: str, manifest: Mapping[str, Any]) -> dict[int, str] | None:
+    """Return a pack's identity names {label: name}: from their file (format 3) or the manifest."""
+    named = manifest.get("identities")
+    if named is None:
+        return None
+    if "file" not in named:  # format 1 and 2: the names are in the manifest
+        return {int(k): v for k, v in named.items()}
+    path = os.path.join(os.path.dirname(manifest_path), named["file"])
+    fd, _ = open_regular(path, "identities file", MAX_IDENTITIES_BYTES)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_IDENTITIES_BYTES + 1)
+    try:
+        doc = json.loads(data)
+        names = {int(k): v for k, v in doc.items() if isinstance(v, str)}
+    except (ValueError, UnicodeDecodeError, AttributeError) as exc:
+        raise InputError(f"{path}: not an identities file ({exc})") from None
+    if len(names) != len(doc) or len(set(names.values())) != len(names):
+        raise InputError(f"{path}: every identity must be a name, each given once")
+    return names
