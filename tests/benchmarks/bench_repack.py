@@ -81,7 +81,7 @@ def synthetic_source(records, log=print):
     """
     folder = WORK / f"synthetic-{records}"
     prefix = folder / "scale"
-    if Path(f"{prefix}.idx.rtc").exists():
+    if Path(f"{prefix}.manifest.json").exists():
         return prefix
     log(f"writing {records:,} synthetic records to {prefix}.rec ...")
     shutil.rmtree(folder, ignore_errors=True)

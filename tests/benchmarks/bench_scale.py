@@ -1,26 +1,24 @@
-"""A WebFace42M-sized pack on one machine: open, labels and loader memory (issue 22).
+"""A WebFace42M-sized pack on one machine: index, open, labels and loader memory (issue 35).
 
 Run: `python tests/benchmarks/bench_scale.py [--records N] [--folder DIR] [--keep]`. Generates a
-synthetic pack of `--records` records (default 42,000,000, WebFace42M's count) outside the
-repository (`--folder`, default a fresh folder under the temporary directory), each a valid
-141-byte 8x8 JPEG (its last 4 quantisation values encode the key: every image distinct) behind its
-image header, 176 bytes a record (7.4 GB at 42M), with its .idx (keys 0..N-1, offsets in file
-order) and the `.rtc` cache that `rectool pack` writes. Labels
-are identities of ~21 images each. Then, each in a fresh process, from a warm page cache:
+synthetic pack of `--records` records (default 42,000,000, WebFace42M's count) in `SHARDS`
+numbered shards with their `.idx` and no manifest (what a foreign pack is), outside the
+repository (`--folder`, default a fresh folder under the temporary directory), each record a
+valid 141-byte 8x8 JPEG (its last 4 quantisation values encode the key: every image distinct)
+behind its image header, 176 bytes a record (7.4 GB at 42M). Labels are identities of ~21
+images each. Then:
 
-- `open_dataset` with the cache and without it (`cache=False`: the .idx text parsed), and the
-  process's RSS after the open (anonymous and file-backed);
-- `ds.labels` of every record (the header words gathered from the mapped .rec);
+- `rectool index PREFIX` through the CLI: the manifest and binary index of the foreign pack (the
+  `.idx` text parsed, every header's label read), timed from a warm page cache;
+- each in a fresh process: the core reader's `open_dataset(PREFIX)` (no preparation step: the
+  index is mapped), the process's RSS after it (anonymous and file-backed); `ds.labels` and a
+  read of its last row, and of all of it (`labels.sum()`, informational);
 - `Loader(ds, workers=8, start_method="spawn")` decoding batches: the PSS of each worker
   (`/proc/PID/smaps_rollup`), summed, and the parent's; the same for torch's DataLoader of 8
   spawned workers over `BatchDecoder` when torch is installed.
 
-Then the same records again as a pack of `SHARDS` shards with a manifest and the pack's own
-index cache (`PREFIX.idx.rtc`, as `pack --shard-size` writes it): its open with the cache, the
-parent's RSS, and the PSS of the same workers (the `sharded_` figures).
-
-Each pack is deleted after its figures unless `--keep`. Exits 1 when a limit is missed. `run()`
-returns the figures for run_all.py. Disk: a pack needs ~190 bytes a record (8 GB at 42M).
+The pack is deleted after its figures unless `--keep`. Exits 1 when a limit is missed. `run()`
+returns the figures for run_all.py. Disk: ~190 bytes a record (8 GB at 42M).
 """
 
 from __future__ import annotations
@@ -53,35 +51,16 @@ BATCHES = 40
 BATCH = 256
 # (key in run()'s result, what it is, "<=" or ">=", limit): read by run_all.py.
 TARGETS = [
-    ("open_cached_s", "open_dataset of the 42M pack with its .rtc cache (seconds)", "<=", 0.5),
-    ("open_uncached_s", "open_dataset of the 42M pack parsing the .idx text (seconds)", "<=", 5),
-    ("open_rss_mb", "parent RSS after opening the 42M pack with its cache (MB)", "<=", 300),
-    ("labels_s", "labels of the 42M pack (seconds)", "<=", 2),
-    ("loader_pss_mb", "total PSS of 8 spawned Loader workers over the 42M pack (MB)", "<=", 3000),
+    ("index_s", "`rectool index` of the 42M-record foreign pack in 8 shards (seconds)", "<=", 30),
+    ("open_s", "open_dataset of the 42M pack in 8 shards, no preparation (seconds)", "<=", 0.02),
+    ("open_anon_mb", "anonymous memory after opening it (MB)", "<=", 60),
+    ("labels_s", "its labels: the array and its last row (seconds)", "<=", 0.05),
+    ("loader_pss_mb", "total PSS of 8 spawned Loader workers over it (MB)", "<=", 1000),
     (
         "batch_decoder_pss_mb",
         "total PSS of 8 spawned DataLoader workers over BatchDecoder (MB)",
         "<=",
-        3000,
-    ),
-    (
-        "sharded_open_cached_s",
-        "open_dataset of the 42M pack in 8 shards, with its cache (s)",
-        "<=",
-        0.5,
-    ),
-    ("sharded_open_rss_mb", "parent RSS after opening the 42M pack in 8 shards (MB)", "<=", 300),
-    (
-        "sharded_loader_pss_mb",
-        "total PSS of 8 spawned Loader workers over the 42M pack in 8 shards (MB)",
-        "<=",
-        3000,
-    ),
-    (
-        "sharded_batch_decoder_pss_mb",
-        "total PSS of 8 spawned DataLoader workers, BatchDecoder, 8 shards (MB)",
-        "<=",
-        3000,
+        1000,
     ),
 ]
 
@@ -131,14 +110,11 @@ def _widths(values):
     return np.maximum(1, np.floor(np.log10(np.maximum(values, 1))).astype(np.int64) + 1)
 
 
-def generate(folder, records=RECORDS, log=print, shards=1):
-    """Write `folder/scale.rec`, `.idx` and `.idx.rtc` of `records` records; return the prefix.
-
-    With `shards` > 1: `folder/sharded-0000N.rec`, `.idx` and `.idx.rtc`, a manifest, and the
-    pack's own `sharded.idx.rtc`, as `rectool pack --shard-size` writes them.
-    """
-    from rectool.format.indexcache import write_dataset_cache, write_index_cache
-    from rectool.reader import IMAGE_HEADER_SIZE, MAGIC, MANIFEST_FORMAT
+def generate(folder, records=RECORDS, log=print, shards=1, index=True):
+    """Write `records` records as the foreign pack `folder/scale.rec` + `.idx` (one shard) or
+    `folder/sharded-0000N.rec` + `.idx`; with `index`, give it its manifest and binary index
+    (`index_pack`). Return the prefix."""
+    from rectool.reader import IMAGE_HEADER_SIZE, MAGIC
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -153,7 +129,6 @@ def generate(folder, records=RECORDS, log=print, shards=1):
     keys = np.arange(records, dtype=np.int64)
     bounds = np.linspace(0, records, shards + 1).astype(np.int64).tolist()
     start = time.perf_counter()
-    entries = []
     for number, (first, end) in enumerate(zip(bounds, bounds[1:])):
         stem = f"{prefix}" if shards == 1 else f"{prefix}-{number:05d}"
         offsets = (keys[first:end] - first) * stride
@@ -168,22 +143,29 @@ def generate(folder, records=RECORDS, log=print, shards=1):
                     block[:, QUANT_AT + byte] = keys[a:b] >> (7 * byte) & 0x7F | 0x80
                 rec.write(block)
                 idx.write(_idx_text(keys[a:b], offsets[a - first : b - first]))
-        write_index_cache(f"{stem}.idx", keys[first:end], offsets)
-        name = os.path.basename(stem)
-        entries.append(
-            {"rec": f"{name}.rec", "idx": f"{name}.idx", "records": end - first,
-             "rec_bytes": (end - first) * stride}
-        )  # fmt: skip
-    if shards > 1:
-        manifest = {"format": MANIFEST_FORMAT, "format_version": 1, "layout": "images",
-                    "shards": entries, "totals": {"records": records}}  # fmt: skip
-        Path(f"{prefix}.manifest.json").write_text(json.dumps(manifest))
-        write_dataset_cache(f"{prefix}.manifest.json", [f"{folder}/{e['idx']}" for e in entries])
     log(
         f"generated {records:,} records in {shards} shard(s) ({records * stride / 1e9:.1f} GB) "
         f"in {time.perf_counter() - start:.1f} s under {folder}"
     )
+    if index:
+        index_pack(prefix, log)
     return prefix
+
+
+def index_pack(prefix, log=print):
+    """Run `rectool index` on the generated pack at `prefix` (warm); return its seconds."""
+    _warm(prefix)
+    target = f"{prefix}.rec" if Path(f"{prefix}.rec").exists() else str(prefix)
+    start = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-m", "rectool", "index", target],
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+    )
+    seconds = time.perf_counter() - start
+    log(f"rectool index {target}: {seconds:.1f} s")
+    return seconds
 
 
 def pack_files(prefix):
@@ -210,16 +192,20 @@ def pss(pid):
 prefix, what = sys.argv[1], sys.argv[2]
 out = {}
 start = time.perf_counter()
-ds = open_dataset(prefix, cache=what != "uncached")
+ds = open_dataset(prefix)
 out["open_s"] = time.perf_counter() - start
 out["open_rss"] = rss()
 out["samples"] = len(ds)
 if what == "labels":
     start = time.perf_counter()
     labels = ds.labels
+    last = float(labels[-1])
     out["labels_s"] = time.perf_counter() - start
+    start = time.perf_counter()
+    out["labels_sum"] = float(labels.sum(dtype=np.float64))
+    out["labels_all_s"] = time.perf_counter() - start
     out["labels_rss"] = rss()
-    assert labels[-1] == (len(ds) - 1) // int(sys.argv[3])
+    assert last == (len(ds) - 1) // int(sys.argv[3])
 if what == "loader":
     from rectool.training import Loader
     count, workers, batch = map(int, sys.argv[3:6])
@@ -265,38 +251,33 @@ def _warm(prefix):
                 pass
 
 
-def measure(prefix, log=print, torch=True, sharded=False):
-    """Return the figures of the pack at `prefix` (each from a fresh process); of a pack of
-    several shards (`sharded`), only those of its open and workers, under `sharded_` names."""
+def measure(prefix, log=print, torch=True):
+    """Return the figures of the pack at `prefix`, each from a fresh process."""
     _warm(prefix)
     result = {}
-    p, pack = ("sharded_", f"{SHARDS} shards: ") if sharded else ("", "")
-    cached = min((probe(prefix, "cached") for _ in range(3)), key=lambda r: r["open_s"])
-    result[f"{p}open_cached_s"], result[f"{p}open_rss"] = cached["open_s"], cached["open_rss"]
-    result[f"{p}open_rss_mb"] = cached["open_rss"]["VmRSS"]
-    result[f"{p}samples"] = cached["samples"]
-    log(f"{pack}open with cache: {cached['open_s']:.3f} s, RSS {cached['open_rss']}")
-    if not sharded:
-        uncached = min((probe(prefix, "uncached") for _ in range(2)), key=lambda r: r["open_s"])
-        result["open_uncached_s"], result["uncached_rss"] = uncached["open_s"], uncached["open_rss"]
-        log(f"open without cache: {uncached['open_s']:.3f} s, RSS {uncached['open_rss']}")
-        labels = min(
-            (probe(prefix, "labels", IMAGES_PER_IDENTITY) for _ in range(2)),
-            key=lambda r: r["labels_s"],
-        )
-        result["labels_s"], result["labels_rss"] = labels["labels_s"], labels["labels_rss"]
-        log(f"labels: {labels['labels_s']:.3f} s, RSS after {labels['labels_rss']}")
+    opened = min((probe(prefix, "open") for _ in range(3)), key=lambda r: r["open_s"])
+    result["open_s"], result["open_rss"] = opened["open_s"], opened["open_rss"]
+    result["open_anon_mb"] = opened["open_rss"]["RssAnon"]
+    result["samples"] = opened["samples"]
+    log(f"open: {opened['open_s']:.4f} s, RSS {opened['open_rss']}")
+    labels = min(
+        (probe(prefix, "labels", IMAGES_PER_IDENTITY) for _ in range(3)),
+        key=lambda r: r["labels_s"],
+    )
+    for key in ("labels_s", "labels_all_s", "labels_rss"):
+        result[key] = labels[key]
+    log(f"labels: {labels['labels_s']:.4f} s, all of them {labels['labels_all_s']:.3f} s")
     for name, what in (("loader", "Loader"), ("batch_decoder", "BatchDecoder in DataLoader")):
         if name == "batch_decoder" and not (torch and _has_torch()):
             continue
         got = probe(prefix, name, BATCHES, WORKERS, BATCH)
         workers = {k: sum(w[k] for w in got["workers_pss"]) for k in got["workers_pss"][0]}
-        result[f"{p}{name}_pss_mb"] = workers["Pss"]
-        result[f"{p}{name}_owned_pss_mb"] = workers["Pss_Anon"] + workers["Pss_Shmem"]
-        result[f"{p}{name}_workers_pss_mb"] = workers
-        result[f"{p}{name}_parent_pss_mb"] = got["parent_pss"]
+        result[f"{name}_pss_mb"] = workers["Pss"]
+        result[f"{name}_owned_pss_mb"] = workers["Pss_Anon"] + workers["Pss_Shmem"]
+        result[f"{name}_workers_pss_mb"] = workers
+        result[f"{name}_parent_pss_mb"] = got["parent_pss"]
         log(
-            f"{pack}{what}, {WORKERS} spawned workers after {BATCHES} batches of {BATCH}: PSS "
+            f"{what}, {WORKERS} spawned workers after {BATCHES} batches of {BATCH}: PSS "
             f"{_mb(workers)} in all; parent {_mb(got['parent_pss'])}"
         )
     return result
@@ -315,28 +296,25 @@ def _has_torch():
 
 
 def run(records=RECORDS, folder=None, keep=False, log=print):
-    """Generate the packs (one shard, then `SHARDS`), measure each, delete each (unless
+    """Generate the foreign pack in `SHARDS` shards, index it, measure it, delete it (unless
     `keep`); return the figures."""
     own = folder is None
     folder = Path(folder or tempfile.mkdtemp(prefix="rectool-scale-"))
     folder.mkdir(parents=True, exist_ok=True)
     result = {"records": records, "shards": SHARDS}
+    prefix = folder / "sharded"
     try:
-        for shards, name in ((1, "scale"), (SHARDS, "sharded")):
-            prefix = folder / name
-            if not pack_files(prefix):
-                free, need = shutil.disk_usage(folder).free, records * 200
-                if free < need:
-                    raise RuntimeError(
-                        f"{folder}: {free / 1e9:.1f} GB free, {need / 1e9:.1f} needed"
-                    )
-                generate(folder, records, log=log, shards=shards)
-            result.update(measure(prefix, log=log, sharded=shards > 1))
-            if not keep:
-                for path in pack_files(prefix):
-                    path.unlink()
+        free, need = shutil.disk_usage(folder).free, records * 200
+        if free < need:
+            raise RuntimeError(f"{folder}: {free / 1e9:.1f} GB free, {need / 1e9:.1f} needed")
+        generate(folder, records, log=log, shards=SHARDS, index=False)
+        result["index_s"] = index_pack(prefix, log)
+        result.update(measure(prefix, log=log))
         return result
     finally:
+        if not keep:
+            for path in pack_files(prefix):
+                path.unlink()
         if own and not keep:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -50,13 +50,13 @@ from rectool.training import (  # noqa: E402
 BATCH = 128
 BIG_SIDE, SMALL_SIDE, BIG_IMAGES = 448, 112, 2_000
 TARGETS = [
-    ("loader_over_bare", "decoded batches/s: Loader / bare decoding processes", ">=", 0.85),
+    ("loader_over_bare", "decoded batches/s: Loader / bare decoding processes", ">=", 0.9),
     ("loader_cpu_over_bare", "CPU per image: bare decoding / Loader", ">=", 0.85),
     (
         "batchdecoder_over_bare",
         "decoded batches/s: DataLoader(2 workers) + BatchDecoder / bare",
         ">=",
-        0.75,
+        0.85,
     ),
     ("batchdecoder_cpu_over_bare", "CPU per image: bare / DataLoader + BatchDecoder", ">=", 0.75),
     ("size_speedup", "size=(112, 112) from 448x448 (1/4 scale) / full decode + resize", ">=", 1.8),
@@ -284,8 +284,8 @@ def report(figures):
         f"  bare cv2.imdecode processes   {r['bare']:>8,}/s {c['bare']:6.1f} µs",
     ]
     for name, what, target in (
-        ("loader", "Loader", 0.85),
-        ("batchdecoder", "DataLoader + BatchDecoder", 0.75),
+        ("loader", "Loader", 0.9),
+        ("batchdecoder", "DataLoader + BatchDecoder", 0.85),
         ("dataloader", "DataLoader, per sample", None),
     ):
         rate, cpu = figures[name + "_over_bare"], figures[name + "_cpu_over_bare"]

@@ -56,9 +56,7 @@ TARGETS = {
         ("ratios.rectool_cli_over_find", "`rectool list` time / `find -type f` time", "<=", 5),
     ],
     "index": [
-        ("cached_s", "open a 6M-line .idx with the pack-written cache (seconds)", "<=", 0.5),
-        ("cold_s", "open a 6M-line .idx from its text, no cache (seconds)", "<=", 0.5),
-        ("mxnet_over_cached", "MXNet .idx open time / ours, with the cache", ">=", 1),
+        ("cold_s", "parse a 6M-line .idx text (seconds)", "<=", 0.5),
         ("mxnet_over_cold", "MXNet .idx open time / ours, parsing the text", ">=", 1),
     ],
     "pack": _module("bench_pack").TARGETS,
