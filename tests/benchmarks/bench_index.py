@@ -5,8 +5,9 @@ machine (MXNet's `MXIndexedRecordIO` takes about 6 s, and again in every forked 
 worker). rectool's own packs are read through their binary index (format 3) and parse no text;
 the text is parsed where a pack has none yet (a foreign pack opened by the package, `rectool
 index`, `verify`). The .idx is built once and kept under `.bench-cache/index/`; it is in the
-OS page cache for every contender, MXNet included. Also timed: numpy's bulk text parser (`np.fromstring`, rectool's
-previous parser and still its fallback for .idx files whose line widths vary at random).
+OS page cache for every contender, MXNet included. Also timed: numpy's bulk text parser
+(`np.fromstring`, rectool's previous parser and still its fallback for .idx files whose line
+widths vary at random).
 
     python tests/benchmarks/bench_index.py [--lines N] [--mxnet-runs N] [--no-mxnet]
 

@@ -2,15 +2,14 @@
 
 Run: `python tests/benchmarks/bench_scaling.py [--records N ...] [--folder DIR] [--keep]`.
 Issue 22 asks that these commands hold no per-record Python objects for the whole run. On
-bench_scale.py's synthetic packs (176-byte records of a valid 8x8 JPEG, ~21 images an identity,
-with the binary index `rectool index` writes; default 1,000,000 and 10,000,000 records, generated outside the repository
-and deleted afterwards), each command runs through the CLI from a warm page cache, and its
-peak **anonymous** memory (RssAnon, sampled from /proc every 10 ms) is reported beside its peak
-RSS: the mapped .rec's pages count in RSS though they are the page cache's. The figure that
+bench_scale.py's synthetic packs (176-byte records of a valid 8x8 JPEG, ~21 images an identity, with
+the binary index `rectool index` writes; default 1,000,000 and 10,000,000 records, generated outside
+the repository and deleted afterwards), each command runs through the CLI from a warm page cache,
+and its peak **anonymous** memory (RssAnon, sampled from /proc every 10 ms) is reported beside its
+peak RSS: the mapped .rec's pages count in RSS though they are the page cache's. The figure that
 shows scaling is the anonymous bytes per record at the largest size, and how it grows from the
-smallest: flat per record means memory linear in the pack, with no per-record objects beyond
-numpy columns. No limit is set here (the issue names none); the figures go to
-docs/benchmarks.md.
+smallest: flat per record means memory linear in the pack, with no per-record objects beyond numpy
+columns. No limit is set here (the issue names none); the figures go to docs/benchmarks.md.
 
 `run()` returns the figures for run_all.py.
 """
