@@ -22,7 +22,7 @@ from . import __version__
 
 # The choices the options offer, defined once in `rectool.choices` (import-free), re-exported.
 from .choices import CHECK_MODES, ENCODINGS, LAYOUTS  # noqa: F401
-from .commands.conventions import RectoolGroup, watch_sigterm
+from .commands.conventions import RectoolCommand, RectoolGroup, watch_sigterm
 
 # Each command's module, imported when the command runs (or --help lists them): a command
 # does not pay for importing the other eleven. The usual order; `rectool --help` sorts them.
@@ -35,11 +35,14 @@ COMMANDS = {
     "info": "info",
     "unpack": "unpack",
     "reader": "reader",
-    "index-cache": "index_cache",
+    "index": "index",
     "dali-index": "dali_index",
     "bench": "bench",
     "report": "report",
 }
+
+# Old names that still run their command for one release, hidden from --help: {old: new}.
+RENAMED = {"index-cache": "index"}
 
 
 class LazyGroup(RectoolGroup):
@@ -49,6 +52,9 @@ class LazyGroup(RectoolGroup):
         return sorted({*COMMANDS, *self.commands})
 
     def get_command(self, ctx: click.Context | None, cmd_name: str) -> click.Command | None:
+        if cmd_name in RENAMED:
+            command = self.get_command(ctx, RENAMED[cmd_name])
+            return None if command is None else renamed(cmd_name, command)
         if cmd_name not in self.commands and cmd_name in COMMANDS:
             module = importlib.import_module(f"{__package__}.commands.{COMMANDS[cmd_name]}")
             self.add_command(getattr(module, f"{COMMANDS[cmd_name]}_command"))
@@ -58,6 +64,26 @@ class LazyGroup(RectoolGroup):
         """Every command by name, each imported now (for tests and docs that walk them all)."""
         commands = {name: self.get_command(None, name) for name in self.list_commands(None)}
         return {name: command for name, command in commands.items() if command is not None}
+
+
+def renamed(old: str, command: click.Command) -> click.Command:
+    """Return a hidden command `old` that says on stderr it is renamed, then runs `command`."""
+
+    def run(**params: object) -> object:
+        click.echo(
+            f"`rectool {old}` is renamed `rectool {command.name}`; the old name goes in the "
+            "next release.",
+            err=True,
+        )
+        return click.get_current_context().invoke(command.callback, **params)  # type: ignore[arg-type]
+
+    return RectoolCommand(
+        old,
+        params=command.params,
+        callback=run,
+        help=f"Renamed `rectool {command.name}` (this name goes in the next release).",
+        hidden=True,
+    )
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})

@@ -1,0 +1,61 @@
+"""`rectool index`: the manifest and binary index of a pack made by im2rec, insightface or an
+older rectool."""
+
+from __future__ import annotations
+
+import click
+
+from ..text import counted
+from .conventions import (
+    RectoolCommand,
+    emit_json,
+    library_errors,
+)
+from .options import (
+    json_option,
+)
+
+
+@click.command(cls=RectoolCommand, name="index")
+@click.argument("target")
+@click.option(
+    "--force", is_flag=True, help="Write the index again even where the pack already has one."
+)
+@json_option("Print what was found and written as JSON on stdout.")
+@library_errors
+def index_command(target: str, force: bool, as_json: bool) -> None:
+    """Write the manifest and binary index (format 3) of the pack TARGET, beside its shards.
+
+    TARGET is a pack made by others or by an older rectool: a bare .rec with its .idx
+    (im2rec), a folder holding train.rec and train.idx (insightface: the layout is read
+    from record 0), a prefix of numbered shards (PREFIX-00000.rec, ...), or a rectool pack
+    of manifest format 1 or 2, upgraded in place (its fields kept, its identity names moved
+    to PREFIX.identities.json). The shards are read, never changed; the .npy arrays and the
+    manifest (PREFIX.manifest.json) are written beside them, so the folder must be
+    writable. A pack that has its index already is left as it is (exit 0) unless --force.
+
+    \b
+    Example:
+        rectool index faces_emore/
+        rectool index im2rec/train.rec
+    """
+    from ..packer.indexing import index_pack
+
+    result = index_pack(target, force=force)
+    if as_json:
+        emit_json(result.to_json())
+        return
+    if result.already:
+        click.echo(
+            f"{result.manifest}: already indexed (manifest format {result.previous}); wrote "
+            "nothing (--force writes the index again).",
+            err=True,
+        )
+        return
+    before = "no manifest before" if result.previous is None else f"format {result.previous} before"
+    click.echo(
+        f"Wrote {result.manifest} ({before}) and its index: "
+        f"{counted(result.samples, 'sample')} in {counted(result.shards, 'shard')}, "
+        f"layout {result.layout}.",
+        err=True,
+    )

@@ -1,0 +1,358 @@
+"""A manifest and binary index for a pack that lacks them (`rectool index`), and a shard's entry
+written again after its `.idx` was rebuilt (`rectool reindex`).
+
+A pack made by im2rec (a bare `.rec`/`.idx`), by insightface (`train.rec`/`train.idx`, its
+layout read from record 0), a numbered set of shards (`PREFIX-00000.rec`, ...) or an older
+rectool (manifest format 1 or 2) gets the format-3 files that `pack` writes: the `.npy` arrays
+(`format/binindex.py`) and a manifest naming them, beside its shards, under the prefix's lock.
+The shards are read, never changed.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..dataset.sources import resolve_source, source_prefixes
+from ..doors.inputs import open_checked
+from ..doors.output import OutputLock, write_json_atomic
+from ..errors import InputError, RectoolError
+from ..format.binindex import (
+    IDENTITIES_SUFFIX,
+    index_shards,
+    write_identities,
+    write_index,
+)
+from ..format.digest import SHA256, XXH3_128, Digests, field_name, file_digests
+from ..format.manifest import read_manifest
+from ..reader import (
+    MANIFEST_FORMAT,
+    MANIFEST_SUFFIX,
+    MANIFEST_VERSION,
+    RecordFile,
+    refuse_unfinished,
+)
+from .manifest import created_time, manifest_path
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+    from ..format.binindex import PackIndex
+
+_READ_BYTES = 4 << 20
+
+
+@dataclass
+class IndexResult:
+    """What `index_pack` found and wrote.
+
+    `previous`: the manifest's format version before (None: the pack had no manifest);
+    `written`: the files written, manifest last (empty when the pack was already indexed).
+    """
+
+    manifest: str
+    layout: str
+    shards: int
+    samples: int
+    previous: int | None
+    written: list[str] = field(default_factory=list)
+
+    @property
+    def already(self) -> bool:
+        """Whether the pack already had its binary index (nothing was written)."""
+        return not self.written
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "manifest": self.manifest,
+            "layout": self.layout,
+            "shards": self.shards,
+            "samples": self.samples,
+            "previous_format_version": self.previous,
+            "already_indexed": self.already,
+            "written": self.written,
+        }
+
+
+def index_pack(target: StrPath, force: bool = False) -> IndexResult:
+    """Write the manifest and binary index (format 3) of the pack at `target`, beside it.
+
+    `target`: what `open_dataset` takes, less URLs and lists (a manifest, a prefix, a `.rec`, a
+    folder holding `train.rec`). A format-1/2 manifest is upgraded in place, its fields kept and
+    its identity names moved to `PREFIX.identities.json`. A pack already indexed is left as it
+    is unless `force`. The folder must be writable: the files go beside the shards.
+    """
+    prefix = pack_prefix(target)
+    check_writable(prefix)
+    with OutputLock(prefix):
+        refuse_unfinished(prefix)
+        path = manifest_path(prefix)
+        if os.path.lexists(path):  # read under the lock: another run may have written it
+            return _upgrade(prefix, read_manifest(path), force)
+        return _describe(prefix, resolve_source(target)[2])
+
+
+def pack_prefix(target: StrPath) -> str:
+    """Return the prefix whose manifest describes the pack at `target` (`PREFIX.manifest.json`)."""
+    _, path, shards = resolve_source(target)
+    if path is not None:
+        if not path.endswith(MANIFEST_SUFFIX):
+            raise InputError(
+                f"{path}: a manifest is named PREFIX{MANIFEST_SUFFIX}; rename it to index the pack"
+            )
+        return path[: -len(MANIFEST_SUFFIX)]
+    stems = [rec[:-4] for rec, _ in shards]
+    if len(stems) == 1:
+        numbered = _numbered_base(stems[0])
+        if numbered is not None and os.path.exists(manifest_path(numbered)):
+            raise InputError(
+                f"{shards[0][0]}: a shard of the pack {numbered}; index the pack "
+                f"({manifest_path(numbered)}), not one of its shards"
+            )
+        return stems[0]
+    bases = {_numbered_base(stem) for stem in stems}
+    if len(bases) != 1 or None in bases:
+        raise InputError(f"{stems[0]}: shards of several packs; name one pack")
+    return str(bases.pop())
+
+
+def _numbered_base(stem: str) -> str | None:
+    """Return PREFIX of a numbered shard's stem `PREFIX-00003`, else None."""
+    numbered = len(stem) > 6 and stem[-6] == "-" and stem[-5:].isdigit()
+    return stem[:-6] if numbered else None
+
+
+def check_writable(prefix: str) -> None:
+    """Refuse a prefix whose folder cannot be written: the manifest and index go beside it."""
+    folder = os.path.dirname(prefix) or "."
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    if read_only or not os.access(folder, os.W_OK):
+        raise RectoolError(
+            f"{folder}: read-only; `rectool index` writes the manifest and index beside the "
+            f"shards ({os.path.basename(prefix)}{MANIFEST_SUFFIX}, .npy arrays), and writing "
+            "them into another folder is not supported yet. Link or copy the shards (.rec and "
+            "its .idx) into a folder you can write, and index them there"
+        )
+
+
+def _index_present(prefix: str, manifest: dict[str, Any]) -> bool:
+    """Whether a format-3 manifest has its index and every index file it names is there."""
+    index = manifest.get("index")
+    if manifest.get("format_version", 0) < MANIFEST_VERSION or not isinstance(index, dict):
+        return False
+    folder = os.path.dirname(prefix)
+    named = [e["file"] for e in index.values() if isinstance(e, dict) and "file" in e]
+    return all(os.path.isfile(os.path.join(folder, name)) for name in named)
+
+
+def _upgrade(prefix: str, manifest: dict[str, Any], force: bool) -> IndexResult:
+    """Index a pack that has a manifest: upgrade format 1/2 in place, keeping its fields."""
+    path, folder = manifest_path(prefix), os.path.dirname(prefix)
+    previous = manifest.get("format_version", 0)
+    if _index_present(prefix, manifest) and not force:
+        samples = manifest["index"]["samples"]
+        layout = manifest.get("layout") or "images"
+        return IndexResult(path, layout, len(samples), sum(samples), previous)
+    shards = manifest["shards"]
+    index = _read_index(
+        [os.path.join(folder, s["rec"]) for s in shards],
+        [os.path.join(folder, s["idx"]) for s in shards],
+        shards,
+        manifest.get("layout"),
+        path,
+    )
+    manifest["format_version"] = MANIFEST_VERSION
+    if manifest.get("layout") is None:
+        manifest["layout"] = index.layout
+    return _write(prefix, manifest, index, previous)
+
+
+def _describe(prefix: str, shards: list[tuple[str, str]]) -> IndexResult:
+    """Index a pack without a manifest: describe its shards as `pack` would."""
+    folder = os.path.dirname(prefix)
+    for rec, idx in shards:
+        for name in (rec, idx):
+            if os.path.dirname(name) != folder:
+                raise InputError(
+                    f"{name}: not in the folder of {prefix}; a manifest names the files beside it"
+                )
+    recs, idxs = [rec for rec, _ in shards], [idx for _, idx in shards]
+    index = _read_index(recs, idxs, None, None, manifest_path(prefix))
+    entries = [shard_entry(rec, idx) for rec, idx in shards]
+    samples = sum(index.counts)
+    identities = None if index.identity_ranges is None else len(index.identity_ranges)
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "format_version": MANIFEST_VERSION,
+        "rectool_version": __version__,
+        "created": created_time(),
+        "layout": index.layout,
+        "list": None,  # not packed by rectool: no list, options or failures
+        "shards": entries,
+        "totals": {
+            "shards": len(entries),
+            "records": sum(e["records"] for e in entries),
+            "images": samples,
+            "rec_bytes": sum(e["rec_bytes"] for e in entries),
+            "failures": None,
+        },
+        "classes": identities,
+        "identities": None,
+    }
+    return _write(prefix, manifest, index, None)
+
+
+def _read_index(
+    recs: list[str],
+    idxs: list[str],
+    listed: list[dict[str, Any]] | None,
+    layout: str | None,
+    where: str,
+) -> PackIndex:
+    files = [RecordFile(rec) for rec in recs]
+    try:
+        return index_shards(files, idxs, listed, layout, where)
+    finally:
+        for rf in files:
+            rf.close()
+
+
+def _write(
+    prefix: str, manifest: dict[str, Any], index: PackIndex, previous: int | None
+) -> IndexResult:
+    """Write the index arrays, the identity names (from an older manifest), the manifest last."""
+    manifest["index"] = write_index(prefix, index)
+    folder = os.path.dirname(prefix)
+    written = [os.path.join(folder, e["file"]) for e in manifest["index"].values() if "file" in e]
+    names = manifest.get("identities")
+    if isinstance(names, dict) and "file" not in names:  # format 1 and 2: inline names
+        manifest["identities"] = write_identities(
+            prefix, {int(label): name for label, name in names.items()}
+        )
+        written.append(prefix + IDENTITIES_SUFFIX)
+    path = manifest_path(prefix)
+    write_json_atomic(path, manifest)
+    return IndexResult(
+        path, index.layout, len(index.counts), sum(index.counts), previous, [*written, path]
+    )
+
+
+def shard_entry(rec: str, idx: str) -> dict[str, Any]:
+    """Return the manifest entry of a finished shard, as `pack` writes it (`ShardInfo`): its
+    files' sizes and xxh3-128, its records (.idx lines) and first and last key."""
+    rec_bytes = os.path.getsize(rec)
+    rec_digest = file_digests(rec, [XXH3_128], rec_bytes).hexdigests()[XXH3_128]
+    return {
+        "rec": os.path.basename(rec),
+        "idx": os.path.basename(idx),
+        "rec_bytes": rec_bytes,
+        field_name("rec", XXH3_128): rec_digest,
+        **idx_entry(idx),
+    }
+
+
+def idx_entry(idx: str, algorithms: tuple[str, ...] = (XXH3_128,)) -> dict[str, Any]:
+    """Return what a shard's manifest entry says of its `.idx`: records (its lines), bytes,
+    digests, first and last key; the file is read once."""
+    digests, lines, first, last, size = _idx_facts(idx, algorithms)
+    return {
+        "records": lines,
+        "idx_bytes": size,
+        **{field_name("idx", a): h for a, h in digests.items()},
+        "first_key": first,
+        "last_key": last,
+    }
+
+
+def _idx_facts(
+    idx: str, algorithms: tuple[str, ...]
+) -> tuple[dict[str, str], int, int | None, int | None, int]:
+    """Read an .idx once; return (its digests, lines, first key, last key, bytes)."""
+    digests, lines, size, head, tail = Digests(algorithms), 0, 0, b"", b""
+    buf = bytearray(_READ_BYTES)
+    view = memoryview(buf)
+    with os.fdopen(open_checked(idx, "index file")[0], "rb", buffering=0) as f:
+        while n := f.readinto(view):
+            chunk = view[:n]
+            digests.update(chunk)
+            lines += buf.count(b"\n", 0, n)
+            size += n
+            if len(head) < 64:
+                head += bytes(chunk[: 64 - len(head)])
+            tail = (tail + bytes(chunk[-64:]))[-64:]
+    if size and not tail.endswith(b"\n"):
+        lines += 1
+    first = _key_of(head.split(b"\n", 1)[0]) if size else None
+    last = _key_of(tail.rstrip(b"\n").rsplit(b"\n", 1)[-1]) if size else None
+    return digests.hexdigests(), lines, first, last, size
+
+
+def _key_of(line: bytes) -> int | None:
+    key = line.split(b"\t", 1)[0].strip()
+    return int(key) if key.isdigit() else None
+
+
+def refresh_shard(prefix: str, number: int) -> list[str]:
+    """Describe shard `number` of the format-3 pack at `prefix` again after its `.idx` was
+    rebuilt (`rectool reindex`; the `.rec` is unchanged): its manifest entry, the totals and
+    the binary index, from the shards as they are now. Call it holding the prefix's lock;
+    return the files written."""
+    path, folder = manifest_path(prefix), os.path.dirname(prefix)
+    manifest = read_manifest(path)
+    shards = manifest["shards"]
+    old = shards[number]
+    algorithms = tuple(a for a in (XXH3_128, SHA256) if field_name("idx", a) in old)
+    shards[number] = {**old, **idx_entry(os.path.join(folder, old["idx"]), algorithms)}
+    index = _read_index(
+        [os.path.join(folder, s["rec"]) for s in shards],
+        [os.path.join(folder, s["idx"]) for s in shards],
+        shards,
+        manifest.get("layout"),
+        path,
+    )
+    totals = manifest.get("totals")
+    if isinstance(totals, dict):
+        totals["records"] = sum(s["records"] for s in shards)
+        if totals.get("images") is not None:
+            totals["images"] = sum(index.counts)
+    return _write(prefix, manifest, index, manifest.get("format_version")).written
+
+
+def indexed_pack_of(rec: str, idx: str) -> tuple[str, int] | None:
+    """Return (prefix, shard number) of the format-3 pack whose shard `rec` is, with `idx` that
+    shard's own `.idx`; None for any other `.rec` (or one whose manifest cannot be read: it has
+    no index a reader could use)."""
+    for prefix in source_prefixes(rec):
+        path = manifest_path(prefix)
+        if not os.path.isfile(path):
+            continue
+        try:
+            manifest = read_manifest(path)
+        except RectoolError:
+            continue
+        if not _index_present(prefix, manifest):
+            continue
+        folder = os.path.dirname(prefix)
+        for number, shard in enumerate(manifest["shards"]):
+            own_rec, own_idx = (os.path.join(folder, shard[n]) for n in ("rec", "idx"))
+            if _same_path(own_rec, rec) and _same_path(own_idx, idx):
+                return prefix, number
+    return None
+
+
+def _same_path(a: str, b: str) -> bool:
+    """Whether two paths name one file (either may not exist yet)."""
+    if os.path.exists(a) and os.path.exists(b):
+        return os.path.samefile(a, b)
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def recorded_idx(prefix: str, number: int) -> dict[str, Any]:
+    """Return the manifest entry of shard `number` of the pack at `prefix`."""
+    shards: list[dict[str, Any]] = read_manifest(manifest_path(prefix))["shards"]
+    return shards[number]
