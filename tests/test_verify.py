@@ -31,7 +31,6 @@ from helpers.rec_files import (
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.format.checksums import checksum_path
-from rectool.format.indexcache import write_index_cache
 from rectool.format.writer import IndexedRecordWriter, pack_image_record
 from rectool.inspect.verify import DecodeOptions, verify_dataset
 
@@ -43,6 +42,11 @@ def invoke(*args):
 def found(report):
     """Return the problems as (kind, path, key, offset) tuples, in the order reported."""
     return [(p.kind, p.path, p.key, p.offset) for p in report.problems]
+
+
+def npy_at(path, row, rows, row_bytes):
+    """Return the byte offset of row `row` in an .npy file of `rows` rows: its data is last."""
+    return os.path.getsize(path) - (rows - row) * row_bytes
 
 
 @pytest.fixture
@@ -60,7 +64,8 @@ def test_sound_pack_by_manifest_prefix_and_rec(small_pack):
     for target in (small_pack.manifest, small_pack.rec.with_suffix(""), small_pack.rec):
         report = verify_dataset(target)
         assert report.sound, report.problems
-        assert (report.records, report.images, report.checksums) == (12, 12, 3)
+        # .rec, .idx, .rec.crc; offsets, keys and labels .npy; identities.json
+        assert (report.records, report.images, report.checksums) == (12, 12, 7)
         assert report.layouts == ["images"]
         assert report.rec_bytes == small_pack.size
 
@@ -79,7 +84,8 @@ def test_sound_sharded_pack(tmp_path):
     assert len(shards) == 3
     report = verify_dataset(pack.manifest)
     assert report.sound, report.problems
-    assert (report.records, len(report.shards), report.checksums) == (12, 3, 9)
+    # 3 x (.rec, .idx, .rec.crc); offsets, keys and labels .npy; identities.json
+    assert (report.records, len(report.shards), report.checksums) == (12, 3, 13)
 
 
 def test_split_records_are_sound(tmp_path):
@@ -288,14 +294,6 @@ def test_index_syntax_errors_are_reported_per_line(bare):
     )
 
 
-def test_stale_index_cache_is_caught_and_idx_text_is_what_is_checked(bare):
-    lines = idx_lines(bare.idx)
-    wrong = np.array([o + 4 for _, o in lines], np.int64)
-    write_index_cache(bare.idx, np.array([k for k, _ in lines], np.int64), wrong)
-    report = verify_dataset(bare.rec)
-    assert found(report) == [("stale-index-cache", bare.i + ".rtc", None, None)]
-
-
 # -- headers and labels ---------------------------------------------------------------------------
 
 
@@ -326,12 +324,18 @@ def test_label_outside_the_class_count(small_pack):
     key, offset = small_pack.lines[line]
     xor_byte(small_pack.rec, offset + 8 + 4 + 3, 0x7F)  # 1.0 (3f 80 00 00) -> 4.0 (40 80 00 00)
     report = verify_dataset(small_pack.manifest)
+    labels = str(small_pack.manifest.parent / "faces.labels.npy")
     assert found(report) == [
         ("bad-label", small_pack.r, key, offset),
         ("record-checksum-mismatch", small_pack.r, key, offset),
+        ("index-mismatch", labels, key, npy_at(labels, line, 12, 4)),
         ("checksum-mismatch", small_pack.r, None, None),
     ]
     assert report.problems[0].message == "label 4.0 is outside the 3 classes 0..2"
+    assert report.problems[2].message == (
+        f"sample {line} (record at byte {offset} of faces.rec): faces.labels.npy holds 1.0, "
+        "the record's header 4.0"
+    )
 
 
 def test_labels_unchecked_without_class_count(bare):
@@ -425,12 +429,15 @@ def test_manifest_counts_sizes_and_keys(small_pack):
         ("size-mismatch", small_pack.i, None, None),
         ("count-mismatch", small_pack.i, None, None),
         ("key-mismatch", small_pack.i, small_pack.lines[-2][0], None),
+        ("index-mismatch", str(small_pack.manifest), None, None),
     ]
     assert [p.message for p in report.problems[1:]] == [
         f"{small_pack.idx.stat().st_size} bytes; "
         f"the manifest says {small_pack.idx.stat().st_size + lost_line}",
         "11 entries; the manifest says 12",
         f"the last key is {small_pack.lines[-2][0]}; the manifest says {key}",
+        f"index.samples[0] is 12, but {small_pack.idx} holds 11 samples; `rectool index` "
+        "writes the index again",
     ]
 
 
@@ -441,11 +448,17 @@ def test_duplicate_key_with_manifest_also_reports_the_header_id(small_pack):
     lines[9] = (first_key, offset)
     write_idx_lines(small_pack.idx, lines)
     report = verify_dataset(small_pack.manifest)
+    keys = str(small_pack.manifest.parent / "faces.keys.npy")
     assert found(report) == [
         ("duplicate-key", small_pack.i, first_key, offset),
         ("id-mismatch", small_pack.i, first_key, offset),
+        ("index-mismatch", keys, first_key, npy_at(keys, 9, 12, 8)),
         ("checksum-mismatch", small_pack.i, None, None),
     ]
+    assert report.problems[2].message == (
+        f"sample 9: faces.keys.npy holds key {small_pack.lines[9][0]}, but line 10 of faces.idx "
+        f"gives {first_key}"
+    )
 
 
 def test_missing_shard_file(tmp_path):
@@ -727,7 +740,7 @@ def test_cli_sound_exit_0(small_pack):
     assert first.startswith(
         f"Verified {small_pack.manifest}: 12 records (12 images) in 1 shard, 0.0 MB, "
         "layout images; "
-        "3 checksums compared ("
+        "7 checksums compared ("
     )
     assert second == "Sound: no problems found."
 

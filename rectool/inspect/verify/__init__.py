@@ -4,7 +4,8 @@
 record key and the byte offset where they are known; it raises `RectoolError` only when an
 input cannot be read at all (no such dataset, a manifest that is not one, an unreadable file).
 It works on files written by MXNet, im2rec and insightface as well as by `rectool pack`; a
-manifest, when there is one, adds checksums, counts and the class count.
+manifest, when there is one, adds checksums, counts and the class count, and a format-3
+manifest a binary index, checked against the shards (a pack without one is noted, not failed).
 
 How it reads: what is known about a dataset (`DatasetFacts`) and about each shard
 (`ShardFacts`: its index, framing, headers, record keys and layout) is worked out once, then
@@ -14,9 +15,18 @@ in which problems are listed.
 
 The modules, in the order a shard is checked: `run` (`verify_dataset`), `facts` (what is
 known), `index` and `framing`, `layout`, `headers`, `manifest`, `digests` (files' and records'
-checksums), `images` (structure or decoding); `report` holds what they report.
+checksums), `binary` (the binary index of format 3 against all of them), `images` (structure
+or decoding); `report` holds what they report.
 """
 
+from .binary import (
+    BinaryIndex,
+    IndexFile,
+    check_index_arrays,
+    check_index_files,
+    check_index_layout,
+    read_binary_index,
+)
 from .digests import ShardHashes, check_record_checksums, compare_digests, expected_digests
 from .facts import (
     DatasetFacts,
@@ -54,6 +64,8 @@ from .report import (
 from .run import verify_dataset
 
 __all__ = [
+    "BinaryIndex",
+    "IndexFile",
     "DEFAULT_KEEP",
     "PROBLEM_KINDS",
     "Compared",
@@ -74,7 +86,10 @@ __all__ = [
     "check_headers",
     "check_image_structure",
     "check_index",
+    "check_index_arrays",
     "check_index_file",
+    "check_index_files",
+    "check_index_layout",
     "check_keys_across_shards",
     "check_layout",
     "check_listed_once",
@@ -86,6 +101,7 @@ __all__ = [
     "decide_layout",
     "expected_digests",
     "one_problem",
+    "read_binary_index",
     "read_index",
     "read_shard",
     "repeated_shards",

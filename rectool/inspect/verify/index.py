@@ -1,5 +1,6 @@
-"""The index checks: the .idx parses and its cache agrees, it fits the .rec, and no key is in
-two shards."""
+"""The text index checks: the .idx parses, it fits the .rec, and no key is in two shards.
+
+(The binary index of format 3 is checked against them in `binary`.)"""
 
 from __future__ import annotations
 
@@ -8,19 +9,12 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ...errors import RectoolError
-from ...reader import (
-    MANIFEST_SUFFIX,
-    dataset_cache_path,
-    read_dataset_cache,
-    read_index_cache,
-)
 from .facts import ShardFacts, ShardIndex
 from .report import Found, ProblemAt, one_problem
 
 
 def check_index_file(facts: ShardFacts) -> Iterator[Found]:
-    """The .idx exists, every line parses, and its sidecar cache (if any) agrees with it."""
+    """The .idx exists and every line parses."""
     idx, index = facts.idx, facts.index
     if index is None:
         kind = "missing-file" if facts.entry is not None else "missing-index"
@@ -41,21 +35,6 @@ def check_index_file(facts: ShardFacts) -> Iterator[Found]:
             for number, raw in index.bad_lines
         ),
     )
-    try:
-        cached = read_index_cache(idx)
-    except (OSError, ValueError):
-        cached = None
-    if cached is None:
-        return
-    if not (np.array_equal(cached[0], index.keys) and np.array_equal(cached[1], index.offsets)):
-        yield one_problem(
-            "stale-index-cache",
-            idx + ".rtc",
-            None,
-            None,
-            "the sidecar cache matches the .idx's size and time but not its content; "
-            "delete it (readers would use its offsets)",
-        )
 
 
 def check_index(facts: ShardFacts) -> Iterator[Found]:
@@ -187,32 +166,3 @@ def check_keys_across_shards(indexes: Sequence[ShardIndex]) -> Iterator[Found]:
             )
 
     yield Found("duplicate-key", len(clash), problems())
-
-
-def check_dataset_cache(
-    manifest_path: str | None, idx_paths: Sequence[str], indexes: Sequence[ShardIndex]
-) -> Iterator[Found]:
-    """The index cache of a pack of several shards (if any, and current) agrees with every .idx
-    (`indexes`: the `ShardIndex` of each shard that has one)."""
-    if not (manifest_path or "").endswith(MANIFEST_SUFFIX) or len(idx_paths) < 2:
-        return
-    assert manifest_path is not None
-    try:
-        cached = read_dataset_cache(manifest_path, list(idx_paths))
-    except (OSError, ValueError, RectoolError):  # a missing .idx: its own check says so
-        cached = None
-    if cached is None or len(indexes) != len(idx_paths):
-        return
-    same = all(
-        np.array_equal(keys, index.keys) and np.array_equal(offsets, index.offsets)
-        for (keys, offsets), index in zip(cached[2], indexes)
-    )
-    if not same:
-        yield one_problem(
-            "stale-index-cache",
-            dataset_cache_path(manifest_path),
-            None,
-            None,
-            "the pack's index cache matches every .idx's size and time but not their content; "
-            "delete it (readers would use its offsets)",
-        )

@@ -26,7 +26,10 @@ PROBLEM_KINDS = {
     "unindexed-record": "a record is not in the .idx",
     "duplicate-key": "a key appears on more than one .idx line",
     "duplicate-offset": "two keys point at the same record",
-    "stale-index-cache": "the .idx.rtc sidecar cache disagrees with the .idx",
+    "index-file": "a binary index file (.npy array, identities file) is not a regular file, "
+    "not a valid array of its dtype and shape, or not a file of names",
+    "index-mismatch": "the binary index disagrees with the shards: a sample count, offset, key, "
+    "label or identity range differs from the .idx line or record header it was written from",
     "bad-header": "the image header does not fit the record",
     "bad-label": "a label is not finite, not integral, or outside the class count",
     "empty-image": "an image record holds no image bytes",
@@ -114,6 +117,8 @@ class VerifyReport:
     finished: list[str] = field(default_factory=list)
     # Staging folders that a killed `--overwrite` left beside the targets (not part of a pack).
     staging: list[str] = field(default_factory=list)
+    # What the report says that is no problem: a target without a binary index, say.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def sound(self) -> bool:
@@ -122,7 +127,7 @@ class VerifyReport:
 
     def renamed(self, shown_as: Callable[[str], str]) -> VerifyReport:
         """Return this report with `shown_as(text)` applied to every path it names: targets,
-        shards, problems' paths and messages, replacements finished and staging folders (a
+        shards, problems' paths and messages, replacements finished, staging folders and notes (a
         pack read from a local copy of a URL is named by its URL)."""
         return replace(
             self,
@@ -136,6 +141,7 @@ class VerifyReport:
             ],
             finished=[shown_as(p) for p in self.finished],
             staging=[shown_as(s) for s in self.staging],
+            notes=[shown_as(n) for n in self.notes],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -157,6 +163,7 @@ class VerifyReport:
             "problems": [p.to_json() for p in self.problems],
             "finished_replacements": self.finished,
             "leftover_staging": self.staging,
+            "notes": self.notes,
         }
 
 

@@ -7,22 +7,31 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
+from contextlib import closing
 from typing import TYPE_CHECKING
 
-from ...packer.manifest import finish_interrupted_source, leftover_staging
-from ...errors import RectoolError
-from ...reader import RecordFile
 from ...dataset.sources import (
     resolve_source,
     source_prefixes,
 )
+from ...errors import RectoolError
+from ...packer.manifest import finish_interrupted_source, leftover_staging
+from ...reader import RecordFile
 from ..scan import mapped
+from .binary import (
+    BinaryIndex,
+    check_index_arrays,
+    check_index_files,
+    check_index_layout,
+    no_index_note,
+    read_binary_index,
+)
 from .digests import ShardHashes, check_record_checksums
 from .facts import DatasetFacts, ShardIndex, read_shard, size_or_zero
 from .framing import check_framing
 from .headers import check_headers
 from .images import DecodeOptions, check_decoding, check_image_structure, decodable_rows
-from .index import check_dataset_cache, check_index, check_index_file, check_keys_across_shards
+from .index import check_index, check_index_file, check_keys_across_shards
 from .layout import check_layout
 from .manifest import check_listed_once, check_manifest_entry, check_totals, repeated_shards
 from .report import DEFAULT_KEEP, CheckResult, Findings, Tally, VerifyReport, one_problem
@@ -69,8 +78,13 @@ def verify_dataset(
         ThreadPoolExecutor(1, thread_name_prefix="rectool-digest") as hasher,
         ThreadPoolExecutor(workers, thread_name_prefix="rectool-decode") as decoder,
     ):
-        for manifest, manifest_path, shards in resolved:
+        for name, (manifest, manifest_path, shards) in zip(names, resolved):
             dataset = DatasetFacts.of(manifest, manifest_path, shards)
+            binary = read_binary_index(dataset)
+            if binary is None:
+                report.notes.append(no_index_note(name, dataset))
+            else:
+                findings.take(check_index_files(binary))
             hashes = ShardHashes(dataset, hasher)
             repeats = repeated_shards(shards)
             layouts: set[str] = set()  # of the shards read (a missing one has none)
@@ -80,7 +94,15 @@ def verify_dataset(
                     findings.take(check_listed_once(dataset, number, repeats[number]))
                     continue
                 layout, index, size = _verify_shard(
-                    dataset, number, findings, hashes, decode, decoder, progress, image_check
+                    dataset,
+                    number,
+                    binary,
+                    findings,
+                    hashes,
+                    decode,
+                    decoder,
+                    progress,
+                    image_check,
                 )
                 if layout is not None:
                     layouts.add(layout)
@@ -92,7 +114,8 @@ def verify_dataset(
             findings.take(hashes.check())
             findings.take(check_totals(dataset))
             findings.take(check_keys_across_shards(indexes))
-            findings.take(check_dataset_cache(manifest_path, [i for _, i in shards], indexes))
+            if binary is not None:
+                findings.take(check_index_layout(binary, layouts))
             report.layouts.append("/".join(sorted(layouts)) or "empty")
     report.seconds = time.perf_counter() - start
     return report
@@ -101,6 +124,7 @@ def verify_dataset(
 def _verify_shard(
     dataset: DatasetFacts,
     number: int,
+    binary: BinaryIndex | None,
     findings: Findings,
     hashes: ShardHashes,
     decode: DecodeOptions | None,
@@ -110,7 +134,8 @@ def _verify_shard(
 ) -> tuple[str | None, ShardIndex | None, int]:
     """Run every check of shard `number`; return (layout name, its `ShardIndex`, bytes).
 
-    `hashes` (`ShardHashes`) hashes the .rec from the mapping the checks walk, beside them.
+    `hashes` (`ShardHashes`) hashes the .rec from the mapping the checks walk, beside them;
+    `binary`, the pack's binary index (or None), is compared with the shard's rows.
     """
     rec, _ = dataset.shards[number]
     if not os.path.exists(rec):
@@ -120,7 +145,7 @@ def _verify_shard(
             [one_problem("missing-file", rec, None, None, "listed in the manifest, missing")]
         )
         return None, None, 0
-    with mapped(rec) as (buf, size), RecordFile(rec) as records:
+    with mapped(rec) as (buf, size), closing(RecordFile(rec)) as records:
         hashes.start(rec, buf, size)
         facts = read_shard(dataset, number, buf, size, records.read_at)
         checks: tuple[Iterable[CheckResult], ...] = (
@@ -131,6 +156,7 @@ def _verify_shard(
             check_headers(facts),
             check_manifest_entry(facts),
             check_record_checksums(facts, hashes.matches),
+            () if binary is None else check_index_arrays(facts, binary, number),
         )
         for check in checks:
             findings.take(check)
