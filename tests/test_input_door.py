@@ -25,6 +25,8 @@ ALLOWED = {
     ("folder.py", "_folder"): "OutputFolder's folders, opened O_NOFOLLOW | O_DIRECTORY",
     ("folder.py", "_same_file"): "unpack --resume compares a file it would write (O_NOFOLLOW)",
     ("reader.py", "open"): "RecordFile maps the regular file `open_regular` opened",
+    ("reader.py", "load_array"): "an index .npy mapped from the descriptor `open_regular` "
+    "opened, after its header was parsed and its size checked",
     ("passthrough.py", "open"): "RootGuard.open, pack's image opener (one call per image, "
     "read with readv into the block): O_NOFOLLOW and the real path inside ROOT, checked by "
     "the caller with fstat for a regular file and the record size limit",
