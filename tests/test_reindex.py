@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from pathlib import Path
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 from helpers.rec_files import (
@@ -23,11 +23,10 @@ from hypothesis import strategies as st
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.format.indexcache import write_index_cache
 from rectool.format.writer import IndexedRecordWriter, pack_image_record
 from rectool.inspect.reindex import reindex
 from rectool.inspect.verify import verify_dataset
-from rectool.reader import index_cache_path, open_dataset, read_index_cache
+from rectool.reader import open_dataset
 
 
 def invoke(*args):
@@ -73,17 +72,6 @@ def test_split_records_are_indexed_once(tmp_path):
 def test_refuses_to_replace_an_existing_idx(small_pack):
     with pytest.raises(RectoolError, match="exists; use --overwrite"):
         reindex(small_pack.rec)
-
-
-def test_overwrite_leaves_no_stale_sidecar_cache(small_pack):
-    keys = np.array([k for k, _ in small_pack.lines], np.int64)
-    write_index_cache(small_pack.idx, keys, np.array([o for _, o in small_pack.lines], np.int64))
-    assert os.path.exists(index_cache_path(small_pack.idx))
-    reindex(small_pack.rec, overwrite=True)
-    # The cache is written again, of the new .idx (see the section at the end).
-    cached = read_index_cache(small_pack.idx)
-    assert cached is not None and cached[0].tolist() == [k for k, _ in small_pack.lines]
-    assert idx_lines(small_pack.idx) == small_pack.lines
 
 
 def test_bad_magic_is_skipped_up_to_the_next_record(small_pack):
@@ -188,7 +176,10 @@ def test_cli_sound_exit_0(small_pack):
     original = small_pack.idx.read_bytes()
     result = invoke("reindex", small_pack.rec, "--overwrite")
     assert result.exit_code == 0, result.output
-    assert result.stderr == f"Wrote {small_pack.idx}: 12 records, keys from record headers.\n"
+    assert result.stderr == (
+        f"Wrote {small_pack.idx}: 12 records, keys from record headers. The index of the pack "
+        f"{small_pack.manifest} matches it already.\n"
+    )
     assert small_pack.idx.read_bytes() == original
 
 
@@ -240,79 +231,104 @@ def test_cli_usage_errors(tmp_path, small_pack):
     assert invoke("reindex", small_pack.rec, "--keys", "bogus").exit_code == 2
 
 
-# --- the index caches a rebuilt .idx made stale are written again -----------------------------
-# A rebuilt .idx, even byte-identical to the old, has a new mtime: every cache made of it is
-# retired, and at WebFace42M's size a pack read without its cache holds its whole index in every
-# loader worker. `rectool info --json` says which caches a reader would map.
+# --- a shard of a pack with a binary index: the index follows its .idx --------------------------
+# The reader reads a format-3 pack through its .npy index, MXNet through the .idx: a rebuilt .idx
+# that lists other records than the index was made from is written into the pack's index too.
 
 
-def _index_cache_state(target):
-    result = invoke("info", target, "--json")
-    assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)["index_cache"]
-
-
-def _sharded_pack(folder, shards=3, per=40):
+def _indexed_pack(folder, shards=3, per=4):
+    """A pack of `shards` shards written by hand (keys 10*k, image b"img<k>", label k), then
+    given its manifest and index by `rectool index`; return (prefix, its samples)."""
     from helpers.handmade_datasets import write_pack
 
     prefix = os.fspath(folder / "many")
-    write_pack(prefix, [[(k, b"img%d" % k, 0.0) for k in range(s * per, (s + 1) * per)]
-                        for s in range(shards)])  # fmt: skip
-    return prefix
+    samples = write_pack(
+        prefix,
+        [[(10 * k, b"img%d" % k, float(k)) for k in range(s * per, (s + 1) * per)]
+         for s in range(shards)],
+        manifest=False,
+    )  # fmt: skip
+    assert invoke("index", prefix).exit_code == 0
+    return prefix, samples
 
 
-def test_reindex_of_a_shard_writes_its_packs_cache_again(tmp_path):
-    prefix = _sharded_pack(tmp_path)
-    assert invoke("index-cache", prefix).exit_code == 0
-    assert _index_cache_state(prefix)["pack"] == f"{prefix}.idx.rtc"
+def _index_files(prefix):
+    return {
+        name: open(f"{prefix}.{name}.npy", "rb").read() for name in ("offsets", "keys", "labels")
+    }
+
+
+def test_reindex_of_a_sound_shard_leaves_the_packs_index_as_it_is(tmp_path):
+    prefix, _ = _indexed_pack(tmp_path)
     before = open(f"{prefix}-00001.idx", "rb").read()
-    result = invoke("reindex", f"{prefix}-00001.rec", "--overwrite")
+    index, manifest = _index_files(prefix), open(f"{prefix}.manifest.json", "rb").read()
+    os.unlink(f"{prefix}-00001.idx")  # lost: rebuilt from the .rec
+    result = invoke("reindex", f"{prefix}-00001.rec", "--json")
     assert result.exit_code == 0, result.output
-    assert open(f"{prefix}-00001.idx", "rb").read() == before  # a sound shard: the same text
-    assert _index_cache_state(prefix) == {"pack": f"{prefix}.idx.rtc", "shards_cached": 3,
-                                          "shards": 3}  # fmt: skip
-    assert f"{prefix}.idx.rtc" in result.output  # the summary names what it wrote again
-    assert open_dataset(prefix).keys.tolist() == list(range(120))
+    doc = json.loads(result.stdout)
+    assert (doc["pack"], doc["pack_index_written"]) == (f"{prefix}.manifest.json", [])
+    assert open(f"{prefix}-00001.idx", "rb").read() == before
+    assert _index_files(prefix) == index
+    assert open(f"{prefix}.manifest.json", "rb").read() == manifest
 
 
-def test_reindex_of_a_shard_into_another_file_leaves_the_packs_cache_as_it_is(tmp_path):
-    prefix = _sharded_pack(tmp_path)
-    assert invoke("index-cache", prefix).exit_code == 0
-    cache = f"{prefix}.idx.rtc"
-    stamp = os.stat(cache).st_mtime_ns, open(cache, "rb").read()
-    result = invoke("reindex", f"{prefix}-00001.rec", "-o", tmp_path / "elsewhere.idx", "--json")
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["index_caches"] == []
-    assert (os.stat(cache).st_mtime_ns, open(cache, "rb").read()) == stamp
-    assert _index_cache_state(prefix)["pack"] == cache
+def test_reindex_of_a_damaged_shard_writes_the_packs_index_to_match(tmp_path):
+    prefix, samples = _indexed_pack(tmp_path)
+    lost = samples[5]  # the second record of shard 1
+    assert (lost.key, lost.rec) == (50, f"{prefix}-00001.rec")
+    xor_byte(Path(lost.rec), lost.offset, 0x01)  # its magic: the walk skips the record
+    result = invoke("reindex", lost.rec, "--overwrite")
+    assert result.exit_code == 1, result.output
+    assert result.stderr == (
+        f"Wrote {prefix}-00001.idx: 3 records, keys from record headers. Wrote the index of "
+        f"the pack {prefix}.manifest.json again to match it.\n"
+    )
+    kept = [s for s in samples if s is not lost]
+    ds = open_dataset(prefix)
+    assert [ds[i] for i in range(len(ds))] == [(s.image, s.label) for s in kept]
+    assert ds.keys.tolist() == [s.key for s in kept]
+    assert ds.labels.tolist() == [s.label for s in kept]
+    assert idx_lines(Path(f"{prefix}-00001.idx")) == [(s.key, s.offset) for s in kept[4:7]]
+    manifest = json.loads(open(f"{prefix}.manifest.json").read())
+    assert [s["records"] for s in manifest["shards"]] == [4, 3, 4]
+    assert (manifest["totals"]["records"], manifest["index"]["samples"]) == (11, [4, 3, 4])
+    assert manifest["shards"][1]["idx_bytes"] == os.path.getsize(f"{prefix}-00001.idx")
 
 
-def test_reindex_writes_a_shards_own_cache_again_where_it_had_one(small_pack):
-    assert invoke("index-cache", small_pack.rec).exit_code == 0
-    assert _index_cache_state(small_pack.rec)["shards_cached"] == 1
-    result = invoke("reindex", small_pack.rec, "--overwrite", "--json")
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["index_caches"] == [index_cache_path(small_pack.idx)]
-    assert _index_cache_state(small_pack.rec)["shards_cached"] == 1
+def test_reindex_into_another_file_leaves_the_pack_alone(tmp_path):
+    prefix, samples = _indexed_pack(tmp_path)
+    xor_byte(Path(samples[5].rec), samples[5].offset, 0x01)
+    manifest = open(f"{prefix}.manifest.json", "rb").read()
+    result = invoke("reindex", samples[5].rec, "-o", tmp_path / "elsewhere.idx", "--json")
+    assert result.exit_code == 1, result.output
+    doc = json.loads(result.stdout)
+    assert (doc["pack"], doc["pack_index_written"], doc["records"]) == (None, [], 3)
+    assert open(f"{prefix}.manifest.json", "rb").read() == manifest
+    assert len(open_dataset(prefix)) == 12  # the pack still reads what its index says
 
 
-def test_reindex_of_a_small_shard_without_a_cache_writes_none(small_pack):
-    assert not os.path.exists(index_cache_path(small_pack.idx))
-    result = invoke("reindex", small_pack.rec, "--overwrite", "--json")
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["index_caches"] == []
-    assert not os.path.exists(index_cache_path(small_pack.idx))
+def test_a_rebuilt_insightface_idx_that_loses_an_image_is_written_and_the_refusal_named(
+    tmp_path,
+):
+    """Keys 1..N are the images of an insightface pack: an .idx without one of them cannot
+    be indexed (record 0 says it exists). The .idx is written as asked; the pack's index is
+    left as it was, and the message says so."""
+    from helpers.handmade_datasets import write_insightface
 
-
-def test_reindex_into_prefix_idx_leaves_the_cache_of_a_pack_of_several_shards(tmp_path):
-    """`-o PREFIX.idx` beside a pack of several shards: the .idx's own cache would be named
-    PREFIX.idx.rtc, the pack's cache. That is not this .idx's to write again or remove."""
-    prefix = _sharded_pack(tmp_path)
-    assert invoke("index-cache", prefix).exit_code == 0
-    cache = f"{prefix}.idx.rtc"
-    stamp = open(cache, "rb").read()
-    result = invoke("reindex", f"{prefix}-00000.rec", "-o", f"{prefix}.idx", "--json")
-    assert result.exit_code == 0, result.output
-    assert json.loads(result.stdout)["index_caches"] == []
-    assert open(cache, "rb").read() == stamp
-    assert _index_cache_state(prefix)["pack"] == cache
+    folder = tmp_path / "faces"
+    folder.mkdir()
+    samples, _ = write_insightface(
+        folder / "train.rec", folder / "train.idx", [2, 3], lambda k: b"face%d" % k
+    )
+    assert invoke("index", folder).exit_code == 0
+    index = _index_files(folder / "train")
+    xor_byte(folder / "train.rec", samples[2].offset, 0x01)
+    result = invoke("reindex", folder / "train.rec", "--overwrite")
+    assert result.exit_code == 1
+    assert result.stderr.startswith(
+        f"Error: {folder}/train.idx: written, but the index of the pack "
+        f"{folder}/train.manifest.json could not be written to match it ("
+    )
+    assert "key 3 is not in the index" in result.stderr
+    assert 3 not in [k for k, _ in idx_lines(folder / "train.idx")]
+    assert _index_files(folder / "train") == index

@@ -52,9 +52,10 @@ def reindex_command(
 
     Where REC is damaged the walk skips to the next record start (an aligned magic followed
     by continuation flag 0 or 1) and reports each skipped byte range; the .idx then lists
-    every record that could be read. It is written to a temporary file and renamed, and the
-    index caches it made stale (its .idx.rtc, the PREFIX.idx.rtc of the pack REC is a shard
-    of) are written again. With a .rec.crc beside REC, records whose bytes differ from their
+    every record that could be read. It is written to a temporary file and renamed. Where
+    REC is a shard of a pack with a binary index (format 3) and its own .idx changes, the
+    pack's manifest and index are written again to match it, so the reader and MXNet read
+    the same records. With a .rec.crc beside REC, records whose bytes differ from their
     checksum are listed as damaged.
 
     Exit status: 0 REC was sound, 1 damage was skipped or a record is damaged (the .idx is
@@ -83,9 +84,10 @@ def render_reindex_result(result: ReindexResult, shown: int = 20) -> str:
     """Return the human summary of a reindex."""
     source = "record headers" if result.keys_from == "header" else "record positions"
     lines = [f"Wrote {result.idx_path}: {result.records:,} records, keys from {source}."]
-    if result.caches:
-        lines[0] += f" Wrote its index {'cache' if len(result.caches) == 1 else 'caches'} again: "
-        lines[0] += ", ".join(result.caches) + "."
+    if result.pack_files:
+        lines[0] += f" Wrote the index of the pack {result.pack} again to match it."
+    elif result.pack is not None:
+        lines[0] += f" The index of the pack {result.pack} matches it already."
     if result.skipped:
         total = sum(d.end - d.start for d in result.skipped)
         n = len(result.skipped)

@@ -6,11 +6,17 @@ and reported, never guessed at. When the .rec has a `.rec.crc` file (rectool pac
 each record is also compared with its checksum (xxh3-64; CRC-32 in packs of manifest version
 1): a record that still frames but whose bytes
 changed is indexed (it is where it was) and reported as damaged. Reindexing never changes the
-.rec, so its `.rec.crc` and the manifest's checksums of both stay valid.
+.rec, so its `.rec.crc` and the manifest's checksums of it stay valid.
+
+The `.idx` of a shard of a format-3 pack is what its binary index was made from: when the
+rebuilt one differs from the one the manifest records, the shard's manifest entry and the
+pack's index are written again from it (`packer/indexing.refresh_shard`), under the prefix's
+lock, so that the reader and MXNet read the same records.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -18,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..doors.output import check_target, make_folders, write_atomic
+from ..doors.output import OutputLock, check_target, make_folders, write_atomic
 from ..errors import RectoolError, UsageError
 from ..format.checksums import (
     ChecksumFileError,
@@ -28,13 +34,13 @@ from ..format.checksums import (
     load_checksums,
     stale_reason,
 )
-from ..format.digest import DIGEST_NAMES
-from ..format.indexcache import rewrite_stale_caches
+from ..format.digest import DIGEST_NAMES, XXH3_128, digests_of, field_name
 from ..format.writer import format_index_line
+from ..packer.indexing import indexed_pack_of, recorded_idx, refresh_shard
 from ..reader import (
     IMAGE_HEADER_SIZE,
+    MANIFEST_SUFFIX,
     RecordFile,
-    index_cache_path,
 )
 from .scan import Buffer, Damage, mapped, read_headers, scan_framing
 
@@ -68,8 +74,10 @@ class ReindexResult:
     # (offset, key or None, reason)
     damaged: list[tuple[int, int | None, str]] = field(default_factory=list)
     checksum_problem: str | None = None
-    # The index caches written again (its own; the pack's of several shards it belongs to).
-    caches: list[str] = field(default_factory=list)
+    # The format-3 pack whose shard's .idx this is (its manifest), and the files of its index
+    # written again because the .idx changed.
+    pack: str | None = None
+    pack_files: list[str] = field(default_factory=list)
 
     @property
     def sound(self) -> bool:
@@ -103,7 +111,8 @@ class ReindexResult:
             "checksums": self.checksums,
             "damaged": [{"offset": o, "key": k, "reason": r} for o, k, r in self.damaged],
             "checksum_problem": self.checksum_problem,
-            "index_caches": self.caches,
+            "pack": self.pack,
+            "pack_index_written": self.pack_files,
         }
 
 
@@ -153,9 +162,9 @@ def reindex(
     """Write an .idx for `rec_path` (default: beside it) from a walk over the .rec.
 
     Returns a `ReindexResult`. Refuses to replace an existing .idx unless `overwrite`. The
-    .idx is written to a temporary file and renamed, so it is whole or absent. The index
-    caches it made stale are written again (`indexcache.rewrite_stale_caches`: its own `.rtc`
-    sidecar, and the cache of the pack of several shards it is a shard of).
+    .idx is written to a temporary file and renamed, so it is whole or absent. Where it is
+    the own .idx of a shard of a format-3 pack and differs from the one the manifest records,
+    the pack's manifest and binary index are written again to match it.
     """
     if keys not in KEY_SOURCES:
         raise UsageError(f"unknown key source {keys!r}; choose from {', '.join(KEY_SOURCES)}")
@@ -168,9 +177,20 @@ def reindex(
         raise RectoolError(f"{idx_path}: exists; use --overwrite to replace it")
     if not (os.path.exists(own) and os.path.lexists(idx_path) and os.path.samefile(own, idx_path)):
         check_target(idx_path, overwrite, "index")  # never another shard's .idx
+    pack = indexed_pack_of(rec_path, idx_path)
+    lock = OutputLock(pack[0]) if pack else contextlib.nullcontext()
+    with lock:
+        result = _reindex_locked(rec_path, idx_path, keys, pack)
+    return result
+
+
+def _reindex_locked(
+    rec_path: str, idx_path: str, keys: str, pack: tuple[str, int] | None
+) -> ReindexResult:
+    """`reindex` once the pack the .idx belongs to (if any) is locked."""
     make_folders(os.path.dirname(idx_path))
     result = ReindexResult(rec_path, idx_path, keys)
-    with mapped(rec_path) as (buf, size), RecordFile(rec_path) as records:
+    with mapped(rec_path) as (buf, size), contextlib.closing(RecordFile(rec_path)) as records:
         framing = scan_framing(buf, size)
         result.rec_bytes = size
         result.skipped = list(framing.damage)
@@ -205,7 +225,23 @@ def reindex(
     result.duplicates = {k: n for k, n in counts.items() if n > 1}
     result.records = len(kept_keys)
     text = "".join(map(format_index_line, kept_keys, kept_offsets)).encode("ascii")
-    had_cache = os.path.lexists(index_cache_path(idx_path))
+    if pack is None:
+        write_atomic(idx_path, text)
+        return result
+    prefix, number = pack
+    result.pack = prefix + MANIFEST_SUFFIX
+    entry = recorded_idx(prefix, number)
+    same = entry.get("idx_bytes") == len(text) and entry.get(
+        field_name("idx", XXH3_128)
+    ) == digests_of(text, [XXH3_128]).get(XXH3_128)
     write_atomic(idx_path, text)
-    result.caches = rewrite_stale_caches(idx_path, rec_path, had_cache, kept, text)
+    if not same:  # the pack's binary index was made from the old .idx
+        try:
+            result.pack_files = refresh_shard(prefix, number)
+        except RectoolError as exc:
+            raise RectoolError(
+                f"{idx_path}: written, but the index of the pack {result.pack} could not be "
+                f"written to match it ({exc}); the pack still reads the records of the old "
+                f".idx: `rectool verify {result.pack}` says what differs"
+            ) from None
     return result
