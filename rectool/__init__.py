@@ -10,10 +10,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the names below, typed for a checker (`X as X`: exported)
-    from .packer.finalize import finalize_pack as finalize_pack
-    from .packer.listing import list_images as list_images
-    from .packer.options import PackOptions as PackOptions
-    from .packer.packing import pack_images as pack_images
+    from .dataset.packs import PackDataset as PackDataset
+    from .dataset.packs import open_dataset as open_dataset
     from .errors import (
         IndexFormatError as IndexFormatError,
     )
@@ -29,8 +27,8 @@ if TYPE_CHECKING:  # the names below, typed for a checker (`X as X`: exported)
     from .errors import (
         UsageError as UsageError,
     )
-    from .format.indexcache import write_index_cache as write_index_cache
     from .format.records import IndexedRecordFile as IndexedRecordFile
+    from .format.textindex import load_index as load_index
     from .format.writer import (
         IndexedRecordWriter as IndexedRecordWriter,
     )
@@ -45,9 +43,10 @@ if TYPE_CHECKING:  # the names below, typed for a checker (`X as X`: exported)
     )
     from .inspect.dali import write_dali_index as write_dali_index
     from .inspect.verify import verify_dataset as verify_dataset
-    from .dataset.packs import PackDataset as PackDataset
-    from .dataset.packs import open_dataset as open_dataset
-    from .format.textindex import load_index as load_index
+    from .packer.finalize import finalize_pack as finalize_pack
+    from .packer.listing import list_images as list_images
+    from .packer.options import PackOptions as PackOptions
+    from .packer.packing import pack_images as pack_images
     from .reader import Header as Header
     from .reader import RecordDataset as RecordDataset
     from .reader import RecordFile as RecordFile
@@ -78,7 +77,6 @@ _EXPORTS = {
     "decode_image": "reader",
     "unpack_header": "reader",
     # writing
-    "write_index_cache": "format.indexcache",
     "write_dali_index": "inspect.dali",
     "IndexedRecordWriter": "format.writer",
     "RecordWriter": "format.writer",

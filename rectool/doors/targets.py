@@ -21,7 +21,12 @@ if TYPE_CHECKING:
 PACK_FILE_ENDINGS = (
     ".rec",
     ".idx",
-    ".idx.rtc",
+    # the binary index and identity names (format/binindex.py)
+    ".offsets.npy",
+    ".keys.npy",
+    ".labels.npy",
+    ".identity_ranges.npy",
+    ".identities.json",
     ".rec.crc",
     ".manifest.json",
     ".failures.jsonl",

@@ -261,7 +261,7 @@ def swap_in(staging: str, prefix: str) -> None:
 
 def shard_files(stem: str) -> list[str]:
     """Return the files of one planned shard (`--only-shard`) that exist, `.partial`s included."""
-    names = [stem + s for s in (".rec", ".idx", ".idx.rtc", FAILURES_SUFFIX, STATE_SUFFIX)]
+    names = [stem + s for s in (".rec", ".idx", FAILURES_SUFFIX, STATE_SUFFIX)]
     names.append(stem + ".rec" + CHECKSUM_SUFFIX)
     names += [n + PARTIAL_SUFFIX for n in names]
     return [n for n in names if os.path.exists(n)]
