@@ -1,7 +1,7 @@
-"""Mutated .rec/.idx/manifest/cache/.rec.crc bytes: the commands answer with an exit code.
+"""Mutated .rec/.idx/manifest/.npy/identities/.rec.crc bytes: the commands answer with an exit code.
 
 The reader's own fuzz test (test_reader_fuzz.py) covers `open_dataset`; this one runs the
-commands built over it (verify, verify --decode, info, reindex, unpack, report) on a damaged
+commands built over it (verify, verify --decode, info, reindex, unpack, report, index) on a damaged
 copy of a small pack. Whatever the damage, each command must end with exit 0 (sound or
 nothing to say), 1 (problems found, or an `Error: ...` line) or, for verify, 2 (unreadable)
 — never a Python traceback, never
@@ -21,17 +21,18 @@ from helpers.image_files import write_list, write_pack_tree
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rectool.packer.packing import PackOptions, pack_images
 from rectool.cli import cli
-from rectool.format.indexcache import write_index_cache
-from rectool.reader import load_index
+from rectool.packer.packing import PackOptions, pack_images
 
 FILES = [
     "faces-00000.rec",
     "faces-00000.idx",
     "faces-00001.idx",
     "faces-00000.rec.crc",
-    "faces-00000.idx.rtc",
+    "faces.offsets.npy",
+    "faces.keys.npy",
+    "faces.labels.npy",
+    "faces.identities.json",
     "faces.manifest.json",
     "faces.failures.jsonl",
 ]
@@ -39,15 +40,15 @@ FILES = [
 
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
-    """A two-shard pack (with its .rec.crc files and one .idx cache), as bytes by file name."""
+    """A two-shard pack (with its .rec.crc files, its binary index and its identities file),
+    as bytes by file name."""
     base = tmp_path_factory.mktemp("fuzzpack")
     # One empty image: a refusal, so there is a failures file to damage.
     items = write_pack_tree(base / "tree", ["ann", "bob"], 3, extra=[("ann/empty.jpg", b"", 0)])
     lst = write_list(base / "faces.lst", items)
+    (base / "faces.labels.tsv").write_text("0\tann\n1\tbob\n", encoding="utf-8")  # the names
     prefix = base / "out" / "faces"
     pack_images(lst, base / "tree", prefix, PackOptions(shard_records=4, max_failures=1))
-    idx = base / "out" / "faces-00000.idx"
-    write_index_cache(idx, *load_index(idx, cache=False))
     files = Files({p.name: p.read_bytes() for p in (base / "out").iterdir()})
     assert set(FILES) <= set(files), sorted(files)
     return files
@@ -77,6 +78,7 @@ COMMANDS = [
     ["unpack", "{m}", "{t}/unpacked"],
     ["report", "{m}", "-o", "{t}/r.html", "--sample", "4"],
     ["reindex", "{p}-00000.rec"],
+    ["index", "{p}", "--force"],  # last: it writes the index again over the damage
 ]
 
 
