@@ -68,10 +68,12 @@ class Sample:
     offset: int
 
 
-def write_pack(prefix, shards, layout="images", manifest=True):
+def write_pack(prefix, shards, layout="images", manifest=True, index=False):
     """Write shards of (key, image bytes, label) as PREFIX-0000N.rec/.idx and a manifest.
 
-    Returns the expected samples in reader order: shard by shard, .idx line order.
+    With `index`, the manifest is format 3 and the binary index (`write_binary_index`) is
+    written beside it. Returns the expected samples in reader order: shard by shard, .idx
+    line order.
     """
     prefix = os.fspath(prefix)
     samples, entries = [], []
@@ -90,18 +92,40 @@ def write_pack(prefix, shards, layout="images", manifest=True):
             }
         )
     if manifest:
-        write_manifest(prefix, entries, layout)
+        binary = None
+        if index:
+            assert layout == "images", "write_binary_index writes the images layout only"
+            binary = write_binary_index(prefix, samples, [e["records"] for e in entries])
+        write_manifest(prefix, entries, layout, binary)
     return samples
 
 
-def write_manifest(prefix, entries, layout):
+def write_binary_index(prefix, samples, counts):
+    """Write format 3's index arrays by hand (PREFIX.offsets/keys/labels.npy, one row a sample
+    in reader order); return the manifest's `index` entry (no digests: the reader reads none)."""
+    arrays = {
+        "offsets": np.array([s.offset for s in samples], "<i8"),
+        "keys": np.array([s.key for s in samples], "<i8"),
+        "labels": np.array([s.label for s in samples], "<f4"),
+    }
+    entry = {"samples": list(counts)}
+    for name, array in arrays.items():
+        path = f"{os.fspath(prefix)}.{name}.npy"
+        np.save(path, array, allow_pickle=False)
+        entry[name] = {"file": os.path.basename(path), "bytes": os.path.getsize(path)}
+    return entry
+
+
+def write_manifest(prefix, entries, layout, index=None):
     document = {
         "format": "rectool-manifest",
-        "format_version": 1,
+        "format_version": 1 if index is None else 3,
         "layout": layout,
         "shards": entries,
         "totals": {"records": sum(e["records"] for e in entries)},
     }
+    if index is not None:
+        document["index"] = index
     with open(os.fspath(prefix) + ".manifest.json", "w") as f:
         json.dump(document, f)
 
