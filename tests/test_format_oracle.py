@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import pytest
 from helpers.framing_cases import image_record_cases, raw_payload_cases
 from helpers.mxnet_oracle import run_mxnet
@@ -66,7 +68,7 @@ def test_rectool_reads_what_mxnet_writes_raw(tmp_path):
     payloads = [p for _, p in raw_payload_cases()]
     rec = tmp_path / "mx.rec"
     run_mxnet(MX_WRITE_RAW, {"rec": str(rec), "payloads": payloads})
-    with RecordFile(rec) as f:
+    with closing(RecordFile(rec)) as f:
         got = [record for _, record in iter_records(f)]
     assert len(got) == len(payloads)
     for (name, expected), actual in zip(raw_payload_cases(), got):

@@ -102,8 +102,10 @@ def test_a_list_on_stdin_without_labels_says_the_manifest_names_no_identities(lo
         "pack", "-", root, tmp_path / "q" / "x", "--labels", tmp_path / "m.tsv", input=named
     )
     assert "No label map" not in packed.stderr
-    identities = json.loads((tmp_path / "q" / "x.manifest.json").read_text())["identities"]
-    assert identities == {"0": "alice", "1": "bob"}
+    entry = json.loads((tmp_path / "q" / "x.manifest.json").read_text())["identities"]
+    assert (entry["file"], entry["count"]) == ("x.identities.json", 2)  # format 3: a file
+    names = json.loads((tmp_path / "q" / "x.identities.json").read_text(encoding="utf-8"))
+    assert names == {"0": "alice", "1": "bob"}
 
 
 @pytest.mark.parametrize("signal, status, word", [("term", 143, "Terminated (SIGTERM)")])
