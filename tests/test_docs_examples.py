@@ -137,6 +137,7 @@ def insightface_download(name):
 
 SETUP = {
     "distributed.md": [listed],
+    "format.md": [packed("out/faces")],
     "training.md": [packed("out/faces")],
     "verify.md": [
         packed("out/faces"),
