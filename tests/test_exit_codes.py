@@ -38,7 +38,7 @@ MISSING = {
     "unpack": ["unpack", "{missing}", "{tmp}/u"],
     "bench": ["bench", "{missing}"],
     "report": ["report", "{missing}", "-o", "{tmp}/r.html"],
-    "index-cache": ["index-cache", "{missing}"],
+    "index": ["index", "{missing}"],
     "dali-index": ["dali-index", "{missing}", "{tmp}/d.idx"],
 }
 

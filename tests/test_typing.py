@@ -57,6 +57,7 @@ TYPED = {
     "rectool/packer/distributed.py",
     "rectool/packer/finalize.py",
     "rectool/packer/images.py",
+    "rectool/packer/indexing.py",
     "rectool/packer/layout.py",
     "rectool/packer/listcheck.py",
     "rectool/packer/listfile.py",

@@ -11,6 +11,7 @@ The shards are read, never changed.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -210,10 +211,12 @@ def _describe(prefix: str, shards: list[tuple[str, str]]) -> IndexResult:
 def _read_index(
     recs: list[str],
     idxs: list[str],
-    listed: list[dict[str, Any]] | None,
+    listed: list[Mapping[str, Any]] | None,
     layout: str | None,
     where: str,
 ) -> PackIndex:
+    """Return the `PackIndex` of the shards `recs` (their `.idx` at `idxs`), each mapped
+    only while it is read."""
     files = [RecordFile(rec) for rec in recs]
     try:
         return index_shards(files, idxs, listed, layout, where)
