@@ -6,11 +6,8 @@ import os
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..reader import (
-    RecordFile,
-    RectoolError,
-)
-from ..format.textindex import load_index
+from ..reader import RecordFile, RectoolError
+from .textindex import load_index
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -19,12 +16,10 @@ if TYPE_CHECKING:
 class IndexedRecordFile:
     """A .rec with its .idx: records by key (a repeated key's last line wins, as in MXNet)."""
 
-    def __init__(
-        self, rec_path: StrPath, idx_path: StrPath | None = None, cache: bool = True
-    ) -> None:
+    def __init__(self, rec_path: StrPath, idx_path: StrPath | None = None) -> None:
         self.rec = RecordFile(rec_path)
         self.idx_path = os.fspath(idx_path or os.path.splitext(self.rec.path)[0] + ".idx")
-        self.keys, self.offsets = load_index(self.idx_path, cache=cache)
+        self.keys, self.offsets = load_index(self.idx_path)
         self._lookup: dict[int, int] | None = None
 
     def __enter__(self) -> IndexedRecordFile:

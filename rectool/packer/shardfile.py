@@ -107,7 +107,7 @@ class ShardFile:
     interrupted run left, with the state `ShardWriter.resume` read from them.
 
     `ShardFile.plain` is the same writing without the shard: files at the names given (an
-    `.idx` only if named), no digests, checksum file or `.idx` cache, ended by `sync` and
+    `.idx` only if named), no digests or checksum file, ended by `sync` and
     `close` rather than `finish`. The public writers of `format/writer.py` are built on it.
     """
 
@@ -148,16 +148,14 @@ class ShardFile:
         self.idx_bytes = resumed.get("idx_bytes", 0)
         self.first_key = resumed.get("first_key")
         self.last_key = resumed.get("last_key")
-        self._keys: array.array[int]
         self._offsets: array.array[int]
         self._rec_hash: Digests
         self._idx_hash: Digests
         self._checksums: RecordChecksums
-        # A plain file has none of them (`_append` tells by `_keys`); a shard sets them below.
-        self._keys = self._offsets = self._rec_hash = self._idx_hash = self._checksums = None  # type: ignore[assignment]
+        # A plain file has none of them (`_append` tells by `_offsets`); a shard sets them below.
+        self._offsets = self._rec_hash = self._idx_hash = self._checksums = None  # type: ignore[assignment]
         if not plain:
-            # 16 bytes a record, for the shard's .idx cache; nothing else grows with the data.
-            self._keys = resumed.get("keys", array.array("q"))
+            # 8 bytes a record, for the shard's checksums; nothing else grows with the data.
             self._offsets = resumed.get("offsets", array.array("q"))
             self._rec_hash = resumed.get("rec_hash") or Digests(self.algorithms)
             self._idx_hash = resumed.get("idx_hash") or Digests(self.algorithms)
@@ -228,14 +226,11 @@ class ShardFile:
         self.records += len(keys)
         self.rec_bytes += len(data)
         self.idx_bytes += len(lines)
-        if self._keys is None:  # plain: no .idx cache, no checksums
+        if self._offsets is None:  # plain: no checksums
             pass
-        # The ignores: offsets are an array when keys are; a shard's keys are never None.
-        elif isinstance(keys, np.ndarray):
-            self._keys.frombytes(keys.tobytes())
-            self._offsets.frombytes(offsets.tobytes())  # type: ignore[union-attr]
+        elif isinstance(offsets, np.ndarray):
+            self._offsets.frombytes(offsets.tobytes())
         else:
-            self._keys.extend(keys)  # type: ignore[arg-type]
             self._offsets.extend(offsets)
         if self.buffered >= FLUSH_BYTES:
             self.flush()

@@ -23,11 +23,11 @@ from ..doors.output import rename, truncate
 from ..errors import RectoolError, UsageError
 from ..format.checksums import RecordChecksums, checksum_path
 from ..format.digest import SHA256, XXH3_128, Digests, file_digests
-from ..reader import RecordFile
 from ..format.textindex import (
     load_index,
     parse_index,
 )
+from ..reader import RecordFile
 from .manifest import PARTIAL_SUFFIX, shard_paths
 from .ordered import WRITE_BYTES as WRITE_BYTES
 from .ordered import WRITEBACK_BYTES as WRITEBACK_BYTES
@@ -298,13 +298,16 @@ class ShardWriter:
         data, _ = read_regular(idx_p, "partial index", follow=False)
         complete = data[: data.rfind(b"\n") + 1]
         keys, offsets = parse_index(complete, idx_p)
-        with RecordFile(rec_p) as records:
+        records = RecordFile(rec_p)
+        try:
             end = records.next_offset(int(offsets[-1]), int(keys[-1])) if len(keys) else 0
             if records.size < end:
                 raise RectoolError(f"{rec_p}: shorter than its index says; cannot resume")
             keep = len(keys)
             while drop_tail and keep and drop_tail(records.read_at(int(offsets[keep - 1]))):
                 keep -= 1
+        finally:
+            records.close()
         if keep < len(keys):
             end = int(offsets[keep])
             complete = complete[: _line_start(complete, keep)]
@@ -320,7 +323,6 @@ class ShardWriter:
             "idx_bytes": len(complete),
             "first_key": int(keys[0]) if len(keys) else None,
             "last_key": int(keys[-1]) if len(keys) else None,
-            "keys": array.array("q", keys.tobytes()),
             "offsets": kept_offsets,
             "checksums": RecordChecksums.of_file(rec_p, kept_offsets, end),
             "rec_hash": file_digests(rec_p, self.digests, end),
@@ -341,7 +343,7 @@ def _line_start(data: bytes, n: int) -> int:
 def describe_shard(rec: str, idx: str, digests: Iterable[str] = (XXH3_128,)) -> ShardInfo:
     """Return the `ShardInfo` of a finished shard, read from its files (each read once, for
     all the `digests`)."""
-    keys, _ = load_index(idx, cache=False)
+    keys, _ = load_index(idx)
     crc = checksum_path(rec)
     has_crc = os.path.exists(crc)
     files = {"rec": rec, "idx": idx, **({"crc": crc} if has_crc else {})}

@@ -24,6 +24,10 @@ import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..doors.inputs import open_input, read_state
+from ..doors.output import OutputLock, make_folders, remove, write_json_atomic
+from ..errors import RectoolError, UsageError
+from ..format.manifest import read_manifest
 from ..packer.manifest import (
     FAILURES_SUFFIX,
     RELABEL_SUFFIX,
@@ -39,10 +43,6 @@ from ..packer.manifest import (
 
 # Pack's output conventions and its --resume/--overwrite rules, reused as they are.
 from ..packer.options import allowed_failures
-from ..doors.inputs import open_input, read_state
-from ..doors.output import OutputLock, make_folders, remove, write_json_atomic
-from ..errors import RectoolError, UsageError
-from ..format.manifest import read_manifest
 from .options import LABELS_BY as LABELS_BY
 from .options import RepackOptions as RepackOptions
 from .options import check_repack_options as check_repack_options
@@ -181,7 +181,7 @@ def _check_state(state_path: str, state: dict[str, Any]) -> None:
         )
 
 
-_SHARD_NAME = re.compile(r"(?:-[0-9]{5})?\.(?:rec|idx)(?:\.rtc)?")
+_SHARD_NAME = re.compile(r"(?:-[0-9]{5})?\.(?:rec|idx)")
 
 
 def _check_not_a_source(prefix: str, sources: Sequence[Source | PackTarget]) -> None:

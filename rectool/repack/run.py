@@ -11,6 +11,17 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..doors.failures import REPACK, failure_line, open_failures
+from ..doors.output import (
+    open_existing,
+    remove,
+    rename,
+    stage_file,
+    write_atomic,
+    write_json_atomic,
+)
+from ..errors import InputError
+from ..format.writer import frame_image_record
 from ..packer.images import ImageRefused, reencode_image
 from ..packer.layout import image_size, layout_named
 from ..packer.listfile import LABEL_MAP_SUFFIX
@@ -25,17 +36,6 @@ from ..packer.manifest import (
     write_manifest,
 )
 from ..packer.shards import ShardWriter
-from ..doors.failures import REPACK, failure_line, open_failures
-from ..doors.output import (
-    open_existing,
-    remove,
-    rename,
-    stage_file,
-    write_atomic,
-    write_json_atomic,
-)
-from ..errors import InputError
-from ..format.writer import frame_image_record
 from ..reader import (
     RecordFile,
     unpack_header,
@@ -390,9 +390,11 @@ class RepackRun:
         size: tuple[int, int] | None = None
         note = "no image written: 112x112 assumed"
         if self.total > self.refused.sum():
-            with RecordFile(self.prefix + ".rec") as rf:
-                # Image key 1 is the first record of the file (identity records follow).
+            rf = RecordFile(self.prefix + ".rec")
+            try:  # image key 1 is the first record of the file (identity records follow)
                 record = rf.read_at(0)
+            finally:
+                rf.close()
             _, image = unpack_header(record)
             size = image_size(bytes(image))  # from its header: nothing decoded
             if size is not None:
