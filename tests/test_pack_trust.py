@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
-from rectool.packer.packing import PackOptions, finalize_pack, pack_images
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.format.records import IndexedRecordFile
+from rectool.packer.packing import PackOptions, finalize_pack, pack_images
 from rectool.reader import unpack_header
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -199,7 +199,8 @@ def test_overwrite_killed_mid_run_keeps_the_old_pack_verifiable(two_identity_tre
     assert sorted(folder_bytes(prefix.parent)) == [
         *("faces-00000.idx", "faces-00000.rec", "faces-00000.rec.crc"),
         *("faces-00001.idx", "faces-00001.rec", "faces-00001.rec.crc"),
-        *("faces.failures.jsonl", "faces.manifest.json"),
+        *("faces.failures.jsonl", "faces.keys.npy", "faces.labels.npy"),
+        *("faces.manifest.json", "faces.offsets.npy"),
     ]
     assert not staged.exists()
     assert invoke("verify", f"{prefix}.manifest.json", "-q").exit_code == 0
@@ -215,7 +216,8 @@ def test_overwrite_reports_the_final_paths(two_identity_tree, tmp_path):
     assert summary["failures_file"] == f"{prefix}.failures.jsonl"
     assert summary["shards"] == [f"{prefix}.rec"]
     assert sorted(os.listdir(prefix.parent)) == (
-        "faces.failures.jsonl faces.idx faces.manifest.json faces.rec faces.rec.crc".split()
+        "faces.failures.jsonl faces.idx faces.keys.npy faces.labels.npy faces.manifest.json "
+        "faces.offsets.npy faces.rec faces.rec.crc".split()
     )
 
 
@@ -395,8 +397,8 @@ def test_planted_symlinks_at_temporary_names_are_not_followed(two_identity_tree,
 
 
 def test_planted_symlinks_at_partial_names_are_replaced_not_followed(tmp_path):
-    from rectool.packer.shards import ShardWriter
     from rectool.format.writer import frame_record
+    from rectool.packer.shards import ShardWriter
 
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
@@ -453,8 +455,12 @@ def test_outputs_get_the_mode_of_a_normally_created_file(two_identity_tree, tmp_
         "m/faces.labels.tsv": "0o640",
         "m/faces.lst": "0o640",
         "p/faces.failures.jsonl": "0o644",
+        "p/faces.identities.json": "0o644",
         "p/faces.idx": "0o644",
+        "p/faces.keys.npy": "0o644",
+        "p/faces.labels.npy": "0o644",
         "p/faces.manifest.json": "0o644",
+        "p/faces.offsets.npy": "0o644",
         "p/faces.rec": "0o644",
         "p/faces.rec.crc": "0o644",
     }

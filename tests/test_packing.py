@@ -10,10 +10,10 @@ import pytest
 import xxhash
 from helpers.image_files import encode, image_array, jpeg_bytes, write_list, write_pack_tree
 
-from rectool.packer.images import Transform
-from rectool.packer.packing import PackOptions, pack_images
 from rectool.errors import RectoolError, UsageError
 from rectool.format.records import IndexedRecordFile, iter_records
+from rectool.packer.images import Transform
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.reader import RecordFile, unpack_header
 
 
@@ -218,7 +218,15 @@ def test_manifest_describes_the_shards(small_tree, tmp_path):
     pack_images(lst, root, tmp_path / "m", PackOptions(shard_records=5))
     manifest = json.loads((tmp_path / "m.manifest.json").read_text(encoding="utf-8"))
     assert manifest["format"] == "rectool-manifest"
-    assert manifest["identities"] == {"0": "alice", "1": "bob", "2": "carol"}
+    assert manifest["format_version"] == 3
+    names = (tmp_path / "m.identities.json").read_bytes()
+    assert json.loads(names) == {"0": "alice", "1": "bob", "2": "carol"}
+    assert manifest["identities"] == {
+        "file": "m.identities.json",
+        "bytes": len(names),
+        "xxh3_128": xxhash.xxh3_128_hexdigest(names),
+        "count": 3,
+    }
     assert [s["rec"] for s in manifest["shards"]] == ["m-00000.rec", "m-00001.rec", "m-00002.rec"]
     assert [s["records"] for s in manifest["shards"]] == [5, 5, 2]
     for shard in manifest["shards"]:
@@ -246,8 +254,9 @@ def test_shard_rollover_by_bytes(small_tree, tmp_path):
     seen = []
     for rec in shards:
         size = rec.stat().st_size
-        with RecordFile(rec) as f:
-            count = sum(1 for _ in iter_records(f))
+        f = RecordFile(rec)
+        count = sum(1 for _ in iter_records(f))
+        f.close()
         assert size <= limit or count == 1
         seen += list(read_pack(rec))
     assert seen == [i for i, _, _ in items]
@@ -419,8 +428,8 @@ def test_worker_threads_take_over_when_reads_are_slow(tmp_path, monkeypatch):
 
 
 def test_a_record_over_the_recordio_limit_is_refused(small_tree, tmp_path, monkeypatch):
-    import rectool.packer.passthrough
     import rectool.format.writer
+    import rectool.packer.passthrough
 
     root, lst, items = small_tree
     largest = max((root / rel).stat().st_size for _, _, rel in items)

@@ -21,9 +21,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..packer.images import sniff_format
+from ..dataset.headers import insightface_header
+from ..dataset.sources import resolve_source
 from ..doors.output import OutputFolder
 from ..errors import RectoolError
+from ..format.binindex import read_identities
 from ..format.checksums import (
     ChecksumFileError,
     checksum_path,
@@ -33,9 +35,8 @@ from ..format.checksums import (
 )
 from ..format.keys import last_line_wins, refuse_shared_offsets
 from ..format.records import IndexedRecordFile
+from ..packer.images import sniff_format
 from ..reader import unpack_header
-from ..dataset.headers import insightface_header
-from ..dataset.sources import resolve_source
 from ..text import counted
 from .scan import mapped
 
@@ -96,8 +97,10 @@ def unpack_dataset(
     record's bytes (what an interrupted run wrote) is kept. `progress(done, total)` is called as
     images are written.
     """
-    manifest, _, shards = resolve_source(target)
-    names = (manifest or {}).get("identities") or {}
+    manifest, manifest_path, shards = resolve_source(target)
+    names = {}
+    if manifest is not None and manifest_path is not None:
+        names = read_identities(manifest_path, manifest) or {}
     out_dir = os.fspath(out_dir)
     result = UnpackResult(out_dir)
     folders: dict[float, str] = {}
@@ -207,10 +210,10 @@ def _plan(records: IndexedRecordFile) -> tuple[str, np.ndarray, np.ndarray]:
     return "insightface", keys[images], offsets[images]
 
 
-def _folder_name(label: float, names: dict[str, str]) -> str:
+def _folder_name(label: float, names: dict[int, str]) -> str:
     label = float(label)
     text = str(int(label)) if label.is_integer() else repr(label)
-    name = names.get(text) if label.is_integer() else None
+    name = names.get(int(label)) if label.is_integer() else None
     # A label map names folders that `rectool list` read; anything else cannot be one.
     if not name or name in (".", "..") or "/" in name or "\0" in name or os.sep in name:
         return text

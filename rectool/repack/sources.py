@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..packer.listfile import LABEL_MAP_SUFFIX, read_label_map
+from ..dataset.packs import open_dataset
 from ..errors import InputError, RectoolError
 from ..format.keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
-from ..dataset.packs import open_dataset
+from ..packer.listfile import LABEL_MAP_SUFFIX, read_label_map
 from ..remote.mirror import local_source
 from .copier import RELEASE_BYTES
 from .evalsets import is_eval_set, read_eval_set
@@ -21,8 +21,8 @@ from .evalsets import is_eval_set, read_eval_set
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, StrPath
 
-    from ..reader import RecordFile
     from ..dataset.packs import PackDataset
+    from ..reader import RecordFile
 
 
 class Source:
@@ -156,9 +156,9 @@ def _identity_labels(dataset: PackDataset, spec: str) -> np.ndarray:
 
 def _identity_names(dataset: PackDataset) -> dict[int, str] | None:
     """Return label -> identity name from the manifest or a label map beside the pack, or None."""
-    names = (dataset.manifest or {}).get("identities")
+    names = dataset.identities
     if names:
-        return {int(label): name for label, name in names.items()}
+        return names
     rec = dataset.shards[0][0] if dataset.shards else None
     if rec:
         stem = rec[: -len(".rec")]

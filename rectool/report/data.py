@@ -24,6 +24,7 @@ import numpy as np
 
 from ..doors.output import JOURNAL_SUFFIX, OutputFiles
 from ..errors import RectoolError, UsageError
+from ..format.binindex import read_identities
 from ..inspect.info import dataset_info
 from ..reader import DEFAULT_MAX_PIXELS
 from .duplicates import DUPLICATES_SHOWN as DUPLICATES_SHOWN
@@ -224,7 +225,8 @@ def build_report(
     )
     images.finish()
     manifest = _manifest_of(info)
-    names = (manifest or {}).get("identities") or {}
+    named = None if manifest is None else read_identities(info["manifest"], manifest)
+    names = {str(label): name for label, name in (named or {}).items()}
     problems: list[str] = []
     budget = ThumbBudget(options.max_bytes)
     reduce = reduction(info, options.thumb)
