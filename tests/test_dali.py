@@ -19,8 +19,8 @@ import pytest
 from helpers.handmade_datasets import MAGIC, write_insightface, write_pack
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
-from rectool.packer.packing import PackOptions, pack_images
 from rectool.inspect.dali import write_dali_index
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.reader import RectoolError, open_dataset
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,12 +12,12 @@ from click.testing import CliRunner
 from helpers.handmade_datasets import write_pack
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
-from rectool.packer.images import Transform
-from rectool.packer.packing import PackOptions, pack_images
 from rectool.cli import cli
 from rectool.doors import failures
 from rectool.doors.failures import KINDS, PACK, REPACK, failure_line, open_failures
 from rectool.errors import InputError
+from rectool.packer.images import Transform
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.repack.pipeline import RepackOptions, repack
 
 PACK_LINE = (

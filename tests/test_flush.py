@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
-from rectool.packer import ordered, passthrough, shardfile
 from rectool.cli import cli
 from rectool.doors import output
 from rectool.doors.output import create_new
 from rectool.errors import RectoolError
 from rectool.format.writer import IndexedRecordWriter, RecordWriter, frame_record
+from rectool.packer import ordered, passthrough, shardfile
 from rectool.reader import RecordFile, load_index
 
 CHUNK = 16 << 10

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from click.testing import CliRunner
 
-from rectool.packer.listfile import read_label_map
 from rectool.cli import cli
 from rectool.errors import RectoolError
+from rectool.packer.listfile import read_label_map
 
 
 def test_a_label_map_that_is_not_utf8_names_its_line(tmp_path):

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from rectool.cli import cli
 from rectool.packer.listfile import ListFormatError
 from rectool.packer.packing import PackOptions, pack_images
-from rectool.cli import cli
 from rectool.reader import open_dataset
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -14,10 +14,10 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
-from rectool.packer.packing import PackOptions, finalize_pack, pack_images, validate_list
-from rectool.packer.shards import plan_shards
 from rectool.cli import cli
 from rectool.errors import RectoolError, UsageError
+from rectool.packer.packing import PackOptions, finalize_pack, pack_images, validate_list
+from rectool.packer.shards import plan_shards
 
 
 def test_plan_is_a_pure_function_of_length_and_count():

@@ -20,13 +20,13 @@ from helpers.image_files import encode, image_array, jpeg_bytes, write_list, wri
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rectool.errors import RectoolError, UsageError
+from rectool.inspect.verify import verify_dataset
 from rectool.packer import manifest as manifest_module
 from rectool.packer.images import Transform
 from rectool.packer.listfile import write_label_map
 from rectool.packer.listing import list_images
 from rectool.packer.packing import PackOptions, pack_images
-from rectool.errors import RectoolError, UsageError
-from rectool.inspect.verify import verify_dataset
 from rectool.reader import open_dataset
 from rectool.repack import copier as copier_module
 from rectool.repack import pipeline as repack_module

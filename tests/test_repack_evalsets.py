@@ -17,9 +17,9 @@ from click.testing import CliRunner
 from helpers.handmade_datasets import write_pack
 from helpers.image_files import encode, image_array, jpeg_bytes
 
-from rectool.packer.listfile import write_label_map
 from rectool.cli import cli
 from rectool.errors import RectoolError
+from rectool.packer.listfile import write_label_map
 from rectool.reader import open_dataset
 from rectool.repack.pipeline import RepackOptions, repack
 

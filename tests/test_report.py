@@ -27,9 +27,9 @@ from helpers.handmade_datasets import MAGIC, write_insightface, write_pack
 from helpers.image_files import jpeg_bytes, write_list
 from helpers.rec_files import make_pack
 
+from rectool.cli import cli
 from rectool.packer.listfile import write_label_map
 from rectool.packer.packing import PackOptions, pack_images
-from rectool.cli import cli
 
 # Identities and their image counts: uneven, so smallest and largest differ.
 COUNTS = {"ann": 1, "ben": 2, "cyd": 3, "dot": 5, "eve": 12}

@@ -14,10 +14,10 @@ import pytest
 from helpers.handmade_datasets import write_pack
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
+from rectool.errors import InputError, RectoolError
 from rectool.packer.images import Transform
 from rectool.packer.manifest import STATE_SUFFIX
 from rectool.packer.packing import PackOptions, pack_images
-from rectool.errors import InputError, RectoolError
 from rectool.repack.pipeline import RepackOptions, repack
 
 OPTIONS = PackOptions(transform=Transform(resize=12), workers=1, max_failures=100)

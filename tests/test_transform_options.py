@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rectool.packer.images import Transform, transform_from_options
 from rectool.errors import UsageError
+from rectool.packer.images import Transform, transform_from_options
 
 
 def test_no_reencoding_option_means_pass_through():

@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..dataset.packs import PackDataset
 from ..doors.output import check_target, write_output
 from ..errors import RectoolError
-from ..dataset.packs import PackDataset
 
 if TYPE_CHECKING:
     from _typeshed import StrPath

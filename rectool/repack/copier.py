@@ -20,16 +20,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..dataset.headers import record_heads
+from ..format.writer import frame_record, pack_image_record
 from ..packer.images import ImageRefused, check_image
 from ..packer.passthrough import refused_images
-from ..format.writer import frame_record, pack_image_record
 from ..reader import (
     IMAGE_HEADER_SIZE,
     MAGIC,
     RecordFile,
     unpack_header,
 )
-from ..dataset.headers import record_heads
 from .selection import distinct
 
 if TYPE_CHECKING:

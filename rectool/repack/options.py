@@ -6,10 +6,10 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..packer.images import DEFAULT_MAX_PIXELS, Transform
-from ..packer.layout import layout_named
 from ..errors import RectoolError, UsageError
 from ..format.digest import sha256_file
+from ..packer.images import DEFAULT_MAX_PIXELS, Transform
+from ..packer.layout import layout_named
 from ..remote.store import is_url
 from . import selection
 

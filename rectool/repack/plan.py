@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..packer.layout import layout_named
 from ..errors import RectoolError, UsageError
 from ..format.keys import FLOAT32_EXACT
+from ..packer.layout import layout_named
 from . import selection
 from .sources import image_digest
 
