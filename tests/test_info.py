@@ -10,11 +10,11 @@ from click.testing import CliRunner
 from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from helpers.rec_files import image_payload, make_pack, write_records
 
-from rectool.packer.listfile import write_label_map
-from rectool.packer.packing import pack_images
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.inspect.info import dataset_info
+from rectool.packer.listfile import write_label_map
+from rectool.packer.packing import pack_images
 
 COUNTS = {"ann": 2, "ben": 3, "cyd": 7}
 
@@ -150,11 +150,16 @@ def test_damage_is_described_and_points_to_verify(tmp_path):
     data = bytearray(pack.rec.read_bytes())
     data[pack.lines[3][1]] ^= 1
     pack.rec.write_bytes(bytes(data))
-    info = dataset_info(pack.manifest)
-    assert (info["records"], info["images"]) == (12, 11)
+    info = dataset_info(pack.manifest)  # the binary index lists 12; one cannot be read
+    assert (info["records"], info["images"]) == (12, 12)
     first = info["damage"]["first"][0]
     assert (first["key"], first["offset"]) == (pack.lines[3][0], pack.lines[3][1])
     assert "rectool verify" in info["damage"]["advice"]
+    pack.manifest.unlink()  # from the headers: the damaged record is left out
+    info = dataset_info(pack.rec)
+    assert (info["records"], info["images"]) == (12, 11)
+    first = info["damage"]["first"][0]
+    assert (first["key"], first["offset"]) == (pack.lines[3][0], pack.lines[3][1])
 
 
 def test_cli_human_output(uneven):
@@ -167,7 +172,7 @@ def test_cli_human_output(uneven):
     assert result.stdout.splitlines() == [
         f"{prefix}: layout images, 1 shard, 12 records, 12 images, "
         f"{prefix.with_suffix('.rec').stat().st_size / 1e6:,.1f} MB",
-        "Index: no cache; the .idx text is parsed at each open",
+        "Index: binary (format 3)",
         "Identities: 3 (of 3 classes)",
         "Images per identity: min 2, median 3, max 7",
         f"          2 images:         1 {bar}",
@@ -198,6 +203,7 @@ def test_sharded_pack_is_one_dataset(tmp_path):
 
 def test_an_empty_idx_beside_records_is_an_error_not_zero_records(tmp_path):
     pack = make_pack(tmp_path)
+    pack.manifest.unlink()  # a foreign pack: its .idx is all there is to go by
     pack.idx.write_bytes(b"")
     with pytest.raises(RectoolError, match="empty, but .* holds 12 records"):
         dataset_info(pack.rec)
@@ -257,28 +263,85 @@ def test_an_empty_image_is_damage_not_a_decoder_crash(tmp_path):
     assert result.stderr.startswith("Error: 1 damaged record left out; run `rectool verify")
 
 
-def test_info_says_whether_the_index_is_mapped_and_how_to_map_it(tmp_path, monkeypatch):
+def test_info_says_whether_the_pack_has_a_binary_index(tmp_path):
     from helpers.handmade_datasets import write_pack
-
-    from rectool.format.indexcache import write_index_caches
 
     prefix = tmp_path / "many"
     items = [[(k, jpeg_bytes(k), float(k % 3)) for k in range(s * 4, s * 4 + 4)] for s in range(3)]
-    write_pack(prefix, items)
+    write_pack(prefix, items)  # a format-1 manifest: the .idx text only
     manifest = f"{prefix}.manifest.json"
-    assert dataset_info(manifest)["index_cache"] == {"pack": None, "shards_cached": 0, "shards": 3}
-    monkeypatch.setattr("rectool.format.indexcache.INDEX_CACHE_MIN_RECORDS", 10)  # "large"
+    assert dataset_info(manifest)["index"] == "text"
     assert invoke("info", manifest).stdout.splitlines()[1] == (
-        "Index: no cache of the whole pack (0 of 3 shards have their own), so each process "
-        f"joins the shards' indexes (`rectool index-cache {manifest}` writes one)"
+        f"Index: text .idx only; `rectool index {manifest}` writes a binary one"
     )
-    write_index_caches(manifest)
-    assert dataset_info(manifest)["index_cache"] == {
-        "pack": f"{prefix}.idx.rtc",
-        "shards_cached": 3,
-        "shards": 3,
-    }
-    assert invoke("info", manifest).stdout.splitlines()[1] == (
-        "Index: mapped from many.idx.rtc, one cache of all 3 shards, shared by every process "
-        "and loader worker"
+    pack = make_pack(tmp_path / "three")
+    assert dataset_info(pack.manifest)["index"] == "binary"
+    assert invoke("info", pack.manifest).stdout.splitlines()[1] == "Index: binary (format 3)"
+
+
+def zero_rec(pack):
+    """Overwrite every byte of the pack's .rec with zeros (its size kept): no record is left to
+    read, so figures still right come from the binary index."""
+    pack.rec.write_bytes(bytes(pack.size))
+
+
+def test_info_of_an_indexed_pack_does_not_read_the_rec(tmp_path, monkeypatch):
+    from rectool.reader import RecordFile
+
+    pack = make_pack(tmp_path, layout="insightface")
+    opened = []
+    real_open = RecordFile.open
+
+    def spy(self):
+        opened.append(self.path)
+        return real_open(self)
+
+    monkeypatch.setattr(RecordFile, "open", spy)
+    zero_rec(pack)
+    info = dataset_info(pack.manifest, sample=0)
+    assert opened == []
+    assert (info["layout"], info["records"], info["images"], info["rec_bytes"]) == (
+        "insightface",
+        16,  # record 0, 12 images, 3 identity records
+        12,
+        pack.size,
+    )
+    assert (info["identities"], info["classes"], info["named_identities"]) == (3, 3, 3)
+    assert info["images_per_identity"]["histogram"] == [{"images": "3-5", "identities": 3}]
+    assert (info["label_flags"], info["damage"], info["index"]) == ({"0": 12}, None, "binary")
+    assert (info["image_bytes"], info["encodings"]) == (None, {})
+
+
+def test_info_of_an_indexed_pack_reads_only_its_sample(tmp_path, monkeypatch):
+    from rectool.reader import RecordFile
+
+    pack = make_pack(tmp_path)
+    read = []
+    real_read_parts = RecordFile.read_parts
+
+    def spy(self, offset, key=None):
+        read.append(offset)
+        return real_read_parts(self, offset, key)
+
+    monkeypatch.setattr(RecordFile, "read_parts", spy)
+    info = dataset_info(pack.manifest, sample=3)
+    # Samples 0, 5 and 11, spread evenly: np.linspace(0, 11, 3) is 0, 5.5, 11.
+    wanted = [pack.lines[i][1] for i in (0, 5, 11)]
+    assert set(read) <= set(wanted)
+    assert (info["images"], info["payload_sample"], info["dimensions"]["sampled"]) == (12, 3, 3)
+    sizes = [pack.lengths[i] - 24 for i in (0, 5, 11)]  # payload less the image header
+    assert info["image_bytes"]["total"] == sum(sizes)
+    result = invoke("info", pack.manifest, "--sample", 3)
+    assert f"Image bytes (sample of 3): min {min(sizes):,}," in result.stdout
+    assert "Encodings (sample of 3): jpeg 3" in result.stdout
+
+
+def test_info_reads_label_vectors_from_the_binary_index(tmp_path):
+    pack = make_pack(tmp_path, pack_label=True)
+    zero_rec(pack)
+    info = dataset_info(pack.manifest, sample=0)
+    assert (info["label_vectors"], info["label_flags"], info["identities"]) == (
+        True,
+        {"1": 12},
+        3,
     )

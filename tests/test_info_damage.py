@@ -19,13 +19,18 @@ def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
+# Each case: (target, key, offset, reason, records, images, images `info` counts). A pack with a
+# binary index lists every sample there; `info` reads only its sample of them, and counts them
+# all; from the headers (and in `report`), a record that cannot be read is left out.
+
+
 def empty_image(tmp_path):
     """An im2rec-style pass-through shard of 6 images, the fourth a zero-byte image."""
     records = [
         (k, image_record(b"" if k == 3 else jpeg_bytes(k, 16, 12), float(k % 2))) for k in range(6)
     ]
     offsets = write_shard(tmp_path / "e.rec", tmp_path / "e.idx", records)
-    return tmp_path / "e.rec", 3, offsets[3], "empty image", 6, 6  # still an image
+    return tmp_path / "e.rec", 3, offsets[3], "empty image", 6, 6, 6  # still an image
 
 
 def bad_magic(tmp_path, keep_index=True):
@@ -35,10 +40,11 @@ def bad_magic(tmp_path, keep_index=True):
     data = bytearray(pack.rec.read_bytes())
     data[offset] ^= 1
     pack.rec.write_bytes(bytes(data))
-    if not keep_index:
+    if not keep_index:  # the .rec alone: no .idx, no manifest, no binary index
         pack.idx.unlink()
-        return pack.rec, None, offset, "bad magic", 12, 11
-    return pack.manifest, key, offset, "bad magic", 12, 11
+        pack.manifest.unlink()
+        return pack.rec, None, offset, "bad magic", 12, 11, 11
+    return pack.manifest, key, offset, "bad magic", 12, 11, 12
 
 
 CASES = {
@@ -54,7 +60,7 @@ def damaged(request, tmp_path):
 
 
 def test_info_describes_the_rest_and_names_the_damage(damaged):
-    target, key, offset, reason, records, images = damaged
+    target, key, offset, reason, records, _, images = damaged
     result = invoke("info", target)
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
@@ -67,7 +73,7 @@ def test_info_describes_the_rest_and_names_the_damage(damaged):
 
 
 def test_info_json_has_a_damage_field(damaged):
-    target, key, offset, reason, records, images = damaged
+    target, key, offset, reason, records, _, images = damaged
     result = invoke("info", target, "--json")
     assert result.exit_code == 1, result.output
     document = json.loads(result.stdout)
@@ -87,7 +93,7 @@ def test_a_sound_dataset_has_no_damage(tmp_path):
 
 
 def test_report_writes_the_page_and_names_the_damage(damaged, tmp_path):
-    target, key, offset, reason, records, images = damaged
+    target, key, offset, reason, records, images, _ = damaged
     out = tmp_path / "r.html"
     result = invoke("report", target, "-o", out)
     assert result.exit_code == 1, result.output

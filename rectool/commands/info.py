@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -38,7 +37,9 @@ def info_command(target: str, sample: int, max_pixels: int, as_json: bool) -> No
     Records, images, identities and images per identity (min / median / max and a small
     histogram), image payload sizes, encodings, dimensions of a sample, and the layout:
     images, or insightface (record 0 with flag 2 announces the identities); "label vectors"
-    when images carry several labels each.
+    when images carry several labels each. A pack with a binary index (format 3) is described
+    from it without reading its .rec, but for the sampled images (whose payload sizes and
+    encodings are then described); any other from every record header.
 
     \b
     Example:
@@ -94,14 +95,17 @@ def render_info(info: Mapping[str, Any], width: int = 40) -> str:
             bar = "#" * max(1, round(width * row["identities"] / most))
             noun = "image: " if row["images"] == "1" else "images:"
             lines.append(f"  {row['images']:>9} {noun} {row['identities']:>9,} {bar}")
+    sampled = info.get("payload_sample")
+    of = "" if sampled is None else f" (sample of {sampled:,})"
     sizes = info["image_bytes"]
     if sizes:
         lines.append(
-            f"Image bytes: min {sizes['min']:,}, median {sizes['median']:,.0f}, "
+            f"Image bytes{of}: min {sizes['min']:,}, median {sizes['median']:,.0f}, "
             f"mean {sizes['mean']:,.1f}, max {sizes['max']:,}"
         )
     if info["encodings"]:
-        lines.append("Encodings: " + ", ".join(f"{k} {n:,}" for k, n in info["encodings"].items()))
+        encodings = ", ".join(f"{k} {n:,}" for k, n in info["encodings"].items())
+        lines.append(f"Encodings{of}: {encodings}")
     dims = info["dimensions"]
     if dims["sampled"] and dims["distinct"] <= len(dims["most_common"]):
         counts = ", ".join(f"{k} {n:,}" for k, n in dims["counts"].items())
@@ -135,24 +139,7 @@ def render_info(info: Mapping[str, Any], width: int = 40) -> str:
 
 
 def _index_line(info: Mapping[str, Any]) -> str:
-    """Say whether a reader maps the index from a cache, or parses the .idx text at each open
-    (with a hint where that costs: a large pack)."""
-    from ..format.indexcache import INDEX_CACHE_MIN_RECORDS
-
-    cache = info["index_cache"]
-    hint = ""
-    if info["records"] >= INDEX_CACHE_MIN_RECORDS:
-        hint = f" (`rectool index-cache {info['target']}` writes one)"
-    if cache["pack"] is not None:
-        return (
-            f"Index: mapped from {os.path.basename(cache['pack'])}, one cache of all "
-            f"{cache['shards']} shards, shared by every process and loader worker"
-        )
-    if cache["shards"] == 1:
-        if cache["shards_cached"]:
-            return "Index: mapped from its .idx.rtc cache, shared by every process"
-        return f"Index: no cache; the .idx text is parsed at each open{hint}"
-    return (
-        f"Index: no cache of the whole pack ({cache['shards_cached']} of {cache['shards']} "
-        f"shards have their own), so each process joins the shards' indexes{hint}"
-    )
+    """Say whether the pack has a binary index (what readers map), or only the .idx text."""
+    if info["index"] == "binary":
+        return "Index: binary (format 3)"
+    return f"Index: text .idx only; `rectool index {info['target']}` writes a binary one"

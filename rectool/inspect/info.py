@@ -1,13 +1,15 @@
 """Describe a dataset: records, identities, images per identity, payload sizes, formats, layout.
 
-The layout is "images" or "insightface", as `reader.insightface_header` decides it for each
-shard (a manifest's claim does not override it); `label_vectors` tells whether any image
-carries a label vector (header flag > 0) rather than one label.
+A pack with a binary index (format 3) is described from it: counts, labels, the layout and
+the identity ranges are mapped from its `.npy` arrays, and the `.rec` is not read, but for the
+sample of images decoded for their dimensions (which also give the payload sizes and
+encodings described). Any other dataset is described from every record header (read with
+numpy, through the .idx when there is one); the layout is then "images" or "insightface", as
+`dataset.headers.insightface_header` decides it for each shard. `label_vectors` tells whether
+images carry a label vector (header flag > 0) rather than one label.
 
-`dataset_info` reads every record header (with numpy, through the .idx when there is one) and
-decodes only a sample of images for their dimensions. Records it cannot read are described
-under `damage` (the rest is still described); `rectool verify` is the command that checks
-every byte.
+Records it cannot read are described under `damage` (the rest is still described);
+`rectool verify` is the command that checks every byte.
 """
 
 from __future__ import annotations
@@ -15,26 +17,26 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import cv2
 import numpy as np
 
+from ..dataset.packs import PackDataset
+from ..dataset.sources import resolve_source
 from ..errors import RecordFormatError, RectoolError
+from ..format.binindex import read_identities
 from ..format.keys import last_line_wins
+from ..format.textindex import load_index
 from ..reader import (
     DEFAULT_MAX_PIXELS,
-    MANIFEST_SUFFIX,
     ImageTooLargeError,
     RecordFile,
-    dataset_cache_path,
     imdecode,
-    read_dataset_cache,
-    read_index_cache,
+    sniff_format,
     unpack_header,
 )
-from ..format.textindex import load_index
-from ..dataset.sources import resolve_source
 from .scan import (
     image_formats,
     insightface_ranges,
@@ -89,9 +91,12 @@ def dataset_info(
 
     `sample` images, spread evenly over the dataset, are decoded for their dimensions (those
     whose header declares more than `max_pixels` pixels are counted as "too large", not
-    decoded; those that do not decode as "undecodable").
+    decoded; those that do not decode as "undecodable"). With a binary index, those are the
+    only records read, and the payload sizes and encodings are theirs (`payload_sample` says
+    how many; None when every image was read).
     `on_shard(rec, facts)`, when given, sees each shard's facts as they are read: a dict whose
-    `labels`, `sizes` (image bytes) and `offsets` (record starts) arrays describe its images.
+    `labels`, `sizes` (image bytes) and `offsets` (record starts) arrays describe its images
+    (every record header is then read, binary index or not).
     Records that cannot be read (bad framing, an index offset that starts no record) are left
     out of the figures; they and empty images (still counted as images, as `verify` counts
     them) are described under `damage` (None when there is none):
@@ -99,7 +104,114 @@ def dataset_info(
     Raises `RectoolError` when the target cannot be read at all.
     """
     manifest, manifest_path, shards = resolve_source(target)
-    identities_map = (manifest or {}).get("identities")
+    indexed = has_binary_index(manifest)
+    if indexed and on_shard is None:
+        assert manifest is not None and manifest_path is not None  # a manifest names the index
+        info = _indexed_info(target, manifest, manifest_path, sample, max_pixels)
+    else:
+        info = _headers_info(target, manifest, manifest_path, shards, sample, on_shard, max_pixels)
+    info["index"] = "binary" if indexed else "text"
+    return DatasetInfo(info)
+
+
+def has_binary_index(manifest: dict[str, Any] | None) -> bool:
+    """Return True when a manifest names a binary index (format 3) that readers map."""
+    doc = manifest or {}
+    return doc.get("format_version", 0) >= 3 and isinstance(doc.get("index"), dict)
+
+
+def _indexed_info(
+    target: StrPath,
+    manifest: dict[str, Any],
+    manifest_path: str,
+    sample: int,
+    max_pixels: float,
+) -> dict[str, Any]:
+    """Describe a pack from its binary index and manifest, reading only the sampled records."""
+    ds = PackDataset(manifest_path)
+    try:
+        labels = ds.labels
+        first = labels if labels.ndim == 1 else labels[:, 0]
+        ranges = ds.identity_ranges
+        bounds = ds.shard_bounds
+        entries = manifest["shards"]
+        records = sum(_records_listed(entry, idx) for entry, (_, idx) in zip(entries, ds.shards))
+        width = labels.shape[1] if labels.ndim == 2 else 0
+        info: dict[str, Any] = {
+            "target": os.fspath(target),
+            "manifest": manifest_path,
+            "layout": ds.layout,
+            "label_vectors": bool(width),
+            "shards": len(ds.shards),
+            "records": records,
+            "images": len(ds),
+            "rec_bytes": sum(
+                e["rec_bytes"] if e.get("rec_bytes") is not None else os.path.getsize(rec)
+                for e, (rec, _) in zip(entries, ds.shards)
+            ),
+            "label_flags": {str(width): len(ds)} if len(ds) else {},
+        }
+        classes = None if ranges is None else len(ranges)
+        info.update(_identity_stats(first, manifest, manifest_path, classes))
+        picks = _picks(len(ds), sample)
+        sizes, formats, dims, shapes, damage = _sample_index(ds, picks, bounds, max_pixels)
+    finally:
+        ds.close()
+    info["image_bytes"] = _summary(sizes)
+    info["encodings"] = dict(formats.most_common())
+    info["payload_sample"] = None if len(picks) == len(ds) else len(picks)
+    info["dimensions"] = _dimension_summary(len(picks), dims, shapes)
+    info["damage"] = _damage_summary(os.fspath(target), damage)
+    return info
+
+
+def _records_listed(entry: dict[str, Any], idx: str) -> int:
+    """Return a shard's record count: its manifest entry's, else its .idx lines (not the .rec)."""
+    if entry.get("records") is not None:
+        return int(entry["records"])
+    return len(load_index(idx)[0])
+
+
+def _picks(total: int, sample: int) -> np.ndarray:
+    """Return up to `sample` sample numbers of `total`, spread evenly."""
+    if not total or sample <= 0:
+        return np.zeros(0, np.int64)
+    return np.unique(np.linspace(0, total - 1, min(sample, total)).astype(np.int64))
+
+
+def _sample_index(
+    ds: PackDataset, picks: np.ndarray, bounds: list[int], max_pixels: float
+) -> tuple[np.ndarray, Counter[str], Counter[str], list[tuple[int, int]], list[Any]]:
+    """Read the `picks` samples of an indexed pack; return (their image sizes, encodings,
+    dimensions counted, (height, width) of each decoded, damage)."""
+    sizes, formats, dims = [], Counter[str](), Counter[str]()
+    shapes: list[tuple[int, int]] = []
+    damage: list[tuple[str, int | None, int, str]] = []
+    for i in picks.tolist():
+        rec, offset, key = ds.location(i)
+        try:
+            image, _ = ds.raw(i)
+        except RecordFormatError as exc:
+            damage.append((rec, key, offset, exc.reason))
+            continue
+        sizes.append(len(image))
+        formats["unknown" if (kind := sniff_format(image)) is None else kind] += 1
+        if not len(image):
+            damage.append((rec, key, offset, "empty image: a header and no image bytes"))
+        _measure(image, max_pixels, dims, shapes)
+    return np.array(sizes, np.int64), formats, dims, shapes, damage
+
+
+def _headers_info(
+    target: StrPath,
+    manifest: dict[str, Any] | None,
+    manifest_path: str | None,
+    shards: list[tuple[str, str]],
+    sample: int,
+    on_shard: Callable[[str, dict[str, Any]], object] | None,
+    max_pixels: float,
+) -> dict[str, Any]:
+    """Describe a dataset from every record header."""
     images_by_shard: list[tuple[str, np.ndarray]] = []
     layouts: Counter[str] = Counter()
     label_vectors = False
@@ -147,40 +259,18 @@ def dataset_info(
         "rec_bytes": rec_bytes,
         "label_flags": {str(k): v for k, v in sorted(flags.items())},
     }
-    info.update(_identity_stats(all_labels, identities_map, insightface_classes, manifest))
+    info.update(_identity_stats(all_labels, manifest, manifest_path, insightface_classes))
     info["image_bytes"] = _summary(all_sizes)
     info["encodings"] = dict(formats.most_common())
+    info["payload_sample"] = None
     info["dimensions"] = _sample_dimensions(images_by_shard, sample, max_pixels)
     info["damage"] = _damage_summary(os.fspath(target), damage)
-    info["index_cache"] = index_cache_state(manifest_path, shards)
-    return DatasetInfo(info)
-
-
-def index_cache_state(manifest_path: str | None, shards: list[tuple[str, str]]) -> dict[str, Any]:
-    """Return which index caches a reader would map: {"pack": the path of the pack's one cache
-    of all its shards, or None when it has none current; "shards_cached": how many shards have
-    a current cache of their own; "shards": how many shards}."""
-    idx_paths = [idx for _, idx in shards]
-    pack = None
-    if len(shards) > 1 and (manifest_path or "").endswith(MANIFEST_SUFFIX):
-        assert manifest_path is not None
-        try:
-            if read_dataset_cache(manifest_path, idx_paths) is not None:
-                pack = dataset_cache_path(manifest_path)
-        except RectoolError:  # a missing .idx: described elsewhere
-            pass
-    cached = 0
-    for idx in idx_paths:
-        try:
-            cached += read_index_cache(idx) is not None
-        except RectoolError:
-            pass
-    return {"pack": pack, "shards_cached": cached, "shards": len(shards)}
+    return info
 
 
 def _read_shard(rec: str, idx: str) -> dict[str, Any]:
     damage: list[Damaged] = []  # each record that cannot be read
-    with mapped(rec) as (buf, size), RecordFile(rec) as records:
+    with mapped(rec) as (buf, size), closing(RecordFile(rec)) as records:
         if os.path.exists(idx):
             keys, offsets = load_index(idx)
             if not len(keys) and size:  # not "0 records": the index is lost, not the data
@@ -259,11 +349,22 @@ def _damage_summary(
     }
 
 
+def _named_identities(manifest: dict[str, Any] | None, manifest_path: str | None) -> int | None:
+    """Return how many identities the pack names (None for none): the count its manifest gives
+    the identities file (format 3), else the names read by `read_identities`."""
+    named = (manifest or {}).get("identities")
+    if manifest is None or manifest_path is None or named is None:
+        return None
+    if "file" in named and named.get("count") is not None:
+        return int(named["count"]) or None
+    return len(read_identities(manifest_path, manifest) or {}) or None
+
+
 def _identity_stats(
     labels: np.ndarray,
-    identities_map: dict[str, str] | None,
-    insightface_classes: int | None,
     manifest: dict[str, Any] | None,
+    manifest_path: str | None,
+    insightface_classes: int | None,
 ) -> dict[str, Any]:
     finite = labels[np.isfinite(labels)]
     integral = bool(len(finite) == len(labels) and (finite == np.round(finite)).all())
@@ -279,7 +380,7 @@ def _identity_stats(
     if classes is not None:
         # Identities with no image at all count as 0 in the statistics.
         out["identities_without_images"] = int(classes - len(values[values < classes]))
-    out["named_identities"] = len(identities_map) if identities_map else None
+    out["named_identities"] = _named_identities(manifest, manifest_path)
     summary = _summary(counts)
     assert summary is not None  # labels is not empty here
     out["images_per_identity"] = {
@@ -317,9 +418,7 @@ def _sample_dimensions(
 ) -> dict[str, Any]:
     """Decode up to `sample` images spread evenly; count their height x width x channels."""
     total = sum(len(offsets) for _, offsets in images_by_shard)
-    if not total or sample <= 0:
-        return _dimension_summary(0, Counter(), [])
-    picks = np.unique(np.linspace(0, total - 1, min(sample, total)).astype(np.int64))
+    picks = _picks(total, sample)
     bounds = np.cumsum([len(offsets) for _, offsets in images_by_shard])
     dims: Counter[str] = Counter()
     shapes: list[tuple[int, int]] = []
@@ -332,24 +431,32 @@ def _sample_dimensions(
             if rec not in handles:
                 handles[rec] = RecordFile(rec)
             _, image = unpack_header(handles[rec].read_at(offset), rec, offset)
-            if not len(image):  # listed under `damage`
-                dims["undecodable"] += 1
-                continue
-            try:
-                array = imdecode(image, cv2.IMREAD_UNCHANGED, max_pixels)
-            except ImageTooLargeError:
-                dims["too large"] += 1
-                continue
-            except RecordFormatError:
-                dims["undecodable"] += 1
-                continue
-            channels = 1 if array.ndim == 2 else array.shape[2]
-            dims[f"{array.shape[0]}x{array.shape[1]}x{channels}"] += 1
-            shapes.append(array.shape[:2])
+            _measure(image, max_pixels, dims, shapes)
     finally:
         for handle in handles.values():
             handle.close()
     return _dimension_summary(len(picks), dims, shapes)
+
+
+def _measure(
+    image: bytes, max_pixels: float, dims: Counter[str], shapes: list[tuple[int, int]]
+) -> None:
+    """Decode a sampled image; count its HxWxC in `dims` (or why it has none), add its sides
+    to `shapes`."""
+    if not len(image):  # listed under `damage`
+        dims["undecodable"] += 1
+        return
+    try:
+        array = imdecode(image, cv2.IMREAD_UNCHANGED, max_pixels)
+    except ImageTooLargeError:
+        dims["too large"] += 1
+        return
+    except RecordFormatError:
+        dims["undecodable"] += 1
+        return
+    channels = 1 if array.ndim == 2 else array.shape[2]
+    dims[f"{array.shape[0]}x{array.shape[1]}x{channels}"] += 1
+    shapes.append(array.shape[:2])
 
 
 def _dimension_summary(
