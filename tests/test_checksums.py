@@ -18,13 +18,13 @@ from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 from helpers.rec_files import idx_lines, image_payload, make_pack, write_records, xor_byte
 
-from rectool.packer.packing import PackOptions, pack_images
-from rectool.packer.shards import ShardWriter
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.inspect.reindex import reindex
 from rectool.inspect.unpack import unpack_dataset
 from rectool.inspect.verify import verify_dataset
+from rectool.packer.packing import PackOptions, pack_images
+from rectool.packer.shards import ShardWriter
 
 
 def found(report):
@@ -84,7 +84,8 @@ def test_a_flipped_byte_in_one_image_names_its_key_and_offset(small_pack):
     ]
     result = CliRunner().invoke(cli, ["verify", str(small_pack.manifest)])
     assert result.exit_code == 1
-    assert "; 3 checksums compared (xxh3-128); 12 records compared with their xxh3-64 (" in (
+    # .rec, .idx, .rec.crc, the three .npy arrays of the binary index, the identities file
+    assert "; 7 checksums compared (xxh3-128); 12 records compared with their xxh3-64 (" in (
         result.stdout
     )
     assert f"record-checksum-mismatch: {small_pack.rec}, key {key}, byte offset {offset}: " in (
@@ -122,7 +123,7 @@ def test_a_pack_without_checksum_files_verifies_as_before(small_pack):
     small_pack.manifest.write_text(json.dumps(manifest))
     report = verify_dataset(small_pack.manifest)
     assert report.sound, report.problems
-    assert (report.checksums, report.record_checksums) == (2, 0)
+    assert (report.checksums, report.record_checksums) == (6, 0)  # no .rec.crc of 7
     key, offset = small_pack.lines[5]
     xor_byte(small_pack.rec, offset + 8 + 24 + 100, 0x10)
     report = verify_dataset(small_pack.manifest)

@@ -24,14 +24,14 @@ from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 from helpers.rec_files import idx_lines, make_pack, xor_byte
 
-from rectool.packer.packing import PackOptions, pack_images
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.format.checksums import ChecksumFileError, decode_checksums
+from rectool.format.manifest import read_manifest
 from rectool.inspect.reindex import reindex
 from rectool.inspect.unpack import unpack_dataset
 from rectool.inspect.verify import verify_dataset
-from rectool.reader import read_manifest
+from rectool.packer.packing import PackOptions, pack_images
 from rectool.repack.pipeline import RepackOptions, repack
 
 V1_PACK = Path(__file__).parent / "fixtures" / "v1pack"
@@ -128,9 +128,9 @@ def test_a_version_1_pack_unpacks_and_refuses_a_damaged_record(v1_pack, tmp_path
         unpack_dataset(manifest, tmp_path / "damaged")
 
 
-def test_a_version_2_manifest_gives_xxh3_128_of_every_file(small_pack):
+def test_a_version_3_manifest_gives_xxh3_128_of_every_file(small_pack):
     doc = json.loads(small_pack.manifest.read_text())
-    assert doc["format_version"] == 2 and doc["options"]["sha256"] is False
+    assert doc["format_version"] == 3 and doc["options"]["sha256"] is False
     entry = doc["shards"][0]
     assert (
         list(entry)
@@ -144,6 +144,10 @@ def test_a_version_2_manifest_gives_xxh3_128_of_every_file(small_pack):
     crc = small_pack.rec.with_name("faces.rec.crc").read_bytes()
     assert entry["crc_xxh3_128"] == xxhash.xxh3_128_hexdigest(crc)
     assert read_manifest(small_pack.manifest)["shards"][0] == entry
+    folder = small_pack.manifest.parent
+    for named in (*(doc["index"][a] for a in ("offsets", "keys", "labels")), doc["identities"]):
+        data = (folder / named["file"]).read_bytes()
+        assert (named["bytes"], named["xxh3_128"]) == (len(data), xxhash.xxh3_128_hexdigest(data))
     report = verify_dataset(small_pack.manifest)
     assert report.sound and (report.file_digests, report.record_digests) == (["xxh3-128"], [])
 
@@ -216,9 +220,9 @@ def test_read_manifest_checks_the_xxh3_128_fields(small_pack):
     with pytest.raises(RectoolError, match="'shards\\[0\\].rec_xxh3_128' must be 32 hex digits"):
         read_manifest(small_pack.manifest)
     doc["shards"][0]["rec_xxh3_128"] = "ab" * 16
-    doc["format_version"] = 3
+    doc["format_version"] = 4
     small_pack.manifest.write_text(json.dumps(doc))
-    with pytest.raises(RectoolError, match="version 3 is newer than this reader understands"):
+    with pytest.raises(RectoolError, match="version 4 is newer than this reader understands"):
         read_manifest(small_pack.manifest)
 
 
@@ -257,12 +261,12 @@ def test_cli_pack_and_repack_take_sha256(tmp_path):
             assert entry["rec_sha256"] == hashlib.sha256(data).hexdigest()
 
 
-def test_repack_of_a_version_1_pack_writes_version_2(v1_pack, tmp_path):
+def test_repack_of_a_version_1_pack_writes_version_3(v1_pack, tmp_path):
     _, _, manifest, _ = v1_pack
     out = tmp_path / "re" / "faces"
     repack([str(manifest)], out, RepackOptions(sha256=True, order="source"))
     doc = json.loads(Path(str(out) + ".manifest.json").read_text())
-    assert doc["format_version"] == 2
+    assert doc["format_version"] == 3 and doc["index"]["samples"] == [6]
     crc = Path(str(out) + ".rec.crc").read_bytes()
     assert crc[:12] == b"RTXXH64\n" + struct.pack("<I", 2)
     report = verify_dataset(str(out) + ".manifest.json")
@@ -280,8 +284,10 @@ def _reads_of_shards(events):
 
 
 def test_pack_hashes_beside_the_write_without_reading_a_shard_back(tmp_path):
-    """Every digest and record checksum is taken from the bytes as they are written: no
-    shard file is opened for reading during a pack (with --sha256, and shards rolling over)."""
+    """Every digest and record checksum is taken from the bytes as they are written: no shard
+    file is read back for them during a pack (with --sha256, and shards rolling over). The one
+    read of each finished shard is its binary index's (format 3: the .idx and the record
+    headers, read once when the manifest is written); no .partial nor .rec.crc is read."""
     root = tmp_path / "tree"
     lst = write_list(tmp_path / "x.lst", write_pack_tree(root, ["a", "b", "c"], 4))
     out = tmp_path / "out"
@@ -301,7 +307,8 @@ print(repr(events))
     assert done.returncode == 0, done.stderr
     events = eval(done.stdout.strip().splitlines()[-1])
     assert any(path.endswith(".rec.partial") for path, _ in events)  # the hook saw the writes
-    assert _reads_of_shards(events) == []
+    finished = [str(out / f"x-{n:05d}{suffix}") for n in range(3) for suffix in (".idx", ".rec")]
+    assert _reads_of_shards(events) == sorted(finished)
     for n in range(3):
         entry = json.loads((out / "x.manifest.json").read_text())["shards"][n]
         data = (out / f"x-{n:05d}.rec").read_bytes()
@@ -309,7 +316,7 @@ print(repr(events))
         assert entry["rec_sha256"] == hashlib.sha256(data).hexdigest()
 
 
-def test_kill_then_resume_rebuilds_version_2_digests_and_checksums(tmp_path):
+def test_kill_then_resume_rebuilds_version_3_digests_and_checksums(tmp_path):
     root = tmp_path / "tree"
     lst = write_list(tmp_path / "x.lst", write_pack_tree(root, [f"id{i}" for i in range(6)], 10))
     prefix = tmp_path / "out" / "x"
@@ -322,7 +329,7 @@ def test_kill_then_resume_rebuilds_version_2_digests_and_checksums(tmp_path):
     done = subprocess.run([*args, "--resume"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     doc = json.loads((prefix.parent / "x.manifest.json").read_text())
-    assert doc["format_version"] == 2 and len(doc["shards"]) == 4
+    assert doc["format_version"] == 3 and len(doc["shards"]) == 4
     for n, entry in enumerate(doc["shards"]):
         stem = prefix.parent / f"x-{n:05d}"
         rec = Path(f"{stem}.rec").read_bytes()
@@ -346,11 +353,12 @@ def test_kill_then_resume_rebuilds_version_2_digests_and_checksums(tmp_path):
     pack_images(lst, root, tmp_path / "ref" / "x", again)
     reference = json.loads((tmp_path / "ref" / "x.manifest.json").read_text())
     assert doc["shards"] == reference["shards"]
+    assert doc["index"] == reference["index"]  # the same binary index, byte for byte
 
 
-def test_the_emitted_reader_opens_a_version_2_pack_without_xxhash(small_pack, tmp_path):
-    """The emitted reader reads manifests of both versions; it verifies nothing, so it needs
-    neither xxhash nor rectool."""
+def test_the_emitted_reader_opens_a_version_3_pack_without_xxhash(small_pack, tmp_path):
+    """The emitted reader reads format 3 and refuses an older pack, naming `rectool index`; it
+    verifies nothing, so it needs neither xxhash nor rectool."""
     from rectool import emit
 
     module = tmp_path / "standalone_reader.py"
@@ -361,10 +369,13 @@ sys.modules["rectool"] = None
 sys.modules["xxhash"] = None  # `import xxhash` now raises ImportError
 sys.path.insert(0, {str(tmp_path)!r})
 import standalone_reader as r
-for manifest in ({str(small_pack.manifest)!r}, {str(V1_PACK / "faces.manifest.json")!r}):
-    doc = r.read_manifest(manifest)
-    print(doc["format_version"], len(r.open_dataset(manifest)))
+print(r.read_manifest({str(small_pack.manifest)!r})["format_version"])
+print(len(r.open_dataset({str(small_pack.manifest)!r})))
+try:
+    r.open_dataset({str(V1_PACK / "faces.manifest.json")!r})
+except r.NotIndexedError as exc:
+    print("refused", "rectool index" in str(exc))
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["2", "12", "1", "6"]
+    assert done.stdout.split() == ["3", "12", "refused", "True"]
