@@ -138,6 +138,7 @@ def insightface_download(name):
 SETUP = {
     "distributed.md": [listed],
     "format.md": [packed("out/faces")],
+    "migration.md": [insightface_download("faces_emore")],
     "training.md": [packed("out/faces")],
     "verify.md": [
         packed("out/faces"),
