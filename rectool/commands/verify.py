@@ -78,8 +78,11 @@ def verify_command(
     SHA-256 when the pack has them) when there is one; each record's checksum (xxh3-64, or
     CRC-32 in packs of manifest version 1) when the shard has a .rec.crc (rectool packs write
     one); the insightface layout when record 0 announces it; every image's structure, as pack
-    checks it (JPEG markers and end marker, PNG chunks and CRCs). --decode also decodes every
-    image. Each problem is named with its file, record key and byte offset.
+    checks it (JPEG markers and end marker, PNG chunks and CRCs); a format-3 pack's binary
+    index (each .npy array's size, xxh3-128, dtype and shape, and its offsets, keys, labels
+    and identity ranges against the .idx and the record headers; a pack without one is noted,
+    not failed). --decode also decodes every image. Each problem is named with its file,
+    record key and byte offset.
 
     A TARGET that is the URL of a manifest (s3://, https://) is read from a copy of its pack
     downloaded into the cache folder ($RECTOOL_CACHE_DIR); the report names the URL's files.
@@ -166,6 +169,7 @@ def render_verify_report(report: VerifyReport, shown: int) -> str:
         "verified is the one it did not replace. Delete the folder, or run that command again."
         for folder in report.staging
     ]
+    lines += [f"Note: {note}." for note in report.notes]
     if report.sound:
         lines.append("Sound: no problems found.")
         return "\n".join(lines)

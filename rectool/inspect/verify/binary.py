@@ -61,13 +61,15 @@ class IndexFile:
 class BinaryIndex:
     """A pack's binary index as found beside its manifest: its files (`files`, by name), the
     samples of each shard (`samples`, the manifest's) and where each shard's begin
-    (`bounds`), its `layout` ("insightface" when it names identity ranges) and the identity
-    names' file (`identities`, with `names_count` names read, or `names_invalid`)."""
+    (`bounds`), its `layout` ("insightface" when it names identity ranges or the manifest
+    says so: samples are then image keys 1..N) and the identity names' file (`identities`,
+    with `names_count` names read, or `names_invalid`)."""
 
     manifest_path: str
     samples: list[int]
     bounds: list[int]
     layout: str
+    claimed: str | None  # the manifest's layout
     files: dict[str, IndexFile]
     identities: IndexFile | None
     names_count: int | None = None
@@ -120,8 +122,11 @@ def read_binary_index(dataset: DatasetFacts) -> BinaryIndex | None:
                 names_count = len(read_identities(path, manifest) or {})
             except InputError as exc:
                 names_invalid = str(exc).removeprefix(f"{identities.path}: ")
-    layout = "insightface" if "identity_ranges" in files else "images"
-    return BinaryIndex(path, samples, bounds, layout, files, identities, names_count, names_invalid)
+    claimed = manifest.get("layout")
+    layout = "insightface" if "identity_ranges" in files or claimed == "insightface" else "images"
+    return BinaryIndex(
+        path, samples, bounds, layout, claimed, files, identities, names_count, names_invalid
+    )
 
 
 def _read_file(name: str, path: str, entry: Mapping[str, Any]) -> IndexFile:
@@ -201,13 +206,13 @@ def check_index_files(binary: BinaryIndex) -> Iterator[CheckResult]:
 def check_index_layout(binary: BinaryIndex, layouts: set[str]) -> Iterator[Found]:
     """The index has identity ranges exactly when the pack is insightface's (`layouts`: those
     of the shards read)."""
-    claimed = (binary.layout == "insightface", "insightface" in layouts)
-    if claimed == (True, False) and layouts:
+    ranges = binary.files.get("identity_ranges")
+    if ranges is not None and layouts and "insightface" not in layouts:
         yield one_problem(
-            "index-mismatch", binary.files["identity_ranges"].path, None, None,
+            "index-mismatch", ranges.path, None, None,
             "the binary index holds identity ranges, but no shard has an insightface record 0",
         )  # fmt: skip
-    elif claimed == (False, True):
+    elif ranges is None and "insightface" in layouts and binary.claimed != "images":
         yield one_problem(
             "index-mismatch", binary.manifest_path, None, None,
             "the pack has an insightface record 0, but its binary index names no "
