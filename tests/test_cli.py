@@ -81,7 +81,11 @@ def test_package_exports_resolve():
 
     for name in rectool.__all__:
         assert getattr(rectool, name) is not None
-    assert rectool.open_dataset.__module__ == "rectool.reader"
+    # The package's open_dataset takes every source; the core's (the emitted reader's) only a
+    # format-3 pack, and the package's dataset is the core's class.
+    assert rectool.open_dataset.__module__ == "rectool.dataset.packs"
+    assert rectool.RecordDataset.__module__ == "rectool.reader"
+    assert issubclass(rectool.PackDataset, rectool.RecordDataset)
 
 
 def test_the_command_line_starts_numpy_with_one_blas_thread_unless_told_otherwise():
