@@ -759,6 +759,8 @@ def test_cli_problems_exit_1_with_file_key_offset(bare):
         f"(expected 0xced7230a); bytes {offset}..{end} ({end - offset} bytes) are unreadable",
         f"  trailing-garbage: {bare.rec}, byte offset {bare.size}: "
         "9 bytes after the last record are not a record",
+        f"Note: {bare.rec} has no binary index (no manifest: im2rec's, insightface's or bare "
+        f"shards); its .idx text was checked. `rectool index {bare.rec}` writes one.",
     ]
 
 
@@ -768,7 +770,7 @@ def test_cli_max_problems(bare):
     assert result.exit_code == 1
     lines = result.stdout.splitlines()
     assert lines[1] == "Found 11 problems (unindexed-record 11):"
-    assert len(lines) == 5
+    assert len(lines) == 6  # and a note: no binary index
     assert lines[4] == "  ... and 9 more"
 
 

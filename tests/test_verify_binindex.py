@@ -81,8 +81,8 @@ def test_a_version_1_pack_is_sound_with_a_note(tmp_path):
     result = CliRunner().invoke(cli, ["verify", str(manifest)])
     assert result.exit_code == 0, result.output
     assert result.stdout.splitlines()[1:] == [
-        f"Note: {report.notes[0]}.",
         "Sound: no problems found.",
+        f"Note: {report.notes[0]}.",
     ]
 
 
@@ -310,3 +310,10 @@ def test_an_identities_file_with_another_count_is_a_mismatch(small_pack):
     report = verify_dataset(small_pack.manifest)
     assert found(report) == [("index-mismatch", str(path), None, None)]
     assert report.problems[0].message == "holds 3 names; the manifest says 4"
+
+
+def test_labels_of_no_width_are_refused(small_pack):
+    rewrite(small_pack, "labels", np.zeros((12, 0), np.float32))
+    report = verify_dataset(small_pack.manifest)
+    assert found(report) == [("index-file", npy(small_pack, "labels"), None, None)]
+    assert report.problems[0].message == "holds a 12x0 array: no label a row"

@@ -146,7 +146,8 @@ def layouts_text(layouts: Iterable[str]) -> str:
 
 
 def render_verify_report(report: VerifyReport, shown: int) -> str:
-    """Return the human summary of a verification: one line of totals, then the problems."""
+    """Return the human summary of a verification: one line of totals, then the problems, then
+    notes (a target without a binary index)."""
     from ..format.digest import DIGEST_NAMES
 
     shards = len(report.shards)
@@ -169,14 +170,14 @@ def render_verify_report(report: VerifyReport, shown: int) -> str:
         "verified is the one it did not replace. Delete the folder, or run that command again."
         for folder in report.staging
     ]
-    lines += [f"Note: {note}." for note in report.notes]
+    notes = [f"Note: {note}." for note in report.notes]  # after the verdict: no problem
     if report.sound:
         lines.append("Sound: no problems found.")
-        return "\n".join(lines)
+        return "\n".join(lines + notes)
     counts = ", ".join(f"{kind} {n:,}" for kind, n in sorted(report.counts.items()))
     lines.append(f"Found {counted(report.problem_count, 'problem')} ({counts}):")
     listed = report.problems[:shown]
     lines += [f"  {problem}" for problem in listed]
     if report.problem_count > len(listed):
         lines.append(f"  ... and {report.problem_count - len(listed):,} more")
-    return "\n".join(lines)
+    return "\n".join(lines + notes)
