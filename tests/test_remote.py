@@ -3,14 +3,13 @@ S3 server (moto) and a plain HTTP server of byte ranges, both on 127.0.0.1 (conf
 
 from __future__ import annotations
 
-import os
+import io
 
 import numpy as np
 import pytest
 from helpers.servers import no_wait
 
 from rectool import open_dataset
-from rectool.format import indexcache
 from rectool.remote import Retry
 from rectool.remote.dataset import RemoteDataset
 from rectool.training import Loader
@@ -38,81 +37,25 @@ def test_a_remote_pack_reads_the_same_samples_as_the_local_pack(remote_pack, tmp
     assert ds.keys.tolist() == local.keys.tolist()
 
 
-def test_opening_fetches_the_indexes_and_a_shard_only_when_it_is_read(s3_pack, tmp_path):
+INDEX_FILES = ["faces.offsets.npy", "faces.keys.npy", "faces.labels.npy"]
+
+
+def test_opening_fetches_the_manifest_and_binary_index_and_a_shard_only_when_it_is_read(
+    s3_pack, tmp_path
+):
     ds = opened(s3_pack, tmp_path)
-    idx = {n for n in s3_pack.faults.gets if n.endswith(".idx")}
-    assert idx == {f"faces-0000{i}.idx" for i in range(4)}
-    assert rec_gets(s3_pack.faults) == {"faces-00000.rec": 1}  # record 0: the layout check
+    assert dict(s3_pack.faults.gets) == {"faces.manifest.json": 1, **dict.fromkeys(INDEX_FILES, 1)}
     ds.raw(7)  # shard 2
-    assert rec_gets(s3_pack.faults) == {"faces-00000.rec": 1, "faces-00002.rec": 1}
+    assert rec_gets(s3_pack.faults) == {"faces-00002.rec": 1}
     ds.raw(8)
     ds.close()
-    again = opened(s3_pack, tmp_path)  # the cache serves a second open
+    again = opened(s3_pack, tmp_path)  # the cache serves a second open: only the manifest read
     again.raw(7)
-    assert rec_gets(s3_pack.faults) == {"faces-00000.rec": 1, "faces-00002.rec": 1}
-
-
-def test_a_remote_pack_of_several_shards_maps_one_index_cache_on_this_machine(
-    remote_pack, tmp_path, monkeypatch
-):
-    import pickle
-
-    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 10)
-    ds, local = opened(remote_pack, tmp_path), open_dataset(str(remote_pack.local))
-    mapped = mapping_of(ds.keys)
-    assert mapped is not None and mapped.path.endswith("faces.idx.rtc")
-    assert mapped is mapping_of(ds.offsets)
-    copy = pickle.loads(pickle.dumps(ds))  # as a spawned loader worker gets it: mapped again
-    assert mapping_of(copy.offsets).path == mapped.path
-    assert [bytes(copy.raw(i)[0]) for i in range(12)] == [bytes(local.raw(i)[0]) for i in range(12)]
-    assert copy.keys.tolist() == local.keys.tolist()
-
-
-def test_two_opens_of_a_remote_pack_at_once_write_its_index_cache_once(
-    remote_pack, tmp_path, monkeypatch, no_hang
-):
-    """Ranks that open a remote pack together on one machine: one writes the index cache, the
-    others map that file (a second write would rename another over it, and the first rank's
-    dataset could no longer be pickled to its spawned workers)."""
-    import pickle
-    import threading
-
-    from rectool.remote import cache as cache_module
-    from rectool.remote import dataset as dataset_module
-
-    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 10)
-    at_lock, opens, writes = threading.Event(), {}, []
-    real_open_lock, real_write = cache_module.open_lock_file, dataset_module.write_dataset_cache
-
-    def open_lock(path):  # the second open has come to the cache's lock
-        if path.endswith(".idx.rtc.download") and threading.current_thread().name == "second":
-            at_lock.set()
-        return real_open_lock(path)
-
-    def second():
-        try:
-            opens["second"] = opened(remote_pack, tmp_path)
-        finally:
-            at_lock.set()  # without a lock it never waits: it has written its own
-
-    other = threading.Thread(target=second, name="second")
-
-    def write(local, idx_paths):  # the first open writes only once the second has looked
-        writes.append(threading.current_thread().name)
-        if not other.is_alive() and "second" not in opens:
-            other.start()
-            at_lock.wait()
-        return real_write(local, idx_paths)
-
-    monkeypatch.setattr(cache_module, "open_lock_file", open_lock)
-    monkeypatch.setattr(dataset_module, "write_dataset_cache", write)
-    first = opened(remote_pack, tmp_path)
-    other.join()
-    assert writes == ["MainThread"]
-    want = open_dataset(str(remote_pack.local)).keys.tolist()
-    for ds in (first, opens["second"]):
-        copy = pickle.loads(pickle.dumps(ds))  # as the Loader's spawned workers get it
-        assert mapping_of(copy.keys) is not None and copy.keys.tolist() == want
+    assert dict(s3_pack.faults.gets) == {
+        "faces.manifest.json": 2,
+        **dict.fromkeys(INDEX_FILES, 1),
+        "faces-00002.rec": 1,
+    }
 
 
 def mapping_of(array):
@@ -120,6 +63,135 @@ def mapping_of(array):
         array = array.base
     array = getattr(array, "obj", array)
     return array if hasattr(array, "madvise") else None
+
+
+def test_the_index_is_mapped_from_the_cache_and_a_pickled_copy_asks_the_store_for_nothing(
+    remote_pack, tmp_path
+):
+    import pickle
+
+    ds, local = opened(remote_pack, tmp_path), open_dataset(str(remote_pack.local))
+    for array in (ds.offsets, ds.keys, ds.labels):
+        assert mapping_of(array) is not None and not array.flags.writeable
+    asked = dict(remote_pack.faults.gets)
+    copy = pickle.loads(pickle.dumps(ds))  # as a spawned loader worker gets it
+    assert type(copy) is RemoteDataset and copy.url == ds.url
+    assert mapping_of(copy.keys) is not None
+    assert [bytes(copy.raw(i)[0]) for i in range(12)] == [bytes(local.raw(i)[0]) for i in range(12)]
+    assert copy.labels.tolist() == local.labels.tolist() == [0.0] * 4 + [1.0] * 4 + [2.0] * 4
+    assert dict(remote_pack.faults.gets) == {**asked, **rec_gets(remote_pack.faults)}
+    assert set(rec_gets(remote_pack.faults)) == {f"faces-0000{i}.rec" for i in range(4)}
+
+
+def _put(s3, pack, name, data):
+    bucket = pack.url.split("/")[2]
+    s3.client().put_object(Bucket=bucket, Key=f"packs/{name}", Body=data)
+    return bucket
+
+
+def test_an_index_array_whose_bytes_differ_from_the_manifest_is_refused_by_name(
+    s3, s3_pack, tmp_path
+):
+    labels = np.load(s3_pack.folder / "faces.labels.npy")
+    labels[5] = 7.0  # the same size, another label
+    buffer = io.BytesIO()
+    np.save(buffer, labels)
+    bucket = _put(s3, s3_pack, "faces.labels.npy", buffer.getvalue())
+    with pytest.raises(Exception) as caught:
+        opened(s3_pack, tmp_path)
+    assert type(caught.value).__name__ == "DigestMismatchError"
+    message = str(caught.value)
+    assert f"s3://{bucket}/packs/faces.labels.npy (index.labels of faces.manifest.json)" in message
+    assert "xxh3-128" in message and "not used" in message
+    folder = next((tmp_path / "cache" / "packs").iterdir())
+    assert not (folder / "faces.labels.npy").exists()
+
+
+def test_a_manifest_without_the_digest_of_an_index_array_is_refused_for_a_remote_pack(
+    s3, s3_pack, tmp_path
+):
+    import json
+
+    doc = json.loads(s3_pack.local.read_text())
+    del doc["index"]["keys"]["xxh3_128"]
+    _put(s3, s3_pack, "faces.manifest.json", json.dumps(doc).encode())
+    with pytest.raises(Exception) as caught:
+        opened(s3_pack, tmp_path)
+    assert str(caught.value) == (
+        f"{s3_pack.url}: the manifest gives no bytes or xxh3_128 of index.keys (faces.keys.npy); "
+        "a remote pack needs both to check the download (write them with `rectool index`)"
+    )
+    assert "faces.keys.npy" not in s3_pack.faults.gets
+
+
+def test_the_identity_names_are_fetched_only_when_asked_for(remote_pack, tmp_path):
+    ds = opened(remote_pack, tmp_path)
+    assert "faces.identities.json" not in remote_pack.faults.gets
+    assert ds.identities == {0: "alice", 1: "bob", 2: "carol"}
+    assert remote_pack.faults.gets["faces.identities.json"] == 1
+    assert opened(remote_pack, tmp_path).identities == {0: "alice", 1: "bob", 2: "carol"}
+    assert remote_pack.faults.gets["faces.identities.json"] == 1  # the cache's copy
+
+
+def test_an_identities_file_whose_bytes_differ_is_refused_when_asked_for(s3, s3_pack, tmp_path):
+    text = (s3_pack.folder / "faces.identities.json").read_bytes().replace(b"bob", b"eve")
+    bucket = _put(s3, s3_pack, "faces.identities.json", text)
+    ds = opened(s3_pack, tmp_path)  # not read at open: the samples read
+    assert bytes(ds.raw(0)[0]) == bytes(open_dataset(str(s3_pack.local)).raw(0)[0])
+    with pytest.raises(Exception) as caught:
+        print(ds.identities)
+    assert type(caught.value).__name__ == "DigestMismatchError"
+    assert f"s3://{bucket}/packs/faces.identities.json (identities of " in str(caught.value)
+
+
+def test_a_remote_insightface_pack_reads_its_identity_ranges_from_its_index(s3, tmp_path):
+    from helpers.rec_files import make_pack
+
+    pack = make_pack(tmp_path, layout="insightface")
+    s3.upload_folder("faces-insightface", pack.manifest.parent, "packs/")
+    url = f"s3://faces-insightface/packs/{pack.manifest.name}"
+    ds = open_dataset(url, cache_dir=str(tmp_path / "cache"), retry=no_sleep()[0])
+    local = open_dataset(str(pack.manifest))
+    assert ds.layout == "insightface" and len(ds) == 12
+    assert ds.identity_ranges.tolist() == [[0, 4], [4, 8], [8, 12]]
+    assert [bytes(ds.raw(i)[0]) for i in range(12)] == [bytes(local.raw(i)[0]) for i in range(12)]
+    assert ds.labels.tolist() == [0.0] * 4 + [1.0] * 4 + [2.0] * 4
+
+
+def as_format_2(folder):
+    """Rewrite the pack in `folder` as rectool wrote it before format 3: no binary index, the
+    identity names in the manifest."""
+    import json
+
+    path = folder / "faces.manifest.json"
+    doc = json.loads(path.read_text())
+    doc["format_version"] = 2
+    del doc["index"]
+    doc["identities"] = json.loads((folder / "faces.identities.json").read_text())
+    path.write_text(json.dumps(doc))
+    for name in [*INDEX_FILES, "faces.identities.json"]:
+        (folder / name).unlink()
+
+
+def test_a_remote_pack_of_format_2_opens_with_its_index_built_in_memory(s3, tmp_path):
+    import shutil
+
+    from helpers.rec_files import make_pack
+
+    pack = make_pack(tmp_path, shard_records=3)
+    old = tmp_path / "old"
+    shutil.copytree(pack.manifest.parent, old)
+    as_format_2(old)
+    s3.upload_folder("faces-format-2", old, "packs/")
+    url = "s3://faces-format-2/packs/faces.manifest.json"
+    ds = open_dataset(url, cache_dir=str(tmp_path / "cache"), retry=no_sleep()[0])
+    local = open_dataset(str(pack.manifest))
+    assert isinstance(ds, RemoteDataset) and not ds.indexed and len(ds) == 12
+    assert [bytes(ds.raw(i)[0]) for i in range(12)] == [bytes(local.raw(i)[0]) for i in range(12)]
+    assert ds.keys.tolist() == local.keys.tolist() == list(range(12))
+    assert ds.labels.tolist() == local.labels.tolist()
+    assert ds.identities == {0: "alice", 1: "bob", 2: "carol"}
+    assert not [n for n in s3.faults.gets if n.endswith(".npy")]
 
 
 @pytest.mark.parametrize("workers", [1, 3])
@@ -212,28 +284,3 @@ def test_urls_are_shown_without_their_credentials():
     from rectool.remote import safe_url
 
     assert safe_url("https://me:pw@host/p/x.json?X-Amz-Signature=abc") == "https://host/p/x.json"
-
-
-def test_a_remote_pack_opens_when_its_optional_index_cache_cannot_be_locked(
-    remote_pack, tmp_path, monkeypatch
-):
-    """The pack's index cache only saves time: when its lock cannot be opened (here a folder
-    left at PREFIX.idx.rtc.download; likewise a link, EACCES or EROFS on a shared cache
-    folder), the pack opens without it."""
-    from rectool.remote import Retry
-
-    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 10)
-    retry = Retry(sleep=lambda s: None, jitter=False)
-    first = open_dataset(remote_pack.url, cache_dir=str(tmp_path / "cache"), retry=retry)
-    want = first.keys.tolist()
-    cache = next(
-        os.path.join(root, name)
-        for root, _, names in os.walk(tmp_path / "cache")
-        for name in names
-        if name.endswith(".idx.rtc")
-    )
-    os.remove(cache)
-    os.remove(cache + ".download")  # the lock the first open left
-    os.mkdir(cache + ".download")  # what is there instead of a lock file
-    ds = open_dataset(remote_pack.url, cache_dir=str(tmp_path / "cache"), retry=retry)
-    assert ds.keys.tolist() == want

@@ -1,22 +1,25 @@
 """A remote pack opened like a local one: `open_dataset("s3://bucket/faces.manifest.json")`.
 
-`RemoteDataset` is the reader's `PackDataset` over a local shard cache (`cache.ShardCache`):
+`RemoteDataset` is the package's `PackDataset` over a local shard cache (`cache.ShardCache`):
 the manifest is read from the store on every open (and kept, by its digest, in the cache
-folder of this pack: `CACHE/packs/KEY/`), each `.idx` is downloaded and checked at open, and
-each `.rec` on first use by `CachedRecordFile`, which holds the shard (a shared lock) while it
-is mapped. A process keeps at most `open_shards` shards mapped (the least recently opened is let
-go), so the cache can evict what the readers have finished with.
+folder of this pack: `CACHE/packs/KEY/`). A pack with a binary index (format 3) has its index
+arrays downloaded at open, each checked against the manifest's size and xxh3-128, and mapped
+by the core as a local pack's are (every process and worker on the machine shares them); its
+identity files are fetched when asked for. Each `.rec` is fetched on first use by
+`CachedRecordFile`, which holds the shard (a shared lock) while it is mapped. A process keeps
+at most `open_shards` shards mapped (the least recently opened is let go), so the cache can
+evict what the readers have finished with.
 
-`labels` needs every shard's record headers once: the first open of a pack downloads every
-shard (in parallel, `prefetch_threads`) and keeps the labels in the cache (`labels.npy`), so
-later opens on the machine skip that pass. `Loader` takes its order from `rank_sampler`: the
+A pack without a binary index (format 1 or 2) opens too, its index built in memory as
+`PackDataset` builds it, from its `.idx` files and a few records of every shard: such an open
+downloads every shard (in parallel, `prefetch_threads`), and so does its `labels`; `rectool
+index` gives the pack its binary index. `Loader` takes its order from `rank_sampler`: the
 streaming block order (`order.StreamingSampler`), whose next shards `ShardPrefetcher`
 downloads on background threads, at most `prefetch_shards` not yet used.
 """
 
 from __future__ import annotations
 
-import io
 import mmap
 import os
 import threading
@@ -29,20 +32,11 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import xxhash
 
-from ..doors.inputs import read_regular
+from ..dataset.packs import PackDataset
 from ..doors.output import write_atomic
 from ..format.digest import SHA256, XXH3_128, field_name
-from ..format.indexcache import wants_dataset_cache, write_dataset_cache
-from ..reader import (
-    DEFAULT_MAX_PIXELS,
-    MANIFEST_SUFFIX,
-    RecordFile,
-    RectoolError,
-    dataset_cache_path,
-    read_dataset_cache,
-)
-from ..dataset.packs import PackDataset
 from ..format.manifest import read_manifest
+from ..reader import DEFAULT_MAX_PIXELS, INDEX_ARRAYS, MANIFEST_SUFFIX, RecordFile, RectoolError
 from .cache import CachedObject, CacheFullError, ShardCache
 from .order import StreamingSampler, first_uses
 from .store import RemoteError, Retry, open_store, safe_url, split_url
@@ -53,6 +47,11 @@ if TYPE_CHECKING:
 
 CACHE_ENV = "RECTOOL_CACHE_DIR"
 _lock = threading.Lock()  # this process's opening and letting go of shards
+# What a pickled `RemoteDataset` of a format-3 pack carries besides what `PackDataset` does.
+_REMOTE_STATE = (
+    "url", "store", "shard_cache", "block_shards", "prefetch_shards", "prefetch_threads",
+    "_folder", "_objects", "_index", "_open_files",
+)  # fmt: skip
 
 
 def _after_fork_in_child() -> None:
@@ -232,7 +231,6 @@ class RemoteDataset(PackDataset):
         url: str,
         decode: str | Callable[..., Any] | None = None,
         layout: str | None = None,
-        cache: bool = True,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         *,
         cache_dir: str | None = None,
@@ -263,27 +261,26 @@ class RemoteDataset(PackDataset):
         if not os.path.exists(local):
             write_atomic(local, data)
         doc = read_manifest(local)
-        self._objects: dict[str, CachedObject] = {}
-        indexes = []
+        self._objects: dict[str, CachedObject] = {}  # a shard's .rec or .idx, by its cache path
         for i, shard in enumerate(doc["shards"]):
-            rec, idx = (self._object(doc, i, shard, kind) for kind in ("rec", "idx"))
-            self._objects[rec.path] = rec
-            indexes.append(idx)
-        with ThreadPoolExecutor(prefetch_threads) as pool:  # the indexes, checked, before open
-            list(pool.map(self.shard_cache.fetch, indexes))
-        idx_paths = [obj.path for obj in indexes]
-        if cache and wants_dataset_cache(doc["shards"]):
-            self.shard_cache.write_once(  # one per machine, mapped by every process and worker
-                dataset_cache_path(local),
-                lambda: read_dataset_cache(local, idx_paths) is not None,
-                lambda: write_dataset_cache(local, idx_paths),
-            )
+            for kind in ("rec", "idx"):
+                obj = self._shard_object(i, shard, kind)
+                self._objects[obj.path] = obj
+        # The binary index (format 3): its arrays, checked, before the core maps them.
+        entries = doc.get("index") if doc.get("format_version", 0) >= 3 else None
+        self._index = {
+            field: self._file_object(f"index.{field}", entry)
+            for field, entry in (entries or {}).items()
+            if field != "samples" and entry is not None
+        }
+        named = doc.get("identities")
+        if isinstance(named, dict) and "file" in named:  # (format 3: read when asked for)
+            self._index["identities"] = self._file_object("identities", named)
+        self._fetch([obj for field, obj in self._index.items() if field in INDEX_ARRAYS])
         self._open_files = _OpenShards(open_shards or block_shards)
-        super().__init__(local, decode, layout, cache, max_pixels)
+        super().__init__(local, decode, layout, max_pixels)
 
-    def _object(
-        self, doc: Mapping[str, Any], i: int, shard: Mapping[str, Any], kind: str
-    ) -> CachedObject:
+    def _shard_object(self, i: int, shard: Mapping[str, Any], kind: str) -> CachedObject:
         """Return the `CachedObject` of shard `i`'s `kind` file ("rec", "idx")."""
         name, size = shard[kind], shard.get(f"{kind}_bytes")
         for algorithm in (XXH3_128, SHA256):
@@ -301,29 +298,57 @@ class RemoteDataset(PackDataset):
         path = os.path.join(self._folder, name)
         return CachedObject(self.store, name, path, size or 0, algorithm, digest, what)
 
+    def _file_object(self, field: str, entry: Mapping[str, Any]) -> CachedObject:
+        """Return the `CachedObject` of a file the manifest names at `field` ({file, bytes,
+        xxh3_128}: the index arrays, the identity names)."""
+        name, size, digest = entry["file"], entry.get("bytes"), entry.get("xxh3_128")
+        if size is None or not digest:
+            raise RemoteError(
+                f"{self.url}: the manifest gives no bytes or xxh3_128 of {field} ({name}); a "
+                "remote pack needs both to check the download (write them with `rectool index`)"
+            )
+        what = f"{self.store.object_url(name)} ({field} of {os.path.basename(self.url)})"
+        path = os.path.join(self._folder, name)
+        return CachedObject(self.store, name, path, size, XXH3_128, digest, what)
+
+    def _fetch(self, objects: Iterable[CachedObject]) -> None:
+        """Make sure `objects` are in the cache, checked (downloading them in parallel)."""
+        with ThreadPoolExecutor(self.prefetch_threads) as pool:
+            list(pool.map(self.shard_cache.fetch, objects))
+
+    def _build_index(self) -> None:
+        # A pack without a binary index (format 1 or 2, or opened in another layout): its
+        # .idx files, and a few records of every shard (`index_shards` checks each shard
+        # against its .idx), so every shard is downloaded, on `prefetch_threads` threads.
+        self._fetch(self._objects[idx] for _, idx in self.shards)
+        recs = [self._objects[rec] for rec, _ in self.shards]
+        prefetcher = ShardPrefetcher(
+            self.shard_cache, recs, self.prefetch_shards, self.prefetch_threads
+        )
+        try:
+            super()._build_index()
+        finally:
+            prefetcher.stop()
+
     def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()  # the index as its place in the cache, when mapped
+        state = super().__getstate__()
+        if state.get("reopen"):  # the core maps the cached index again on arrival
+            state["remote"] = {k: self.__dict__[k] for k in _REMOTE_STATE}
         state["_prefetcher"] = None
         return state
 
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        if not state.get("reopen"):
+            self.__dict__.update(state)
+            return
+        self.__dict__.update(state["remote"], _prefetcher=None)
+        self._fetch([obj for field, obj in self._index.items() if field in INDEX_ARRAYS])
+        PackDataset.__init__(
+            self, state["_source"], state["decode"], state["_layout_arg"], state["max_pixels"]
+        )
+
     def _open_shard(self, rec: str) -> CachedRecordFile:
         return CachedRecordFile(rec, self._objects[rec], self.shard_cache, self._open_files)
-
-    def _check_at_open(  # type: ignore[override]  # its own shards: CachedRecordFile
-        self,
-        rf: CachedRecordFile,
-        idx: str,
-        keys: np.ndarray,
-        offsets: np.ndarray,
-        listed: Mapping[str, Any],
-    ) -> None:
-        # The .rec's bytes are checked whole against their digest when they arrive; here only
-        # what the .idx alone tells (and the .idx itself was checked against its digest).
-        if listed.get("records") not in (None, len(keys)):
-            raise RectoolError(
-                f"{self.url}: {rf.obj.name} has {len(keys)} index lines, but the manifest lists "
-                f"{listed['records']} records for it"
-            )
 
     def __repr__(self) -> str:
         return (
@@ -375,26 +400,29 @@ class RemoteDataset(PackDataset):
             self._prefetcher.stop()
             self._prefetcher = None
 
-    # -- labels: every shard's headers once, then kept beside the pack's manifest ------------
+    # -- labels: mapped from the binary index; else read from every shard's headers ---------
 
     @property
     def labels(self) -> np.ndarray:
-        if self._labels is None:
-            saved = os.path.join(self._folder, "labels.npy")
-            if os.path.exists(saved):
-                labels = np.load(io.BytesIO(read_regular(saved, "labels")[0]), allow_pickle=False)
-                if len(labels) == len(self):
-                    labels.flags.writeable = False
-                    self._labels = labels
-                    return labels
-            self.prefetch(np.arange(len(self)))  # every shard, in reading order
+        if self._labels is None:  # no binary index: every shard, in reading order
+            self.prefetch(np.arange(len(self)))
             try:
-                labels = super().labels
+                self._labels = super().labels
             finally:
                 self.stop_prefetch()
                 self.close()  # let the shards go: the cache may need the room
-            if labels.dtype != object:
-                buffer = io.BytesIO()
-                np.save(buffer, labels, allow_pickle=False)
-                write_atomic(saved, buffer.getvalue())
         return cast(np.ndarray, self._labels)  # set by `PackDataset.labels` at the latest
+
+    # -- what is read only when asked for: fetched then ---------------------------------------
+
+    @property
+    def identity_ranges(self) -> np.ndarray | None:
+        if self._identity_ranges is None and self._ranges_file is not None:
+            self._fetch([self._index["identity_ranges"]])
+        return super().identity_ranges
+
+    @property
+    def identities(self) -> dict[int, str] | None:
+        if "identities" in self._index:
+            self._fetch([self._index["identities"]])
+        return super().identities
