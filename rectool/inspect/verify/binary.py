@@ -222,16 +222,17 @@ def check_index_layout(binary: BinaryIndex, layouts: set[str]) -> Iterator[Found
         )  # fmt: skip
 
 
-def sample_lines(facts: ShardFacts, layout: str) -> np.ndarray | None:
+def sample_lines(facts: ShardFacts, layout: str) -> slice | np.ndarray | None:
     """Return the .idx lines (from 0) of a shard's samples, in sample order, in the index's
-    `layout`: every line (images); image keys 1..N, each at its last line (insightface).
+    `layout`: every line (images: `slice(None)`); image keys 1..N, each at its last line
+    (insightface).
     None when they are unknown: no .idx, or a layout the records do not have (other checks
     report those)."""
     index = facts.index
     if index is None:
         return None
     if layout == "images":
-        return np.arange(len(index.keys))
+        return slice(None)  # every line: views of the .idx's columns, no copy
     if facts.layout.span is None or not len(index.keys):
         return None
     want = np.arange(1, facts.layout.span[0], dtype=np.int64)
@@ -250,7 +251,9 @@ def check_index_arrays(facts: ShardFacts, binary: BinaryIndex, number: int) -> I
     lines = sample_lines(facts, binary.layout)
     if lines is None:  # no .idx, or no insightface record 0: other checks say so
         return
-    count, listed = len(lines), binary.samples[number]
+    assert facts.index is not None  # `sample_lines` found lines
+    keys, offsets = facts.index.keys[lines], facts.index.offsets[lines]
+    count, listed = len(keys), binary.samples[number]
     if count != listed:
         yield one_problem(
             "index-mismatch", binary.manifest_path, None, None,
@@ -258,9 +261,7 @@ def check_index_arrays(facts: ShardFacts, binary: BinaryIndex, number: int) -> I
             "`rectool index` writes the index again",
         )  # fmt: skip
         return
-    assert facts.index is not None  # `sample_lines` found lines
     start = binary.bounds[number]
-    keys, offsets = facts.index.keys[lines], facts.index.offsets[lines]
     for name, expected in (("offsets", offsets), ("keys", keys)):
         found = binary.files.get(name)
         if found is not None and found.array is not None:
@@ -279,13 +280,13 @@ def _compare_column(
     start: int,
     expected: np.ndarray,
     keys: np.ndarray,
-    lines: np.ndarray,
+    lines: slice | np.ndarray,
 ) -> Found:
     """Compare `found`'s rows from `start` with the .idx's column `expected`."""
     assert found.array is not None and facts.index is not None
     column = found.array[start : start + len(expected)]
     bad = np.flatnonzero(column != expected)
-    line_numbers, idx = facts.index.lines, os.path.basename(facts.idx)
+    line_numbers, idx = facts.index.lines[lines], os.path.basename(facts.idx)
 
     def problems() -> Iterator[ProblemAt]:
         for i in bad.tolist():
@@ -294,7 +295,7 @@ def _compare_column(
                 keys[i],
                 found.at(start + i),
                 f"sample {start + i}: {os.path.basename(found.path)} holds {found.name[:-1]} "
-                f"{int(column[i])}, but line {int(line_numbers[lines[i]])} of {idx} gives "
+                f"{int(column[i])}, but line {int(line_numbers[i])} of {idx} gives "
                 f"{int(expected[i])}",
             )
 
