@@ -13,7 +13,6 @@ from click.testing import CliRunner
 
 from rectool.cli import cli
 from rectool.doors import output
-from rectool.format import indexcache
 
 SHARD_FILES = [f"faces-0000{i}.{kind}" for i in range(4) for kind in ("rec", "idx", "rec.crc")]
 
@@ -76,25 +75,29 @@ def test_each_shard_is_uploaded_while_the_next_are_written_and_the_manifest_last
     assert set(SHARD_FILES) <= set(log[:-1])  # every shard's files stored before the manifest
 
 
-def test_the_index_caches_stay_on_the_machine_that_packed(
-    s3, bucket, small_tree, monkeypatch, tmp_path
+def test_the_binary_index_and_identity_names_are_uploaded_before_the_manifest(
+    s3, bucket, small_tree, tmp_path
 ):
-    # A cache names the times of the .idx files beside it, which a download does not keep:
-    # uploaded, it could never be used, and would cost as much again as the .idx files.
-    from rectool.packer import shardfile
+    from rectool import open_dataset
 
-    monkeypatch.setattr(shardfile, "INDEX_CACHE_MIN_RECORDS", 1)
-    monkeypatch.setattr(indexcache, "INDEX_CACHE_MIN_RECORDS", 1)
-    result = pack(small_tree, f"s3://{bucket}/p/faces", "-q")
+    url = f"s3://{bucket}/p/faces"
+    label_map = tmp_path / "names.tsv"
+    label_map.write_text("0\talice\n1\tbob\n2\tcarol\n")
+    result = pack(small_tree, url, "-q", "--labels", label_map)
     assert result.exit_code == 0, result.output
     log = s3.faults.uploaded
-    assert set(SHARD_FILES) <= set(log) and log[-1] == "faces.manifest.json"
-    assert [n for n in log if n.endswith(".rtc")] == []
+    index = ["faces.offsets.npy", "faces.keys.npy", "faces.labels.npy", "faces.identities.json"]
+    assert set(index) <= set(log[:-1]) and log[-1] == "faces.manifest.json"
     local = invoke("pack", small_tree.list_path, small_tree.root, tmp_path / "here" / "faces",
-                   "--shard-records", "3", "-q")  # fmt: skip
+                   "--shard-records", "3", "-q", "--labels", label_map)  # fmt: skip
     assert local.exit_code == 0, local.output
-    assert (tmp_path / "here" / "faces.idx.rtc").exists()  # written where it can be used
-    assert (tmp_path / "here" / "faces-00000.idx.rtc").exists()
+    stored = s3.objects(bucket, "p/")
+    for name in index:
+        assert stored[f"p/{name}"] == (tmp_path / "here" / name).read_bytes()
+    ds = open_dataset(url + ".manifest.json", cache_dir=str(tmp_path / "read"))
+    mine = open_dataset(str(tmp_path / "here" / "faces"))
+    assert ds.indexed and ds.labels.tolist() == mine.labels.tolist()
+    assert ds.identities == mine.identities == {0: "alice", 1: "bob", 2: "carol"}
 
 
 def test_upload_pack_takes_the_packs_own_files_not_a_neighbours(s3, bucket, small_tree, tmp_path):

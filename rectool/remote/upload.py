@@ -32,10 +32,10 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
-from ..doors.output import make_folders, remove_tree
+from ..doors.output import LOCK_SUFFIX, make_folders, remove_tree
 from ..errors import RectoolError, UsageError
-from ..reader import MANIFEST_SUFFIX
 from ..format.manifest import read_manifest
+from ..reader import MANIFEST_SUFFIX
 from .store import ObjectStore, RemoteError, Retry, is_url, open_store, safe_url, split_url
 
 if TYPE_CHECKING:
@@ -145,8 +145,8 @@ class ShardUploader:
 
     def finish(self, manifest_path: StrPath) -> str:
         """Wait for the shards' uploads, upload the pack's other files (those of the manifest's
-        folder named NAME.* or NAME-N.*, but the index caches, which are only valid beside the
-        files they were made from), then the manifest; return its URL."""
+        folder named NAME.* or NAME-N.*: the binary index's `.npy` arrays, the identity names,
+        the failures file...), then the manifest; return its URL."""
         read_manifest(manifest_path)  # a whole pack, or no manifest is uploaded
         folder, manifest = os.path.split(os.fspath(manifest_path))
         local_name = manifest[: -len(MANIFEST_SUFFIX)]
@@ -159,7 +159,7 @@ class ShardUploader:
             for n in os.listdir(folder)
             if own.fullmatch(n)
             and n != manifest
-            and not n.endswith((".lock", ".rtc"))  # caches name local files' times: not shared
+            and not n.endswith(LOCK_SUFFIX)  # the lock of the local run that wrote it
             and n not in self.uploaded
             and os.path.isfile(os.path.join(folder, n))
         )
