@@ -51,3 +51,42 @@ def test_a_fifo_is_refused(tmp_path, command, which):
     assert result.returncode == EXIT[command], result.stdout + result.stderr
     assert f"{fifo}: not a regular file" in result.stderr + result.stdout
     assert "Traceback" not in result.stderr
+
+
+# A format-3 pack's own files beside its shards: the binary index and the identities file.
+INDEX_FILES = ["offsets.npy", "keys.npy", "labels.npy", "identities.json"]
+# What each command is given; the ones that do not read a file leave a FIFO there unopened.
+PACK_COMMANDS = {
+    "info": lambda m, out: ["info", m],
+    "unpack": lambda m, out: ["unpack", m, out / "images"],
+    "report": lambda m, out: ["report", m, "-o", out / "r.html"],
+    "repack": lambda m, out: ["repack", m, out / "again"],
+    "index": lambda m, out: ["index", m, "--force"],
+}
+
+
+@pytest.mark.parametrize("name", INDEX_FILES)
+def test_verify_reports_a_fifo_in_place_of_an_index_file(small_pack, name):
+    fifo = small_pack.manifest.parent / f"faces.{name}"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    result = rectool("verify", small_pack.manifest)
+    assert result.returncode == 1, result.stdout + result.stderr  # a problem found
+    assert f"index-file: {fifo}: not a regular file" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("command", sorted(PACK_COMMANDS))
+@pytest.mark.parametrize("name", INDEX_FILES)
+def test_a_fifo_in_place_of_an_index_file_is_refused_or_left_unread(
+    small_pack, tmp_path, name, command
+):
+    fifo = small_pack.manifest.parent / f"faces.{name}"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    result = rectool(*PACK_COMMANDS[command](small_pack.manifest, tmp_path))
+    output = result.stdout + result.stderr
+    assert result.returncode in (0, 2), output  # done without it, or an unusable input
+    if result.returncode:
+        assert f"{fifo}: not a regular file" in output
+    assert "Traceback" not in result.stderr
