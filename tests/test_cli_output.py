@@ -81,27 +81,31 @@ def args_for(command, world, case):
             "library": [t / "nothing", "-o", t / "page.html"],
             "usage": [m],  # neither --output nor --sheet
         },
+        "index": {
+            "ok": [m, "--force"],
+            "library": [t / "nothing"],
+            "usage": [],  # no TARGET
+        },
     }
     return [str(a) for a in [command, *table[command][case]]]
 
 
-COMMANDS = ["list", "pack", "verify", "reindex", "info", "unpack", "reader", "bench", "report"]
-EXPECTED_ERROR_EXIT = {"library": 1, "usage": 2}
+COMMANDS = [
+    "list",
+    "pack",
+    "verify",
+    "reindex",
+    "info",
+    "unpack",
+    "reader",
+    "bench",
+    "report",
+    "index",
+]
 # The "library" case of these commands is an input that does not exist: unusable input, 2.
-UNUSABLE_INPUT = {"pack", "verify", "info", "unpack", "bench", "report"}
+UNUSABLE_INPUT = {"pack", "verify", "info", "unpack", "bench", "report", "index"}
 EXIT_OF = {
-    command: {"library": 2 if command in UNUSABLE_INPUT else 1, "usage": 2}
-    for command in [
-        "list",
-        "pack",
-        "verify",
-        "reindex",
-        "info",
-        "unpack",
-        "reader",
-        "bench",
-        "report",
-    ]
+    command: {"library": 2 if command in UNUSABLE_INPUT else 1, "usage": 2} for command in COMMANDS
 }
 # Commands whose answer is their output (stdout); the others report work done (stderr).
 # (reindex's findings go to stdout too, when it has some: tests/test_reindex.py.)
