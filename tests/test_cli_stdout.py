@@ -35,6 +35,7 @@ def _commands(small_pack, tmp_path):
         "info": ["info", "--json", small_pack.manifest],
         "pack": ["pack", "--json", lst, small_pack.root, tmp_path / "again" / "faces"],
         "reader": ["reader", "-o", "-"],
+        "index": ["index", "--json", "--force", small_pack.manifest],
         "failure": ["verify", "--json", tmp_path / "nothing.manifest.json"],
     }
 
@@ -47,7 +48,7 @@ def dev_full():
         yield f
 
 
-@pytest.mark.parametrize("command", ["verify", "info", "pack", "reader", "failure"])
+@pytest.mark.parametrize("command", ["verify", "info", "pack", "reader", "index", "failure"])
 def test_a_full_stdout_is_one_error_line_and_exit_1(small_pack, tmp_path, dev_full, command):
     args = _commands(small_pack, tmp_path)[command]
     assert (small_pack.manifest.parent.parent / "faces.lst").exists()
