@@ -5,6 +5,7 @@ they give for the local pack; repack refuses a shard whose bytes are not the man
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -88,6 +89,34 @@ def test_repack_fetches_again_a_damaged_copy_that_verify_downloaded(s3, s3_pack,
     assert (tmp_path / "repacked" / "r.rec").read_bytes() == (
         tmp_path / "here" / "r.rec"
     ).read_bytes()
+
+
+def test_a_copy_holds_the_binary_index_and_identity_names_and_the_core_opens_it(remote_pack, cache):
+    from rectool import reader
+    from rectool.remote.mirror import local_copy
+
+    copy = local_copy(remote_pack.url, check=True)
+    folder = os.path.dirname(copy)
+    for name in ("offsets.npy", "keys.npy", "labels.npy", "identities.json"):
+        with open(os.path.join(folder, f"faces.{name}"), "rb") as f:
+            assert f.read() == (remote_pack.folder / f"faces.{name}").read_bytes()
+    ds, local = reader.open_dataset(copy), reader.open_dataset(remote_pack.local)
+    assert [bytes(ds.raw(i)[0]) for i in range(12)] == [bytes(local.raw(i)[0]) for i in range(12)]
+    assert ds.labels.tolist() == [0.0] * 4 + [1.0] * 4 + [2.0] * 4
+
+
+def test_repack_refuses_a_remote_index_array_whose_bytes_differ_from_the_manifest(
+    s3, s3_pack, tmp_path, cache
+):
+    data = bytearray((s3_pack.folder / "faces.labels.npy").read_bytes())
+    data[-1] ^= 0x40  # the last label's sign
+    bucket = s3_pack.url.split("/")[2]
+    s3.client().put_object(Bucket=bucket, Key="packs/faces.labels.npy", Body=bytes(data))
+    result = invoke("repack", s3_pack.url, tmp_path / "repacked" / "r", "-q")
+    assert result.exit_code == 1
+    assert f"s3://{bucket}/packs/faces.labels.npy: its {len(data)} bytes" in result.output
+    assert "not used" in result.output
+    assert not (tmp_path / "repacked").exists()
 
 
 def test_the_report_page_of_a_url_names_the_url_not_the_cache_copy(remote_pack, tmp_path, cache):

@@ -1,11 +1,12 @@
 """A whole copy of a remote pack on local disk, for `verify`, `info`, `report` and `repack`.
 
-Every file the manifest names (shards, indexes, checksum files, the failures file) is
-downloaded, retried and resumed as the cache's downloads are, into `CACHE/mirror/KEY/`, and
-the commands run on that folder as on any local pack. `verify` must see a damaged shard to
-report it, so the copy takes the bytes as they are; `repack`, which must not copy damaged
-bytes into a new pack, asks for them checked against the manifest's digests (`check`). The
-shard cache, which takes only checked shards, is never filled from here.
+Every file the manifest names (shards, `.idx` files, checksum files, the binary index's
+arrays, the identity names, the failures file) is downloaded, retried and resumed as the
+cache's downloads are, into `CACHE/mirror/KEY/`, and the commands run on that folder as on
+any local pack. `verify` must see a damaged shard to report it, so the copy takes the bytes as
+they are; `repack`, which must not copy damaged bytes into a new pack, asks for them checked
+against the manifest's digests (`check`). The shard cache, which takes only checked shards, is
+never filled from here.
 
 A copy counts against a shard cache's `cache_limit` and may be evicted whole (`cache.py`),
 but never while it is in use: `local_copy` holds `mirror/KEY.lock` shared, and dates it, from
@@ -26,8 +27,8 @@ import xxhash
 
 from ..doors.output import make_folders, open_lock_file, remove, set_mtime, write_atomic
 from ..format.digest import DIGEST_NAMES, SHA256, XXH3_128, digests_of, field_name, file_hexdigest
-from ..reader import MANIFEST_SUFFIX
 from ..format.manifest import read_manifest
+from ..reader import MANIFEST_SUFFIX
 from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
 
 if TYPE_CHECKING:
@@ -77,6 +78,7 @@ def local_copy(
         for kind in ("rec", "idx", "crc")
         if s.get(kind)
     ]
+    wanted += [_file(entry) for entry in _described_files(doc)]
     if doc.get("failures_file"):
         wanted.append((doc["failures_file"], None, None, None))
 
@@ -143,6 +145,22 @@ def _digest(shard: Mapping[str, Any], kind: str) -> tuple[str | None, str | None
         if shard.get(field_name(kind, algorithm)):
             return algorithm, shard[field_name(kind, algorithm)]
     return None, None
+
+
+def _described_files(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """Return the manifest's entries ({file, bytes, xxh3_128}) of the files beside the shards
+    (format 3: the binary index's arrays, the identity names)."""
+    if doc.get("format_version", 0) < 3:
+        return []
+    index = doc.get("index") or {}
+    entries = [entry for field, entry in index.items() if field != "samples" and entry]
+    named = doc.get("identities")
+    return entries + ([named] if isinstance(named, dict) and "file" in named else [])
+
+
+def _file(entry: Mapping[str, Any]) -> _Wanted:
+    digest = entry.get("xxh3_128")
+    return entry["file"], entry.get("bytes"), XXH3_128 if digest else None, digest
 
 
 def local_source(source: StrPath, cache_dir: StrPath | None = None, check: bool = False) -> StrPath:
