@@ -5,9 +5,9 @@ A failures file holds one JSON object a line, each ending with a newline. `pack`
 `PACK` line for each image it refuses (`packer.results.Refusal`); `repack` writes a `REPACK`
 line for each record its plan removes (`"stage": "plan"`, with a `detail`) or its writing
 refuses (`"stage": "write"`, with the plan `position`). Every field is checked here, as the
-manifest's are in `reader.read_manifest`: a line that is not UTF-8 JSON, not an object, has a
-field missing, extra or of the wrong type, a string that is no text (a lone `\\ud800`), or is
-longer than `MAX_LINE_BYTES` is an `InputError` naming the file and line number
+manifest's are in `format.manifest.read_manifest`: a line that is not UTF-8 JSON, not an
+object, has a field missing, extra or of the wrong type, a string that is no text (a lone
+`\\ud800`), or is longer than `MAX_LINE_BYTES` is an `InputError` naming the file and line number
 (`bad_lines=True` yields it instead, for the report). A line is read at most `MAX_LINE_BYTES`
 at a time, a longer one read past, never held whole. The file is opened by the door in
 (`doors.inputs.open_input`).

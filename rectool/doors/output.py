@@ -3,7 +3,8 @@
 - `write_atomic`: a temporary file made with `mkstemp` (O_EXCL: a name planted in advance,
   a symlink say, is never followed), fsync, then a rename; the file gets the mode of a normally
   created one (0666 less the umask), not mkstemp's 0600. For files a command owns (a pack's
-  manifest, state and checksum files) that it replaces as part of its job.
+  manifest, binary index, identities, state and checksum files) that it replaces as part of
+  its job.
 - `write_output`: the same for a file the user names (`-o FILE`): an existing file is never
   replaced without `overwrite`, a file of a pack never (unless that pack is the command's job),
   and a missing folder is created.
