@@ -285,3 +285,41 @@ def test_a_root_given_through_a_link_is_packed_and_listed_whole(tmp_path):
     lst = tmp_path / "t.lst"
     assert invoke("list", tmp_path / "faces", lst, "-q").exit_code == 0
     assert len(lst.read_text().splitlines()) == 4
+
+
+# The files of a format-3 pack that its manifest names: `index.NAME.file`, `identities.file`.
+INDEX_FIELDS = ["index.offsets", "index.keys", "index.labels", "identities"]
+
+
+@pytest.mark.parametrize("where", ["../outside", "/abs"])
+@pytest.mark.parametrize("field", INDEX_FIELDS)
+def test_an_index_file_named_outside_the_pack_is_refused(small_pack, tmp_path, field, where):
+    from rectool.reader import InputError, open_dataset
+
+    doc = json.loads(small_pack.manifest.read_text())
+    entry = doc
+    for part in field.split("."):
+        entry = entry[part]
+    # A valid copy of the file, outside the pack's folder: only its name can refuse it.
+    outside = tmp_path / "elsewhere" / entry["file"]
+    outside.parent.mkdir()
+    outside.write_bytes((small_pack.manifest.parent / entry["file"]).read_bytes())
+    entry["file"] = f"../elsewhere/{outside.name}" if where == "../outside" else str(outside)
+    small_pack.manifest.write_text(json.dumps(doc))
+    message = (
+        f"Error: {small_pack.manifest}: manifest field '{field}.file' must be a plain file name "
+        "in the manifest's folder\n"
+    )
+    for args in (
+        ["verify"],
+        ["info"],
+        ["unpack", tmp_path / "images"],
+        ["report", "-o", tmp_path / "r.html"],
+        ["index", "--force"],
+    ):
+        result = invoke(args[0], small_pack.manifest, *args[1:])
+        assert (result.exit_code, result.stderr) == (2, message), args  # an unusable input
+    assert not (tmp_path / "images").exists() and not (tmp_path / "r.html").exists()
+    if field.startswith("index."):  # the reader maps the index; it never reads the names
+        with pytest.raises(InputError, match=f"manifest field '{field}.file' must be a plain"):
+            open_dataset(small_pack.manifest)
