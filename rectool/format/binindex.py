@@ -130,6 +130,12 @@ def _identity_ranges(pairs: NDArray[Any], images: int, rec: str) -> NDArray[np.i
     return ranges
 
 
+def has_binary_index(manifest: Mapping[str, Any] | None) -> bool:
+    """Return True when a manifest names a binary index (format 3) for readers to map."""
+    doc = manifest or {}
+    return doc.get("format_version", 0) >= 3 and isinstance(doc.get("index"), dict)
+
+
 def index_paths(prefix: str) -> dict[str, str]:
     """Return the path of each index array of the pack at `prefix`."""
     return {name: prefix + suffix for name, suffix in INDEX_SUFFIXES.items()}

@@ -26,7 +26,7 @@ import numpy as np
 from ..dataset.packs import PackDataset
 from ..dataset.sources import resolve_source
 from ..errors import RecordFormatError, RectoolError
-from ..format.binindex import read_identities
+from ..format.binindex import has_binary_index, read_identities
 from ..format.keys import last_line_wins
 from ..format.textindex import load_index
 from ..reader import (
@@ -112,12 +112,6 @@ def dataset_info(
         info = _headers_info(target, manifest, manifest_path, shards, sample, on_shard, max_pixels)
     info["index"] = "binary" if indexed else "text"
     return DatasetInfo(info)
-
-
-def has_binary_index(manifest: dict[str, Any] | None) -> bool:
-    """Return True when a manifest names a binary index (format 3) that readers map."""
-    doc = manifest or {}
-    return doc.get("format_version", 0) >= 3 and isinstance(doc.get("index"), dict)
 
 
 def _indexed_info(

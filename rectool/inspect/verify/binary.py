@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import InputError, RectoolError
-from ...format.binindex import read_identities
+from ...format.binindex import has_binary_index, read_identities
 from ...format.digest import XXH3_128, file_digests
 from ...reader import INDEX_ARRAYS, load_array, open_regular
 from .digests import compare_digests
@@ -76,12 +76,6 @@ class BinaryIndex:
     names_invalid: str | None = None
 
 
-def has_binary_index(dataset: DatasetFacts) -> bool:
-    """Return True when the dataset's manifest names a binary index (format 3)."""
-    manifest = dataset.manifest or {}
-    return manifest.get("format_version", 0) >= 3 and isinstance(manifest.get("index"), dict)
-
-
 def no_index_note(target: str, dataset: DatasetFacts) -> str:
     """Say that a dataset has no binary index, and what writes one (a note, not a problem)."""
     if dataset.manifest is None:
@@ -100,7 +94,7 @@ def read_binary_index(dataset: DatasetFacts) -> BinaryIndex | None:
     Each file is opened as a regular file, hashed when its size is the manifest's, and mapped
     as an array by the reader's `load_array` (an object array is refused from its header).
     """
-    if not has_binary_index(dataset):
+    if not has_binary_index(dataset.manifest):
         return None
     manifest, path = dataset.manifest, dataset.manifest_path
     assert manifest is not None and path is not None  # a manifest names the index
