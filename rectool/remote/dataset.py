@@ -34,6 +34,7 @@ import xxhash
 
 from ..dataset.packs import PackDataset
 from ..doors.output import write_atomic
+from ..format.binindex import INDEX_SUFFIXES
 from ..format.digest import SHA256, XXH3_128, field_name
 from ..format.manifest import read_manifest
 from ..reader import DEFAULT_MAX_PIXELS, INDEX_ARRAYS, MANIFEST_SUFFIX, RecordFile, RectoolError
@@ -47,10 +48,11 @@ if TYPE_CHECKING:
 
 CACHE_ENV = "RECTOOL_CACHE_DIR"
 _lock = threading.Lock()  # this process's opening and letting go of shards
+_AT_OPEN = {f"index.{name}" for name in INDEX_ARRAYS}  # the rest: fetched when asked for
 # What a pickled `RemoteDataset` of a format-3 pack carries besides what `PackDataset` does.
 _REMOTE_STATE = (
     "url", "store", "shard_cache", "block_shards", "prefetch_shards", "prefetch_threads",
-    "_folder", "_objects", "_index", "_open_files",
+    "_folder", "_objects", "_described", "_open_files",
 )  # fmt: skip
 
 
@@ -69,6 +71,19 @@ def default_cache_dir() -> str:
         return os.environ[CACHE_ENV]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "rectool")
+
+
+def described_files(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Return the manifest's entries ({file, bytes, xxh3_128}) of the files of a pack beside
+    its shards and `.idx` files, by field: format 3's index arrays ("index.offsets", ...,
+    "index.identity_ranges") and identity names ("identities")."""
+    if doc.get("format_version", 0) < 3:
+        return {}
+    index, named = doc.get("index") or {}, doc.get("identities")
+    found = {f"index.{name}": index[name] for name in INDEX_SUFFIXES if index.get(name)}
+    if isinstance(named, dict) and "file" in named:
+        found["identities"] = named
+    return found
 
 
 def open_remote(
@@ -261,22 +276,15 @@ class RemoteDataset(PackDataset):
         if not os.path.exists(local):
             write_atomic(local, data)
         doc = read_manifest(local)
-        self._objects: dict[str, CachedObject] = {}  # a shard's .rec or .idx, by its cache path
+        self._objects: dict[str, CachedObject] = {}  # each shard's .rec, by its cache path
         for i, shard in enumerate(doc["shards"]):
-            for kind in ("rec", "idx"):
-                obj = self._shard_object(i, shard, kind)
-                self._objects[obj.path] = obj
+            obj = self._shard_object(i, shard, "rec")
+            self._objects[obj.path] = obj
         # The binary index (format 3): its arrays, checked, before the core maps them.
-        entries = doc.get("index") if doc.get("format_version", 0) >= 3 else None
-        self._index = {
-            field: self._file_object(f"index.{field}", entry)
-            for field, entry in (entries or {}).items()
-            if field != "samples" and entry is not None
+        self._described = {
+            field: self._file_object(field, entry) for field, entry in described_files(doc).items()
         }
-        named = doc.get("identities")
-        if isinstance(named, dict) and "file" in named:  # (format 3: read when asked for)
-            self._index["identities"] = self._file_object("identities", named)
-        self._fetch([obj for field, obj in self._index.items() if field in INDEX_ARRAYS])
+        self._fetch_index()
         self._open_files = _OpenShards(open_shards or block_shards)
         super().__init__(local, decode, layout, max_pixels)
 
@@ -316,11 +324,15 @@ class RemoteDataset(PackDataset):
         with ThreadPoolExecutor(self.prefetch_threads) as pool:
             list(pool.map(self.shard_cache.fetch, objects))
 
+    def _fetch_index(self) -> None:
+        self._fetch(obj for field, obj in self._described.items() if field in _AT_OPEN)
+
     def _build_index(self) -> None:
         # A pack without a binary index (format 1 or 2, or opened in another layout): its
         # .idx files, and a few records of every shard (`index_shards` checks each shard
         # against its .idx), so every shard is downloaded, on `prefetch_threads` threads.
-        self._fetch(self._objects[idx] for _, idx in self.shards)
+        shards = cast(dict[str, Any], self.manifest)["shards"]  # (a remote pack's: never None)
+        self._fetch(self._shard_object(i, shard, "idx") for i, shard in enumerate(shards))
         recs = [self._objects[rec] for rec, _ in self.shards]
         prefetcher = ShardPrefetcher(
             self.shard_cache, recs, self.prefetch_shards, self.prefetch_threads
@@ -342,7 +354,7 @@ class RemoteDataset(PackDataset):
             self.__dict__.update(state)
             return
         self.__dict__.update(state["remote"], _prefetcher=None)
-        self._fetch([obj for field, obj in self._index.items() if field in INDEX_ARRAYS])
+        self._fetch_index()
         PackDataset.__init__(
             self, state["_source"], state["decode"], state["_layout_arg"], state["max_pixels"]
         )
@@ -418,11 +430,11 @@ class RemoteDataset(PackDataset):
     @property
     def identity_ranges(self) -> np.ndarray | None:
         if self._identity_ranges is None and self._ranges_file is not None:
-            self._fetch([self._index["identity_ranges"]])
+            self._fetch([self._described["index.identity_ranges"]])
         return super().identity_ranges
 
     @property
     def identities(self) -> dict[int, str] | None:
-        if "identities" in self._index:
-            self._fetch([self._index["identities"]])
+        if "identities" in self._described:
+            self._fetch([self._described["identities"]])
         return super().identities

@@ -53,7 +53,7 @@ def local_copy(
     """
     # Here, not at the top: `local_source` of a local path needs none of the download code.
     from .cache import CachedObject, DigestMismatchError, ShardCache
-    from .dataset import default_cache_dir
+    from .dataset import default_cache_dir, described_files
 
     folder_url, name = split_url(url)
     if not name.endswith(MANIFEST_SUFFIX):
@@ -78,7 +78,7 @@ def local_copy(
         for kind in ("rec", "idx", "crc")
         if s.get(kind)
     ]
-    wanted += [_file(entry) for entry in _described_files(doc)]
+    wanted += [_file(entry) for entry in described_files(doc).values()]
     if doc.get("failures_file"):
         wanted.append((doc["failures_file"], None, None, None))
 
@@ -145,17 +145,6 @@ def _digest(shard: Mapping[str, Any], kind: str) -> tuple[str | None, str | None
         if shard.get(field_name(kind, algorithm)):
             return algorithm, shard[field_name(kind, algorithm)]
     return None, None
-
-
-def _described_files(doc: Mapping[str, Any]) -> list[Mapping[str, Any]]:
-    """Return the manifest's entries ({file, bytes, xxh3_128}) of the files beside the shards
-    (format 3: the binary index's arrays, the identity names)."""
-    if doc.get("format_version", 0) < 3:
-        return []
-    index = doc.get("index") or {}
-    entries = [entry for field, entry in index.items() if field != "samples" and entry]
-    named = doc.get("identities")
-    return entries + ([named] if isinstance(named, dict) and "file" in named else [])
 
 
 def _file(entry: Mapping[str, Any]) -> _Wanted:
