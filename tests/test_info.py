@@ -345,3 +345,15 @@ def test_info_reads_label_vectors_from_the_binary_index(tmp_path):
         {"1": 12},
         3,
     )
+
+
+def test_info_of_a_version_2_pack_reads_its_headers_and_names(small_pack):
+    doc = json.loads(small_pack.manifest.read_text())
+    names = json.loads((small_pack.manifest.parent / doc["identities"]["file"]).read_text())
+    doc["format_version"], doc["identities"] = 2, names  # as version 2 wrote it: no index
+    del doc["index"]
+    small_pack.manifest.write_text(json.dumps(doc))
+    info = dataset_info(small_pack.manifest)
+    assert (info["index"], info["images"]) == ("text", 12)
+    assert (info["identities"], info["named_identities"]) == (3, len(names))
+    assert len(names) == 3

@@ -317,3 +317,24 @@ def test_labels_of_no_width_are_refused(small_pack):
     report = verify_dataset(small_pack.manifest)
     assert found(report) == [("index-file", npy(small_pack, "labels"), None, None)]
     assert report.problems[0].message == "holds a 12x0 array: no label a row"
+
+
+def as_version_2(pack):
+    """Rewrite a pack's manifest as version 2 wrote it: no index, the names in the manifest."""
+    doc = json.loads(pack.manifest.read_text())
+    names = json.loads((pack.manifest.parent / doc["identities"]["file"]).read_text())
+    doc["format_version"], doc["identities"] = 2, names
+    del doc["index"]
+    pack.manifest.write_text(json.dumps(doc))
+    return names
+
+
+def test_a_version_2_pack_is_sound_with_a_note(small_pack):
+    as_version_2(small_pack)
+    report = verify_dataset(small_pack.manifest)
+    assert report.sound, report.problems
+    assert report.checksums == 3  # .rec, .idx, .rec.crc: no index files
+    assert report.notes == [
+        f"{small_pack.manifest} has no binary index (manifest format 2); its .idx text was "
+        f"checked. `rectool index {small_pack.manifest}` writes one"
+    ]
