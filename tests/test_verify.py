@@ -718,7 +718,7 @@ def test_unreadable_inputs_raise(tmp_path):
         verify_dataset(tmp_path / "nothing")
     bad = tmp_path / "bad.manifest.json"
     bad.write_text("{")
-    with pytest.raises(RectoolError, match="not a JSON manifest"):
+    with pytest.raises(RectoolError, match="not a (JSON|rectool) manifest"):
         verify_dataset(bad)
 
 
