@@ -220,9 +220,12 @@ def test_list_piped_into_pack_keeps_the_label_map(tmp_path):
     manifest = json.loads((tmp_path / "out" / "faces.manifest.json").read_text())
     assert manifest["list"] == "-"
     assert manifest["classes"] == 2
-    assert manifest["identities"] == {"0": "alice", "1": "bob"}
+    assert manifest["identities"]["file"] == "faces.identities.json"
+    names = json.loads((tmp_path / "out" / "faces.identities.json").read_text())
+    assert names == {"0": "alice", "1": "bob"}
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == (
-        "faces.failures.jsonl faces.idx faces.manifest.json faces.rec faces.rec.crc".split()
+        "faces.failures.jsonl faces.identities.json faces.idx faces.keys.npy faces.labels.npy "
+        "faces.manifest.json faces.offsets.npy faces.rec faces.rec.crc".split()
     )
 
 

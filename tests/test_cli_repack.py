@@ -9,7 +9,7 @@ from helpers.handmade_datasets import write_insightface, write_pack
 from helpers.image_files import jpeg_bytes
 
 from rectool.cli import cli
-from rectool.reader import open_dataset
+from rectool.dataset.packs import open_dataset
 
 
 def run(*args):

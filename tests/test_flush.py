@@ -10,6 +10,7 @@ import errno
 import json
 import os
 import threading
+from contextlib import closing
 
 import pytest
 from click.testing import CliRunner
@@ -19,9 +20,10 @@ from rectool.cli import cli
 from rectool.doors import output
 from rectool.doors.output import create_new
 from rectool.errors import RectoolError
+from rectool.format.textindex import load_index
 from rectool.format.writer import IndexedRecordWriter, RecordWriter, frame_record
 from rectool.packer import ordered, passthrough, shardfile
-from rectool.reader import RecordFile, load_index
+from rectool.reader import RecordFile
 
 CHUNK = 16 << 10
 
@@ -171,9 +173,9 @@ def test_a_public_writer_whose_flush_fails_writes_each_record_once(
     told = writer.tell()
     writer.close()
     assert os.path.getsize(rec) == told
-    keys, offsets = load_index(idx, cache=False)
+    keys, offsets = load_index(idx)
     assert keys.tolist() == list(range(64))
-    with RecordFile(rec) as records:
+    with closing(RecordFile(rec)) as records:
         for key, offset in zip(keys.tolist(), offsets.tolist()):
             assert records.read_at(offset) == _payload(key), key
 

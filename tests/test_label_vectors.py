@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from helpers.handmade_datasets import write_pack
 
-from rectool.reader import open_dataset
+from rectool.dataset.packs import open_dataset
 
 RECORDS, WIDE = 20_000, 50_000  # dense: 20,000 x 50,000 float32 = 4 GB
 
@@ -42,7 +42,7 @@ LIMITED = textwrap.dedent(
     """
     import resource, sys
     from rectool.errors import RectoolError
-    from rectool.reader import open_dataset
+    from rectool.dataset.packs import open_dataset
     import rectool.repack.pipeline
 
     def mapped_bytes():

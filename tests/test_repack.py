@@ -20,6 +20,7 @@ from helpers.image_files import encode, image_array, jpeg_bytes, write_list, wri
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rectool.dataset.packs import open_dataset
 from rectool.errors import RectoolError, UsageError
 from rectool.inspect.verify import verify_dataset
 from rectool.packer import manifest as manifest_module
@@ -27,7 +28,6 @@ from rectool.packer.images import Transform
 from rectool.packer.listfile import write_label_map
 from rectool.packer.listing import list_images
 from rectool.packer.packing import PackOptions, pack_images
-from rectool.reader import open_dataset
 from rectool.repack import copier as copier_module
 from rectool.repack import pipeline as repack_module
 from rectool.repack import run as run_module
@@ -154,7 +154,9 @@ def test_merge_by_name_unifies_identities_as_the_union_tree(tmp_path):
     assert {image: label for image, label in samples(tmp_path / "ab")} == expected
     assert (tmp_path / "ab.labels.tsv").read_text() == "0\tann\n1\tbob\n2\tcyd\n3\tdan\n"
     manifest = json.loads((tmp_path / "ab.manifest.json").read_text())
-    assert manifest["identities"] == {"0": "ann", "1": "bob", "2": "cyd", "3": "dan"}
+    assert manifest["identities"]["file"] == "ab.identities.json"
+    names = json.loads((tmp_path / "ab.identities.json").read_text())
+    assert names == {"0": "ann", "1": "bob", "2": "cyd", "3": "dan"}
     assert (tmp_path / "ab.relabel.tsv").read_text().splitlines() == [
         "source\tsource_label\tlabel\tidentity",
         f"{a}\t0\t0\tann",

@@ -12,8 +12,8 @@ from helpers.image_files import jpeg_bytes
 from helpers.rec_files import image_payload, write_records
 
 from rectool.cli import cli
+from rectool.dataset.packs import open_dataset
 from rectool.inspect.verify import verify_dataset
-from rectool.reader import open_dataset
 from rectool.repack.pipeline import RepackOptions, repack
 
 CUT_REASON = "truncated JPEG (no end-of-image marker)"
