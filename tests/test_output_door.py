@@ -330,6 +330,13 @@ def _pack_files(folder):
     return sorted(n for n in os.listdir(folder) if n.endswith((".rec", ".idx")))
 
 
+def _pack_state(folder):
+    """Return {name: bytes} of every file of the pack in `folder`: shards, index arrays,
+    manifest and sidecars (not the lock a killed run leaves, nor hidden staging)."""
+    names = (n for n in sorted(os.listdir(folder)) if n[0] != "." and not n.endswith(".lock"))
+    return {n: (Path(folder) / n).read_bytes() for n in names if (Path(folder) / n).is_file()}
+
+
 OVERWRITES = {
     # Old: one shard; new: three, so a half swap would mix names (faces.rec beside -0000K).
     "pack": (
@@ -345,8 +352,11 @@ OVERWRITES = {
 
 @pytest.mark.parametrize("command", sorted(OVERWRITES))
 def test_overwrite_killed_at_every_step_leaves_the_old_or_the_new_pack_whole(
-    tree, tmp_path, command
+    tree, tmp_path, command, monkeypatch
 ):
+    """Every file of the pack (its binary index too) is the old one's or, all of them, the
+    new one's: a half swap would pair old .npy arrays with new shards."""
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # the same manifest each run
     root, lst = tree
     source = tmp_path / "source" / "faces"
     assert invoke("pack", lst, root, source, "-q").exit_code == 0
@@ -355,10 +365,14 @@ def test_overwrite_killed_at_every_step_leaves_the_old_or_the_new_pack_whole(
     names = {"lst": lst, "root": root, "prefix": prefix, "source": source}
     first, second = ([a.format(**names) for a in args] for args in (first, second))
     assert invoke(*first).exit_code == 0
-    old = _pack_files(prefix.parent)
+    old = _pack_state(prefix.parent)
     assert invoke(*second).exit_code == 0
-    new = _pack_files(prefix.parent)
-    assert old == ["faces.idx", "faces.rec"] and len(new) == 6
+    new = _pack_state(prefix.parent)
+    assert _pack_files(prefix.parent) == _shard_names(prefix) and len(_shard_names(prefix)) == 6
+    index = {"faces.offsets.npy", "faces.keys.npy", "faces.labels.npy", "faces.manifest.json"}
+    assert index <= set(old) & set(new) and {"faces.idx", "faces.rec"} <= set(old)
+    # (The same samples in 3 shards, not 1: the offsets differ, keys and labels do not.)
+    assert all(old[n] != new[n] for n in ("faces.offsets.npy", "faces.manifest.json"))
     counts = steps_counted(second)
     assert set(counts) >= {"create", "write", "fsync", "rename", "journal", "swap", "manifest"}
     outcomes = Counter()
@@ -370,9 +384,9 @@ def test_overwrite_killed_at_every_step_leaves_the_old_or_the_new_pack_whole(
             verdict = invoke("verify", prefix, "--json")
             assert verdict.exit_code == 0, (step, nth, verdict.output)
             assert json.loads(verdict.stdout)["sound"]
-            on_disk = _pack_files(prefix.parent)
-            assert on_disk in (old, new), (step, nth, on_disk)
-            assert _shard_names(prefix) == on_disk
+            on_disk = _pack_state(prefix.parent)
+            assert on_disk in (old, new), (step, nth, sorted(on_disk))
+            assert _shard_names(prefix) == _pack_files(prefix.parent)
             outcomes["old" if on_disk == old else "new"] += 1
     assert outcomes["old"] and outcomes["new"]  # both sides of the commit point were hit
 
