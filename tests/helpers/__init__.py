@@ -1,7 +1,8 @@
 """Helpers the tests import as `helpers.<module>`; each module's name says what it builds or runs.
 
 - handmade_datasets: .rec/.idx packs, shards and insightface folders written by hand from
-  FORMAT-NOTES (no rectool import), for the reader, dataset and torch tests.
+  FORMAT-NOTES (no rectool import), with format 3's `.npy` index when asked (`index=True`),
+  for the reader, dataset and torch tests.
 - image_files: tiny real images, pack trees and .lst files.
 - rec_files: build, read and damage .rec/.idx files byte by byte (verify, reindex, info, unpack).
 - image_trees: identity-per-folder trees with symlinks, FIFOs and odd names (list, scan).
