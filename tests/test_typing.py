@@ -101,6 +101,7 @@ TYPED = {
     "rectool/inspect/scan.py",
     "rectool/inspect/unpack.py",
     "rectool/inspect/verify/__init__.py",
+    "rectool/inspect/verify/binary.py",
     "rectool/inspect/verify/digests.py",
     "rectool/inspect/verify/facts.py",
     "rectool/inspect/verify/framing.py",
