@@ -2,10 +2,10 @@
 
 The base and the format errors are defined in `rectool.reader` (which must stand alone when
 emitted) and re-exported here. The errors of a concept that only its folder raises (a remote
-store's, a list file's, a pack's) are defined beside the code that raises them and reached
-here by name, imported on first use (so importing this module stays cheap and cycle-free):
-callers import every error from this one place. `tests/test_errors.py` fails when an error
-class is defined anywhere in the package without being reachable here.
+store's, a list file's, a pack's, recordio's) are defined beside the code that raises them
+and reached here by name, imported on first use (so importing this module stays cheap and
+cycle-free): callers import every error from this one place. `tests/test_errors.py` fails
+when an error class is defined anywhere in the package without being reachable here.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 from .reader import (
     ImageTooLargeError,
     InputError,
+    NotIndexedError,
     RecordFormatError,
     RectoolError,
-    NotIndexedError,
     SampleIndexError,
 )
 
@@ -33,6 +33,7 @@ _ELSEWHERE = {
     "ImageTooLarge": "packer.images",
     "IndexFormatError": "format.textindex",
     "ListFormatError": "packer.listfile",
+    "MissingKeyError": "recordio",
     "NotFoundError": "remote.store",
     "RemoteError": "remote.store",
     "TransientError": "remote.store",

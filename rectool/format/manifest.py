@@ -1,10 +1,10 @@
 """The manifest schema: every field rectool's commands read, checked on every read.
 
 `read_manifest` here is the package's one door to a manifest: the reader's own
-`reader.read_manifest` checks what reading a pack needs (format, version, layout, each shard's
-files and counts, the index's files), then `check_command_fields` checks every other field a
-command uses before one is used. The emitted reader reads no other field, so it carries none
-of this.
+`reader.read_manifest` checks what reading a pack needs (format, version, each shard's .rec,
+the index's counts and files), then `check_command_fields` checks every other field a command
+uses (layout, each shard's .idx and counts, ...) before one is used. The emitted reader reads
+no other field, so it carries none of this.
 """
 
 from __future__ import annotations
@@ -14,14 +14,7 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..reader import (
-    COUNT_FIELD,
-    LAYOUT_FIELD,
-    NAME_FIELD,
-    InputError,
-    bad_field,
-    check_fields,
-)
+from ..reader import DATASET_LAYOUTS, InputError, is_count, plain_name
 from ..reader import read_manifest as read_reader_fields
 
 if TYPE_CHECKING:
@@ -31,6 +24,24 @@ if TYPE_CHECKING:
 
 Field = tuple[Callable[[Any], bool], str]
 Fields = dict[str, Any]  # name -> a Field, or the Fields of an object
+
+# A field's (test, what it must be); null always means "not recorded".
+COUNT_FIELD: Field = (is_count, "a count (an integer >= 0)")
+NAME_FIELD: Field = (plain_name, "a plain file name in the manifest's folder")
+LAYOUT_FIELD: Field = (lambda v: v in DATASET_LAYOUTS, f"one of {DATASET_LAYOUTS}")
+
+
+def bad_field(path: str, field: str, want: str) -> InputError:
+    """Return the `InputError` of a manifest field that is not what it must be."""
+    return InputError(f"{path}: manifest field {field!r} must be {want}")
+
+
+def check_fields(path: str, obj: dict[str, Any], fields: Fields, where: str = "") -> None:
+    """Raise `bad_field` for the first of `fields` ({name: (test, want)}) set in `obj` but wrong."""
+    for name, (test, want) in fields.items():
+        if obj.get(name) is not None and not test(obj[name]):
+            raise bad_field(path, where + name, want)
+
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_CLASS_ID = 1 << 24  # float32 labels are exact integers below 2**24 (FLOAT32_EXACT)
@@ -73,6 +84,9 @@ OPTIONS: Fields = {
     "sha256": _FLAG,
 }
 SHARD: Fields = {
+    "idx": NAME_FIELD,
+    "records": COUNT_FIELD,
+    "rec_bytes": COUNT_FIELD,
     "idx_bytes": COUNT_FIELD,
     "rec_sha256": _SHA256,
     "idx_sha256": _SHA256,
@@ -97,6 +111,7 @@ MANIFEST: Fields = {
     "failures_file": NAME_FIELD,
     "classes": _CLASSES,
     "index": INDEX,
+    "layout": LAYOUT_FIELD,
 }
 CLOSED = {"options.transform"}  # objects whose every field is known (--resume compares them)
 
@@ -163,7 +178,11 @@ def check_command_fields(path: str, doc: dict[str, Any]) -> None:
         isinstance(sources, list) and all(isinstance(s, str) for s in sources)
     ):
         raise bad_field(path, "sources", "a list of strings")
+    names = [shard.get("rec") for shard in doc["shards"]]
     for i, shard in enumerate(doc["shards"]):
+        if not plain_name(shard.get("idx")) or shard["idx"] in names:
+            raise bad_field(path, f"shards[{i}].idx", NAME_FIELD[1] + ", listed once")
+        names.append(shard["idx"])
         _check_object(path, shard, SHARD, f"shards[{i}].")
 
 

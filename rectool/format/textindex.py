@@ -26,8 +26,9 @@ if TYPE_CHECKING:
 INDEX_BLOCK_BYTES = 1 << 25  # the .idx text is parsed a block at a time
 
 
-class IndexFormatError(RecordFormatError):
-    """An .idx file cannot be parsed: names the file and line."""
+class IndexFormatError(RecordFormatError, ValueError, IndexError):
+    """An .idx file cannot be parsed: names the file and line (a `ValueError` and an
+    `IndexError`, as MXNet raises one or the other for such a line)."""
 
     def __init__(self, message: str, path: StrPath | None = None, line: int | None = None) -> None:
         self.line = line
