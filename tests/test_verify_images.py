@@ -11,9 +11,9 @@ from helpers.handmade_datasets import write_insightface
 from helpers.image_files import encode, image_array, jpeg_bytes
 from helpers.rec_files import image_payload, write_records
 
-from rectool.packer.images import ImageRefused, check_image
 from rectool.cli import cli
 from rectool.inspect.verify import verify_dataset
+from rectool.packer.images import ImageRefused, check_image
 
 
 def damaged_pack(tmp_path):

@@ -18,6 +18,10 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
+from ..dataset.headers import (
+    insightface_header,
+    peek_header,
+)
 from ..packer.images import sniff_format
 from ..reader import (
     CFLAG_FIRST,
@@ -34,10 +38,6 @@ from ..reader import (
     RecordFile,
     RecordFormatError,
     unpack_header,
-)
-from ..dataset.headers import (
-    insightface_header,
-    peek_header,
 )
 
 if TYPE_CHECKING:
