@@ -38,10 +38,11 @@ from hypothesis.stateful import (
 )
 
 from rectool import recordio
+from rectool.reader import MAGIC_BYTES
 
 pytestmark = pytest.mark.oracle
 
-MAGIC = recordio.MAGIC_BYTES
+MAGIC = MAGIC_BYTES
 SESSION_SOURCE = (
     Path(recordio_session.__file__)
     .read_text(encoding="utf-8")
