@@ -105,3 +105,56 @@ def test_without_a_label_map_negative_and_fractional_labels_still_pack(small_tre
     lst = _list_with(small_tree, tmp_path, 1, -1)
     lst.write_text(lst.read_text().replace("\t2.000000\t", "\t0.500000\t"))
     pack_images(lst, small_tree.root, tmp_path / "out" / "p", PackOptions())
+
+
+def _vectors(small_tree, tmp_path, widths):
+    """The small tree's list with line n given `widths[n]` labels (its own label first)."""
+    items = [
+        (index, [float(old), *[0.5] * (widths[n] - 1)], rel)
+        for n, (index, old, rel) in enumerate(small_tree.items)
+    ]
+    return write_list(tmp_path / "vectors.lst", items)
+
+
+@pytest.mark.parametrize("where", ["first block", "after 40,000 lines"])
+def test_pack_label_refuses_lines_with_another_label_count_naming_the_line(
+    small_tree, tmp_path, where
+):
+    """--pack-label writes every label, and a pack's binary index holds one width: a list
+    whose lines differ stops before anything is written, at the first line that differs."""
+    n = len(small_tree.items)
+    widths = [2] * n
+    widths[4] = 3
+    lst = _vectors(small_tree, tmp_path, widths)
+    if where != "first block":  # the same lines after 1.8 MB of good ones (a later block)
+        text = lst.read_text()
+        good = "".join(
+            f"{100_000 + i}\t0.000000\t0.500000\t{small_tree.items[0][2]}\n" for i in range(40_000)
+        )
+        lst.write_text(good + text)
+    out = tmp_path / "out" / "v"
+    with pytest.raises(ListFormatError) as caught:
+        pack_images(lst, small_tree.root, out, PackOptions(pack_label=True))
+    line = 5 if where == "first block" else 40_005
+    assert caught.value.path == str(lst) and caught.value.line == line
+    assert str(caught.value) == (
+        f"{lst}: line {line}: 3 labels, but line 1 has 2: --pack-label writes every label, "
+        "and a pack's index holds one label width (give every line as many labels)"
+    )
+    assert not out.parent.exists() or not list(out.parent.iterdir())
+
+
+def test_without_pack_label_lines_may_differ_in_label_count(small_tree, tmp_path):
+    """Only the first label of each line is written: the widths do not matter."""
+    widths = [1 + n % 3 for n in range(len(small_tree.items))]
+    lst = _vectors(small_tree, tmp_path, widths)
+    pack_images(lst, small_tree.root, tmp_path / "out" / "p", PackOptions())
+    labels = open_dataset(str(tmp_path / "out" / "p")).labels
+    assert labels.tolist() == [float(old) for _, old, _ in small_tree.items]
+
+
+def test_pack_label_with_one_width_is_packed_as_vectors(small_tree, tmp_path):
+    lst = _vectors(small_tree, tmp_path, [2] * len(small_tree.items))
+    pack_images(lst, small_tree.root, tmp_path / "out" / "v", PackOptions(pack_label=True))
+    labels = open_dataset(str(tmp_path / "out" / "v")).labels
+    assert labels.tolist() == [[float(old), 0.5] for _, old, _ in small_tree.items]

@@ -99,7 +99,7 @@ def pack_on_dask(
     given = check_prefix(prefix)
     list_path, root, prefix = (os.path.abspath(os.fspath(p)) for p in (list_path, root, prefix))
     check_pack_options(options)
-    digest, total = validate_list(list_path, options.layout)
+    digest, total = validate_list(list_path, options.layout, pack_label=options.pack_label)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     make_folders(os.path.dirname(prefix))
     with OutputLock(prefix) as lock:

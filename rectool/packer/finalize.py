@@ -72,7 +72,7 @@ def finalize_locked(
     """`finalize_pack` once the prefix is locked."""
     list_path = os.fspath(list_path)
     identities = load_identities(list_path, label_map)
-    digest, total = validate_list(list_path, options.layout, identities)
+    digest, total = validate_list(list_path, options.layout, identities, options.pack_label)
     options = dataclasses.replace(
         options, max_failures=allowed_failures(options.max_failures, total)
     )

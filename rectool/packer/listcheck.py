@@ -20,6 +20,7 @@ import numpy as np
 from ..doors.inputs import open_input
 from ..errors import RectoolError, UsageError
 from ..format.keys import FLOAT32_EXACT
+from ..text import counted
 from .layout import layout_named
 from .listfile import (
     ListFormatError,
@@ -88,18 +89,24 @@ _LIST_BLOCK = 1 << 20
 
 
 def validate_list(
-    path: str, layout: str, identities: Mapping[int, str] | None = None
+    path: str,
+    layout: str,
+    identities: Mapping[int, str] | None = None,
+    pack_label: bool = False,
 ) -> tuple[str, int]:
     """Parse every line once before packing; return (sha256 of the file, number of items).
 
     A bad line, a repeated index, a label the layout (a name) cannot key or, given the label
     map `identities` (label -> name), a label not in it stops the run here, before anything
-    is written. The file is read a block at a time, so memory does not grow
-    with the list (but for 8 bytes an index when the indices are not in increasing order).
+    is written; so does, with `pack_label` (every label written), a line with another number
+    of labels than the first (a pack's binary index holds one label width). The file is read
+    a block at a time, so memory does not grow with the list (but for 8 bytes an index when
+    the indices are not in increasing order).
     """
     rules = layout_named(layout)
     digest = hashlib.sha256()
     count, last = 0, -1
+    tabs = -1  # with pack_label: the tabs of every line (labels + 1), once the first is read
     unordered: list[np.ndarray] = []
     try:
         with open_input(path, "list file") as f:
@@ -118,18 +125,22 @@ def validate_list(
                 # A numbered layout checks each item's label: line by line.
                 lines = _MAPPED_LINES if identities is not None else _PLAIN_LINES
                 if rules.numbered or not lines.fullmatch(data):
-                    return _validate_list_slowly(path, rules, identities)  # names the line
+                    return _validate_list_slowly(path, rules, identities, pack_label)
+                if pack_label and data:
+                    tabs = _same_tabs(data, tabs)
+                    if tabs < 0:  # lines with other label counts: see which
+                        return _validate_list_slowly(path, rules, identities, pack_label)
                 if data:
                     data.decode("utf-8")  # raises for invalid UTF-8, reported slowly below
                     if identities is None:
                         found = line_indices(data)
                         if found is None:  # an index of more than 18 digits: see which
-                            return _validate_list_slowly(path, rules, identities)
+                            return _validate_list_slowly(path, rules, identities, pack_label)
                     else:
                         pairs = np.array(_LINE_INDEX_LABEL.findall(data)).astype(np.int64)
                         found = pairs[:, 0]
                         if not _all_mapped(pairs[:, 1], identities):
-                            return _validate_list_slowly(path, rules, identities)
+                            return _validate_list_slowly(path, rules, identities, pack_label)
                     count += len(found)
                     if unordered or found[0] <= last or (found[1:] <= found[:-1]).any():
                         unordered.append(found)
@@ -139,12 +150,22 @@ def validate_list(
     except FileNotFoundError:
         raise RectoolError(f"{path}: list file not found") from None
     except (UnicodeDecodeError, OverflowError, ValueError):
-        return _validate_list_slowly(path, rules, identities)
+        return _validate_list_slowly(path, rules, identities, pack_label)
     if unordered:
         everything = np.concatenate(unordered)
         if len(np.unique(everything)) != len(everything):
-            return _validate_list_slowly(path, rules, identities)  # names the repeated index
+            # names the repeated index
+            return _validate_list_slowly(path, rules, identities, pack_label)
     return digest.hexdigest(), count
+
+
+def _same_tabs(data: bytes, tabs: int) -> int:
+    """Return the number of tabs every line of `data` (complete lines) holds, if each holds
+    as many as the others and as `tabs` (-1: not known yet); else -1."""
+    u8 = np.frombuffer(data, np.uint8)
+    counts = np.diff(np.cumsum(u8 == 9)[u8 == 10], prepend=0)
+    first = int(counts[0]) if tabs < 0 else tabs
+    return first if (counts == first).all() else -1
 
 
 def line_indices(data: bytes) -> np.ndarray | None:
@@ -209,12 +230,16 @@ def _check_mapped(item: ListItem, identities: Mapping[int, str], path: StrPath) 
 
 
 def _validate_list_slowly(
-    path: str, layout: Layout, identities: Mapping[int, str] | None = None
+    path: str,
+    layout: Layout,
+    identities: Mapping[int, str] | None = None,
+    pack_label: bool = False,
 ) -> tuple[str, int]:
     """Parse line by line, naming the first bad line or repeated index."""
     digest = hashlib.sha256()
     keys = _KeyRegistry()
     count = 0
+    first: ListItem | None = None  # with pack_label: the line whose label count all must have
     with open_input(path, "list file") as f:
         for number, raw in enumerate(f, start=1):
             digest.update(raw)
@@ -231,6 +256,16 @@ def _validate_list_slowly(
             _check_float32(text, item, path)
             if identities is not None:
                 _check_mapped(item, identities, path)
+            if pack_label:
+                first = first or item
+                if len(item.labels) != len(first.labels):
+                    raise ListFormatError(
+                        f"{counted(len(item.labels), 'label')}, but line {first.line} has "
+                        f"{len(first.labels)}: --pack-label writes every label, and a pack's "
+                        "index holds one label width (give every line as many labels)",
+                        path,
+                        item.line,
+                    )
             count += 1
     return digest.hexdigest(), count
 

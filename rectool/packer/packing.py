@@ -228,7 +228,9 @@ def _pack_all(
     # from stdin has no file beside which a label map could be found.
     identities = load_identities(None if from_stdin else list_path, label_map)
     try:
-        list_digest, total = validate_list(list_path, options.layout, identities)
+        list_digest, total = validate_list(
+            list_path, options.layout, identities, options.pack_label
+        )
     finally:
         if complete and list_path == prefix + STDIN_COPY_SUFFIX:
             remove(list_path)
@@ -311,7 +313,7 @@ def _pack_shard(
     if list_path == "-":
         raise UsageError("--only-shard needs the list as a file that every task can read, not -")
     list_path = os.fspath(list_path)
-    digest, total = validate_list(list_path, options.layout)
+    digest, total = validate_list(list_path, options.layout, pack_label=options.pack_label)
     if not resume:
         check_root(list_path, root, options.allow_outside_root)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
@@ -373,7 +375,7 @@ def _pack_shard(
 
 def plan_list(list_path: StrPath, options: PackOptions) -> list[range]:
     """Return the shard plan of a list file: one range of list positions per shard."""
-    _, total = validate_list(os.fspath(list_path), options.layout)
+    _, total = validate_list(os.fspath(list_path), options.layout, pack_label=options.pack_label)
     return plan_shards(total, options.shard_bytes, options.shard_records)
 
 
