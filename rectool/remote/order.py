@@ -93,7 +93,10 @@ class StreamingSampler(RankSampler):
         return np.resize(order, self.total)
 
     def indices(self) -> np.ndarray:
-        indices = super().indices()
+        """Return the sample indices this rank reads from `position` to the end of the epoch:
+        its positions of `global_order`, as `RankSampler.indices` takes them of its own."""
+        start = min(self.position, self.total)
+        indices = self.global_order()[start + self.rank :: self.world_size]
         if self.on_order is not None:
             self.on_order(indices)
         return indices
