@@ -166,7 +166,7 @@ def check_index_files(binary: BinaryIndex) -> Iterator[CheckResult]:
         if found.missing:
             yield one_problem(
                 "missing-file", found.path, None, None,
-                f"the {found.name} file of the binary index is listed in the manifest, missing; "
+                f"the pack's {found.name} file, listed in the manifest, is missing; "
                 "`rectool index` writes it again",
             )  # fmt: skip
             continue
