@@ -209,6 +209,18 @@ def test_a_loader_epoch_over_a_remote_pack_gives_every_sample_once_with_the_loca
     assert all((images[k] == local[i][0]).all() for k, i in enumerate(order.tolist()))
 
 
+def test_spawned_loader_workers_map_the_cached_index_without_asking_the_server(http_pack, tmp_path):
+    ds = opened(http_pack, tmp_path)
+    with Loader(ds, batch_size=4, workers=2, start_method="spawn", seed=1) as loader:
+        labels = sorted(label for _, batch in loader for label in batch.tolist())
+    assert labels == [0] * 4 + [1] * 4 + [2] * 4
+    assert dict(http_pack.faults.gets) == {
+        "faces.manifest.json": 1,
+        **dict.fromkeys(INDEX_FILES, 1),
+        **{f"faces-0000{i}.rec": 1 for i in range(4)},
+    }
+
+
 def test_the_loader_order_is_the_same_whatever_the_worker_count(s3_pack, tmp_path):
     ds = opened(s3_pack, tmp_path)
     seen = []
