@@ -20,9 +20,9 @@
   lock (`.cache.lock`), by removing the shards used least recently (a shard's modification time
   is set when it is released: when it was last used); a shard whose lock anyone holds is never
   removed. When every cached shard is held the limit is passed rather than a reader failed.
-  Every file of the cache's packs counts against the limit (shards, indexes, checksum files,
-  manifests, kept labels, downloads under way); only `.rec` shards are evicted, the small
-  files that describe a pack stay.
+  Every file of the cache's packs counts against the limit (shards, index arrays, identity
+  names, `.idx` files, manifests, downloads under way); only `.rec` shards are evicted, the
+  small files that describe a pack stay.
 - **Copies too.** The whole copies of `mirror/KEY/` (`mirror.py`) count against the limit as
   well, and are evicted whole, least recently used first among the shards, each dated and
   held by its `mirror/KEY.lock` as a shard by its lock: a copy a command reads is never

@@ -47,9 +47,10 @@ def local_copy(
 ) -> str:
     """Download the pack whose manifest is at `url`; return the local manifest's path.
 
-    `check`: every file the manifest gives a digest of (shards, indexes, checksum files) is
-    checked against it, downloaded or already there, and a mismatch is refused
-    (`DigestMismatchError`, naming the URL): for commands that write what they read.
+    `check`: every file the manifest gives a digest of (shards, `.idx` and checksum files,
+    the binary index, the identity names) is checked against it, downloaded or already
+    there, and a mismatch is refused (`DigestMismatchError`, naming the URL): for commands
+    that write what they read.
     """
     # Here, not at the top: `local_source` of a local path needs none of the download code.
     from .cache import CachedObject, DigestMismatchError, ShardCache
