@@ -215,23 +215,21 @@ def read_manifest(path: StrPath) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise InputError(f'{path}: not a rectool manifest (no "format": "{MANIFEST_FORMAT}")')
     version, shards, index = doc.get("format_version", 0), doc.get("shards"), doc.get("index")
-    if is_count(version) and version > MANIFEST_VERSION:
-        why = f"newer than this reader understands ({MANIFEST_VERSION}); upgrade rectool"
-        raise InputError(f"{path}: manifest format version {version} is {why}")
     name, count = "a plain file name in its folder", "a count (an integer >= 0)"
     bad = [] if is_count(version) else [("format_version", count)]
+    if not bad and version > MANIFEST_VERSION:
+        why = f"newer than this reader understands ({MANIFEST_VERSION}); upgrade rectool"
+        raise InputError(f"{path}: manifest format version {version} is {why}")
     if not isinstance(shards, list) or not shards:
-        bad.append(("shards", "a list of {rec, idx, ...} objects, one or more"))
-    recs = [s.get("rec") if isinstance(s, dict) else None for s in shards or ()]
+        bad, shards = [*bad, ("shards", "a list of {rec, idx, ...} objects, one or more")], []
+    recs = [s.get("rec") if isinstance(s, dict) else None for s in shards]
     bad += [(f"shards[{i}].rec", name + ", listed once") for i, rec in enumerate(recs)
             if not plain_name(rec) or rec in recs[:i]]  # fmt: skip
-    if version >= 3 and index is not None:
+    if not bad and version >= 3 and index is not None:
         samples = index.get("samples") if isinstance(index, dict) else None
         if not (isinstance(samples, list) and len(samples) == len(recs)):
-            bad.append(("index.samples", "a list of counts, one a shard"))
-        bad += [
-            (f"index.samples[{i}]", count) for i, n in enumerate(samples or ()) if not is_count(n)
-        ]
+            bad, samples = [("index.samples", "a list of counts, one a shard")], []
+        bad += [(f"index.samples[{i}]", count) for i, n in enumerate(samples) if not is_count(n)]
         files = (
             {k: v.get("file") for k, v in index.items() if isinstance(v, dict)} if samples else {}
         )
@@ -262,7 +260,7 @@ def load_array(path: str, name: str, length: int | None, kind: Any = None) -> An
         try:
             read_header = getattr(fmt, f"read_array_header_{fmt.read_magic(f)[0]}_0")
             shape, fortran, found = read_header(f, max_header_size=1 << 16)
-        except (OSError, ValueError, AttributeError, SyntaxError, TypeError) as exc:
+        except Exception as exc:  # numpy parses with ast and tokenize: any of their errors
             raise InputError(f"{path}: not a {name} index array ({exc})") from None
         rows, start, size = shape[0] if shape else -1, f.tell(), os.fstat(f.fileno()).st_size
         if found != dtype or len(shape) not in ndims or fortran or length not in (None, rows):

@@ -1,4 +1,5 @@
-"""rectool.reader: .idx parsing and its sidecar cache, RecordFile errors, IndexedRecordFile lookups.
+"""Records by byte offset (rectool.reader's RecordFile, its one framing loop), .idx parsing
+(format/textindex.py), IndexedRecordFile lookups and record_heads (dataset/headers.py).
 
 Every .rec here is assembled by hand from FORMAT-NOTES §1 (`part()` below), never by rectool's
 writer, so a reader bug cannot be hidden by the same bug in the writer.
@@ -6,30 +7,21 @@ writer, so a reader bug cannot be hidden by the same bug in the writer.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import struct
-import zlib
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rectool import errors, reader
-from rectool.cli import cli
-from rectool.format.indexcache import write_index_cache
+from rectool.dataset import headers
 from rectool.format.records import IndexedRecordFile, iter_records
-from rectool.reader import (
-    IndexFormatError,
-    RecordFile,
-    RecordFormatError,
-    RectoolError,
-    load_index,
-    parse_index,
-    unpack_header,
-)
+from rectool.format.textindex import IndexFormatError, load_index, parse_index
+from rectool.reader import RecordFile, RecordFormatError, RectoolError, unpack_header
 
 MAGIC = b"\x0a\x23\xd7\xce"  # 0xced7230a, little-endian
 
@@ -43,6 +35,16 @@ def part(cflag, data, length=None):
 def write(path, data):
     path.write_bytes(data)
     return path
+
+
+@contextlib.contextmanager
+def opened(path):
+    """A `RecordFile` of `path`, closed on leaving."""
+    f = RecordFile(path)
+    try:
+        yield f
+    finally:
+        f.close()
 
 
 def as_lists(pair):
@@ -210,147 +212,15 @@ def test_index_errors_are_rectool_errors():
     assert errors.RectoolError is RectoolError
 
 
-# --- load_index and the sidecar cache -------------------------------------------------------------
+# --- load_index ----------------------------------------------------------------------------------
 
 IDX_TEXT = b"0\t0\n1\t16\n2\t40\n"
 
 
-def cache_of(idx):
-    return idx.parent / (idx.name + ".rtc")
-
-
-def read_cache(idx):
-    """Decode a sidecar by hand: magic, .idx size, mtime_ns, count, CRCs, keys and offsets."""
-    data = cache_of(idx).read_bytes()
-    magic, size, mtime_ns, count, crc, sample = struct.unpack_from("<8sQqQII", data)
-    assert crc == sample == zlib.crc32(idx.read_bytes())  # a small .idx is its own sample
-    body = struct.unpack_from(f"<{2 * count}q", data, 40)
-    assert len(data) == 40 + 16 * count
-    return magic, size, mtime_ns, list(body[:count]), list(body[count:])
-
-
-def fake_cache(idx, keys, offsets, size=None, mtime_ns=None):
-    st = os.stat(idx)
-    size = st.st_size if size is None else size
-    mtime_ns = st.st_mtime_ns if mtime_ns is None else mtime_ns
-    crc = zlib.crc32(idx.read_bytes())
-    head = struct.pack("<8sQqQI4x", b"RTIDXC02", size, mtime_ns, len(keys), crc)
-    cache_of(idx).write_bytes(head + struct.pack(f"<{2 * len(keys)}q", *keys, *offsets))
-
-
-def test_load_index_never_writes_a_sidecar(tmp_path):
+def test_load_index_reads_the_idx_and_writes_nothing(tmp_path):
     idx = write(tmp_path / "a.idx", IDX_TEXT)
     assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.idx"]
-
-
-def test_write_index_cache_writes_the_sidecar(tmp_path):
-    idx = write(tmp_path / "a.idx", IDX_TEXT)
-    assert write_index_cache(idx, *load_index(idx))
-    st = os.stat(idx)
-    assert read_cache(idx) == (b"RTIDXC03", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.idx", "a.idx.rtc"]
-
-
-def test_index_cache_command_writes_every_shards_sidecar(tmp_path):
-    idx = write(tmp_path / "a.idx", IDX_TEXT)
-    write(tmp_path / "a.rec", b"")
-    result = CliRunner().invoke(cli, ["index-cache", str(tmp_path / "a.rec")])
-    assert result.exit_code == 0, result.output
-    assert result.stderr == f"Wrote {cache_of(idx)}.\n"
-    st = os.stat(idx)
-    assert read_cache(idx) == (b"RTIDXC03", st.st_size, st.st_mtime_ns, [0, 1, 2], [0, 16, 40])
-
-
-def test_load_index_without_cache_neither_reads_nor_writes_it(tmp_path):
-    idx = write(tmp_path / "a.idx", IDX_TEXT)
-    fake_cache(idx, [9, 9, 9], [4, 4, 4])
-    before = cache_of(idx).read_bytes()
-    assert as_lists(load_index(idx, cache=False)) == ([0, 1, 2], [0, 16, 40])
-    assert cache_of(idx).read_bytes() == before
-
-
-def test_load_index_uses_a_fresh_sidecar_without_parsing(tmp_path, monkeypatch):
-    idx = write(tmp_path / "a.idx", IDX_TEXT)
-    fake_cache(idx, [7, 8, 9], [4, 8, 12])  # deliberately not what the .idx says
-
-    def no_parsing(*args, **kwargs):
-        raise AssertionError("parse_index called although the sidecar is fresh")
-
-    monkeypatch.setattr(reader, "parse_index", no_parsing)
-    assert as_lists(load_index(idx)) == ([7, 8, 9], [4, 8, 12])
-
-
-def test_load_index_ignores_a_sidecar_whose_idx_changed_under_the_same_size_and_mtime(tmp_path):
-    idx = write(tmp_path / "a.idx", IDX_TEXT)
-    os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
-    write_index_cache(idx, *load_index(idx))
-    # As `cp -p` or `rsync -a` would leave it: other offsets, same size, same mtime.
-    idx.write_bytes(b"0\t0\n1\t24\n2\t48\n")
-    os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
-    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 24, 48])
-
-
-@pytest.mark.parametrize("change", ["mtime", "size, same mtime"])
-def test_load_index_ignores_a_stale_sidecar(tmp_path, change):
-    idx = write(tmp_path / "a.idx", IDX_TEXT)
-    os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
-    write_index_cache(idx, *load_index(idx))
-    before = cache_of(idx).read_bytes()
-    if change == "mtime":
-        # Same size, new mtime: as after rewriting the .idx with other offsets of equal width.
-        idx.write_bytes(b"0\t0\n1\t24\n2\t48\n")
-        os.utime(idx, ns=(1_600_000_000_000_000_001, 1_600_000_000_000_000_001))
-        expected = ([0, 1, 2], [0, 24, 48])
-    else:
-        idx.write_bytes(IDX_TEXT + b"3\t64\n")
-        os.utime(idx, ns=(1_600_000_000_000_000_000, 1_600_000_000_000_000_000))
-        expected = ([0, 1, 2, 3], [0, 16, 40, 64])
-    assert as_lists(load_index(idx)) == expected
-    assert cache_of(idx).read_bytes() == before  # left alone: the reader writes nothing
-
-
-@pytest.mark.parametrize(
-    "damage",
-    [
-        lambda data: data[:20],  # header cut short
-        lambda data: data[:-8],  # body cut short
-        lambda data: b"NOTRTIDX" + data[8:],  # wrong magic
-        lambda data: b"",
-    ],
-    ids=["short header", "short body", "wrong magic", "empty"],
-)
-def test_load_index_ignores_a_damaged_sidecar(tmp_path, damage):
-    idx = write(tmp_path / "a.idx", IDX_TEXT)
-    fake_cache(idx, [7, 8, 9], [4, 8, 12])
-    cache_of(idx).write_bytes(damage(cache_of(idx).read_bytes()))
-    assert as_lists(load_index(idx)) == ([0, 1, 2], [0, 16, 40])
-
-
-@pytest.mark.skipif(
-    not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root writes into read-only folders"
-)
-def test_write_index_cache_in_a_read_only_folder(tmp_path):
-    folder = tmp_path / "dataset"
-    folder.mkdir()
-    idx = write(folder / "a.idx", IDX_TEXT)
-    folder.chmod(0o555)
-    try:
-        assert not write_index_cache(idx, *load_index(idx))
-        assert os.listdir(folder) == ["a.idx"]
-    finally:
-        folder.chmod(0o755)
-
-
-def test_a_cache_with_a_negative_offset_is_refused_at_open(tmp_path):
-    records = [part(0, struct.pack("<IfQQ", 0, float(k), k, 0) + b"img!") for k in range(5)]
-    write(tmp_path / "a.rec", b"".join(records))  # 36 bytes each
-    idx = write(tmp_path / "a.idx", b"".join(b"%d\t%d\n" % (k, 36 * k) for k in range(5)))
-    # Fresh against the .idx, but crafted; line 1 is not among the records read at open.
-    fake_cache(idx, list(range(5)), [0, -36, 72, 108, 144])
-    with pytest.raises(RecordFormatError) as caught:
-        reader.open_dataset(tmp_path / "a.rec")
-    assert (caught.value.key, caught.value.offset) == (1, -36)
 
 
 def test_load_index_missing_file(tmp_path):
@@ -379,7 +249,7 @@ def rec(tmp_path):
 
 
 def test_read_at(rec):
-    with RecordFile(rec) as f:
+    with opened(rec) as f:
         assert f.size == 72
         assert f.read_at(0) == b"hello"
         assert f.read_at(16) == b""
@@ -389,7 +259,7 @@ def test_read_at(rec):
 
 
 def test_iter_records(rec):
-    with RecordFile(rec) as f:
+    with opened(rec) as f:
         assert list(iter_records(f)) == [
             (0, b"hello"),
             (16, b""),
@@ -400,7 +270,7 @@ def test_iter_records(rec):
 
 
 def test_empty_rec_scans_to_nothing(tmp_path):
-    with RecordFile(write(tmp_path / "empty.rec", b"")) as f:
+    with opened(write(tmp_path / "empty.rec", b"")) as f:
         assert f.size == 0
         assert list(iter_records(f)) == []
 
@@ -424,54 +294,50 @@ def check_error(path, offset, reason, start=None, readers=None):
     """Assert that reading at `start` (default `offset`), and a scan from 0, fail at `offset`."""
     start = offset if start is None else start
     for read in readers or [lambda f: f.read_at(start), lambda f: list(iter_records(f))]:
-        with RecordFile(path) as f, pytest.raises(RecordFormatError) as caught:
+        with opened(path) as f, pytest.raises(RecordFormatError) as caught:
             read(f)
         assert_format_error(caught, path, offset, reason)
 
 
 def test_bad_magic(tmp_path):
     path = write(tmp_path / "a.rec", part(0, b"abcd") + b"\xde\xad\xbe\xef" + part(0, b"x")[4:])
-    check_error(path, 12, "bad magic 0xefbeadde (expected 0xced7230a): not a record start")
+    check_error(path, 12, "bad magic 0xefbeadde (expected 0xced7230a)")
 
 
 def test_truncated_part_header(tmp_path):
     path = write(tmp_path / "a.rec", part(0, b"abcd") + MAGIC + b"\x04\x00")
-    check_error(
-        path,
-        12,
-        "expected a record part header, found in a truncated part header (file is 18 bytes)",
-    )
+    check_error(path, 12, "record cut short: expected a part header, found a truncated part header")
 
 
 def test_length_running_past_end_of_file(tmp_path):
     path = write(tmp_path / "a.rec", part(0, b"abcd") + part(0, b"0123456789", length=100))
-    check_error(path, 12, "part of 100 bytes runs past end of file (32 bytes)")
+    check_error(path, 12, "record cut short: a part of 100 bytes runs past the end of the file")
 
 
 def test_last_record_without_its_padding(tmp_path):
     # dmlc reads a part with its padding and fails when the file ends first; so do both our paths.
     path = write(tmp_path / "a.rec", part(0, b"abcd") + part(0, b"hello")[:-3])
-    check_error(path, 12, "part of 5 bytes runs past end of file (25 bytes)")
+    check_error(path, 12, "record cut short: a part of 5 bytes runs past the end of the file")
 
 
 def test_length_past_end_of_file_in_a_later_part(tmp_path):
     path = write(tmp_path / "a.rec", part(1, b"abcd") + part(3, b"xy", length=64))
-    check_error(path, 12, "part of 64 bytes runs past end of file (24 bytes)", start=0)
+    check_error(
+        path, 12, "record cut short: a part of 64 bytes runs past the end of the file", start=0
+    )
 
 
 def test_split_record_cut_after_its_first_part(tmp_path):
     path = write(tmp_path / "a.rec", part(1, b"abcd"))
     check_error(
-        path,
-        12,
-        "expected a record part header, found at end of file (file is 12 bytes)",
-        start=0,
+        path, 12, "record cut short: expected a part header, found the end of the file", start=0
     )
 
 
 def test_split_record_continued_by_a_new_record(tmp_path):
     path = write(tmp_path / "a.rec", part(1, b"abcd") + part(0, b"efgh"))
-    check_error(path, 12, "split record continues with flag 0, expected 2 or 3", start=0)
+    reason = "part has continuation flag 0 (expected 2 or 3: a split record goes on)"
+    check_error(path, 12, reason, start=0)
 
 
 @pytest.mark.parametrize("offset", [1, 2, 3, 14])
@@ -479,7 +345,7 @@ def test_offset_not_aligned(rec, offset):
     check_error(
         rec,
         offset,
-        "offset is not a record start (not 4-byte aligned)",
+        "not a record start (a negative or not 4-byte aligned offset)",
         readers=[lambda f: f.read_at(offset), lambda f: f.next_offset(offset)],
     )
 
@@ -489,14 +355,14 @@ def test_offset_inside_a_split_record(rec, offset, cflag):
     check_error(
         rec,
         offset,
-        f"part has continuation flag {cflag}: not a record start",
+        f"part has continuation flag {cflag} (expected 0 or 1: a record starts)",
         readers=[lambda f: f.read_at(offset), lambda f: list(iter_records(f, offset))],
     )
 
 
 @pytest.mark.parametrize("offset", [4, 20, 28])
 def test_offset_inside_a_record(rec, offset):
-    with RecordFile(rec) as f, pytest.raises(RecordFormatError) as caught:
+    with opened(rec) as f, pytest.raises(RecordFormatError) as caught:
         f.read_at(offset)
     assert caught.value.offset == offset
     assert caught.value.reason.startswith("bad magic 0x")
@@ -506,8 +372,28 @@ def test_offset_at_end_of_file(rec):
     check_error(
         rec,
         72,
-        "expected a record part header, found at end of file (file is 72 bytes)",
+        "record cut short: expected a part header, found the end of the file",
         readers=[lambda f: f.read_at(72)],
+    )
+
+
+@pytest.mark.parametrize("offset", [76, 80, 1 << 40])
+def test_offset_past_the_end_of_the_file(rec, offset):
+    check_error(
+        rec,
+        offset,
+        "record cut short: expected a part header, found the end of the file",
+        readers=[lambda f: f.read_at(offset)],
+    )
+
+
+@pytest.mark.parametrize("offset", [-4, -72, -(1 << 40)])
+def test_negative_offset(rec, offset):
+    check_error(
+        rec,
+        offset,
+        "not a record start (a negative or not 4-byte aligned offset)",
+        readers=[lambda f: f.read_at(offset)],
     )
 
 
@@ -540,7 +426,7 @@ def test_unpack_header_too_short():
     with pytest.raises(RecordFormatError) as caught:
         unpack_header(b"\0" * 23, path="a.rec", offset=96)
     assert str(caught.value) == (
-        "a.rec, byte offset 96: record of 23 bytes is shorter than the 24-byte image header"
+        "a.rec, byte offset 96: record of 23 bytes, too short for its 24-byte image header"
     )
 
 
@@ -549,8 +435,8 @@ def test_unpack_header_labels_past_the_end():
     with pytest.raises(RecordFormatError) as caught:
         unpack_header(record, path="a.rec", offset=8)
     assert str(caught.value) == (
-        "a.rec, byte offset 8: header announces 3 float32 labels but the record has only "
-        "11 bytes after the header"
+        "a.rec, byte offset 8: record of 35 bytes, too short for its 24-byte image header "
+        "and 3 float32 labels"
     )
 
 
@@ -627,13 +513,11 @@ def test_index_offset_that_is_not_a_record_start(tmp_path):
         assert f.read(0) == b"hello"
         with pytest.raises(RecordFormatError) as caught:
             f.read(1)
-        assert_format_error(
-            caught, rec, 8, "bad magic 0x6c6c6568 (expected 0xced7230a): not a record start", key=1
-        )
+        assert_format_error(caught, rec, 8, "bad magic 0x6c6c6568 (expected 0xced7230a)", key=1)
         with pytest.raises(RecordFormatError) as caught:
             f.read_at_position(2)
         assert_format_error(
-            caught, rec, 18, "offset is not a record start (not 4-byte aligned)", key=2
+            caught, rec, 18, "not a record start (a negative or not 4-byte aligned offset)", key=2
         )
 
 
@@ -641,12 +525,12 @@ def test_index_offset_that_is_not_a_record_start(tmp_path):
 
 
 def test_pickled_record_file_reads_after_unpickling(rec):
-    with RecordFile(rec) as f:
+    with opened(rec) as f:
         assert f.read_at(0) == b"hello"  # mapped before pickling
         clone = pickle.loads(pickle.dumps(f))
-    with clone:
-        assert clone.path == str(rec)
-        assert clone.read_at(60) == b"xyzw"
+    assert clone.path == str(rec)
+    assert clone.read_at(60) == b"xyzw"
+    clone.close()
 
 
 def test_pickled_indexed_record_file_reads_after_unpickling(tmp_path):
@@ -767,7 +651,7 @@ def test_record_heads_takes_whole_records_only():
     data = b"".join(parts)
     words = np.frombuffer(data[: len(data) // 4 * 4], "<u4")
     offsets = [*starts[:3], starts[3], starts[5], 2, -4, 10_000]
-    ok, w, heads = reader.record_heads(words, len(data), offsets)
+    ok, w, heads = headers.record_heads(words, len(data), offsets)
     assert ok.tolist() == [True, True, False, False, False, False, False, False]
     assert w[:2].tolist() == [0, 9]
     assert heads[0].tolist() == [
@@ -784,12 +668,12 @@ def test_record_heads_refuses_a_record_shorter_than_the_image_header():
     data = _part(0, b"\0" * 20) + _part(0, image_header)  # 20 bytes: no room for 24
     assert len(data) == 60
     words = np.frombuffer(data, "<u4")
-    ok, _, heads = reader.record_heads(words, len(data), [0, 28])
+    ok, _, heads = headers.record_heads(words, len(data), [0, 28])
     assert ok.tolist() == [False, True] and heads[1, 1] == 24
 
 
 def test_record_heads_of_a_file_too_small_for_a_record():
-    ok, w, heads = reader.record_heads(np.zeros(2, "<u4"), 8, [0, 4])
+    ok, w, heads = headers.record_heads(np.zeros(2, "<u4"), 8, [0, 4])
     assert ok.tolist() == [False, False] and heads.shape == (2, 4)
 
 
@@ -800,11 +684,11 @@ def test_bulk_header_reads_go_through_record_heads():
 
     package = pathlib.Path(reader.__file__).parent
     users = sorted(
-        str(p.relative_to(package))
+        p.relative_to(package).as_posix()
         for p in package.rglob("*.py")
         if "as_strided" in p.read_text(encoding="utf-8")
     )
-    assert users == ["reader.py"]
-    source = (package / "reader.py").read_text(encoding="utf-8")
+    assert users == ["dataset/headers.py"]
+    source = (package / "dataset" / "headers.py").read_text(encoding="utf-8")
     assert source.count("as_strided") == 1
     assert "record_heads(" in (package / "repack" / "copier.py").read_text(encoding="utf-8")

@@ -1,15 +1,15 @@
-"""Mutated .rec/.idx/manifest/cache bytes: the reader raises only its own errors, never hangs.
+"""Mutated .rec/.idx/.npy/manifest bytes: the readers raise only their own errors, never hang.
 
-A small pack (two shards with a manifest, one with a record split at a magic word, a
-multi-label record) and an insightface .rec are written once per example, one of their files
-is damaged (bytes overwritten, cut short, or bytes inserted), then the dataset is opened and
-every sample read, decoded, and its labels and identity ranges gathered. Whatever happens
-must be a `RectoolError` (or nothing). An alarm fails an example that blocks.
+A format-3 pack (two shards, a record split at a magic word, its binary index), the same
+without its index (format 1, a multi-label record) and an insightface .rec are written once per
+example, one of their files is damaged (bytes overwritten, cut short, or bytes inserted), then
+each is opened (the format-3 pack by the core reader and by the package, the others by the
+package) and every sample read, decoded, and its labels and identity ranges gathered.
+Whatever happens must be a `RectoolError` (or nothing). An alarm fails an example that blocks.
 """
 
 from __future__ import annotations
 
-import os
 import tempfile
 from pathlib import Path
 
@@ -19,14 +19,19 @@ from helpers.image_files import jpeg_bytes
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rectool.format.indexcache import write_index_cache
-from rectool.reader import RectoolError, load_index, open_dataset
+from rectool import open_dataset
+from rectool import reader as core
+from rectool.reader import RectoolError
 
 FILES = [
     "faces-00000.rec",
     "faces-00001.idx",
     "faces.manifest.json",
-    "faces-00000.idx.rtc",
+    "g-00001.rec",
+    "g.manifest.json",
+    "g.offsets.npy",
+    "g.keys.npy",
+    "g.labels.npy",
     "f.rec",
     "f.idx",
 ]
@@ -39,8 +44,8 @@ def build(folder):
         folder / "faces",
         [[(0, split, 0.0), (1, images[1], 1.0)], [(7, images[2], [1.0, 2.0]), (3, images[3], 3.0)]],
     )
-    idx = folder / "faces-00000.idx"
-    write_index_cache(idx, *load_index(idx, cache=False))
+    shards = [[(0, images[4], 0.0), (1, images[1], 1.0)], [(7, split, 2.0), (3, images[3], 3.0)]]
+    write_pack(folder / "g", shards, index=True)
     write_insightface(folder / "f.rec", folder / "f.idx", [2, 1], lambda k: images[k % 5])
 
 
@@ -57,6 +62,11 @@ def read_everything(source):
     ds = open_dataset(source, decode="bgr")
     samples = [ds[i] for i in range(len(ds))]
     return samples, ds.labels, ds.identity_ranges, open_dataset(source, layout="images").labels
+
+
+def read_with_the_core(source):
+    ds = core.open_dataset(source, decode="bgr")
+    return [ds[i] for i in range(len(ds))], ds.labels.tolist(), ds.keys.tolist()
 
 
 @settings(
@@ -80,13 +90,15 @@ def test_damaged_files_raise_only_rectool_errors(alarm, name, kind, at, blob):
         build(folder)
         path = folder / name
         path.write_bytes(mutate(path.read_bytes(), kind, at, blob))
-        if name.endswith(".rtc"):  # keep the cache fresh against its .idx: only its bytes differ
-            st_idx = os.stat(folder / "faces-00000.idx")
-            os.utime(path, ns=(st_idx.st_atime_ns, st_idx.st_mtime_ns))
         alarm(20)
-        for source in (folder / "faces", folder / "f.rec"):
+        for read, source in (
+            (read_everything, folder / "faces"),
+            (read_everything, folder / "f.rec"),
+            (read_everything, folder / "g"),
+            (read_with_the_core, folder / "g"),
+        ):
             try:
-                read_everything(source)
+                read(source)
             except RectoolError:
                 pass
 
@@ -97,3 +109,6 @@ def test_the_unmutated_files_read_whole(tmp_path):
     assert len(ds) == 4 and all(ds[i][0].ndim == 3 for i in range(4))
     assert len(open_dataset(tmp_path / "f.rec")) == 3
     assert np.array_equal(open_dataset(tmp_path / "f.rec").identity_ranges, [[0, 2], [2, 3]])
+    samples, labels, keys = read_with_the_core(tmp_path / "g")
+    assert labels == [0.0, 1.0, 2.0, 3.0] and keys == [0, 1, 7, 3]
+    assert all(image.ndim == 3 for image, _ in samples)
