@@ -313,8 +313,14 @@ class RecordDataset:
         index, self.layout = doc["index"], doc.get("layout") or "images"
         n = sum(index["samples"])
         arrays = [load_array(os.path.join(folder, index[k]["file"]), k, n) for k in INDEX_ARRAYS]
-        shards = [RecordFile(os.path.join(folder, s["rec"])) for s in doc["shards"]]
+        shards = [self._open_shard(os.path.join(folder, s["rec"])) for s in doc["shards"]]
         self._set_index(shards, index["samples"], *arrays)
+
+    def _open_shard(self, path: str) -> RecordFile:
+        """Return the `RecordFile` of a shard, which refuses another file at `path` later."""
+        fd, st = open_regular(path, "record file")
+        os.close(fd)
+        return RecordFile(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
     def _set_index(self, files: list[RecordFile], counts: Any, *arrays: Any) -> None:
         """Read samples `offsets[i]` (key `keys[i]`; then labels) from `files`, `counts[s]` in
@@ -324,11 +330,14 @@ class RecordDataset:
         self._count = self._bounds[-1]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: self.__dict__[k] for k in ("manifest_path", "decode", "max_pixels")}
+        state = {k: self.__dict__[k] for k in ("manifest_path", "decode", "max_pixels")}
+        return {**state, "files": [rf.__getstate__() for rf in self._files]}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        files = state.pop("files")
         self.__dict__.update(state)
-        self._open()
+        self._open()  # the files the pickled dataset opened, or an error
+        self._files = [RecordFile(f["path"], f["identity"]) for f in files]
 
     def close(self) -> None:
         """Release the shards' mappings (mapped again on the next read)."""

@@ -1,8 +1,8 @@
-"""The insightface layout: record 0's header, identity ranges, images across shards.
+"""The insightface layout, as the package reads it: record 0's header, identity ranges, images
+across shards. (The core reader reads a pack in this layout once `rectool index` has written
+its binary index; packs without one are the package's.)
 
-Runs against `rectool.reader`, and through tests/test_emit.py against the emitted standalone
-copy in a process where rectool cannot be imported (see helpers/reader_under_test.py). Datasets
-are written by hand (helpers/handmade_datasets.py), never by rectool.
+Datasets are written by hand (helpers/handmade_datasets.py), never by rectool.
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from helpers.handmade_datasets import (
     write_shard,
 )
 from helpers.image_files import jpeg_bytes
-from helpers.reader_under_test import rd
+
+from rectool import errors as rd
+from rectool import open_dataset
+from rectool.dataset.headers import insightface_header
+from rectool.format.textindex import load_index
+from rectool.reader import RecordFile, unpack_header
 
 
 def face(key):
@@ -34,7 +39,7 @@ def test_insightface_layout_detected_from_record_0(tmp_path, header_last):
         tmp_path / "train.rec", tmp_path / "train.idx", [3, 1, 4], face, header_last
     )
     for source in (tmp_path / "train.rec", tmp_path):
-        ds = rd.open_dataset(source)
+        ds = open_dataset(source)
         assert ds.layout == "insightface"
         assert len(ds) == 8
         assert as_pairs(ds) == expected_pairs(samples)
@@ -47,21 +52,21 @@ def test_insightface_layout_from_the_manifest(tmp_path):
     write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 2], face)
     entries = [{"rec": "f.rec", "idx": "f.idx", "records": 7}]
     write_manifest(tmp_path / "f", entries, "insightface")
-    ds = rd.open_dataset(tmp_path / "f")
+    ds = open_dataset(tmp_path / "f")
     assert (ds.layout, len(ds), ds.identity_ranges.tolist()) == ("insightface", 4, [[0, 2], [2, 4]])
 
 
 def test_layout_can_be_forced(tmp_path):
     write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 2], face)
-    everything = rd.open_dataset(tmp_path / "f.rec", layout="images")
+    everything = open_dataset(tmp_path / "f.rec", layout="images")
     assert len(everything) == 7 and everything.identity_ranges is None
     with pytest.raises(ValueError, match="layout must be one of"):
-        rd.open_dataset(tmp_path / "f.rec", layout="faces")
+        open_dataset(tmp_path / "f.rec", layout="faces")
 
 
 def test_insightface_layout_refused_without_a_header(handmade_shards):
     with pytest.raises(rd.RecordFormatError, match="record 0 is not an insightface header"):
-        rd.open_dataset(handmade_shards[0], layout="insightface")
+        open_dataset(handmade_shards[0], layout="insightface")
 
 
 def test_im2rec_pack_label_record_0_is_an_image_not_a_header(tmp_path):
@@ -69,7 +74,7 @@ def test_im2rec_pack_label_record_0_is_an_image_not_a_header(tmp_path):
     data = images(3)
     items = [(k, data[k], [float(k), 1.0]) for k in range(3)]
     write_pack(tmp_path / "im2rec", [items], manifest=False)
-    ds = rd.open_dataset(tmp_path / "im2rec.rec")
+    ds = open_dataset(tmp_path / "im2rec.rec")
     assert ds.layout == "images" and len(ds) == 3
     assert [image for image, _ in ds] == data
 
@@ -86,19 +91,19 @@ def test_im2rec_pack_label_record_0_is_an_image_not_a_header(tmp_path):
 def test_record_0_is_a_header_only_with_flag_2_and_whole_key_bounds(tmp_path, zero, one):
     records = [(0, image_record(b"", zero, 0, 1)), (1, image_record(face(1), one, 1))]
     write_shard(tmp_path / "f.rec", tmp_path / "f.idx", records)
-    ds = rd.open_dataset(tmp_path / "f.rec")
+    ds = open_dataset(tmp_path / "f.rec")
     assert (ds.layout, len(ds), ds.identity_ranges) == ("images", 2, None)
     payload, label = ds.raw(0)
     assert payload == b"" and label.tolist() == zero == ds.labels[0].tolist()
     with pytest.raises(rd.RecordFormatError, match="record 0 is not an insightface header"):
-        rd.open_dataset(tmp_path / "f.rec", layout="insightface")
+        open_dataset(tmp_path / "f.rec", layout="insightface")
 
 
 def test_insightface_header_gives_the_key_ranges(tmp_path):
     write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 3], face)
-    keys, offsets = rd.load_index(tmp_path / "f.idx")
-    rf = rd.RecordFile(tmp_path / "f.rec")
-    header = rd.insightface_header(lambda j: rd.unpack_header(rf.read_at(offsets[j])), keys)
+    keys, offsets = load_index(tmp_path / "f.idx")
+    rf = RecordFile(tmp_path / "f.rec")
+    header = insightface_header(lambda j: unpack_header(rf.read_at(offsets[j])), keys)
     assert header == (range(1, 6), range(6, 8))
 
 
@@ -107,7 +112,7 @@ def test_insightface_missing_image_key(tmp_path):
     lines = (tmp_path / "f.idx").read_text().splitlines(keepends=True)
     (tmp_path / "f.idx").write_text("".join(lines[:2] + lines[3:]))  # drops key 3
     with pytest.raises(rd.RectoolError, match="key 3 is not in the index"):
-        rd.open_dataset(tmp_path / "f.rec")
+        open_dataset(tmp_path / "f.rec")
 
 
 def test_insightface_images_across_shards(tmp_path):
@@ -129,7 +134,7 @@ def test_insightface_images_across_shards(tmp_path):
             (0, image_record(b"", [6.0, 8.0], 0, 1)),
         ],
     )
-    ds = rd.open_dataset([tmp_path / "a.rec", tmp_path / "b.rec"])
+    ds = open_dataset([tmp_path / "a.rec", tmp_path / "b.rec"])
     assert [image for image, _ in ds] == [images_[k] for k in range(1, 6)]
     assert ds.keys.tolist() == [1, 2, 3, 4, 5]
     assert ds.labels.tolist() == [0, 0, 1, 1, 1]
@@ -137,8 +142,9 @@ def test_insightface_images_across_shards(tmp_path):
     assert pickle.loads(pickle.dumps(ds))[3] == ds[3] == (images_[4], 1.0)
 
 
-def test_insightface_images_alternating_between_shards(tmp_path):
-    # Keys 1, 3 in one file and 2, 4 in the other: samples in key order jump between shards.
+def test_insightface_images_alternating_between_shards_are_refused(tmp_path):
+    # Keys 1, 3 in one file and 2, 4 in the other: in key order, samples would jump between
+    # shards, which no binary index (samples shard by shard) can hold: refused, named.
     images_ = {k: face(k) for k in range(1, 5)}
     write_shard(
         tmp_path / "a.rec",
@@ -151,8 +157,9 @@ def test_insightface_images_alternating_between_shards(tmp_path):
         tmp_path / "b.idx",
         [(k, image_record(images_[k], float(k), k)) for k in (2, 4)],
     )
-    ds = rd.open_dataset([tmp_path / "a.rec", tmp_path / "b.rec"])
-    assert [image for image, _ in ds] == [images_[k] for k in range(1, 5)]
-    assert ds.labels.tolist() == [1, 2, 3, 4]
-    assert [ds.location(i)[0] for i in range(4)] == [str(tmp_path / f"{n}.rec") for n in "abab"]
-    assert ds.identity_ranges.tolist() == [[0, 4]]
+    with pytest.raises(rd.RectoolError) as caught:
+        open_dataset([tmp_path / "a.rec", tmp_path / "b.rec"])
+    assert str(caught.value) == (
+        f"{tmp_path / 'a.rec'}: the insightface images do not run shard by shard; a binary "
+        "index reads samples in shard order"
+    )

@@ -1,7 +1,9 @@
-"""The dataset API against the real MXNet 1.9.1: im2rec's files and the insightface layout.
+"""The readers against the real MXNet 1.9.1: im2rec's files and the insightface layout.
 
 MXNet reads the same files through `MXIndexedRecordIO` + `recordio.unpack` (and arcface's
-`MXFaceDataset` logic); the reader must give the same samples, in the same order.
+`MXFaceDataset` logic), through the .idx; the core reader, through the binary index (written by
+`rectool index` for im2rec's files, by `pack` for rectool's), and the package's reader must
+give the same samples and labels, in the same order.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import pytest
 from helpers.image_files import write_list, write_pack_tree
 from helpers.mxnet_oracle import im2rec_path, oracle_python, run_mxnet
 
+from rectool import open_dataset as open_pack
+from rectool.packer.indexing import index_pack
 from rectool.packer.packing import PackOptions, pack_images
 from rectool.reader import open_dataset
 
@@ -66,10 +70,17 @@ def test_reads_im2rec_files_as_mxnet_does(shuffled_tree, tmp_path, pack_label):
         capture_output=True,
     )
     rec, idx = tmp_path / "faces.rec", tmp_path / "faces.idx"
+    before = {p: p.read_bytes() for p in (rec, idx)}
     expected = run_mxnet(MX_READ_ALL, {"rec": str(rec), "idx": str(idx), "decode": True})
-    ds = open_dataset(rec)
-    rgb = open_dataset(rec, decode="rgb")
-    assert ds.layout == "images"
+    index_pack(rec)
+    assert {p: p.read_bytes() for p in (rec, idx)} == before  # indexing changes neither
+    ds = open_dataset(tmp_path / "faces")
+    rgb = open_dataset(tmp_path / "faces", decode="rgb")
+    pack = open_pack(rec)
+    assert ds.layout == "images" and pack.indexed
+    assert len(pack) == len(ds)
+    for (ours, our_label), (package, package_label) in zip(ds, pack):
+        assert ours == package and np.array_equal(our_label, package_label)
     assert ds.keys.tolist() == [key for key, *_ in expected] == [i for i, _, _ in items]
     for n, (_, image, label, mx_rgb) in enumerate(expected):
         ours_image, ours_label = ds[n]
@@ -114,9 +125,10 @@ def test_insightface_layout_as_mxface_dataset_reads_it(shuffled_tree, tmp_path):
     samples, ranges = run_mxnet(
         MX_FACE_DATASET, {"rec": str(rec), "idx": str(tmp_path / "ins" / "train.idx")}
     )
-    for source in (rec, tmp_path / "ins" / "train", tmp_path / "ins"):
-        ds = open_dataset(source)
+    core = open_dataset(tmp_path / "ins" / "train")
+    for ds in (core, *(open_pack(s) for s in (rec, tmp_path / "ins" / "train", tmp_path / "ins"))):
         assert ds.layout == "insightface"
         assert [(int(k), *ds[n]) for n, k in enumerate(ds.keys)] == samples
         assert ds.labels.tolist() == [label for _, _, label in samples]
-        assert ds.identity_ranges.tolist() == ranges == [[0, 4], [4, 8], [8, 12], [12, 16]]
+        if ds is not core:
+            assert ds.identity_ranges.tolist() == ranges == [[0, 4], [4, 8], [8, 12], [12, 16]]

@@ -1,4 +1,5 @@
-"""Datasets across processes and threads: pickling, fork, descriptors, module imports.
+"""Datasets across processes and threads: pickling, fork, DataLoader workers (fork and spawn),
+descriptors, module imports.
 
 Runs against `rectool.reader`, and through tests/test_emit.py against the emitted standalone
 copy in a process where rectool cannot be imported (see helpers/reader_under_test.py). Datasets
@@ -14,12 +15,19 @@ import subprocess
 import sys
 import threading
 
+import numpy as np
 import pytest
-from helpers.handmade_datasets import (
-    as_pairs,
-    expected_pairs,
-)
+from helpers.handmade_datasets import as_pairs, expected_pairs, images, write_pack
 from helpers.reader_under_test import EMITTED, rd
+
+
+@pytest.fixture
+def handmade_shards(tmp_path):
+    """Three shards of 4, 3 and 5 JPEGs, keys out of order, labels 0.0 .. 11.0: format 3."""
+    keys = [40, 3, 17, 8, 100, 5, 6, 7, 1, 0, 9, 2]
+    items = [(key, image, float(n)) for n, (key, image) in enumerate(zip(keys, images(12)))]
+    samples = write_pack(tmp_path / "faces", [items[:4], items[4:7], items[7:]], index=True)
+    return tmp_path / "faces", samples
 
 
 def rec_descriptors():
@@ -73,8 +81,9 @@ def test_pickle_round_trip_without_open_files(handmade_shards):
         fresh = pickle.loads(blob)
         assert rec_descriptors() == before  # unpickling opens no file
         assert fresh[0] == copy[0]
-    # The parsed index travels; the file contents never do.
-    assert len(blob) < sum(os.path.getsize(s.rec) for s in samples[:1])
+    # The manifest's path and each shard's identity travel; the index and files never do.
+    assert str(prefix) in str(blob) and len(blob) < 1024
+    assert np.asarray(ds.offsets).tobytes() not in blob
 
 
 @needs_proc
@@ -146,3 +155,14 @@ def test_the_emitted_reader_runs_without_rectool():
         import rectool  # noqa: F401
     assert os.path.samefile(rd.__file__, EMITTED)
     assert rd.RecordDataset.__module__ == rd.__name__ != "rectool.reader"
+
+
+@pytest.mark.parametrize("context", ["fork", "spawn"])
+def test_dataloader_workers_read_every_sample(handmade_shards, context):
+    torch = pytest.importorskip("torch")
+    prefix, samples = handmade_shards
+    ds = rd.open_dataset(prefix)
+    loader = torch.utils.data.DataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context=context
+    )
+    assert [(bytes(image), float(label)) for image, label in loader] == expected_pairs(samples)

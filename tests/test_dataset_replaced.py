@@ -1,9 +1,9 @@
 """A dataset opened before `pack --overwrite` and read after it must not serve the new pack.
 
-`open_dataset` checks each shard against its index and then lets its mappings go; reads map
-the .rec again by path (and so does every DataLoader worker, forked or handed a pickled
-dataset). A file replaced in between would be read with the old index: the reader records the
-file it indexed and refuses another one.
+`open_dataset` maps the pack's index and notes each shard's file (device, inode, size,
+modification time); reads map the .rec by path (and so does every DataLoader worker, forked or
+handed a pickled dataset). A file replaced in between would be read with the old index: the
+reader refuses a file other than the one it noted.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def pack(tmp_path, name, height, overwrite=False):
 
 
 def message(prefix):
-    return f"{prefix}.rec was replaced after the dataset was opened; open it again"
+    return f"{prefix}.rec was replaced after it was opened; open again"
 
 
 def test_a_dataset_read_after_an_overwrite_refuses_the_new_files(tmp_path):
@@ -47,7 +47,7 @@ def test_a_dataset_mapped_before_an_overwrite_keeps_reading_the_old_files(tmp_pa
     pack(tmp_path, "new", height=48, overwrite=True)
     assert bytes(ds[0][0]) == first
     ds.close()  # mapping again would find the new file
-    with pytest.raises(rd.RectoolError, match="was replaced after the dataset was opened"):
+    with pytest.raises(rd.RectoolError, match="was replaced after it was opened"):
         ds[0]
 
 

@@ -96,8 +96,7 @@ class PackDataset(RecordDataset):
         self._identity_ranges: NDArray[np.int64] | None = None
         self._ranges_file: str | None = None
         if self.indexed:
-            RecordDataset._open(self)
-            self._files = [self._open_shard(rec) for rec, _ in self.shards]
+            RecordDataset._open(self)  # its shards through `_open_shard`
             entry = self.manifest["index"].get("identity_ranges")  # type: ignore[index]
             if self.layout == "insightface" and isinstance(entry, dict):
                 folder = os.path.dirname(self.manifest_path or "")
@@ -123,7 +122,8 @@ class PackDataset(RecordDataset):
                 files,
                 [idx for _, idx in self.shards],
                 (self.manifest or {}).get("shards"),
-                "images" if self._layout_arg == "images" else claim,
+                # A manifest's claim of images is checked against record 0, not obeyed.
+                self._layout_arg or ("insightface" if claim == "insightface" else None),
                 self.manifest_path,
                 labels=False,
             )
@@ -143,7 +143,7 @@ class PackDataset(RecordDataset):
 
     def _open_shard(self, rec: str) -> RecordFile:
         """Return the `RecordFile` of a shard (rectool.remote's downloads it on first use)."""
-        return RecordFile(rec)
+        return super()._open_shard(rec)
 
     def __getstate__(self) -> dict[str, Any]:
         if self.indexed:  # its arrays are mapped again on arrival
