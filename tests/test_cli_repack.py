@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import closing
 
 from click.testing import CliRunner
 from helpers.handmade_datasets import write_insightface, write_pack
@@ -55,7 +56,7 @@ def test_several_sources_merge(tmp_path):
     result = run("repack", a, b, tmp_path / "ab", "--order", "source", "--quiet")
     assert result.exit_code == 0, result.output
     assert result.output == ""
-    with open_dataset(tmp_path / "ab") as ds:
+    with closing(open_dataset(tmp_path / "ab")) as ds:
         assert ds.labels.tolist() == [0, 0, 1, 1, 1, 2, 3]
 
 
@@ -122,7 +123,7 @@ def test_insightface_folder_to_dali_ready_shuffle(tmp_path):
     flags = "--order shuffle --seed 1 --shard-records 2 --quiet".split()
     result = run("repack", folder, tmp_path / "dali" / "train", *flags)
     assert result.exit_code == 0, result.output
-    with open_dataset(tmp_path / "dali" / "train") as ds:
+    with closing(open_dataset(tmp_path / "dali" / "train")) as ds:
         assert ds.layout == "images" and len(ds) == 5 and len(ds.shards) == 3
         assert sorted(bytes(image) for image, _ in ds) == sorted(images.values())
     assert run("verify", tmp_path / "dali" / "train", "--quiet").exit_code == 0

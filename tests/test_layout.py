@@ -6,14 +6,17 @@ from FORMAT-NOTES §5 and docs/format.md §6, not from the code under test.
 
 from __future__ import annotations
 
+from contextlib import closing
+
 import pytest
 from helpers.image_files import jpeg_bytes
 from helpers.rec_files import image_payload, label_vector_payload, write_records
 
+from rectool.dataset.packs import open_dataset
 from rectool.inspect.info import dataset_info
 from rectool.inspect.unpack import unpack_dataset
 from rectool.inspect.verify import verify_dataset
-from rectool.reader import RecordFormatError, open_dataset
+from rectool.reader import RecordFormatError
 from rectool.report.data import ReportOptions, build_report
 
 
@@ -63,7 +66,7 @@ CASES = {
 
 
 def via_open_dataset(rec, tmp_path):
-    with open_dataset(rec) as ds:
+    with closing(open_dataset(rec)) as ds:
         return ds.layout, len(ds)
 
 

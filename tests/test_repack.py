@@ -12,6 +12,7 @@ import struct
 import subprocess
 import sys
 import zlib
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -57,7 +58,7 @@ def pack_tree(tmp_path, name, identities, per_identity=3, first_seed=0, layout="
 
 
 def samples(prefix):
-    with open_dataset(prefix) as ds:
+    with closing(open_dataset(prefix)) as ds:
         return [(bytes(image), float(label)) for image, label in ds]
 
 
@@ -365,7 +366,7 @@ def test_insightface_source_to_images_layout_has_only_images(tmp_path):
     # The empty identity 1 is gone: labels 0, 2 become 0, 1.
     assert got == [(images[k], 0.0) for k in (1, 2, 3)] + [(images[k], 1.0) for k in (4, 5, 6, 7)]
     assert result.classes == 2
-    with open_dataset(tmp_path / "out") as ds:
+    with closing(open_dataset(tmp_path / "out")) as ds:
         assert ds.layout == "images" and len(ds) == 7
         assert ds.keys.tolist() == list(range(7))
 
@@ -375,7 +376,7 @@ def test_images_to_insightface_layout_with_property(tmp_path):
     (tmp_path / "drop.txt").write_text("bob\n")
     options = RepackOptions(layout="insightface", drop_ids=str(tmp_path / "drop.txt"))
     repack([a], tmp_path / "ins" / "train", options)
-    with open_dataset(tmp_path / "ins" / "train") as ds:
+    with closing(open_dataset(tmp_path / "ins" / "train")) as ds:
         assert ds.layout == "insightface"
         assert ds.identity_ranges.tolist() == [[0, 3], [3, 6]]
         assert [images[bytes(i)] for i, _ in ds] == ["ann"] * 3 + ["cyd"] * 3
@@ -405,10 +406,10 @@ def test_insightface_key_limit_is_checked_before_writing(tmp_path, monkeypatch):
 def test_shards_by_records_and_by_size(tmp_path):
     counted_pack(tmp_path, [4, 4, 3])
     repack([tmp_path / "src"], tmp_path / "r", RepackOptions(shard_records=4))
-    with open_dataset(tmp_path / "r") as ds:
+    with closing(open_dataset(tmp_path / "r")) as ds:
         assert len(ds.shards) == 3 and len(ds) == 11
     repack([tmp_path / "src"], tmp_path / "b", RepackOptions(shard_bytes=200))
-    with open_dataset(tmp_path / "b") as ds:
+    with closing(open_dataset(tmp_path / "b")) as ds:
         assert len(ds.shards) > 1
     assert samples(tmp_path / "r") == samples(tmp_path / "b") == samples(tmp_path / "src")
     # Resharding changes no header here (keys 0..10, labels in order): the same record bytes.
@@ -471,7 +472,7 @@ def test_reencode_resizes_and_does_not_depend_on_workers(tmp_path):
         options = RepackOptions(transform=Transform(resize=8), workers=workers, order="shuffle")
         repack([a], tmp_path / f"w{workers}", options)
     assert (tmp_path / "w1.rec").read_bytes() == (tmp_path / "w3.rec").read_bytes()
-    with open_dataset(tmp_path / "w1", decode="bgr") as ds:
+    with closing(open_dataset(tmp_path / "w1", decode="bgr")) as ds:
         assert {image.shape for image, _ in ds} == {(10, 8, 3)}
 
 
@@ -483,7 +484,7 @@ def test_reencode_refusals_are_listed_and_counted(tmp_path):
     assert result.images == 2 and not result.accepted
     (line,) = [json.loads(x) for x in open(tmp_path / "o" / "train.failures.jsonl")]
     assert (line["stage"], line["key"], line["position"]) == ("write", 1, 1)
-    with open_dataset(tmp_path / "o" / "train") as ds:
+    with closing(open_dataset(tmp_path / "o" / "train")) as ds:
         assert ds.identity_ranges.tolist() == [[0, 1], [1, 2]]
 
 

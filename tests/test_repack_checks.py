@@ -5,6 +5,7 @@ reason in the failures file, counted, and exit 3 unless --max-failures allows th
 from __future__ import annotations
 
 import json
+from contextlib import closing
 
 from click.testing import CliRunner
 from helpers.handmade_datasets import write_insightface
@@ -59,7 +60,7 @@ def test_repack_refuses_the_truncated_and_the_empty_image_exit_3(tmp_path):
     assert all(e["source"] == str(rec) for e in lines)
     report = verify_dataset(str(out))
     assert report.sound, [str(p) for p in report.problems]
-    with open_dataset(out) as ds:
+    with closing(open_dataset(out)) as ds:
         assert [(bytes(image), float(label)) for image, label in ds] == good
 
 
@@ -72,7 +73,7 @@ def test_max_failures_allows_the_refusals(tmp_path):
     assert summary["images"] == 4 and summary["refused"] == 2 and summary["accepted"]
     assert [e["reason"] for e in failures(out)] == [CUT_REASON, "empty file"]
     assert verify_dataset(str(out)).sound
-    with open_dataset(out) as ds:
+    with closing(open_dataset(out)) as ds:
         assert len(ds) == 4
 
 
@@ -117,7 +118,7 @@ def test_insightface_source_refuses_the_cut_image_and_stays_a_sound_layout(tmp_p
     assert line["reason"].startswith("truncated JPEG")
     report = verify_dataset(str(out))
     assert report.sound and report.layouts == ["insightface"], [str(p) for p in report.problems]
-    with open_dataset(out) as ds:
+    with closing(open_dataset(out)) as ds:
         assert len(ds) == 4
         assert ds.identity_ranges.tolist() == [[0, 1], [1, 4]]
 
@@ -136,7 +137,7 @@ def test_repack_refuses_a_payload_that_is_no_image_as_pack_does(tmp_path):
         (1, "not an image (unknown file signature)")
     ]
     assert verify_dataset(str(out)).sound
-    with open_dataset(out) as ds:
+    with closing(open_dataset(out)) as ds:
         assert [bytes(image) for image, _ in ds] == [images[0], images[2]]
 
 
@@ -147,5 +148,5 @@ def test_check_none_carries_every_record(tmp_path):
     out = tmp_path / "out" / "faces"
     result = run("repack", rec, out, "--check", "none")
     assert result.exit_code == 0, result.output
-    with open_dataset(out) as ds:
+    with closing(open_dataset(out)) as ds:
         assert [bytes(image) for image, _ in ds] == images

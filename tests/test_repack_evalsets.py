@@ -11,6 +11,7 @@ import os
 import pickle
 import shlex
 import struct
+from contextlib import closing
 
 import cv2
 from click.testing import CliRunner
@@ -62,7 +63,7 @@ def python2_bin(path, images):
 
 
 def kept_images(prefix):
-    with open_dataset(prefix) as ds:
+    with closing(open_dataset(prefix)) as ds:
         return [bytes(image) for image, _ in ds]
 
 

@@ -418,7 +418,7 @@ def test_images_that_do_not_decode_are_shown_as_such(tmp_path):
     "make, message",
     [
         (lambda p: None, "no dataset here"),
-        (lambda p: (p.parent / "x.manifest.json").write_text("{"), "not a JSON manifest"),
+        (lambda p: (p.parent / "x.manifest.json").write_text("{"), "not a rectool manifest"),
         (lambda p: (p.parent / "x.rec").write_bytes(b"\x01" * 64), "x.rec"),
     ],
 )

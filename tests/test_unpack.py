@@ -158,5 +158,5 @@ def test_a_record_shorter_than_its_header_is_an_error_naming_its_offset(tmp_path
         unpack_dataset(rec, tmp_path / "back")
     # (The reader words the reason; what unpack adds is where: the file and the byte offset.)
     message = str(caught.value)
-    assert message.startswith(f"{rec}, byte offset {offset}: record of 10 bytes is ")
+    assert message.startswith(f"{rec}, byte offset {offset}: record of 10 bytes")
     assert re.search(r"24-byte (image )?header$", message)
