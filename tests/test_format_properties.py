@@ -6,6 +6,7 @@ written here), from `struct`, or from the generated input itself, never from rec
 
 from __future__ import annotations
 
+import contextlib
 import struct
 
 import numpy as np
@@ -14,6 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from rectool.format.records import IndexedRecordFile, iter_records
+from rectool.format.textindex import IndexFormatError, parse_index
 from rectool.format.writer import (
     IndexedRecordWriter,
     RecordWriter,
@@ -21,12 +23,7 @@ from rectool.format.writer import (
     frame_record,
     pack_image_record,
 )
-from rectool.reader import (
-    IndexFormatError,
-    RecordFile,
-    parse_index,
-    unpack_header,
-)
+from rectool.reader import RecordFile, unpack_header
 
 M = b"\x0a\x23\xd7\xce"  # the magic 0xced7230a as it lies in the file
 
@@ -103,7 +100,7 @@ def test_records_read_back_by_scan_and_read_at(tmp_path, records):
             offsets.append(w.tell())
             w.write(payload)
         end = w.tell()
-    with RecordFile(path) as f:
+    with contextlib.closing(RecordFile(path)) as f:
         assert f.size == end == path.stat().st_size
         assert end % 4 == 0
         assert list(iter_records(f)) == list(zip(offsets, records))
@@ -133,7 +130,7 @@ def test_indexed_records_read_back_by_key(tmp_path, items):
         for key, payload in items:
             w.write(key, payload)
     last = dict(items)  # a later duplicate replaces an earlier one, as in MXNet
-    with IndexedRecordFile(rec, idx, cache=False) as f:
+    with IndexedRecordFile(rec, idx) as f:
         assert f.keys.tolist() == [key for key, _ in items]
         for key, payload in last.items():
             assert f.read(key) == payload
@@ -187,7 +184,7 @@ def test_image_records_through_a_file(tmp_path, items):
     with RecordWriter(path) as w:
         for key, (image, label) in enumerate(items):
             w.write(pack_image_record(image, label, key))
-    with RecordFile(path) as f:
+    with contextlib.closing(RecordFile(path)) as f:
         got = [unpack_header(record) for _, record in iter_records(f)]
     assert len(got) == len(items)
     for key, ((header, body), (image, label)) in enumerate(zip(got, items)):

@@ -1,4 +1,5 @@
-"""One manifest schema: every field any command reads is checked in `reader.read_manifest`.
+"""One manifest schema: every field any command reads is checked in `format.manifest.read_manifest`
+(the core reader's `read_manifest` checks the fields it reads, first).
 
 A manifest with any field mutated to any JSON type either passes the schema (and then every
 command works on it) or is refused with a `RectoolError` naming the field; never a traceback.
@@ -15,8 +16,9 @@ import pytest
 from click.testing import CliRunner
 from helpers.rec_files import make_pack
 
-from rectool import reader as rd
+from rectool import reader as core
 from rectool.cli import cli
+from rectool.format import manifest as rd
 
 # Every JSON type, and the edge values of each.
 VALUES = {
@@ -53,7 +55,7 @@ SHARD = (
 TOTALS = ["shards", "records", "images", "rec_bytes", "failures"]
 TOP = (
     "format_version rectool_version created layout options list source shards totals "
-    "failures_file classes identities"
+    "failures_file classes identities index"
 ).split()
 FIELDS = (
     [(name,) for name in TOP]
@@ -63,6 +65,7 @@ FIELDS = (
     + [("shards", 0, name) for name in SHARD]
     + [("totals", name) for name in TOTALS]
     + [("identities", "1"), ("identities", "7"), ("sources",)]
+    + [("index",), ("index", "samples"), ("index", "labels"), ("index", "keys", "file")]
 )
 
 
@@ -118,7 +121,7 @@ def commands(folder, base):
         ["unpack", m, str(out / "unpacked")],
         ["repack", m, str(out / "re")],
         ["dali-index", m, str(out / "d.idx")],
-        ["index-cache", m],
+        ["index", m],
         [
             "pack",
             str(base / "faces.lst"),
@@ -158,16 +161,16 @@ def test_every_field_mutated_to_every_json_type(pack, tmp_path, path, alarm):
         manifest.write_text(json.dumps(mutated(document, path, value)))
         try:
             rd.read_manifest(manifest)
-        except rd.RectoolError as exc:
+        except core.RectoolError as exc:
             named = f"manifest field {field_name(path)!r}"[:-1]  # it or a field inside it
             if named not in str(exc) and not (
                 path == ("format_version",) and "manifest format version" in str(exc)
             ):
                 failures.append((kind, "read_manifest", str(exc)))
         try:  # the emitted reader: a manifest that passes may still not fit the files
-            with rd.open_dataset(manifest) as ds:
-                ds[0], ds.labels  # noqa: B018
-        except rd.RectoolError:
+            ds = core.open_dataset(manifest)
+            ds[0], ds.labels  # noqa: B018
+        except core.RectoolError:
             pass
         except Exception:  # noqa: BLE001
             failures.append((kind, "open_dataset", traceback.format_exc()[-1500:]))
@@ -182,11 +185,9 @@ def test_a_manifest_nested_200000_deep_is_refused_by_every_command(pack, tmp_pat
     manifest = work / "faces.manifest.json"
     text = json.dumps({**document, "extra": 0})
     manifest.write_text(text.replace("0}", "[" * 200_000 + "]" * 200_000 + "}"))
-    with pytest.raises(rd.RectoolError) as caught:
-        rd.open_dataset(manifest)
-    assert str(caught.value) == (
-        f"{manifest}: not a rectool manifest (JSON nested more than 16 deep)"
-    )
+    with pytest.raises(core.RectoolError) as caught:
+        core.open_dataset(manifest)
+    assert str(caught.value) == f"{manifest}: not a rectool manifest (JSON nested too deep)"
     assert run_commands(work, folder.parent) == []
     for args in commands(work, folder.parent):
         result = CliRunner().invoke(cli, args)
@@ -204,16 +205,20 @@ def test_nesting_below_json_own_limit_is_refused_too(pack, tmp_path):
     rd.read_manifest(manifest)  # 14 levels: kept as an unknown option
     deeper = json.loads("[" * 15 + "]" * 15)
     manifest.write_text(json.dumps({**document, "options": {**document["options"], "x": deeper}}))
-    with pytest.raises(rd.RectoolError, match="JSON nested more than 16 deep"):
+    with pytest.raises(core.RectoolError, match="JSON nested more than 16 deep"):
         rd.read_manifest(manifest)
 
 
 def test_a_manifest_larger_than_the_limit_is_refused_unread(tmp_path):
     manifest = tmp_path / "x.manifest.json"
     with open(manifest, "wb") as f:
-        f.truncate(rd.MAX_MANIFEST_BYTES + 1)  # sparse: nothing is written or read
-    with pytest.raises(rd.RectoolError, match="larger than a manifest can be"):
-        rd.read_manifest(manifest)
+        f.truncate(core.MAX_MANIFEST_BYTES + 1)  # sparse: nothing is written or read
+    for read in (core.read_manifest, rd.read_manifest):
+        with pytest.raises(core.InputError) as caught:
+            read(manifest)
+        assert str(caught.value) == (
+            f"{manifest}: the manifest is 1,073,741,825 bytes, over 1,073,741,824"
+        )
 
 
 LONE_SURROGATES = {  # where, what, the field named
@@ -245,7 +250,7 @@ def test_a_lone_surrogate_is_refused_by_every_command(pack, tmp_path, case):
     else:
         path, value, _ = LONE_SURROGATES[case]
         manifest.write_text(json.dumps(mutated(document, path, value)))
-    with pytest.raises(rd.InputError) as caught:
+    with pytest.raises(core.InputError) as caught:
         rd.read_manifest(manifest)
     field = LONE_SURROGATES[case][2]
     assert str(caught.value) == (
@@ -262,16 +267,43 @@ def test_a_lone_surrogate_is_refused_by_every_command(pack, tmp_path, case):
 def test_a_surrogate_pair_is_text(pack, tmp_path):
     _, document = pack
     manifest = tmp_path / "x.manifest.json"
-    manifest.write_text(json.dumps({**document, "identities": {"0": "\U0001f600"}}))
+    older = {k: v for k, v in document.items() if k != "index"}  # names in the manifest: v2
+    named = {**older, "format_version": 2, "identities": {"0": "\U0001f600"}}
+    manifest.write_text(json.dumps(named))
     assert b"\\ud83d\\ude00" in manifest.read_bytes()  # json.dumps writes the pair escaped
     assert rd.read_manifest(manifest)["identities"] == {"0": "\U0001f600"}
 
 
-def test_identities_as_a_list_are_read_as_labels(pack, tmp_path):
+def test_identities_as_a_list_are_read_as_labels_before_format_3(pack, tmp_path):
+    _, document = pack
+    older = {k: v for k, v in document.items() if k != "index"}
+    manifest = tmp_path / "x.manifest.json"
+    manifest.write_text(json.dumps({**older, "format_version": 2, "identities": ["ann", "bob"]}))
+    assert rd.read_manifest(manifest)["identities"] == {"0": "ann", "1": "bob"}
+
+
+@pytest.mark.parametrize("identities", [["ann", "bob"], {"0": "ann"}, {"count": 2}, {"file": None}])
+def test_format_3_identities_name_their_file(pack, tmp_path, identities):
+    """Format 3 keeps the names in PREFIX.identities.json: the manifest's entry names it."""
     _, document = pack
     manifest = tmp_path / "x.manifest.json"
-    manifest.write_text(json.dumps({**document, "identities": ["ann", "bob"]}))
-    assert rd.read_manifest(manifest)["identities"] == {"0": "ann", "1": "bob"}
+    manifest.write_text(json.dumps({**document, "identities": identities}))
+    with pytest.raises(core.InputError) as caught:
+        rd.read_manifest(manifest)
+    assert str(caught.value).startswith(f"{manifest}: manifest field 'identities")
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_a_binary_index_needs_format_3(pack, tmp_path, version):
+    _, document = pack
+    manifest = tmp_path / "x.manifest.json"
+    manifest.write_text(json.dumps({**document, "format_version": version}))
+    with pytest.raises(core.InputError) as caught:
+        rd.read_manifest(manifest)
+    assert str(caught.value) == (
+        f"{manifest}: manifest field 'format_version' must be 3 or more (the manifest has an "
+        "'index')"
+    )
 
 
 def test_no_module_but_the_reader_parses_a_manifest():

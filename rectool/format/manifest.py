@@ -154,8 +154,12 @@ def check_command_fields(path: str, doc: dict[str, Any]) -> None:
         raise bad_field(path, where, "text (it holds half of a UTF-16 surrogate pair)")
     _check_object(path, doc, MANIFEST, "")
     identities = doc.get("identities")
+    if doc.get("index") is not None and doc.get("format_version", 0) < 3:
+        raise bad_field(path, "format_version", "3 or more (the manifest has an 'index')")
     if doc.get("format_version", 0) >= 3:  # the names are in their own file
         if identities is not None:
+            if not isinstance(identities, dict) or identities.get("file") is None:
+                raise bad_field(path, "identities", 'an object {"file", "bytes", ...} or null')
             _check_object(path, {"identities": identities}, {"identities": FILE}, "")
             check_fields(path, identities, {"count": COUNT_FIELD}, "identities.")
         identities = None
