@@ -25,6 +25,8 @@ from helpers.handmade_datasets import write_pack
 from helpers.image_files import jpeg_bytes, write_list
 from helpers.oversized_images import OVERSIZED, cut_jpeg, oversized_jpeg, oversized_png
 
+from rectool.cli import cli
+from rectool.inspect.info import dataset_info
 from rectool.packer.images import (
     ImageRefused,
     ImageTooLarge,
@@ -34,8 +36,6 @@ from rectool.packer.images import (
     inspect_image,
     reencode_image,
 )
-from rectool.cli import cli
-from rectool.inspect.info import dataset_info
 from rectool.reader import open_dataset
 from rectool.report.data import ReportOptions, build_report
 
@@ -60,7 +60,8 @@ def no_decoders(monkeypatch):
 # --- the one door: no decoder is called outside the guard ------------------------------------
 
 # The functions allowed to call a decoder, each after the guard (`admit_image` or `admit`).
-# recordio.py stands alone, so it has its own door, after its own copy of the guard.
+# recordio.py decodes as MXNet does (a cut image too), so it has its own door, after the same
+# guard (`admit_image(..., whole=False)`).
 DOORS = {
     ("reader.py", "imdecode"),
     ("packer/images.py", "_simplejpeg_decode"),
@@ -219,7 +220,7 @@ def crafted_pack(tmp_path):
     items[2] = (2, oversized_jpeg(), 2.0)
     items[3] = (3, oversized_png(), 3.0)
     items[5] = (5, oversized_jpeg(12000, 12000), 5.0)
-    samples = write_pack(tmp_path / "crafted", [items])
+    samples = write_pack(tmp_path / "crafted", [items], index=True)
     return tmp_path / "crafted", samples
 
 
@@ -309,7 +310,7 @@ def hungry_pack(tmp_path):
     items = [(k, jpeg_bytes(k, 40, 32), float(k)) for k in range(4)]
     items[2] = (2, oversized_jpeg(30000, 30000), 2.0)
     items[3] = (3, oversized_png(30000, 30000), 3.0)
-    write_pack(tmp_path / "hungry", [items])
+    write_pack(tmp_path / "hungry", [items], index=True)
     return tmp_path / "hungry"
 
 

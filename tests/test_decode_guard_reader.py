@@ -116,7 +116,7 @@ def guarded_pack(tmp_path):
     items[5] = (5, oversized_png(), 5.0)
     items[7] = (7, cut_jpeg(jpeg_bytes(7, 40, 32)), 7.0)
     items[9] = (9, oversized_jpeg(12000, 12000), 9.0)
-    samples = write_pack(tmp_path / "guarded", [items])
+    samples = write_pack(tmp_path / "guarded", [items], index=True)
     return tmp_path / "guarded", samples
 
 

@@ -196,14 +196,14 @@ def header_labels(
     for s, rf in enumerate(files):
         if len(rf.open()) < 32:
             continue
-        words = np.frombuffer(rf.open(), "<u4", rf._size // 4)
+        words = np.frombuffer(rf.open(), "<u4", rf.size // 4)
         try:
             for start in range(0, n, 1 << 20):  # temporaries of a chunk, not of every record
                 end = min(n, start + (1 << 20))
                 rows: Any = slice(start, end)
                 if len(files) > 1:
                     rows = start + np.flatnonzero(shard_of[rows] == s)
-                ok, w, head = record_heads(words, rf._size, offsets[rows])
+                ok, w, head = record_heads(words, rf.size, offsets[rows])
                 flag = head[:, 2].astype(np.int64)
                 if not ok.all():
                     rows = (np.arange(start, end) if type(rows) is slice else rows)[ok]

@@ -96,7 +96,7 @@ class PackDataset(RecordDataset):
         self._identity_ranges: NDArray[np.int64] | None = None
         self._ranges_file: str | None = None
         if self.indexed:
-            RecordDataset._open(self)  # its shards through `_open_shard`
+            self._open()  # the core reader's, its shards through `_open_shard`
             entry = self.manifest["index"].get("identity_ranges")  # type: ignore[index]
             if self.layout == "insightface" and isinstance(entry, dict):
                 folder = os.path.dirname(self.manifest_path or "")
