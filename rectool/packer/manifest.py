@@ -3,8 +3,9 @@
 One place decides the files of a pack at OUT_PREFIX: its shards' names (`PREFIX.rec`, or
 `PREFIX-00000.rec`, ...), the `.partial` names they carry until complete, the failures file,
 the state file that marks a pack as unfinished (and records what --resume compares), the copy
-of a list read from stdin, the staging folder of --overwrite, and the manifest, written last.
-`pack` and `repack` both go through it.
+of a list read from stdin, the staging folder of --overwrite, the binary index
+(`PREFIX.offsets.npy`, ...) and identities file, and the manifest, written last. `pack`,
+`repack`, `--finalize` and Dask all go through it.
 """
 
 from __future__ import annotations
@@ -239,8 +240,9 @@ def replace_beside(prefix: str, build: Callable[[str], T]) -> T:
 def swap_in(staging: str, prefix: str) -> None:
     """Replace the pack at `prefix` with the complete one at `staging` (see `staging_prefix`).
 
-    One commit (`output.commit`): its journal lists every move, the old files the new pack
-    does not have (more shards, index caches), and the new manifest, moved last. After a
+    One commit (`output.commit`): its journal lists every move (the binary index among
+    them), the old files the new pack does not have (more shards, an identities file, the
+    insightface identity ranges), and the new manifest, moved last. After a
     crash at any instant the old pack is whole, or the journal is there and
     `finish_interrupted` completes the new one.
     """
