@@ -79,6 +79,20 @@ def test_sharded_pack(tmp_path):
     assert len(tree_files(tmp_path / "back")) == 12
 
 
+def test_a_format_3_pack_is_unpacked_from_its_binary_index(tmp_path):
+    """The .npy index is what unpack reads: .idx text it would choke on changes nothing."""
+    pack = make_pack(tmp_path, shard_records=5)
+    for idx in (tmp_path / "out").glob("faces-*.idx"):
+        idx.write_text("not\tan index\n")
+    result = unpack_dataset(pack.manifest, tmp_path / "back")
+    expected = {
+        f"{NAMES[label]}/{index}.jpg": (pack.root / rel).read_bytes()
+        for index, label, rel in pack.items
+    }
+    assert tree_files(tmp_path / "back") == expected
+    assert (result.images, result.identities, result.layout) == (12, 3, "images")
+
+
 def test_never_overwrites(tmp_path):
     pack = make_pack(tmp_path)
     (tmp_path / "back" / "alice").mkdir(parents=True)
@@ -144,7 +158,7 @@ def test_insightface_image_key_missing_from_the_index_is_an_error(tmp_path):
     with pytest.raises(RectoolError) as caught:
         unpack_dataset(rec, tmp_path / "back")
     assert str(caught.value) == (
-        f"{idx}: key 2 is not in the index, but record 0 says image keys up to 2 exist"
+        f"{idx}: key 2 is not in the index, but record 0 says keys up to 2 exist"
     )
     assert not (tmp_path / "back").exists()
 
@@ -156,7 +170,7 @@ def test_a_record_shorter_than_its_header_is_an_error_naming_its_offset(tmp_path
     offset = 8 + len(first) + -len(first) % 4  # the second record's part header
     with pytest.raises(RectoolError) as caught:
         unpack_dataset(rec, tmp_path / "back")
-    # (The reader words the reason; what unpack adds is where: the file and the byte offset.)
+    # (The reader words the reason; what unpack adds is where: file, key and byte offset.)
     message = str(caught.value)
-    assert message.startswith(f"{rec}, byte offset {offset}: record of 10 bytes")
+    assert message.startswith(f"{rec}, key 2, byte offset {offset}: record of 10 bytes")
     assert re.search(r"24-byte (image )?header$", message)

@@ -15,17 +15,15 @@ written as if it were sound.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..dataset.headers import insightface_header
-from ..dataset.sources import resolve_source
+from ..dataset.packs import open_dataset
 from ..doors.output import OutputFolder
 from ..errors import RectoolError
-from ..format.binindex import read_identities
 from ..format.checksums import (
     ChecksumFileError,
     checksum_path,
@@ -33,17 +31,15 @@ from ..format.checksums import (
     load_checksums,
     stale_reason,
 )
-from ..format.keys import last_line_wins, refuse_shared_offsets
-from ..format.records import IndexedRecordFile
+from ..format.keys import refuse_shared_offsets
 from ..packer.images import sniff_format
-from ..reader import unpack_header
 from ..text import counted
 from .scan import mapped
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
 
-    from ..reader import Header
+    from ..dataset.packs import PackDataset
 
 EXTENSIONS: dict[str | None, str] = {
     "jpeg": ".jpg",
@@ -95,56 +91,67 @@ def unpack_dataset(
     not images). A key repeated in an .idx is written once, from its last line, as readers
     resolve it. Existing files are never overwritten; with `resume`, one already holding its
     record's bytes (what an interrupted run wrote) is kept. `progress(done, total)` is called as
-    images are written.
+    images are written. The dataset is opened as every command opens one (a format-3 pack maps
+    its binary index; any other gets the same index built from its .idx files).
     """
-    manifest, manifest_path, shards = resolve_source(target)
-    names = {}
-    if manifest is not None and manifest_path is not None:
-        names = read_identities(manifest_path, manifest) or {}
     out_dir = os.fspath(out_dir)
     result = UnpackResult(out_dir)
     folders: dict[float, str] = {}
-    opened = [IndexedRecordFile(rec, idx) for rec, idx in shards]
+    ds = open_dataset(target)
     out = None
     try:
-        _refuse_damaged(opened)
-        plans = [_plan(f) for f in opened]
-        result.layout = "/".join(sorted({layout for layout, _, _ in plans})) or "empty"
-        total = sum(len(keys) for _, keys, _ in plans)
+        names = ds.identities or {}
+        _refuse_damaged(ds)
+        samples = _samples(ds)
+        result.layout = ds.layout
+        total = len(samples)
         out = OutputFolder(out_dir)  # never writes through a link planted inside it
-        done = 0
-        for records, (_, keys, offsets) in zip(opened, plans):
-            for key, offset in zip(keys.tolist(), offsets.tolist()):
-                header, image = unpack_header(
-                    records.rec.read_at(offset, key), records.rec.path, offset
-                )
-                label = header.label if header.flag == 0 else header.label[0]
-                folder = folders.get(float(label))
-                if folder is None:
-                    folder = folders[float(label)] = _folder_name(label, names)
-                kind = sniff_format(image[:16])
-                result.unknown_format += kind is None
-                written = out.write_new(folder, f"{key}{EXTENSIONS[kind]}", image, resume)
-                result.kept += not written
-                result.images += 1
-                result.bytes += len(image)
-                done += 1
-                if progress is not None and (done % 256 == 0 or done == total):
-                    progress(done, total)
+        for done, i in enumerate(samples.tolist(), start=1):
+            image, label = ds.raw(i)
+            first = float(label if np.ndim(label) == 0 else label[0])
+            folder = folders.get(first)
+            if folder is None:
+                folder = folders[first] = _folder_name(first, names)
+            kind = sniff_format(image[:16])
+            result.unknown_format += kind is None
+            key = ds.keys.item(i)
+            written = out.write_new(folder, f"{key}{EXTENSIONS[kind]}", image, resume)
+            result.kept += not written
+            result.images += 1
+            result.bytes += len(image)
+            if progress is not None and (done % 256 == 0 or done == total):
+                progress(done, total)
     finally:
-        for f in opened:
-            f.close()
+        ds.close()
         if out is not None:
             out.close()
     result.identities = len(folders)
     return result
 
 
-def _refuse_damaged(opened: Sequence[IndexedRecordFile], shown: int = 5) -> None:
+def _samples(ds: PackDataset) -> np.ndarray:
+    """Return the samples to write, one per key (its last .idx line), shard by shard.
+
+    The dataset's samples are its images (the insightface layout's are keys 1..N, each once);
+    in the images layout every .idx line is one, so a repeated key keeps its last line. Keys
+    that share one record are refused: unpack writes one file per record.
+    """
+    chosen = []
+    bounds = ds.shard_bounds
+    for (_, idx), a, b in zip(ds.shards, bounds, bounds[1:]):
+        keys, offsets = np.asarray(ds.keys[a:b]), np.asarray(ds.offsets[a:b])
+        _, last = np.unique(keys[::-1], return_index=True)
+        lines = np.sort(len(keys) - 1 - last)
+        refuse_shared_offsets(idx, keys[lines], offsets[lines], "unpack")
+        chosen.append(a + lines)
+    return np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+
+
+def _refuse_damaged(ds: PackDataset, shown: int = 5) -> None:
     """Raise `DamagedRecordsError` when a record differs from its checksum in a .rec.crc file."""
     damaged: list[tuple[str, int | None, int]] = []
-    for records in opened:
-        rec = records.rec.path
+    bounds = ds.shard_bounds
+    for (rec, _), a, b in zip(ds.shards, bounds, bounds[1:]):
         path = checksum_path(rec)
         try:
             entries, _ = load_checksums(path)
@@ -163,14 +170,16 @@ def _refuse_damaged(opened: Sequence[IndexedRecordFile], shown: int = 5) -> None
                     "without per-record checks)"
                 )
             bad = damaged_records(buf, size, entries)
-        key_of = dict(zip(records.offsets.tolist(), records.keys.tolist()))
-        for i in bad:
-            offset = int(entries["offset"][i])
-            damaged.append((rec, key_of.get(offset), offset))
+        if len(bad):
+            key_of = dict(zip(ds.offsets[a:b].tolist(), ds.keys[a:b].tolist()))
+            for i in bad:
+                offset = int(entries["offset"][i])
+                damaged.append((rec, key_of.get(offset), offset))
     if damaged:
         n = len(damaged)
         named = "; ".join(
-            f"{rec} key {key} at byte offset {offset}" for rec, key, offset in damaged[:shown]
+            f"{rec}{'' if key is None else f' key {key}'} at byte offset {offset}"
+            for rec, key, offset in damaged[:shown]
         )
         more = f" and {n - shown} more" if n > shown else ""
         raise DamagedRecordsError(
@@ -178,36 +187,6 @@ def _refuse_damaged(opened: Sequence[IndexedRecordFile], shown: int = 5) -> None
             f"when packed): {named}{more}; nothing was written. `rectool verify` lists them all",
             damaged,
         )
-
-
-def _plan(records: IndexedRecordFile) -> tuple[str, np.ndarray, np.ndarray]:
-    """Return the layout and the (keys, offsets) of the image records to write, one per key,
-    in file order.
-
-    The layout is `reader.insightface_header`'s; in the insightface layout every image key
-    record 0 announces must be in the index, as the reader requires.
-    """
-    keys, offsets = last_line_wins(records.keys, records.offsets)
-    refuse_shared_offsets(records.idx_path, keys, offsets, "unpack")  # one file per record
-    rf = records.rec
-
-    def read(line: int) -> tuple[Header, bytes]:
-        offset = int(offsets[line])
-        return unpack_header(rf.read_at(offset, int(keys[line])), rf.path, offset)
-
-    ranges = insightface_header(read, keys)
-    if ranges is None:
-        return "images", keys, offsets
-    wanted = ranges[0]
-    images = (keys >= wanted.start) & (keys < wanted.stop)
-    if images.sum() < len(wanted):  # (one line per key: a key missing leaves a gap)
-        present = np.zeros(len(wanted), bool)
-        present[keys[images] - wanted.start] = True
-        raise RectoolError(
-            f"{records.idx_path}: key {wanted.start + int(np.argmin(present))} is not in the "
-            f"index, but record 0 says image keys up to {wanted[-1]} exist"
-        )
-    return "insightface", keys[images], offsets[images]
 
 
 def _folder_name(label: float, names: dict[int, str]) -> str:
