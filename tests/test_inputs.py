@@ -306,9 +306,9 @@ def test_an_index_file_named_outside_the_pack_is_refused(small_pack, tmp_path, f
     outside.write_bytes((small_pack.manifest.parent / entry["file"]).read_bytes())
     entry["file"] = f"../elsewhere/{outside.name}" if where == "../outside" else str(outside)
     small_pack.manifest.write_text(json.dumps(doc))
+    # The core reader and the full schema word the rest ("in its folder", "in the manifest's").
     message = (
-        f"Error: {small_pack.manifest}: manifest field '{field}.file' must be a plain file name "
-        "in the manifest's folder\n"
+        f"Error: {small_pack.manifest}: manifest field '{field}.file' must be a plain file name"
     )
     for args in (
         ["verify"],
@@ -318,7 +318,8 @@ def test_an_index_file_named_outside_the_pack_is_refused(small_pack, tmp_path, f
         ["index", "--force"],
     ):
         result = invoke(args[0], small_pack.manifest, *args[1:])
-        assert (result.exit_code, result.stderr) == (2, message), args  # an unusable input
+        assert result.exit_code == 2, (args, result.output)  # an unusable input
+        assert result.stderr.startswith(message) and result.stderr.count("\n") == 1, args
     assert not (tmp_path / "images").exists() and not (tmp_path / "r.html").exists()
     if field.startswith("index."):  # the reader maps the index; it never reads the names
         with pytest.raises(InputError, match=f"manifest field '{field}.file' must be a plain"):
