@@ -42,8 +42,8 @@ MAGIC, LENGTH_BITS, PART_HEADER = 0xCED7230A, 29, struct.Struct("<II")
 MAGIC_BYTES, LENGTH_MASK = struct.pack("<I", MAGIC), (1 << LENGTH_BITS) - 1
 MAX_RECORD_BYTES, (CFLAG_WHOLE, CFLAG_FIRST, CFLAG_MIDDLE, CFLAG_LAST) = LENGTH_MASK, range(4)
 # MXNet recordio.py image header IRHeader(flag, label, id, id2); flag > 0: float32 labels follow.
-IMAGE_HEADER, Header = struct.Struct("<IfQQ"), namedtuple("Header", "flag label id id2")
-IMAGE_HEADER_SIZE = IMAGE_HEADER.size
+IMAGE_HEADER, IMAGE_HEADER_SIZE = struct.Struct("<IfQQ"), 24
+Header = namedtuple("Header", "flag label id id2")
 MANIFEST_SUFFIX, MANIFEST_FORMAT, MAX_MANIFEST_BYTES = ".manifest.json", "rectool-manifest", 1 << 30
 # A prefix with either is an unfinished pack or a replacement not yet finished: not readable.
 STATE_SUFFIX, JOURNAL_SUFFIX = ".pack-state.json", ".commit-journal.json"

@@ -35,10 +35,13 @@ from .headers import header_labels, shard_numbers
 from .sources import resolve_source
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from numpy.typing import NDArray
 
-    from ..reader import Decode
     from .sources import Source
+
+    Decode = str | Callable[[bytes], Any] | None
 
 URL = re.compile(r"(s3|gs|az|abfs|https?)://", re.I)
 
@@ -92,7 +95,8 @@ class PackDataset(RecordDataset):
             raise ValueError(f"layout must be one of {DATASET_LAYOUTS}, not {layout!r}")
         self.max_pixels, self.decode = check_max_pixels(max_pixels), decode
         self._source, self._layout_arg = source, layout
-        self.manifest, self.manifest_path, self.shards = resolve_source(source)
+        found = resolve_source(source)  # a bare .rec has no manifest: its path is None
+        self.manifest, self.manifest_path, self.shards = found  # type: ignore[assignment]
         self._identity_ranges: NDArray[np.int64] | None = None
         self._ranges_file: str | None = None
         if self.indexed:
@@ -103,6 +107,12 @@ class PackDataset(RecordDataset):
                 self._ranges_file = os.path.join(folder, str(entry.get("file")))
             return
         self._build_index()
+
+    def __enter__(self) -> PackDataset:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def indexed(self) -> bool:

@@ -145,7 +145,8 @@ def _npy(array: NDArray[Any]) -> list[Any]:
     """Return the bytes of `array` as an .npy file: its header, then its data (no copy)."""
     head = io.BytesIO()
     np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(array))
-    return [head.getvalue(), memoryview(np.ascontiguousarray(array)).cast("B")]
+    data: Any = np.ascontiguousarray(array)  # a buffer, which numpy's stubs do not say
+    return [head.getvalue(), memoryview(data).cast("B")]
 
 
 def _file_entry(path: str, parts: list[Any]) -> dict[str, Any]:

@@ -79,7 +79,8 @@ def parse_index(
         values = np.fromstring(tail, np.int64, sep=" ") if tail else np.empty(0, np.int64)
         if len(values) == 2 * lines and not (values == 2**63 - 1).any():
             tail = b""
-            keys.append(values[0::2]), offsets.append(values[1::2])
+            keys.append(values[0::2])
+            offsets.append(values[1::2])
     for line, raw in enumerate(tail.split(b"\n")[:-1], sum(map(len, keys)) + first_line):
         fields = raw.strip().split(b"\t")
         try:
@@ -93,8 +94,10 @@ def parse_index(
             raise IndexFormatError(f"{why}, got {raw[:80]!r}", path, line) from None
         if not (0 <= offset < 2**63 and -(2**63) <= key < 2**63):
             raise IndexFormatError(f"number out of range in {raw[:80]!r}", path, line)
-        tail_keys.append(key), tail_offsets.append(offset)
-    keys.append(np.array(tail_keys, np.int64)), offsets.append(np.array(tail_offsets, np.int64))
+        tail_keys.append(key)
+        tail_offsets.append(offset)
+    keys.append(np.array(tail_keys, np.int64))
+    offsets.append(np.array(tail_offsets, np.int64))
     return np.concatenate(keys), np.concatenate(offsets)
 
 
