@@ -1,7 +1,8 @@
 """Read a rectool pack (MXNet RecordIO shards, a manifest, a binary index) with numpy only.
 
-    ds = open_dataset("out/faces", decode="rgb")  # a pack's prefix or manifest; "rgb": HWC uint8
-    image, label = ds[0]; ds.labels                # a float label (or vector); all, mapped
+    ds = open_dataset("out/faces", decode="rgb")  # the pack's prefix or its manifest's path
+    image, label = ds[0]                            # HWC uint8 array, float label (or vector)
+    ds.labels                                       # every label: one read-only mapped array
 
 The index, `.npy` arrays written at pack time (format 3), is mapped: 42M records open in
 milliseconds and workers share its pages. Reads are bounded and checked; an image over
@@ -43,6 +44,7 @@ MAGIC_BYTES, LENGTH_MASK = struct.pack("<I", MAGIC), (1 << LENGTH_BITS) - 1
 MAX_RECORD_BYTES, (CFLAG_WHOLE, CFLAG_FIRST, CFLAG_MIDDLE, CFLAG_LAST) = LENGTH_MASK, range(4)
 # MXNet recordio.py image header IRHeader(flag, label, id, id2); flag > 0: float32 labels follow.
 IMAGE_HEADER, IMAGE_HEADER_SIZE = struct.Struct("<IfQQ"), 24
+_RECORD_HEAD = struct.Struct("<IIIf")  # magic, lrec, flag, label: the fast path's one unpack
 Header = namedtuple("Header", "flag label id id2")
 MANIFEST_SUFFIX, MANIFEST_FORMAT, MAX_MANIFEST_BYTES = ".manifest.json", "rectool-manifest", 1 << 30
 # A prefix with either is an unfinished pack or a replacement not yet finished: not readable.
@@ -371,6 +373,12 @@ class RecordDataset:
         """Return sample `i` undecoded: (image bytes, label)."""
         s, i = self._locate(i)
         rf, offset, key = self._files[s], self.offsets.item(i), self.keys.item(i)
+        mm = rf.open()
+        if 0 <= offset <= len(mm) - 32 and not offset & 3:  # a whole part, a scalar label: most
+            magic, lrec, flag, label = _RECORD_HEAD.unpack_from(mm, offset)
+            fits = min(LENGTH_MASK, len(mm) - offset - 8)  # its padding too; no split flag
+            if magic == MAGIC and not flag and 24 <= lrec <= fits - (-lrec & 3):
+                return mm[offset + 32 : offset + 8 + lrec], label
         head, payload = unpack_header(rf.read_at(offset, key), rf.path, offset, key)
         return payload, (head.label if head.flag == 0 else head.label.copy())
 
