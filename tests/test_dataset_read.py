@@ -9,6 +9,7 @@ packs without a binary index is tests/test_dataset_packs.py's.
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 
 import cv2
@@ -254,3 +255,29 @@ def test_an_empty_image_is_a_record_format_error(tmp_path, mode):
     error = caught.value
     assert (error.path, error.key, error.offset) == (str(tmp_path / "d.rec"), 1, offsets[1])
     assert "empty image" in str(error)
+
+
+def test_a_split_flag_is_never_read_as_a_length(tmp_path):
+    # lrec = 1 << 29 | length: the first part of a split record. In a file of more than 512 MB
+    # (sparse here) that value, read as a whole part's length, would fit inside the file.
+    first = image_record(b"jpeg", 1.0)
+    part = MAGIC + (1 << 29 | len(first)).to_bytes(4, "little") + first
+    prefix, offsets = damaged(tmp_path, [(0, image_record(b"ok", 0.0))])
+    with open(tmp_path / "d.rec", "r+b") as f:
+        f.seek(0, 2)
+        second = f.tell()
+        f.write(part)
+        f.truncate(600 << 20)
+    np.save(tmp_path / "d.offsets.npy", np.array([0, second], "<i8"))
+    np.save(tmp_path / "d.keys.npy", np.array([0, 1], "<i8"))
+    np.save(tmp_path / "d.labels.npy", np.array([0.0, 1.0], "<f4"))
+    manifest = tmp_path / "d.manifest.json"
+    doc = json.loads(manifest.read_text())
+    doc["index"]["samples"] = [2]
+    manifest.write_text(json.dumps(doc))
+    ds = rd.open_dataset(prefix)
+    assert ds[0] == (b"ok", 0.0)
+    with pytest.raises(rd.RecordFormatError) as caught:
+        ds[1]
+    assert (caught.value.offset, caught.value.key) == (second + 8 + len(first), 1)
+    assert caught.value.reason.startswith("bad magic 0x00000000")
