@@ -40,8 +40,9 @@ class Source:
         _refuse_shared_offsets(self.dataset, self.shard_of)
         self.labels = _identity_labels(self.dataset, self.spec)
         self.names = _identity_names(self.dataset)
-        # The copy reads the same files: a source small enough to stay mapped keeps the
-        # mappings its labels were read through, so its pages are faulted in once, not twice.
+        # The copy reads the same files: a source small enough to stay mapped keeps its
+        # mappings (a source without a binary index read its labels through them), so its
+        # pages are faulted in once, not twice.
         self.record_files: list[RecordFile] | None = self.dataset.shard_files
         if _rec_bytes(self.dataset) > RELEASE_BYTES:
             self.record_files = None
@@ -134,7 +135,8 @@ def _rec_bytes(dataset: PackDataset) -> int:
 
 
 def _identity_labels(dataset: PackDataset, spec: str) -> np.ndarray:
-    """Return every sample's class label as int64, from the record headers."""
+    """Return every sample's class label as int64: a format-3 source's mapped index, else
+    the record headers (`PackDataset.labels`)."""
     labels = dataset.labels
     if labels.dtype == object:
         raise RectoolError(
