@@ -56,7 +56,8 @@ if TYPE_CHECKING:
 @click.option(
     "--pack-label",
     is_flag=True,
-    help="Store every list label as a float32 vector (flag > 0), as im2rec.",
+    help="Store every list label as a float32 vector (flag > 0), as im2rec; every line "
+    "must then have as many labels.",
 )
 @check_option(
     CHECK_MODES,
@@ -160,7 +161,8 @@ def pack_command(
     structure: JPEG markers, PNG chunks and CRCs), unless a re-encoding option (--resize,
     --center-crop, --quality, --encoding, --color) is given. Broken images are never
     written: each is recorded in OUT_PREFIX.failures.jsonl. Shards are written as .partial
-    files and renamed when complete; OUT_PREFIX.manifest.json is written last.
+    files and renamed when complete; then the binary index readers map
+    (OUT_PREFIX.offsets.npy, .keys.npy, .labels.npy) and, last, OUT_PREFIX.manifest.json.
 
     An s3:// (gs://, az://) OUT_PREFIX is packed in a staging folder under the cache folder
     ($RECTOOL_CACHE_DIR), each shard uploaded as soon as it is finished, the manifest last
