@@ -29,7 +29,7 @@ def torch_shards(tmp_path_factory):
     """37 JPEGs in three shards; label = 0.5 * sample number (exact in float32)."""
     folder = tmp_path_factory.mktemp("torch")
     items = [(1000 + n, jpeg_bytes(n, 12, 10), n * 0.5) for n in range(SAMPLES)]
-    samples = write_pack(folder / "faces", [items[:10], items[10:25], items[25:]])
+    samples = write_pack(folder / "faces", [items[:10], items[10:25], items[25:]], index=True)
     return folder / "faces", samples
 
 
@@ -89,16 +89,17 @@ def test_decoded_batches(torch_shards, context):
         assert np.array_equal(images[n].numpy(), ds[n][0])
 
 
-def test_workers_do_not_parse_the_index_again(torch_shards, monkeypatch):
+def test_forked_workers_share_the_mapped_index(torch_shards, monkeypatch):
     prefix, samples = torch_shards
     ds = rd.open_dataset(prefix)
 
     def refuse(*args, **kwargs):
-        raise AssertionError("a worker parsed an index")
+        raise AssertionError("a worker opened the manifest or an index array again")
 
-    # Forked workers inherit these patches: any index parsing there fails the test.
-    monkeypatch.setattr(rd, "load_index", refuse)
-    monkeypatch.setattr(rd, "parse_index", refuse)
+    # Forked workers inherit these patches: reading the manifest or mapping an index array
+    # there fails the test; they read through the parent's mapping.
+    monkeypatch.setattr(rd, "load_array", refuse)
+    monkeypatch.setattr(rd, "read_manifest", refuse)
     loader = DataLoader(ds, batch_size=5, num_workers=2, multiprocessing_context="fork")
     assert len(collected(loader)) == SAMPLES
 

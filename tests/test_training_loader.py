@@ -37,7 +37,7 @@ def loader_shards(tmp_path_factory):
     """37 JPEGs of 40x32 in three shards; label = sample number."""
     folder = tmp_path_factory.mktemp("loader")
     items = [(1000 + n, jpeg_bytes(n, 40, 32), float(n)) for n in range(SAMPLES)]
-    samples = write_pack(folder / "faces", [items[:10], items[10:25], items[25:]])
+    samples = write_pack(folder / "faces", [items[:10], items[10:25], items[25:]], index=True)
     return folder / "faces", samples
 
 
@@ -47,7 +47,7 @@ def broken(tmp_path_factory):
     folder = tmp_path_factory.mktemp("broken")
     items = [(n, jpeg_bytes(n, 40, 32), float(n)) for n in range(10)]
     items[4] = (4, b"\xff\xd8 this is not a JPEG at all", 4.0)
-    samples = write_pack(folder / "bad", [items])
+    samples = write_pack(folder / "bad", [items], index=True)
     return folder / "bad", samples
 
 
@@ -57,14 +57,15 @@ def mixed_size_shards(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mixed")
     shapes = [(64, 64), (40, 32), (20, 60), (64, 64), (40, 32)]
     items = [(n, jpeg_bytes(n, h, w), float(n)) for n, (h, w) in enumerate(shapes)]
-    samples = write_pack(folder / "mixed", [items])
+    samples = write_pack(folder / "mixed", [items], index=True)
     return folder / "mixed", samples
 
 
 def shm_segments():
-    """This process's ring files in /dev/shm (named by the pid that made them): what other
-    processes left, a run killed earlier say, is theirs to account for."""
-    mine = f"rectool-loader-{os.getpid()}-"
+    """This process's ring files in /dev/shm: a Loader's (which should have no name at all)
+    and its DataLoader workers' BatchDecoder rings (named by this pid, then theirs). What
+    other processes left, a run killed earlier say, is theirs to account for."""
+    mine = (f"rectool-loader-{os.getpid()}-", f"rectool-batches-{os.getpid()}-")
     return sorted(name for name in os.listdir("/dev/shm") if name.startswith(mine))
 
 
@@ -121,7 +122,7 @@ def test_drop_last_bgr_and_int64_labels(loader_shards):
 
 def test_float_labels_stay_float32(tmp_path):
     items = [(n, jpeg_bytes(n, 12, 10), n * 0.5) for n in range(5)]
-    write_pack(tmp_path / "half", [items])
+    write_pack(tmp_path / "half", [items], index=True)
     with Loader(open_dataset(tmp_path / "half"), 5, shuffle=False, workers=1) as loader:
         ((_, labels),) = list(loader)
         assert labels.dtype == np.float32 and labels.tolist() == [0, 0.5, 1, 1.5, 2]
@@ -129,7 +130,7 @@ def test_float_labels_stay_float32(tmp_path):
 
 def test_label_vectors_stay_float32_even_of_zeros_and_ones(tmp_path):
     items = [(n, jpeg_bytes(n, 12, 10), [n % 2, 1 - n % 2, 1]) for n in range(4)]
-    write_pack(tmp_path / "multi", [items])
+    write_pack(tmp_path / "multi", [items], index=True)
     with Loader(open_dataset(tmp_path / "multi"), 4, shuffle=False, workers=1) as loader:
         ((_, labels),) = list(loader)
         assert labels.dtype == np.float32 and labels.tolist() == [[0, 1, 1], [1, 0, 1]] * 2

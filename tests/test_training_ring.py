@@ -46,7 +46,7 @@ def _rings_of(pid):
 @pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="needs /dev/shm")
 def test_a_parent_killed_while_spawn_workers_start_leaves_no_ring(tmp_path):
     items = [(n, jpeg_bytes(n, 40, 32), float(n)) for n in range(8)]
-    write_pack(tmp_path / "faces", [items])
+    write_pack(tmp_path / "faces", [items], index=True)
     script = tmp_path / "train.py"
     script.write_text(TRAINING)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path.cwd()), *sys.path]))
