@@ -209,3 +209,48 @@ def test_resume_adopts_a_finished_unnumbered_shard(tmp_path):
     resumed = ShardWriter(prefix)
     assert resumed.resume() == 1
     assert [os.path.basename(s.rec) for s in resumed.finished] == ["faces.rec"]
+
+
+def test_a_pack_killed_at_any_rename_is_never_read_and_resume_finishes_it(tmp_path, monkeypatch):
+    """Killed at each rename of a run (the state file, checksum files, failures file, then
+    the binary index, the identities file and the manifest, last): no reader takes the pack
+    for whole, and --resume makes the files an uninterrupted run makes, .npy index included."""
+    from helpers.image_files import write_pack_tree
+
+    from rectool.doors import output
+    from rectool.errors import RectoolError
+    from rectool.packer.listfile import write_label_map
+    from rectool.reader import open_dataset
+
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")  # the same manifest each run
+    root = tmp_path / "tree"
+    lst = write_list(tmp_path / "f.lst", write_pack_tree(root, ["a", "b", "c"], 3))
+    names = tmp_path / "names.tsv"
+    write_label_map(names, {0: "a", 1: "b", 2: "c"})
+    options = PackOptions(shard_records=4, workers=1)
+    renames = []
+    output.set_fault_hook(lambda step, path: renames.append(path) if step == "rename" else None)
+    try:
+        pack_images(lst, root, tmp_path / "reference" / "f", options, label_map=names)
+    finally:
+        output.set_fault_hook(None)
+    reference = output_bytes(tmp_path / "reference" / "f")
+    assert {"f.offsets.npy", "f.keys.npy", "f.labels.npy", "f.identities.json"} <= set(reference)
+    assert renames[0].endswith("f.pack-state.json") and renames[-1].endswith("f.manifest.json")
+    args = ["--shard-records", "4", "--workers", "1", "--labels", str(names), "-q"]
+    for nth in range(1, len(renames) + 1):
+        prefix = tmp_path / f"killed{nth}" / "f"
+        env = {**os.environ, output.FAULT_ENV: f"rename:{nth}:kill"}
+        killed = subprocess.run(
+            [sys.executable, "-m", "rectool", "pack", str(lst), str(root), str(prefix), *args],
+            env=env,
+            capture_output=True,
+            check=False,
+        )
+        assert killed.returncode == -signal.SIGKILL, (nth, killed.stderr)
+        with pytest.raises(RectoolError):
+            open_dataset(prefix)
+        # Killed at the first, the state file's, only a temporary is there: nothing to resume.
+        again = {"overwrite": True} if nth == 1 else {"resume": True}
+        pack_images(lst, root, prefix, options, label_map=names, **again)
+        assert output_bytes(prefix) == reference, nth
