@@ -578,7 +578,9 @@ def test_resume_after_a_kill_just_before_the_manifest(tmp_path, monkeypatch):
     monkeypatch.setattr(manifest_module, "write_json_atomic", real)
     resumed = repack([tmp_path / "src"], tmp_path / "run" / "train", options, resume=True)
     assert (resumed.images, resumed.failures) == (reference.images, reference.failures) == (2, 1)
-    for name in ("train.rec", "train.idx", "train.failures.jsonl", "property"):
+    index = ("train.offsets.npy", "train.keys.npy", "train.labels.npy")
+    index += ("train.identity_ranges.npy",)  # the binary index, written before the manifest
+    for name in ("train.rec", "train.idx", "train.failures.jsonl", "property", *index):
         assert (tmp_path / "run" / name).read_bytes() == (tmp_path / "ref" / name).read_bytes()
 
 
