@@ -68,7 +68,7 @@ class UnpackResult:
     """What `unpack_dataset` wrote."""
 
     out_dir: str
-    layout: str = "empty"  # "images" or "insightface" (both, "/"-joined, when shards differ)
+    layout: str = "images"  # or "insightface": the dataset's layout (`PackDataset.layout`)
     images: int = 0
     identities: int = 0
     bytes: int = 0
