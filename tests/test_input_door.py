@@ -31,8 +31,6 @@ ALLOWED = {
     "read with readv into the block): O_NOFOLLOW and the real path inside ROOT, checked by "
     "the caller with fstat for a regular file and the record size limit",
     ("training.py", "__init__"): "the Loader's shared-memory ring, which it creates (O_RDWR)",
-    ("training.py", "_map"): "the label table's shared memory, which Loader and BatchDecoder "
-    "create (an unlinked memfd), or its descriptor passed to a worker they spawn",
     ("recordio.py", "open"): "mxnet.recordio's API, standalone: the user's own paths, as MXNet",
     ("emit.py", "reader_source"): "rectool's own module source, shipped with the package",
     ("emit.py", "_parse"): "rectool's own module sources, whose definitions the emitted "
