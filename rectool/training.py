@@ -1,31 +1,17 @@
 """What training needs only sometimes: decoded batches, epoch orders, rank views, prefetch.
 
-`rectool reader --training -o rectool_training.py` copies this module verbatim; the copy
-imports the reader emitted beside it as `rectool_reader` (a sibling in a package, or by that
-name on sys.path); inside rectool it is `rectool.training` over `rectool.reader`. It raises
-the reader's own errors. Standard library and numpy; OpenCV is imported to decode.
-
-    from rectool_reader import open_dataset
-    from rectool_training import Loader, prefetch
-
-    with Loader(open_dataset("out/faces"), 256, workers=8, size=(112, 112)) as loader:
-        for epoch in range(epochs):
-            loader.set_epoch(epoch)
-            for images, labels in prefetch(loader, fn=to_gpu):  # uint8 NHWC, int64
-                ...
-
-`Loader` and `BatchDecoder` read the reader's `RecordDataset` or one built on it (rectool's
-`PackDataset`), whose index and labels are mapped files that every worker shares.
+`rectool reader --training -o rectool_training.py` copies this module verbatim. The copy imports
+the reader emitted beside it as `rectool_reader` (a sibling in a package, or on sys.path) and
+raises its errors; in rectool it is `rectool.training` over `rectool.reader`. It reads the
+reader's `RecordDataset` (or rectool's `PackDataset`): an index and labels every worker maps.
 """
 
 from __future__ import annotations
 
 import contextlib
-import mmap
 import os
 import queue
 import sys
-import tempfile
 import threading
 import traceback
 from typing import TYPE_CHECKING, Any
@@ -52,9 +38,6 @@ __all__ = ["BatchDecoder", "Loader", "Prefetcher", "RankSampler", "epoch_order",
 MODES, ON_ERROR, REPLACE_ATTEMPTS = ("bgr", "rgb", "gray"), ("raise", "skip", "replace"), 16
 
 
-# --- sampling: epochs, ranks, resuming ---------------------------------------------------------
-
-
 def epoch_order(size: int, epoch: int = 0, seed: int = 0, shuffle: bool = True) -> NDArray[Any]:
     """Return the order of all `size` samples in one epoch (int64), the same on every rank:
     from PCG64 raw bits seeded by (seed, epoch), a stream numpy keeps stable across versions."""
@@ -67,13 +50,9 @@ def epoch_order(size: int, epoch: int = 0, seed: int = 0, shuffle: bool = True) 
 
 
 class RankSampler:
-    """The samples one rank reads in an epoch: an equal share of one global order.
-
-    Every epoch has one global order (`epoch_order`), whatever the number of ranks, cut to a
-    multiple of `world_size` (`drop_last=True`) or padded by repeating its start. Rank r reads
-    positions r, r + world_size, ... of it. `state_dict()` says how far the epoch got (`epoch`,
-    `position` in the global order); `load_state_dict()` resumes there, on any number of ranks.
-    """
+    """The samples one rank reads in an epoch: positions r, r + world_size, ... of the epoch's
+    global order (`epoch_order`), cut to a multiple of `world_size` (`drop_last`) or padded by
+    repeating its start. `state_dict()`/`load_state_dict()` resume mid-epoch on any world size."""
 
     def __init__(
         self, size: Any, rank: int = 0, world_size: int = 1, shuffle: bool = True, seed: int = 0,
@@ -116,9 +95,8 @@ class RankSampler:
                 yield i
 
     def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
-        """Return {epoch, position, ...}: where to resume after `consumed` samples of this rank
-        (default: what the last iteration yielded; with DataLoader workers, which read ahead,
-        pass the samples actually trained on)."""
+        """Return where to resume after `consumed` samples of this rank (default: what the last
+        iteration yielded; DataLoader workers read ahead: pass the samples trained on)."""
         consumed = self._yielded if consumed is None else consumed
         position = min(self.position + consumed * self.world_size, self.total)
         return {"epoch": self.epoch, "position": position, "seed": self.seed, "size": self.size,
@@ -135,16 +113,11 @@ class RankSampler:
         self.epoch, self.position, self._yielded = int(state["epoch"]), int(state["position"]), 0
 
 
-# --- prefetching on a background thread -------------------------------------------------------
-
-
 class Prefetcher:
     """`prefetch(iterable, depth=2, fn=None)`: iterate `iterable` on a background thread, up to
-    `depth` items ahead, applying `fn` there (a copy to the GPU, say, which then overlaps the
-    training step). An exception of the source or `fn` is raised again in the consumer, with its
-    traceback. Leaving early (break, an exception, `close()`, `with`, garbage collection) stops
-    the thread and closes the source iterator.
-    """
+    `depth` items ahead, applying `fn` there (a copy to the GPU overlaps the training step). Its
+    errors are raised in the consumer; leaving early (break, `close()`, `with`, garbage
+    collection) stops the thread and closes the source."""
 
     def __init__(self, iterable: Iterable[Any], depth: int = 2, fn: Any = None) -> None:
         if depth < 1:
@@ -161,22 +134,18 @@ class Prefetcher:
         return self
 
     def __next__(self) -> Any:
-        kind, value = ("end", None) if self._stop.is_set() else self._queue.get()
+        kind, value = ("end", StopIteration()) if self._stop.is_set() else self._queue.get()
         if kind == "item":
             return value
         self.close()
-        if kind == "error":
-            raise value
-        raise StopIteration
+        raise value  # the source's error, or StopIteration
 
     def close(self) -> None:
         """Stop the background thread and drop what it produced ahead."""
         self._stop.set()
         while self._thread.is_alive():
-            try:
+            with contextlib.suppress(queue.Empty):
                 self._queue.get(timeout=0.05)
-            except queue.Empty:
-                pass
 
     def __enter__(self) -> Prefetcher:
         return self
@@ -205,26 +174,21 @@ def _produce(iterable: Iterable[Any], fn: Any, out: queue.Queue[Any], stop: Any)
         for item in iterator:
             if not put("item", fn(item) if fn is not None else item):
                 return
-        put("end", None)
+        put("end", StopIteration())
     except BaseException as exc:  # handed to the consumer, which raises it
         put("error", exc)
     finally:
         getattr(iterator, "close", lambda: None)()
 
 
-# --- a batch: each sample decoded into its slot, bad ones skipped or replaced -----------------
-
-
 def reduction_factor(source: tuple[int, int], target: tuple[int, int]) -> int:
-    """Return the largest libjpeg scale 8, 4 or 2 at which `source` (h, w) still covers `target`
-    (1 when the source is less than twice the target in either dimension)."""
+    """Return the largest libjpeg scale 8, 4 or 2 (else 1) at which `source` covers `target`."""
     (h, w), (th, tw) = source, target
     return next((f for f in (8, 4, 2) if -(-h // f) >= th and -(-w // f) >= tw), 1)
 
 
 def crop_box(source: tuple[int, int], target: tuple[int, int]) -> tuple[int, int, int, int]:
-    """Return (y, x, h, w): the centred region of `source` (h, w) with the target's aspect ratio,
-    what "scale to cover the target, then centre-crop" keeps."""
+    """Return (y, x, h, w): the centred region of `source` (h, w) of the target's aspect ratio."""
     (h, w), (th, tw) = source, target
     scale = max(th / h, tw / w)
     ch, cw = min(h, round(th / scale)), min(w, round(tw / scale))
@@ -272,8 +236,7 @@ class _Decoder:
                 path, offset, key = self.ds.location(i)
                 raise RectoolError(
                     f"{path}: key {key}, byte offset {offset}: image of shape {image.shape[:2]}, "
-                    f"but the batch holds {out.shape[:2]} (the shape of the first image): pass "
-                    "size=(H, W) to resize every image to one shape"
+                    f"not the first image's {out.shape[:2]}: pass size=(H, W) to resize them"
                 )
             cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=out) if rgb else np.copyto(target, image)
             return
@@ -298,8 +261,7 @@ class _Decoder:
 
     def fill(self, indices: Any, images: Any) -> Report:
         """Decode samples `indices` into `images[:n]`; return (taken, skipped, replaced): the n
-        samples written, (index, message) pairs and (index, substitute, message) triples. A
-        substitute is drawn from (seed, index, attempt): the same in every run."""
+        samples written, (index, why) and (index, substitute drawn from the seed, why)."""
         taken: list[int] = []
         skipped, replaced = [], []
         for i in map(int, indices):
@@ -322,10 +284,7 @@ class _Decoder:
                         self.into(r, images[len(taken)])
                         break
             else:
-                raise RecordFormatError(
-                    f"{message}; and {REPLACE_ATTEMPTS} replacements drawn for it could not "
-                    "be decoded either"
-                )
+                raise RecordFormatError(f"{message}; and {REPLACE_ATTEMPTS} substitutes failed too")
             taken.append(r)
             replaced.append((i, r, message))
         return taken, skipped, replaced
@@ -338,9 +297,7 @@ class _Batches:
     def __init__(self, ds: Any, size: Any, mode: Any, on_error: str, seed: int, budget: Any):
         mode = mode or (ds.decode if getattr(ds, "decode", None) in MODES else "rgb")
         if mode not in MODES or on_error not in ON_ERROR:
-            raise ValueError(
-                f"need mode in {MODES}, on_error in {ON_ERROR}, not {mode}, {on_error}"
-            )
+            raise ValueError(f"mode must be one of {MODES}, on_error one of {ON_ERROR}")
         if size is not None and [type(v) is int and v > 0 for v in size] != [True, True]:
             raise ValueError(f"size must be (height, width) in pixels, not {size!r}")
         budget = getattr(ds, "max_pixels", DEFAULT_MAX_PIXELS) if budget is None else budget
@@ -349,14 +306,9 @@ class _Batches:
         labels = ds.labels
         if len(ds) == 0 or labels.dtype == object:
             raise RectoolError(f"{ds!r}: no samples, or labels of several widths, to batch")
-        whole = (
-            labels.ndim == 1 and np.isfinite(labels).all() and (labels == np.trunc(labels)).all()
-        )
-        self.mode, self.size, self._dtype = (
-            mode,
-            size and tuple(size),
-            np.int64 if whole else np.float32,
-        )
+        finite = labels.ndim == 1 and np.isfinite(labels).all()  # whole numbers: class indices
+        self._dtype = np.int64 if finite and (labels == np.trunc(labels)).all() else np.float32
+        self.mode, self.size = mode, size and tuple(size)
         self._decoder = _Decoder(ds, mode, self.size, budget, on_error, seed)
         self.shape = (*self.size, 1 if mode == "gray" else 3) if size else self._first_shape()
         self.stats = {"batches": 0, "samples": 0, "skipped": 0, "replaced": 0}
@@ -377,56 +329,14 @@ class _Batches:
 
     def _count(self, report: Report) -> None:
         for name, done in zip(("samples", "skipped", "replaced"), report):
-            self.stats[name] += len(done)
+            self.stats[name] += len(done)  # type: ignore[arg-type]  # each a list
         self.stats["batches"] += 1
-
-
-# --- Loader: worker processes that fill a ring of batch slots in shared memory ----------------
-
-
-class _Ring:
-    """`slots` batch slots of images, (slots, batch, H, W, C) uint8, in a shared file with no
-    name (a memfd, or a file unlinked at once): a killed run leaves nothing behind. Workers map
-    its descriptor, inherited under fork, duplicated into them under spawn (`__reduce__`)."""
-
-    def __init__(self, spec: tuple[Any, ...], fd: int | None = None) -> None:
-        self.spec, size = spec, int(spec[0] * spec[1] * np.prod(spec[2]))
-        if fd is None and hasattr(os, "memfd_create"):
-            fd = os.memfd_create("rectool-loader")
-            os.ftruncate(fd, size)
-        elif fd is None:
-            shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
-            fd, path = tempfile.mkstemp(prefix=f"rectool-loader-{os.getpid()}-", dir=shm)
-            os.unlink(path)
-            os.ftruncate(fd, size)
-        self.fd: int | None = fd
-        self._mm = mmap.mmap(fd, size)
-        self.images = np.frombuffer(self._mm, np.uint8).reshape(spec[0], spec[1], *spec[2])
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        from multiprocessing.reduction import DupFd
-
-        return _Ring._mapped, (self.spec, DupFd(self.fd))
-
-    @staticmethod
-    def _mapped(spec: tuple[Any, ...], dup: Any) -> _Ring:
-        return _Ring(spec, dup.detach())
-
-    def close(self, mapping: bool = True) -> None:
-        """Close the descriptor, and unless the caller still views a batch, the mapping."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-        if mapping:
-            with contextlib.suppress(BufferError):  # a batch still viewed: its last view unmaps
-                self._mm.close()
 
 
 @contextlib.contextmanager
 def _forking(forked: bool) -> Iterator[None]:
     """Fork with OpenCV's thread pool at one thread, then give the parent its threads back: a
-    child forked while the pool's threads exist inherits their condition variables in use, and
-    its first `cv2.setNumThreads` blocks forever."""
+    child forked beside the pool's threads inherits their condition variables in use (a hang)."""
     cv2 = sys.modules.get("cv2") if forked else None
     threads = cv2.getNumThreads() if cv2 else 0
     if cv2:
@@ -439,8 +349,8 @@ def _forking(forked: bool) -> Iterator[None]:
 
 
 def _portable(exc: BaseException) -> tuple[Any, tuple[Any, ...]]:
-    """Return (class, arguments) to raise a worker's error again in the loop: the reader's own
-    errors whole (pickling would keep a RecordFormatError's message only), others as text."""
+    """Return (class, arguments) to raise a worker's error again: the reader's errors whole
+    (a pickled RecordFormatError keeps its message only), others as text."""
     if isinstance(exc, RecordFormatError):
         return type(exc), (exc.reason, exc.path, exc.offset, exc.key)
     if isinstance(exc, RectoolError):
@@ -449,13 +359,12 @@ def _portable(exc: BaseException) -> tuple[Any, tuple[Any, ...]]:
     return RectoolError, (f"in a loader worker: {text}",)
 
 
-def _work(decoder: _Decoder, ring: _Ring, conn: Any, parent: int, forked: bool) -> None:
-    """A worker: decode each batch it is sent, (slot, indices), into the ring; answer with the
-    report, or the error."""
+def _work(decoder: _Decoder, ring: Any, shape: Any, conn: Any, parent: int, forked: bool) -> None:
+    """A worker: decode each batch it is sent, (slot, indices), into the ring; answer."""
     try:
         if not forked:  # a forked worker inherits one thread (see _forking)
             _cv2().setNumThreads(1)  # one process per core already
-        ring.close(mapping=False)  # mapped: the descriptor is not needed any more
+        images = np.frombuffer(ring, np.uint8).reshape(shape)
         conn.send(("ok", None))
         while True:
             while not conn.poll(1.0):  # wake now and then to notice a parent that died
@@ -465,7 +374,7 @@ def _work(decoder: _Decoder, ring: _Ring, conn: Any, parent: int, forked: bool) 
             if task is None:
                 return
             try:
-                conn.send(("ok", decoder.fill(task[1], ring.images[task[0]])))
+                conn.send(("ok", decoder.fill(task[1], images[task[0]])))
             except Exception as exc:
                 conn.send(("error", _portable(exc)))
     except (EOFError, OSError, KeyboardInterrupt):  # the parent is gone, or interrupted
@@ -474,31 +383,17 @@ def _work(decoder: _Decoder, ring: _Ring, conn: Any, parent: int, forked: bool) 
         conn.send(("error", _portable(exc)))
 
 
-class _WorkerDied(RectoolError):
-    """A worker process ended while a batch was due from it."""
-
-
 class Loader(_Batches):
-    """Decoded batches from `workers` processes through reused shared memory, in order.
-
-    `for images, labels in loader` yields this rank's share of epoch `set_epoch(e)` in batches:
-    images uint8 (n, H, W, C) in `mode` (default the dataset's decode mode, else "rgb"), labels
-    int64 (n,) when every label is a whole number, else float32 (n,) or (n, k).
-
-    - Order: `RankSampler(len(ds), rank, world_size, shuffle, seed)` (`loader.sampler`, which
-      resumes), or the dataset's own `rank_sampler`; a partial last batch unless `drop_last`.
-    - Images view a slot that is reused: valid until the next batch is asked for (`copy=True`
-      copies them). Labels are fresh. `tensors=True`: `torch.from_numpy` views.
-    - `size=(H, W)` scales each image to cover H x W keeping its aspect ratio and crops the
-      centre (a JPEG at least twice the target is decoded at 1/2, 1/4 or 1/8 scale); without
-      it every image must have the shape of the first.
-    - A bad sample (a damaged record, bytes that do not decode or are cut, a header declaring
-      over `max_pixels` pixels, refused before any allocation) raises the reader's
-      RecordFormatError naming file, key and offset (`on_error="raise"`), is dropped ("skip")
-      or replaced by a sample drawn from (seed, index) ("replace"); see `stats`, `bad_samples`.
-    - Workers start on the first iteration and stay until `close()` (or `with`); they exit if
-      this process dies. Any `start_method`; under spawn this module must be importable.
-    """
+    """Decoded batches of this rank's share of epoch `set_epoch(e)`, in the order of
+    `loader.sampler` (a `RankSampler`, or the dataset's `rank_sampler`), from `workers` processes
+    that decode into a ring of slots in shared memory: images uint8 (n, H, W, C) in `mode`
+    viewing a slot, valid until the next batch is asked for (`copy=True` copies them); fresh
+    labels, int64 when all are whole numbers, else float32 (n,) or (n, k). `size=(H, W)` covers
+    H x W keeping the aspect ratio, then crops the centre (JPEGs decoded at 1/2, 1/4, 1/8 scale
+    when that still covers it). A bad sample (damaged, undecodable, cut, or over `max_pixels`)
+    raises the reader's RecordFormatError (`on_error="raise"`), is dropped ("skip") or replaced
+    ("replace"); see `stats`, `bad_samples`. Workers run from the first iteration to `close()`
+    and exit if this process dies; under spawn this module must be importable by name."""
 
     def __init__(
         self, ds: Any, batch_size: int, *, workers: int = 2, shuffle: bool = True, seed: int = 0,
@@ -509,6 +404,8 @@ class Loader(_Batches):
     ) -> None:  # fmt: skip
         if batch_size < 1 or workers < 1 or (slots is not None and slots < 2):
             raise ValueError("batch_size and workers must be >= 1, slots >= 2")
+        if tensors and "torch" not in sys.modules:
+            raise ValueError("tensors=True needs torch imported first")
         super().__init__(ds, size, mode, on_error, seed, max_pixels)
         self.batch_size, self.workers, self.drop_last = batch_size, workers, drop_last
         self.copy, self.tensors, self.start_method = copy, tensors, start_method
@@ -518,7 +415,7 @@ class Loader(_Batches):
         self.bad_samples: list[tuple[int, int | None, str]] = []
         self._processes: list[Any] = []
         self._conns: list[Any] = []
-        self._ring: Any = None  # while the workers run
+        self._ring: Any = None  # the slots' images, while the workers run
         self._active: Generator[tuple[Any, Any]] | None = None
 
     def set_epoch(self, epoch: int) -> None:
@@ -558,11 +455,14 @@ class Loader(_Batches):
 
         context: Any = multiprocessing.get_context(self.start_method)
         forked = context.get_start_method() == "fork"
-        self._ring = _Ring((self.slots, self.batch_size, self.shape))
+        shape = (self.slots, self.batch_size, *self.shape)
+        # Shared memory with no name (multiprocessing's heap): a killed run leaves nothing.
+        ring = context.RawArray("B", int(np.prod(shape)))
+        self._ring = np.frombuffer(ring, np.uint8).reshape(shape)
         try:
             for _ in range(self.workers):
                 ours, theirs = context.Pipe()
-                args = (self._decoder, self._ring, theirs, os.getpid(), forked)
+                args = (self._decoder, ring, shape, theirs, os.getpid(), forked)
                 process = context.Process(target=_work, args=args, name="rectool-loader")
                 process.daemon = True
                 with _forking(forked):
@@ -572,12 +472,6 @@ class Loader(_Batches):
                 self._conns.append(ours)
             for w in range(self.workers):
                 self._receive(w)  # the worker has mapped the ring
-            self._ring.close(mapping=False)
-        except _WorkerDied as exc:
-            raise RectoolError(
-                f"{exc} while starting; under the spawn start method the training script "
-                "must start its work under `if __name__ == '__main__':`"
-            ) from None
         except BaseException:
             self._stop()  # not close(): this runs inside the pass being started
             raise
@@ -588,14 +482,10 @@ class Loader(_Batches):
         for process, conn in zip(self._processes, self._conns):
             process.join()
             conn.close()
-        self._processes, self._conns = [], []
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
+        self._processes, self._conns, self._ring = [], [], None  # views of it keep it mapped
 
     def _receive(self, w: int) -> Any:
-        """Return worker `w`'s next answer; raise its error, or `_WorkerDied` if it ended (then
-        every worker is stopped, and the next pass starts new ones)."""
+        """Return worker `w`'s answer; raise its error, or if it ended, stop them all and say so."""
         conn, process = self._conns[w], self._processes[w]
         try:
             while not conn.poll(0.5):
@@ -605,9 +495,10 @@ class Loader(_Batches):
         except (EOFError, OSError):  # the worker ended
             process.join(timeout=1)
             self._stop()
-            raise _WorkerDied(
-                f"loader worker {w} (pid {process.pid}) died with exit code "
-                f"{process.exitcode} (out of memory, or killed?)"
+            raise RectoolError(
+                f"loader worker {w} (pid {process.pid}) died with exit code {process.exitcode}: "
+                "out of memory, killed, or started by spawn from a training script that does "
+                "not start its work under `if __name__ == '__main__':`"
             ) from None
         if kind == "error":
             raise answer[0](*answer[1])
@@ -617,7 +508,7 @@ class Loader(_Batches):
         if not self._processes:
             self._start()
         indices, size, count = self.sampler.indices(), self.batch_size, len(self)
-        free, sent, done = list(range(self.slots)), {}, 0  # sent: batch number -> its slot
+        free, sent, done = list(range(self.slots)), dict[int, int](), 0  # batch -> its slot
         try:
             while done < count:
                 while len(sent) < self.slots and done + len(sent) < count:
@@ -633,56 +524,40 @@ class Loader(_Batches):
                     yield self._deliver(slot, report)
                 finally:
                     free.append(slot)  # the consumer asked for the next batch: reuse it
-        except _WorkerDied as exc:
-            sent.clear()  # nothing more comes from stopped workers
-            raise RectoolError(str(exc)) from None
         finally:
-            for b in sorted(sent):  # leave the workers idle and in step
+            for b in sorted(sent) if self._processes else ():  # leave the workers in step
                 with contextlib.suppress(Exception):  # an error in a batch nobody will see
                     self._receive(b % self.workers)
 
     def _deliver(self, slot: int, report: Report) -> tuple[Any, Any]:
         self._count(report)
         taken, skipped, replaced = report
-        self.bad_samples += [(i, None, why) for i, why in skipped] + replaced
+        self.bad_samples += [*((i, None, why) for i, why in skipped), *replaced]
         del self.bad_samples[1000:]
-        images, labels = self._ring.images[slot, : len(taken)], self._labels(taken)
+        images, labels = self._ring[slot, : len(taken)], self._labels(taken)
         images = images.copy() if self.copy else images
         if self.tensors:
-            torch: Any = sys.modules.get("torch")
-            if torch is None:
-                raise ValueError("tensors=True needs torch imported first")
+            torch = sys.modules["torch"]  # imported by the caller: checked by __init__
             images, labels = torch.from_numpy(images), torch.from_numpy(labels)
         return images, labels
 
 
-# --- BatchDecoder: one batch per call, inside torch's DataLoader ------------------------------
-
-
 class BatchDecoder(_Batches):
-    """`batches[indices] -> (images, labels)`: one decoded batch per call, for torch's DataLoader.
+    """`batches[indices] -> (images, labels)`, as `Loader` decodes them, for torch's DataLoader
+    (`DataLoader(batches, batch_size=None, sampler=BatchSampler(RankSampler(ds), 256, False))`).
 
-    Give the DataLoader batches of indices and no batching of its own::
-
-        batches = BatchDecoder(ds, size=(112, 112))
-        sampler = torch.utils.data.BatchSampler(RankSampler(ds, rank, world_size), 256, False)
-        loader = DataLoader(batches, batch_size=None, sampler=sampler, num_workers=8)
-
-    Images, labels, `size`, `mode`, `on_error`, `seed` and `max_pixels` as in `Loader`. In a
-    DataLoader worker, each worker decodes into its own ring of `slots` batches of shared
-    tensors, which the training loop maps once, not a new shared segment per batch. A batch's
-    images stay valid until that worker reuses the slot, at least `slots - prefetch_factor - 1`
-    of its batches later (5 by default): `prefetch` and `pin_memory` are safe, images kept
-    longer must be `.clone()`d. `slots=0` allocates each batch anew instead. Outside a worker,
-    each call returns new numpy arrays. `stats` counts this process's batches.
-    """
+    In a DataLoader worker, each worker decodes into its own ring of `slots` batches of shared
+    tensors, which the training loop maps once: a batch's images stay valid until that worker
+    reuses the slot, `slots - prefetch_factor - 1` of its batches later (5 by default), enough
+    for `prefetch` and `pin_memory` (`.clone()` what you keep). `slots=0`: a new one a batch."""
 
     def __init__(
         self, ds: Any, *, size: Sequence[int] | None = None, mode: str | None = None,
         on_error: str = "raise", seed: int = 0, slots: int = 8, max_pixels: int | None = None,
     ) -> None:  # fmt: skip
         super().__init__(ds, size, mode, on_error, seed, max_pixels)
-        self.slots, self._ring, self._next_slot = slots, None, 0  # the ring: made in a worker
+        self.slots, self._next_slot = slots, 0
+        self._ring: Any = None  # made in a worker
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_ring": None}  # each worker makes its own
@@ -698,27 +573,20 @@ class BatchDecoder(_Batches):
             report = self._decoder.fill(indices, images := np.empty(shape, np.uint8))
             self._count(report)
             return images[: len(report[0])], self._labels(report[0])
-        if self.slots and (self._ring is None or n > self._ring.shape[1]):
-            self._ring = torch.empty((self.slots, *shape), dtype=torch.uint8).share_memory_()
-        if self.slots:
-            batch = self._ring[self._next_slot, :n]
-            self._next_slot = (self._next_slot + 1) % self.slots
-        else:
-            batch = torch.empty(shape, dtype=torch.uint8).share_memory_()
+        if not self.slots or self._ring is None or n > self._ring.shape[1]:
+            self._ring = torch.empty((self.slots or 1, *shape), dtype=torch.uint8).share_memory_()
+        batch = self._ring[self._next_slot % len(self._ring), :n]
+        self._next_slot += 1
         report = self._decoder.fill(indices, batch.numpy())
         self._count(report)
-        return _Kept(batch[: len(report[0])], torch.from_numpy(self._labels(report[0])))
+        return _Kept((batch[: len(report[0])], torch.from_numpy(self._labels(report[0]))))
 
 
-class _Kept:
-    """A batch that travels as itself and keeps its storage mapped in the training loop, so that
-    torch maps a worker's ring there once, not once a batch (`_kept`)."""
-
-    def __init__(self, *batch: Any) -> None:
-        self.batch = batch
+class _Kept(tuple):
+    """A batch whose storage the training loop keeps mapped: torch maps a ring once."""
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _kept, self.batch
+        return _kept, tuple(self)
 
 
 _KEPT: dict[int, Any] = {}  # in the training loop: the storages of the last rings received
