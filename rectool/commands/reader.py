@@ -51,7 +51,8 @@ def reader_command(
     writes a file. OpenCV is imported only to decode images. With --training,
     rectool/training.py instead: Loader and BatchDecoder (decoded batches through shared
     memory, size=, int64 labels, skip or replace bad samples), RankSampler, epoch_order(),
-    prefetch(). The training guide in rectool's documentation shows them in use. With
+    prefetch(); it imports the reader emitted beside it as rectool_reader, so name that one
+    rectool_reader.py. The training guide in rectool's documentation shows them in use. With
     --recordio, rectool/recordio.py: MXNet 1.9.1's mxnet.recordio API (MXIndexedRecordIO,
     unpack, pack_img, ...) and imdecode(), for code that imports MXNet only for recordio.
 
