@@ -422,3 +422,38 @@ def test_forked_workers_start_after_opencv_ran_threads_in_the_parent(loader_shar
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["37", str(cv2.getNumThreads())]  # the parent's threads kept
+
+
+SIBLINGS = """
+import sys
+sys.modules["rectool"] = None  # the copies must stand alone
+from train import rectool_reader, rectool_training
+
+ds = rectool_reader.open_dataset(sys.argv[1])
+assert rectool_training.RecordFormatError is rectool_reader.RecordFormatError
+with rectool_training.Loader(ds, 4, workers=1, shuffle=False, on_error="skip") as loader:
+    print(sum(len(labels) for _, labels in loader), loader.stats["skipped"])
+"""
+
+
+def test_the_emitted_pair_works_as_siblings_in_a_package(broken, tmp_path):
+    """Emitted into a package of the user's, the training module imports its sibling reader
+    (`from .rectool_reader import ...`), whose error classes it raises and catches."""
+    import subprocess
+    import sys
+
+    from rectool.emit import emit_reader
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "__init__.py").write_text("")
+    emit_reader(tmp_path / "train" / "rectool_reader.py")
+    emit_reader(tmp_path / "train" / "rectool_training.py", training_module=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SIBLINGS, str(broken[0])],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        cwd=tmp_path,
+        check=False,
+    )
+    assert (out.returncode, out.stdout.split()) == (0, ["9", "1"]), out.stderr
