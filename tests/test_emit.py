@@ -152,7 +152,8 @@ def test_the_emitted_reader_passes_the_reader_suite_standalone(tmp_path):
     installed rectool is blocked through sys.modules; spawned DataLoader workers check that
     they did not import it either (tests/test_torch.py).
     """
-    module = tmp_path / "emitted" / "standalone_reader.py"
+    # The training module imports the reader emitted beside it by this name.
+    module = tmp_path / "emitted" / "rectool_reader.py"
     module.parent.mkdir()
     emit.emit_reader(module)
     emit.emit_reader(module.parent / "standalone_training.py", training_module=True)
