@@ -372,6 +372,7 @@ def test_the_emitted_pair_works_without_rectool(loader_shards, broken, tmp_path)
         env=env,
         cwd=tmp_path,
         check=False,
+        timeout=300,
     )
     assert (out.returncode, out.stdout.strip()) == (0, "ok"), out.stderr
 
@@ -389,6 +390,7 @@ def test_a_worker_that_cannot_start_is_named(loader_shards, tmp_path):
         capture_output=True,
         text=True,
         check=False,
+        timeout=120,  # a loader that hangs on dead workers fails here, not the whole run
     )
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("rectool.reader.RectoolError: loader worker 0 (pid"), out.stderr
@@ -455,5 +457,6 @@ def test_the_emitted_pair_works_as_siblings_in_a_package(broken, tmp_path):
         env={**os.environ, "PYTHONPATH": str(tmp_path)},
         cwd=tmp_path,
         check=False,
+        timeout=300,
     )
     assert (out.returncode, out.stdout.split()) == (0, ["9", "1"]), out.stderr
