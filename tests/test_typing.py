@@ -153,7 +153,8 @@ def checked_files():
 
 def unannotated(source, name="<source>"):
     """Return `name:line: function` for each function of `source` missing an annotation: of
-    its return, or of a parameter (but a method's `self` or `cls`)."""
+    its return, or of a parameter (but a method's `self` or `cls`). A method `__init__` with an
+    annotated parameter may leave its return out: PEP 484 makes it `None` (mypy checks it so)."""
     missing = []
 
     def visit(node, in_class):
@@ -167,7 +168,10 @@ def unannotated(source, name="<source>"):
                 if in_class and not static and params:
                     params = params[1:]  # self, cls
                 params += [a for a in (args.vararg, args.kwarg) if a is not None]
-                if child.returns is None or any(p.annotation is None for p in params):
+                returns = child.returns is not None or (in_class and child.name == "__init__")
+                if not (returns and params) and child.returns is None:
+                    returns = False  # `__init__(self)` alone: `-> None` says it is typed
+                if not returns or any(p.annotation is None for p in params):
                     missing.append(f"{name}:{child.lineno}: {child.name}")
                 visit(child, False)
             else:
@@ -200,17 +204,23 @@ def test_the_annotation_check_finds_what_is_missing():
         "def no_param(a) -> None: ...\n"
         "def no_kwargs(**options) -> None: ...\n"
         "class C:\n"
+        "    def __init__(self, a: int): ...\n"
         "    def method(self, a: int) -> None:\n"
         "        def inner(b): ...\n"
         "    @staticmethod\n"
         "    def static(a) -> None: ...\n"
+        "class D:\n"
+        "    def __init__(self): ...\n"
+        "    def __init__(self, a): ...\n"
     )
     assert unannotated(source) == [
         "<source>:2: no_return",
         "<source>:3: no_param",
         "<source>:4: no_kwargs",
-        "<source>:7: inner",
-        "<source>:9: static",
+        "<source>:8: inner",
+        "<source>:10: static",
+        "<source>:12: __init__",
+        "<source>:13: __init__",
     ]
 
 
