@@ -10,9 +10,9 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
-from rectool.packer.packing import pack_images
 from rectool.cli import cli
 from rectool.inspect.bench import bench_dataset
+from rectool.packer.packing import pack_images
 
 
 @pytest.fixture

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
-from rectool.packer.packing import pack_images
 from rectool.emit import emit_reader
+from rectool.packer.packing import pack_images
 
 pytest.importorskip("torch")
 

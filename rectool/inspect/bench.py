@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..reader import DEFAULT_MAX_PIXELS
 from ..dataset.packs import (
     PackDataset,
     open_dataset,
 )
+from ..reader import DEFAULT_MAX_PIXELS
 
 if TYPE_CHECKING:
     from typing import TypeAlias
