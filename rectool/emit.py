@@ -33,7 +33,7 @@ HEADER = """\
 # Regenerate it with `rectool reader{option} -o FILE` rather than editing it.
 """
 VERBATIM = "A verbatim copy of rectool's own module"
-ASSEMBLED = "rectool's own module with the definitions it imports from rectool copied in"
+ASSEMBLED = "rectool's own module, its imports of rectool copied in"
 DECODERS = "; OpenCV is imported only to decode images"
 # The lines that open and close the imports `rectool reader --recordio` replaces.
 BEGIN_COPIED = "# --- rectool's own definitions:"
