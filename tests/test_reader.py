@@ -1,5 +1,5 @@
 """Records by byte offset (rectool.reader's RecordFile, its one framing loop), .idx parsing
-(format/textindex.py), IndexedRecordFile lookups and record_heads (dataset/headers.py).
+(format/textindex.py), IndexedRecordFile lookups and record_heads (format/headers.py).
 
 Every .rec here is assembled by hand from FORMAT-NOTES §1 (`part()` below), never by rectool's
 writer, so a reader bug cannot be hidden by the same bug in the writer.
@@ -688,7 +688,7 @@ def test_bulk_header_reads_go_through_record_heads():
         for p in package.rglob("*.py")
         if "as_strided" in p.read_text(encoding="utf-8")
     )
-    assert users == ["dataset/headers.py"]
+    assert users == ["format/headers.py"]
     source = (package / "dataset" / "headers.py").read_text(encoding="utf-8")
     assert source.count("as_strided") == 1
     assert "record_heads(" in (package / "repack" / "copier.py").read_text(encoding="utf-8")

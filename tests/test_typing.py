@@ -50,7 +50,7 @@ TYPED = {
     "rectool/format/writer.py",
     "rectool/format/binindex.py",
     "rectool/format/textindex.py",
-    "rectool/dataset/headers.py",
+    "rectool/format/headers.py",
     "rectool/dataset/packs.py",
     "rectool/dataset/sources.py",
     "rectool/packer/__init__.py",

@@ -31,7 +31,7 @@ from ..reader import (
     load_array,
     unpack_header,
 )
-from .headers import header_labels, shard_numbers
+from ..format.headers import header_labels, shard_numbers
 from .sources import resolve_source
 
 if TYPE_CHECKING:

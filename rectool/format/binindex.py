@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..dataset.headers import check_shard, header_labels, insightface_header, key_lines
+from .headers import check_shard, header_labels, insightface_header, key_lines
 from ..doors.output import write_atomic
 from ..reader import (
     INDEX_ARRAYS,

@@ -5,7 +5,7 @@ the identity ranges are mapped from its `.npy` arrays, and the `.rec` is not rea
 sample of images decoded for their dimensions (which also give the payload sizes and
 encodings described). Any other dataset is described from every record header (read with
 numpy, through the .idx when there is one); the layout is then "images" or "insightface", as
-`dataset.headers.insightface_header` decides it for each shard. `label_vectors` tells whether
+`format.headers.insightface_header` decides it for each shard. `label_vectors` tells whether
 images carry a label vector (header flag > 0) rather than one label.
 
 Records it cannot read are described under `damage` (the rest is still described);

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from ..dataset.headers import (
+from ..format.headers import (
     insightface_header,
     peek_header,
 )

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..dataset.headers import record_heads
+from ..format.headers import record_heads
 from ..format.writer import frame_record, pack_image_record
 from ..packer.images import ImageRefused, check_image
 from ..packer.passthrough import refused_images
