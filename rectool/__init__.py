@@ -30,12 +30,6 @@ if TYPE_CHECKING:  # the names below, typed for a checker (`X as X`: exported)
     from .format.records import IndexedRecordFile as IndexedRecordFile
     from .format.textindex import load_index as load_index
     from .format.writer import (
-        IndexedRecordWriter as IndexedRecordWriter,
-    )
-    from .format.writer import (
-        RecordWriter as RecordWriter,
-    )
-    from .format.writer import (
         frame_record as frame_record,
     )
     from .format.writer import (
@@ -47,6 +41,8 @@ if TYPE_CHECKING:  # the names below, typed for a checker (`X as X`: exported)
     from .packer.listing import list_images as list_images
     from .packer.options import PackOptions as PackOptions
     from .packer.packing import pack_images as pack_images
+    from .packer.writers import IndexedRecordWriter as IndexedRecordWriter
+    from .packer.writers import RecordWriter as RecordWriter
     from .reader import Header as Header
     from .reader import RecordDataset as RecordDataset
     from .reader import RecordFile as RecordFile
@@ -78,8 +74,8 @@ _EXPORTS = {
     "unpack_header": "reader",
     # writing
     "write_dali_index": "inspect.dali",
-    "IndexedRecordWriter": "format.writer",
-    "RecordWriter": "format.writer",
+    "IndexedRecordWriter": "packer.writers",
+    "RecordWriter": "packer.writers",
     "frame_record": "format.writer",
     "pack_image_record": "format.writer",
     # pipelines

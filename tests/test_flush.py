@@ -21,8 +21,9 @@ from rectool.doors import output
 from rectool.doors.output import create_new
 from rectool.errors import RectoolError
 from rectool.format.textindex import load_index
-from rectool.format.writer import IndexedRecordWriter, RecordWriter, frame_record
+from rectool.format.writer import frame_record
 from rectool.packer import ordered, passthrough, shardfile
+from rectool.packer.writers import IndexedRecordWriter, RecordWriter
 from rectool.reader import RecordFile
 
 CHUNK = 16 << 10

@@ -9,7 +9,8 @@ from helpers.framing_cases import image_record_cases, raw_payload_cases
 from helpers.mxnet_oracle import run_mxnet
 
 from rectool.format.records import IndexedRecordFile, iter_records
-from rectool.format.writer import IndexedRecordWriter, RecordWriter, pack_image_record
+from rectool.format.writer import pack_image_record
+from rectool.packer.writers import IndexedRecordWriter, RecordWriter
 from rectool.reader import RecordFile, unpack_header
 
 pytestmark = pytest.mark.oracle

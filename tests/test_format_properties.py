@@ -17,12 +17,11 @@ from hypothesis import strategies as st
 from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.format.textindex import IndexFormatError, parse_index
 from rectool.format.writer import (
-    IndexedRecordWriter,
-    RecordWriter,
     format_index_line,
     frame_record,
     pack_image_record,
 )
+from rectool.packer.writers import IndexedRecordWriter, RecordWriter
 from rectool.reader import RecordFile, unpack_header
 
 M = b"\x0a\x23\xd7\xce"  # the magic 0xced7230a as it lies in the file

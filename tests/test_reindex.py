@@ -23,9 +23,10 @@ from hypothesis import strategies as st
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.format.writer import IndexedRecordWriter, pack_image_record
+from rectool.format.writer import pack_image_record
 from rectool.inspect.reindex import reindex
 from rectool.inspect.verify import verify_dataset
+from rectool.packer.writers import IndexedRecordWriter
 from rectool.reader import open_dataset
 
 

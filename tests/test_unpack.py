@@ -22,9 +22,10 @@ from hypothesis import strategies as st
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
-from rectool.format.writer import IndexedRecordWriter, pack_image_record
+from rectool.format.writer import pack_image_record
 from rectool.inspect.unpack import unpack_dataset
 from rectool.packer.packing import pack_images
+from rectool.packer.writers import IndexedRecordWriter
 
 
 def invoke(*args):

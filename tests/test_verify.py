@@ -31,8 +31,9 @@ from helpers.rec_files import (
 from rectool.cli import cli
 from rectool.errors import RectoolError
 from rectool.format.checksums import checksum_path
-from rectool.format.writer import IndexedRecordWriter, pack_image_record
+from rectool.format.writer import pack_image_record
 from rectool.inspect.verify import DecodeOptions, verify_dataset
+from rectool.packer.writers import IndexedRecordWriter
 
 
 def invoke(*args):

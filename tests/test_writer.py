@@ -13,13 +13,12 @@ from hypothesis import strategies as st
 from rectool.errors import RecordTooLargeError, RectoolError
 from rectool.format import writer
 from rectool.format.writer import (
-    IndexedRecordWriter,
-    RecordWriter,
     format_index_line,
     frame_image_record,
     frame_record,
     pack_image_record,
 )
+from rectool.packer.writers import IndexedRecordWriter, RecordWriter
 
 M = b"\x0a\x23\xd7\xce"  # the magic 0xced7230a as it lies in the file
 LIMIT = 2**29 - 1

@@ -1,14 +1,13 @@
 """Write dmlc RecordIO framing, MXNet image headers and .idx files, byte for byte as MXNet does.
 
 The format constants live in `rectool.reader`, the one place that defines the bytes. The
-public `RecordWriter` and `IndexedRecordWriter` frame here and write through the pipeline's
-own `packer.shardfile.ShardFile` (`ShardFile.plain`): one writing path, one fsync, one door.
+public `RecordWriter` and `IndexedRecordWriter` (`packer/writers.py`) frame here and write
+through the pipeline's own `packer.shardfile.ShardFile`: one writing path, one fsync, one door.
 """
 
 from __future__ import annotations
 
 import numbers
-import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,9 +27,7 @@ from ..reader import (
 )
 
 if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer, StrPath
-
-    from ..packer.shardfile import ShardFile
+    from _typeshed import ReadableBuffer
 
     # A label: a number (flag 0), or a sequence or array of them (float32 labels).
     Label = float | Sequence[float] | np.ndarray
@@ -111,72 +108,6 @@ def _aligned_magic_positions(payload: bytes | bytearray) -> list[int]:
         else:
             i = payload.find(MAGIC_BYTES, i + 1)
     return positions
-
-
-class RecordWriter:
-    """Append framed records to a .rec file; a context manager.
-
-    `write(payload)` returns the number of bytes written; `tell()` the offset the next record
-    will start at. Opening with `append=True` continues an existing file. The bytes are
-    written by a plain `ShardFile` (buffered, handed to the OS by `flush` and `close`).
-    """
-
-    def __init__(self, path: StrPath, append: bool = False) -> None:
-        self.path = os.fspath(path)
-        self._shard = _plain_file(self.path, None, append)
-
-    def __enter__(self) -> RecordWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # dropped unclosed: still writes its records, as a file does
-        if getattr(self, "_shard", None) is not None and not self._shard.closed:
-            self.close()
-
-    def tell(self) -> int:
-        """Return the byte offset at which the next record starts."""
-        return self._shard.rec_bytes
-
-    def write(self, payload: ReadableBuffer, item: object = None) -> int:
-        """Frame and append one record; return the bytes written."""
-        return self.write_framed(frame_record(payload, item))
-
-    def write_framed(self, framed: ReadableBuffer) -> int:
-        """Append bytes already produced by `frame_record`; return the bytes written."""
-        _check_open(self._shard, "write to closed file")
-        framed = framed if type(framed) is bytes else bytes(framed)  # the caller may reuse it
-        self._shard.add(None, framed)
-        return len(framed)
-
-    def flush(self, sync: bool = False) -> None:
-        """Push buffered bytes to the OS, and to the disk with `sync=True`."""
-        _check_open(self._shard, "flush of closed file")
-        self._shard.sync(fsync=sync)
-
-    def close(self) -> None:
-        """Flush and close the file."""
-        _close(self._shard)
-
-
-def _plain_file(rec_path: str, idx_path: str | None, append: bool) -> ShardFile:
-    from ..packer.shardfile import ShardFile  # the pipeline's writer (it imports this module)
-
-    return ShardFile.plain(rec_path, idx_path, append)
-
-
-def _check_open(shard: ShardFile, message: str) -> None:
-    if shard.closed:
-        raise ValueError(message)
-
-
-def _close(shard: ShardFile) -> None:
-    if not shard.closed:
-        try:
-            shard.sync(fsync=False)
-        finally:
-            shard.close()
 
 
 # One .idx line as MXNet's `MXIndexedRecordIO.write_idx` writes it: key, tab, offset.
@@ -270,49 +201,3 @@ def _python_lines(keys: Integers, offsets: Integers) -> bytes:
         offsets.tolist() if isinstance(offsets, np.ndarray) else offsets,
     )
     return "".join(map(INDEX_LINE.__mod__, pairs)).encode("ascii")
-
-
-class IndexedRecordWriter:
-    """Write a .rec and its .idx together, as `mxnet.recordio.MXIndexedRecordIO` does.
-
-    Both are written by one plain `ShardFile`, the .rec bytes of records before their .idx
-    lines.
-    """
-
-    def __init__(self, rec_path: StrPath, idx_path: StrPath, append: bool = False) -> None:
-        self.idx_path = os.fspath(idx_path)
-        self._shard = _plain_file(os.fspath(rec_path), self.idx_path, append)
-
-    def __enter__(self) -> IndexedRecordWriter:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:  # dropped unclosed: still writes its records, as a file does
-        if getattr(self, "_shard", None) is not None and not self._shard.closed:
-            self.close()
-
-    def tell(self) -> int:
-        """Return the byte offset at which the next record starts."""
-        return self._shard.rec_bytes
-
-    def write(self, key: int, payload: ReadableBuffer, item: object = None) -> int:
-        """Append one record under `key`; return its byte offset."""
-        framed = frame_record(payload, item if item is not None else f"key {key}")
-        return self.write_framed(key, framed)
-
-    def write_framed(self, key: int, framed: ReadableBuffer) -> int:
-        """Append an already framed record under `key`; return its byte offset."""
-        _check_open(self._shard, "write to closed file")
-        framed = framed if type(framed) is bytes else bytes(framed)  # the caller may reuse it
-        return self._shard.add(key, framed)
-
-    def flush(self, sync: bool = False) -> None:
-        """Push buffered bytes of both files to the OS (and the disk with `sync=True`)."""
-        _check_open(self._shard, "flush of closed file")
-        self._shard.sync(fsync=sync)
-
-    def close(self) -> None:
-        """Flush and close both files."""
-        _close(self._shard)

@@ -2,7 +2,7 @@
 
 `ShardFile` is the one place that appends framed records and their `.idx` lines to a file
 (through `ordered.OrderedWriter`): a pack's shards, and (`ShardFile.plain`) the files of the
-public `format.writer.RecordWriter` and `IndexedRecordWriter`; `shards.ShardWriter` decides
+public `packer.writers.RecordWriter` and `IndexedRecordWriter`; `shards.ShardWriter` decides
 where shards end.
 """
 

@@ -183,12 +183,14 @@ def window(stream, images):
 
 def ensure_big_pack(prefix_small, log=print):
     """Return the prefix of a pack of 448x448 JPEGs (upscaled from the 112 pack), made once."""
-    from rectool.format.writer import IndexedRecordWriter, pack_image_record
+    from rectool.format.writer import pack_image_record
+    from rectool.packer.indexing import index_pack
+    from rectool.packer.writers import IndexedRecordWriter
 
     folder = CACHE / "train-448"
     prefix = folder / "faces448"
     rec, idx = Path(f"{prefix}.rec"), Path(f"{prefix}.idx")
-    if idx.exists():
+    if Path(f"{prefix}.manifest.json").exists():
         return prefix
     log(f"writing {BIG_IMAGES} JPEGs of {BIG_SIDE}x{BIG_SIDE} under {folder} ...")
     folder.mkdir(parents=True, exist_ok=True)
@@ -203,6 +205,7 @@ def ensure_big_pack(prefix_small, log=print):
             writer.write(i, pack_image_record(jpeg, label))
     os.replace(tmp_rec, rec)
     os.replace(tmp_idx, idx)
+    index_pack(rec, force=True)  # the manifest and binary index the reader maps
     return prefix
 
 
