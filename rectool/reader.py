@@ -460,7 +460,7 @@ def _jpeg_size(data: Any, whole: bool) -> Any:
     if size is None:
         raise RecordFormatError("corrupt JPEG (image data before any frame header)")
     # Entropy-coded data stuffs every FF with 00: FF D9 after the scan header is the end marker.
-    if whole and data.rfind(b"\xff\xd9", i + 4 + ((data[i + 2] << 8) | data[i + 3])) < 0:
+    if whole and data.rfind(b"\xff\xd9", i + 2 + ((data[i + 2] << 8) | data[i + 3])) < 0:
         raise RecordFormatError("truncated JPEG (no end-of-image marker)")
     return size
 

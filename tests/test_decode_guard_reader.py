@@ -8,6 +8,8 @@ hand (helpers/handmade_datasets.py); expected sizes come from OpenCV decoding th
 
 from __future__ import annotations
 
+import struct
+
 import cv2
 import numpy as np
 import pytest
@@ -191,3 +193,30 @@ def test_the_loaders_budget_comes_from_the_dataset_or_the_caller(guarded_pack):
     assert labels.tolist() == GOOD
     with pytest.raises(ValueError, match="max_pixels"):
         tr.BatchDecoder(ds, size=(8, 8), max_pixels=0)
+
+
+def _segment(marker, body):
+    return b"\xff" + bytes([marker]) + struct.pack(">H", len(body) + 2) + body
+
+
+def test_a_jpeg_whose_scan_is_one_byte_is_admitted_and_its_end_marker_is_needed():
+    """The end-of-image marker is looked for right after the scan header: with one byte of
+    entropy-coded data (an 8x8 grey image), it follows at once. A search that started two
+    bytes late refused this valid image as cut."""
+    one_code = bytes([1] + [0] * 15) + b"\x00"
+    jpeg = b"".join(
+        (
+            b"\xff\xd8",
+            _segment(0xDB, b"\x00" + bytes([1] * 64)),
+            _segment(0xC0, b"\x08" + struct.pack(">HH", 8, 8) + b"\x01\x01\x11\x00"),
+            _segment(0xC4, b"\x00" + one_code),
+            _segment(0xC4, b"\x10" + one_code),
+            _segment(0xDA, b"\x01\x01\x00\x00\x3f\x00"),
+            b"\x3f",
+            b"\xff\xd9",
+        )
+    )
+    assert rd.admit_image(jpeg) == ("jpeg", 8, 8)
+    assert rd.decode_image(jpeg, "gray").shape == (8, 8, 1)
+    with pytest.raises(rd.RecordFormatError, match="no end-of-image marker"):
+        rd.admit_image(jpeg[:-2])
