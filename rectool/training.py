@@ -262,8 +262,7 @@ class _Decoder:
     def fill(self, indices: Any, images: Any) -> Report:
         """Decode samples `indices` into `images[:n]`; return (taken, skipped, replaced): the n
         samples written, (index, why) and (index, substitute drawn from the seed, why)."""
-        taken: list[int] = []
-        skipped, replaced = [], []
+        taken, skipped, replaced = list[int](), list[tuple[int, str]](), []
         for i in map(int, indices):
             try:
                 self.into(i, images[len(taken)])
@@ -287,6 +286,7 @@ class _Decoder:
                 raise RecordFormatError(f"{message}; and {REPLACE_ATTEMPTS} substitutes failed too")
             taken.append(r)
             replaced.append((i, r, message))
+        self.ds.close()  # unmap the shards: pages a worker read are not held in its memory
         return taken, skipped, replaced
 
 
