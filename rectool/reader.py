@@ -4,10 +4,9 @@
     image, label = ds[0]                            # HWC uint8 array, float label (or vector)
     ds.labels                                       # every label: one read-only mapped array
 
-The index, `.npy` arrays written at pack time (format 3), is mapped: 42M records open in
-milliseconds and workers share its pages. Reads are bounded and checked; an image over
-`max_pixels` is refused from its header before OpenCV allocates. A pack without that index is
-refused (`NotIndexedError`): `rectool index` writes one. rectool reads records through this.
+The index (`.npy` arrays, format 3) is mapped: 42M records open in milliseconds. Reads are
+bounded and checked; an image over `max_pixels` is refused from its header before OpenCV
+allocates. A pack without that index is refused (`NotIndexedError`): `rectool index` writes one.
 """
 
 from __future__ import annotations
@@ -52,8 +51,7 @@ STATE_SUFFIX, JOURNAL_SUFFIX = ".pack-state.json", ".commit-journal.json"
 DATASET_LAYOUTS, DECODE_MODES = ("images", "insightface"), ("bgr", "rgb", "gray")
 INDEX_ARRAYS = {"offsets": ("<i8", (1,)), "keys": ("<i8", (1,)), "labels": ("<f4", (1, 2))}
 _NOT_IN_NAMES = re.compile("[/\\\\\0\ud800-\udfff]")  # + half a UTF-16 pair: not in a name
-# 50 megapixels: more than a 45-megapixel camera writes; 150 MB decoded in 8-bit colour.
-DEFAULT_MAX_PIXELS = 50_000_000
+DEFAULT_MAX_PIXELS = 50_000_000  # over a 45-megapixel camera's; 150 MB decoded in 8-bit colour
 
 
 class RectoolError(Exception):
@@ -88,8 +86,8 @@ class SampleIndexError(RectoolError, IndexError):
 
 
 def open_regular(path: StrPath, what: str, max_bytes: Any = None, follow: bool = True) -> Any:
-    """Open `path` read-only, non-blocking, and return (fd, stat) if it is a regular file (a
-    FIFO would block, a device never end) of at most `max_bytes`; `follow=False`: not a link."""
+    """Open `path` read-only, non-blocking; return (fd, stat) if it is a regular file (a FIFO
+    would block, a device never end) of at most `max_bytes`; `follow=False`: not a link."""
     nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | nofollow)
@@ -103,9 +101,8 @@ def open_regular(path: StrPath, what: str, max_bytes: Any = None, follow: bool =
     why = "" if stat.S_ISREG(st.st_mode) else f"not a regular file (the {what} must be one)"
     if why or (max_bytes is not None and st.st_size > max_bytes):
         os.close(fd)
-        raise InputError(
-            f"{path}: {why or f'the {what} is {st.st_size:,} bytes, over {max_bytes:,}'}"
-        )
+        why = why or f"the {what} is {st.st_size:,} bytes, over {max_bytes:,}"
+        raise InputError(f"{path}: {why}")
     return fd, st
 
 
@@ -126,7 +123,7 @@ class RecordFile:
     it mapped first: mapping again (after `close`, in another process) refuses another file."""
 
     def __init__(self, path: StrPath, identity: tuple[int, ...] | None = None) -> None:
-        self.path, self._size, self._identity = os.fspath(path), 0, identity
+        self.path, self._identity = os.fspath(path), identity
         self._mm: mmap.mmap | bytes | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -144,11 +141,11 @@ class RecordFile:
                 if self._identity not in (None, identity):
                     raise RectoolError(f"{self.path} was replaced after it was opened; open again")
                 self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
+                self._identity = identity
             except OSError as exc:  # ENOMEM under a memory limit (ulimit -v)
                 raise RectoolError(f"{self.path}: cannot map the record file ({exc})") from None
             finally:
                 os.close(fd)
-            self._identity, self._size = identity, st.st_size
         return self._mm
 
     def close(self) -> None:
@@ -156,9 +153,7 @@ class RecordFile:
         if isinstance(mm, mmap.mmap):
             mm.close()
 
-    @property
-    def size(self) -> int:
-        return len(self.open())
+    size = property(lambda self: len(self.open()))
 
     def read_at(self, offset: int, key: Any = None) -> bytes:
         return self.read_parts(offset, key)[0]
@@ -208,12 +203,11 @@ def read_manifest(path: StrPath) -> dict[str, Any]:
     """Read a pack manifest, checking the fields a reader uses; raise `InputError` if not one."""
     path = os.fspath(path)
     with os.fdopen(open_regular(path, "manifest", MAX_MANIFEST_BYTES)[0], "rb") as f:
-        data = f.read()
-    try:
-        doc = json.loads(data)
-    except (ValueError, RecursionError) as exc:
-        why = "JSON nested too deep" if isinstance(exc, RecursionError) else exc
-        raise InputError(f"{path}: not a rectool manifest ({why})") from None
+        try:
+            doc = json.loads(f.read())
+        except (ValueError, RecursionError) as exc:
+            why = "JSON nested too deep" if isinstance(exc, RecursionError) else exc
+            raise InputError(f"{path}: not a rectool manifest ({why})") from None
     if not isinstance(doc, dict) or doc.get("format") != MANIFEST_FORMAT:
         raise InputError(f'{path}: not a rectool manifest (no "format": "{MANIFEST_FORMAT}")')
     version, shards, index = doc.get("format_version", 0), doc.get("shards"), doc.get("index")
@@ -254,9 +248,8 @@ def refuse_unfinished(prefix: str) -> None:
 
 
 def load_array(path: str, name: str, length: int | None, kind: Any = None) -> Any:
-    """Map the index array `name` read-only if its dtype and dimensions are `kind`'s ((dtype,
-    ndims), else `INDEX_ARRAYS[name]`) and it has `length` rows (None: any); raise `InputError`
-    if not. Only its header is parsed: no pickle runs, no object array is made."""
+    """Map the index array `name` read-only if it has `length` rows (None: any) of `kind`'s
+    (dtype, ndims) (`INDEX_ARRAYS[name]`'s); else raise `InputError`. Never unpickles."""
     (dtype, ndims), fmt = kind or INDEX_ARRAYS[name], np.lib.format
     with os.fdopen(open_regular(path, "index array")[0], "rb") as f:
         try:
@@ -289,12 +282,9 @@ def open_dataset(source: StrPath, decode: Any = None, *, max_pixels: int = 50_00
 
 
 class RecordDataset:
-    """The samples of a pack, read at random through mmap: `ds[i] -> (image, label)`.
-
-    `decode`: None (image bytes), "bgr", "rgb", "gray" (HWC uint8 arrays) or a function of the
-    bytes. The label is the record header's: a float, or a float32 vector. Pickles as its
-    manifest path (DataLoader workers, fork or spawn, map the files again).
-    """
+    """A pack's samples, read at random through mmap: `ds[i] -> (image, label)`. `decode`: None
+    (image bytes), "bgr", "rgb", "gray" (HWC uint8 arrays) or a function of the bytes; a label is
+    a float or a float32 vector. Pickles as its manifest path (workers map the files again)."""
 
     def __init__(self, manifest: StrPath, decode: Any = None, max_pixels: int = 50_000_000):
         if not (decode is None or decode in DECODE_MODES or callable(decode)):
@@ -325,21 +315,19 @@ class RecordDataset:
         return RecordFile(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
     def _set_index(self, files: list[RecordFile], counts: Any, *arrays: Any) -> None:
-        """Read samples `offsets[i]` (key `keys[i]`; then labels) from `files`, `counts[s]` in
-        shard s."""
+        """Read sample i at `offsets[i]` (key `keys[i]`) of `files`, `counts[s]` in shard s."""
         self._files, (self.offsets, self.keys, self._labels) = files, arrays
         self._bounds = [0, *itertools.accumulate(counts)]
         self._count = self._bounds[-1]
 
     def __getstate__(self) -> dict[str, Any]:
-        state = {k: self.__dict__[k] for k in ("manifest_path", "decode", "max_pixels")}
-        return {**state, "files": [rf.__getstate__() for rf in self._files]}
+        return {k: self.__dict__[k] for k in ("manifest_path", "decode", "max_pixels", "_files")}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        files = state.pop("files")
+        files = state.pop("_files")  # each pickled as its path and the identity it mapped
         self.__dict__.update(state)
-        self._open()  # the files the pickled dataset opened, or an error
-        self._files = [RecordFile(f["path"], f["identity"]) for f in files]
+        self._open()
+        self._files = files  # refusing a shard replaced since it was first opened
 
     def close(self) -> None:
         """Release the shards' mappings (mapped again on the next read)."""
@@ -372,14 +360,15 @@ class RecordDataset:
     def raw(self, i: int) -> tuple[bytes, Any]:
         """Return sample `i` undecoded: (image bytes, label)."""
         s, i = self._locate(i)
-        rf, offset, key = self._files[s], self.offsets.item(i), self.keys.item(i)
+        rf, offset = self._files[s], self.offsets.item(i)
         mm = rf.open()
         if 0 <= offset <= len(mm) - 32 and not offset & 3:  # a whole part, a scalar label: most
             magic, lrec, flag, label = _RECORD_HEAD.unpack_from(mm, offset)
             fits = min(LENGTH_MASK, len(mm) - offset - 8)  # its padding too; no split flag
             if magic == MAGIC and not flag and 24 <= lrec <= fits - (-lrec & 3):
                 return mm[offset + 32 : offset + 8 + lrec], label
-        head, payload = unpack_header(rf.read_at(offset, key), rf.path, offset, key)
+        key = self.keys.item(i)  # only here: a worker's reads touch no page of the keys
+        head, payload = unpack_header(rf.read_parts(offset, key)[0], rf.path, offset, key)
         return payload, (head.label if head.flag == 0 else head.label.copy())
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
@@ -512,21 +501,19 @@ def imdecode(data: Data, flags: Any, max_pixels: float = DEFAULT_MAX_PIXELS) -> 
         known = sniff_format(data) is not None
         why = f": {exc.reason}" if known else f"{why}: not a format rectool decodes ({FORMATS})"
         raise RecordFormatError(f"the {len(data)} image bytes cannot be decoded{why}") from None
-    cv2, flag = _opencv(), flags(*header) if callable(flags) else flags
     try:
-        image = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
+        import cv2
+    except ImportError:
+        raise RectoolError("decoding images needs OpenCV (opencv-python-headless)") from None
+    try:
+        image = cv2.imdecode(
+            np.frombuffer(data, np.uint8), flags(*header) if callable(flags) else flags
+        )
     except cv2.error as exc:
         image, why = None, f" (OpenCV: {str(exc).strip()[-120:]})"
     if image is None or not image.size:
         raise RecordFormatError(f"the {len(data)} image bytes cannot be decoded{why}")
     return image
-
-
-def _opencv() -> Any:
-    try:
-        return __import__("cv2")
-    except ImportError:
-        raise RectoolError("decoding images needs OpenCV (opencv-python-headless)") from None
 
 
 def decode_image(data: Data, mode: str = "bgr", max_pixels: float = DEFAULT_MAX_PIXELS) -> Any:
@@ -536,8 +523,7 @@ def decode_image(data: Data, mode: str = "bgr", max_pixels: float = DEFAULT_MAX_
         raise ValueError(f"decode mode must be one of {DECODE_MODES}, not {mode!r}")
     if not len(data):
         raise RecordFormatError("empty image: the record holds a header and no image bytes")
-    cv2 = _opencv()
-    image = imdecode(data, cv2.IMREAD_GRAYSCALE if mode == "gray" else cv2.IMREAD_COLOR, max_pixels)
+    image = imdecode(data, int(mode != "gray"), max_pixels)  # cv2.IMREAD_COLOR or _GRAYSCALE
     if mode == "bgr":
         return image
-    return cv2.cvtColor(image, cv2.COLOR_BGR2RGB) if mode == "rgb" else image[:, :, None]
+    return np.ascontiguousarray(image[:, :, ::-1]) if mode == "rgb" else image[:, :, None]
