@@ -101,9 +101,6 @@ WRITING = re.compile(
     r"|O_CREAT|O_WRONLY|O_RDWR|\.tofile\("
 )
 ALLOWED = {
-    # The emitted training module stands alone (standard library + numpy): its shared-memory
-    # ring in /dev/shm is not an output of a command.
-    "training.py": "its /dev/shm ring",
     # `python -m rectool.demo` builds a demo tree of its own in a folder it names.
     "demo.py": "the demo's own tree",
     "doors/output.py": "the door itself",

@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rectool import errors, reader
-from rectool.dataset import headers
+from rectool.format import headers
 from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.format.textindex import IndexFormatError, load_index, parse_index
 from rectool.reader import RecordFile, RecordFormatError, RectoolError, unpack_header
@@ -689,6 +689,6 @@ def test_bulk_header_reads_go_through_record_heads():
         if "as_strided" in p.read_text(encoding="utf-8")
     )
     assert users == ["format/headers.py"]
-    source = (package / "dataset" / "headers.py").read_text(encoding="utf-8")
+    source = (package / "format" / "headers.py").read_text(encoding="utf-8")
     assert source.count("as_strided") == 1
     assert "record_heads(" in (package / "repack" / "copier.py").read_text(encoding="utf-8")

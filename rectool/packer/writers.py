@@ -65,25 +65,6 @@ class RecordWriter:
 
 
 def _plain_file(rec_path: str, idx_path: str | None, append: bool) -> ShardFile:
-    from ..packer.shardfile import ShardFile  # the pipeline's writer (it imports this module)
-
-    return ShardFile.plain(rec_path, idx_path, append)
-
-
-def _check_open(shard: ShardFile, message: str) -> None:
-    if shard.closed:
-        raise ValueError(message)
-
-
-def _close(shard: ShardFile) -> None:
-    if not shard.closed:
-        try:
-            shard.sync(fsync=False)
-        finally:
-            shard.close()
-
-
-def _plain_file(rec_path: str, idx_path: str | None, append: bool) -> ShardFile:
     return ShardFile.plain(rec_path, idx_path, append)
 
 
