@@ -74,6 +74,7 @@ TYPED = {
     "rectool/packer/splits.py",
     "rectool/packer/walk.py",
     "rectool/packer/workers.py",
+    "rectool/packer/writers.py",
     "rectool/commands/__init__.py",
     "rectool/commands/bench.py",
     "rectool/commands/conventions.py",
