@@ -12,9 +12,9 @@ from click.testing import CliRunner
 
 from rectool import __version__
 from rectool import cli as cli_module
+from rectool.cli import cli
 from rectool.packer.images import CHECK_MODES, ENCODINGS
 from rectool.packer.packing import LAYOUTS
-from rectool.cli import cli
 
 
 def test_version_and_help():

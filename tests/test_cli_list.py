@@ -16,8 +16,8 @@ from helpers.image_trees import (
     make_tree,
 )
 
-from rectool.packer import listing as listing_module
 from rectool.cli import cli
+from rectool.packer import listing as listing_module
 
 
 def run(*args):

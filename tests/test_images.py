@@ -20,6 +20,7 @@ from helpers.damaged_jpegs import DAMAGES, good_jpeg, scan_start
 from helpers.image_files import encode, image_array, jpeg_bytes, write_list
 from PIL import Image
 
+from rectool.cli import cli
 from rectool.packer.images import (
     ImageRefused,
     Transform,
@@ -28,7 +29,6 @@ from rectool.packer.images import (
     inspect_image,
     reencode_image,
 )
-from rectool.cli import cli
 
 TRAILER_LENGTHS = (1, 62, 63, 64, 1000)
 

@@ -10,8 +10,8 @@ from click.testing import CliRunner
 from helpers.image_trees import face_tree, make_mixed_tree
 from helpers.mxnet_oracle import im2rec_path, oracle_python, run_mxnet
 
-from rectool.packer.listfile import read_list
 from rectool.cli import cli
+from rectool.packer.listfile import read_list
 
 pytestmark = pytest.mark.oracle
 

@@ -20,6 +20,7 @@ from helpers.image_trees import (
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rectool.errors import ListingError, RectoolError, UsageError
 from rectool.packer import listing as listing_module
 from rectool.packer import walk as walk_module
 from rectool.packer.listfile import (
@@ -42,7 +43,6 @@ from rectool.packer.listing import (
     walk_tree,
     write_lists,
 )
-from rectool.errors import ListingError, RectoolError, UsageError
 
 
 def rows_of(listing):

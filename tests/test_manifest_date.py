@@ -9,8 +9,8 @@ import pytest
 from helpers.rec_files import make_pack
 
 from rectool import __version__
-from rectool.packer.manifest import created_time
 from rectool.errors import UsageError
+from rectool.packer.manifest import created_time
 
 
 def test_created_is_now_in_utc_without_source_date_epoch():

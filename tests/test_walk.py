@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 from helpers.image_files import jpeg_bytes
 
-from rectool.packer.listing import walk_tree
 from rectool.cli import cli
+from rectool.packer.listing import walk_tree
 
 
 class TooManyVisits(Exception):

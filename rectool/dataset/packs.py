@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..format.binindex import index_shards, read_identities
+from ..format.headers import header_labels, shard_numbers
 from ..reader import (
     DATASET_LAYOUTS,
     DECODE_MODES,
@@ -31,7 +32,6 @@ from ..reader import (
     load_array,
     unpack_header,
 )
-from ..format.headers import header_labels, shard_numbers
 from .sources import resolve_source
 
 if TYPE_CHECKING:

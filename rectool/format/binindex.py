@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .headers import check_shard, header_labels, insightface_header, key_lines
 from ..doors.output import write_atomic
 from ..reader import (
     INDEX_ARRAYS,
@@ -32,6 +31,7 @@ from ..reader import (
     unpack_header,
 )
 from .digest import XXH3_128, Digests
+from .headers import check_shard, header_labels, insightface_header, key_lines
 from .textindex import load_index
 
 if TYPE_CHECKING:

@@ -46,7 +46,6 @@ from ..doors.output import (
     set_mtime,
     stage_file,
 )
-from ..errors import RectoolError
 from ..format.digest import DIGEST_NAMES, Digests
 from .fetch import download_elsewhere
 from .store import RemoteError, Retry
@@ -146,24 +145,6 @@ class ShardCache:
         folder = os.path.join(self.folder, "packs", key)
         make_folders(folder)
         return folder
-
-    def write_once(
-        self, path: str, current: Callable[[], bool], write: Callable[[], object]
-    ) -> None:
-        """Run `write` (which writes `path`) unless `current()` says the file there will do,
-        both under `path`'s download lock: processes that open a pack at once write a file
-        derived from it once, and the others find and use that one (replacing it would leave
-        them a mapping of a file no longer at its path)."""
-        try:
-            fd = open_lock_file(path + DOWNLOAD_SUFFIX)
-        except (RectoolError, OSError):  # the file only saves time: go on without it
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            if not current():
-                write()
-        finally:
-            _unlock(fd)
 
     def pin(self, obj: CachedObject, touch: bool = True, fit: bool = False) -> Pin:
         """Return a `Pin` of `obj`, downloading and checking it first if it is not cached.
