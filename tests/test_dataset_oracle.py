@@ -14,7 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 from helpers.image_files import write_list, write_pack_tree
-from helpers.mxnet_oracle import im2rec_path, oracle_python, run_mxnet
+from helpers.mxnet_oracle import MX_FACE_DATASET, im2rec_path, oracle_python, run_mxnet
 
 from rectool import open_dataset as open_pack
 from rectool.packer.indexing import index_pack
@@ -97,25 +97,6 @@ def test_reads_im2rec_files_as_mxnet_does(shuffled_tree, tmp_path, pack_label):
 
 
 # arcface_torch's MXFaceDataset, with MXNet doing the reading.
-MX_FACE_DATASET = """
-import numbers
-import numpy as np
-import mxnet as mx
-rec = mx.recordio.MXIndexedRecordIO(DATA["idx"], DATA["rec"], "r")
-header, _ = mx.recordio.unpack(rec.read_idx(0))
-samples = []
-for idx in np.array(range(1, int(header.label[0]))):
-    h, image = mx.recordio.unpack(rec.read_idx(int(idx)))
-    label = h.label if isinstance(h.label, numbers.Number) else h.label[0]
-    samples.append((int(idx), image, float(label)))
-ranges = []
-for key in range(int(header.label[0]), int(header.label[1])):
-    h, _ = mx.recordio.unpack(rec.read_idx(key))
-    ranges.append([int(h.label[0]) - 1, int(h.label[1]) - 1])
-emit((samples, ranges))
-"""
-
-
 def test_insightface_layout_as_mxface_dataset_reads_it(shuffled_tree, tmp_path):
     root, items = shuffled_tree
     write_list(tmp_path / "faces.lst", items)

@@ -23,7 +23,7 @@ from helpers.handmade_datasets import (
     write_shard,
 )
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
-from helpers.mxnet_oracle import im2rec_path, oracle_python, run_mxnet
+from helpers.mxnet_oracle import MX_FACE_DATASET, im2rec_path, oracle_python, run_mxnet
 
 from rectool import reader
 from rectool.cli import cli
@@ -67,25 +67,6 @@ emit(out)
 """
 
 # arcface_torch's MXFaceDataset, with MXNet doing the reading.
-MX_FACE_DATASET = """
-import numbers
-import numpy as np
-import mxnet as mx
-rec = mx.recordio.MXIndexedRecordIO(DATA["idx"], DATA["rec"], "r")
-header, _ = mx.recordio.unpack(rec.read_idx(0))
-samples = []
-for idx in np.array(range(1, int(header.label[0]))):
-    h, image = mx.recordio.unpack(rec.read_idx(int(idx)))
-    label = h.label if isinstance(h.label, numbers.Number) else h.label[0]
-    samples.append((int(idx), image, float(label)))
-ranges = []
-for key in range(int(header.label[0]), int(header.label[1])):
-    h, _ = mx.recordio.unpack(rec.read_idx(key))
-    ranges.append([int(h.label[0]) - 1, int(h.label[1]) - 1])
-emit((samples, ranges))
-"""
-
-
 # --- packs made by others, read as MXNet reads them ----------------------------------------------
 
 

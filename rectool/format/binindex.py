@@ -115,6 +115,23 @@ def index_shards(
     )
 
 
+def index_files(
+    recs: list[str],
+    idxs: list[str],
+    listed: list[Mapping[str, Any]] | None = None,
+    layout: str | None = None,
+    where: str | None = None,
+) -> PackIndex:
+    """Return `index_shards` of the shard files `recs` (their `.idx` at `idxs`), each mapped
+    only while it is read."""
+    files = [RecordFile(rec) for rec in recs]
+    try:
+        return index_shards(files, idxs, listed, layout, where)
+    finally:
+        for rf in files:
+            rf.close()
+
+
 def _identity_ranges(pairs: NDArray[Any], images: int, rec: str) -> NDArray[np.int64]:
     """Return the identity records' label pairs [first key, end key) as sample ranges."""
     if pairs.dtype == object or pairs.ndim != 2 or pairs.shape[1] < 2:

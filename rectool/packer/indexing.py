@@ -11,7 +11,6 @@ The shards are read, never changed.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +21,7 @@ from ..doors.output import OutputLock, write_json_atomic
 from ..errors import InputError, RectoolError
 from ..format.binindex import (
     IDENTITIES_SUFFIX,
-    index_shards,
+    index_files,
     write_identities,
     write_index,
 )
@@ -32,7 +31,6 @@ from ..reader import (
     MANIFEST_FORMAT,
     MANIFEST_SUFFIX,
     MANIFEST_VERSION,
-    RecordFile,
     refuse_unfinished,
 )
 from .manifest import created_time, manifest_path
@@ -160,7 +158,7 @@ def _upgrade(prefix: str, manifest: dict[str, Any], force: bool) -> IndexResult:
         layout = manifest.get("layout") or "images"
         return IndexResult(path, layout, len(samples), sum(samples), previous)
     shards = manifest["shards"]
-    index = _read_index(
+    index = index_files(
         [os.path.join(folder, s["rec"]) for s in shards],
         [os.path.join(folder, s["idx"]) for s in shards],
         shards,
@@ -183,7 +181,7 @@ def _describe(prefix: str, shards: list[tuple[str, str]]) -> IndexResult:
                     f"{name}: not in the folder of {prefix}; a manifest names the files beside it"
                 )
     recs, idxs = [rec for rec, _ in shards], [idx for _, idx in shards]
-    index = _read_index(recs, idxs, None, None, manifest_path(prefix))
+    index = index_files(recs, idxs, None, None, manifest_path(prefix))
     entries = [shard_entry(rec, idx) for rec, idx in shards]
     samples = sum(index.counts)
     identities = None if index.identity_ranges is None else len(index.identity_ranges)
@@ -206,23 +204,6 @@ def _describe(prefix: str, shards: list[tuple[str, str]]) -> IndexResult:
         "identities": None,
     }
     return _write(prefix, manifest, index, None)
-
-
-def _read_index(
-    recs: list[str],
-    idxs: list[str],
-    listed: list[Mapping[str, Any]] | None,
-    layout: str | None,
-    where: str,
-) -> PackIndex:
-    """Return the `PackIndex` of the shards `recs` (their `.idx` at `idxs`), each mapped
-    only while it is read."""
-    files = [RecordFile(rec) for rec in recs]
-    try:
-        return index_shards(files, idxs, listed, layout, where)
-    finally:
-        for rf in files:
-            rf.close()
 
 
 def _write(
@@ -311,7 +292,7 @@ def refresh_shard(prefix: str, number: int) -> list[str]:
     old = shards[number]
     algorithms = tuple(a for a in (XXH3_128, SHA256) if field_name("idx", a) in old)
     shards[number] = {**old, **idx_entry(os.path.join(folder, old["idx"]), algorithms)}
-    index = _read_index(
+    index = index_files(
         [os.path.join(folder, s["rec"]) for s in shards],
         [os.path.join(folder, s["idx"]) for s in shards],
         shards,

@@ -39,7 +39,7 @@ from ..errors import InputError, RectoolError, UsageError
 from ..format.binindex import (
     IDENTITIES_SUFFIX,
     INDEX_SUFFIXES,
-    index_shards,
+    index_files,
     write_identities,
     write_index,
 )
@@ -49,7 +49,6 @@ from ..reader import (
     MANIFEST_SUFFIX,
     MANIFEST_VERSION,
     STATE_SUFFIX,
-    RecordFile,
 )
 
 if TYPE_CHECKING:
@@ -98,18 +97,13 @@ def write_manifest(prefix: str, manifest: dict[str, Any]) -> None:
     pack's binary index (format 3: `.npy` arrays the reader maps, read from the finished
     shards) and the file of its identity names, both named in the manifest."""
     shards, folder = manifest["shards"], os.path.dirname(prefix)
-    files = [RecordFile(os.path.join(folder, s["rec"])) for s in shards]
-    try:
-        index = index_shards(
-            files,
-            [os.path.join(folder, s["idx"]) for s in shards],
-            shards,
-            manifest.get("layout"),
-            manifest_path(prefix),
-        )
-    finally:
-        for rf in files:
-            rf.close()
+    index = index_files(
+        [os.path.join(folder, s["rec"]) for s in shards],
+        [os.path.join(folder, s["idx"]) for s in shards],
+        shards,
+        manifest.get("layout"),
+        manifest_path(prefix),
+    )
     manifest["index"] = write_index(prefix, index)
     identities = manifest.get("identities")
     if identities is not None and "file" not in identities:

@@ -67,3 +67,25 @@ def im2rec_path():
 
 
 __all__ = ["im2rec_path", "oracle_python", "run_mxnet"]
+
+
+# arcface_torch's MXFaceDataset, as it reads an insightface pack: record 0's label gives the
+# image keys 1..N and the identity records' key range; emits (samples, ranges) where each
+# sample is (key, image bytes, label) and each range is [start, end) of samples.
+MX_FACE_DATASET = """
+import numbers
+import numpy as np
+import mxnet as mx
+rec = mx.recordio.MXIndexedRecordIO(DATA["idx"], DATA["rec"], "r")
+header, _ = mx.recordio.unpack(rec.read_idx(0))
+samples = []
+for idx in np.array(range(1, int(header.label[0]))):
+    h, image = mx.recordio.unpack(rec.read_idx(int(idx)))
+    label = h.label if isinstance(h.label, numbers.Number) else h.label[0]
+    samples.append((int(idx), image, float(label)))
+ranges = []
+for key in range(int(header.label[0]), int(header.label[1])):
+    h, _ = mx.recordio.unpack(rec.read_idx(key))
+    ranges.append([int(h.label[0]) - 1, int(h.label[1]) - 1])
+emit((samples, ranges))
+"""
