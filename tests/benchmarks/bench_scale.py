@@ -56,11 +56,11 @@ TARGETS = [
     ("open_anon_mb", "anonymous memory after opening it (MB)", "<=", 60),
     ("labels_s", "its labels: the array and its last row (seconds)", "<=", 0.05),
     ("loader_pss_mb", "total PSS of 8 spawned Loader workers over it (MB)", "<=", 1000),
-    (
+    (  # issue 22's limit: each spawned torch worker holds ~150 MB of torch's own
         "batch_decoder_pss_mb",
         "total PSS of 8 spawned DataLoader workers over BatchDecoder (MB)",
         "<=",
-        1000,
+        3000,
     ),
 ]
 
