@@ -350,7 +350,7 @@ class RecordDataset:
         i += self._count if i < 0 else 0
         if not 0 <= i < self._count:
             raise SampleIndexError(f"sample {given} is out of range: {self._count} samples")
-        return bisect.bisect_right(self._bounds, i) - 1, i
+        return (bisect.bisect_right(self._bounds, i) - 1 if len(self._bounds) > 2 else 0), i
 
     def location(self, i: int) -> tuple[str, int, int]:
         """Return (rec path, byte offset, key) of sample `i`."""
@@ -361,11 +361,11 @@ class RecordDataset:
         """Return sample `i` undecoded: (image bytes, label)."""
         s, i = self._locate(i)
         rf, offset = self._files[s], self.offsets.item(i)
-        mm = rf.open()
+        mm = rf._mm if rf._mm is not None else rf.open()
         if 0 <= offset <= len(mm) - 32 and not offset & 3:  # a whole part, a scalar label: most
             magic, lrec, flag, label = _RECORD_HEAD.unpack_from(mm, offset)
-            fits = min(LENGTH_MASK, len(mm) - offset - 8)  # its padding too; no split flag
-            if magic == MAGIC and not flag and 24 <= lrec <= fits - (-lrec & 3):
+            end = (offset + 11 + lrec) & ~3  # with its padding; LENGTH_MASK: no split flag
+            if magic == MAGIC and not flag and 24 <= lrec <= LENGTH_MASK and end <= len(mm):
                 return mm[offset + 32 : offset + 8 + lrec], label
         key = self.keys.item(i)  # only here: a worker's reads touch no page of the keys
         head, payload = unpack_header(rf.read_parts(offset, key)[0], rf.path, offset, key)

@@ -321,7 +321,8 @@ def run(raw=100_000, decoded=10_000, loader=20_000, repeats=3, mxnet=True, log=p
     """Run every side; return the figures (rates in items per second) and the ratios."""
     prefix = ensure_pack(log)
     ds = open_dataset(prefix)
-    (rec, idx) = ds.shards[0]
+    rec = ds.location(0)[0]  # a pack of one shard
+    idx = rec[: -len(".rec")] + ".idx"
     warm(rec)
     order = np.random.default_rng(0).permutation(len(ds))
     figures = {"samples": len(ds), "rec_bytes": os.path.getsize(rec)}

@@ -90,7 +90,7 @@ class BareDecoders:
 
     def __init__(self, prefix, processes):
         ds = open_dataset(prefix)
-        ((rec, _),) = ds.shards
+        rec = ds.location(0)[0]  # a pack of one shard
         order = epoch_order(len(ds), seed=1)
         context = multiprocessing.get_context("fork")
         self.conns, self.processes = [], []
