@@ -263,7 +263,7 @@ def load_array(path: str, name: str, length: int | None, kind: Any = None) -> An
                 f"{path}: the {name} index must be {length} rows of {np.dtype(dtype)}, not "
                 f"{shape} {found}: rebuild it with `rectool index`"
             )
-        if min(shape) < 0 or start + math.prod(shape) * found.itemsize != size:
+        if min(shape) < 0 or 0 in shape[1:] or start + math.prod(shape) * found.itemsize != size:
             raise InputError(f"{path}: {size:,} bytes, not the {shape} its header says")
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return np.frombuffer(mm, found, math.prod(shape), start).reshape(shape)
@@ -303,7 +303,12 @@ class RecordDataset:
                 f"{doc.get('format_version', 0)}); write one with `rectool index {path}`"
             )
         index, self.layout = doc["index"], doc.get("layout") or "images"
-        n = sum(index["samples"])
+        n, st = sum(index["samples"]), os.stat(path)  # a pack written again has a new manifest
+        self._manifest_id = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        for i, (count, shard) in enumerate(zip(index["samples"], doc["shards"])):
+            records = shard.get("records") if is_count(shard.get("records")) else count
+            if count > records or (self.layout == "images" and count != records):
+                raise InputError(f"{path}: index.samples[{i}] is {count}, the shard {records}")
         arrays = [load_array(os.path.join(folder, index[k]["file"]), k, n) for k in INDEX_ARRAYS]
         shards = [self._open_shard(os.path.join(folder, s["rec"])) for s in doc["shards"]]
         self._set_index(shards, index["samples"], *arrays)
@@ -321,13 +326,16 @@ class RecordDataset:
         self._count = self._bounds[-1]
 
     def __getstate__(self) -> dict[str, Any]:
-        return {k: self.__dict__[k] for k in ("manifest_path", "decode", "max_pixels", "_files")}
+        keep = ("manifest_path", "decode", "max_pixels", "_files", "_manifest_id")
+        return {k: self.__dict__[k] for k in keep}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        files = state.pop("_files")  # each pickled as its path and the identity it mapped
-        self.__dict__.update(state)
+        files, was = state.pop("_files"), state.pop("_manifest_id")  # each file as its path and
+        self.__dict__.update(state)  # identity: a shard replaced since it was opened is refused
         self._open()
-        self._files = files  # refusing a shard replaced since it was first opened
+        if self._manifest_id != was or len(files) != len(self._files):
+            raise RectoolError(f"{self.manifest_path}: the pack was replaced; open it again")
+        self._files = files
 
     def close(self) -> None:
         """Release the shards' mappings (mapped again on the next read)."""

@@ -332,3 +332,26 @@ def test_an_offset_the_rec_does_not_hold_is_refused_where_it_is_read(pack, bad, 
         error = caught.value
         assert (error.path, error.offset, error.key) == (samples[5].rec, offsets[5], samples[5].key)
         assert error.reason.startswith(reason)
+
+
+def test_labels_of_no_width_are_refused(pack):
+    prefix, _ = pack
+    save(f"{prefix}.labels.npy", np.zeros((12, 0), dtype="<f4"))
+    with pytest.raises(rd.InputError, match=r"labels.npy: .* not the \(12, 0\) its header says"):
+        rd.open_dataset(prefix)
+
+
+def test_samples_a_shard_must_be_its_records(pack):
+    """The index's split of samples among shards must be the manifest's record counts (images
+    layout): with [5, 2, 5] sample 4 was read from shard 0 at another sample's offset."""
+    prefix, _ = pack
+    edit_manifest(prefix, lambda d: d["index"].update(samples=[5, 2, 5]))
+    with pytest.raises(rd.InputError, match=r"index.samples\[0\] is 5, the shard 4"):
+        rd.open_dataset(prefix)
+
+
+def test_a_shard_must_hold_the_samples_the_index_gives_it(pack):
+    prefix, _ = pack
+    edit_manifest(prefix, lambda d: d["shards"][2].update(records=6))
+    with pytest.raises(rd.InputError, match=r"index.samples\[2\] is 5, the shard 6"):
+        rd.open_dataset(prefix)

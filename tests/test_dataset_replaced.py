@@ -13,15 +13,17 @@ import pickle
 import pytest
 from helpers.image_files import write_list, write_pack_tree
 
+import rectool
 from rectool import reader as rd
 from rectool.packer.packing import PackOptions, pack_images
 
 
-def pack(tmp_path, name, height, overwrite=False):
+def pack(tmp_path, name, height, overwrite=False, shard_records=None):
     root = tmp_path / name
     items = write_pack_tree(root, ["ann", "bob"], 6, height=height)
     lst = write_list(tmp_path / f"{name}.lst", items)
-    pack_images(lst, root, tmp_path / "out" / "faces", PackOptions(workers=1), overwrite=overwrite)
+    options = PackOptions(workers=1, shard_records=shard_records)
+    pack_images(lst, root, tmp_path / "out" / "faces", options, overwrite=overwrite)
     return tmp_path / "out" / "faces"
 
 
@@ -51,17 +53,20 @@ def test_a_dataset_mapped_before_an_overwrite_keeps_reading_the_old_files(tmp_pa
         ds[0]
 
 
-def test_a_worker_given_the_pickled_dataset_refuses_the_new_files(tmp_path):
+@pytest.mark.parametrize("opener", [rd.open_dataset, rectool.open_dataset])
+@pytest.mark.parametrize("shards", [None, 4])  # the new pack: one shard again, or three
+def test_a_worker_given_the_pickled_dataset_refuses_the_new_pack(tmp_path, opener, shards):
+    """A spawn worker unpickling the dataset after `pack --overwrite` refuses the new pack at
+    once: its labels and length are the new pack's, its shards may be more or fewer (a worker
+    once read the old shards with the new index, and an IndexError ended iteration early)."""
     prefix = pack(tmp_path, "old", height=40)
-    ds = rd.open_dataset(prefix)
+    ds = opener(prefix)
     ds[0]  # mapped in the parent: it keeps reading the old file
     state = pickle.dumps(ds)  # as a spawn worker receives it
-    pack(tmp_path, "new", height=48, overwrite=True)
+    pack(tmp_path, "new", height=48, overwrite=True, shard_records=shards)
     ds[1]
-    worker = pickle.loads(state)
-    with pytest.raises(rd.RectoolError) as caught:
-        worker[0]
-    assert str(caught.value) == message(prefix)
+    with pytest.raises(rd.RectoolError, match="the pack was replaced; open it again"):
+        pickle.loads(state)
 
 
 def test_the_same_file_opens_again(tmp_path):

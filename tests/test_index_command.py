@@ -512,3 +512,34 @@ def test_labels_of_different_widths_cannot_be_indexed(tmp_path):
         "holds one float32 label, or one vector width, a sample\n"
     )
     assert not (tmp_path / "mixed.manifest.json").exists()
+
+
+def test_an_idx_naming_a_key_twice_is_refused(tmp_path):
+    """MXNet reads a repeated key's last line, DALI every line: no one index says which record
+    the key is, so `rectool index` refuses rather than write one `verify` would reject."""
+    write_pack(tmp_path / "p", [[(1, b"a", 0.0), (2, b"b", 0.0), (3, b"c", 1.0)]], manifest=False)
+    lines = (tmp_path / "p.idx").read_text().splitlines()
+    (tmp_path / "p.idx").write_text("\n".join([*lines, lines[1]]) + "\n")
+    result = invoke("index", tmp_path / "p.rec")
+    assert result.exit_code == 1
+    assert "key 2 is on more than one line of the .idx files" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["p.idx", "p.rec"]  # nothing written
+
+
+def test_an_insightface_record_0_naming_keys_past_any_index_is_a_clean_error(tmp_path):
+    folder = tmp_path / "ins"
+    folder.mkdir()
+    rec, idx = folder / "train.rec", folder / "train.idx"
+    write_insightface(rec, idx, [2, 3], lambda k: b"face%d" % k)
+    offset = int(
+        next(line for line in idx.read_text().splitlines() if line.startswith("0\t")).split()[1]
+    )
+    with open(rec, "r+b") as f:  # record 0's label pair [N + 1, N + 1 + K] -> [1e30, 1e30 + 5]
+        f.seek(offset + 8 + 24)
+        f.write(struct.pack("<ff", 1e30, 1e30 + 5))
+    for args in (["index", folder], ["index", "--json", folder]):
+        result = invoke(*args)
+        assert result.exit_code == 1, result.output
+        assert "Traceback" not in result.output
+    assert json.loads(result.stdout)["exit"] == 1
+    assert not (folder / "train.manifest.json").exists()

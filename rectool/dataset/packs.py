@@ -156,8 +156,8 @@ class PackDataset(RecordDataset):
         return super()._open_shard(rec)
 
     def __getstate__(self) -> dict[str, Any]:
-        if self.indexed:  # its arrays are mapped again on arrival
-            keep = ("_source", "_layout_arg", "decode", "max_pixels")
+        if self.indexed:  # its arrays are mapped again on arrival, its shards checked the same
+            keep = ("_source", "_layout_arg", "decode", "max_pixels", "_manifest_id", "_files")
             return {"reopen": True, **{k: self.__dict__[k] for k in keep}}
         return {**self.__dict__, "_labels": None}
 
@@ -166,6 +166,11 @@ class PackDataset(RecordDataset):
             self.__init__(  # type: ignore[misc]
                 state["_source"], state["decode"], state["_layout_arg"], state["max_pixels"]
             )
+            if self._manifest_id != state["_manifest_id"] or len(self._files) != len(
+                state["_files"]
+            ):
+                raise RectoolError(f"{self.manifest_path}: the pack was replaced; open it again")
+            self._files = state["_files"]  # each refuses a shard replaced since it was opened
         else:
             self.__dict__.update(state)
 

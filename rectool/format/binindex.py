@@ -95,7 +95,7 @@ def index_shards(
     if ranges is not None:
         ids = key_lines(keys, ranges[1], idx_paths[0])
         pairs = header_labels(files, shard_of[ids], offsets[ids], keys[ids])
-        identity_ranges = _identity_ranges(pairs, len(ranges[0]), files[0].path)
+        identity_ranges = _identity_ranges(pairs, ranges[0].stop - ranges[0].start, files[0].path)
         lines = np.arange(len(keys))[key_lines(keys, ranges[0], idx_paths[0])]
         if (np.diff(shard_of[lines]) < 0).any():
             raise RectoolError(
@@ -136,6 +136,8 @@ def _identity_ranges(pairs: NDArray[Any], images: int, rec: str) -> NDArray[np.i
     """Return the identity records' label pairs [first key, end key) as sample ranges."""
     if pairs.dtype == object or pairs.ndim != 2 or pairs.shape[1] < 2:
         raise RectoolError(f"{rec}: identity records must each hold a label pair [first, end)")
+    if not (np.isfinite(pairs[:, :2]) & (np.abs(pairs[:, :2]) < 2**31)).all():
+        raise RectoolError(f"{rec}: identity records hold key ranges no key reaches")
     ranges = pairs[:, :2].astype(np.int64) - 1  # image key k is sample k - 1
     bad = (ranges[:, 0] < 0) | (ranges[:, 0] > ranges[:, 1]) | (ranges[:, 1] > images)
     if bad.any():

@@ -110,7 +110,7 @@ def insightface_header(
 
 def key_lines(keys: Ints, wanted: range, where: str) -> slice | Ints:
     """Return the .idx line of each key in the range `wanted` (a repeated key: its last line)."""
-    if len(wanted) > len(keys):
+    if wanted.stop - wanted.start > len(keys):  # (no len(): a range past 2**63)
         raise RectoolError(
             f"{where}: record 0 says keys up to {wanted[-1]} exist, but the index has only "
             f"{len(keys)} lines"

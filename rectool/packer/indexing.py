@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from .. import __version__
 from ..dataset.sources import resolve_source, source_prefixes
 from ..doors.inputs import open_checked
@@ -209,7 +211,18 @@ def _describe(prefix: str, shards: list[tuple[str, str]]) -> IndexResult:
 def _write(
     prefix: str, manifest: dict[str, Any], index: PackIndex, previous: int | None
 ) -> IndexResult:
-    """Write the index arrays, the identity names (from an older manifest), the manifest last."""
+    """Write the index arrays, the identity names (from an older manifest), the manifest last.
+
+    An `.idx` that names a key twice is refused: MXNet reads its last line, DALI every line,
+    so no one index says which record the key is (`rectool verify` reports it as well)."""
+    order = np.argsort(index.keys, kind="stable")
+    repeated = np.flatnonzero(np.diff(index.keys[order]) == 0)
+    if len(repeated):
+        key = int(index.keys[order[repeated[0]]])
+        raise RectoolError(
+            f"{prefix}: key {key} is on more than one line of the .idx files; rebuild the "
+            "index from the .rec (`rectool reindex`) or remove the repeated line"
+        )
     manifest["index"] = write_index(prefix, index)
     folder = os.path.dirname(prefix)
     written = [os.path.join(folder, e["file"]) for e in manifest["index"].values() if "file" in e]

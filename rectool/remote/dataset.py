@@ -346,6 +346,7 @@ class RemoteDataset(PackDataset):
         state = super().__getstate__()
         if state.get("reopen"):  # the core maps the cached index again on arrival
             state["remote"] = {k: self.__dict__[k] for k in _REMOTE_STATE}
+            del state["_files"]  # shards of the cache, each mapped again from it
         state["_prefetcher"] = None
         return state
 
