@@ -258,12 +258,13 @@ def load_array(path: str, name: str, length: int | None, kind: Any = None) -> An
         except Exception as exc:  # numpy parses with ast and tokenize: any of their errors
             raise InputError(f"{path}: not a {name} index array ({exc})") from None
         rows, start, size = shape[0] if shape else -1, f.tell(), os.fstat(f.fileno()).st_size
-        if found != dtype or len(shape) not in ndims or fortran or length not in (None, rows):
+        wrong = found != dtype or len(shape) not in ndims or fortran or 0 in shape[1:]
+        if wrong or length not in (None, rows):
             raise InputError(
                 f"{path}: the {name} index must be {length} rows of {np.dtype(dtype)}, not "
                 f"{shape} {found}: rebuild it with `rectool index`"
             )
-        if min(shape) < 0 or 0 in shape[1:] or start + math.prod(shape) * found.itemsize != size:
+        if min(shape) < 0 or start + math.prod(shape) * found.itemsize != size:
             raise InputError(f"{path}: {size:,} bytes, not the {shape} its header says")
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         return np.frombuffer(mm, found, math.prod(shape), start).reshape(shape)

@@ -273,7 +273,7 @@ def test_a_split_flag_is_never_read_as_a_length(tmp_path):
     np.save(tmp_path / "d.labels.npy", np.array([0.0, 1.0], "<f4"))
     manifest = tmp_path / "d.manifest.json"
     doc = json.loads(manifest.read_text())
-    doc["index"]["samples"] = [2]
+    doc["index"]["samples"], doc["shards"][0]["records"] = [2], 2
     manifest.write_text(json.dumps(doc))
     ds = rd.open_dataset(prefix)
     assert ds[0] == (b"ok", 0.0)
