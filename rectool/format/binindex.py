@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..doors.inputs import read_regular
 from ..doors.output import write_atomic
 from ..reader import (
     INDEX_ARRAYS,
@@ -27,7 +28,6 @@ from ..reader import (
     RecordFile,
     RecordFormatError,
     RectoolError,
-    open_regular,
     unpack_header,
 )
 from .digest import XXH3_128, Digests
@@ -132,6 +132,18 @@ def index_files(
             rf.close()
 
 
+def index_manifest(path: str, manifest: Mapping[str, Any]) -> PackIndex:
+    """Return `index_files` of the shards the manifest at `path` lists, beside it."""
+    folder, shards = os.path.dirname(path), manifest["shards"]
+    return index_files(
+        [os.path.join(folder, s["rec"]) for s in shards],
+        [os.path.join(folder, s["idx"]) for s in shards],
+        shards,
+        manifest.get("layout"),
+        path,
+    )
+
+
 def _identity_ranges(pairs: NDArray[Any], images: int, rec: str) -> NDArray[np.int64]:
     """Return the identity records' label pairs [first key, end key) as sample ranges."""
     if pairs.dtype == object or pairs.ndim != 2 or pairs.shape[1] < 2:
@@ -199,6 +211,20 @@ def write_index(prefix: str, index: PackIndex) -> dict[str, Any]:
     return entry
 
 
+def write_pack_index(prefix: str, manifest: dict[str, Any], index: PackIndex) -> list[str]:
+    """Write the index arrays of the pack at `prefix` and, where its manifest holds the names
+    themselves (formats 1 and 2, a manifest being built), its identities file; name both in
+    `manifest`; return the files written."""
+    manifest["index"] = write_index(prefix, index)
+    folder = os.path.dirname(prefix)
+    written = [os.path.join(folder, e["file"]) for e in manifest["index"].values() if "file" in e]
+    names = manifest.get("identities")
+    if isinstance(names, dict) and "file" not in names:
+        manifest["identities"] = write_identities(prefix, {int(k): v for k, v in names.items()})
+        written.append(prefix + IDENTITIES_SUFFIX)
+    return written
+
+
 def write_identities(prefix: str, identities: Mapping[int, str]) -> dict[str, Any]:
     """Write a pack's identity names ({label: name}); return the manifest's entry of them."""
     text = json.dumps({str(k): v for k, v in sorted(identities.items())}, ensure_ascii=False)
@@ -214,10 +240,8 @@ def read_identities(manifest_path: str, manifest: Mapping[str, Any]) -> dict[int
     if "file" not in named:  # format 1 and 2: the names are in the manifest
         return {int(k): v for k, v in named.items()}
     path = os.path.join(os.path.dirname(manifest_path), named["file"])
-    fd, _ = open_regular(path, "identities file", MAX_IDENTITIES_BYTES)
-    with os.fdopen(fd, "rb") as f:
-        data = f.read(MAX_IDENTITIES_BYTES + 1)
-    try:
+    data, _ = read_regular(path, "identities file", max_bytes=MAX_IDENTITIES_BYTES)
+    try:  # this module is the identities file's one schema
         doc = json.loads(data)
         names = {int(k): v for k, v in doc.items() if isinstance(v, str)}
     except (ValueError, UnicodeDecodeError, AttributeError) as exc:

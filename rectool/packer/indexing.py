@@ -22,10 +22,9 @@ from ..doors.inputs import open_checked
 from ..doors.output import OutputLock, write_json_atomic
 from ..errors import InputError, RectoolError
 from ..format.binindex import (
-    IDENTITIES_SUFFIX,
     index_files,
-    write_identities,
-    write_index,
+    index_manifest,
+    write_pack_index,
 )
 from ..format.digest import SHA256, XXH3_128, Digests, field_name, file_digests
 from ..format.manifest import read_manifest
@@ -153,20 +152,13 @@ def _index_present(prefix: str, manifest: dict[str, Any]) -> bool:
 
 def _upgrade(prefix: str, manifest: dict[str, Any], force: bool) -> IndexResult:
     """Index a pack that has a manifest: upgrade format 1/2 in place, keeping its fields."""
-    path, folder = manifest_path(prefix), os.path.dirname(prefix)
+    path = manifest_path(prefix)
     previous = manifest.get("format_version", 0)
     if _index_present(prefix, manifest) and not force:
         samples = manifest["index"]["samples"]
         layout = manifest.get("layout") or "images"
         return IndexResult(path, layout, len(samples), sum(samples), previous)
-    shards = manifest["shards"]
-    index = index_files(
-        [os.path.join(folder, s["rec"]) for s in shards],
-        [os.path.join(folder, s["idx"]) for s in shards],
-        shards,
-        manifest.get("layout"),
-        path,
-    )
+    index = index_manifest(path, manifest)
     manifest["format_version"] = MANIFEST_VERSION
     if manifest.get("layout") is None:
         manifest["layout"] = index.layout
@@ -223,15 +215,7 @@ def _write(
             f"{prefix}: key {key} is on more than one line of the .idx files; rebuild the "
             "index from the .rec (`rectool reindex`) or remove the repeated line"
         )
-    manifest["index"] = write_index(prefix, index)
-    folder = os.path.dirname(prefix)
-    written = [os.path.join(folder, e["file"]) for e in manifest["index"].values() if "file" in e]
-    names = manifest.get("identities")
-    if isinstance(names, dict) and "file" not in names:  # format 1 and 2: inline names
-        manifest["identities"] = write_identities(
-            prefix, {int(label): name for label, name in names.items()}
-        )
-        written.append(prefix + IDENTITIES_SUFFIX)
+    written = write_pack_index(prefix, manifest, index)
     path = manifest_path(prefix)
     write_json_atomic(path, manifest)
     return IndexResult(
@@ -305,13 +289,7 @@ def refresh_shard(prefix: str, number: int) -> list[str]:
     old = shards[number]
     algorithms = tuple(a for a in (XXH3_128, SHA256) if field_name("idx", a) in old)
     shards[number] = {**old, **idx_entry(os.path.join(folder, old["idx"]), algorithms)}
-    index = index_files(
-        [os.path.join(folder, s["rec"]) for s in shards],
-        [os.path.join(folder, s["idx"]) for s in shards],
-        shards,
-        manifest.get("layout"),
-        path,
-    )
+    index = index_manifest(path, manifest)
     totals = manifest.get("totals")
     if isinstance(totals, dict):
         totals["records"] = sum(s["records"] for s in shards)

@@ -39,9 +39,8 @@ from ..errors import InputError, RectoolError, UsageError
 from ..format.binindex import (
     IDENTITIES_SUFFIX,
     INDEX_SUFFIXES,
-    index_files,
-    write_identities,
-    write_index,
+    index_manifest,
+    write_pack_index,
 )
 from ..format.checksums import SUFFIX as CHECKSUM_SUFFIX
 from ..reader import (
@@ -96,19 +95,7 @@ def write_manifest(prefix: str, manifest: dict[str, Any]) -> None:
     """Write the manifest of the pack at `prefix`, the mark that it is complete; before it, the
     pack's binary index (format 3: `.npy` arrays the reader maps, read from the finished
     shards) and the file of its identity names, both named in the manifest."""
-    shards, folder = manifest["shards"], os.path.dirname(prefix)
-    index = index_files(
-        [os.path.join(folder, s["rec"]) for s in shards],
-        [os.path.join(folder, s["idx"]) for s in shards],
-        shards,
-        manifest.get("layout"),
-        manifest_path(prefix),
-    )
-    manifest["index"] = write_index(prefix, index)
-    identities = manifest.get("identities")
-    if identities is not None and "file" not in identities:
-        names = {int(label): name for label, name in identities.items()}
-        manifest["identities"] = write_identities(prefix, names)
+    write_pack_index(prefix, manifest, index_manifest(manifest_path(prefix), manifest))
     write_json_atomic(manifest_path(prefix), manifest)
 
 
