@@ -14,7 +14,7 @@ import subprocess
 import numpy as np
 import pytest
 from helpers.image_files import write_list, write_pack_tree
-from helpers.mxnet_oracle import MX_FACE_DATASET, im2rec_path, oracle_python, run_mxnet
+from helpers.mxnet_oracle import MX_FACE_DATASET, MX_READ_ALL, im2rec_path, oracle_python, run_mxnet
 
 from rectool import open_dataset as open_pack
 from rectool.packer.indexing import index_pack
@@ -22,21 +22,6 @@ from rectool.packer.packing import PackOptions, pack_images
 from rectool.reader import open_dataset
 
 pytestmark = pytest.mark.oracle
-
-# Every record in .idx order, as MXNet's own reader returns it.
-MX_READ_ALL = """
-import numbers
-import mxnet as mx
-rec = mx.recordio.MXIndexedRecordIO(DATA["idx"], DATA["rec"], "r")
-out = []
-for key in rec.keys:
-    header, image = mx.recordio.unpack(rec.read_idx(key))
-    label = header.label
-    label = float(label) if isinstance(label, numbers.Number) else [float(x) for x in label]
-    rgb = mx.image.imdecode(image).asnumpy() if DATA["decode"] else None
-    out.append((key, image, label, rgb))
-emit(out)
-"""
 
 
 @pytest.fixture

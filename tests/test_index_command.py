@@ -23,7 +23,7 @@ from helpers.handmade_datasets import (
     write_shard,
 )
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
-from helpers.mxnet_oracle import MX_FACE_DATASET, im2rec_path, oracle_python, run_mxnet
+from helpers.mxnet_oracle import MX_FACE_DATASET, MX_READ_ALL, im2rec_path, oracle_python, run_mxnet
 
 from rectool import reader
 from rectool.cli import cli
@@ -51,20 +51,6 @@ def read_all(ds):
     """Every (image bytes, label) of a dataset, labels as lists or floats."""
     return [(image, np.asarray(label).tolist()) for image, label in map(ds.raw, range(len(ds)))]
 
-
-# Every record in .idx order, as MXNet's own reader returns it.
-MX_READ_ALL = """
-import numbers
-import mxnet as mx
-rec = mx.recordio.MXIndexedRecordIO(DATA["idx"], DATA["rec"], "r")
-out = []
-for key in rec.keys:
-    header, image = mx.recordio.unpack(rec.read_idx(key))
-    label = header.label
-    label = float(label) if isinstance(label, numbers.Number) else [float(x) for x in label]
-    out.append((key, image, label))
-emit(out)
-"""
 
 # arcface_torch's MXFaceDataset, with MXNet doing the reading.
 # --- packs made by others, read as MXNet reads them ----------------------------------------------
@@ -96,9 +82,9 @@ def test_an_im2rec_pack_reads_as_mxnet_reads_it(tmp_path, pack_label):
     assert (rec.read_bytes(), idx.read_bytes()) == before  # read, never changed
     expected = run_mxnet(MX_READ_ALL, {"rec": str(rec), "idx": str(idx)})
     ds = reader.open_dataset(tmp_path / "faces")
-    assert ds.keys.tolist() == [key for key, _, _ in expected] == [i for i, _, _ in items]
-    assert read_all(ds) == [(image, label) for _, image, label in expected]
-    assert ds.labels.tolist() == [label for _, _, label in expected]
+    assert ds.keys.tolist() == [key for key, _, _, _ in expected] == [i for i, _, _ in items]
+    assert read_all(ds) == [(image, label) for _, image, label, _ in expected]
+    assert ds.labels.tolist() == [label for _, _, label, _ in expected]
 
 
 @pytest.mark.oracle
@@ -166,7 +152,7 @@ def test_a_format_2_pack_is_upgraded_in_place_keeping_its_fields(small_pack):
     )  # fmt: skip
     expected = run_mxnet(MX_READ_ALL, {"rec": small_pack.r, "idx": small_pack.i})
     ds = reader.open_dataset(prefix)
-    assert read_all(ds) == [(image, label) for _, image, label in expected]
+    assert read_all(ds) == [(image, label) for _, image, label, _ in expected]
     assert ds.labels.tolist() == [0.0] * 4 + [1.0] * 4 + [2.0] * 4
     verified = invoke("verify", small_pack.manifest)
     assert verified.exit_code == 0, verified.output

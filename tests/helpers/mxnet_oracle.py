@@ -89,3 +89,20 @@ for key in range(int(header.label[0]), int(header.label[1])):
     ranges.append([int(h.label[0]) - 1, int(h.label[1]) - 1])
 emit((samples, ranges))
 """
+
+
+# Every record in .idx order, as MXNet's own reader returns it: (key, image bytes, label,
+# the image decoded by mx.image.imdecode when DATA["decode"], else None).
+MX_READ_ALL = """
+import numbers
+import mxnet as mx
+rec = mx.recordio.MXIndexedRecordIO(DATA["idx"], DATA["rec"], "r")
+out = []
+for key in rec.keys:
+    header, image = mx.recordio.unpack(rec.read_idx(key))
+    label = header.label
+    label = float(label) if isinstance(label, numbers.Number) else [float(x) for x in label]
+    rgb = mx.image.imdecode(image).asnumpy() if DATA.get("decode") else None
+    out.append((key, image, label, rgb))
+emit(out)
+"""
