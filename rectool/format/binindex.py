@@ -31,7 +31,7 @@ from ..reader import (
     unpack_header,
 )
 from .digest import XXH3_128, Digests
-from .headers import check_shard, header_labels, insightface_header, key_lines
+from .headers import check_shard, header_labels, insightface_header, key_lines, shard_numbers
 from .textindex import load_index
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ def index_shards(
     counts = [len(k) for k, _ in indexes]
     keys = np.concatenate([k for k, _ in indexes])
     offsets = np.concatenate([o for _, o in indexes])
-    shard_of = np.repeat(np.arange(len(files)), counts)
+    shard_of = shard_numbers(counts)  # one byte a record (none for one shard)
 
     def read(line: int) -> tuple[Header, bytes]:
         rf, offset = files[int(shard_of[line])], int(offsets[line])
@@ -97,7 +97,8 @@ def index_shards(
         pairs = header_labels(files, shard_of[ids], offsets[ids], keys[ids])
         identity_ranges = _identity_ranges(pairs, ranges[0].stop - ranges[0].start, files[0].path)
         lines = np.arange(len(keys))[key_lines(keys, ranges[0], idx_paths[0])]
-        if (np.diff(shard_of[lines]) < 0).any():
+        order = shard_of[lines]
+        if (order[1:] < order[:-1]).any():  # (shard numbers are unsigned: no np.diff)
             raise RectoolError(
                 f"{files[0].path}: the insightface images do not run shard by shard; a binary "
                 "index reads samples in shard order"
