@@ -152,8 +152,6 @@ def _read_array(name: str, path: str, entry: Mapping[str, Any], length: int | No
     shape = "x".join(map(str, array.shape))
     if name == "identity_ranges" and array.shape[1:] != (2,):
         return replace(found, invalid=f"holds a {shape} array, not one [start, end) pair a row")
-    if array.ndim == 2 and not array.shape[1]:
-        return replace(found, invalid=f"holds a {shape} array: no {name[:-1]} a row")
     assert found.size is not None  # a regular file
     return replace(found, array=array, data_start=found.size - array.nbytes)
 
