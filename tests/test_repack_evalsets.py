@@ -199,7 +199,7 @@ def test_cli_refuses_a_bin_that_is_not_a_verification_set(tmp_path):
     bad = tmp_path / "cfp_fp.bin"
     bad.write_bytes(pickle.dumps({"bins": []}, protocol=4))
     result = run("repack", src, tmp_path / "out", "--drop-overlap", bad)
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # an unusable input, as a missing one
     assert result.output.startswith(f"Error: {bad}: not an insightface verification set: ")
     result = run("repack", src, tmp_path / "out", "--drop-overlap", tmp_path / "agedb_30.bin")
     assert result.exit_code == 2  # an unusable input

@@ -10,7 +10,12 @@ restricted unpickler builds anything: only the opcodes that build bytes, bools, 
 the tuple holding them are admitted, at most `MAX_OBJECTS` stack items, no list inside a list.
 `find_class` admits no class or function but `_codecs.encode`, the one call a protocol-2
 pickle written by Python 3 uses for each bytes object, and it gets a stand-in that only turns
-a str into latin-1 bytes. Anything else is a `RectoolError` naming the file.
+a str into latin-1 bytes. Anything else is an `InputError` naming the file (exit 2).
+
+A pickle stores an object once and refers to it again with a memo reference: a 4 MB file can
+name one 4 MB image 8,000 times. The images are kept as the objects the file stores
+(`EvalSet.distinct`: each once, by identity, for hashing), and a set whose images add up to
+more than `MAX_IMAGE_BYTES`, counted at every reference, is refused.
 """
 
 from __future__ import annotations
@@ -22,8 +27,10 @@ import pickletools
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, NoReturn
 
+import numpy as np
+
 from ..doors.inputs import read_regular
-from ..errors import RectoolError
+from ..errors import InputError
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -34,6 +41,9 @@ MAX_FILE_BYTES = 1 << 30
 # Stack items pushed while unpickling (lfw.bin: about 18,000; 60,000 as written by Python 3
 # with protocol 2).
 MAX_OBJECTS = 1_000_000
+# The images of a set added up at every reference (lfw.bin: about 60 MB, each image stored
+# once); a set over it repeats objects far beyond what a verification set does.
+MAX_IMAGE_BYTES = 4 << 30
 SUFFIX = ".bin"
 
 _BYTES = frozenset(
@@ -56,6 +66,20 @@ class EvalSet:
     def __len__(self) -> int:
         return len(self.images)
 
+    def distinct(self) -> tuple[list[bytes], np.ndarray]:
+        """Return (each image object of the set once, in first-use order; for each image,
+        the position of its object there): work per image, such as hashing, is done once per
+        object the file stores, however often it is referenced."""
+        first: dict[int, int] = {}
+        objects: list[bytes] = []
+        which = np.empty(len(self.images), np.int64)
+        for i, image in enumerate(self.images):
+            at = first.setdefault(id(image), len(objects))
+            if at == len(objects):
+                objects.append(image)
+            which[i] = at
+        return objects, which
+
 
 def is_eval_set(spec: StrPath) -> bool:
     """Return True when `spec` names a verification set (`*.bin`, not a folder)."""
@@ -66,31 +90,32 @@ def is_eval_set(spec: StrPath) -> bool:
 def read_eval_set(path: StrPath) -> EvalSet:
     """Read an insightface verification set; return an `EvalSet`.
 
-    Raise `RectoolError` naming the file when it is missing, larger than `MAX_FILE_BYTES`, or
-    anything but a pickle of (list of bytes, list of bool) with two images per flag.
+    Raise `InputError` naming the file when it is missing, larger than `MAX_FILE_BYTES`,
+    anything but a pickle of (list of bytes, list of bool) with two images per flag, or when
+    its images, counted at every reference, add up to more than `MAX_IMAGE_BYTES`.
     """
     name = os.fspath(path)
     data = _read_bounded(name)
     _check_opcodes(name, data)
     try:
         value = _Unpickler(io.BytesIO(data)).load()
-    except RectoolError:
+    except InputError:
         raise
     except Exception as exc:  # noqa: BLE001 - whatever a damaged pickle raises, say so
         raise _refuse(name, f"cannot unpickle ({type(exc).__name__}: {exc})") from None
     return _check_value(name, value)
 
 
-def _refuse(path: str, why: str) -> RectoolError:
-    return RectoolError(f"{path}: not an insightface verification set: {why}")
+def _refuse(path: str, why: str) -> InputError:
+    return InputError(f"{path}: not an insightface verification set: {why}")
 
 
 def _read_bounded(path: str) -> bytes:
     if os.path.isdir(path):
-        raise RectoolError(f"{path}: a folder, not a verification set")
+        raise InputError(f"{path}: a folder, not a verification set")
     data, _ = read_regular(path, "verification set", max_bytes=MAX_FILE_BYTES)
     if len(data) > MAX_FILE_BYTES:  # grew while it was read
-        raise RectoolError(f"{path}: over the {MAX_FILE_BYTES:,} bytes a verification set may have")
+        raise InputError(f"{path}: over the {MAX_FILE_BYTES:,} bytes a verification set may have")
     return data
 
 
@@ -251,5 +276,14 @@ def _check_value(path: str, value: object) -> EvalSet:
     if len(images) != 2 * len(issame):
         raise _refuse(
             path, f"{len(images):,} images for {len(issame):,} pair flags (two images a pair)"
+        )
+    total = sum(map(len, images))
+    if total > MAX_IMAGE_BYTES:
+        stored = sum(map(len, {id(image): image for image in images}.values()))
+        raise _refuse(
+            path,
+            f"its {len(images):,} images add up to {total:,} bytes, over the "
+            f"{MAX_IMAGE_BYTES:,} a set may have: the file stores {stored:,} bytes of images "
+            "and refers to them again and again",
         )
     return EvalSet(path, images, issame)

@@ -104,14 +104,16 @@ class EvalTarget:
 
     def __init__(self, spec: StrPath) -> None:
         self.spec = os.fspath(spec)
-        self.images = read_eval_set(self.spec).images
+        self.eval_set = read_eval_set(self.spec)
+        self.images = self.eval_set.images
         self.dataset = None  # no files a repack could write over: a .bin is no shard name
 
     def digests(self) -> np.ndarray:
-        out = np.zeros((len(self.images), 2), np.uint64)
-        for i, image in enumerate(self.images):
+        objects, which = self.eval_set.distinct()  # an image referenced again: hashed once
+        out = np.zeros((len(objects), 2), np.uint64)
+        for i, image in enumerate(objects):
             out[i] = image_digest(image)
-        return out
+        return out[which]
 
     def image(self, i: int) -> bytes:
         return self.images[i]
