@@ -10,7 +10,7 @@ import glob
 import os
 from typing import TYPE_CHECKING, Any
 
-from ..format.manifest import read_manifest
+from ..format.manifest import read_manifest, refuse_unfinished_plan
 from ..reader import (
     MANIFEST_SUFFIX,
     InputError,
@@ -79,6 +79,7 @@ def resolve_source(
                 f"{source}: no dataset here (looked for {source}{MANIFEST_SUFFIX}, {source}.rec, "
                 f"{source}-00000.rec)"
             )
+        refuse_unfinished_plan(source, recs)  # shards of a job array, not yet finalized
     return None, None, _checked([(p, os.path.splitext(p)[0] + ".idx") for p in recs])
 
 

@@ -14,7 +14,15 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..reader import DATASET_LAYOUTS, InputError, is_count, plain_name
+from ..doors.inputs import read_state
+from ..reader import (
+    DATASET_LAYOUTS,
+    MANIFEST_SUFFIX,
+    STATE_SUFFIX,
+    InputError,
+    is_count,
+    plain_name,
+)
 from ..reader import read_manifest as read_reader_fields
 
 if TYPE_CHECKING:
@@ -61,6 +69,14 @@ _CLASSES: Field = (
 )
 MAX_MANIFEST_DEPTH = 16  # rectool writes 3 levels (shards[0], options.transform)
 _INT: Field = (lambda v: type(v) is int and -(1 << 31) <= v < 1 << 31, "an integer")
+# `rectool index --into`: the links in the manifest's folder to files that stay elsewhere.
+_LINKS: Field = (
+    lambda v: (
+        isinstance(v, dict)
+        and all(plain_name(k) and isinstance(t, str) and os.path.isabs(t) for k, t in v.items())
+    ),
+    "an object {file name in the manifest's folder: absolute path}",
+)
 
 # Each object's fields: name -> a field, or the fields of an object. Fields not named here are
 # kept as they are (only the nesting depth limits them).
@@ -112,6 +128,7 @@ MANIFEST: Fields = {
     "classes": _CLASSES,
     "index": INDEX,
     "layout": LAYOUT_FIELD,
+    "links": _LINKS,
 }
 CLOSED = {"options.transform"}  # objects whose every field is known (--resume compares them)
 
@@ -238,3 +255,95 @@ def _deeper_than(doc: dict[str, Any], limit: int) -> bool:
         ]
         depth += 1
     return False
+
+
+# A shard packed alone (`pack --only-shard K`) is written with `PREFIX-0000K.plan.json` beside
+# it, until `pack --finalize` writes the manifest: the plan the shard is one part of. Whoever
+# finds numbered shards without a manifest learns from it that they are not a pack yet.
+PLAN_SUFFIX = ".plan.json"
+PLAN: Fields = {
+    "shards": COUNT_FIELD,
+    "shard": COUNT_FIELD,
+    "shard_records": COUNT_FIELD,
+    "list_items": COUNT_FIELD,
+    "list_sha256": _TEXT,
+}
+
+
+def plan_document(
+    shards: int, shard: int, shard_records: int, list_items: int, list_sha256: str
+) -> dict[str, Any]:
+    """Return the plan file of shard `shard` of `shards` (see `PLAN_SUFFIX`)."""
+    return {
+        "plan": {
+            "shards": shards,
+            "shard": shard,
+            "shard_records": shard_records,
+            "list_items": list_items,
+            "list_sha256": list_sha256,
+        },
+        "finish": "rectool pack LIST ROOT PREFIX --shard-records N --finalize",
+    }
+
+
+def read_shard_plan(path: str) -> dict[str, Any]:
+    """Read a shard's plan file; return its "plan" object, checked; raise `InputError`."""
+    plan = read_state(path, "shard plan file").get("plan")
+    if not isinstance(plan, dict) or any(plan.get(name) is None for name in PLAN):
+        raise InputError(f"{path}: not a shard plan file (no plan with {', '.join(PLAN)})")
+    check_fields(path, plan, PLAN, "plan.")
+    if not plan["shard"] < plan["shards"]:
+        raise bad_field(path, "plan.shard", f"below plan.shards ({plan['shards']})")
+    return plan
+
+
+def refuse_unfinished_plan(prefix: str, recs: Iterable[str]) -> None:
+    """Raise `InputError` when the numbered shards of `prefix` (`recs`, found without a
+    manifest) are not a whole pack: shards of a plan packed shard by shard and not finalized,
+    or numbers with gaps; the message names the missing shards.
+
+    Every shard packed with `--only-shard` carries its plan (`PLAN_SUFFIX`), so shards of a
+    job array that lost some (or never packed them) are never read as a whole pack.
+    """
+    present = {int(rec[-9:-4]): rec for rec in recs if rec[-10:-9] == "-"}
+    plans = {}
+    for number, rec in present.items():
+        path = rec[: -len(".rec")] + PLAN_SUFFIX
+        if os.path.lexists(path):
+            plans[number] = (path, read_shard_plan(path))
+    if not plans:
+        gaps = sorted(set(range(max(present, default=-1) + 1)) - set(present))
+        if gaps:
+            shown = ", ".join(map(str, gaps[:10])) + (", ..." if len(gaps) > 10 else "")
+            raise InputError(
+                f"{prefix}: shard{'s' if len(gaps) > 1 else ''} {shown} of the numbered shards "
+                f"0..{max(present)} {'are' if len(gaps) > 1 else 'is'} missing, and no manifest "
+                f"says how many there are (no {prefix}{MANIFEST_SUFFIX}); restore the pack, or "
+                "name the .rec files to read"
+            )
+        return
+    (first_path, plan), *others = plans.values()
+    for path, other in others:
+        if (other["shards"], other["list_sha256"]) != (plan["shards"], plan["list_sha256"]):
+            raise InputError(
+                f"{prefix}: shards of two plans are mixed ({first_path}: {plan['shards']} "
+                f"shards of list {plan['list_sha256'][:12]}; {path}: {other['shards']} of "
+                f"{other['list_sha256'][:12]}); pack them to separate prefixes"
+            )
+    total = plan["shards"]
+    missing = [k for k in range(total) if k not in present]
+    unfinished = [k for k in present if os.path.lexists(f"{prefix}-{k:05d}{STATE_SUFFIX}")]
+    if missing or unfinished:
+        numbers = missing or unfinished
+        shown = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+        raise InputError(
+            f"{prefix}: an unfinished job array ({first_path} says so): of the {total}-shard "
+            f"plan, shard{'s' if len(numbers) > 1 else ''} {shown} "
+            f"{'missing' if missing else 'still being packed'}; pack each with "
+            "--only-shard K, then write the manifest with --finalize"
+        )
+    raise InputError(
+        f"{prefix}: {total} shards packed one by one and never finalized (no "
+        f"{prefix}{MANIFEST_SUFFIX}; {first_path} says so); write the manifest with "
+        "`rectool pack LIST ROOT PREFIX --shard-records N --finalize`"
+    )

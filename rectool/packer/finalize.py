@@ -14,7 +14,7 @@ from ..doors.failures import open_failures
 from ..doors.inputs import dataset_path, open_input
 from ..doors.output import OutputLock, remove, rename, stage_file
 from ..errors import RectoolError
-from ..format.manifest import read_manifest
+from ..format.manifest import PLAN_SUFFIX, read_manifest
 from .listcheck import load_identities, validate_list
 from .manifest import (
     FAILURES_SUFFIX,
@@ -105,6 +105,9 @@ def finalize_locked(
     write_manifest(prefix, manifest)
     for name in shard_failures:  # only now: until the manifest, a rerun needs them
         remove(name)
+    for number in range(len(plan)):  # the manifest now says what the plan files said
+        if os.path.lexists(plan_file := shard_stem(prefix, number) + PLAN_SUFFIX):
+            remove(plan_file)
     return PackResult(
         manifest_path(prefix),
         manifest,

@@ -43,6 +43,7 @@ from ..format.binindex import (
     write_pack_index,
 )
 from ..format.checksums import SUFFIX as CHECKSUM_SUFFIX
+from ..format.manifest import PLAN_SUFFIX
 from ..reader import (
     MANIFEST_FORMAT,
     MANIFEST_SUFFIX,
@@ -124,6 +125,7 @@ def output_files(prefix: StrPath) -> list[str]:
     escaped = glob.escape(prefix)
     for pattern in ("-[0-9][0-9][0-9][0-9][0-9].rec", "-[0-9][0-9][0-9][0-9][0-9].idx"):
         names += glob.glob(escaped + pattern)
+        names += glob.glob(escaped + pattern[:-4] + PLAN_SUFFIX)
         names += glob.glob(escaped + pattern + CHECKSUM_SUFFIX)
     names += [n + PARTIAL_SUFFIX for n in list(names)]
     names += _stale_temporaries(prefix)
@@ -247,6 +249,7 @@ def shard_files(stem: str) -> list[str]:
     names = [stem + s for s in (".rec", ".idx", FAILURES_SUFFIX, STATE_SUFFIX)]
     names.append(stem + ".rec" + CHECKSUM_SUFFIX)
     names += [n + PARTIAL_SUFFIX for n in names]
+    names.append(stem + PLAN_SUFFIX)
     return [n for n in names if os.path.exists(n)]
 
 

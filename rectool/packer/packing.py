@@ -26,6 +26,7 @@ from ..doors.output import (
     write_json_atomic,
 )
 from ..errors import RectoolError, UsageError
+from ..format.manifest import PLAN_SUFFIX, plan_document
 from ..format.records import IndexedRecordFile
 from ..reader import unpack_header
 from .finalize import completed_if_same as completed_if_same
@@ -341,6 +342,11 @@ def _pack_shard(
         check_resume_state(state_path, state)
     elif not (resume and done):
         write_json_atomic(state_path, state)
+    if not (resume and done) or not os.path.exists(stem + PLAN_SUFFIX):
+        # Until --finalize, the shard says which plan it is part of (`refuse_unfinished_plan`).
+        shards, records = len(plan), options.shard_records or total
+        plan_file = plan_document(shards, number, records, total, digest)
+        write_json_atomic(stem + PLAN_SUFFIX, plan_file)
     run = PackRun(
         list_path, root, prefix, options, len(plan[number]), progress, (number, plan[number])
     )
