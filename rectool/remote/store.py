@@ -11,7 +11,8 @@ decides for every store. `http://` and `https://` are read with the standard lib
 by byte range (`Range: bytes=N-`, to resume a dropped transfer), and are read-only.
 
 Errors name the URL without its credentials (`safe_url` drops a user:password and a query
-string; `scrub` removes the values of credential variables from a library's message).
+string; `scrub` removes the values of credential variables from a library's message): the
+one rule, `rectool.redaction`.
 """
 
 from __future__ import annotations
@@ -20,11 +21,11 @@ import os
 import random
 import re
 import time
-import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import RectoolError
+from ..redaction import safe_url, scrub
 
 if TYPE_CHECKING:
     from http.client import HTTPResponse
@@ -38,8 +39,6 @@ T = TypeVar("T")
 _CHUNK = 1 << 20
 URL_SCHEMES = ("s3", "gs", "az", "abfs", "http", "https")
 _URL = re.compile(r"^(s3|gs|az|abfs|https?)://", re.I)
-# Environment variables whose values must never appear in a message.
-_SECRET_NAME = re.compile(r"SECRET|TOKEN|PASSWORD|ACCESS_KEY|ACCOUNT_KEY|CREDENTIAL", re.I)
 
 
 class RemoteError(RectoolError):
@@ -57,21 +56,6 @@ class TransientError(RemoteError):
 def is_url(source: object) -> bool:
     """Return whether `source` names a remote object (s3://, gs://, az://, http(s)://)."""
     return isinstance(source, str) and bool(_URL.match(source))
-
-
-def safe_url(url: str) -> str:
-    """Return `url` without a user:password and without a query string (a signature)."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def scrub(text: str) -> str:
-    """Return `text` with the values of credential variables in the environment removed."""
-    for name, value in os.environ.items():
-        if len(value) >= 6 and _SECRET_NAME.search(name) and value in text:
-            text = text.replace(value, "***")
-    return text
 
 
 def split_url(url: str) -> tuple[str, str]:
