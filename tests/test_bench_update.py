@@ -81,3 +81,30 @@ def test_without_update_the_page_holds_only_this_run(page, monkeypatch):
 def test_update_needs_only(page):
     with pytest.raises(SystemExit):
         run_all.main(["--update", "--output", str(page)], today=TODAY)
+
+
+def test_a_row_without_a_limit_is_information_not_a_verdict(monkeypatch):
+    # Issue 38: non-durable peers (`tar cf`, `cp` without sync) stay on the page as information.
+    monkeypatch.setitem(
+        run_all.TARGETS,
+        "pack",
+        [("a", "ours / durable peer", "<=", 1.3), ("b", "ours / peer, not durable", None, None)],
+    )
+    rows = run_all.table({"pack": {"a": 1.5, "b": 2.25}})
+    assert rows[2:] == [
+        "| pack | ours / durable peer | 1.50 | <= 1.3 | MISSED |",
+        "| pack | ours / peer, not durable | 2.25 | | information |",
+    ]
+
+
+def test_pack_and_repack_are_held_to_durable_peers():
+    import bench_pack
+    import bench_repack
+
+    limits = {key: (op, limit) for key, _, op, limit in bench_pack.TARGETS + bench_repack.TARGETS}
+    assert limits["ratio_pass_through_vs_tar_sync"] == ("<=", 1.3)
+    assert limits["ratio_pass_through_vs_tar"] == (None, None)
+    assert limits["speedup_pass_through_vs_im2rec_cpu"] == (">=", 4.0)
+    assert limits["ratios.identity_over_cp_sync"] == ("<=", 1.5)
+    assert limits["ratios.shuffle_over_cp_sync"] == ("<=", 2.0)
+    assert limits["ratios.identity_over_cp"] == (None, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compileall
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -94,6 +95,17 @@ def best_time(repeats, fn):
         result = fn()
         best = min(best, time.perf_counter() - start)
     return best, result
+
+
+def cpu_timed(cmd, prepare=None):
+    """Run a command; return (wall seconds, CPU seconds): user + system time of it and of every
+    process it waited for (its workers), from this process's RUSAGE_CHILDREN before and after."""
+    if prepare:
+        prepare()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = timed(cmd)[0]
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
 
 def best_in_turns(runs, *fns):

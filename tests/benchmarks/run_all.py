@@ -154,6 +154,9 @@ def table(results):
             value = _lookup(result, key)
             if value is None:
                 continue
+            if op is None:  # information beside a target's row: no limit of its own
+                rows.append(f"| {name} | {what} | {value:.2f} | | information |")
+                continue
             ok = value >= limit if op == ">=" else value <= limit
             rows.append(
                 f"| {name} | {what} | {value:.2f} | {op} {limit:g} | {'met' if ok else 'MISSED'} |"
