@@ -159,7 +159,8 @@ def list_command(
     Symbolic links are followed, to files and to folders, while they stay inside ROOT (see
     --allow-outside-root). Every folder is listed once: a linked folder that leads back to
     one of its own ancestors, or to a folder already listed, is skipped and counted, so a
-    scan always ends.
+    scan always ends. A ROOT that is / or lies in /proc, /sys or /dev is refused, and a link
+    that leads there is never followed: no image tree is there.
 
     \b
     Example:

@@ -126,7 +126,8 @@ def list_images(
 
     `listing_options` are those of `make_listing`; see `walk_tree` and `write_lists` for the
     rest. Options are checked before the walk. Raises `ListingError` when nothing under
-    `root` is an image, or a file cannot be written.
+    `root` is an image, a file cannot be written or memory runs out (a ROOT far larger than
+    an image tree), `InputError` for a ROOT that is no image tree (`walk.check_walkable`).
     """
     ratios = resolve_ratios(
         listing_options.get("train_ratio"),
@@ -149,8 +150,20 @@ def list_images(
         check_target(out, overwrite, "list")
     if labels is not None:
         check_target(labels, overwrite, "label map")
-    scan = walk_tree(root, exts, recursive, threads, progress, allow_outside_root)
-    listing = make_listing(scan, **listing_options)
+    listing: Listing | None
+    try:
+        listing = make_listing(
+            walk_tree(root, exts, recursive, threads, progress, allow_outside_root),
+            **listing_options,
+        )
+    except MemoryError:  # raised below, once the walk's memory is released with its frames
+        listing = None
+    if listing is None:
+        raise ListingError(
+            f"out of memory while listing {os.fspath(root)}: the tree holds more entries than "
+            "this process can keep. Is ROOT the image tree (one folder per identity)? If it is, "
+            "give the process more memory"
+        )
     if not listing.image_count:
         passed = ", ".join(
             f"{len(paths)} {reason}" for reason, paths in listing.skipped.items() if paths

@@ -13,6 +13,11 @@ that leads to a folder already listed a `symlink_repeat`, and both are skipped a
 Links, to files and to folders, are followed only where their real path stays inside ROOT's
 real path; those leading out are skipped as `outside_root` unless `allow_outside_root`
 (`rectool list --allow-outside-root`).
+
+A tree that is no image tree is not walked: a ROOT whose real path is the file system's root
+or lies in one of the kernel's trees (`SYSTEM_TREES`: /proc, /sys, /dev) is refused, and a
+link that leads there is skipped as `outside_root` even with `allow_outside_root`. Walking
+`/` would list every file system of the machine, and /proc has no end worth reaching.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ListingError, UsageError
+from ..errors import InputError, ListingError, UsageError
 from .listfile import is_writable_path, unwritable_paths
 
 if TYPE_CHECKING:
@@ -56,6 +61,35 @@ SKIP_REASONS = {
     "below_min_per_id": "identities with fewer images than the minimum per identity",
     "above_max_per_id": "images beyond the maximum per identity",
 }
+
+
+# The kernel's trees: their files are not images, some are endless, and they hold the machine.
+SYSTEM_TREES = ("/proc", "/sys", "/dev")
+
+
+def system_tree(real: str) -> str | None:
+    """Return what the real path `real` is when it is no image tree (the file system's root,
+    or in one of `SYSTEM_TREES`), else None."""
+    if real == os.sep:
+        return "the file system's root"
+    for tree in SYSTEM_TREES:
+        if real == tree or real.startswith(tree + os.sep):
+            return f"in {tree}, a tree of the kernel's"
+    return None
+
+
+def check_walkable(root: StrPath) -> None:
+    """Raise `InputError` when `root` (through any link) is the file system's root or lies
+    in one of `SYSTEM_TREES`: no image tree, and walking it lists the whole machine."""
+    real = os.path.realpath(root)
+    what = system_tree(real)
+    if what is not None:
+        shown = os.fspath(root)
+        target = "" if shown == real else f" ({real})"
+        raise InputError(
+            f"{shown}: ROOT is {what}{target}, not an image tree; give the folder that holds "
+            "one folder per identity"
+        )
 
 
 def default_threads() -> int:
@@ -140,9 +174,11 @@ class _Scanner:
 
     def leads_out(self, entry: os.DirEntry[str]) -> bool:
         """Return whether a symbolic link entry's real path is outside ROOT (and not allowed)."""
+        real = os.path.realpath(entry.path)
+        if system_tree(real) is not None:  # never followed: see the module's docstring
+            return True
         if self.allow_outside_root:
             return False
-        real = os.path.realpath(entry.path)
         return real != self._real_root and not real.startswith(self._below_root)
 
     def folder_key(self, path: str) -> tuple[int, int]:
@@ -267,8 +303,10 @@ def walk_tree(
     lead out of ROOT are skipped unless `allow_outside_root`; every folder is listed once
     (see the module's docstring).
 
-    Raises `ListingError` when the root itself cannot be read.
+    Raises `InputError` for a ROOT that is no image tree (`check_walkable`), `ListingError`
+    when the root itself cannot be read.
     """
+    check_walkable(root)
     root = Path(root)
     adaptive = threads is None
     threads = default_threads() if threads is None else threads
