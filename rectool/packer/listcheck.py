@@ -2,7 +2,10 @@
 
 Every line is parsed once, a block at a time at C speed for ordinary lines, line by line (naming
 the first bad one) for the rest: a bad line, a repeated index, a label the layout cannot key, a
-label not in the label map or one float32 would change stops the run. `check_root` tells a
+label not in the label map or one float32 would change stops the run. A label float32 would
+change is an integer it does not hold (16777217) or a value it cannot keep even to its
+precision (1e-50, which it stores as 0: below `FLOAT32_TINY` only values it holds exactly
+pass); other values are real values, rounded to float32 as records store them. `check_root` tells a
 wrong ROOT from a few missing files.
 """
 
@@ -71,10 +74,11 @@ def check_root(list_path: StrPath, root: StrPath, allow_outside_root: bool = Fal
 
 
 # Ordinary lines (`index<TAB>number...<TAB>path`), matched a block at a time at C speed. Their
-# numbers have no exponent and at most 7 integer digits, so a float32 holds every integral one
-# exactly (below 2**24), and paths hold no NUL; other lines (rare) are checked one by one,
-# which names a bad one.
-_NUMBER = rb"[-+]?(?:[0-9]{1,7}(?:\.[0-9]*)?|\.[0-9]+)"
+# numbers have no exponent, at most 7 integer digits and 30 fraction digits, so a float32 holds
+# every integral one exactly (below 2**24) and keeps every other to its precision (none is a
+# nonzero below 1e-30, far above `FLOAT32_TINY`), and paths hold no NUL; other lines (rare)
+# are checked one by one, which names a bad one.
+_NUMBER = rb"[-+]?(?:[0-9]{1,7}(?:\.[0-9]{0,30})?|\.[0-9]{1,30})"
 # Possessive (`++`, `*+`): no backtracking, several times faster. A label must be followed by a
 # tab, so the path (followed by the newline) is never taken for one.
 try:
@@ -198,13 +202,17 @@ def _all_mapped(labels: np.ndarray, identities: Mapping[int, str]) -> bool:
 # A label spelled as an integer (`16777217`, im2rec's `16777217.000000`): a class id, which
 # must reach the record as written. (Other spellings are real values, rounded as floats are.)
 _INTEGER_LABEL = re.compile(r"[-+]?[0-9]+(?:\.0*)?")
+# The smallest normal float32: below it float32 keeps fewer digits, down to none (1e-50 is 0).
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def _check_float32(text: str, item: ListItem, path: StrPath) -> None:
-    """Raise `ListFormatError` for an integer label that float32, the records' label type, would
-    store as another integer (16777217 as 16777216)."""
+    """Raise `ListFormatError` for a label that float32, the records' label type, would store
+    as another value than the line says: an integer it does not hold (16777217 as 16777216),
+    or a value below `FLOAT32_TINY` it does not hold exactly (1e-50 as 0)."""
     for spelled, label in zip(text.split("\t")[1:-1], item.labels):
-        if abs(label) > FLOAT32_EXACT and _INTEGER_LABEL.fullmatch(spelled.strip()):
+        integer = abs(label) > FLOAT32_EXACT and _INTEGER_LABEL.fullmatch(spelled.strip())
+        if integer or 0 < abs(label) < FLOAT32_TINY:
             stored = float(np.float32(label))
             if stored != label:
                 raise ListFormatError(
