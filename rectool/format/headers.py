@@ -90,9 +90,11 @@ def insightface_header(
 
     Record 0 is that header only with flag 2, no image bytes, and two whole-number labels
     [N + 1, N + 1 + K], 1 <= N + 1 <= N + 1 + K, while key 1 (when N > 0 and it is there) has
-    a scalar label: keys 1..N are then the images, N+1..N+K the identity records (FORMAT-NOTES
-    §5). Else None. `keys` are the .idx's (a repeated key: its last line counts, as in MXNet);
-    `read(line)` returns `unpack_header` of the record on an .idx line.
+    a scalar label, or label vectors (Glint360K's, WebFace42M's) and key N + 1 is the first
+    identity record (flag 2, no image bytes, labels [1, end)): keys 1..N are then the images,
+    N+1..N+K the identity records (FORMAT-NOTES §5). Else None. `keys` are the .idx's (a
+    repeated key: its last line counts, as in MXNet); `read(line)` returns `unpack_header` of
+    the record on an .idx line.
     """
     zero, one = np.flatnonzero(keys == 0), np.flatnonzero(keys == 1)
     if not len(zero):
@@ -104,7 +106,14 @@ def insightface_header(
     if not (first.is_integer() and end.is_integer() and 1 <= first <= end):
         return None
     if first > 1 and len(one) and read(int(one[-1]))[0].flag != 0:
-        return None  # images with label vectors: an im2rec --pack-label pack
+        # Images with label vectors: insightface's, when an identity record follows them;
+        # else an im2rec --pack-label pack whose record 0 happens to look like a header.
+        ids = np.flatnonzero(keys == first)
+        if end == first or not len(ids):
+            return None
+        identity, body = read(int(ids[-1]))
+        if identity.flag != 2 or len(body) or float(identity.label[0]) != 1.0:
+            return None
     return range(1, int(first)), range(int(first), int(end))
 
 

@@ -6,7 +6,10 @@
   1..N in the order written, each identity's images together; then one record per identity
   (key N+1+label, labels [start, end) of its image keys) and record 0, the header (labels
   [N+1, N+1+classes)); and a `property` file `classes,height,width` beside the `.rec`. Those
-  labels are float32, so every key must stay below `keys.FLOAT32_EXACT`.
+  labels are float32, so every key must stay below `keys.FLOAT32_EXACT`. An image's label is
+  its identity (a scalar, as faces_emore and ms1m hold it) or, with `--pack-label`, the list's
+  label vector, identity first (as Glint360K and WebFace42M hold it: insightface's tools read
+  `label[0]`); the identity records and record 0 are the same for both.
 
 This module is the writing side of the rule; `reader.insightface_header` is the reading side.
 `pack` and `repack` ask a `Layout` rather than comparing layout names.
@@ -74,7 +77,7 @@ class Layout:
         return images_written + 1 if self.numbered else None
 
     def check_options(self, options: ShardLimits) -> None:
-        """Refuse shard limits, and labels packed whole, in a layout that cannot hold them."""
+        """Refuse shard limits in a layout that cannot hold them (insightface: one file)."""
         if not self.numbered:
             return
         if options.shard_bytes or options.shard_records:
@@ -82,19 +85,16 @@ class Layout:
                 "--layout insightface writes one .rec (its readers expect one file); "
                 "drop --shard-size/--shard-records"
             )
-        if getattr(options, "pack_label", False):
-            raise UsageError(
-                "--layout insightface stores one class label per image; drop --pack-label"
-            )
 
     def check_item(self, item: ListItem, path: StrPath) -> None:
-        """Raise `ListFormatError` for a list item this layout cannot key (insightface: one
-        non-negative integer label, the identity)."""
+        """Raise `ListFormatError` for a list item this layout cannot key (insightface: its
+        first label, the identity, a non-negative integer; the others are written only with
+        --pack-label, as in the images layout)."""
         label = item.labels[0]
-        if self.numbered and (len(item.labels) != 1 or not label.is_integer() or label < 0):
+        if self.numbered and (not label.is_integer() or label < 0):
             raise ListFormatError(
-                f"--layout insightface needs one non-negative integer label, got "
-                f"{list(item.labels)}",
+                f"--layout insightface needs one non-negative integer label, the identity, "
+                f"as the first label, got {list(item.labels)}",
                 path,
                 item.line,
             )
@@ -146,9 +146,26 @@ class Layout:
         write_atomic(os.path.join(folder or ".", "property"), f"{classes},{height},{width}\n")
 
 
+def image_label(
+    identity: float, vector: Sequence[float] | None, pack_label: bool
+) -> float | list[float]:
+    """Return the label an image record holds: its `identity` alone, or with `pack_label` a
+    label vector: `vector` (a source's labels) with `identity` first, `[identity]` when None.
+
+    What converts between the label shapes: a scalar record's label becomes `[identity]`, a
+    vector's keeps its other labels (`pack_label=False` drops them).
+    """
+    if not pack_label:
+        return float(identity)
+    rest = [] if vector is None else [float(x) for x in vector[1:]]
+    return [float(identity), *rest]
+
+
 def _is_identity_record(record: bytes) -> bool:
-    """Return True for an identity or header record (written by `records_after`)."""
-    return unpack_header(record)[0].flag == IDENTITY_FLAG
+    """Return True for an identity or header record (written by `records_after`): flag 2 and
+    no image bytes (an image with a label vector of two has flag 2 too)."""
+    head, body = unpack_header(record)
+    return head.flag == IDENTITY_FLAG and not body
 
 
 def _labels_record(labels: Sequence[float], key: int, id2: int) -> bytes:

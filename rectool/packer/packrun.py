@@ -192,7 +192,9 @@ class PackRun:
     def _results(self, chunk: list[ListItem], results: list[Prepared]) -> ChunkResults:
         """Return a chunk's worker results as a `ChunkResults`, numbered (framed here) from
         the next key when the layout numbers images as written."""
-        return ChunkResults(chunk, results, self.layout.first_key(self.images))
+        return ChunkResults(
+            chunk, results, self.layout.first_key(self.images), self.options.pack_label
+        )
 
     def _process_blocks(
         self, items: Iterator[ListItem], done: int, may_switch: bool

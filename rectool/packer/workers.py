@@ -125,13 +125,18 @@ class ChunkResults:
     framed records as runs, refusals between them, in list order.
 
     Given `first_key`, the results are images, framed here and numbered from it in order (a
-    layout that numbers images as written: only the writer's thread knows the next key).
+    layout that numbers images as written: only the writer's thread knows the next key), with
+    every label of their list line when `pack_label`.
     """
 
     reuses_buffer = False  # its records are its own bytes
 
     def __init__(
-        self, items: Sequence[ListItem], results: list[Prepared], first_key: int | None = None
+        self,
+        items: Sequence[ListItem],
+        results: list[Prepared],
+        first_key: int | None = None,
+        pack_label: bool = False,
     ) -> None:
         self.items = items
         self._images = results if first_key is not None else None
@@ -140,7 +145,7 @@ class ChunkResults:
             key = first_key
             for item, image in zip(items, results):
                 if not isinstance(image, ImageRefused):
-                    image = frame_image(item, image, key, False)
+                    image = frame_image(item, image, key, pack_label)
                     key += not isinstance(image, ImageRefused)
                 framed.append(image)
             results = framed

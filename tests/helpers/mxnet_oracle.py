@@ -106,3 +106,22 @@ for key in rec.keys:
     out.append((key, image, label, rgb))
 emit(out)
 """
+
+
+# insightface's recognition/partial_fc/unpack_glint360k.py, as it walks a pack: record 0 gives
+# the identity records' keys, each identity record its images' keys, and each image's label is
+# `int(header.label[0])` (a label vector's first; a scalar label fails there, as in
+# insightface). Emits [(key, label, image bytes)] in that order.
+UNPACK_GLINT360K = """
+import mxnet as mx
+rec = mx.recordio.MXIndexedRecordIO(DATA["idx"], DATA["rec"], "r")
+header, _ = mx.recordio.unpack(rec.read_idx(0))
+assert header.flag > 0
+out = []
+for identity in range(int(header.label[0]), int(header.label[1])):
+    header, _ = mx.recordio.unpack(rec.read_idx(identity))
+    for idx in range(int(header.label[0]), int(header.label[1])):
+        _header, _img = mx.recordio.unpack(rec.read_idx(idx))
+        out.append((idx, int(_header.label[0]), _img))
+emit(out)
+"""
