@@ -4,12 +4,15 @@ exits non-zero (issue 21)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
 from rectool.commands import progress as progress_module
+from rectool.commands.progress import PhaseLog
 
 
 @pytest.fixture
@@ -66,3 +69,74 @@ def test_quiet_still_says_why_pack_exits_3(tree, tmp_path):
     result = CliRunner().invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "p"), "-q"])
     assert result.exit_code == 3
     assert result.stderr == "Error: more than --max-failures 0 refused (1)\n"
+
+
+# --- issue 37: info and report are never silent in a log ---------------------------------------
+
+
+class SteppedClock:
+    """A clock that reads the times it is set to, in order (the last one after that)."""
+
+    def __init__(self, *times):
+        self.times = list(times)
+
+    def __call__(self):
+        return self.times.pop(0) if len(self.times) > 1 else self.times[0]
+
+
+def test_a_phase_log_is_never_silent_longer_than_its_interval_across_phases():
+    lines = []
+    times = [0.0] + [0.5 * k for k in range(1, 81)]  # a call every half second, for 40 s
+    log = PhaseLog("report", clock=SteppedClock(*times), every=10, echo=lines.append)
+    printed_at = []
+    for k, t in enumerate(times[1:]):
+        phase = "records" if k < 30 else "duplicates"  # the phase changes mid-way
+        before = len(lines)
+        log(phase, k, 80)
+        if len(lines) > before:
+            printed_at.append(t)
+    # One clock for every phase: no gap over 10 s; a phase that ends says its last state.
+    assert printed_at == [10.0, 15.5, 25.5, 35.5]
+    assert lines[:2] == ["report records: 19/80 img (23%)", "report records: 29/80 img (36%)"]
+    log.close()
+    assert lines[-1] == "report duplicates: 79/80 img (98%)"
+
+
+def test_a_long_phase_is_said_as_it_begins():
+    lines = []
+    log = PhaseLog("info", clock=SteppedClock(0.0), every=10, echo=lines.append)
+    log("labels", 0, 999_999)  # short: nothing yet
+    log("sample", 0, 1_000_000)  # a million items: said at once, whatever the clock
+    log("bytes", 0, 10**9)
+    log("bytes", 5, 10**9)
+    assert lines == ["info sample: 0/1,000,000 img (0%)", "info bytes: 0/1,000,000,000 B (0%)"]
+
+
+def test_report_logs_its_scan_and_keeps_stdout_one_json_document(tree, tmp_path, monkeypatch):
+    root, lst = tree
+    assert (
+        CliRunner().invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "p")]).exit_code == 0
+    )
+    monkeypatch.setattr(progress_module, "clock", TickingClock(1))
+    args = ["report", str(tmp_path / "p"), "-o", str(tmp_path / "r.html"), "--json"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)  # one document
+    log = result.stderr.splitlines()
+    for phase in ("labels", "sample", "records", "bytes", "thumbnails", "duplicates"):
+        assert any(line.startswith(f"report {phase}: ") for line in log), phase
+    assert "report records: 6/6 img (100%)" in log
+    size = (tmp_path / "p.rec").stat().st_size
+    assert f"report bytes: {size:,}/{size:,} B (100%)" in log
+
+
+def test_info_logs_its_phases(tree, tmp_path, monkeypatch):
+    root, lst = tree
+    assert (
+        CliRunner().invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "p")]).exit_code == 0
+    )
+    monkeypatch.setattr(progress_module, "clock", TickingClock(1))
+    result = CliRunner().invoke(cli, ["info", str(tmp_path / "p"), "--json"])
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)
+    assert "info labels: 6/6 img (100%)" in result.stderr.splitlines()

@@ -19,9 +19,10 @@ def invoke(*args):
     return CliRunner().invoke(cli, [str(a) for a in args])
 
 
-# Each case: (target, key, offset, reason, records, images, images `info` counts). A pack with a
-# binary index lists every sample there; `info` reads only its sample of them, and counts them
-# all; from the headers (and in `report`), a record that cannot be read is left out.
+# Each case: (target, key, offset, reason, records, images `report` counts, images `info`
+# counts). A pack with a binary index lists every sample there: `info` and `report` count them
+# all (issue 37: both answer from the index); from the headers, a record that cannot be read
+# is left out.
 
 
 def empty_image(tmp_path):
@@ -44,7 +45,7 @@ def bad_magic(tmp_path, keep_index=True):
         pack.idx.unlink()
         pack.manifest.unlink()
         return pack.rec, None, offset, "bad magic", 12, 11, 11
-    return pack.manifest, key, offset, "bad magic", 12, 11, 12
+    return pack.manifest, key, offset, "bad magic", 12, 12, 12
 
 
 CASES = {

@@ -21,6 +21,7 @@ from .options import (
     max_pixels_option,
     sample_option,
 )
+from .progress import phase_progress
 
 
 @click.command(cls=RectoolCommand, name="info")
@@ -48,7 +49,12 @@ def info_command(target: str, sample: int, max_pixels: int, as_json: bool) -> No
     """
     from ..inspect.info import dataset_info
 
-    info = dataset_info(local_targets([target], as_json)[0], sample=sample, max_pixels=max_pixels)
+    progress, close = phase_progress(False)  # on stderr, --json or not
+    try:
+        local = local_targets([target], as_json)[0]
+        info = dataset_info(local, sample=sample, max_pixels=max_pixels, progress=progress)
+    finally:
+        close()
     if as_json:
         emit_json(info.to_json())
     else:

@@ -99,20 +99,81 @@ def remember_progress(update: Progress | None) -> tuple[Progress, Seen]:
     return remember, seen
 
 
+# A phase this large (items; bytes: a thousand times more) may take seconds: its start is
+# said in a log at once, so that a long set-up phase is never silent (issue 37).
+LONG_PHASE = 1_000_000
+
+
+class PhaseLog:
+    """Progress of a command's phases as lines on a log's stderr: `log(phase, done, total)`.
+
+    A line when at least `every` seconds of `clock` (the module's `clock` when not given) have
+    passed since the last line of any phase, so that the log is never silent for longer while
+    the library reports; a line at once when a phase of LONG_PHASE items or more begins; and,
+    as a phase a line was printed for ends (another begins, or `close`), its last state.
+    """
+
+    def __init__(
+        self,
+        command: str,
+        clock: Callable[[], float] | None = None,
+        every: float | None = None,
+        echo: Callable[[str], object] | None = None,
+    ) -> None:
+        self.command = command
+        self._clock = clock
+        self.every = LOG_EVERY_SECONDS if every is None else every
+        self._echo = echo or (lambda line: click.echo(line, err=True))
+        self.last = self.now()
+        self._lines: dict[str, str] = {}  # phase: its latest line
+        self._printed: dict[str, str] = {}  # phase: its last line printed
+        self._phase: str | None = None  # the phase going on
+
+    def now(self) -> float:
+        return (self._clock or clock)()
+
+    def line(self, phase: str, done: int, total: int | None) -> str:
+        unit = "B" if phase == "bytes" else "img"
+        of = f"/{total:,}" if total else ""
+        part = f" ({100 * done // total}%)" if total else ""
+        return f"{self.command} {phase}: {done:,}{of} {unit}{part}"
+
+    def __call__(self, phase: str, done: int, total: int | None) -> None:
+        now = self.now()
+        if self._phase not in (None, phase):
+            self._finish(self._phase, now)  # the phase before ended: its last state, if shown
+        self._phase = phase
+        line = self._lines[phase] = self.line(phase, done, total)
+        large = LONG_PHASE * (1000 if phase == "bytes" else 1)
+        starts = phase not in self._printed and not done and (total or 0) >= large
+        if starts or now - self.last >= self.every:
+            self._print(phase, line, now)
+
+    def _print(self, phase: str, line: str, now: float) -> None:
+        self.last = now
+        self._printed[phase] = line
+        self._echo(line)
+
+    def _finish(self, phase: str, now: float) -> None:
+        printed = self._printed.get(phase)
+        if printed is not None and self._lines[phase] != printed:
+            self._print(phase, self._lines[phase], now)
+
+    def close(self) -> None:
+        """Print the last state of the phase going on, if a line of it was printed."""
+        if self._phase is not None:
+            self._finish(self._phase, self.last)
+
+
 def phase_progress(quiet: bool) -> tuple[PhaseProgress | None, Close]:
     """Return (callback(phase, done, total), close): one tqdm bar per phase on a terminal's
-    stderr, a line every few seconds per phase on any other (a CI log)."""
+    stderr, a `PhaseLog` on any other (a CI log)."""
     if quiet:
         return None, lambda: None
     if not sys.stderr.isatty():
-        loggers: dict[str, tuple[Progress, Close]] = {}
-
-        def log(phase: str, done: int, total: int | None) -> None:
-            if phase not in loggers:
-                loggers[phase] = _log_progress("B" if phase == "bytes" else "img", phase)
-            loggers[phase][0](done, total, 0)
-
-        return log, lambda: [close() for _, close in loggers.values()]
+        context = click.get_current_context(silent=True)
+        log = PhaseLog((context.info_name if context is not None else None) or "rectool")
+        return log, log.close
     from tqdm import tqdm
 
     bars: dict[str, tqdm] = {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -27,7 +26,7 @@ from .options import (
     seed_option,
 )
 from .paramtypes import ByteSize, Count
-from .progress import progress_bar
+from .progress import phase_progress
 
 
 @click.command(cls=RectoolCommand, name="report")
@@ -135,10 +134,7 @@ def report_command(
         images_root=None if images_root is None else os.fspath(images_root),
         max_pixels=max_pixels,
     )
-    update, close = progress_bar(as_json, "thumb")
-    progress: Callable[[int, int | None], None] | None = None
-    if update is not None:
-        progress = lambda done, total: update(done, total, 0)  # noqa: E731
+    progress, close = phase_progress(False)  # on stderr, --json or not
     try:
         local = local_targets([target], as_json)[0]  # a URL: a local copy of its pack
         shown_as = None if local == target else named_by_url(local, target)

@@ -29,6 +29,7 @@ from ..errors import RecordFormatError, RectoolError
 from ..format.binindex import has_binary_index, read_identities
 from ..format.keys import last_line_wins
 from ..format.textindex import load_index
+from ..format.window import RecWindow
 from ..reader import (
     DEFAULT_MAX_PIXELS,
     ImageTooLargeError,
@@ -49,6 +50,9 @@ from .scan import (
 if TYPE_CHECKING:
     from _typeshed import StrPath
 
+# open_rec(path): the window a shard is read through; progress(phase, done, total).
+OpenRec = Callable[[str], RecWindow]
+PhaseProgress = Callable[[str, int, int | None], object]
 # A record that cannot be read: (key or None, byte offset, reason).
 Damaged = tuple[int | None, int, str]
 
@@ -72,6 +76,10 @@ COMMON_SIZES = 5
 DAMAGE_LISTED = 10  # damaged records named one by one in a description
 
 
+def _no_progress(phase: str, done: int, total: int | None) -> None:
+    pass
+
+
 class DatasetInfo(dict):
     """A dataset's description: a dict of plain data (as `report` reads it)."""
 
@@ -85,6 +93,8 @@ def dataset_info(
     sample: int = DEFAULT_SAMPLE,
     on_shard: Callable[[str, dict[str, Any]], object] | None = None,
     max_pixels: float = DEFAULT_MAX_PIXELS,
+    progress: PhaseProgress | None = None,
+    open_rec: OpenRec = RecWindow,
 ) -> DatasetInfo:
     """Return a `DatasetInfo` describing the dataset at `target` (manifest, prefix, .rec or
     folder).
@@ -94,9 +104,12 @@ def dataset_info(
     decoded; those that do not decode as "undecodable"). With a binary index, those are the
     only records read, and the payload sizes and encodings are theirs (`payload_sample` says
     how many; None when every image was read).
-    `on_shard(rec, facts)`, when given, sees each shard's facts as they are read: a dict whose
-    `labels`, `sizes` (image bytes) and `offsets` (record starts) arrays describe its images
-    (every record header is then read, binary index or not).
+    `on_shard(rec, facts)`, when given, sees each shard's facts as every record header is read
+    (a dataset without a binary index; with one, it is not called): a dict whose `labels`,
+    `sizes` (image bytes) and `offsets` (record starts) arrays describe its images.
+    `progress(phase, done, total)`, when given, is called as each phase starts and goes on.
+    `open_rec(path)` opens the window a shard's records are read through (`RecWindow`;
+    tests inject one that counts the bytes read).
     Records that cannot be read (bad framing, an index offset that starts no record) are left
     out of the figures; they and empty images (still counted as images, as `verify` counts
     them) are described under `damage` (None when there is none):
@@ -105,9 +118,10 @@ def dataset_info(
     """
     manifest, manifest_path, shards = resolve_source(target)
     indexed = has_binary_index(manifest)
-    if indexed and on_shard is None:
+    if indexed:
         assert manifest is not None and manifest_path is not None  # a manifest names the index
-        info = _indexed_info(target, manifest, manifest_path, sample, max_pixels)
+        report = progress or _no_progress
+        info = _indexed_info(target, manifest, manifest_path, sample, max_pixels, report, open_rec)
     else:
         info = _headers_info(target, manifest, manifest_path, shards, sample, on_shard, max_pixels)
     info["index"] = "binary" if indexed else "text"
@@ -120,14 +134,16 @@ def _indexed_info(
     manifest_path: str,
     sample: int,
     max_pixels: float,
+    progress: PhaseProgress,
+    open_rec: OpenRec,
 ) -> dict[str, Any]:
     """Describe a pack from its binary index and manifest, reading only the sampled records."""
     ds = PackDataset(manifest_path)
     try:
+        progress("labels", 0, len(ds))  # before the one pass over every label
         labels = ds.labels
         first = labels if labels.ndim == 1 else labels[:, 0]
         ranges = ds.identity_ranges
-        bounds = ds.shard_bounds
         entries = manifest["shards"]
         records = sum(_records_listed(entry, idx) for entry, (_, idx) in zip(entries, ds.shards))
         width = labels.shape[1] if labels.ndim == 2 else 0
@@ -147,15 +163,18 @@ def _indexed_info(
         }
         classes = None if ranges is None else len(ranges)
         info.update(_identity_stats(first, manifest, manifest_path, classes))
+        progress("labels", len(ds), len(ds))
         picks = _picks(len(ds), sample)
-        sizes, formats, dims, shapes, damage = _sample_index(ds, picks, bounds, max_pixels)
+        sizes, formats, dims, shapes, damage = _sample_index(
+            ds, picks, max_pixels, progress, open_rec
+        )
     finally:
         ds.close()
-    info["image_bytes"] = _summary(sizes)
+    info["image_bytes"] = value_summary(sizes)
     info["encodings"] = dict(formats.most_common())
     info["payload_sample"] = None if len(picks) == len(ds) else len(picks)
     info["dimensions"] = _dimension_summary(len(picks), dims, shapes)
-    info["damage"] = _damage_summary(os.fspath(target), damage)
+    info["damage"] = damage_summary(os.fspath(target), damage)
     return info
 
 
@@ -174,25 +193,39 @@ def _picks(total: int, sample: int) -> np.ndarray:
 
 
 def _sample_index(
-    ds: PackDataset, picks: np.ndarray, bounds: list[int], max_pixels: float
+    ds: PackDataset,
+    picks: np.ndarray,
+    max_pixels: float,
+    progress: PhaseProgress,
+    open_rec: OpenRec,
 ) -> tuple[np.ndarray, Counter[str], Counter[str], list[tuple[int, int]], list[Any]]:
-    """Read the `picks` samples of an indexed pack; return (their image sizes, encodings,
-    dimensions counted, (height, width) of each decoded, damage)."""
+    """Read the `picks` samples of an indexed pack, each through its shard's window; return
+    (their image sizes, encodings, dimensions counted, (height, width) of each decoded,
+    damage)."""
     sizes, formats, dims = [], Counter[str](), Counter[str]()
     shapes: list[tuple[int, int]] = []
     damage: list[tuple[str, int | None, int, str]] = []
-    for i in picks.tolist():
-        rec, offset, key = ds.location(i)
-        try:
-            image, _ = ds.raw(i)
-        except RecordFormatError as exc:
-            damage.append((rec, key, offset, exc.reason))
-            continue
-        sizes.append(len(image))
-        formats["unknown" if (kind := sniff_format(image)) is None else kind] += 1
-        if not len(image):
-            damage.append((rec, key, offset, "empty image: a header and no image bytes"))
-        _measure(image, max_pixels, dims, shapes)
+    windows: dict[str, RecWindow] = {}
+    try:
+        for done, i in enumerate(picks.tolist()):
+            progress("sample", done, len(picks))
+            rec, offset, key = ds.location(i)
+            if rec not in windows:
+                windows[rec] = open_rec(rec)
+            try:
+                _, image = unpack_header(windows[rec].record(offset, key), rec, offset, key)
+            except RecordFormatError as exc:
+                damage.append((rec, key, offset, exc.reason))
+                continue
+            sizes.append(len(image))
+            formats["unknown" if (kind := sniff_format(image)) is None else kind] += 1
+            if not len(image):
+                damage.append((rec, key, offset, "empty image: a header and no image bytes"))
+            _measure(image, max_pixels, dims, shapes)
+    finally:
+        for window in windows.values():
+            window.close()
+    progress("sample", len(picks), len(picks))
     return np.array(sizes, np.int64), formats, dims, shapes, damage
 
 
@@ -254,11 +287,11 @@ def _headers_info(
         "label_flags": {str(k): v for k, v in sorted(flags.items())},
     }
     info.update(_identity_stats(all_labels, manifest, manifest_path, insightface_classes))
-    info["image_bytes"] = _summary(all_sizes)
+    info["image_bytes"] = value_summary(all_sizes)
     info["encodings"] = dict(formats.most_common())
     info["payload_sample"] = None
     info["dimensions"] = _sample_dimensions(images_by_shard, sample, max_pixels)
-    info["damage"] = _damage_summary(os.fspath(target), damage)
+    info["damage"] = damage_summary(os.fspath(target), damage)
     return info
 
 
@@ -327,7 +360,7 @@ def _counts(values: np.ndarray) -> Counter:
     return Counter(dict(zip(found.tolist(), counts.tolist())))
 
 
-def _damage_summary(
+def damage_summary(
     target: str, damage: list[tuple[str, int | None, int, str]]
 ) -> dict[str, Any] | None:
     """Describe the records that could not be read: how many, the first few, what to run."""
@@ -354,20 +387,35 @@ def _named_identities(manifest: dict[str, Any] | None, manifest_path: str | None
     return len(read_identities(manifest_path, manifest) or {}) or None
 
 
+def label_counts(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return (each distinct label as an int64, ascending; how many images carry it) of
+    integral labels. The labels are copied once as integers (4 bytes each where they fit) and
+    sorted in place only when they are not in order already (packs write them in order)."""
+    if not len(labels):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    small = -(2**31) <= float(labels.min()) and float(labels.max()) < 2**31
+    ints = labels.astype(np.int32 if small else np.int64)
+    if not bool((ints[1:] >= ints[:-1]).all()):
+        ints.sort()
+    starts = np.concatenate(([0], np.flatnonzero(ints[1:] != ints[:-1]) + 1))
+    values = ints[starts].astype(np.int64)
+    return values, np.diff(np.append(starts, len(ints)))
+
+
 def _identity_stats(
     labels: np.ndarray,
     manifest: dict[str, Any] | None,
     manifest_path: str | None,
     insightface_classes: int | None,
 ) -> dict[str, Any]:
-    finite = labels[np.isfinite(labels)]
-    integral = bool(len(finite) == len(labels) and (finite == np.round(finite)).all())
+    # Whole-array checks: a few bytes an image of temporaries, no copy of the finite labels.
+    integral = bool(np.isfinite(labels).all()) and bool((labels == np.round(labels)).all())
     out: dict[str, Any] = {"labels_integral": integral}
     if not integral or not len(labels):
         out["identities"] = None if not integral else 0
         out["images_per_identity"] = None
         return out
-    values, counts = np.unique(labels.astype(np.int64), return_counts=True)
+    values, counts = label_counts(labels)
     out["identities"] = int(len(values))
     classes = (manifest or {}).get("classes") or insightface_classes
     out["classes"] = classes
@@ -375,7 +423,7 @@ def _identity_stats(
         # Identities with no image at all count as 0 in the statistics.
         out["identities_without_images"] = int(classes - len(values[values < classes]))
     out["named_identities"] = _named_identities(manifest, manifest_path)
-    summary = _summary(counts)
+    summary = value_summary(counts)
     assert summary is not None  # labels is not empty here
     out["images_per_identity"] = {
         **summary,
@@ -384,7 +432,8 @@ def _identity_stats(
     return out
 
 
-def _summary(values: np.ndarray) -> dict[str, Any] | None:
+def value_summary(values: np.ndarray) -> dict[str, Any] | None:
+    """Return min, median, mean, max and total of `values` (None when empty)."""
     if not len(values):
         return None
     return {

@@ -1,15 +1,16 @@
 """Build a dataset's report: one self-contained HTML page a person can open, read and share.
 
-`build_report` gathers what the page shows: `dataset_info` (the numbers of `rectool info`,
-read from every record header), a seeded sample of identities decoded at reduced scale into
-small JPEG thumbnails, the pack's refusals (its failures file), exact duplicate images across
-identities, and optionally a `verify_dataset` result. `report_page` turns that into the page
-and the contact-sheet image.
+`build_report` gathers what the page shows: `dataset_info` (the numbers of `rectool info`:
+from the binary index of a format-3 pack, else from every record header), a seeded sample of
+identities decoded at reduced scale into small JPEG thumbnails, the pack's refusals (its
+failures file), exact duplicate images across identities, and optionally a `verify_dataset`
+result. `report_page` turns that into the page and the contact-sheet image.
 
-Cost: the headers (as `rectool info`), 16 more bytes read per image for the duplicate
-fingerprints, and the sampled images. Memory: the per-image arrays of `dataset_info` plus about
-60 bytes per image here (shard, offset, label, size, two fingerprint words, a sort order);
-payloads are hashed one at a time, only where size and fingerprint collide.
+Cost: one pass over each shard in file order through a bounded window (`RecWindow`) for each
+image's size, encoding and duplicate fingerprint (`images.scan_images`), and the sampled
+images. Memory: with a binary index, the index's mapped arrays and about 12 bytes per image
+here (size, fingerprint), 20 more while duplicates are sorted; payloads are hashed one at a
+time, only where fingerprints collide.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ from typing import TYPE_CHECKING, Any
 import cv2
 import numpy as np
 
+from ..dataset.packs import PackDataset
 from ..doors.output import JOURNAL_SUFFIX, OutputFiles
 from ..errors import RectoolError, UsageError
 from ..format.binindex import read_identities
-from ..inspect.info import dataset_info
+from ..format.window import RecWindow
+from ..inspect.info import damage_summary, dataset_info, value_summary
 from ..reader import DEFAULT_MAX_PIXELS
 from .duplicates import DUPLICATES_SHOWN as DUPLICATES_SHOWN
 from .duplicates import MEMBERS_SHOWN as MEMBERS_SHOWN
 from .duplicates import Duplicates, find_duplicates
-from .images import ImageTable, Payloads
+from .images import ImageTable, OpenRec, Payloads, scan_images
 from .page import LEFT_OUT, page_thumbs, render_html, render_rows, render_sheet
 from .refusals import REASONS_KEPT as REASONS_KEPT
 from .refusals import REFUSALS_SHOWN as REFUSALS_SHOWN
@@ -46,8 +49,9 @@ if TYPE_CHECKING:
 
     from ..inspect.verify import VerifyReport
 
-# progress(thumbnails made, thumbnails to make); shown_as(text): the paths in it renamed.
-ThumbProgress = Callable[[int, int], object]
+# progress(phase, done, total): "labels", "sample", "records", "bytes", "duplicates",
+# "thumbnails" as they go; shown_as(text): the paths in it renamed.
+ReportProgress = Callable[[str, int, int | None], object]
 ShownAs = Callable[[str], str]
 
 DEFAULT_IDENTITIES = 12
@@ -122,14 +126,14 @@ def write_report(
     sheet_path: StrPath | None = None,
     options: ReportOptions = ReportOptions(),
     overwrite: bool = False,
-    progress: ThumbProgress | None = None,
+    progress: ReportProgress | None = None,
     shown_as: ShownAs | None = None,
 ) -> ReportResult:
     """Build the report of `target`; write the page to `html_path`, the sheet to `sheet_path`.
 
     Either path may be None, not both. The page is at most `options.max_bytes` bytes: the
     thumbnails that do not fit are left out (counted on the page), then contact-sheet rows.
-    `progress(done, total)`, when given, is called as the thumbnails are made. `shown_as(text)`
+    `progress(phase, done, total)`, when given, is called as each phase goes on. `shown_as(text)`
     renames the paths the page shows (a local copy's: by its URL; see `build_report`).
     The files are written as one output (both or neither, each whole); an existing file is
     replaced only with `overwrite`, a pack's file never.
@@ -211,19 +215,32 @@ def _journal_beside(path: str) -> str:
 def build_report(
     target: StrPath,
     options: ReportOptions = ReportOptions(),
-    progress: ThumbProgress | None = None,
+    progress: ReportProgress | None = None,
     shown_as: ShownAs | None = None,
+    open_rec: OpenRec = RecWindow,
 ) -> Report:
     """Gather what the report of `target` shows; raise `RectoolError` when it cannot be read.
 
-    `progress(done, total)`, when given, is called as the contact sheet's thumbnails are made.
+    `progress(phase, done, total)`, when given, is called as each phase starts and goes on.
     `shown_as(text)`, when given, renames the target, manifest, failures file and verify's
-    paths it names."""
+    paths it names. `open_rec(path)` opens the window each shard is read through.
+
+    A pack with a binary index is described from it (label statistics answer even when its
+    .rec cannot be read); its .rec is read once, front to back through the window, for what
+    the index cannot say (image sizes, encodings, duplicates), and for the thumbnails."""
+    report = progress or _no_progress
     images = ImageTable()
     info: dict[str, Any] = dataset_info(
-        target, sample=options.sample, on_shard=images.add, max_pixels=options.max_pixels
+        target, options.sample, images.add, options.max_pixels, report, open_rec
     )
-    images.finish()
+    indexed = info["index"] == "binary"
+    if indexed:
+        with PackDataset(info["manifest"]) as ds:
+            images = ImageTable.from_index(ds)
+            info = _scanned(info, images, open_rec, report)
+    else:
+        images.finish()
+        scan_images(images, open_rec, report)  # (info read every header, and its damage)
     manifest = _manifest_of(info)
     named = None if manifest is None else read_identities(info["manifest"], manifest)
     names = {str(label): name for label, name in (named or {}).items()}
@@ -232,7 +249,7 @@ def build_report(
     reduce = reduction(info, options.thumb)
     # image number -> (jpeg, pixels, problem): each image is decoded once
     decoded: dict[int, tuple[bytes | None, np.ndarray | None, str | None]] = {}
-    with Payloads(images) as payloads:
+    with Payloads(images, open_rec) as payloads:
 
         def thumb_of(i: int, alt: str, caption: str) -> Thumb:
             if i not in decoded:
@@ -248,8 +265,12 @@ def build_report(
                     decoded[i] = (thumb.jpeg, thumb.pixels, thumb.problem)
             return budget.admit(Thumb(alt, caption, *decoded[i]))
 
-        rows = sheet_rows(images, names, options, thumb_of, progress)
+        rows = sheet_rows(
+            images, names, options, thumb_of, lambda d, t: report("thumbnails", d, t)
+        )
+        report("duplicates", 0, len(images))
         duplicates = find_duplicates(images, payloads, names, thumb_of)
+        report("duplicates", len(images), len(images))
     refusals = read_refusals(manifest, info.get("manifest"), options, budget, reduce)
     verify = None
     if options.verify:
@@ -263,7 +284,7 @@ def build_report(
         refusals.note = refusals.note and shown_as(refusals.note)
         verify = None if verify is None else verify.renamed(shown_as)
         target = shown_as(os.fspath(target))
-    report = Report(
+    page = Report(
         target=os.fspath(target),
         options=options,
         info=info,
@@ -271,13 +292,37 @@ def build_report(
         rows=rows,
         refusals=refusals,
         duplicates=duplicates,
-        size_histogram=_size_histogram(images.sizes),
+        size_histogram=_size_histogram(images.sizes[images.sizes >= 0]),
         verify=verify,
         problems=problems,
         left_out=budget.left_out,
     )
-    report.left_out = count_left_out(report)
-    return report
+    page.left_out = count_left_out(page)
+    return page
+
+
+def _no_progress(phase: str, done: int, total: int | None) -> None:
+    pass
+
+
+def _scanned(
+    info: dict[str, Any], images: ImageTable, open_rec: OpenRec, progress: ReportProgress
+) -> dict[str, Any]:
+    """Scan an indexed pack's images (`scan_images`); return its description with the
+    figures the scan makes exact (every image's bytes and encoding, every unreadable one)."""
+    found = scan_images(images, open_rec, progress)
+    sizes = images.sizes[images.sizes >= 0]
+    damage = [(rec, key, offset, reason) for rec, key, offset, reason in found.damage]
+    summary = damage_summary(info["target"], damage)
+    if summary is not None:
+        summary["records"] = found.damaged
+    return {
+        **info,
+        "image_bytes": value_summary(sizes),
+        "encodings": dict(found.encodings.most_common()),
+        "payload_sample": None,
+        "damage": summary,
+    }
 
 
 def _manifest_of(info: dict[str, Any]) -> dict[str, Any] | None:

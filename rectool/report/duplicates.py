@@ -35,20 +35,24 @@ class Duplicates:
 def find_duplicates(
     images: ImageTable, payloads: Payloads, names: Mapping[str, str], thumb_of: ThumbOf
 ) -> Duplicates:
-    """Find byte-identical images: equal (size, fingerprint) first, then a full blake2b."""
+    """Find byte-identical images: equal fingerprints (`ImageTable.prints`, which fold in the
+    size) first, then a full blake2b of each candidate."""
     result = Duplicates()
     n = len(images)
     if n < 2:
         return result
-    prints = payloads.fingerprints()
-    sizes = images.sizes
-    order = np.lexsort((prints[:, 1], prints[:, 0], sizes))
-    s, a, b = sizes[order], prints[order, 0], prints[order, 1]
-    same = (s[1:] == s[:-1]) & (a[1:] == a[:-1]) & (b[1:] == b[:-1]) & (s[1:] > 0)
-    # Runs of equal fingerprints: candidates, hashed in full one run at a time.
+    # Equal fingerprints (size folded in) are candidates, hashed in full one run at a time:
+    # a sort of one uint64 column, no pair of columns per image.
+    order = np.argsort(images.prints, kind="stable")
+    ranked = images.prints[order]
+    same = ranked[1:] == ranked[:-1]
+    del ranked
+    same &= images.sizes[order[1:]] > 0
     edges = np.flatnonzero(np.diff(np.concatenate([[False], same, [False]]).astype(np.int8)))
+    del same
     for start, stop in zip(edges[::2].tolist(), (edges[1::2] + 1).tolist()):
         run = order[start:stop]
+        run = run[images.sizes[run] > 0]  # (an unreadable image has no fingerprint)
         digests: dict[str, list[int]] = {}
         for i in run.tolist():
             digest = hashlib.blake2b(payloads.image(i), digest_size=16).hexdigest()

@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 
 from ..errors import RecordFormatError
+from ..inspect.info import label_counts
 from ..reader import (
     ImageTooLargeError,
     imdecode,
@@ -140,10 +141,7 @@ def sheet_rows(
             if progress is not None:
                 progress(done, len(picks))
         return [SheetRow("sample", None, None, len(images), thumbs)]
-    labels = images.labels.astype(np.int64)
-    values, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
-    order = np.argsort(inverse, kind="stable")
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    values, counts = label_counts(images.labels)
     chosen = np.sort(rng.choice(len(values), min(options.identities, len(values)), replace=False))
     by_size = np.lexsort((values, counts))  # fewest images first, ties by label
     groups = [("sample", chosen.tolist())]
@@ -153,7 +151,8 @@ def sheet_rows(
     plan = []
     for group, picked in groups:
         for k in picked:
-            members = order[starts[k] : starts[k] + counts[k]]
+            # One pass over the labels per identity shown (a few dozen): no sort of them all.
+            members = np.flatnonzero(images.labels == values[k])
             if len(members) > options.per_identity:
                 members = np.sort(rng.choice(members, options.per_identity, replace=False))
             plan.append((group, k, members))

@@ -1,0 +1,156 @@
+"""Read a whole .rec front to back while holding a bounded part of it: `RecWindow`.
+
+A scan of every record (info and report of a pack without a binary index, the report's
+duplicate fingerprints, verify, repack, unpack) maps the file once and reads it in ascending
+windows of at most `span` bytes. Each window's pages are handed back before the next one is
+given out (madvise MADV_DONTNEED: they stay in the page cache, but leave the process's
+resident set), so a scan's RSS is its own arrays plus one window, not the pack: a job limit
+that counts RSS (Slurm, containers) would kill a scan of a 300 GB pack that kept its pages.
+
+The bound is structural: `view(lo, hi)` is a numpy view of that range only (an index outside
+it raises), and the previous view's pages are released first. `read`/`record` copy a few
+bytes from anywhere (a sampled record, a split record's parts) and release them at once.
+`release` is the hook that hands pages back (tests inject one to see every range).
+"""
+
+from __future__ import annotations
+
+import mmap
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..reader import RecordFile
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+    from numpy.typing import NDArray
+
+WINDOW_BYTES = 64 << 20  # a window: large enough that a record header rarely straddles two
+# release(mapping, lo, hi): hand back the pages of bytes lo..hi of a mapping.
+Release = Callable[[Any, int, int], object]
+
+
+def release_range(mapping: object, lo: int, hi: int) -> None:
+    """Drop this process's page-table entries for bytes lo..hi of a mapping (the pages stay in
+    the page cache): they no longer count in its RSS. Does nothing for bytes (an empty file)."""
+    if isinstance(mapping, mmap.mmap) and hi > lo:
+        start = lo - lo % mmap.PAGESIZE
+        mapping.madvise(mmap.MADV_DONTNEED, start, min(hi, len(mapping)) - start)
+
+
+class RecWindow:
+    """A .rec read through a window of at most `span` bytes of its mapping at a time.
+
+    `view(lo, hi)`: bytes lo..hi as a read-only uint8 array (the previous view released);
+    `batches(starts)`: group sorted record starts into windows; `read(offset, n)`,
+    `record(offset)`: copies from anywhere. `bytes_read` counts every byte given out, `peak`
+    the largest range held at once. A context manager; `close` releases and unmaps.
+    """
+
+    def __init__(
+        self, path: StrPath, span: int = WINDOW_BYTES, release: Release | None = None
+    ) -> None:
+        if span < 4096:
+            raise ValueError(f"a window must hold at least 4096 bytes, not {span}")
+        self.file = RecordFile(path)  # a FIFO or device is refused
+        self.path, self.span = self.file.path, span
+        self.mapping = self.file.open()
+        self.size = len(self.mapping)
+        self._release: Release = release or release_range
+        self._held: tuple[int, int] | None = None
+        self.bytes_read = 0
+        self.peak = 0
+
+    def __enter__(self) -> RecWindow:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the window and unmap the file (a view still alive keeps the mapping)."""
+        self.drop()
+        try:
+            self.file.close()
+        except BufferError:  # a numpy view of the mapping is alive; the mapping goes with it
+            pass
+
+    def _hold(self, lo: int, hi: int) -> None:
+        self.drop()
+        self._held = (lo, hi)
+        self.bytes_read += hi - lo
+        self.peak = max(self.peak, hi - lo)
+
+    def drop(self) -> None:
+        """Hand back the pages of the range held now, if any."""
+        if self._held is not None:
+            lo, hi = self._held
+            self._held = None
+            self._release(self.mapping, lo, hi)
+
+    def view(self, lo: int, hi: int) -> NDArray[np.uint8]:
+        """Return bytes lo..hi (clipped to the file) as a read-only uint8 view; the pages of
+        the previous view are released first. Raises ValueError past `span` bytes."""
+        lo, hi = max(0, lo), min(hi, self.size)
+        if hi - lo > self.span:
+            raise ValueError(f"a view of {hi - lo:,} bytes is over the window ({self.span:,})")
+        self._hold(lo, max(lo, hi))
+        return np.frombuffer(self.mapping, np.uint8, max(0, hi - lo), lo)
+
+    def read(self, offset: int, n: int) -> bytes:
+        """Return a copy of bytes offset..offset+n (clipped to the file), released at once."""
+        lo, hi = max(0, offset), min(offset + min(n, self.span), self.size)
+        if hi <= lo:
+            return b""
+        self._hold(lo, hi)
+        try:
+            return bytes(self.mapping[lo:hi])
+        finally:
+            self.drop()
+
+    def record(self, offset: int, key: int | None = None) -> bytes:
+        """Return the record at `offset` (split parts rejoined), released at once; raises
+        `RecordFormatError` as `RecordFile.read_parts` does."""
+        self.drop()
+        try:
+            data, after = self.file.read_parts(offset, key)
+        except Exception:
+            self._release(self.mapping, offset, min(self.size, offset + 4096))
+            raise
+        self.bytes_read += after - offset
+        self.peak = max(self.peak, after - offset)
+        self._release(self.mapping, offset, after)
+        return data
+
+    def batches(self, starts: NDArray[np.int64]) -> Iterator[tuple[int, int, int, int]]:
+        """Yield (i, j, lo, hi): records `starts[i:j]` (ascending) lie in bytes lo..hi, which is
+        at most `span` bytes and ends at the next batch's first start (or the end of the file).
+
+        A record is whole inside its batch when the records do not overlap; one longer than
+        the span gets a batch of its own, cut at `span` bytes (its caller reads the rest).
+        """
+        n, i = len(starts), 0
+        while i < n:
+            lo = int(starts[i])
+            if self.size - lo <= self.span:
+                yield i, n, lo, self.size
+                return
+            last = int(np.searchsorted(starts, lo + self.span, "right")) - 1
+            j = int(np.searchsorted(starts, starts[last], "left"))  # the next batch's first
+            if j <= i:  # one record (or several at one offset) over the span: cut at it
+                j = int(np.searchsorted(starts, lo, "right"))
+                hi = min(lo + self.span, int(starts[j]) if j < n else self.size)
+            else:
+                hi = int(starts[j])
+            yield i, j, lo, max(lo, hi)
+            i = j
+
+
+def ascending(offsets: NDArray[np.int64]) -> NDArray[np.intp] | None:
+    """Return None when `offsets` never decrease (as a pack writes them), else the order that
+    sorts them (what `RecWindow.batches` needs)."""
+    if len(offsets) < 2 or bool((offsets[1:] >= offsets[:-1]).all()):
+        return None
+    return np.argsort(offsets, kind="stable")

@@ -1,0 +1,151 @@
+"""A scan that does not hold the pack (issue 37): `RecWindow` hands each window's pages back
+before it gives out the next, and `info` and `report` of a pack with a binary index answer
+from the index, reading the .rec only for their sample, sizes and thumbnails.
+
+The bound is checked through the injection points, never by measuring memory: a release hook
+sees every range handed back, and a window factory counts the bytes given out."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from helpers.rec_files import make_pack
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rectool.dataset.packs import PackDataset
+from rectool.format.window import RecWindow, ascending
+from rectool.inspect.info import dataset_info
+from rectool.report.data import ReportOptions, build_report
+from rectool.report.images import ImageTable, scan_images
+
+SPAN = 4096
+
+
+class Windows:
+    """A window factory that keeps every window it opened and every range they released."""
+
+    def __init__(self, span=SPAN):
+        self.span, self.opened, self.released = span, [], []
+
+    def __call__(self, path):
+        window = RecWindow(path, self.span, lambda mapping, lo, hi: self.released.append((lo, hi)))
+        self.opened.append(window)
+        return window
+
+    @property
+    def bytes_read(self):
+        return sum(w.bytes_read for w in self.opened)
+
+
+@pytest.fixture
+def pack(tmp_path):
+    """A pack of 12 JPEGs (64x48, about 1 KB each) over several windows of SPAN bytes."""
+    pack = make_pack(tmp_path, per_identity=4)
+    assert pack.size > 3 * SPAN
+    return pack
+
+
+def test_a_scan_holds_one_window_and_hands_every_page_back(pack):
+    windows = Windows()
+    with PackDataset(pack.manifest) as ds:
+        images = ImageTable.from_index(ds)
+        scan_images(images, windows)
+        sizes, prints = images.sizes.copy(), images.prints.copy()
+    (window,) = windows.opened
+    assert window.peak <= SPAN
+    # Ranges released in file order, each at most a window, together the whole file.
+    assert all(hi - lo <= SPAN for lo, hi in windows.released)
+    assert windows.released[0][0] == 0 and windows.released[-1][1] == pack.size
+    assert all(b[0] == a[1] for a, b in zip(windows.released, windows.released[1:]))
+    assert windows.bytes_read == pack.size  # each byte once
+    # The same facts as one window over the whole file.
+    with PackDataset(pack.manifest) as ds:
+        images = ImageTable.from_index(ds)
+        scan_images(images)
+    assert images.sizes.tolist() == sizes.tolist() == [n - 24 for n in pack.lengths]
+    assert images.prints.tolist() == prints.tolist()
+
+
+def test_a_record_longer_than_the_window_gets_a_cut_batch_and_reads_whole(pack):
+    last = pack.size - 100
+    starts = np.array([0, last], np.int64)  # a first "record" far longer than the window
+    with RecWindow(pack.rec, SPAN) as window:
+        assert list(window.batches(starts)) == [(0, 1, 0, SPAN), (1, 2, last, pack.size)]
+        assert window.record(0) == pack.rec.read_bytes()[8 : 8 + pack.lengths[0]]
+        assert window.bytes_read == pack.lines[1][1]  # the record, padding included
+
+
+def test_a_view_over_the_window_is_refused(pack):
+    with RecWindow(pack.rec, SPAN) as window:
+        with pytest.raises(ValueError, match="over the window"):
+            window.view(0, SPAN + 4)
+        assert len(window.view(pack.size - 10, pack.size + 100)) == 10  # clipped to the file
+
+
+@given(
+    gaps=st.lists(st.integers(0, 3000).map(lambda n: n * 4), min_size=0, max_size=60),
+    span=st.sampled_from([4096, 8192]),
+)
+def test_batches_cover_every_record_once_within_the_span(tmp_path_factory, gaps, span):
+    starts = np.cumsum(np.array([0, *gaps], np.int64))[: len(gaps)]
+    path = tmp_path_factory.mktemp("w") / "x.rec"
+    path.write_bytes(b"\0" * (int(starts[-1]) + 64 if len(starts) else 64))
+    with RecWindow(path, span) as window:
+        batches = list(window.batches(starts))
+    rows = [r for i, j, _, _ in batches for r in range(i, j)]
+    assert rows == list(range(len(starts)))
+    for i, j, lo, hi in batches:
+        assert lo == starts[i] and hi - lo <= span
+        cut = (starts[i:j] == lo).all() and hi - lo == span  # records at one offset, cut
+        assert ((starts[i:j] < hi).all() and hi == (starts[j] if j < len(starts) else hi)) or cut
+
+
+def test_ascending_says_when_a_sort_is_needed():
+    assert ascending(np.array([0, 4, 4, 12])) is None
+    assert ascending(np.array([8, 0, 4])).tolist() == [1, 2, 0]
+
+
+# --- info and report from the binary index --------------------------------------------------
+
+
+def zeroed(pack):
+    """Replace the pack's .rec by as many zero bytes, as if it could not be read."""
+    size = pack.rec.stat().st_size
+    stat = pack.rec.stat()
+    pack.rec.write_bytes(b"\0" * size)
+    os.utime(pack.rec, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+IDENTITY_FIELDS = ("images", "records", "identities", "classes", "images_per_identity", "layout")
+
+
+def test_info_answers_from_the_index_reading_only_its_sample(pack):
+    before = dataset_info(pack.manifest, sample=2)
+    windows = Windows()
+    info = dataset_info(pack.manifest, sample=2, open_rec=windows)
+    assert info["index"] == "binary"
+    assert windows.bytes_read <= 2 * max(pack.lengths) + 16  # the two sampled records
+    zeroed(pack)
+    windows = Windows()
+    after = dataset_info(pack.manifest, sample=2, open_rec=windows)
+    assert {k: after[k] for k in IDENTITY_FIELDS} == {k: before[k] for k in IDENTITY_FIELDS}
+    assert after["damage"]["records"] == 2  # the sampled records, named
+    assert windows.bytes_read <= 2 * 8  # a part header each, refused
+
+
+def test_report_label_statistics_answer_when_the_rec_cannot_be_read(pack):
+    options = ReportOptions(identities=2, per_identity=2, sample=2)
+    before = build_report(pack.manifest, options)
+    zeroed(pack)
+    windows = Windows()
+    after = build_report(pack.manifest, options, open_rec=windows)
+    assert {k: after.info[k] for k in IDENTITY_FIELDS} == {
+        k: before.info[k] for k in IDENTITY_FIELDS
+    }
+    assert after.info["damage"]["records"] == after.info["images"] == 12
+    # The scan reads the file once; then a part header per thumbnail and sampled record.
+    assert windows.bytes_read <= pack.size + 8 * 64
+    assert all(w.peak <= SPAN for w in windows.opened)
