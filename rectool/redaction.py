@@ -121,19 +121,20 @@ def environment_secrets(environ: Mapping[str, str] | None = None) -> set[str]:
     return found
 
 
-def scrub(text: str, secrets: Iterable[str] = ()) -> str:
-    """Return `text` with the values of credential variables in the environment, and
-    `secrets`, replaced by `***` (longest first, so that no part of one is left)."""
-    for secret in sorted({*environment_secrets(), *secrets}, key=len, reverse=True):
+def scrub(text: str, secrets: Iterable[str] | None = None) -> str:
+    """Return `text` with `secrets` (by default the environment's: `environment_secrets`)
+    replaced by `***`, longest first, so that no part of one is left."""
+    secrets = environment_secrets() if secrets is None else secrets
+    for secret in sorted(secrets, key=len, reverse=True):
         if secret in text:
             text = text.replace(secret, STARS)
     return text
 
 
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
+def redact(text: str, secrets: Iterable[str] | None = None) -> str:
     """Return `text` with no credential: every URL in it as `safe_url` gives it, every
-    secret query parameter's value starred, and the environment's secrets and `secrets`
-    (see `secrets_of`) removed."""
+    secret query parameter's value starred, and `secrets` removed (by default the
+    environment's; a command passes those and its arguments': `secrets_of`)."""
     text = scrub(text, secrets)  # first: a secret is found whole, before URLs are cut
     text = _URL_IN_TEXT.sub(_safe_match, text)
     return _SECRET_PARAM.sub(lambda match: match.group(1) + STARS, text)
@@ -143,13 +144,15 @@ def _safe_match(match: re.Match[str]) -> str:
     # Punctuation that ends a URL in a sentence ("URL: not found") stays after it.
     url = match.group()
     end = len(url.rstrip(":,;.)]!"))
+    if not any(c in url[:end] for c in "@?#"):  # nothing to remove: kept as written
+        return url
     return safe_url(url[:end]) + url[end:]
 
 
-def redact_document(value: object, secrets: Iterable[str] = ()) -> object:
+def redact_document(value: object, secrets: Iterable[str] | None = None) -> object:
     """Return a JSON document (dicts, lists, strings, numbers) with `redact` applied to every
     string in it, keys included."""
-    secrets = frozenset(secrets)
+    secrets = frozenset(environment_secrets() if secrets is None else secrets)
     if isinstance(value, str):
         return redact(value, secrets)
     if isinstance(value, Mapping):

@@ -7,6 +7,7 @@ wrapping it in `@library_errors`.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -14,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import FrameType
 from typing import IO, Any, NoReturn, TypeVar, cast
 
@@ -22,6 +23,7 @@ import click
 
 from ..doors.output import discard_stream
 from ..errors import InputError, RectoolError, UsageError
+from ..redaction import environment_secrets, redact, redact_document, secrets_of
 
 # The output convention, one place for every command (new ones get it by being defined with
 # `@click.command(cls=RectoolCommand)` and using `@json_option` and `@library_errors`):
@@ -30,6 +32,8 @@ from ..errors import InputError, RectoolError, UsageError
 #   result, or `{"error": ..., "exit": N, "seconds": ...}` for every failure (library errors exit
 #   1, usage errors 2, click's own parse errors included, Ctrl-C 130). A result whose command
 #   exits non-zero (pack's 3, verify's 1) carries that `exit` too; every document has `seconds`;
+# - nothing shown holds a credential: every error, JSON document, answer and stderr line goes
+#   through `rectool.redaction` here (`shown`), whatever the command put in it;
 # - paths in a document are built from the paths given on the command line, as given: relative
 #   ones stay relative to the current directory, absolute ones stay absolute.
 # `list ... -` and `reader -o -` write their data to stdout: `list`'s JSON then goes to stderr.
@@ -45,6 +49,18 @@ def _wants_json(args: Iterable[str]) -> bool:
     return JSON_FLAG in args
 
 
+def command_secrets(args: Iterable[str]) -> frozenset[str]:
+    """Return what no output of a command run with `args` may show: the credentials in its
+    URLs and in the environment (see `rectool.redaction`)."""
+    return secrets_of(args) | environment_secrets()
+
+
+def shown(text: str) -> str:
+    """Return `text` as a command may show it: without a credential (`rectool.redaction`)."""
+    ctx = click.get_current_context(silent=True)
+    return redact(text, ctx.meta.get("rectool.secrets") if ctx is not None else None)
+
+
 def seconds_since_start(ctx: click.Context | None) -> float:
     start = ctx.meta.get("rectool.start") if ctx is not None else None
     return round(time.perf_counter() - start, 3) if start is not None else 0.0
@@ -58,7 +74,9 @@ def emit_json(document: Mapping[str, object], exit_code: int = 0, err: bool = Fa
     document.setdefault("seconds", seconds_since_start(ctx))
     if exit_code:
         document["exit"] = exit_code
-    write_stream(json.dumps(document, ensure_ascii=False, indent=2), err=err)
+    secrets = ctx.meta.get("rectool.secrets") if ctx is not None else None
+    document = cast(dict, redact_document(document, secrets))
+    write_stream(json.dumps(document, ensure_ascii=False, indent=2), err=err, data=True)
     if exit_code:
         sys.exit(exit_code)
 
@@ -93,12 +111,16 @@ def interrupted_status(exc: BaseException) -> int:
     return 143 if isinstance(exc, Terminated) else 130
 
 
-def write_stream(text: str, nl: bool = True, err: bool = False) -> None:
-    """Write a command's data or JSON document to stdout (`err`: to stderr) and flush it: the
-    one place commands write their output, so a closed pipe or a full disk (`> /dev/full`)
-    ends every command the same way, never with a traceback. A closed pipe exits 1 quietly, as
-    other command-line tools do; any other failure prints one `Error:` line on stderr, exit 1."""
+def write_stream(text: str, nl: bool = True, err: bool = False, data: bool = False) -> None:
+    """Write a command's answer, data or JSON document to stdout (`err`: to stderr) and flush
+    it: the one place commands write their output, so a closed pipe or a full disk
+    (`> /dev/full`) ends every command the same way, never with a traceback. A closed pipe
+    exits 1 quietly, as other command-line tools do; any other failure prints one `Error:`
+    line on stderr, exit 1. An answer is `shown` without credentials; `data` (a module's
+    source, a list of paths, a JSON document `emit_json` redacted) is written as it is."""
     stream = sys.stderr if err else sys.stdout
+    if not data:
+        text = shown(text)
     try:
         click.echo(text, nl=nl, err=err)
         stream.flush()
@@ -137,7 +159,7 @@ class CommandFailed(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]
 
     def show(self, file: IO[Any] | None = None) -> None:
-        click.echo(self.message, err=True)
+        click.echo(shown(self.message), err=True)
 
 
 class JsonFailure(click.ClickException):
@@ -151,8 +173,8 @@ class JsonFailure(click.ClickException):
         self.err = err
 
     def show(self, file: IO[Any] | None = None) -> None:
-        document = {"error": self.message, "exit": self.exit_code, "seconds": self.seconds}
-        write_stream(json.dumps(document, ensure_ascii=False, indent=2), err=self.err)
+        document = {"error": shown(self.message), "exit": self.exit_code, "seconds": self.seconds}
+        write_stream(json.dumps(document, ensure_ascii=False, indent=2), err=self.err, data=True)
 
 
 class RectoolCommand(click.Command):
@@ -175,31 +197,42 @@ class RectoolCommand(click.Command):
         given = list(args)
         as_json = _wants_json(given)
         start = time.perf_counter()
+        secrets = command_secrets(given)
         try:
             ctx = super().make_context(info_name, args, parent=parent, **extra)
         except click.exceptions.Exit:
             raise
         except click.ClickException as exc:
+            # A bad value may be a URL; click types `message` Final, and shows what it holds.
+            exc.message = redact(exc.message, secrets)  # type: ignore[misc]
             if not as_json or isinstance(exc, JsonFailure):
                 raise
             err = self._json_on_stderr(given)
-            raise JsonFailure(exc.format_message(), exc.exit_code, 0.0, err) from exc
+            message = redact(exc.format_message(), secrets)
+            raise JsonFailure(message, exc.exit_code, 0.0, err) from exc
         ctx.meta["rectool.start"] = start
         ctx.meta["rectool.args"] = given
+        ctx.meta["rectool.secrets"] = secrets
         return ctx
 
     def invoke(self, ctx: click.Context) -> Any:
         as_json = bool(ctx.params.get("as_json"))
         err = as_json and self._json_on_stderr(ctx.meta.get("rectool.args", []))
+        secrets = ctx.meta.get("rectool.secrets") or command_secrets([])
         try:
-            return super().invoke(ctx)
+            with redacted_stderr(secrets):
+                return super().invoke(ctx)
         except JsonFailure:
             raise
         except click.ClickException as exc:
+            exc.message = redact(exc.message, secrets)  # type: ignore[misc]
             if not as_json:
                 raise
             raise JsonFailure(
-                exc.format_message(), exc.exit_code, seconds_since_start(ctx), err
+                redact(exc.format_message(), secrets),
+                exc.exit_code,
+                seconds_since_start(ctx),
+                err,
             ) from exc
         except KeyboardInterrupt as exc:
             status = interrupted_status(exc)
@@ -208,6 +241,37 @@ class RectoolCommand(click.Command):
                 click.echo(f"{word.capitalize()}.", err=True)
                 sys.exit(status)
             raise JsonFailure(word, status, seconds_since_start(ctx), err) from None
+
+
+class RedactedStream:
+    """A text stream (stderr) through which every line is written `redact`ed: what a command
+    says on stderr (its summaries, warnings, progress) cannot show a credential, whichever
+    module wrote it. It offers no `buffer`, so that nothing writes around it."""
+
+    def __init__(self, stream: IO[str], secrets: frozenset[str]) -> None:
+        self.stream, self.secrets = stream, secrets
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):  # click asks whether a stream takes bytes
+            raise TypeError("RedactedStream writes text")
+        self.stream.write(redact(text, self.secrets))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "buffer":
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def redacted_stderr(secrets: frozenset[str]) -> Iterator[None]:
+    """Make `sys.stderr` a `RedactedStream` while the block runs."""
+    stream = sys.stderr
+    sys.stderr = cast(IO[str], RedactedStream(stream, secrets))
+    try:
+        yield
+    finally:
+        sys.stderr = stream
 
 
 class RectoolGroup(click.Group):

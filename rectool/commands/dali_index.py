@@ -42,4 +42,4 @@ def dali_index_command(target: str, output: str, overwrite: bool, as_json: bool)
         emit_json({"idx": output, "recs": recs})
         return
     for rec in recs:
-        write_stream(rec)  # data: the paths to pass to DALI
+        write_stream(rec, data=True)  # data: the paths to pass to DALI

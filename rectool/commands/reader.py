@@ -70,7 +70,7 @@ def reader_command(
     if output == "-":
         if as_json:
             raise click.UsageError("--json needs --output FILE (with -o -, stdout is the module)")
-        write_stream(reader_source(training_module, recordio_module), nl=False)
+        write_stream(reader_source(training_module, recordio_module), nl=False, data=True)
         return
     path = emit_reader(output, training_module, overwrite, recordio_module)
     what = "recordio" if recordio_module else "training" if training_module else "reader"
