@@ -33,6 +33,7 @@ _ELSEWHERE = {
     "ImageTooLarge": "packer.images",
     "IndexFormatError": "format.textindex",
     "ListFormatError": "packer.listfile",
+    "MissingExtraError": "extras",
     "MissingKeyError": "recordio",
     "NotFoundError": "remote.store",
     "RemoteError": "remote.store",

@@ -23,6 +23,7 @@ import click
 
 from ..doors.output import discard_stream
 from ..errors import InputError, RectoolError, UsageError
+from ..extras import MissingExtraError, missing_extra
 from ..redaction import environment_secrets, redact, redact_document, secrets_of
 
 # The output convention, one place for every command (new ones get it by being defined with
@@ -221,7 +222,7 @@ class RectoolCommand(click.Command):
         secrets = ctx.meta.get("rectool.secrets") or command_secrets([])
         try:
             with redacted_stderr(secrets):
-                return super().invoke(ctx)
+                return invoke_extras_named(super().invoke, ctx)
         except JsonFailure:
             raise
         except click.ClickException as exc:
@@ -241,6 +242,18 @@ class RectoolCommand(click.Command):
                 click.echo(f"{word.capitalize()}.", err=True)
                 sys.exit(status)
             raise JsonFailure(word, status, seconds_since_start(ctx), err) from None
+
+
+def invoke_extras_named(invoke: Callable[[click.Context], Any], ctx: click.Context) -> Any:
+    """Return `invoke(ctx)`; the import of a module an extra installs (obstore, dask) that
+    fails, wherever in the command, is one line naming the extra (exit 2), not a traceback."""
+    try:
+        return invoke(ctx)
+    except ImportError as exc:
+        missing = missing_extra(exc)
+        if missing is None:
+            raise
+        raise UnusableInput(str(missing)) from None
 
 
 class RedactedStream:
@@ -292,7 +305,7 @@ def library_errors(func: F) -> F:
             return func(*args, **kwargs)
         except UsageError as exc:
             raise click.UsageError(str(exc)) from exc
-        except InputError as exc:  # unusable input: exit 2, without click's usage text
+        except (InputError, MissingExtraError) as exc:  # exit 2, without click's usage text
             raise UnusableInput(str(exc)) from exc
         except RectoolError as exc:
             raise click.ClickException(str(exc)) from exc

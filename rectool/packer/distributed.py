@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ..doors.output import OutputLock, make_folders
 from ..errors import RectoolError, UsageError
+from ..extras import missing_module
 from .finalize import completed_if_same, finalize_locked
 from .listcheck import check_root, validate_list
 from .manifest import (
@@ -40,17 +41,12 @@ if TYPE_CHECKING:
     from .packrun import Progress
     from .results import PackResult
 
-INSTALL_HINT = (
-    "--executor dask needs Dask: pip install 'rectool[dask]' from an index, or from a checkout "
-    "of rectool: pip install -e '.[dask]'"
-)
-
 
 def _client_for(scheduler: str | None, workers: int) -> tuple[Client, LocalCluster | None]:
     try:
         from dask.distributed import Client, LocalCluster
     except ImportError:
-        raise UsageError(INSTALL_HINT) from None
+        raise missing_module("dask") from None  # one line naming `rectool[dask]`
     if scheduler:
         try:
             return Client(scheduler, timeout="30s"), None
