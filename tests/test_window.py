@@ -16,8 +16,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rectool.dataset.packs import PackDataset
+from rectool.format import headers
+from rectool.format.textindex import load_index
 from rectool.format.window import RecWindow, ascending
 from rectool.inspect.info import dataset_info
+from rectool.reader import RecordFile
 from rectool.report.data import ReportOptions, build_report
 from rectool.report.images import ImageTable, scan_images
 
@@ -149,3 +152,19 @@ def test_report_label_statistics_answer_when_the_rec_cannot_be_read(pack):
     # The scan reads the file once; then a part header per thumbnail and sampled record.
     assert windows.bytes_read <= pack.size + 8 * 64
     assert all(w.peak <= SPAN for w in windows.opened)
+
+
+def test_labels_read_from_the_headers_hand_each_chunk_back(pack, monkeypatch):
+    released = []
+    monkeypatch.setattr(headers, "LABEL_CHUNK", 4)
+    monkeypatch.setattr(headers, "release_range", lambda m, lo, hi: released.append((lo, hi)))
+    keys, offsets = load_index(pack.idx)
+    rf = RecordFile(pack.rec)
+    try:
+        labels = headers.header_labels([rf], headers.shard_numbers([len(keys)]), offsets, keys)
+    finally:
+        rf.close()
+    assert labels.tolist() == [k // 4 for k in range(12)]  # 4 images an identity
+    # 12 records, 4 a chunk: each chunk's pages handed back before the next is read.
+    assert [lo for lo, _ in released] == offsets[::4].tolist()
+    assert all(hi <= start + 64 for (_, hi), start in zip(released, offsets[3::4].tolist()))

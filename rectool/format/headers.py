@@ -22,6 +22,7 @@ from ..reader import (
     RectoolError,
     unpack_header,
 )
+from .window import release_range
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -191,6 +192,9 @@ def record_heads(
     return ok, w, head
 
 
+LABEL_CHUNK = 1 << 16  # records whose labels are gathered at once
+
+
 def header_labels(
     files: list[RecordFile], shard_of: NDArray[Any], offsets: Ints, keys: Ints
 ) -> NDArray[Any]:
@@ -205,10 +209,14 @@ def header_labels(
     for s, rf in enumerate(files):
         if len(rf.open()) < 32:
             continue
-        words = np.frombuffer(rf.open(), "<u4", rf.size // 4)
+        mapping = rf.open()
+        words = np.frombuffer(mapping, "<u4", rf.size // 4)
         try:
-            for start in range(0, n, 1 << 20):  # temporaries of a chunk, not of every record
-                end = min(n, start + (1 << 20))
+            # Temporaries of a chunk, not of every record; and the pages a chunk touched are
+            # handed back before the next (at most a page a record: 256 MiB), so that RSS
+            # never grows with the file.
+            for start in range(0, n, LABEL_CHUNK):
+                end = min(n, start + LABEL_CHUNK)
                 rows: Any = slice(start, end)
                 if len(files) > 1:
                     rows = start + np.flatnonzero(shard_of[rows] == s)
@@ -223,9 +231,11 @@ def header_labels(
                     rows = np.arange(start, end) if type(rows) is slice else rows
                     labels = words[runs(w[v] + 8, flag[v])].view(np.float32)
                     columns.append((rows[v], flag[v], labels))
+                if len(w):
+                    last = int((4 * w + 32 + 4 * flag).max())
+                    release_range(mapping, 4 * int(w.min()), last)
         finally:
             del words
-        release_pages(rf.open())  # read once: the headers' pages are the page cache's again
     slow = []
     for row in np.flatnonzero(~fast).tolist():
         rf, offset, key = files[int(shard_of[row])], int(offsets[row]), int(keys[row])
@@ -257,7 +267,7 @@ def header_labels(
 
 
 def release_pages(mapping: object) -> None:
-    """Drop this process's page-table entries of a mapping (its pages stay in the page cache),
-    so that a scan of a whole .rec does not count the file in the process's memory."""
-    if isinstance(mapping, mmap.mmap) and len(mapping) and hasattr(mapping, "madvise"):
-        mapping.madvise(mmap.MADV_DONTNEED)
+    """Drop this process's page-table entries of a whole mapping (its pages stay in the page
+    cache), so that a scan of a .rec does not count the file in the process's memory."""
+    if isinstance(mapping, mmap.mmap):
+        release_range(mapping, 0, len(mapping))

@@ -268,9 +268,13 @@ def build_report(
         rows = sheet_rows(
             images, names, options, thumb_of, lambda d, t: report("thumbnails", d, t)
         )
-        report("duplicates", 0, len(images))
-        duplicates = find_duplicates(images, payloads, names, thumb_of)
-        report("duplicates", len(images), len(images))
+        report("duplicates", 0, None)
+
+        def hashed(done: int, candidates: int) -> None:
+            report("duplicates", done, candidates)
+
+        duplicates = find_duplicates(images, payloads, names, thumb_of, hashed)
+        report("duplicates", duplicates.hashed, duplicates.hashed)
     refusals = read_refusals(manifest, info.get("manifest"), options, budget, reduce)
     verify = None
     if options.verify:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 
 DUPLICATES_SHOWN = 20
 MEMBERS_SHOWN = 6  # copies listed per duplicate group
+PROGRESS_EVERY = 4096  # candidates hashed between two progress calls
 
 
 @dataclass
@@ -33,10 +34,15 @@ class Duplicates:
 
 
 def find_duplicates(
-    images: ImageTable, payloads: Payloads, names: Mapping[str, str], thumb_of: ThumbOf
+    images: ImageTable,
+    payloads: Payloads,
+    names: Mapping[str, str],
+    thumb_of: ThumbOf,
+    progress: Callable[[int, int], object] | None = None,
 ) -> Duplicates:
     """Find byte-identical images: equal fingerprints (`ImageTable.prints`, which fold in the
-    size) first, then a full blake2b of each candidate."""
+    size) first, then a full blake2b of each candidate. `progress(hashed, candidates)`, when
+    given, is called as candidates are hashed."""
     result = Duplicates()
     n = len(images)
     if n < 2:
@@ -50,6 +56,7 @@ def find_duplicates(
     same &= images.sizes[order[1:]] > 0
     edges = np.flatnonzero(np.diff(np.concatenate([[False], same, [False]]).astype(np.int8)))
     del same
+    candidates = int((edges[1::2] + 1 - edges[::2]).sum())
     for start, stop in zip(edges[::2].tolist(), (edges[1::2] + 1).tolist()):
         run = order[start:stop]
         run = run[images.sizes[run] > 0]  # (an unreadable image has no fingerprint)
@@ -58,6 +65,8 @@ def find_duplicates(
             digest = hashlib.blake2b(payloads.image(i), digest_size=16).hexdigest()
             digests.setdefault(digest, []).append(i)
             result.hashed += 1
+            if progress is not None and not result.hashed % PROGRESS_EVERY:
+                progress(result.hashed, candidates)
         for digest, members in sorted(digests.items(), key=lambda item: min(item[1])):
             if len(members) < 2:
                 continue
