@@ -16,10 +16,11 @@ from .options import (
     json_option,
     overwrite_option,
 )
+from .paramtypes import LocalTarget
 
 
 @click.command(cls=RectoolCommand, name="dali-index")
-@click.argument("target")
+@click.argument("target", type=LocalTarget())
 @click.argument("output", type=click.Path(dir_okay=False))
 @overwrite_option("Replace an existing file at OUTPUT (never a file of a pack).")
 @json_option("Print the index and the .rec paths as JSON on stdout.")
@@ -29,7 +30,8 @@ def dali_index_command(target: str, output: str, overwrite: bool, as_json: bool)
 
     DALI reads its .rec files as one stream, so OUTPUT holds offsets counted from the start
     of the first file. The .rec paths to pass to DALI, in order, are printed on stdout. The
-    insightface layout is refused (DALI reads every record as a sample).
+    insightface layout is refused (DALI reads every record as a sample). TARGET must be on
+    this machine: a URL is refused (copy the pack's folder first).
 
     \b
     Example:

@@ -132,3 +132,25 @@ class PixelCount(click.ParamType):
         if not 1 <= number <= 10**15:
             self.fail(f"{value!r}: give 1 to 10**15 pixels", param, ctx)
         return number
+
+
+class LocalTarget(click.ParamType):
+    """A dataset TARGET on this machine (manifest, prefix, .rec files, folder): a URL
+    (s3://, https://) is refused, naming what to do instead, by a command that must read or
+    name local files (DALI reads the .rec paths `dali-index` prints)."""
+
+    name = "target"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        from ..remote.store import is_url  # here: a local target needs none of remote/
+
+        if is_url(value):
+            command = f"`rectool {ctx.info_name}`" if ctx is not None else "this command"
+            self.fail(
+                f"{value}: URLs are not supported by {command}, which needs the pack's files on "
+                "this machine; copy the pack's folder here (every file beside its manifest) "
+                "and give the local manifest",
+                param,
+                ctx,
+            )
+        return str(value)
