@@ -10,9 +10,72 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from html import escape
+from typing import Any
+
+import numpy as np
 
 WIDTH, HEIGHT = 720, 320
 MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 70, 16, 34, 98
+
+# Log-spaced bins: each decade's bin tops, in tenths (12: 1.2, 1.2 x 10, ...), finest first.
+# `log_bins` takes the finest series that covers the values in as many bars as Sturges' rule
+# gives n values (log2(n) + 1), from MIN_BINS to MAX_BINS, so the shape shows at any size:
+# 2,000 identities of 21 to 100 images get 7 bars (21-25, ..., 81-100), a long tail of 1 to
+# 5,000 gets 12 (1, 2, 3-5, 6-10, ..., 2,001-5,000), 5 identities no more than 4.
+BIN_SERIES = (
+    (10, 12, 15, 20, 25, 30, 40, 50, 60, 80),
+    (10, 15, 20, 30, 50, 70),
+    (10, 20, 30, 50),
+    (10, 20, 50),
+    (10, 30),
+    (10,),
+)
+MIN_BINS, MAX_BINS = 4, 12  # (more than MAX_BINS only past 10**11, a decade a bin)
+
+
+def log_bins(values: Any) -> list[tuple[str, int]]:
+    """Return (label, count) bars of positive integers `values` (images per identity) in
+    log-spaced bins from the one holding the smallest to the one holding the largest, at most
+    MAX_BINS (fewer for few values: see BIN_SERIES).
+
+    Bins between are kept when empty (a gap is part of the shape). A label is the bin's
+    integer range, `21–25`, or its one value, `1`.
+    """
+    counts = np.asarray(values, np.int64)
+    if not len(counts):
+        return []
+    low, high = int(counts.min()), int(counts.max())
+    if low < 1:
+        raise ValueError(f"log_bins takes positive integers, got {low}")
+    most = min(MAX_BINS, max(MIN_BINS, math.ceil(math.log2(len(counts))) + 1))
+    for series in BIN_SERIES:
+        tops = _tops(series, high)
+        first = int(np.searchsorted(tops, low))  # the bin holding `low`: the first top >= it
+        if len(tops) - first <= most:
+            break
+    bottoms = [1, *(top + 1 for top in tops[:-1])]
+    per_bin = np.bincount(np.searchsorted(tops, counts), minlength=len(tops))
+    bars = []
+    for bottom, top, n in zip(bottoms[first:], tops[first:], per_bin[first:].tolist()):
+        label = _number(top) if bottom == top else f"{_number(bottom)}\u2013{_number(top)}"
+        bars.append((label, int(n)))
+    return bars
+
+
+def _tops(series: Sequence[int], high: int) -> list[int]:
+    """Return the distinct bin tops of `series` (tenths, a decade's) from 1 up to the first
+    that reaches `high`."""
+    tops: list[int] = []
+    scale = 1
+    while not tops or tops[-1] < high:
+        for tenths in series:
+            top = -(-tenths * scale // 10)  # rounded up: 1.2 and 1.5 are 2, 2.5 is 3
+            if not tops or top > tops[-1]:
+                tops.append(top)
+            if top >= high:
+                break
+        scale *= 10
+    return tops
 
 
 def bar_chart(

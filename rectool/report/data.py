@@ -30,6 +30,7 @@ from ..format.binindex import read_identities
 from ..format.window import RecWindow
 from ..inspect.info import damage_summary, dataset_info, value_summary
 from ..reader import DEFAULT_MAX_PIXELS
+from .charts import log_bins
 from .duplicates import DUPLICATES_SHOWN as DUPLICATES_SHOWN
 from .duplicates import MEMBERS_SHOWN as MEMBERS_SHOWN
 from .duplicates import Duplicates, find_duplicates
@@ -90,6 +91,7 @@ class Report:
     refusals: Refusals
     duplicates: Duplicates
     size_histogram: list[tuple[str, int]]  # (label, count)
+    identity_histogram: list[tuple[str, int]]  # (images, identities) in log-spaced bins
     verify: VerifyReport | None = None
     problems: list[str] = field(default_factory=list)  # things that went wrong while reporting
     left_out: int = 0  # thumbnails left out of the page to stay within max_bytes
@@ -297,6 +299,7 @@ def build_report(
         refusals=refusals,
         duplicates=duplicates,
         size_histogram=_size_histogram(images.sizes[images.sizes >= 0]),
+        identity_histogram=_identity_histogram(images),
         verify=verify,
         problems=problems,
         left_out=budget.left_out,
@@ -338,6 +341,14 @@ def _manifest_of(info: dict[str, Any]) -> dict[str, Any] | None:
 
 
 # --- charts -----------------------------------------------------------------------------------
+
+
+def _identity_histogram(images: ImageTable) -> list[tuple[str, int]]:
+    """Bin the identities by how many images each has: log-spaced (`log_bins`), so a long
+    tail shows; none where the labels are not class ids."""
+    if not images.integral or not len(images.labels):
+        return []
+    return log_bins(np.unique(images.labels, return_counts=True)[1])
 
 
 def _size_histogram(sizes: np.ndarray, bins: int = 12) -> list[tuple[str, int]]:

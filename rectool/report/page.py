@@ -214,7 +214,10 @@ def _charts_section(report: Report) -> str:
     out.append('<div class="chart-block"><h3 id="per-identity-h">Images per identity</h3>')
     per = info.get("images_per_identity")
     if per:
-        bars = [(row["images"], row["identities"]) for row in per["histogram"]]
+        # Log-spaced bins from the labels (the long tail shows), else `info`'s fixed ones.
+        bars = report.identity_histogram or [
+            (row["images"], row["identities"]) for row in per["histogram"]
+        ]
         counts = [v for _, v in bars]
         log = max(counts) > 20 * max(1, min(counts))
         out.append(
@@ -226,7 +229,7 @@ def _charts_section(report: Report) -> str:
                 "chart-per-identity",
                 "Identities by number of images",
                 bars,
-                "images per identity",
+                "images per identity (log-spaced bins)",
                 "identities",
                 log=log,
             )
