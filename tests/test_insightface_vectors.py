@@ -248,6 +248,25 @@ def test_a_handmade_pack_of_label_vectors_is_insightface(tmp_path):
     assert ds.labels.tolist() == [[0, 7], [1, 7], [1, 7]]
 
 
+def test_rectool_index_gives_a_handmade_vector_pack_its_binary_index(tmp_path):
+    # A Glint360K-like folder made by others: `rectool index`, then the core reader and verify.
+    data = images(4)
+    records = [(k, image_record(data[k - 1], [float(k > 2), 0.5 * k], k)) for k in (1, 2, 3, 4)]
+    records += [(5, image_record(b"", [1.0, 3.0], 5)), (6, image_record(b"", [3.0, 5.0], 6))]
+    records += [(0, image_record(b"", [5.0, 7.0], 0, 1))]
+    write_shard(tmp_path / "train.rec", tmp_path / "train.idx", records)
+    (tmp_path / "property").write_text("2,20,24\n")
+    result = CliRunner().invoke(cli, ["index", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    manifest = tmp_path / "train.manifest.json"
+    assert json.loads(manifest.read_text())["layout"] == "insightface"
+    reader = core.open_dataset(manifest)
+    assert reader.labels.tolist() == [[0, 0.5], [0, 1], [1, 1.5], [1, 2]]
+    assert [reader.raw(i)[0] for i in range(4)] == data
+    assert np.load(tmp_path / "train.identity_ranges.npy").tolist() == [[0, 2], [2, 4]]
+    assert verify_dataset(str(manifest)).problems == []
+
+
 def test_label_vectors_and_a_header_lookalike_without_identity_records_are_images(tmp_path):
     # Record 0 looks like a header, but key 2 (its first "identity") is an image: an im2rec
     # --pack-label pack, every record a sample.
