@@ -94,3 +94,46 @@ def test_line_indices_leave_long_numbers_to_the_line_by_line_check():
 
     assert line_indices(b"1\t0\ta\n" + b"1" * 19 + b"\t0\tb\n") is None
     assert line_indices(b"1\t0\ta\n" + b"9" * 18 + b"\t0\tb\n").tolist() == [1, 10**18 - 1]
+
+
+# -- the list check, fed as a stream ---------------------------------------------------------
+
+
+def _check_result(data, sizes, layout="images"):
+    """Feed `data` to a `ListCheck` in blocks of `sizes` (cycled); return its answer or error."""
+    from rectool.errors import RectoolError
+    from rectool.packer.listcheck import ListCheck
+
+    check = ListCheck("l", layout)
+    at, k = 0, 0
+    try:
+        while at < len(data):
+            size = sizes[k % len(sizes)]
+            check.feed(data[at : at + size])
+            at, k = at + size, k + 1
+        return check.end()
+    except RectoolError as exc:
+        return str(exc)
+
+
+index_lines = st.lists(
+    st.tuples(st.integers(0, 40), st.sampled_from(["0", "1.5", "x", "1e-50", "2"])),
+    max_size=30,
+)
+
+
+@given(index_lines, st.lists(st.integers(1, 50), min_size=1, max_size=5))
+def test_a_list_check_answers_the_same_whatever_the_blocks(rows, sizes):
+    data = "".join(f"{index}\t{label}\ta/{n}.jpg\n" for n, (index, label) in enumerate(rows))
+    data = data.encode("utf-8")
+    assert _check_result(data, sizes) == _check_result(data, [len(data) + 1])
+
+
+def test_an_index_repeated_in_a_later_block_is_named(tmp_path):
+    from rectool.packer.listcheck import validate_list
+
+    lst = tmp_path / "dup.lst"
+    rows = "".join(f"{i}\t0\ta/{i}.jpg\n" for i in range(100_000))  # 1.9 MB: several blocks
+    lst.write_text(rows + "5\t0\ta/again.jpg\n", encoding="utf-8")
+    with pytest.raises(ListFormatError, match=r"dup.lst: line 100001: index 5 appears twice"):
+        validate_list(str(lst), "images")

@@ -15,13 +15,14 @@ import hashlib
 import itertools
 import os
 import re
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
 from ..doors.inputs import open_input
-from ..errors import RectoolError, UsageError
+from ..doors.output import rename, stage_file
+from ..errors import InputError, RectoolError, UsageError
 from ..format.keys import FLOAT32_EXACT
 from ..text import counted
 from .layout import layout_named
@@ -36,9 +37,8 @@ from .listfile import (
 from .passthrough import resolve_path
 
 if TYPE_CHECKING:
-    from _typeshed import StrPath
+    from _typeshed import StrPath, SupportsRead
 
-    from .layout import Layout
     from .listfile import ListItem
 
 # A wrong ROOT is told from a few missing files by this many list items, all missing.
@@ -90,6 +90,9 @@ except re.error:  # Python 3.10: the same lines, with backtracking
 _MAPPED_LINES = re.compile(rb"(?:[0-9]+\t[0-9]{1,7}(?:\.0*)?\t[^\t\n\0]+\n)*")
 _LINE_INDEX_LABEL = re.compile(rb"^([0-9]+)\t([0-9]+)(?:\.0*)?\t", re.M)
 _LIST_BLOCK = 1 << 20
+# A list line holds an index, labels and a path (PATH_MAX is 4096 bytes); a "line" longer than
+# this is no list line, and is refused rather than kept in memory while its end is awaited.
+MAX_LINE_BYTES = 1 << 20
 
 
 def validate_list(
@@ -104,63 +107,146 @@ def validate_list(
     map `identities` (label -> name), a label not in it stops the run here, before anything
     is written; so does, with `pack_label` (every label written), a line with another number
     of labels than the first (a pack's binary index holds one label width). The file is read
-    a block at a time, so memory does not grow with the list (but for 8 bytes an index when
-    the indices are not in increasing order).
+    a block at a time by a `ListCheck`, the same checks as a list read from standard input
+    (`stage_list`), so memory does not grow with the list (but for a bit per index).
     """
-    rules = layout_named(layout)
-    digest = hashlib.sha256()
-    count, last = 0, -1
-    tabs = -1  # with pack_label: the tabs of every line (labels + 1), once the first is read
-    unordered: list[np.ndarray] = []
+    check = ListCheck(path, layout, identities, pack_label)
     try:
         with open_input(path, "list file") as f:
-            rest = b""
-            while True:
-                block = f.read(_LIST_BLOCK)
-                digest.update(block)
-                data = rest + block
-                if not block:
-                    if data and not data.endswith(b"\n"):
-                        data += b"\n"
-                    rest = b""
-                else:
-                    cut = data.rfind(b"\n") + 1
-                    data, rest = data[:cut], data[cut:]
-                # A numbered layout checks each item's label: line by line.
-                lines = _MAPPED_LINES if identities is not None else _PLAIN_LINES
-                if rules.numbered or not lines.fullmatch(data):
-                    return _validate_list_slowly(path, rules, identities, pack_label)
-                if pack_label and data:
-                    tabs = _same_tabs(data, tabs)
-                    if tabs < 0:  # lines with other label counts: see which
-                        return _validate_list_slowly(path, rules, identities, pack_label)
-                if data:
-                    data.decode("utf-8")  # raises for invalid UTF-8, reported slowly below
-                    if identities is None:
-                        found = line_indices(data)
-                        if found is None:  # an index of more than 18 digits: see which
-                            return _validate_list_slowly(path, rules, identities, pack_label)
-                    else:
-                        pairs = np.array(_LINE_INDEX_LABEL.findall(data)).astype(np.int64)
-                        found = pairs[:, 0]
-                        if not _all_mapped(pairs[:, 1], identities):
-                            return _validate_list_slowly(path, rules, identities, pack_label)
-                    count += len(found)
-                    if unordered or found[0] <= last or (found[1:] <= found[:-1]).any():
-                        unordered.append(found)
-                    last = int(found[-1])
-                if not block:
-                    break
+            while block := f.read(_LIST_BLOCK):
+                check.feed(block)
     except FileNotFoundError:
         raise RectoolError(f"{path}: list file not found") from None
-    except (UnicodeDecodeError, OverflowError, ValueError):
-        return _validate_list_slowly(path, rules, identities, pack_label)
-    if unordered:
-        everything = np.concatenate(unordered)
-        if len(np.unique(everything)) != len(everything):
-            # names the repeated index
-            return _validate_list_slowly(path, rules, identities, pack_label)
-    return digest.hexdigest(), count
+    return check.end()
+
+
+class ListCheck:
+    """The checks of a list, fed its bytes a block at a time as they arrive: a file's, or
+    standard input's as it streams, so that the first bad line stops either as soon as it is
+    read. `feed(block)` raises at the first bad line (naming `shown`, the list, and the line);
+    `end()` checks what is left and returns (sha256 of the bytes, number of items).
+
+    Complete lines are checked a block at a time at C speed when they are ordinary, line by
+    line otherwise (`validate_list` says what is refused). A line is at most
+    `MAX_LINE_BYTES` long: a stream without newlines (/dev/zero) is refused, not kept.
+    """
+
+    def __init__(
+        self,
+        shown: str,
+        layout: str,
+        identities: Mapping[int, str] | None = None,
+        pack_label: bool = False,
+    ) -> None:
+        self.shown = shown
+        self.rules = layout_named(layout)
+        self.identities = identities
+        self.pack_label = pack_label
+        self.digest = hashlib.sha256()
+        self.count = 0  # items, which is lines checked
+        self.tabs = -1  # with pack_label: the tabs of every line (labels + 1), once known
+        self.first: ListItem | None = None  # with pack_label: the first line's item
+        self.seen = _SeenIndices()
+        self._rest = b""  # the start of a line that a later block ends
+
+    def feed(self, block: bytes) -> None:
+        """Check the lines `block` completes; raise `ListFormatError` (or `RectoolError`) at
+        the first bad one."""
+        self.digest.update(block)
+        data = self._rest + block
+        cut = data.rfind(b"\n") + 1
+        data, self._rest = data[:cut], data[cut:]
+        if data:
+            self._check(data)
+        if len(self._rest) > MAX_LINE_BYTES:
+            raise ListFormatError(
+                f"over {MAX_LINE_BYTES:,} bytes without a newline: not a list line",
+                self.shown,
+                self.count + 1,
+            )
+
+    def end(self) -> tuple[str, int]:
+        """Check the last line (which may lack its newline); return (sha256, items)."""
+        if self._rest:
+            data, self._rest = self._rest + b"\n", b""
+            self._check(data)
+        return self.digest.hexdigest(), self.count
+
+    def _check(self, data: bytes) -> None:
+        """Check `data`, complete lines: a block at a time when they are ordinary."""
+        try:
+            found = self._ordinary_indices(data)
+        except (UnicodeDecodeError, OverflowError, ValueError):
+            found = None
+        if found is None:
+            self._check_lines(data)
+            return
+        repeated = self.seen.add_all(found)
+        if repeated >= 0:
+            raise ListFormatError(
+                f"index {int(found[repeated])} appears twice",
+                self.shown,
+                self.count + 1 + repeated,
+            )
+        if self.pack_label and self.first is None:
+            line = data[: data.index(b"\n")].decode("utf-8")
+            self.first = parse_list_line(line, self.shown, self.count + 1)
+        self.count += len(found)
+
+    def _ordinary_indices(self, data: bytes) -> np.ndarray | None:
+        """Return the indices of the lines of `data` when every line is ordinary and passes
+        (but for a repeated index), else None: they are checked line by line."""
+        # A numbered layout checks each item's label: line by line.
+        lines = _MAPPED_LINES if self.identities is not None else _PLAIN_LINES
+        if self.rules.numbered or not lines.fullmatch(data):
+            return None
+        tabs = self.tabs
+        if self.pack_label:
+            tabs = _same_tabs(data, self.tabs)
+            if tabs < 0:  # lines with other label counts: see which
+                return None
+        data.decode("utf-8")  # raises for invalid UTF-8, reported line by line
+        if self.identities is None:
+            found = line_indices(data)  # None: an index of more than 18 digits
+        else:
+            pairs = np.array(_LINE_INDEX_LABEL.findall(data)).astype(np.int64)
+            found = pairs[:, 0]
+            if not _all_mapped(pairs[:, 1], self.identities):
+                return None
+        if found is not None and self.pack_label:
+            self.tabs = tabs
+        return found
+
+    def _check_lines(self, data: bytes) -> None:
+        """Parse `data`, complete lines, line by line, naming the first bad line."""
+        shown, identities = self.shown, self.identities
+        for raw in data[:-1].split(b"\n"):
+            number = self.count + 1
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RectoolError(
+                    f"{shown}: line {number}: not valid UTF-8 ({exc.reason})"
+                ) from None
+            item = parse_list_line(text.rstrip("\r"), shown, number)
+            if not self.seen.add(item.index):
+                raise ListFormatError(f"index {item.index} appears twice", shown, number)
+            self.rules.check_item(item, shown)
+            _check_float32(text, item, shown)
+            if identities is not None:
+                _check_mapped(item, identities, shown)
+            if self.pack_label:
+                first = self.first = self.first or item
+                if len(item.labels) != len(first.labels):
+                    raise ListFormatError(
+                        f"{counted(len(item.labels), 'label')}, but line {first.line} has "
+                        f"{len(first.labels)}: --pack-label writes every label, and a pack's "
+                        "index holds one label width (give every line as many labels)",
+                        shown,
+                        number,
+                    )
+                self.tabs = len(first.labels) + 1
+            self.count = number
 
 
 def _same_tabs(data: bytes, tabs: int) -> int:
@@ -237,45 +323,78 @@ def _check_mapped(item: ListItem, identities: Mapping[int, str], path: StrPath) 
             )
 
 
-def _validate_list_slowly(
-    path: str,
-    layout: Layout,
-    identities: Mapping[int, str] | None = None,
+# A list given on standard input is staged beside the pack (so that the run can be resumed) as
+# it is checked, at most this many bytes: about 100 million ordinary lines, twice WebFace42M's
+# list. A longer list is given as a file, which is read where it is and never copied.
+MAX_STDIN_LIST_BYTES = 4 << 30
+# How a list read from standard input is named in messages.
+STDIN_NAME = "standard input"
+
+
+class StagedList(NamedTuple):
+    """A list read from a stream by `stage_list`: its copy, label map, sha256 and items."""
+
+    path: str
+    identities: dict[int, str] | None
+    sha256: str
+    items: int
+
+
+def stage_list(
+    stream: SupportsRead[str] | SupportsRead[bytes],
+    target: str,
+    layout: str,
+    label_map: StrPath | None = None,
     pack_label: bool = False,
-) -> tuple[str, int]:
-    """Parse line by line, naming the first bad line or repeated index."""
-    digest = hashlib.sha256()
-    keys = _KeyRegistry()
-    count = 0
-    first: ListItem | None = None  # with pack_label: the line whose label count all must have
-    with open_input(path, "list file") as f:
-        for number, raw in enumerate(f, start=1):
-            digest.update(raw)
-            try:
-                text = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise RectoolError(
-                    f"{path}: line {number}: not valid UTF-8 ({exc.reason})"
-                ) from None
-            item = parse_list_line(text.rstrip("\n").rstrip("\r"), path, number)
-            if not keys.add(item.index):
-                raise ListFormatError(f"index {item.index} appears twice", path, item.line)
-            layout.check_item(item, path)
-            _check_float32(text, item, path)
-            if identities is not None:
-                _check_mapped(item, identities, path)
-            if pack_label:
-                first = first or item
-                if len(item.labels) != len(first.labels):
-                    raise ListFormatError(
-                        f"{counted(len(item.labels), 'label')}, but line {first.line} has "
-                        f"{len(first.labels)}: --pack-label writes every label, and a pack's "
-                        "index holds one label width (give every line as many labels)",
-                        path,
-                        item.line,
-                    )
-            count += 1
-    return digest.hexdigest(), count
+    max_bytes: int = MAX_STDIN_LIST_BYTES,
+) -> StagedList:
+    """Copy a list read from `stream` (standard input) to `target`, checking it as it streams:
+    the checks of `validate_list`, by the same `ListCheck`, so the first bad line stops the
+    copy as soon as it arrives, as it would in a file, named as line N of standard input.
+
+    The stream is read as bytes (a text stream is encoded back to UTF-8, surrogates kept
+    so that they are refused as invalid UTF-8, as a file's bytes are). More than
+    `max_bytes` (`MAX_STDIN_LIST_BYTES`) is refused with `InputError`: an endless stream
+    must not fill the disk. The label map (`label_map`) is read once the first bytes have
+    arrived: `rectool list ROOT - --labels F` writes F before its first line. Nothing is
+    left at `target` unless the whole list passed.
+    """
+    read = _block_reader(stream)
+    block = read()
+    identities = load_identities(None, label_map)
+    check = ListCheck(STDIN_NAME, layout, identities, pack_label)
+    ended: list[tuple[str, int]] = []
+
+    def checked() -> Iterator[bytes]:
+        nonlocal block
+        staged = 0
+        while block:
+            staged += len(block)
+            if staged > max_bytes:
+                raise InputError(
+                    f"{STDIN_NAME}: the list is over {max_bytes:,} bytes, the most rectool "
+                    "copies of a list read from standard input; give a longer list as a file"
+                )
+            check.feed(block)
+            yield block
+            block = read()
+        ended.append(check.end())
+
+    rename(stage_file(target, checked()), target)
+    return StagedList(target, identities, *ended[0])
+
+
+def _block_reader(stream: SupportsRead[str] | SupportsRead[bytes]) -> Callable[[], bytes]:
+    """Return a function that reads the next block of `stream`'s bytes (b"" at its end): what
+    has arrived, without waiting for a whole block, where the stream can say (`read1`)."""
+    source: Any = getattr(stream, "buffer", stream)  # sys.stdin: its bytes
+    read = getattr(source, "read1", None) or source.read
+
+    def next_block() -> bytes:
+        block = read(_LIST_BLOCK)
+        return block.encode("utf-8", "surrogatepass") if isinstance(block, str) else block
+
+    return next_block
 
 
 def load_identities(list_path: StrPath | None, label_map: StrPath | None) -> dict[int, str] | None:
@@ -293,23 +412,61 @@ def load_identities(list_path: StrPath | None, label_map: StrPath | None) -> dic
         raise RectoolError(f"{path}: label map not found") from None
 
 
-class _KeyRegistry:
-    """Detect a repeated list index with a bitmap: memory grows with the largest index, not N."""
+class _SeenIndices:
+    """The list indices seen so far, to refuse a repeated one: a bitmap for indices below
+    2**33 (memory grows with the largest index, not with the list), a set above."""
 
     def __init__(self) -> None:
         self._bits = bytearray()
         self._large: set[int] = set()
 
+    def _grow(self, byte: int) -> None:
+        if byte >= len(self._bits):
+            self._bits.extend(bytes(max(byte + 1 - len(self._bits), len(self._bits))))
+
     def add(self, key: int) -> bool:
-        if key >= 1 << 33:
+        """Add `key`; return False when it was seen before."""
+        if key >= _LARGE_INDEX:
             if key in self._large:
                 return False
             self._large.add(key)
             return True
         byte, bit = key >> 3, 1 << (key & 7)
-        if byte >= len(self._bits):
-            self._bits.extend(bytes(max(byte + 1 - len(self._bits), len(self._bits))))
+        self._grow(byte)
         if self._bits[byte] & bit:
             return False
         self._bits[byte] |= bit
         return True
+
+    def add_all(self, keys: np.ndarray) -> int:
+        """Add `keys` (int64, none negative), all at once; return the position of the first
+        one seen before (earlier in `keys` or before them), or -1 when none was. After a
+        repeat, what was added is undefined: the list is refused."""
+        if not len(keys):
+            return -1
+        if int(keys.max()) >= _LARGE_INDEX:  # rare: one at a time
+            for position, key in enumerate(keys.tolist()):
+                if not self.add(key):
+                    return position
+            return -1
+        order: np.ndarray | None = None
+        ordered = keys
+        if not (keys[1:] > keys[:-1]).all():
+            order = np.argsort(keys, kind="stable")
+            ordered = keys[order]
+        self._grow(int(ordered[-1]) >> 3)
+        bits = np.frombuffer(self._bits, np.uint8)  # a view: released before the next growth
+        byte = ordered >> 3
+        bit = np.left_shift(1, ordered & 7).astype(np.uint8)
+        again = (bits[byte] & bit) != 0
+        if order is not None:  # repeated within `keys`: the later ones, in stable order
+            again[1:] |= ordered[1:] == ordered[:-1]
+        if again.any():
+            return int((np.flatnonzero(again) if order is None else order[again]).min())
+        starts = np.flatnonzero(np.r_[True, byte[1:] != byte[:-1]])
+        bits[byte[starts]] |= np.bitwise_or.reduceat(bit, starts)
+        return -1
+
+
+# Above it, indices are kept in a set: a bitmap up to it is at most 1 GiB.
+_LARGE_INDEX = 1 << 33

@@ -39,7 +39,7 @@ from .layout import (
 from .listcheck import EmptyListError as EmptyListError
 from .listcheck import WrongRootError as WrongRootError
 from .listcheck import check_root as check_root
-from .listcheck import load_identities
+from .listcheck import load_identities, stage_list
 from .listcheck import validate_list as validate_list
 from .manifest import (
     FAILURES_SUFFIX,
@@ -48,7 +48,6 @@ from .manifest import (
     STDIN_COPY_SUFFIX,
     build_manifest,
     check_resume_state,
-    copy_stream,
     finish_interrupted,
     is_complete,
     manifest_path,
@@ -222,19 +221,22 @@ def _pack_all(
         prepare_outputs(prefix, resume, overwrite)
     from_stdin = list_path == "-"
     if from_stdin:
-        list_path = copy_stream(list_stream if list_stream is not None else sys.stdin, prefix)
-    list_path = os.fspath(list_path)
-    # Read only now, once the whole list has arrived: `rectool list ROOT - --labels F` writes F
-    # before its first list line, so a pipe into `pack - ... --labels F` finds it. A list read
-    # from stdin has no file beside which a label map could be found.
-    identities = load_identities(None if from_stdin else list_path, label_map)
-    try:
+        # Checked as it streams, bounded, and copied beside the pack so that the run can be
+        # resumed; its label map (--labels: no file is beside stdin) is read once the first
+        # bytes arrive, after `rectool list ROOT - --labels F` wrote F.
+        stream = list_stream if list_stream is not None else sys.stdin
+        staged = stage_list(
+            stream, prefix + STDIN_COPY_SUFFIX, options.layout, label_map, options.pack_label
+        )
+        list_path, identities, list_digest, total = staged
+        if complete:
+            remove(list_path)
+    else:
+        list_path = os.fspath(list_path)
+        identities = load_identities(list_path, label_map)
         list_digest, total = validate_list(
             list_path, options.layout, identities, options.pack_label
         )
-    finally:
-        if complete and list_path == prefix + STDIN_COPY_SUFFIX:
-            remove(list_path)
     options = dataclasses.replace(
         options, max_failures=allowed_failures(options.max_failures, total)
     )
