@@ -206,6 +206,19 @@ def make_folders(folder: str) -> None:
         raise RectoolError(f"{where}: {exc.strerror or exc}") from None
 
 
+def make_link(path: StrPath, target: str) -> str:
+    """Create a symbolic link at `path`, which must not exist (a staging folder's name), to
+    `target`; return `path`. For `rectool index --into`: links to shards that stay where they
+    are, moved into place by `commit` with the rest of the output."""
+    path = os.fspath(path)
+    try:
+        fault_point("create", path)
+        os.symlink(target, path)
+    except OSError as exc:
+        raise output_error(exc, path) from None
+    return path
+
+
 def create_new(path: StrPath, flags: int = os.O_WRONLY) -> int:
     """Return a descriptor of a new, empty file at `path`, replacing what is there.
 
