@@ -246,7 +246,7 @@ def test_json_is_one_document(tmp_path):
     doc = json.loads(result.stdout)
     assert set(doc) == {
         "manifest", "layout", "shards", "samples", "previous_format_version",
-        "already_indexed", "written", "seconds",
+        "already_indexed", "written", "links", "seconds",
     }  # fmt: skip
     assert doc["written"] == [f"{tmp_path}/one.{n}.npy" for n in ("offsets", "keys", "labels")] + [
         f"{tmp_path}/one.manifest.json"
@@ -320,9 +320,7 @@ def test_a_shard_of_an_indexed_pack_is_not_a_pack_of_its_own(handmade_shards):
     )
 
 
-def test_a_read_only_folder_is_refused_saying_another_folder_is_not_supported(
-    tmp_path, monkeypatch
-):
+def test_a_read_only_folder_is_refused_naming_into(tmp_path, monkeypatch):
     write_pack(tmp_path / "ro", [[(1, b"a", 0.0)]], manifest=False)
     real_access = os.access
 
@@ -336,9 +334,8 @@ def test_a_read_only_folder_is_refused_saying_another_folder_is_not_supported(
     assert result.exit_code == 1
     assert result.stderr == (
         f"Error: {tmp_path}: read-only; `rectool index` writes the manifest and index beside "
-        "the shards (ro.manifest.json, .npy arrays), and writing them into another folder is "
-        "not supported yet. Link or copy the shards (.rec and its .idx) into a folder you can "
-        "write, and index them there\n"
+        "the shards (ro.manifest.json, .npy arrays). Write them into a folder you can write "
+        "with --into FOLDER: the shards stay where they are, linked from there\n"
     )
     assert sorted(os.listdir(tmp_path)) == ["ro.idx", "ro.rec"]
 

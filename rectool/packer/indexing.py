@@ -6,6 +6,13 @@ layout read from record 0), a numbered set of shards (`PREFIX-00000.rec`, ...) o
 rectool (manifest format 1 or 2) gets the format-3 files that `pack` writes: the `.npy` arrays
 (`format/binindex.py`) and a manifest naming them, beside its shards, under the prefix's lock.
 The shards are read, never changed.
+
+For a pack in a folder rectool cannot write (a read-only dataset), `index_pack(into=FOLDER)`
+writes the same files into FOLDER instead, with a symbolic link there to each file the manifest
+names (`FOLDER/NAME.rec -> /abs/NAME.rec`, ...), so that every name in the manifest is still a
+file in its folder. The manifest lists those links (`links`: {name: absolute target}): that
+folder's files lead out of it on purpose. The whole output is built in a staging folder and
+moved into place as one commit (`packer/manifest.replace_beside`).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import numpy as np
 from .. import __version__
 from ..dataset.sources import resolve_source, source_prefixes
 from ..doors.inputs import open_checked
-from ..doors.output import OutputLock, write_json_atomic
+from ..doors.output import OutputLock, make_folders, make_link, write_json_atomic
 from ..errors import InputError, RectoolError
 from ..format.binindex import (
     index_files,
@@ -34,7 +41,13 @@ from ..reader import (
     MANIFEST_VERSION,
     refuse_unfinished,
 )
-from .manifest import created_time, manifest_path
+from .manifest import (
+    created_time,
+    finish_interrupted,
+    manifest_path,
+    output_files,
+    replace_beside,
+)
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -49,7 +62,8 @@ class IndexResult:
     """What `index_pack` found and wrote.
 
     `previous`: the manifest's format version before (None: the pack had no manifest);
-    `written`: the files written, manifest last (empty when the pack was already indexed).
+    `written`: the files written, manifest last (empty when the pack was already indexed);
+    `links`: with `into`, each link made in that folder {name: the file it leads to}.
     """
 
     manifest: str
@@ -58,6 +72,7 @@ class IndexResult:
     samples: int
     previous: int | None
     written: list[str] = field(default_factory=list)
+    links: dict[str, str] = field(default_factory=dict)
 
     @property
     def already(self) -> bool:
@@ -73,25 +88,43 @@ class IndexResult:
             "previous_format_version": self.previous,
             "already_indexed": self.already,
             "written": self.written,
+            "links": self.links,
         }
 
 
-def index_pack(target: StrPath, force: bool = False) -> IndexResult:
-    """Write the manifest and binary index (format 3) of the pack at `target`, beside it.
+def index_pack(
+    target: StrPath, force: bool = False, into: StrPath | None = None, overwrite: bool = False
+) -> IndexResult:
+    """Write the manifest and binary index (format 3) of the pack at `target`, beside it or,
+    with `into`, into that folder.
 
     `target`: what `open_dataset` takes, less URLs and lists (a manifest, a prefix, a `.rec`, a
-    folder holding `train.rec`). A format-1/2 manifest is upgraded in place, its fields kept and
-    its identity names moved to `PREFIX.identities.json`. A pack already indexed is left as it
-    is unless `force`. The folder must be writable: the files go beside the shards.
+    folder holding `train.rec`). A format-1/2 manifest is upgraded, its fields kept and its
+    identity names moved to `PREFIX.identities.json`. A pack already indexed is left as it is
+    unless `force`. Beside the shards, their folder must be writable. `into`: a folder (made if
+    missing) that gets the manifest, the index and a link to each of the pack's files, named
+    as they are; the pack's own folder is only read. An index of another pack there (or any
+    file of the prefix) is replaced only with `overwrite`; one `index_pack` wrote there of
+    the same files is left as it is unless `force`.
     """
     prefix = pack_prefix(target)
+    if into is not None and not _same_folder(into, os.path.dirname(prefix) or "."):
+        return _index_into(target, prefix, os.fspath(into), force, overwrite)
     check_writable(prefix)
     with OutputLock(prefix):
         refuse_unfinished(prefix)
         path = manifest_path(prefix)
         if os.path.lexists(path):  # read under the lock: another run may have written it
-            return _upgrade(prefix, read_manifest(path), force)
-        return _describe(prefix, resolve_source(target)[2])
+            manifest = read_manifest(path)
+            if _index_present(prefix, manifest) and not force:
+                return _already(path, manifest)
+            return _write(prefix, *_upgraded(path, manifest))
+        return _write(prefix, *_described(prefix, resolve_source(target)[2]))
+
+
+def _same_folder(a: StrPath, b: StrPath) -> bool:
+    """Whether two folder paths name one folder (either may not exist yet)."""
+    return os.path.realpath(a) == os.path.realpath(b)
 
 
 def pack_prefix(target: StrPath) -> str:
@@ -134,9 +167,9 @@ def check_writable(prefix: str) -> None:
     if read_only or not os.access(folder, os.W_OK):
         raise RectoolError(
             f"{folder}: read-only; `rectool index` writes the manifest and index beside the "
-            f"shards ({os.path.basename(prefix)}{MANIFEST_SUFFIX}, .npy arrays), and writing "
-            "them into another folder is not supported yet. Link or copy the shards (.rec and "
-            "its .idx) into a folder you can write, and index them there"
+            f"shards ({os.path.basename(prefix)}{MANIFEST_SUFFIX}, .npy arrays). Write them "
+            "into a folder you can write with --into FOLDER: the shards stay where they are, "
+            "linked from there"
         )
 
 
@@ -150,23 +183,31 @@ def _index_present(prefix: str, manifest: dict[str, Any]) -> bool:
     return all(os.path.isfile(os.path.join(folder, name)) for name in named)
 
 
-def _upgrade(prefix: str, manifest: dict[str, Any], force: bool) -> IndexResult:
-    """Index a pack that has a manifest: upgrade format 1/2 in place, keeping its fields."""
-    path = manifest_path(prefix)
+def _already(path: str, manifest: dict[str, Any]) -> IndexResult:
+    """Return the result of a pack indexed already (nothing written)."""
+    samples = manifest["index"]["samples"]
+    layout = manifest.get("layout") or "images"
+    links = manifest.get("links") or {}
+    return IndexResult(
+        path, layout, len(samples), sum(samples), manifest["format_version"], links=links
+    )
+
+
+def _upgraded(path: str, manifest: dict[str, Any]) -> tuple[dict[str, Any], PackIndex, int | None]:
+    """Return (the manifest at `path` as format 3, its fields kept; its pack's index; its
+    format version before)."""
     previous = manifest.get("format_version", 0)
-    if _index_present(prefix, manifest) and not force:
-        samples = manifest["index"]["samples"]
-        layout = manifest.get("layout") or "images"
-        return IndexResult(path, layout, len(samples), sum(samples), previous)
     index = index_manifest(path, manifest)
     manifest["format_version"] = MANIFEST_VERSION
     if manifest.get("layout") is None:
         manifest["layout"] = index.layout
-    return _write(prefix, manifest, index, previous)
+    return manifest, index, previous
 
 
-def _describe(prefix: str, shards: list[tuple[str, str]]) -> IndexResult:
-    """Index a pack without a manifest: describe its shards as `pack` would."""
+def _described(
+    prefix: str, shards: list[tuple[str, str]]
+) -> tuple[dict[str, Any], PackIndex, int | None]:
+    """Return (the manifest `pack` would write for shards without one, their index, None)."""
     folder = os.path.dirname(prefix)
     for rec, idx in shards:
         for name in (rec, idx):
@@ -197,7 +238,7 @@ def _describe(prefix: str, shards: list[tuple[str, str]]) -> IndexResult:
         "classes": identities,
         "identities": None,
     }
-    return _write(prefix, manifest, index, None)
+    return manifest, index, None
 
 
 def _write(
@@ -221,6 +262,99 @@ def _write(
     return IndexResult(
         path, index.layout, len(index.counts), sum(index.counts), previous, [*written, path]
     )
+
+
+# --- into another folder ------------------------------------------------------------------
+
+
+def _index_into(
+    target: StrPath, prefix: str, into: str, force: bool, overwrite: bool
+) -> IndexResult:
+    """Index the pack at `prefix` into the folder `into` (see `index_pack`)."""
+    refuse_unfinished(prefix)
+    source = manifest_path(prefix)
+    if os.path.lexists(source):
+        manifest = read_manifest(source)
+        if _index_present(prefix, manifest) and not force:
+            return _already(source, manifest)
+        manifest, index, previous = _upgraded(source, manifest)
+    else:
+        manifest, index, previous = _described(prefix, resolve_source(target)[2])
+    links = _links_of(prefix, manifest)
+    out = os.path.join(into, os.path.basename(prefix))
+    make_folders(into)
+    with OutputLock(out):
+        finish_interrupted(out)  # a replacement a killed run committed comes first
+        refuse_unfinished(out)
+        present = _present_there(out, links)
+        if present and not overwrite:
+            earlier = _earlier_index(out, links)
+            if earlier is None:
+                raise RectoolError(_occupied(out, present, prefix))
+            if _index_present(out, earlier) and not force:
+                return _already(manifest_path(out), earlier)
+
+        def build(staging: str) -> IndexResult:
+            folder = os.path.dirname(staging)
+            for name, to in links.items():
+                make_link(os.path.join(folder, name), to)
+            return _write(staging, {**manifest, "links": links}, index, previous)
+
+        staged = replace_beside(out, build)
+    final = [os.path.join(into, os.path.basename(p)) for p in staged.written]
+    made = [os.path.join(into, name) for name in links]
+    return IndexResult(
+        manifest_path(out), staged.layout, staged.shards, staged.samples, previous,
+        [*made, *final], links,
+    )  # fmt: skip
+
+
+def _links_of(prefix: str, manifest: dict[str, Any]) -> dict[str, str]:
+    """Return {name: absolute path} of each file of the pack at `prefix` that its manifest
+    names and that stays where it is: shards, their `.idx` and `.crc`, the failures file and
+    an identities file (not the index arrays, which are written anew)."""
+    names = [n for s in manifest["shards"] for n in (s.get("rec"), s.get("idx"), s.get("crc"))]
+    names.append(manifest.get("failures_file"))
+    identities = manifest.get("identities")
+    if isinstance(identities, dict) and isinstance(identities.get("file"), str):
+        names.append(identities["file"])
+    folder = os.path.abspath(os.path.dirname(prefix) or ".")
+    paths = {n: os.path.join(folder, n) for n in names if isinstance(n, str)}
+    return {n: p for n, p in paths.items() if os.path.lexists(p)}
+
+
+def _present_there(out: str, links: dict[str, str]) -> list[str]:
+    """Return the files of a pack at `out` that are there, and any file at a link's name."""
+    folder = os.path.dirname(out)
+    named = [p for p in (os.path.join(folder, n) for n in links) if os.path.lexists(p)]
+    return sorted({*output_files(out), *named})
+
+
+def _earlier_index(out: str, links: dict[str, str]) -> dict[str, Any] | None:
+    """Return the manifest at `out` when `index_pack(into=)` wrote it for the same files (its
+    links, and the links there, lead where `links` do), else None: `out` holds another pack."""
+    path = manifest_path(out)
+    if not os.path.isfile(path):
+        return None
+    try:
+        manifest = read_manifest(path)
+    except RectoolError:
+        return None
+    folder = os.path.dirname(out)
+    for name, to in links.items():
+        there = os.path.join(folder, name)
+        if not os.path.islink(there) or os.readlink(there) != to:
+            return None
+    return manifest if manifest.get("links") == links else None
+
+
+def _occupied(out: str, present: list[str], prefix: str) -> str:
+    """Return why `index --into` will not write over what is at `out`."""
+    if os.path.exists(manifest_path(out)):
+        what = f"a pack is already there ({manifest_path(out)}), not an index of {prefix}"
+    else:
+        what = f"{present[0]} is already there"
+    return f"{out}: {what}; use --overwrite to replace it, or index into another folder"
 
 
 def shard_entry(rec: str, idx: str) -> dict[str, Any]:
