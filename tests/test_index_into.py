@@ -303,7 +303,7 @@ def test_an_older_rectool_pack_links_every_file_its_manifest_names(small_pack, r
     assert folder_state(folder) == before
 
 
-# --- what the manifest's links may be ------------------------------------------------------
+# --- what the manifest's links may be, and URLs ----------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -321,3 +321,24 @@ def test_links_that_are_not_names_to_absolute_paths_are_refused(tmp_path, datase
         f"Error: {path}: manifest field 'links' must be an object {{file name in the "
         "manifest's folder: absolute path}\n"
     )
+
+
+@pytest.mark.parametrize("command", ["index", "index-cache"])
+@pytest.mark.parametrize(
+    "url", ["s3://bucket/packs/faces", "https://user:secret@host/faces.manifest.json?sig=XYZ"]
+)
+def test_a_url_is_refused_saying_what_to_do_instead(tmp_path, monkeypatch, command, url):
+    monkeypatch.chdir(tmp_path)
+    result = invoke(command, url)
+    assert result.exit_code == 2
+    shown = url.replace("user:secret@", "").split("?")[0]
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: {shown}: a URL; `rectool index` reads local shards only (it writes their "
+        "manifest and index beside them, or --into a local folder). Download the pack's .rec "
+        "and .idx files and index the copy; a pack written by `rectool pack` or `repack` is "
+        "indexed already"
+    )
+    assert "secret" not in result.output and "XYZ" not in result.output
+    assert os.listdir(tmp_path) == []
+    as_json = invoke(command, url, "--json")
+    assert (as_json.exit_code, json.loads(as_json.stdout)["exit"]) == (2, 2)

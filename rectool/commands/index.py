@@ -44,7 +44,7 @@ def index_command(
     of manifest format 1 or 2, upgraded in place (its fields kept, its identity names moved
     to PREFIX.identities.json). The shards are read, never changed; the .npy arrays and the
     manifest (PREFIX.manifest.json) are written beside them. A pack that has its index
-    already is left as it is (exit 0) unless --force.
+    already is left as it is (exit 0) unless --force. URLs are not read: index a local copy.
 
     With --into FOLDER (a read-only dataset) they go into FOLDER instead, with a symbolic
     link there to each of the pack's files (FOLDER/NAME.rec -> the .rec, ...), so that

@@ -107,6 +107,7 @@ def index_pack(
     file of the prefix) is replaced only with `overwrite`; one `index_pack` wrote there of
     the same files is left as it is unless `force`.
     """
+    _refuse_url(target)
     prefix = pack_prefix(target)
     if into is not None and not _same_folder(into, os.path.dirname(prefix) or "."):
         return _index_into(target, prefix, os.fspath(into), force, overwrite)
@@ -120,6 +121,20 @@ def index_pack(
                 return _already(path, manifest)
             return _write(prefix, *_upgraded(path, manifest))
         return _write(prefix, *_described(prefix, resolve_source(target)[2]))
+
+
+def _refuse_url(target: StrPath) -> None:
+    """Refuse a URL: the index is written beside local shards, or into a local folder."""
+    from ..redaction import safe_url
+    from ..remote.store import is_url
+
+    if is_url(target):
+        raise InputError(
+            f"{safe_url(os.fspath(target))}: a URL; `rectool index` reads local shards only "
+            "(it writes their manifest and index beside them, or --into a local folder). "
+            "Download the pack's .rec and .idx files and index the copy; a pack written by "
+            "`rectool pack` or `repack` is indexed already"
+        )
 
 
 def _same_folder(a: StrPath, b: StrPath) -> bool:
