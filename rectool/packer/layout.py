@@ -11,8 +11,9 @@
   label vector, identity first (as Glint360K and WebFace42M hold it: insightface's tools read
   `label[0]`); the identity records and record 0 are the same for both.
 
-This module is the writing side of the rule; `reader.insightface_header` is the reading side.
-`pack` and `repack` ask a `Layout` rather than comparing layout names.
+This module is the writing side of the rule; `format.headers.insightface_header` is the
+reading side. `pack` and `repack` ask a `Layout` rather than comparing layout names;
+`image_label` gives an image's label in either shape.
 """
 
 from __future__ import annotations
