@@ -23,10 +23,13 @@ command cannot forget it; the library's own errors name URLs through `safe_url` 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import sys
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import IO, Any, cast
 
 # Environment variables whose values must never appear in a message.
 _SECRET_NAME = re.compile(
@@ -163,3 +166,34 @@ def redact_document(value: object, secrets: Iterable[str] | None = None) -> obje
     if isinstance(value, (list, tuple)):
         return [redact_document(item, secrets) for item in value]
     return value
+
+
+class RedactedStream:
+    """A text stream (stderr) through which every line is written `redact`ed: what a command
+    says on stderr (its summaries, warnings, progress) cannot show a credential, whichever
+    module wrote it. It offers no `buffer`, so that nothing writes around it."""
+
+    def __init__(self, stream: IO[str], secrets: frozenset[str]) -> None:
+        self.stream, self.secrets = stream, secrets
+
+    def write(self, text: str) -> int:
+        if not isinstance(text, str):  # click asks whether a stream takes bytes
+            raise TypeError("RedactedStream writes text")
+        self.stream.write(redact(text, self.secrets))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "buffer":
+            raise AttributeError(name)
+        return getattr(self.stream, name)
+
+
+@contextlib.contextmanager
+def redacted_stderr(secrets: frozenset[str]) -> Iterator[None]:
+    """Make `sys.stderr` a `RedactedStream` while the block runs."""
+    stream = sys.stderr
+    sys.stderr = cast(IO[str], RedactedStream(stream, secrets))
+    try:
+        yield
+    finally:
+        sys.stderr = stream

@@ -7,7 +7,6 @@ wrapping it in `@library_errors`.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import json
@@ -15,7 +14,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from types import FrameType
 from typing import IO, Any, NoReturn, TypeVar, cast
 
@@ -24,7 +23,10 @@ import click
 from ..doors.output import discard_stream
 from ..errors import InputError, RectoolError, UsageError
 from ..extras import MissingExtraError, missing_extra
-from ..redaction import environment_secrets, redact, redact_document, secrets_of
+from ..redaction import environment_secrets, redact, redact_document, redacted_stderr, secrets_of
+
+# What commands do with a TARGET that is a URL, defined beside (re-exported for them).
+from .remote_targets import local_targets, named_by_url, named_by_urls  # noqa: F401
 
 # The output convention, one place for every command (new ones get it by being defined with
 # `@click.command(cls=RectoolCommand)` and using `@json_option` and `@library_errors`):
@@ -256,37 +258,6 @@ def invoke_extras_named(invoke: Callable[[click.Context], Any], ctx: click.Conte
         raise UnusableInput(str(missing)) from None
 
 
-class RedactedStream:
-    """A text stream (stderr) through which every line is written `redact`ed: what a command
-    says on stderr (its summaries, warnings, progress) cannot show a credential, whichever
-    module wrote it. It offers no `buffer`, so that nothing writes around it."""
-
-    def __init__(self, stream: IO[str], secrets: frozenset[str]) -> None:
-        self.stream, self.secrets = stream, secrets
-
-    def write(self, text: str) -> int:
-        if not isinstance(text, str):  # click asks whether a stream takes bytes
-            raise TypeError("RedactedStream writes text")
-        self.stream.write(redact(text, self.secrets))
-        return len(text)
-
-    def __getattr__(self, name: str) -> Any:
-        if name == "buffer":
-            raise AttributeError(name)
-        return getattr(self.stream, name)
-
-
-@contextlib.contextmanager
-def redacted_stderr(secrets: frozenset[str]) -> Iterator[None]:
-    """Make `sys.stderr` a `RedactedStream` while the block runs."""
-    stream = sys.stderr
-    sys.stderr = cast(IO[str], RedactedStream(stream, secrets))
-    try:
-        yield
-    finally:
-        sys.stderr = stream
-
-
 class RectoolGroup(click.Group):
     """The `rectool` group: its commands are `RectoolCommand`s."""
 
@@ -316,52 +287,3 @@ def library_errors(func: F) -> F:
             raise click.ClickException(f"{where}{exc.strerror or exc}") from exc
 
     return cast(F, wrapper)  # functools.wraps: the same signature
-
-
-# Options several commands share, defined once (as pip-tools does).
-
-
-def local_targets(targets: Iterable[str], quiet: bool = False) -> list[str]:
-    """Return `targets` with each URL (s3://, https://...) replaced by the manifest of a local
-    copy of its pack (`rectool.remote.mirror`), said on stderr unless `quiet`."""
-    from ..remote.store import is_url
-
-    out = []
-    for target in targets:
-        if is_url(target):
-            from ..remote.mirror import local_copy
-
-            target_copy = local_copy(target)
-            if not quiet:
-                where = target_copy.rsplit("/", 1)[0]
-                click.echo(f"{target}: reading a copy downloaded to {where}", err=True)
-            target = target_copy
-        out.append(target)
-    return out
-
-
-def named_by_url(copy: str, url: str) -> Callable[[str], str]:
-    """Return what renames the paths under a pack's local `copy` (its manifest) by the
-    pack's `url` (no credentials: `safe_url`), so that what a command shows names what the
-    user gave, not the cache folder."""
-    from ..remote.store import safe_url
-
-    folder, url_folder = os.path.dirname(copy) + os.sep, safe_url(url).rsplit("/", 1)[0] + "/"
-    return lambda text: text.replace(folder, url_folder)
-
-
-def named_by_urls(targets: Sequence[str], local: Sequence[str]) -> Callable[[str], str] | None:
-    """Return what renames the paths under the local copy of each URL of `targets` by that
-    URL (`local`: what `local_targets` returned for them), or None when none is a URL."""
-    from ..remote.store import is_url
-
-    renames = [named_by_url(copy, url) for url, copy in zip(targets, local) if is_url(url)]
-    if not renames:
-        return None
-
-    def shown_as(text: str) -> str:
-        for rename in renames:
-            text = rename(text)
-        return text
-
-    return shown_as
