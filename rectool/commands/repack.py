@@ -263,6 +263,15 @@ def render_repack_summary(result: RepackResult) -> str:
         lines.append(
             f"From {steps['source_images']:,} source images, removed: {', '.join(dropped)}."
         )
+    apart = report.get("names_kept_apart") or []
+    if apart:
+        shown = ", ".join(apart[:5]) + (", ..." if len(apart) > 5 else "")
+        lines.append(
+            f"{counted(len(apart), 'identity name')} ({shown}) {'is' if len(apart) == 1 else 'are'}"
+            " used by several sources: kept apart as different identities, named K-NAME after "
+            "source K (1-"
+            + f"{apart[0]}, 2-{apart[0]}, ...); --labels-by name merges them instead."
+        )
     removed = report["removed"]
     if removed["duplicate"] or removed["overlap"]:
         lines.append(

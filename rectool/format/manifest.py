@@ -133,6 +133,22 @@ MANIFEST: Fields = {
 CLOSED = {"options.transform"}  # objects whose every field is known (--resume compares them)
 
 
+def identity_name_problem(name: str) -> str | None:
+    """Return why `name` cannot name an identity (a folder of `unpack`, a line of a label map),
+    or None: it must be a non-empty single folder name, not `.` or `..`, without `/` or
+    control characters (tab, newline, NUL...)."""
+    if not name:
+        return "is empty"
+    if name in (".", ".."):
+        return f"is {name!r}, not a folder name"
+    if "/" in name:
+        return "holds '/' (an identity is one folder, not a path)"
+    control = next((c for c in name if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if control is not None:
+        return f"holds the control character {control!r}"
+    return None
+
+
 def read_manifest(path: StrPath, require: Iterable[str] = ()) -> dict[str, Any]:
     """Read and check a pack manifest; raise `InputError` naming the file and field.
 

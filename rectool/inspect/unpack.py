@@ -96,22 +96,19 @@ def unpack_dataset(
     """
     out_dir = os.fspath(out_dir)
     result = UnpackResult(out_dir)
-    folders: dict[float, str] = {}
     ds = open_dataset(target)
     out = None
     try:
         names = ds.identities or {}
         _refuse_damaged(ds)
         samples = _samples(ds)
+        folders = _folders(ds, samples, names)  # before anything is written
         result.layout = ds.layout
         total = len(samples)
         out = OutputFolder(out_dir)  # never writes through a link planted inside it
         for done, i in enumerate(samples.tolist(), start=1):
             image, label = ds.raw(i)
-            first = float(label if np.ndim(label) == 0 else label[0])
-            folder = folders.get(first)
-            if folder is None:
-                folder = folders[first] = _folder_name(first, names)
+            folder = folders[float(label if np.ndim(label) == 0 else label[0])]
             kind = sniff_format(image[:16])
             result.unknown_format += kind is None
             key = ds.keys.item(i)
@@ -125,8 +122,35 @@ def unpack_dataset(
         ds.close()
         if out is not None:
             out.close()
-    result.identities = len(folders)
+    result.identities = len(set(folders.values()))
     return result
+
+
+def _folders(ds: PackDataset, samples: np.ndarray, names: dict[int, str]) -> dict[float, str]:
+    """Return the folder of each label the `samples` carry (their first label); raise
+    `RectoolError` naming the folder when two labels would share one (identities that the
+    label map names alike, or a name that is another label's number): two identities are
+    never poured into one folder."""
+    labels = ds.labels
+    if len(samples) and labels.dtype == object:  # widths differ: the first label of each
+        firsts = np.array([float(np.ravel(labels[i])[0]) for i in samples.tolist()])
+    elif labels.ndim == 2:
+        firsts = np.asarray(labels[samples, 0], np.float64)
+    else:
+        firsts = np.asarray(labels[samples], np.float64)
+    folders: dict[float, str] = {}
+    owner: dict[str, float] = {}
+    for label in np.unique(firsts).tolist():
+        folder = folders[label] = _folder_name(label, names)
+        if folder in owner:
+            raise RectoolError(
+                f"labels {owner[folder]:g} and {label:g} of {ds.manifest_path or ds.shards[0][0]} "
+                f"would both be written to the folder {folder!r} (their identity name, or a "
+                "label's number); unpack never merges identities, so nothing was written. "
+                "Give them distinct names in the label map (`rectool verify` flags such names)"
+            )
+        owner[folder] = label
+    return folders
 
 
 def _samples(ds: PackDataset) -> np.ndarray:
@@ -140,7 +164,15 @@ def _samples(ds: PackDataset) -> np.ndarray:
     bounds = ds.shard_bounds
     for (_, idx), a, b in zip(ds.shards, bounds, bounds[1:]):
         keys, offsets = np.asarray(ds.keys[a:b]), np.asarray(ds.offsets[a:b])
-        _, last = np.unique(keys[::-1], return_index=True)
+        unique, last, count = np.unique(keys[::-1], return_index=True, return_counts=True)
+        if ds.layout != "insightface" and len(unique) < len(keys):
+            key = int(unique[np.argmax(count)])
+            raise RectoolError(
+                f"{idx}: key {key} is on {int(count.max()):,} lines ({len(keys) - len(unique):,} "
+                f"lines repeat a key); readers keep a key's last line, so unpack would write "
+                f"{len(unique):,} of the {len(keys):,} records it indexes: nothing was written. "
+                "Rebuild the index from the records (`rectool reindex`), then unpack"
+            )
         lines = np.sort(len(keys) - 1 - last)
         refuse_shared_offsets(idx, keys[lines], offsets[lines], "unpack")
         chosen.append(a + lines)

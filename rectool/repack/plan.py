@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -31,15 +31,21 @@ class Catalog:
     label: np.ndarray  # int64: the merged label (offset or by name)
     names: dict[int, str] | None  # merged label -> identity name
     source_labels: list[dict[int, int]]  # per source: merged label -> its label in that source
+    # --labels-by offset: names that several sources give to identities kept apart, each then
+    # named `K-NAME` after its source K (1, 2, ... as given), so no two labels share a name.
+    kept_apart: list[str] = field(default_factory=list)
 
 
 def build_catalog(sources: Sequence[Source], labels_by: str = "offset") -> Catalog:
     """Merge the sources' records; return a `Catalog`.
 
     offset: source k's labels are shifted by the label count of sources 0..k-1 (one past each
-    one's largest label). name: identities with the same name share a label; labels are given
-    in code-point order of the names, as `rectool list` gives them to folders.
+    one's largest label); identities stay apart, and so do their names: a name that several
+    sources use becomes `K-NAME` in each (K: the source's place, from 1; `kept_apart` lists
+    them). name: identities with the same name share a label; labels are given in code-point
+    order of the names, as `rectool list` gives them to folders.
     """
+    clashing: set[str] = set()
     labels: list[np.ndarray] = []
     source_ids: list[np.ndarray] = []
     samples: list[np.ndarray] = []
@@ -71,10 +77,16 @@ def build_catalog(sources: Sequence[Source], labels_by: str = "offset") -> Catal
         base = 0
         named = all(s.names for s in sources)
         names = {} if named else None
-        for s in sources:
+        # The ignores below: when `named`, every source has names.
+        if named:
+            clashing = _shared_names([s.names for s in sources])  # type: ignore[misc]
+        for k, s in enumerate(sources, start=1):
             labels.append(s.labels + base)
             if named:  # `names` is a dict, and every source has names
-                renamed = {label + base: name for label, name in s.names.items()}  # type: ignore[union-attr]
+                renamed = {
+                    label + base: f"{k}-{name}" if name in clashing else name
+                    for label, name in s.names.items()  # type: ignore[union-attr]
+                }
                 names.update(renamed)  # type: ignore[union-attr]
             width = int(s.labels.max()) + 1 if len(s.labels) else 0
             if s.names:
@@ -88,7 +100,41 @@ def build_catalog(sources: Sequence[Source], labels_by: str = "offset") -> Catal
     for merged_l, s in zip(labels, sources):
         present, first = np.unique(s.labels, return_index=True)  # merged = f(source label)
         source_labels.append(dict(zip(merged_l[first].tolist(), present.tolist())))
-    return Catalog(np.concatenate(source_ids), np.concatenate(samples), label, names, source_labels)
+    if labels_by != "name" and names:
+        _refuse_repeated_names(names, sources)
+    return Catalog(
+        np.concatenate(source_ids),
+        np.concatenate(samples),
+        label,
+        names,
+        source_labels,
+        sorted(clashing),
+    )
+
+
+def _shared_names(per_source: Sequence[dict[int, str]]) -> set[str]:
+    """Return the names that more than one source gives an identity."""
+    seen: dict[str, int] = {}
+    for names in per_source:
+        for name in set(names.values()):
+            seen[name] = seen.get(name, 0) + 1
+    return {name for name, count in seen.items() if count > 1}
+
+
+def _refuse_repeated_names(names: dict[int, str], sources: Sequence[Source]) -> None:
+    """Raise when two merged labels would still share a name (a source that names two of its
+    identities alike, or a `K-NAME` another source already uses): the output would pour two
+    identities into one folder of `unpack`, one entry of `--keep-ids`."""
+    first: dict[str, int] = {}
+    for label, name in sorted(names.items()):
+        if name in first:
+            raise RectoolError(
+                f"labels {first[name]} and {label} of the merged sources "
+                f"({', '.join(s.spec for s in sources)}) would both be named {name!r}; "
+                "repack keeps identities apart by name: rename one in its source's label map, "
+                "or use --labels-by name if they are the same identity"
+            )
+        first[name] = label
 
 
 @dataclass

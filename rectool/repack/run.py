@@ -424,6 +424,8 @@ class RepackRun:
             "refused": refused,
             "removed_per_identity": per_identity,
             "shared_across_identities": {"groups": plan.shared_total, "first_groups": groups},
+            # Names several sources gave to identities kept apart (each then `K-NAME`).
+            "names_kept_apart": cat.kept_apart,
             "property": property_note,
         }
 

@@ -8,6 +8,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ...errors import RectoolError
+from ...format.binindex import read_identities
+from ...format.manifest import identity_name_problem
 from .facts import DatasetFacts, ShardFacts
 from .report import Found, one_problem
 
@@ -125,3 +128,38 @@ def _check_ids(facts: ShardFacts) -> Found:
             for j in differ.tolist()
         ),
     )
+
+
+def check_identity_names(dataset: DatasetFacts) -> Iterator[Found]:
+    """Each label's identity name is a folder name, and no two labels share one: `unpack`
+    writes a folder per name, `repack --labels-by name` merges by name."""
+    manifest, path = dataset.manifest, dataset.manifest_path
+    if manifest is None or path is None:
+        return
+    try:
+        names = read_identities(path, manifest) or {}
+    except RectoolError:  # an unreadable identities file: `check_index_files` names it
+        return
+    where = path
+    named = manifest.get("identities")
+    if isinstance(named, dict) and isinstance(named.get("file"), str):
+        where = os.path.join(os.path.dirname(path), named["file"])
+    owner: dict[str, int] = {}
+    found: list[tuple[str, None, None, str]] = []
+    for label, name in sorted(names.items()):
+        why = identity_name_problem(name)
+        if why is not None:
+            found.append((where, None, None, f"label {label}'s identity name {name!r} {why}"))
+        elif name in owner:
+            found.append(
+                (
+                    where,
+                    None,
+                    None,
+                    f"labels {owner[name]} and {label} are both named {name!r} (unpack would "
+                    "pour them into one folder)",
+                )
+            )
+        else:
+            owner[name] = label
+    yield Found("identity-name", len(found), iter(found))

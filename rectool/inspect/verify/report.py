@@ -43,6 +43,7 @@ PROBLEM_KINDS = {
     "count-mismatch": "a record count differs from the manifest",
     "key-mismatch": "a shard's first or last key differs from the manifest",
     "manifest": "the manifest contradicts itself or the data's layout",
+    "identity-name": "two labels share an identity name, or a name cannot name a folder",
     "insightface-header": "record 0 of an insightface layout is missing or malformed",
     "insightface-range": "insightface identity ranges are missing, overlap or leave gaps",
     "insightface-label": "an image's label is not the identity whose range holds it",

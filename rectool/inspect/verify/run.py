@@ -33,7 +33,13 @@ from .headers import check_headers
 from .images import DecodeOptions, check_decoding, check_image_structure, decodable_rows
 from .index import check_index, check_index_file, check_keys_across_shards
 from .layout import check_layout
-from .manifest import check_listed_once, check_manifest_entry, check_totals, repeated_shards
+from .manifest import (
+    check_identity_names,
+    check_listed_once,
+    check_manifest_entry,
+    check_totals,
+    repeated_shards,
+)
 from .report import DEFAULT_KEEP, CheckResult, Findings, Tally, VerifyReport, one_problem
 
 if TYPE_CHECKING:
@@ -113,6 +119,7 @@ def verify_dataset(
                     progress("bytes", done_bytes, total_bytes)
             findings.take(hashes.check())
             findings.take(check_totals(dataset))
+            findings.take(check_identity_names(dataset))
             findings.take(check_keys_across_shards(indexes))
             if binary is not None:
                 findings.take(check_index_layout(binary, layouts))
