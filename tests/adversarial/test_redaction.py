@@ -259,3 +259,39 @@ def test_a_redirect_to_a_presigned_url_never_shows_its_signature(command):
             shows_nothing_secret(result)
     finally:
         server.stop()
+
+
+def test_pack_to_an_s3_prefix_with_credentials_names_it_without_them(s3, small_tree):
+    bucket = "redaction-out"
+    s3.client().create_bucket(Bucket=bucket)
+    for n, as_json in enumerate(([], ["--json"])):
+        prefix = f"s3://AKIA:{PASSWORD}@{bucket}/p{n}/faces"
+        result = invoke("pack", small_tree.list_path, small_tree.root, prefix, *as_json)
+        assert result.exit_code == 0, result.output
+        assert f"s3://{bucket}/p{n}/faces.manifest.json" in shows_nothing_secret(result)
+
+
+# --- The door: every command goes through it --------------------------------------------------
+
+
+def test_every_command_is_a_rectool_command_so_its_output_is_redacted():
+    from rectool.commands.conventions import RectoolCommand
+
+    commands = cli.load_all()
+    assert len(commands) >= 12
+    assert {name for name, c in commands.items() if not isinstance(c, RectoolCommand)} == set()
+
+
+def test_stderr_is_redacted_whichever_module_writes_it(monkeypatch):
+    # A command whose module writes a URL to sys.stderr itself, not through click.
+    import sys
+
+    from rectool.commands.conventions import RectoolCommand
+
+    def run():
+        print(with_password("http://h/x.manifest.json") + PRESIGNED, file=sys.stderr)
+
+    command = RectoolCommand("leaky", callback=run)
+    result = CliRunner().invoke(command, [])
+    assert result.exit_code == 0
+    assert shows_nothing_secret(result).strip() == "http://h/x.manifest.json"
