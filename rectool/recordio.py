@@ -9,10 +9,14 @@ Code that imports MXNet only for `recordio` moves off it by changing the import:
 behave as MXNet's: the same files byte for byte (records split at aligned magic words), the
 same return types and dtypes, the same pid check and reopening after pickling or a fork. Reads
 go through `mmap`. Where MXNet aborts with an opaque error or returns garbage (a damaged
-record, a key missing from the .idx, a record cut short, an unparsable .idx line), this module
-raises a named `RectoolError` naming the file, key and byte offset. The image helpers read an
-image's size from its header first and refuse one over `max_pixels` (50 million by default)
-with `ImageTooLargeError` before decoding. rectool's docs/migration.md lists every
+record, a key missing from the .idx, a record cut short or past the end, an unparsable .idx
+line, a header shorter than it says), this module raises a named `RectoolError` naming the
+file, key and byte offset; where MXNet raises a builtin error (`KeyError`, `ValueError`,
+`struct.error`), the named one is also of that class. Files are opened as rectool's reader
+opens its own: regular files only (a FIFO is refused, not waited on), an .idx read up to the
+size it had when opened, in lines of `MAX_IDX_LINE` characters at most. The image helpers
+read an image's size from its header first and refuse one over `max_pixels` (50 million by
+default) with `ImageTooLargeError` before decoding. rectool's docs/migration.md lists every
 difference. OpenCV is imported only by the image helpers.
 
 The framing, the errors and the decode guard are rectool's own (rectool/reader.py,
@@ -22,9 +26,12 @@ those definitions copied in, so that the file it writes needs neither rectool no
 
 from __future__ import annotations
 
+import errno
+import locale
 import math
 import numbers
 import os
+import stat
 import struct
 from collections import namedtuple
 from typing import Any
@@ -33,9 +40,12 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_MAX_PIXELS",
+    "MAX_IDX_LINE",
     "IRHeader",
+    "ImageHeaderError",
     "ImageTooLargeError",
     "IndexFormatError",
+    "InputError",
     "MXIndexedRecordIO",
     "MXRecordIO",
     "MissingKeyError",
@@ -59,11 +69,14 @@ from .reader import (  # noqa: E402
     MAGIC,
     PART_HEADER,
     ImageTooLargeError,
+    InputError,
     RecordFile,
     RecordFormatError,
     RectoolError,
     admit_image,
     check_max_pixels,
+    open_regular,
+    unpack_header,
 )
 
 # --- end of rectool's own definitions
@@ -84,11 +97,75 @@ if hasattr(os, "register_at_fork"):  # POSIX; where there is no fork the id neve
     os.register_at_fork(after_in_child=_forked)
 
 
+# An .idx line is a key, a tab and an offset; a longer line is not one (a key as long as a
+# path is far shorter), and reading it whole would let one line without a newline fill memory.
+MAX_IDX_LINE = 1 << 16
+
+
 class MissingKeyError(RectoolError, KeyError):
     """A key that is not in the .idx; a `KeyError`, as MXNet raises."""
 
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+def _idx_lines(f: Any, size: int, path: str) -> Any:
+    """Yield (number of the first line, lines) of the first `size` bytes of the .idx `f`, a
+    block at a time, as MXNet's text-mode reading splits them (at LF, CRLF or CR; the locale's
+    encoding). Raise `IndexFormatError` for a line over `MAX_IDX_LINE` characters or bytes
+    that are not text, naming the line."""
+    encoding, number, carry = locale.getpreferredencoding(False), 1, b""
+    while size > 0 or carry:
+        block = f.read(min(size, 1 << 16)) if size > 0 else b""
+        size = size - len(block) if block else 0
+        data = carry + block
+        # Cut after the last line end known whole: a CR last may be the first half of a CRLF.
+        cut = len(data) if not size else max(data.rfind(b"\n"), data.rfind(b"\r", 0, -1)) + 1
+        data, carry = data[:cut], data[cut:]
+        if b"\r" in data:
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        try:
+            lines = data.decode(encoding).split("\n")
+        except UnicodeDecodeError as exc:
+            line_start = data.rfind(b"\n", 0, exc.start) + 1
+            at = number + data.count(b"\n", 0, exc.start)
+            why = f"byte {data[exc.start]:#04x} at column {exc.start - line_start + 1}"
+            raise IndexFormatError(f"not {encoding} text ({why})", path, at) from None
+        if not lines[-1]:
+            lines.pop()  # after the last line end
+        # A character takes 4 bytes at most: a line not ended within 4 * MAX_IDX_LINE bytes
+        # is too long, and no more is read to find its end.
+        if max(map(len, lines), default=0) > MAX_IDX_LINE or len(carry) > 4 * MAX_IDX_LINE:
+            lengths = [*map(len, lines), len(carry)]
+            at = number + next(i for i, n in enumerate(lengths) if n > MAX_IDX_LINE)
+            why = f"longer than {MAX_IDX_LINE:,} characters: not 'key<TAB>offset'"
+            raise IndexFormatError(why, path, at)
+        yield number, lines
+        number += len(lines)
+
+
+class ImageHeaderError(RecordFormatError, ValueError, struct.error):
+    """A record too short for its image header or for the labels its flag declares: both a
+    `struct.error` and a `ValueError`, as MXNet's `unpack` raises one or the other."""
+
+
+def _create(path: str, what: str) -> int:
+    """Create or truncate `path` for writing, as MXNet does; return its descriptor. Refuse
+    anything but a regular file: a FIFO would block (opened without blocking: none waits)."""
+    nonblocking = getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | nonblocking, 0o666)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # ENXIO: a FIFO that no process reads
+            raise
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise InputError(f"{path}: not a regular file (the {what} must be one)")
+    if nonblocking:
+        os.set_blocking(fd, True)
+    return fd
 
 
 class MXRecordIO:
@@ -111,7 +188,7 @@ class MXRecordIO:
     def open(self) -> None:
         """Open the file: 'w' creates or truncates it, 'r' maps it."""
         if self.flag == "w":
-            self._file = open(self.uri, "wb")  # noqa: SIM115 - closed by close()
+            self._file = os.fdopen(_create(self.uri, "record file"), "wb")
             self.writable = True
         elif self.flag == "r":
             self._records = RecordFile(self.uri)
@@ -187,7 +264,7 @@ class MXRecordIO:
         assert not self.writable
         self._check_pid(allow_reset=False)
         pos, key, self._key = self._pos, self._key, None
-        if pos == self._size:
+        if pos == self._size and key is None:  # the end; a record asked for by key is not there
             return None
         if 0 <= pos <= self._last_header:  # the common record: one whole part
             magic, lrec = PART_HEADER.unpack_from(self._mm, pos)
@@ -225,20 +302,31 @@ class MXIndexedRecordIO(MXRecordIO):
         super().open()
         self.idx = {}
         self.keys = []
-        self.fidx = open(self.idx_path, self.flag)  # noqa: SIM115 - closed by close()
-        if not self.writable:
-            idx, keys, key_type = self.idx, self.keys, self.key_type
-            for number, line in enumerate(iter(self.fidx.readline, ""), 1):
+        try:
+            if self.writable:
+                self.fidx = os.fdopen(_create(self.idx_path, "index file"), "w")
+            else:
+                fd, st = open_regular(self.idx_path, "index file")
+                self.fidx = os.fdopen(fd, "rb")
+                self._read_idx_file(st.st_size)
+        except BaseException:
+            self.close()
+            raise
+
+    def _read_idx_file(self, size: int) -> None:
+        """Parse the .idx's first `size` bytes (its size when opened) into idx and keys."""
+        idx, keys, key_type, path = self.idx, self.keys, self.key_type, self.idx_path
+        for first, lines in _idx_lines(self.fidx, size, path):
+            for number, line in enumerate(lines, first):
                 fields = line.strip().split("\t")
                 try:
                     key = key_type(fields[0])
                     idx[key] = int(fields[1])
                 except (IndexError, ValueError) as exc:
-                    self.close()
+                    shown = repr(line[:80]) + ("..." if len(line) > 80 else "")
+                    why = f"{type(exc).__name__}: {str(exc)[:200]}"
                     raise IndexFormatError(
-                        f"{line!r} is not 'key<TAB>offset' ({type(exc).__name__}: {exc})",
-                        self.idx_path,
-                        number,
+                        f"{shown} is not 'key<TAB>offset' ({why})", path, number
                     ) from None
                 keys.append(key)
 
@@ -247,7 +335,8 @@ class MXIndexedRecordIO(MXRecordIO):
         if not self.is_open:
             return
         super().close()
-        self.fidx.close()
+        if self.fidx is not None:
+            self.fidx.close()
 
     def __getstate__(self) -> dict[str, Any]:
         d = super().__getstate__()
@@ -300,7 +389,6 @@ class MXIndexedRecordIO(MXRecordIO):
 
 IRHeader = namedtuple("HEADER", ["flag", "label", "id", "id2"])  # type: ignore[name-match]  # MXNet's name
 _IR_FORMAT = "IfQQ"  # as MXNet: native (a float label too large is a struct.error)
-_IR_SIZE = struct.calcsize(_IR_FORMAT)
 
 
 def pack(header: tuple[Any, ...], s: bytes) -> bytes:
@@ -316,13 +404,15 @@ def pack(header: tuple[Any, ...], s: bytes) -> bytes:
 
 
 def unpack(s: bytes) -> tuple[IRHeader, bytes]:
-    """Return (IRHeader, payload); the label is a float, or a float32 array when flag > 0."""
-    header = IRHeader(*struct.unpack(_IR_FORMAT, s[:_IR_SIZE]))
-    s = s[_IR_SIZE:]
-    if header.flag > 0:
-        header = header._replace(label=np.frombuffer(s, np.float32, header.flag))
-        s = s[header.flag * 4 :]
-    return header, s
+    """Return (IRHeader, payload); the label is a float, or a float32 array when flag > 0.
+
+    A record too short for the header or for the labels its flag declares raises
+    `ImageHeaderError` (a `struct.error` and a `ValueError`, MXNet's errors for those)."""
+    try:
+        header, payload = unpack_header(s)
+    except RecordFormatError as exc:
+        raise ImageHeaderError(exc.reason) from None
+    return IRHeader(*header), payload
 
 
 # --- the decode budget ----------------------------------------------------------------------

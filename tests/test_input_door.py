@@ -30,7 +30,6 @@ ALLOWED = {
     ("passthrough.py", "open"): "RootGuard.open, pack's image opener (one call per image, "
     "read with readv into the block): O_NOFOLLOW and the real path inside ROOT, checked by "
     "the caller with fstat for a regular file and the record size limit",
-    ("recordio.py", "open"): "mxnet.recordio's API, standalone: the user's own paths, as MXNet",
     ("emit.py", "reader_source"): "rectool's own module source, shipped with the package",
     ("emit.py", "_parse"): "rectool's own module sources, whose definitions the emitted "
     "recordio module is assembled from",

@@ -61,7 +61,16 @@ emit([run_script(_mx, folder, script) for folder, script in DATA])
 PACKAGE = Path(recordio.__file__).parent
 # The modules recordio.py imports definitions from, and a few of what each gives.
 SOURCES = {
-    "reader.py": {"RecordFile", "admit_image", "_jpeg_size", "RectoolError", "ImageTooLargeError"},
+    "reader.py": {
+        "RecordFile",
+        "admit_image",
+        "_jpeg_size",
+        "RectoolError",
+        "ImageTooLargeError",
+        "InputError",
+        "open_regular",
+        "unpack_header",
+    },
     "format/writer.py": {"frame_record", "_aligned_magic_positions"},
     "format/textindex.py": {"IndexFormatError"},
     "errors.py": {"RecordTooLargeError"},

@@ -54,7 +54,10 @@ class Session:
             try:
                 header, rest = self.recordio.unpack(value)
             except ERRORS as exc:  # a raw payload whose flag word asks for missing labels
-                return {"bytes": value, "unpack": type(exc).__name__}
+                return {
+                    "bytes": value,
+                    "unpack": next(k.__name__ for k in ERRORS if isinstance(exc, k)),
+                }
             label = header.label
             return {
                 "bytes": value,
