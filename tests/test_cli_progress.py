@@ -95,11 +95,25 @@ def test_a_phase_log_is_never_silent_longer_than_its_interval_across_phases():
         log(phase, k, 80)
         if len(lines) > before:
             printed_at.append(t)
-    # One clock for every phase: no gap over 10 s; a phase that ends says its last state.
-    assert printed_at == [10.0, 15.5, 25.5, 35.5]
-    assert lines[:2] == ["report records: 19/80 img (23%)", "report records: 29/80 img (36%)"]
+    # One clock for every phase, a line 9 s after the last (10 s less a second of margin, more
+    # than the calls' gap): never silent 10 s; a phase that ends says its last state.
+    assert printed_at == [9.0, 15.5, 24.5, 33.5]
+    assert lines[:2] == ["report records: 17/80 img (21%)", "report records: 29/80 img (36%)"]
     log.close()
     assert lines[-1] == "report duplicates: 79/80 img (98%)"
+
+
+def test_a_phase_log_keeps_its_silence_within_the_interval_when_calls_come_far_apart():
+    lines = []
+    times = [0.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0, 21.0]  # a call every 3 s
+    log = PhaseLog("verify", clock=SteppedClock(*times), every=10, echo=lines.append)
+    printed_at = []
+    for k, t in enumerate(times[1:]):
+        before = len(lines)
+        log("records", k, 7)
+        if len(lines) > before:
+            printed_at.append(t)
+    assert printed_at == [9.0, 18.0]  # due 7 s after a line: the next call would be too late
 
 
 def test_a_long_phase_is_said_as_it_begins():

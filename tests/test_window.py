@@ -168,3 +168,23 @@ def test_labels_read_from_the_headers_hand_each_chunk_back(pack, monkeypatch):
     # 12 records, 4 a chunk: each chunk's pages handed back before the next is read.
     assert [lo for lo, _ in released] == offsets[::4].tolist()
     assert all(hi <= start + 64 for (_, hi), start in zip(released, offsets[3::4].tolist()))
+
+
+@pytest.mark.parametrize("with_idx", [True, False], ids=["idx", "no-idx"])
+def test_info_from_every_header_reads_a_window_at_a_time(pack, with_idx):
+    pack.manifest.unlink()  # no binary index: every record header is read
+    if not with_idx:
+        pack.idx.unlink()  # no .idx either: the framing is walked
+    whole = dataset_info(pack.rec, sample=0)
+    windows = Windows()
+    info = dataset_info(pack.rec, sample=0, open_rec=windows)
+    assert info == whole and info["index"] == "text" and info["images"] == 12
+    (window,) = windows.opened
+    # A window, and at most the tail of the record that straddled the one before.
+    most = SPAN + max(pack.lengths) + 8
+    assert window.peak <= most
+    assert all(hi - lo <= most for lo, hi in windows.released)
+    covered = np.zeros(pack.size, bool)
+    for lo, hi in windows.released:
+        covered[lo:hi] = True
+    assert covered.all()

@@ -107,10 +107,14 @@ LONG_PHASE = 1_000_000
 class PhaseLog:
     """Progress of a command's phases as lines on a log's stderr: `log(phase, done, total)`.
 
-    A line when at least `every` seconds of `clock` (the module's `clock` when not given) have
-    passed since the last line of any phase, so that the log is never silent for longer while
-    the library reports; a line at once when a phase of LONG_PHASE items or more begins; and,
-    as a phase a line was printed for ends (another begins, or `close`), its last state.
+    A line as soon as a call comes too late for the next one to keep the log's silence within
+    `every` seconds of `clock` (the module's `clock` when not given): when `every`, less the
+    longest gap between two calls seen so far (a second at least: the process started before
+    the log; half of `every` at most), has passed since the last line of any phase. So the
+    log is never silent for longer than `every` while the library's calls come no farther
+    apart than they have. Also a line at once when a phase of LONG_PHASE items or more
+    begins, and, as a phase a line was printed for ends (another begins, or `close`), its
+    last state.
     """
 
     def __init__(
@@ -124,7 +128,8 @@ class PhaseLog:
         self._clock = clock
         self.every = LOG_EVERY_SECONDS if every is None else every
         self._echo = echo or (lambda line: click.echo(line, err=True))
-        self.last = self.now()
+        self.last = self._called = self.now()
+        self._gap = 0.0  # the longest time between two calls so far
         self._lines: dict[str, str] = {}  # phase: its latest line
         self._printed: dict[str, str] = {}  # phase: its last line printed
         self._phase: str | None = None  # the phase going on
@@ -140,13 +145,16 @@ class PhaseLog:
 
     def __call__(self, phase: str, done: int, total: int | None) -> None:
         now = self.now()
+        self._gap = max(self._gap, now - self._called)
+        self._called = now
         if self._phase not in (None, phase):
             self._finish(self._phase, now)  # the phase before ended: its last state, if shown
         self._phase = phase
         line = self._lines[phase] = self.line(phase, done, total)
         large = LONG_PHASE * (1000 if phase == "bytes" else 1)
         starts = phase not in self._printed and not done and (total or 0) >= large
-        if starts or now - self.last >= self.every:
+        due = self.every - min(max(self._gap, 1.0), self.every / 2)
+        if starts or now - self.last >= due:
             self._print(phase, line, now)
 
     def _print(self, phase: str, line: str, now: float) -> None:

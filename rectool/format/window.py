@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..reader import RecordFile
+from ..reader import RecordFile, RecordFormatError
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -90,6 +90,13 @@ class RecWindow:
             self._held = None
             self._release(self.mapping, lo, hi)
 
+    def hold(self, lo: int, hi: int) -> None:
+        """Take bytes lo..hi as the window, for code that reads `mapping` by absolute offsets
+        (a walk part by part): the previous window's pages are released first, these with
+        the next. Code that holds a range reads only inside it (a record that straddles its
+        end: the next range starts where this one ends, and takes the rest)."""
+        self._hold(max(0, lo), max(lo, min(hi, self.size)))
+
     def view(self, lo: int, hi: int) -> NDArray[np.uint8]:
         """Return bytes lo..hi (clipped to the file) as a read-only uint8 view; the pages of
         the previous view are released first. Raises ValueError past `span` bytes."""
@@ -100,29 +107,35 @@ class RecWindow:
         return np.frombuffer(self.mapping, np.uint8, max(0, hi - lo), lo)
 
     def read(self, offset: int, n: int) -> bytes:
-        """Return a copy of bytes offset..offset+n (clipped to the file), released at once."""
+        """Return a copy of bytes offset..offset+n (clipped to the file); released at once
+        unless inside the window held."""
         lo, hi = max(0, offset), min(offset + min(n, self.span), self.size)
         if hi <= lo:
             return b""
-        self._hold(lo, hi)
-        try:
-            return bytes(self.mapping[lo:hi])
-        finally:
-            self.drop()
+        data = bytes(self.mapping[lo:hi])
+        self._count(lo, hi)
+        return data
 
     def record(self, offset: int, key: int | None = None) -> bytes:
-        """Return the record at `offset` (split parts rejoined), released at once; raises
-        `RecordFormatError` as `RecordFile.read_parts` does."""
-        self.drop()
+        """Return the record at `offset` (split parts rejoined); its pages are released at
+        once unless inside the window held. Raises `RecordFormatError` as
+        `RecordFile.read_parts` does."""
         try:
             data, after = self.file.read_parts(offset, key)
-        except Exception:
-            self._release(self.mapping, offset, min(self.size, offset + 4096))
+        except RecordFormatError:
+            self._count(offset, min(self.size, offset + 8), counted=False)
             raise
-        self.bytes_read += after - offset
-        self.peak = max(self.peak, after - offset)
-        self._release(self.mapping, offset, after)
+        self._count(offset, after)
         return data
+
+    def _count(self, lo: int, hi: int, counted: bool = True) -> None:
+        """Count bytes lo..hi read by copy; release them unless the window held has them."""
+        if counted:
+            self.bytes_read += hi - lo
+            self.peak = max(self.peak, hi - lo)
+        held = self._held
+        if held is None or lo < held[0] or hi > held[1]:
+            self._release(self.mapping, lo, hi)
 
     def batches(self, starts: NDArray[np.int64]) -> Iterator[tuple[int, int, int, int]]:
         """Yield (i, j, lo, hi): records `starts[i:j]` (ascending) lie in bytes lo..hi, which is

@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Callable
-from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import cv2
@@ -27,22 +26,21 @@ from ..dataset.packs import PackDataset
 from ..dataset.sources import resolve_source
 from ..errors import RecordFormatError, RectoolError
 from ..format.binindex import has_binary_index, read_identities
+from ..format.headers import insightface_header
 from ..format.keys import last_line_wins
 from ..format.textindex import load_index
-from ..format.window import RecWindow
+from ..format.window import RecWindow, ascending
 from ..reader import (
     DEFAULT_MAX_PIXELS,
+    Header,
     ImageTooLargeError,
-    RecordFile,
     imdecode,
     sniff_format,
     unpack_header,
 )
 from .scan import (
     image_formats,
-    insightface_ranges,
     locate_records,
-    mapped,
     read_headers,
     scan_framing,
 )
@@ -123,7 +121,17 @@ def dataset_info(
         report = progress or _no_progress
         info = _indexed_info(target, manifest, manifest_path, sample, max_pixels, report, open_rec)
     else:
-        info = _headers_info(target, manifest, manifest_path, shards, sample, on_shard, max_pixels)
+        info = _headers_info(
+            target,
+            manifest,
+            manifest_path,
+            shards,
+            sample,
+            on_shard,
+            max_pixels,
+            progress or _no_progress,
+            open_rec,
+        )
     info["index"] = "binary" if indexed else "text"
     return DatasetInfo(info)
 
@@ -237,6 +245,8 @@ def _headers_info(
     sample: int,
     on_shard: Callable[[str, dict[str, Any]], object] | None,
     max_pixels: float,
+    progress: PhaseProgress,
+    open_rec: OpenRec,
 ) -> dict[str, Any]:
     """Describe a dataset from every record header."""
     images_by_shard: list[tuple[str, np.ndarray]] = []
@@ -250,7 +260,7 @@ def _headers_info(
     insightface_classes = None
     damage: list[tuple[str, int | None, int, str]] = []  # (rec, key or None, offset, reason)
     for rec, idx in shards:
-        shard = _read_shard(rec, idx)
+        shard = _read_shard(rec, idx, open_rec, progress)
         if on_shard is not None:
             on_shard(rec, shard)
         records += shard["records"]
@@ -290,68 +300,147 @@ def _headers_info(
     info["image_bytes"] = value_summary(all_sizes)
     info["encodings"] = dict(formats.most_common())
     info["payload_sample"] = None
-    info["dimensions"] = _sample_dimensions(images_by_shard, sample, max_pixels)
+    info["dimensions"] = _sample_dimensions(images_by_shard, sample, max_pixels, open_rec)
     info["damage"] = damage_summary(os.fspath(target), damage)
     return info
 
 
-def _read_shard(rec: str, idx: str) -> dict[str, Any]:
+def _read_shard(rec: str, idx: str, open_rec: OpenRec, progress: PhaseProgress) -> dict[str, Any]:
+    """Read every record header of a shard, a window at a time in file order; return its facts.
+
+    What is kept of each record is a few numpy columns (about 15 bytes; 8 more for a .rec
+    without its .idx, whose keys are the headers' ids), never an object per record.
+    """
     damage: list[Damaged] = []  # each record that cannot be read
-    with mapped(rec) as (buf, size), closing(RecordFile(rec)) as records:
+    with open_rec(rec) as window:
+        buf, size = window.mapping, window.size
+        lengths = split = keys = None
         if os.path.exists(idx):
             keys, offsets = load_index(idx)
             if not len(keys) and size:  # not "0 records": the index is lost, not the data
-                held = len(scan_framing(buf, size).starts)
+                held = len(scan_framing(buf, size, window=window).starts)
                 raise RectoolError(
                     f"{idx}: empty, but {os.path.basename(rec)} holds {held} records; "
                     f"rebuild it with `rectool reindex {rec} --overwrite`"
                 )
             keys, offsets = last_line_wins(keys, offsets)
-            bad: list[tuple[int, int, str]] = []
-            lengths, split = locate_records(buf, size, offsets, rec, keys, bad=bad)
-            if bad:
-                damage += [(int(keys[i]), offset, reason) for i, offset, reason in bad]
-                keep = np.ones(len(offsets), bool)
-                keep[[i for i, _, _ in bad]] = False
-                keys, offsets, lengths, split = (a[keep] for a in (keys, offsets, lengths, split))
         else:
-            framing = scan_framing(buf, size)
+            framing = scan_framing(buf, size, window=window)
             damage += [(None, d.start, d.reason) for d in framing.damage]
             offsets, lengths, split = framing.starts, framing.lengths, framing.split
-            keys = None
-        headers = read_headers(buf, size, offsets, lengths, split, records.read_at)
+        unframed = len(damage)  # records not in `offsets`
+        columns = _HeaderColumns(len(offsets), ids=keys is None)
+        order = ascending(offsets)
+        starts = offsets if order is None else offsets[order]
+        for i, j, lo, hi in window.batches(starts):
+            rows = np.arange(i, j) if order is None else order[i:j]
+            window.hold(lo, hi)  # handed back as the next batch is taken
+            at = starts[i:j]
+            if lengths is None or split is None:
+                bad: list[tuple[int, int, str]] = []
+                batch_keys = None if keys is None else keys[rows]
+                got, cut = locate_records(buf, size, at, rec, batch_keys, bad=bad)
+                for k, offset, reason in bad:
+                    damage.append((None if keys is None else int(keys[rows[k]]), offset, reason))
+                    columns.readable[rows[k]] = False
+            else:
+                got, cut = lengths[rows], split[rows]
+            columns.add(buf, size, rows, at, got, cut, window.record)
+            progress("records", int(j), len(starts))
+            progress("bytes", hi, size)
+        window.drop()
         if keys is None:
-            keys = headers.id.astype(np.int64)
-        images = headers.complete.copy()
+            keys = columns.ids
+        ranges = _insightface(window, keys, offsets, columns)
+        images = columns.complete & columns.readable
         layout, classes = "images", None
-        ranges = insightface_ranges(keys, offsets, headers, records.read_at)
         if ranges is not None:
             layout, classes = "insightface", len(ranges[1])
             images &= (keys >= ranges[0].start) & (keys < ranges[0].stop)
-        unreadable = len(damage)  # records not in `offsets`
         # An empty image is still an image (as verify and the reader count it), and damage.
         reason = "empty image: a header and no image bytes"
-        empty = np.flatnonzero(images & (headers.image == 0)).tolist()
+        empty = np.flatnonzero(images & (columns.image == 0)).tolist()
         damage += [(int(keys[i]), int(offsets[i]), reason) for i in empty]
         rows = np.flatnonzero(images)
-        formats = image_formats(buf, size, offsets, headers, split, rows, records.read_at)
+        kinds = np.bincount(columns.kind[rows], minlength=len(_KINDS))
         damage.sort(key=lambda d: d[1])
         return {
-            "records": len(offsets) + unreadable,
-            "readable": len(offsets),
+            "records": len(offsets) + unframed,
+            "readable": int(np.count_nonzero(columns.readable)),
             "rec_bytes": size,
             "layout": layout,
-            "label_vectors": bool((headers.flag[images] > 0).any()),
+            "label_vectors": bool((columns.flag[images] > 0).any()),
             "classes": classes,
-            "labels": headers.label0[rows],
-            "sizes": headers.image[rows],
+            "labels": columns.label0[rows],
+            "sizes": columns.image[rows],
             "formats": Counter(
-                {"unknown" if f is None else f: n for f, n in Counter(formats).items()}
+                {_KINDS[k] or "unknown": int(c) for k, c in enumerate(kinds.tolist()) if c}
             ),
-            "flags": _counts(headers.flag[rows]),
+            "flags": _counts(columns.flag[rows]),
             "offsets": offsets[rows],
             "damage": damage,
         }
+
+
+# Image formats as `image_formats` names them, by code (0: unknown, or no image bytes).
+_KINDS: tuple[str | None, ...] = (None, "jpeg", "png", "bmp", "gif", "webp", "tiff")
+_KIND_CODES = {kind: code for code, kind in enumerate(_KINDS)}
+
+
+class _HeaderColumns:
+    """What `_read_shard` keeps of each record's header: numpy columns, filled a batch at a
+    time (`add`); `readable` False where the record cannot be read."""
+
+    def __init__(self, n: int, ids: bool) -> None:
+        self.readable = np.ones(n, bool)
+        self.complete = np.zeros(n, bool)
+        self.flag = np.zeros(n, np.uint32)
+        self.label0 = np.full(n, np.nan, np.float32)
+        self.image = np.zeros(n, np.int32)  # image bytes (< 2**29: a record's length)
+        self.kind = np.zeros(n, np.int8)  # a `_KINDS` code
+        self.ids = np.zeros(n if ids else 0, np.int64)
+
+    def add(
+        self,
+        buf: Any,
+        size: int,
+        rows: np.ndarray,
+        starts: np.ndarray,
+        lengths: np.ndarray,
+        split: np.ndarray,
+        read_record: Callable[[int], bytes],
+    ) -> None:
+        """Read the headers of the records at `starts` (rows `rows`) into the columns."""
+        ok = self.readable[rows]
+        rows, starts, lengths, split = rows[ok], starts[ok], lengths[ok], split[ok]
+        headers = read_headers(buf, size, starts, lengths, split, read_record)
+        self.complete[rows] = headers.complete
+        self.flag[rows] = headers.flag
+        self.label0[rows] = headers.label0
+        self.image[rows] = headers.image
+        if len(self.ids):
+            self.ids[rows] = headers.id.astype(np.int64)
+        local = np.flatnonzero(headers.complete)
+        found = image_formats(buf, size, starts, headers, split, local, read_record)
+        self.kind[rows[local]] = [_KIND_CODES.get(kind, 0) for kind in found.tolist()]
+
+
+def _insightface(
+    window: RecWindow, keys: np.ndarray, offsets: np.ndarray, columns: _HeaderColumns
+) -> tuple[range, range] | None:
+    """Return `insightface_header`'s key ranges of a shard read by `_read_shard`, or None.
+
+    A record too short for its header counts as one with the flag it shows (0 when even that
+    is cut off) and no labels, so a cut record 0 is no header; an unreadable one is not there.
+    """
+    present = np.where(columns.readable, keys, -1)  # (keys are never negative)
+
+    def read(row: int) -> tuple[Header, bytes]:
+        if not columns.complete[row]:
+            return Header(int(columns.flag[row]), np.full(2, np.nan, np.float32), 0, 0), b""
+        return unpack_header(window.record(int(offsets[row])))
+
+    return insightface_header(read, present)
 
 
 def _counts(values: np.ndarray) -> Counter:
@@ -457,7 +546,10 @@ def _histogram(counts: np.ndarray) -> list[dict[str, Any]]:
 
 
 def _sample_dimensions(
-    images_by_shard: list[tuple[str, np.ndarray]], sample: int, max_pixels: float
+    images_by_shard: list[tuple[str, np.ndarray]],
+    sample: int,
+    max_pixels: float,
+    open_rec: OpenRec,
 ) -> dict[str, Any]:
     """Decode up to `sample` images spread evenly; count their height x width x channels."""
     total = sum(len(offsets) for _, offsets in images_by_shard)
@@ -465,15 +557,15 @@ def _sample_dimensions(
     bounds = np.cumsum([len(offsets) for _, offsets in images_by_shard])
     dims: Counter[str] = Counter()
     shapes: list[tuple[int, int]] = []
-    handles: dict[str, RecordFile] = {}
+    handles: dict[str, RecWindow] = {}
     try:
         for i in picks.tolist():
             shard = int(np.searchsorted(bounds, i, side="right"))
             rec, offsets = images_by_shard[shard]
             offset = int(offsets[i - (bounds[shard - 1] if shard else 0)])
             if rec not in handles:
-                handles[rec] = RecordFile(rec)
-            _, image = unpack_header(handles[rec].read_at(offset), rec, offset)
+                handles[rec] = open_rec(rec)
+            _, image = unpack_header(handles[rec].record(offset), rec, offset)
             _measure(image, max_pixels, dims, shapes)
     finally:
         for handle in handles.values():

@@ -22,6 +22,7 @@ from ..format.headers import (
     insightface_header,
     peek_header,
 )
+from ..format.window import RecWindow
 from ..packer.images import sniff_format
 from ..reader import (
     CFLAG_FIRST,
@@ -174,12 +175,19 @@ def _follow_parts(
         first = False
 
 
-def scan_framing(buf: Buffer, size: int, hint: Sequence[int] | np.ndarray | None = None) -> Framing:
+def scan_framing(
+    buf: Buffer,
+    size: int,
+    hint: Sequence[int] | np.ndarray | None = None,
+    window: RecWindow | None = None,
+) -> Framing:
     """Walk every part of a mapped .rec from byte 0 to `size`; return a `Framing`.
 
     Never raises on bad bytes: damage is skipped up to the next record start and recorded.
     `hint`, the offsets an .idx gives, lets a sound file be confirmed with numpy instead of
     part by part; the result is the same as the walk's, which runs whenever the hint fails.
+    `window`, the `RecWindow` whose mapping `buf` is, is held a span at a time as the walk
+    goes, so the pages walked are handed back behind it.
     """
     if hint is not None:
         framing = _confirm_chain(buf, size, hint)
@@ -192,9 +200,12 @@ def scan_framing(buf: Buffer, size: int, hint: Sequence[int] | np.ndarray | None
     split_at: list[int] = []
     damage: list[Damage] = []
     bad_padding: list[tuple[int, int]] = []
-    offset = 0
+    offset = held = 0
     whole_limit = 1 << LENGTH_BITS  # lrec below this: continuation flag 0, a whole record
     while offset < size:
+        if window is not None and offset >= held:
+            window.hold(held, offset + window.span)  # from where the last one ended
+            held = offset + window.span
         if offset + 8 <= size:
             magic, lrec = unpack(buf, offset)
             if magic == MAGIC and lrec < whole_limit:
