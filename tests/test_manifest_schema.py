@@ -55,7 +55,7 @@ SHARD = (
 TOTALS = ["shards", "records", "images", "rec_bytes", "failures"]
 TOP = (
     "format_version rectool_version created layout options list source shards totals "
-    "failures_file classes identities index"
+    "failures_file accepted classes identities index"
 ).split()
 FIELDS = (
     [(name,) for name in TOP]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -171,13 +171,47 @@ def render_verify_report(report: VerifyReport, shown: int) -> str:
         for folder in report.staging
     ]
     notes = [f"Note: {note}." for note in report.notes]  # after the verdict: no problem
+    refusals = [refusals_text(r) for r in report.refusals]
     if report.sound:
-        lines.append("Sound: no problems found.")
-        return "\n".join(lines + notes)
+        over = any(not r["accepted"] for r in report.refusals)
+        # Sound bytes of a pack that refused more than it allowed are not a sound dataset.
+        lines.append(
+            "Sound as bytes: no problems found in the files, but see the refusals below."
+            if over
+            else "Sound: no problems found."
+        )
+        return "\n".join(lines + refusals + notes)
     counts = ", ".join(f"{kind} {n:,}" for kind, n in sorted(report.counts.items()))
     lines.append(f"Found {counted(report.problem_count, 'problem')} ({counts}):")
     listed = report.problems[:shown]
     lines += [f"  {problem}" for problem in listed]
     if report.problem_count > len(listed):
         lines.append(f"  ... and {report.problem_count - len(listed):,} more")
-    return "\n".join(lines + notes)
+    return "\n".join(lines + refusals + notes)
+
+
+def refusals_text(refusals: dict[str, Any]) -> str:
+    """Say what a pack refused when it was made (`VerifyReport.refusals`)."""
+    refused, images = refusals["refused"], refusals["images"]
+    of = "" if images is None else f" (and packed {counted(images, 'image')})"
+    listed = f"; {refusals['failures_file']} lists them" if refusals["failures_file"] else ""
+    allowed = refusals["max_failures"]
+    what = f"refused {counted(refused, 'image')} when packed"
+    if refusals.get("made_by") == "repack":  # removals asked for are among its failures
+        what = f"left out {counted(refused, 'image')} when repacked (removed or refused)"
+        of = "" if images is None else f" (and wrote {counted(images, 'image')})"
+    if refusals["accepted"]:
+        return (
+            f"Note: {refusals['target']} {what}{of}, within --max-failures {allowed}{listed}."
+            if refusals.get("made_by") != "repack"
+            else f"Note: {refusals['target']} {what}{of}{listed}."
+        )
+    return (
+        f"Refused: {refusals['target']} {what}{of}, "
+        f"more than --max-failures {allowed} allows (the pack exited 3){listed}."
+        + (
+            " Most images were refused: is ROOT right?"
+            if images is not None and refused > images
+            else ""
+        )
+    )

@@ -125,6 +125,7 @@ MANIFEST: Fields = {
     "source": {"list_sha256": _TEXT, "root": _TEXT},
     "totals": {n: COUNT_FIELD for n in ("shards", "records", "images", "rec_bytes", "failures")},
     "failures_file": NAME_FIELD,
+    "accepted": _FLAG,
     "classes": _CLASSES,
     "index": INDEX,
     "layout": LAYOUT_FIELD,

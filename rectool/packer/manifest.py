@@ -472,6 +472,8 @@ def build_manifest(
             "failures": failures,
         },
         "failures_file": os.path.basename(prefix + FAILURES_SUFFIX),
+        # False: more images were refused than --max-failures allows (the run exited 3).
+        "accepted": failures <= options.max_failures,
         "classes": classes,
         "identities": {str(k): v for k, v in sorted(identities.items())} if identities else None,
     }

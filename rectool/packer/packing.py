@@ -51,7 +51,7 @@ from .manifest import (
     finish_interrupted,
     is_complete,
     manifest_path,
-    output_files,  # noqa: F401 (public: every file a pack may have written)
+    output_files,  # (public too: every file a pack may have written)
     prepare_outputs,
     remove_stale_temporaries,
     replace_beside,
@@ -267,7 +267,13 @@ def _pack_all(
 
     run = PackRun(list_path, root, prefix, options, total, progress)
     run.writer.on_shard_finished = on_shard_finished
-    run.execute(resume)
+    try:
+        run.execute(resume)
+    except WrongRootError:  # everything refused, early: leave nothing that looks like a pack
+        if not resume:
+            for name in output_files(prefix):
+                remove(name)
+        raise
 
     manifest = build_manifest(
         options,
@@ -366,7 +372,13 @@ def _pack_shard(
             info.records + len(refused),
             allowed,
         )
-    run.execute(resume)
+    try:
+        run.execute(resume)
+    except WrongRootError:  # everything refused, early: leave no shard behind
+        if not resume:
+            for name in shard_files(stem):
+                remove(name)
+        raise
     rename(run.failures_partial, stem + FAILURES_SUFFIX)
     remove(state_path)
     return ShardResult(

@@ -23,6 +23,7 @@ from ..doors.inputs import open_input
 from ..doors.output import create_new, open_existing, truncate
 from ..errors import InputError, RectoolError
 from .layout import image_size, layout_named
+from .listcheck import WrongRootError
 from .listfile import iter_list
 from .manifest import FAILURES_SUFFIX, PARTIAL_SUFFIX, shard_stem
 from .passthrough import PassThroughPacker
@@ -50,6 +51,9 @@ SLOW_ITEM_SECONDS = 0.0001
 SWITCH_WINDOW = 1024  # items timed at a time
 # Pass-through blocks hold at most this many items (and BLOCK_BYTES of records).
 BLOCK_ITEMS = 4096
+# When the first this many list items (or more: the first block or chunk past them) are all
+# refused, and more than --max-failures allows, ROOT is almost surely wrong: the run stops.
+EARLY_REFUSALS = 1000
 
 
 class PackRun:
@@ -255,7 +259,22 @@ class PackRun:
             block.written = self.writer.flush()  # type: ignore[union-attr]
         done += len(block.items)
         self._report(done)
+        self._stop_if_all_refused(done)
         return done
+
+    def _stop_if_all_refused(self, done: int) -> None:
+        """Raise `WrongRootError` when every item so far, at least EARLY_REFUSALS of them, was
+        refused, and more than --max-failures allows: a pack of nothing is no pack."""
+        if done < EARLY_REFUSALS or self.images or self.failures <= self.options.max_failures:
+            return
+        if self.failures < done:  # (resumed past written images: not all refused)
+            return
+        first = self.first_refusals[0]
+        raise WrongRootError(
+            f"{self.root}: the first {done:,} listed images were all refused (the first, list "
+            f"line {first.line}: {first.path}: {first.reason}); is ROOT right? Stopped early, "
+            "nothing was kept (--max-failures N lets a run refuse that many)"
+        )
 
     def _count_label(self, item: ListItem) -> None:
         if self.layout.numbered:

@@ -342,6 +342,8 @@ class RepackRun:
             None,
         )
         manifest["sources"] = [s.spec for s in self.sources]
+        # Removals asked for (--dedupe, --drop-overlap) are failures, not refusals.
+        manifest["accepted"] = refused <= options.max_failures
         remove_stale_temporaries(prefix)
         write_manifest(prefix, manifest)
         remove(state_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -128,6 +129,34 @@ def _check_ids(facts: ShardFacts) -> Found:
             for j in differ.tolist()
         ),
     )
+
+
+def pack_refusals(dataset: DatasetFacts, target: str) -> dict[str, Any] | None:
+    """Return what the manifest records of images refused when packing `target` (refused,
+    images, max_failures, accepted: not more than allowed, failures_file), or None when it
+    records none. Refusals are no problem of the bytes: the report says them beside its
+    verdict (a pack against the wrong ROOT is sound bytes of almost nothing)."""
+    manifest, path = dataset.manifest, dataset.manifest_path
+    if manifest is None or path is None:
+        return None
+    totals = manifest.get("totals") or {}
+    refused = totals.get("failures")
+    if not refused:
+        return None
+    allowed = (manifest.get("options") or {}).get("max_failures")
+    accepted = manifest.get("accepted")
+    if accepted is None:  # packs made before the field: as the run judged it
+        accepted = allowed is None or refused <= allowed
+    name = manifest.get("failures_file")
+    return {
+        "target": target,
+        "made_by": "repack" if manifest.get("sources") is not None else "pack",
+        "refused": refused,
+        "images": totals.get("images"),
+        "max_failures": allowed,
+        "accepted": accepted,
+        "failures_file": os.path.join(os.path.dirname(path), name) if name else None,
+    }
 
 
 def check_identity_names(dataset: DatasetFacts) -> Iterator[Found]:

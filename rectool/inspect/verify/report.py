@@ -120,6 +120,10 @@ class VerifyReport:
     staging: list[str] = field(default_factory=list)
     # What the report says that is no problem: a target without a binary index, say.
     notes: list[str] = field(default_factory=list)
+    # Per target whose manifest records refused images: {"target", "made_by" ("pack" or
+    # "repack"), "refused", "images", "max_failures", "accepted", "failures_file"}
+    # (`manifest.pack_refusals`).
+    refusals: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def sound(self) -> bool:
@@ -143,6 +147,14 @@ class VerifyReport:
             finished=[shown_as(p) for p in self.finished],
             staging=[shown_as(s) for s in self.staging],
             notes=[shown_as(n) for n in self.notes],
+            refusals=[
+                {
+                    **r,
+                    "target": shown_as(r["target"]),
+                    "failures_file": r["failures_file"] and shown_as(r["failures_file"]),
+                }
+                for r in self.refusals
+            ],
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -165,6 +177,7 @@ class VerifyReport:
             "finished_replacements": self.finished,
             "leftover_staging": self.staging,
             "notes": self.notes,
+            "refusals": self.refusals,
         }
 
 

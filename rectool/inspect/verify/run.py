@@ -38,6 +38,7 @@ from .manifest import (
     check_listed_once,
     check_manifest_entry,
     check_totals,
+    pack_refusals,
     repeated_shards,
 )
 from .report import DEFAULT_KEEP, CheckResult, Findings, Tally, VerifyReport, one_problem
@@ -120,6 +121,9 @@ def verify_dataset(
             findings.take(hashes.check())
             findings.take(check_totals(dataset))
             findings.take(check_identity_names(dataset))
+            refusals = pack_refusals(dataset, name)
+            if refusals is not None:
+                report.refusals.append(refusals)
             findings.take(check_keys_across_shards(indexes))
             if binary is not None:
                 findings.take(check_index_layout(binary, layouts))
