@@ -154,3 +154,19 @@ def test_info_logs_its_phases(tree, tmp_path, monkeypatch):
     assert result.exit_code == 0, result.output
     json.loads(result.stdout)
     assert "info labels: 6/6 img (100%)" in result.stderr.splitlines()
+
+
+def test_every_command_s_log_line_keeps_to_the_same_rule(monkeypatch, capsys):
+    # pack, list, repack, unpack report through progress_bar: a line when the next call would
+    # come too late to keep the silence within the interval (calls every 3 s: due after 7 s).
+    times = [0.0, 3.0, 6.0, 9.0, 12.0, 15.0, 18.0]
+    monkeypatch.setattr(progress_module, "clock", SteppedClock(*times))
+    monkeypatch.setattr(progress_module, "LOG_EVERY_SECONDS", 10.0)
+    update, close = progress_module.progress_bar(False, "img")
+    for done in range(1, 7):
+        update(done, 6, 0)
+    close()
+    assert capsys.readouterr().err.splitlines() == [
+        "rectool: 3/6 img (50%)",
+        "rectool: 6/6 img (100%)",
+    ]

@@ -25,35 +25,21 @@ Close = Callable[[], object]
 
 
 def _log_progress(unit: str, phase: str | None = None) -> tuple[Progress, Close]:
-    """Return (callback(done, total, refused), close) printing a progress line on stderr at most
-    every LOG_EVERY_SECONDS (what a CI log shows), and the last one when closed if any was
-    printed: a run shorter than that prints no progress at all."""
-    last = clock()
-    line: str | None = None
-    printed: str | None = None
+    """Return (callback(done, total, refused), close) printing a progress line on stderr as a
+    `PhaseLog` does (at most every LOG_EVERY_SECONDS, what a CI log shows), and the last one
+    when closed if any was printed: a run shorter than that prints no progress at all."""
     name = click.get_current_context(silent=True)
-    command = name.info_name if name is not None else "rectool"
+    command = (name.info_name if name is not None else None) or "rectool"
+    log = PhaseLog(command)
+    what = f" {phase}" if phase else ""
 
     def update(done: int, total: int | None, refused: int = 0) -> None:
-        nonlocal last, line, printed
         of = f"/{total:,}" if total else ""
         part = f" ({100 * done // total}%)" if total else ""
         more = f", {refused:,} refused" if refused else ""
-        what = f" {phase}" if phase else ""
-        line = f"{command}{what}: {done:,}{of} {unit}{part}{more}"
-        now = clock()
-        if now - last >= LOG_EVERY_SECONDS:
-            last = now
-            printed = line
-            click.echo(line, err=True)
+        log.offer(phase or "", f"{command}{what}: {done:,}{of} {unit}{part}{more}")
 
-    def close() -> None:
-        nonlocal printed
-        if printed is not None and line != printed:
-            printed = line
-            click.echo(line, err=True)
-
-    return update, close
+    return update, log.close
 
 
 def progress_bar(quiet: bool, unit: str) -> tuple[Progress | None, Close]:
@@ -150,9 +136,19 @@ class PhaseLog:
         if self._phase not in (None, phase):
             self._finish(self._phase, now)  # the phase before ended: its last state, if shown
         self._phase = phase
-        line = self._lines[phase] = self.line(phase, done, total)
         large = LONG_PHASE * (1000 if phase == "bytes" else 1)
         starts = phase not in self._printed and not done and (total or 0) >= large
+        self._offer(phase, self.line(phase, done, total), now, starts)
+
+    def offer(self, phase: str, line: str) -> None:
+        """Print `line` of `phase` if it is due (the same rule, with a line made elsewhere)."""
+        now = self.now()
+        self._gap = max(self._gap, now - self._called)
+        self._called = now
+        self._offer(phase, line, now, False)
+
+    def _offer(self, phase: str, line: str, now: float, starts: bool) -> None:
+        self._lines[phase] = line
         due = self.every - min(max(self._gap, 1.0), self.every / 2)
         if starts or now - self.last >= due:
             self._print(phase, line, now)
