@@ -139,8 +139,11 @@ def redact(text: str, secrets: Iterable[str] | None = None) -> str:
     secret query parameter's value starred, and `secrets` removed (by default the
     environment's; a command passes those and its arguments': `secrets_of`)."""
     text = scrub(text, secrets)  # first: a secret is found whole, before URLs are cut
-    text = _URL_IN_TEXT.sub(_safe_match, text)
-    return _SECRET_PARAM.sub(lambda match: match.group(1) + STARS, text)
+    if "://" in text:
+        text = _URL_IN_TEXT.sub(_safe_match, text)
+    if "=" in text:
+        text = _SECRET_PARAM.sub(lambda match: match.group(1) + STARS, text)
+    return text
 
 
 def _safe_match(match: re.Match[str]) -> str:
@@ -155,17 +158,18 @@ def _safe_match(match: re.Match[str]) -> str:
 def redact_document(value: object, secrets: Iterable[str] | None = None) -> object:
     """Return a JSON document (dicts, lists, strings, numbers) with `redact` applied to every
     string in it, keys included."""
-    secrets = frozenset(environment_secrets() if secrets is None else secrets)
-    if isinstance(value, str):
-        return redact(value, secrets)
-    if isinstance(value, Mapping):
-        return {
-            redact(k, secrets) if isinstance(k, str) else k: redact_document(v, secrets)
-            for k, v in value.items()
-        }
-    if isinstance(value, (list, tuple)):
-        return [redact_document(item, secrets) for item in value]
-    return value
+    known = tuple(environment_secrets() if secrets is None else secrets)
+
+    def redacted(value: object) -> object:
+        if isinstance(value, str):
+            return redact(value, known)
+        if isinstance(value, Mapping):
+            return {redacted(k): redacted(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [redacted(item) for item in value]
+        return value
+
+    return redacted(value)
 
 
 class RedactedStream:
