@@ -234,6 +234,9 @@ def test_persistent_ids_are_refused(tmp_path):
 def test_the_docs_state_the_limits_the_code_has():
     root = os.path.join(os.path.dirname(__file__), os.pardir, "docs")
     assert evalsets.MAX_FILE_BYTES == 1 << 30  # "1 GiB" below
+    assert evalsets.MAX_IMAGE_BYTES == 4 << 30  # "4 GiB" in repack.md
+    with open(os.path.join(root, "repack.md"), encoding="utf-8") as f:
+        assert "add up to more than 4 GiB is refused" in " ".join(f.read().split())
     for page in ("repack.md", "architecture.md"):
         with open(os.path.join(root, page), encoding="utf-8") as f:
             text = " ".join(f.read().split())

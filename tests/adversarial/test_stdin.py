@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import os
 import subprocess
 import sys
 
@@ -154,7 +155,10 @@ class EndlessList(io.RawIOBase):
 def test_what_is_staged_is_bounded(tmp_path):
     from rectool.packer.listcheck import MAX_STDIN_LIST_BYTES, stage_list
 
-    assert MAX_STDIN_LIST_BYTES == 4 << 30  # the bound the docs state
+    assert MAX_STDIN_LIST_BYTES == 4 << 30  # the bound docs/pack.md states
+    docs = os.path.join(os.path.dirname(__file__), os.pardir, os.pardir, "docs", "pack.md")
+    with open(docs, encoding="utf-8") as f:
+        assert "at most 4 GiB (a longer list is given as a file)" in " ".join(f.read().split())
     stream = io.BufferedReader(EndlessList())
     target = tmp_path / "p.stdin.lst"
     with pytest.raises(InputError) as caught:
