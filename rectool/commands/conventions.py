@@ -263,6 +263,15 @@ class RectoolGroup(click.Group):
 
     command_class = RectoolCommand
 
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.ClickException as exc:  # "No such command 'URL'": shown redacted too
+            exc.message = redact(exc.message, command_secrets(args))  # type: ignore[misc]
+            raise
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 

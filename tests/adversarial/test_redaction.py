@@ -282,6 +282,12 @@ def test_every_command_is_a_rectool_command_so_its_output_is_redacted():
     assert {name for name, c in commands.items() if not isinstance(c, RectoolCommand)} == set()
 
 
+def test_a_url_given_as_the_command_is_named_without_its_credentials():
+    result = invoke(with_password("http://127.0.0.1:1/x.manifest.json") + PRESIGNED)
+    assert result.exit_code == 2
+    assert "'http://127.0.0.1:1/x.manifest.json'" in shows_nothing_secret(result)
+
+
 def test_stderr_is_redacted_whichever_module_writes_it(monkeypatch):
     # A command whose module writes a URL to sys.stderr itself, not through click.
     import sys
