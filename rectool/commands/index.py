@@ -24,6 +24,7 @@ from .options import (
 @click.option(
     "--into",
     type=click.Path(file_okay=False, path_type=str),
+    metavar="FOLDER",
     help="Write the manifest and index into this folder (made if missing), with a link to "
     "each of the pack's files, instead of beside the shards: for a read-only dataset.",
 )
