@@ -162,7 +162,7 @@ def list_images(
         raise ListingError(
             f"out of memory while listing {os.fspath(root)}: the tree holds more entries than "
             "this process can keep. Is ROOT the image tree (one folder per identity)? If it is, "
-            "give the process more memory"
+            "give the process more memory (or read one folder at a time: --workers 1)"
         )
     if not listing.image_count:
         passed = ", ".join(

@@ -464,7 +464,11 @@ def _run(
 
         def submit(batch: list[_Folder]) -> None:
             nonlocal outstanding
-            pool.submit(scanner.scan_batch, batch).add_done_callback(done.put)
+            try:
+                future = pool.submit(scanner.scan_batch, batch)
+            except RuntimeError as exc:  # a thread could not start: memory (its stack) ran out
+                raise MemoryError(f"cannot start a thread to read folders: {exc}") from exc
+            future.add_done_callback(done.put)
             outstanding += 1
 
         for batch in _batches(folders, threads * 4):

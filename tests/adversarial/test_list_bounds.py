@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 import pytest
 from click.testing import CliRunner
@@ -81,7 +82,24 @@ def test_running_out_of_memory_is_one_error_line(tmp_path, monkeypatch):
     assert result.output == (
         f"Error: out of memory while listing {root}: the tree holds more entries than this "
         "process can keep. Is ROOT the image tree (one folder per identity)? If it is, give "
-        "the process more memory\n"
+        "the process more memory (or read one folder at a time: --workers 1)\n"
     )
     assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert not (tmp_path / "faces.lst").exists()
+
+
+def test_a_thread_that_cannot_start_is_out_of_memory_too(tmp_path, monkeypatch):
+    # Under `ulimit -v`, a thread's stack is what runs out first: Thread.start raises
+    # RuntimeError("can't start new thread") as the walk's pool grows.
+    root = tmp_path / "faces"
+    face_tree(root, identities=3, per_identity=2)
+
+    def cannot_start(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    result = run("list", root, tmp_path / "faces.lst", "--workers", "4")
+    assert result.exit_code == 1
+    assert result.output.startswith(f"Error: out of memory while listing {root}: ")
+    assert result.output.endswith("(or read one folder at a time: --workers 1)\n")
     assert not (tmp_path / "faces.lst").exists()
