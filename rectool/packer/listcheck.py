@@ -341,7 +341,7 @@ class StagedList(NamedTuple):
 
 
 def stage_list(
-    stream: SupportsRead[str] | SupportsRead[bytes],
+    stream: SupportsRead[str] | SupportsRead[bytes] | None,
     target: str,
     layout: str,
     label_map: StrPath | None = None,
@@ -353,7 +353,8 @@ def stage_list(
     copy as soon as it arrives, as it would in a file, named as line N of standard input.
 
     The stream is read as bytes (a text stream is encoded back to UTF-8, surrogates kept
-    so that they are refused as invalid UTF-8, as a file's bytes are). More than
+    so that they are refused as invalid UTF-8, as a file's bytes are); None (a closed
+    stdin) or a read error is an `InputError`. More than
     `max_bytes` (`MAX_STDIN_LIST_BYTES`) is refused with `InputError`: an endless stream
     must not fill the disk. The label map (`label_map`) is read once the first bytes have
     arrived: `rectool list ROOT - --labels F` writes F before its first line. Nothing is
@@ -384,14 +385,21 @@ def stage_list(
     return StagedList(target, identities, *ended[0])
 
 
-def _block_reader(stream: SupportsRead[str] | SupportsRead[bytes]) -> Callable[[], bytes]:
+def _block_reader(
+    stream: SupportsRead[str] | SupportsRead[bytes] | None,
+) -> Callable[[], bytes]:
     """Return a function that reads the next block of `stream`'s bytes (b"" at its end): what
     has arrived, without waiting for a whole block, where the stream can say (`read1`)."""
+    if stream is None:  # sys.stdin of a process started with its stdin closed
+        raise InputError(f"{STDIN_NAME} is closed: pipe the list in, or give it as a file")
     source: Any = getattr(stream, "buffer", stream)  # sys.stdin: its bytes
     read = getattr(source, "read1", None) or source.read
 
     def next_block() -> bytes:
-        block = read(_LIST_BLOCK)
+        try:
+            block = read(_LIST_BLOCK)
+        except OSError as exc:
+            raise InputError(f"{STDIN_NAME}: cannot read the list: {exc}") from None
         return block.encode("utf-8", "surrogatepass") if isinstance(block, str) else block
 
     return next_block

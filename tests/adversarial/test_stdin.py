@@ -183,3 +183,25 @@ def test_a_text_stream_is_checked_by_the_same_rule(tmp_path):
         stage_list(io.StringIO("0\t1\ta/\udce9.jpg\n"), str(other), "images")
     assert str(caught.value).startswith("standard input: line 1: not valid UTF-8")
     assert not other.exists()
+
+
+def test_a_closed_stdin_is_one_error_line(tmp_path):
+    (tmp_path / "faces" / "a").mkdir(parents=True)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rectool",
+            "pack",
+            "-",
+            str(tmp_path / "faces"),
+            str(tmp_path / "p"),
+        ],
+        preexec_fn=lambda: os.close(0),  # the child starts with no stdin: sys.stdin is None
+        capture_output=True,
+        text=True,
+    )
+    assert (result.returncode, result.stderr) == (
+        2,
+        "Error: standard input is closed: pipe the list in, or give it as a file\n",
+    )
