@@ -1,12 +1,13 @@
-"""The checks of a .lst before anything is written: `validate_list` and `check_root`.
+"""The checks of a .lst before anything is written: `validate_list`, `stage_list` (a list on
+standard input, checked as it streams) and `check_root`.
 
-Every line is parsed once, a block at a time at C speed for ordinary lines, line by line (naming
-the first bad one) for the rest: a bad line, a repeated index, a label the layout cannot key, a
-label not in the label map or one float32 would change stops the run. A label float32 would
-change is an integer it does not hold (16777217) or a value it cannot keep even to its
-precision (1e-50, which it stores as 0: below `FLOAT32_TINY` only values it holds exactly
-pass); other values are real values, rounded to float32 as records store them. `check_root` tells a
-wrong ROOT from a few missing files.
+Every line is parsed once by a `ListCheck`, a block at a time at C speed for ordinary lines,
+line by line (naming the first bad one) for the rest: a bad line, a repeated index, a label the
+layout cannot key, a label not in the label map or one float32 would change stops the run. A
+label float32 would change is an integer it does not hold (16777217) or a value it cannot keep
+even to its precision (1e-50, which it stores as 0: below `FLOAT32_TINY` only values it holds
+exactly pass); other values are real values, rounded to float32 as records store them.
+`check_root` tells a wrong ROOT from a few missing files.
 """
 
 from __future__ import annotations
