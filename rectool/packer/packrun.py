@@ -272,8 +272,8 @@ class PackRun:
         first = self.first_refusals[0]
         raise WrongRootError(
             f"{self.root}: the first {done:,} listed images were all refused (the first, list "
-            f"line {first.line}: {first.path}: {first.reason}); is ROOT right? Stopped early, "
-            "nothing was kept (--max-failures N lets a run refuse that many)"
+            f"line {first.line}: {first.path}: {first.reason}); is ROOT right? Stopped early: "
+            "nothing this run wrote was kept (--max-failures N lets a run refuse that many)"
         )
 
     def _count_label(self, item: ListItem) -> None:
