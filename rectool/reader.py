@@ -312,6 +312,10 @@ class RecordDataset:
                 raise InputError(f"{path}: index.samples[{i}] is {count}, the shard {records}")
         arrays = [load_array(os.path.join(folder, index[k]["file"]), k, n) for k in INDEX_ARRAYS]
         shards = [self._open_shard(os.path.join(folder, s["rec"])) for s in doc["shards"]]
+        for rf, shard in zip(shards, doc["shards"]):  # a shard replaced or cut since it was packed
+            if rf._identity and shard.get("rec_bytes") not in (None, rf._identity[2]):
+                why = f"{rf._identity[2]:,} bytes, not the {shard['rec_bytes']!r} its manifest says"
+                raise InputError(f"{rf.path}: {why}: the shard was replaced or cut after packing")
         self._set_index(shards, index["samples"], *arrays)
 
     def _open_shard(self, path: str) -> RecordFile:

@@ -76,3 +76,20 @@ def test_the_same_file_opens_again(tmp_path):
     ds.close()
     assert [bytes(image) for image, _ in pickle.loads(pickle.dumps(ds))] == expected
     assert [bytes(ds[i][0]) for i in range(len(ds))] == expected
+
+
+@pytest.mark.parametrize("change", ["cut", "grown"])
+def test_a_shard_of_another_size_than_its_manifest_is_refused_at_open(tmp_path, change):
+    # A shard copied in after packing (or cut by a full disk) with the index of the old one:
+    # the manifest's rec_bytes says so before a read would map offsets into other bytes.
+    prefix = pack(tmp_path, "old", height=40)
+    rec = tmp_path / "out" / "faces.rec"
+    data = rec.read_bytes()
+    rec.write_bytes(data[:-4] if change == "cut" else data + bytes(4))
+    with pytest.raises(rd.InputError) as caught:
+        rd.open_dataset(prefix)
+    size = len(data) + (-4 if change == "cut" else 4)
+    assert str(caught.value) == (
+        f"{rec}: {size:,} bytes, not the {len(data)} its manifest says: the shard was "
+        "replaced or cut after packing"
+    )
