@@ -306,12 +306,23 @@ class MXIndexedRecordIO(MXRecordIO):
             if self.writable:
                 self.fidx = os.fdopen(_create(self.idx_path, "index file"), "w")
             else:
-                fd, st = open_regular(self.idx_path, "index file")
+                fd, st = self._open_idx_file()
                 self.fidx = os.fdopen(fd, "rb")
                 self._read_idx_file(st.st_size)
         except BaseException:
             self.close()
             raise
+
+    def _open_idx_file(self) -> tuple[int, os.stat_result]:
+        """Open the .idx through rectool's input door (a regular file, never waited on); a
+        missing one is MXNet's `FileNotFoundError`."""
+        try:
+            return open_regular(self.idx_path, "index file")
+        except InputError:
+            if os.path.exists(self.idx_path):
+                raise
+        enoent = errno.ENOENT
+        raise FileNotFoundError(enoent, os.strerror(enoent), self.idx_path) from None
 
     def _read_idx_file(self, size: int) -> None:
         """Parse the .idx's first `size` bytes (its size when opened) into idx and keys."""

@@ -43,6 +43,8 @@ for name, sc in DATA.items():
         os.truncate(rec, os.path.getsize(rec) - args[0])
     elif kind == 'idx':
         open(idx, 'w').write(args[0])
+    elif kind == 'remove':
+        os.remove(idx)
     r = attempt(lambda: recordio.MXIndexedRecordIO(idx, rec, 'r'))
     out = [r if r[0] == 'error' else 'opened']
     if r[0] == 'ok':
@@ -64,6 +66,7 @@ SCENARIOS = {
     "no_tab": (RECORDS, ("idx", "0\t0\n1\n"), []),
     "blank_line": (RECORDS, ("idx", "0\t0\n\n1\t12\n"), []),
     "bad_key": (RECORDS, ("idx", "x\t0\n"), []),
+    "no_idx": (RECORDS, ("remove",), []),
 }
 
 
@@ -153,6 +156,15 @@ def test_a_bad_idx_line_is_a_named_error_of_mxnets_class(mx, name, mxnet_error, 
     with pytest.raises(recordio.IndexFormatError, match=f"a.idx: line {line}: ") as exc:
         opened(folder)
     assert isinstance(exc.value, mxnet_error)
+
+
+def test_a_missing_idx_is_mxnets_file_not_found_error(mx):
+    out, folder = mx["no_idx"]
+    assert out == [("error", "FileNotFoundError")]  # its open() of the .idx
+    idx = folder / "a.idx"
+    with pytest.raises(FileNotFoundError, match=f"No such file or directory: '{idx}'") as exc:
+        opened(folder)
+    assert exc.value.filename == str(idx)
 
 
 MX_IMAGES = """
