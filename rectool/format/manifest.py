@@ -26,7 +26,7 @@ from ..reader import (
 from ..reader import read_manifest as read_reader_fields
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Iterator, Mapping
 
     from _typeshed import StrPath
 
@@ -148,6 +148,21 @@ def identity_name_problem(name: str) -> str | None:
     if control is not None:
         return f"holds the control character {control!r}"
     return None
+
+
+def identity_name_problems(names: Mapping[int, str]) -> Iterator[tuple[int, str]]:
+    """Yield (label, what is wrong) for each label whose identity name cannot name a folder
+    (`identity_name_problem`) or is the name of a lower label: two identities would share a
+    folder of `unpack`, a name of `--keep-ids`, a label of `repack --labels-by name`."""
+    owner: dict[str, int] = {}
+    for label, name in sorted(names.items()):
+        why = identity_name_problem(name)
+        if why is not None:
+            yield label, f"label {label}'s identity name {name!r} {why}"
+        elif name in owner:
+            yield label, f"labels {owner[name]} and {label} are both named {name!r}"
+        else:
+            owner[name] = label
 
 
 def read_manifest(path: StrPath, require: Iterable[str] = ()) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from ..doors.inputs import open_input
 from ..doors.output import rename, stage_file
 from ..errors import InputError, RectoolError, UsageError
 from ..format.keys import FLOAT32_EXACT
+from ..format.manifest import identity_name_problems
 from ..text import counted
 from .layout import layout_named
 from .listfile import (
@@ -416,9 +417,12 @@ def load_identities(list_path: StrPath | None, label_map: StrPath | None) -> dic
     if path is None:
         return None
     try:
-        return read_label_map(path)
+        names = read_label_map(path)
     except FileNotFoundError:
         raise RectoolError(f"{path}: label map not found") from None
+    for _, message in identity_name_problems(names):  # identities are data: one name each
+        raise InputError(f"{path}: {message}; each identity needs a name of its own")
+    return names
 
 
 class _SeenIndices:

@@ -164,3 +164,22 @@ def test_unpack_of_an_index_repeating_a_key_refuses_rather_than_write_fewer(tmp_
     assert "key 0 is on 503 lines" in result.output
     assert "would write 1 of the 503 records" in result.output
     assert not (tmp_path / "back").exists() or not any((tmp_path / "back").iterdir())
+
+
+@pytest.mark.parametrize(
+    ("names", "said"),
+    [
+        ({0: "same", 1: "same", 2: "carol"}, "labels 0 and 1 are both named 'same'"),
+        ({0: "alice", 1: "a/b", 2: "carol"}, "label 1's identity name 'a/b' holds '/'"),
+    ],
+)
+def test_pack_refuses_a_label_map_whose_names_are_not_one_per_identity(
+    small_tree, tmp_path, names, said
+):
+    labels = tmp_path / "bad.labels.tsv"
+    write_label_map(labels, names)
+    out = tmp_path / "out"
+    result = run("pack", small_tree.list_path, small_tree.root, out / "f", "--labels", labels)
+    assert result.exit_code == 2, result.output
+    assert said in result.output and str(labels) in result.output
+    assert not out.exists()

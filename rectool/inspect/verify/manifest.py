@@ -11,7 +11,7 @@ import numpy as np
 
 from ...errors import RectoolError
 from ...format.binindex import read_identities
-from ...format.manifest import identity_name_problem
+from ...format.manifest import identity_name_problems
 from .facts import DatasetFacts, ShardFacts
 from .report import Found, one_problem
 
@@ -173,22 +173,8 @@ def check_identity_names(dataset: DatasetFacts) -> Iterator[Found]:
     named = manifest.get("identities")
     if isinstance(named, dict) and isinstance(named.get("file"), str):
         where = os.path.join(os.path.dirname(path), named["file"])
-    owner: dict[str, int] = {}
-    found: list[tuple[str, None, None, str]] = []
-    for label, name in sorted(names.items()):
-        why = identity_name_problem(name)
-        if why is not None:
-            found.append((where, None, None, f"label {label}'s identity name {name!r} {why}"))
-        elif name in owner:
-            found.append(
-                (
-                    where,
-                    None,
-                    None,
-                    f"labels {owner[name]} and {label} are both named {name!r} (unpack would "
-                    "pour them into one folder)",
-                )
-            )
-        else:
-            owner[name] = label
+    found = [
+        (where, None, None, f"{message} (unpack writes a folder per name)")
+        for _, message in identity_name_problems(names)
+    ]
     yield Found("identity-name", len(found), iter(found))
