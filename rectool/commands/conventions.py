@@ -25,9 +25,6 @@ from ..errors import InputError, RectoolError, UsageError
 from ..extras import MissingExtraError, missing_extra
 from ..redaction import environment_secrets, redact, redact_document, redacted_stderr, secrets_of
 
-# What commands do with a TARGET that is a URL, defined beside (re-exported for them).
-from .remote_targets import local_targets, named_by_url, named_by_urls  # noqa: F401
-
 # The output convention, one place for every command (new ones get it by being defined with
 # `@click.command(cls=RectoolCommand)` and using `@json_option` and `@library_errors`):
 # - human summaries, progress bars and messages go to stderr; data goes to stdout;
@@ -224,19 +221,21 @@ class RectoolCommand(click.Command):
         secrets = ctx.meta.get("rectool.secrets") or command_secrets([])
         try:
             with redacted_stderr(secrets):
-                return invoke_extras_named(super().invoke, ctx)
+                try:
+                    return super().invoke(ctx)
+                except ImportError as exc:  # of an extra's module (obstore, dask), anywhere
+                    missing = missing_extra(exc)
+                    if missing is None:
+                        raise
+                    raise UnusableInput(str(missing)) from None  # one line, exit 2
         except JsonFailure:
             raise
         except click.ClickException as exc:
             exc.message = redact(exc.message, secrets)  # type: ignore[misc]
             if not as_json:
                 raise
-            raise JsonFailure(
-                redact(exc.format_message(), secrets),
-                exc.exit_code,
-                seconds_since_start(ctx),
-                err,
-            ) from exc
+            message = redact(exc.format_message(), secrets)
+            raise JsonFailure(message, exc.exit_code, seconds_since_start(ctx), err) from exc
         except KeyboardInterrupt as exc:
             status = interrupted_status(exc)
             word = "terminated" if status == 143 else "interrupted"
@@ -244,18 +243,6 @@ class RectoolCommand(click.Command):
                 click.echo(f"{word.capitalize()}.", err=True)
                 sys.exit(status)
             raise JsonFailure(word, status, seconds_since_start(ctx), err) from None
-
-
-def invoke_extras_named(invoke: Callable[[click.Context], Any], ctx: click.Context) -> Any:
-    """Return `invoke(ctx)`; the import of a module an extra installs (obstore, dask) that
-    fails, wherever in the command, is one line naming the extra (exit 2), not a traceback."""
-    try:
-        return invoke(ctx)
-    except ImportError as exc:
-        missing = missing_extra(exc)
-        if missing is None:
-            raise
-        raise UnusableInput(str(missing)) from None
 
 
 class RectoolGroup(click.Group):
@@ -296,3 +283,15 @@ def library_errors(func: F) -> F:
             raise click.ClickException(f"{where}{exc.strerror or exc}") from exc
 
     return cast(F, wrapper)  # functools.wraps: the same signature
+
+
+# URL targets' helpers live in `remote_targets.py`, imported on first use (PEP 562).
+_REMOTE_TARGETS = ("local_targets", "named_by_url", "named_by_urls")
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _REMOTE_TARGETS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from . import remote_targets
+
+    return getattr(remote_targets, name)
