@@ -9,6 +9,7 @@ no other field, so it carries none of this.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Callable
@@ -363,14 +364,19 @@ def refuse_unfinished_plan(prefix: str, recs: Iterable[str]) -> None:
                 f"{other['list_sha256'][:12]}); pack them to separate prefixes"
             )
     total = plan["shards"]
-    missing = [k for k in range(total) if k not in present]
+    # The plan file says how many: count the missing ones, list the first (never all of a
+    # plan file's claim of a billion shards).
+    count = total - sum(1 for k in present if k < total)
+    missing = list(itertools.islice((k for k in range(total) if k not in present), 10))
     unfinished = [k for k in present if os.path.lexists(f"{prefix}-{k:05d}{STATE_SUFFIX}")]
     if missing or unfinished:
-        numbers = missing or unfinished
-        shown = ", ".join(map(str, numbers[:10])) + (", ..." if len(numbers) > 10 else "")
+        numbers, count = (missing, count) if missing else (unfinished, len(unfinished))
+        shown = ", ".join(map(str, numbers[:10])) + (
+            f", ... ({count:,} in all)" if count > 10 else ""
+        )
         raise InputError(
             f"{prefix}: an unfinished job array ({first_path} says so): of the {total}-shard "
-            f"plan, shard{'s' if len(numbers) > 1 else ''} {shown} "
+            f"plan, shard{'s' if count > 1 else ''} {shown} "
             f"{'missing' if missing else 'still being packed'}; pack each with "
             "--only-shard K, then write the manifest with --finalize"
         )

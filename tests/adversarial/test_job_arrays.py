@@ -8,6 +8,7 @@ naming the missing shards and `--finalize`.
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -102,3 +103,25 @@ def test_a_finalized_pack_that_lost_its_manifest_and_shards_names_the_gaps(job_a
         open_dataset(copy / "f")
     # Named one by one, the shards are what the caller chose to read.
     assert len(open_dataset([str(copy / f"f-{n:05d}.rec") for n in (0, 2, 4)])) == 12
+
+
+def test_a_plan_file_claiming_a_billion_shards_is_answered_at_once(job_array, alarm):
+    _, _, prefix = job_array
+    plan_file = prefix.with_name("f-00000.plan.json")
+    doc = json.loads(plan_file.read_text())
+    doc["plan"]["shards"] = 10**15
+    plan_file.write_text(json.dumps(doc))
+    prefix.with_name("f-00002.plan.json").write_text(json.dumps(doc))
+    alarm(60)  # the missing shards are counted, never listed one by one
+    with pytest.raises(InputError, match=r"shards 1, 3, 4, .*\(999,999,999,999,998 in all\)"):
+        open_dataset(prefix)
+
+
+@pytest.mark.parametrize("text", ["not json", "[]", '{"plan": {"shards": 5}}'])
+def test_a_plan_file_that_is_not_one_is_named(job_array, text):
+    _, _, prefix = job_array
+    prefix.with_name("f-00002.plan.json").write_text(text)
+    result = run("verify", prefix)
+    assert result.exit_code == 2
+    assert "f-00002.plan.json" in result.output
+    assert "Traceback" not in result.output
