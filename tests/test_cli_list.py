@@ -405,3 +405,25 @@ def test_help_documents_the_defaults_and_the_policies():
     assert "PREFIX.labels.tsv" in text
     assert "on stderr when OUT is -" in text
     assert "rectool list faces/ faces.lst" in text
+
+
+def test_a_split_checks_only_the_files_it_writes(faces, tmp_path):
+    # Issue 38: with --val-ratio, faces.lst is none of the outputs; an old one stays.
+    (tmp_path / "faces.lst").write_text("an older single list\n")
+    result = run(faces, tmp_path / "faces.lst", "--val-ratio", "0.1", "-q")
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "faces.lst").read_text() == "an older single list\n"
+    assert len(lines(tmp_path / "faces_train.lst")) + len(lines(tmp_path / "faces_val.lst")) == 20
+
+
+def test_a_split_refuses_an_existing_split_list_before_walking(faces, tmp_path, monkeypatch):
+    (tmp_path / "x_1.lst").write_text("old\n")
+    walked = []
+    real = os.scandir
+    monkeypatch.setattr(listing_module.os, "scandir", lambda p=".": walked.append(p) or real(p))
+    result = run(faces, tmp_path / "x.lst", "--chunks", "2")
+    assert result.exit_code == 1
+    refusal = f"Error: {tmp_path / 'x_1.lst'}: exists; use --overwrite to replace it\n"
+    assert result.stderr == refusal
+    assert walked == []
+    assert (tmp_path / "x_1.lst").read_text() == "old\n"

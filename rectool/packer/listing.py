@@ -16,7 +16,15 @@ from ..errors import ListingError, RectoolError, UsageError
 from .listfile import LIST_SUFFIX, format_list_lines, label_map_path, label_map_text
 from .splits import SPLIT_BY as SPLIT_BY
 from .splits import SPLITS as SPLITS
-from .splits import Listing, Row, check_listing_options, display_path, make_listing, resolve_ratios
+from .splits import (
+    Listing,
+    Row,
+    check_listing_options,
+    display_path,
+    list_suffixes,
+    make_listing,
+    resolve_ratios,
+)
 from .walk import (
     DEFAULT_EXTENSIONS,
     SKIP_REASONS,
@@ -147,8 +155,12 @@ def list_images(
         raise UsageError(STDOUT_SINGLE_LIST)
     if not hasattr(out, "write"):  # refuse an output before the walk, which may take hours
         finish_commit(_journal_of(out))  # what an interrupted run committed comes first
-        check_target(out, overwrite, "list")
-    if labels is not None:
+        # Only the files it will write: `faces.lst` is none of them with --val-ratio.
+        suffixes = list_suffixes(listing_options.get("chunks", 1), ratios)
+        for path in list_paths(out, suffixes).values():
+            check_target(path, overwrite, "list")
+        check_target(label_map_path(out) if labels is None else labels, overwrite, "label map")
+    elif labels is not None:
         check_target(labels, overwrite, "label map")
     listing: Listing | None
     try:

@@ -114,6 +114,16 @@ def resolve_ratios(
     return train, val, test
 
 
+def list_suffixes(chunks: int, ratios: tuple[float, float, float] | None) -> list[str]:
+    """Return the file-name suffixes of the lists `make_listing` makes with these options,
+    in its order: one per chunk, each cut into the splits with a positive ratio."""
+    prefixes = [f"_{number}" for number in range(chunks)] if chunks > 1 else [""]
+    if ratios is None:
+        return prefixes
+    splits = [split for split, ratio in zip(SPLITS, ratios) if ratio > 0]
+    return [f"{prefix}_{split}" for prefix in prefixes for split in splits]
+
+
 def _cut(count: int, ratios: tuple[float, float, float]) -> list[int]:
     """Return the end of each split's run when `count` things are cut by `ratios`."""
     train, val, _ = ratios
