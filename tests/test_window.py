@@ -7,6 +7,7 @@ sees every range handed back, and a window factory counts the bytes given out.""
 
 from __future__ import annotations
 
+import mmap
 import os
 
 import numpy as np
@@ -18,7 +19,7 @@ from hypothesis import strategies as st
 from rectool.dataset.packs import PackDataset
 from rectool.format import headers
 from rectool.format.textindex import load_index
-from rectool.format.window import RecWindow, ascending
+from rectool.format.window import FAULT_AROUND, RecWindow, ascending, release_range
 from rectool.inspect.info import dataset_info
 from rectool.reader import RecordFile
 from rectool.report.data import ReportOptions, build_report
@@ -188,3 +189,24 @@ def test_info_from_every_header_reads_a_window_at_a_time(pack, with_idx):
     for lo, hi in windows.released:
         covered[lo:hi] = True
     assert covered.all()
+
+
+def test_released_ranges_take_whole_fault_around_blocks(pack):
+    # A read fault maps the cached pages of the block around it too: releasing only a
+    # record's own pages would leave its neighbours mapped, record after record.
+    calls = []
+
+    class Recorded(mmap.mmap):
+        def madvise(self, *args):
+            calls.append(args)
+
+    with open(pack.rec, "rb") as f:
+        mapping = Recorded(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        release_range(mapping, 5000, 6000)
+        release_range(mapping, 3 << 20, (3 << 20) + 1)
+    finally:
+        mapping.close()
+    size = pack.size
+    assert FAULT_AROUND == 2 << 20 and size < FAULT_AROUND
+    assert calls == [(mmap.MADV_DONTNEED, 0, size)]  # the block, to the end; none past it

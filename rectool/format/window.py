@@ -27,17 +27,28 @@ if TYPE_CHECKING:
     from _typeshed import StrPath
     from numpy.typing import NDArray
 
-WINDOW_BYTES = 64 << 20  # a window: large enough that a record header rarely straddles two
+WINDOW_BYTES = 16 << 20  # a window: large enough that a record rarely straddles two
+# A read fault maps more than its page: the cached pages around it (fault_around_bytes, 64
+# KiB) and, since Linux 6.x, the whole large folio it falls in (up to 2 MiB, a PMD).
+FAULT_AROUND = max(mmap.PAGESIZE, 2 << 20)
 # release(mapping, lo, hi): hand back the pages of bytes lo..hi of a mapping.
 Release = Callable[[Any, int, int], object]
 
 
 def release_range(mapping: object, lo: int, hi: int) -> None:
     """Drop this process's page-table entries for bytes lo..hi of a mapping (the pages stay in
-    the page cache): they no longer count in its RSS. Does nothing for bytes (an empty file)."""
+    the page cache): they no longer count in its RSS. Does nothing for bytes (an empty file).
+
+    The range is widened to whole FAULT_AROUND blocks: a read fault maps cached pages around
+    it too, and single records read all over a file would otherwise leave their neighbours
+    mapped until the whole file is (measured on Linux 6.18: the report's duplicate hashing
+    held 770 MB of a 730 MB pack releasing just the records' pages; `info`'s 200 sampled
+    records, 50 MB)."""
     if isinstance(mapping, mmap.mmap) and hi > lo:
-        start = lo - lo % mmap.PAGESIZE
-        mapping.madvise(mmap.MADV_DONTNEED, start, min(hi, len(mapping)) - start)
+        start = lo - lo % FAULT_AROUND
+        end = min(len(mapping), hi + (-hi % FAULT_AROUND))
+        if end > start:  # (nothing past the end of the file)
+            mapping.madvise(mmap.MADV_DONTNEED, start, end - start)
 
 
 class RecWindow:
