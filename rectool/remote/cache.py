@@ -49,6 +49,7 @@ from ..doors.output import (
 from ..format.digest import DIGEST_NAMES, Digests
 from .fetch import download_elsewhere
 from .store import RemoteError, Retry
+from .transfer import run
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -194,7 +195,7 @@ class ShardCache:
                 digests.update(chunk)
                 yield chunk
 
-        tmp = stage_file(obj.path, chunks())
+        tmp = run(lambda: stage_file(obj.path, chunks()))  # interruptible: transfer.run
         got = digests.hexdigests().get(obj.algorithm) if obj.algorithm else None
         if got != obj.digest:
             remove(tmp)

@@ -41,6 +41,7 @@ from ..reader import DEFAULT_MAX_PIXELS, INDEX_ARRAYS, MANIFEST_SUFFIX, RecordFi
 from .cache import CachedObject, CacheFullError, ShardCache
 from .order import StreamingSampler, first_uses
 from .store import RemoteError, Retry, open_store, safe_url, split_url
+from .transfer import Token, run_all, within
 
 if TYPE_CHECKING:
     from .cache import Pin
@@ -186,6 +187,7 @@ class ShardPrefetcher:
         self.cache, self.ahead = cache, max(1, ahead)
         self.errors: list[str] = []
         self._pending, self._stop = list(objects)[::-1], threading.Event()
+        self._token = Token()  # cancelled by `stop`: downloads under way end at their next chunk
         self._thread = threading.Thread(
             target=self._run, args=(max(1, threads),), name="rectool-shard-prefetch", daemon=True
         )
@@ -205,7 +207,7 @@ class ShardPrefetcher:
                         del unused[path]
                 while self._pending and len(unused) + len(running) < self.ahead:
                     obj = self._pending.pop()
-                    running[pool.submit(self.cache.fetch, obj, True)] = obj
+                    running[pool.submit(self._fetch_one, obj)] = obj
                 if not running:
                     self._stop.wait(0.02)  # until a reader uses a shard fetched ahead
                     continue
@@ -219,10 +221,18 @@ class ShardPrefetcher:
                         self._pending.append(obj)
                         self._stop.wait(0.05)
                     except (RectoolError, OSError) as exc:
-                        self.errors.append(str(exc))
+                        if not self._stop.is_set():  # stopped: cancelled, not failed
+                            self.errors.append(str(exc))
+
+    def _fetch_one(self, obj: CachedObject) -> str:
+        return within(self._token, self._fit)(obj)
+
+    def _fit(self, obj: CachedObject) -> str:
+        return self.cache.fetch(obj, fit=True)
 
     def stop(self) -> None:
         self._stop.set()
+        self._token.cancel()
         self._thread.join()
 
     def done(self) -> bool:
@@ -321,8 +331,7 @@ class RemoteDataset(PackDataset):
 
     def _fetch(self, objects: Iterable[CachedObject]) -> None:
         """Make sure `objects` are in the cache, checked (downloading them in parallel)."""
-        with ThreadPoolExecutor(self.prefetch_threads) as pool:
-            list(pool.map(self.shard_cache.fetch, objects))
+        run_all(self.shard_cache.fetch, objects, self.prefetch_threads)
 
     def _fetch_index(self) -> None:
         self._fetch(obj for field, obj in self._described.items() if field in _AT_OPEN)

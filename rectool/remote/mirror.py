@@ -20,7 +20,6 @@ import fcntl
 import os
 import time
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import xxhash
@@ -29,7 +28,8 @@ from ..doors.output import make_folders, open_lock_file, remove, set_mtime, writ
 from ..format.digest import DIGEST_NAMES, SHA256, XXH3_128, digests_of, field_name, file_hexdigest
 from ..format.manifest import read_manifest
 from ..reader import MANIFEST_SUFFIX
-from .store import RemoteError, Retry, is_url, open_store, safe_url, split_url
+from .store import NotFoundError, RemoteError, Retry, is_url, open_store, safe_url, split_url
+from .transfer import run_all
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -92,7 +92,7 @@ def local_copy(
         if size is None:  # not listed: read whole
             try:
                 data = retry.call(lambda: store.read(object_name), what)
-            except RemoteError:
+            except NotFoundError:
                 return  # a missing checksum or failures file: verify reports it
             if algorithm and digests_of(data, [algorithm])[algorithm] != digest:
                 raise DigestMismatchError(
@@ -108,8 +108,7 @@ def local_copy(
             remove(path)  # a damaged copy `verify` downloaded: fetched again, and checked
         cache.download(obj)
 
-    with ThreadPoolExecutor(threads) as pool:
-        list(pool.map(fetch, wanted))
+    run_all(fetch, wanted, threads)
     return local
 
 

@@ -26,12 +26,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..errors import RectoolError
 from ..redaction import safe_url, scrub
+from .transfer import STALL_ENV, Limits, check_cancelled, on_cancel, run
 
 if TYPE_CHECKING:
     from http.client import HTTPResponse
 
     from _typeshed import StrPath
     from obstore import GetOptions
+    from obstore.store import ClientConfig
     from obstore.store import ObjectStore as ObstoreStore
 
 T = TypeVar("T")
@@ -90,10 +92,11 @@ class Retry:
 
     def call(self, fn: Callable[[], T], what: str) -> T:
         """Return `fn()`, retried on `TransientError`; after the last try, a `RemoteError`
-        naming `what` (the URL, and the shard)."""
+        naming `what` (the URL, and the shard). Each try runs on a thread of its own
+        (`transfer.run`): an interruption of this one ends the wait at once."""
         for failures in range(1, self.attempts + 1):
             try:
-                return fn()
+                return run(fn)
             except TransientError as exc:
                 if failures == self.attempts:
                     raise RemoteError(f"{what}: {exc} (gave up after {failures} tries)") from None
@@ -137,12 +140,17 @@ def open_store(folder_url: str) -> Store:
 
 
 class HttpStore:
-    """Objects under an http(s):// folder, read by byte range with urllib (read-only)."""
+    """Objects under an http(s):// folder, read by byte range with urllib (read-only).
+
+    Each request is bounded as `transfer.Limits` says (`limits`: from the environment by
+    default): a socket that receives nothing for `stall_s` seconds times out, a trickle or a
+    request past its deadline is stopped (`transfer.Watch`), and a cancelled download has its
+    connection shut."""
 
     writable = False
 
-    def __init__(self, folder_url: str, timeout: float = 60.0) -> None:
-        self.url, self.timeout = folder_url.rstrip("/"), timeout
+    def __init__(self, folder_url: str, limits: Limits | None = None) -> None:
+        self.url, self.limits = folder_url.rstrip("/"), limits or Limits.from_env()
 
     def object_url(self, name: str) -> str:
         return f"{safe_url(self.url)}/{name}"
@@ -155,40 +163,73 @@ class HttpStore:
         headers = {"Range": f"bytes={start}-"} if start else {}
         request = urllib.request.Request(f"{self.url}/{urllib.parse.quote(name)}", headers=headers)
         try:
-            response: HTTPResponse = urllib.request.urlopen(request, timeout=self.timeout)
+            response: HTTPResponse = urllib.request.urlopen(request, timeout=self.limits.stall_s)
         except urllib.error.HTTPError as exc:
             exc.close()
             if exc.code == 404:
                 raise NotFoundError(f"{self.object_url(name)}: not found (HTTP 404)") from None
             kind = TransientError if exc.code >= 500 or exc.code == 429 else RemoteError
             raise kind(f"HTTP {exc.code} {exc.reason}") from None
+        except TimeoutError:
+            raise TransientError(self._silent()) from None
         except (urllib.error.URLError, OSError, http.client.HTTPException) as exc:
             reason = getattr(exc, "reason", exc)
+            if isinstance(reason, TimeoutError):
+                raise TransientError(self._silent()) from None
             raise TransientError(scrub(f"cannot connect ({reason})")) from None
         return response
 
-    def stream(self, name: str, start: int = 0) -> Iterator[bytes]:
-        """Yield the bytes of object `name` from byte `start`."""
+    def _silent(self) -> str:
+        stall = self.limits.stall_s
+        return f"stalled: nothing received for {stall:g} s (set {STALL_ENV} to wait longer)"
+
+    def stream(self, name: str, start: int = 0, limit: int | None = None) -> Iterator[bytes]:
+        """Yield the bytes of object `name` from byte `start`; `limit`: refuse an object of
+        more bytes (`transfer.Limits.too_large`), by its Content-Length before any is read."""
         from http.client import HTTPException
 
         response = self._open(name, start)
-        with response:
+        with response, on_cancel(lambda: _shut(response)):
             skip = start if start and response.status != 206 else 0  # a server without ranges
+            length = response.getheader("Content-Length")
+            if limit is not None and length and length.isdigit() and int(length) > limit:
+                raise self.limits.too_large(self.object_url(name), int(length))
+            watch, total = self.limits.watch(), 0
             try:
-                while chunk := response.read(_CHUNK):
+                while chunk := response.read1(_CHUNK):
+                    watch.got(len(chunk))
+                    total += len(chunk)
+                    if limit is not None and total > limit:
+                        raise self.limits.too_large(self.object_url(name), total)
                     if skip:
                         chunk, skip = chunk[skip:], max(0, skip - len(chunk))
                     if chunk:
                         yield chunk
-            except (TimeoutError, OSError, HTTPException) as exc:
+            except TimeoutError:
+                raise TransientError(self._silent()) from None
+            except (OSError, HTTPException) as exc:
+                check_cancelled()
                 raise TransientError(f"connection lost ({type(exc).__name__}: {exc})") from None
 
-    def read(self, name: str) -> bytes:
-        """Return the whole object `name` (one try; see `Retry.call`)."""
-        return b"".join(self.stream(name))
+    def read(self, name: str, limit: int | None = None) -> bytes:
+        """Return the whole object `name` (one try; see `Retry.call`), at most `limit` bytes
+        (default: the limits' `max_bytes`)."""
+        return b"".join(self.stream(name, limit=limit or self.limits.max_bytes))
 
     def put(self, name: str, path: StrPath) -> None:
         raise RemoteError(f"{self.object_url(name)}: http(s):// is read-only; write to s3://")
+
+
+def _shut(response: HTTPResponse) -> None:
+    """Shut the connection of `response` from another thread: a read blocked on it returns."""
+    import socket
+
+    try:
+        fd = response.fileno()
+    except (OSError, ValueError, AttributeError):  # closed already
+        return
+    with socket.fromfd(fd, socket.AF_INET, socket.SOCK_STREAM) as sock:  # a duplicate of it
+        sock.shutdown(socket.SHUT_RDWR)  # shuts the connection itself, for every descriptor
 
 
 _obstore_pid: int | None = (
@@ -207,12 +248,13 @@ class ObjectStore:
 
     writable = True
 
-    def __init__(self, folder_url: str) -> None:
+    def __init__(self, folder_url: str, limits: Limits | None = None) -> None:
         self.url = folder_url.rstrip("/")
         self._store: ObstoreStore | None = None
+        self._limits = limits
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"url": self.url, "_store": None}
+        return {"url": self.url, "_store": None, "_limits": self._limits}
 
     def object_url(self, name: str) -> str:
         return f"{safe_url(self.url)}/{name}"
@@ -236,30 +278,63 @@ class ObjectStore:
                     f"{safe_url(self.url)}: reading object storage needs obstore: "
                     "pip install 'rectool[remote]'"
                 ) from None
+            check_endpoint(self.url)
+            limits = self.limits()
+            options: ClientConfig = {
+                "connect_timeout": f"{limits.stall_s:g}s",
+                "read_timeout": f"{limits.stall_s:g}s",
+                "timeout": f"{limits.deadline_s:g}s",
+            }
+            if _http_allowed():  # read from the environment only when no options are given
+                options["allow_http"] = True
             try:
-                self._store = from_url(self.url, retry_config={"max_retries": 0})
-            except Exception as exc:  # obstore's configuration errors
+                self._store = from_url(
+                    self.url, retry_config={"max_retries": 0}, client_options=options
+                )
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as exc:  # obstore's configuration errors; a Rust panic too
                 raise RemoteError(f"{safe_url(self.url)}: {_first_line(exc)}") from None
         return self._store
 
-    def stream(self, name: str, start: int = 0) -> Iterator[bytes]:
-        """Yield the bytes of object `name` from byte `start`."""
+    def limits(self) -> Limits:
+        """Return the limits of this store's requests (`transfer.Limits`, from the environment
+        unless given)."""
+        if self._limits is None:
+            self._limits = Limits.from_env()
+        return self._limits
+
+    def stream(self, name: str, start: int = 0, limit: int | None = None) -> Iterator[bytes]:
+        """Yield the bytes of object `name` from byte `start`; `limit`: refuse an object of
+        more bytes (`transfer.Limits.too_large`), by its size before any is read."""
         import obstore
 
         options: GetOptions | None = {"range": {"offset": start}} if start else None
+        limits = self.limits()
         try:
             result = obstore.get(self.store(), name, options=options)
-            yield from result.stream(min_chunk_size=_CHUNK)
+            size = result.meta.get("size")
+            if limit is not None and isinstance(size, int) and size > limit:
+                raise limits.too_large(self.object_url(name), size)
+            watch, total = limits.watch(), 0
+            for chunk in result.stream(min_chunk_size=_CHUNK):
+                watch.got(len(chunk))
+                total += len(chunk)
+                if limit is not None and total > limit:
+                    raise limits.too_large(self.object_url(name), total)
+                yield chunk
         except Exception as exc:
             raise _translated(exc, self.object_url(name)) from None
 
-    def read(self, name: str) -> bytes:
-        """Return the whole object `name` (one try; see `Retry.call`)."""
+    def read(self, name: str, limit: int | None = None) -> bytes:
+        """Return the whole object `name` (one try; see `Retry.call`), at most `limit` bytes
+        (default: the limits' `max_bytes`)."""
         if obstore_forked():
             from .fetch import run_elsewhere
 
-            return run_elsewhere(self.read, name)
-        return b"".join(bytes(chunk) for chunk in self.stream(name))
+            return run_elsewhere(self.read, name, limit)
+        limit = limit or self.limits().max_bytes
+        return b"".join(bytes(chunk) for chunk in self.stream(name, limit=limit))
 
     def exists(self, name: str) -> bool:
         """Return whether object `name` is there (one try; see `Retry.call`)."""
@@ -328,7 +403,8 @@ def _first_line(exc: BaseException) -> str:
 
 
 def _translated(exc: BaseException, url: str) -> RectoolError:
-    """Return the rectool error for an obstore exception about `url`."""
+    """Return the rectool error for an obstore exception about `url`: only what may pass
+    (a dropped connection, a timeout, a server's 5xx) is a `TransientError`, retried."""
     from obstore import exceptions
 
     line = _first_line(exc)
@@ -338,7 +414,57 @@ def _translated(exc: BaseException, url: str) -> RectoolError:
         return RemoteError(f"{url}: access refused ({line})")
     if isinstance(exc, RectoolError):
         return exc
+    if "builder error" in str(exc):  # reqwest refused to build the request: configuration
+        return RemoteError(f"{url}: the request cannot be made ({line}); {_ENDPOINT_HINT}")
+    permanent = (
+        exceptions.InvalidPathError,
+        exceptions.NotSupportedError,
+        exceptions.UnknownConfigurationKeyError,
+        exceptions.PreconditionError,
+    )
+    if isinstance(exc, permanent):
+        return RemoteError(f"{url}: {line}")
     return TransientError(line)
+
+
+_ENDPOINT_HINT = (
+    "check AWS_ENDPOINT_URL (a URL such as https://s3.example.com) and, for an http:// "
+    "endpoint, set AWS_ALLOW_HTTP=true"
+)
+
+
+def _http_allowed() -> bool:
+    return os.environ.get("AWS_ALLOW_HTTP", "").strip().lower() == "true"
+
+
+def check_endpoint(url: str) -> None:
+    """Refuse, in one line that says what to set, an s3:// store's endpoint in the
+    environment that obstore cannot use: not a URL, or http:// without AWS_ALLOW_HTTP=true
+    (obstore panics on the one, and fails each request of the other as a "builder error")."""
+    if not url.lower().startswith("s3://"):
+        return
+    import urllib.parse
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT"):
+        endpoint = os.environ.get(name)
+        if not endpoint:
+            continue
+        shown = safe_url(endpoint)
+        try:
+            parts = urllib.parse.urlsplit(endpoint)
+            host = parts.hostname
+        except ValueError:
+            parts, host = None, None
+        if parts is None or parts.scheme.lower() not in ("http", "https") or not host:
+            raise RemoteError(
+                f"{name}={shown!r} is not a URL: set it to the address of the S3 server "
+                "(such as https://s3.example.com or http://127.0.0.1:9000), or unset it for AWS"
+            )
+        if parts.scheme.lower() == "http" and not _http_allowed():
+            raise RemoteError(
+                f"{name}={shown} is http:// (no TLS): set AWS_ALLOW_HTTP=true to use it, "
+                "or give an https:// endpoint"
+            )
 
 
 # A store of a pack's folder: what `open_store` returns.

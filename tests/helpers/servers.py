@@ -8,6 +8,14 @@ server of byte ranges, both counting GETs and injecting faults as told.
     faults.refused_puts.add("faces-00002.rec")     # (S3) its uploads answer 403 Access Denied
     faults.uploaded                                # (S3) objects stored, in the order they were
 
+Hostile answers (issue 36), released by `faults.release.set()` (`reset` and `stop` do it):
+
+    faults.plan("x.manifest.json", "stall")    # half the body, then nothing until released
+    faults.plan("x.manifest.json", "trickle")  # a byte each time `faults.pace` is set
+    faults.plan("x.manifest.json", "endless")  # (HTTP) no length, bytes until the client goes
+    faults.plan("x.manifest.json", "huge")     # (HTTP) Content-Length 3 GB, a few bytes, cut
+    faults.wait_get("faces-00001.rec")         # block until it was asked for (a bound, not a test)
+
 The test and the server run in one process: nothing here depends on timing.
 """
 
@@ -39,6 +47,13 @@ class Faults:
             self.refused_puts = set()
             self.uploaded = []  # names of the objects PUT, as each is stored
             self.stored = threading.Condition(self.lock)
+            self.asked = threading.Condition(self.lock)
+            release = getattr(self, "release", None)
+            if release is not None:
+                release.set()  # a handler still stalled from before lets go
+            self.release = threading.Event()
+            self.pace = threading.Event()
+            self.endless_bytes = 64 << 20  # "endless": a bound for a test that would not end
 
     def on_stored(self, name):
         with self.lock:
@@ -60,8 +75,32 @@ class Faults:
         with self.lock:
             self.gets[name] += 1
             self.ranges[name].append(start)
+            self.asked.notify_all()
             queue = self.planned.get(name)
             return queue.popleft() if queue else None
+
+    def wait_get(self, name, timeout=120):
+        """Return whether object `name` was asked for (waiting at most `timeout` s: a bound
+        for a test that would otherwise hang, never a condition it tests)."""
+        with self.lock:
+            return self.asked.wait_for(lambda: self.gets[name] > 0, timeout)
+
+    def stall(self, release_after=600):
+        """Wait until released (the bound: a test never leaves a handler behind for ever)."""
+        self.release.wait(release_after)
+
+    def trickle(self, write, body):
+        """Write `body` a byte each time `pace` is set (a test's injected clock sets it), until
+        released or the body is done."""
+        for i in range(len(body)):
+            while not self.pace.wait(0.05):
+                if self.release.is_set():
+                    return
+            self.pace.clear()
+            try:
+                write(body[i : i + 1])
+            except OSError:  # the client gave up: what a stall timeout does
+                return
 
     def wait(self):
         if self.latency:
@@ -107,6 +146,9 @@ class RangeServer:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                if action in ("endless", "huge"):
+                    self._hostile(action)
+                    return
                 if not path.is_file():
                     self.send_response(404)
                     self.send_header("Content-Length", "0")
@@ -125,7 +167,43 @@ class RangeServer:
                     self.close_connection = True
                     self.connection.shutdown(socket.SHUT_RDWR)
                     return
+                if action == "stall":
+                    self.wfile.write(body[: len(body) // 2])
+                    self.wfile.flush()
+                    server.faults.stall()
+                    self.close_connection = True
+                    return
+                if action == "trickle":
+                    self.wfile.flush()
+                    server.faults.trickle(self._write_flushed, body)
+                    self.close_connection = True
+                    return
                 self.wfile.write(body)
+
+            def _write_flushed(self, data):
+                self.wfile.write(data)
+                self.wfile.flush()
+
+            def _hostile(self, action):
+                """An endless body (no length) or a 3 GB Content-Length over a few bytes."""
+                self.send_response(200)
+                if action == "huge":
+                    self.send_header("Content-Length", str(3 << 30))
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                if action == "huge":
+                    self.wfile.write(b"{" * 100)
+                    self.wfile.flush()
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                block, sent = b" " * (1 << 20), 0
+                try:
+                    while sent < server.faults.endless_bytes and not server.faults.release.is_set():
+                        self.wfile.write(block)
+                        sent += len(block)
+                except OSError:  # the client went away: what a refusal does
+                    pass
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.httpd.daemon_threads = True
@@ -134,6 +212,7 @@ class RangeServer:
         self._thread.start()
 
     def stop(self):
+        self.faults.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self._thread.join()
@@ -168,7 +247,7 @@ class _Middleware:
         if action == "500":
             start_response("500 Internal Server Error", [("Content-Length", "0")])
             return [b""]
-        if action != "drop":
+        if action not in ("drop", "stall"):
             return self.app(environ, start_response)
         answer = {}
 
@@ -177,12 +256,18 @@ class _Middleware:
 
         body = b"".join(self.app(environ, keep))
         start_response(answer["status"], answer["headers"])
-        return _cut(body)
+        return _cut(body) if action == "drop" else _stalled(body, self.faults)
 
 
 def _cut(body):
     yield body[: len(body) // 2]
     raise ConnectionAbortedError("the test server drops this connection half way")
+
+
+def _stalled(body, faults):
+    yield body[: len(body) // 2]
+    faults.stall()
+    raise ConnectionAbortedError("the test server ends a stalled answer")
 
 
 class S3Server:
@@ -242,6 +327,7 @@ class S3Server:
         return out
 
     def stop(self):
+        self.faults.release.set()
         self.httpd.shutdown()
         self.httpd.server_close()
         self._thread.join()
