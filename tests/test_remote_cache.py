@@ -278,9 +278,11 @@ def test_a_child_forked_during_a_download_does_not_keep_its_lock(tmp_path):
     try:
         store.go.set()
         downloading.join()
-        fd = os.open(path + ".download", os.O_RDONLY)
+        # The next downloader's lock (the file is removed once let go, so it opens it anew
+        # as `cache.acquire` does): BlockingIOError if the child still held it.
+        fd = os.open(path + ".download", os.O_RDWR | os.O_CREAT)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # BlockingIOError if still held
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         finally:
             os.close(fd)
     finally:

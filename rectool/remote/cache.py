@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -46,7 +47,7 @@ from ..doors.output import (
     set_mtime,
     stage_file,
 )
-from ..format.digest import DIGEST_NAMES, Digests
+from ..format.digest import DIGEST_NAMES, Digests, file_hexdigest
 from .fetch import download_elsewhere
 from .store import RemoteError, Retry
 from .transfer import run
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
 LOCK_SUFFIX = ".lock"  # held shared by readers, exclusive by an evictor
 DOWNLOAD_SUFFIX = ".download"  # held exclusive by whoever downloads the shard
 CACHE_LOCK = ".cache.lock"
+_log = logging.getLogger("rectool.remote")
 
 
 class DigestMismatchError(RemoteError):
@@ -90,6 +92,75 @@ def _unlock(fd: int) -> None:
         os.close(fd)
 
 
+def _same_file(fd: int, path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
+
+
+def acquire(path: str, how: int) -> int:
+    """Return a descriptor of the lock file at `path` (created if absent) locked `how`
+    (`fcntl.LOCK_SH` or `LOCK_EX`, `| LOCK_NB`: `BlockingIOError` when held).
+
+    Whoever lets a lock go last removes its file (`let_go`), so a lock taken on a file
+    removed meanwhile is no lock: it is let go and the file at `path` locked instead."""
+    while True:
+        fd = open_lock_file(path)
+        try:
+            fcntl.flock(fd, how)
+        except BaseException:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            return fd
+        _unlock(fd)
+
+
+def let_go(fd: int, path: str) -> None:
+    """Unlock and close `fd`, the lock taken on `path` by `acquire`; remove the lock file
+    unless another descriptor holds it (the cache keeps no empty files once it is idle).
+    The file is removed while held exclusively, and `acquire` checks what it locked, so no
+    one ever holds a lock on a file that is gone."""
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # held by someone else: the last of them removes it
+        else:
+            if _same_file(fd, path):
+                remove(path)
+    finally:
+        _unlock(fd)
+
+
+# What this process knows of the cached files it checked: path -> (device, inode, size,
+# mtime, ctime) when their digest matched. A write to the file changes its times, so a
+# file whose stamp is unchanged need not be read again (see `ShardCache.intact`).
+_checked: dict[str, tuple[int, ...]] = {}
+
+
+def _stamp(path: str) -> tuple[int, ...]:
+    st = os.stat(path)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def _touch(path: str, ns: int) -> None:
+    """Date a use of the cached file at `path` (`ns`), still known as checked if it was."""
+    try:
+        checked = _checked.get(path) == _stamp(path)
+    except FileNotFoundError:
+        return
+    set_mtime(path, ns)
+    if checked:
+        try:
+            _checked[path] = _stamp(path)
+        except FileNotFoundError:
+            _checked.pop(path, None)
+
+
 class Pin:
     """A shard held (its lock shared) by this process: never evicted until released."""
 
@@ -102,11 +173,12 @@ class Pin:
         fd, self.fd = self.fd, None
         if fd is None:
             return
-        if self.pid == os.getpid():  # a forked child never unlocks what its parent holds
-            if touch:
-                set_mtime(self.path, self._clock())
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        if self.pid != os.getpid():  # a forked child never unlocks what its parent holds
+            os.close(fd)
+            return
+        if touch:
+            _touch(self.path, self._clock())
+        let_go(fd, self.path + LOCK_SUFFIX)
 
 
 def _folder_bytes(folder: str) -> int:
@@ -150,32 +222,61 @@ class ShardCache:
     def pin(self, obj: CachedObject, touch: bool = True, fit: bool = False) -> Pin:
         """Return a `Pin` of `obj`, downloading and checking it first if it is not cached.
 
-        Blocks while another process downloads it (their lock), then uses their copy. When
-        every cached shard is held, a reader passes the limit; with `fit`, `CacheFullError`.
+        A cached copy is checked before it is used (`intact`); one that differs from the
+        manifest is downloaded again (a warning names the cache file). Blocks while another
+        process downloads it (their lock), then uses their copy. When every cached shard is
+        held, a reader passes the limit; with `fit`, `CacheFullError`.
         """
+        lock, download = obj.path + LOCK_SUFFIX, obj.path + DOWNLOAD_SUFFIX
         while True:
+            damaged = False
             if os.path.exists(obj.path):
-                fd = open_lock_file(obj.path + LOCK_SUFFIX)
-                fcntl.flock(fd, fcntl.LOCK_SH)  # only an evictor's brief hold can delay this
-                if os.path.exists(obj.path):
+                fd = acquire(lock, fcntl.LOCK_SH)  # only an evictor's brief hold delays this
+                if self.intact(obj):
                     break
-                _unlock(fd)  # evicted meanwhile
-            fd = open_lock_file(obj.path + DOWNLOAD_SUFFIX)
+                damaged = os.path.exists(obj.path)  # else evicted meanwhile
+                let_go(fd, lock)
+            fd = acquire(download, fcntl.LOCK_EX)  # held only while a download runs
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)  # held only while a download runs
-                if not os.path.exists(obj.path):
-                    fits = self._make_room(obj.size)
-                    if fit and not fits:
-                        raise CacheFullError(f"{obj.what}: no room in {self.folder}")
-                    if getattr(obj.store, "fork_unsafe", lambda: False)():
-                        download_elsewhere(self, obj)  # obstore hangs in a forked child
-                    else:
-                        self.download(obj)
+                if damaged and os.path.exists(obj.path) and not self.intact(obj):
+                    _log.warning(
+                        "%s: the cached copy of %s differs from the manifest (changed or "
+                        "damaged in the cache); downloading it again",
+                        obj.path,
+                        obj.what,
+                    )
+                elif os.path.exists(obj.path):
+                    continue  # downloaded (or mended) by another process meanwhile
+                fits = self._make_room(obj.size)
+                if fit and not fits:
+                    raise CacheFullError(f"{obj.what}: no room in {self.folder}")
+                if getattr(obj.store, "fork_unsafe", lambda: False)():
+                    download_elsewhere(self, obj)  # obstore hangs in a forked child
+                else:
+                    self.download(obj)
             finally:
-                _unlock(fd)
+                let_go(fd, download)
         if touch:
-            set_mtime(obj.path, self.clock())
+            _touch(obj.path, self.clock())
         return Pin(fd, obj.path, self.clock)
+
+    def intact(self, obj: CachedObject) -> bool:
+        """Return whether the cached copy of `obj` is there and what the manifest describes:
+        its size, checked at every use, and its digest, read whole the first time this
+        process uses it and again whenever the file was written or replaced since (its
+        inode, size, modification and change times differ from when it was checked)."""
+        try:
+            stamp = _stamp(obj.path)
+        except FileNotFoundError:
+            return False
+        if obj.size and stamp[2] != obj.size:
+            return False
+        if _checked.get(obj.path) == stamp:
+            return True
+        if obj.algorithm and file_hexdigest(obj.path, obj.algorithm) != obj.digest:
+            return False
+        _checked[obj.path] = stamp
+        return True
 
     def fetch(self, obj: CachedObject, fit: bool = False) -> str:
         """Make sure `obj` is cached (downloading it if needed) without marking it used;
@@ -206,6 +307,7 @@ class ShardCache:
                 "packing; it is not used"
             )
         rename(tmp, obj.path)
+        _checked[obj.path] = _stamp(obj.path)
         self.downloads += 1
 
     def usage(self) -> tuple[int, list[tuple[int, str, int]]]:
@@ -237,9 +339,9 @@ class ShardCache:
                 continue
             size = _folder_bytes(copy.path)
             try:
-                dated = os.stat(copy.path + LOCK_SUFFIX).st_mtime_ns
-            except FileNotFoundError:  # a copy made before copies were locked: oldest
-                dated = 0
+                dated = copy.stat(follow_symlinks=False).st_mtime_ns  # `mirror._hold` dates it
+            except FileNotFoundError:  # removed meanwhile
+                continue
             total += size
             copies.append((dated, copy.path, size))
         return total, copies
@@ -249,9 +351,9 @@ class ShardCache:
         return whether they do."""
         if self.limit is None:
             return True
-        lock = open_lock_file(os.path.join(self.folder, CACHE_LOCK))
+        lock_path = os.path.join(self.folder, CACHE_LOCK)
+        lock = acquire(lock_path, fcntl.LOCK_EX)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
             total, shards = self.usage()
             for _, path, shard_size in sorted(shards):
                 if total + size <= self.limit:
@@ -260,16 +362,14 @@ class ShardCache:
                     total -= shard_size
             return total + size <= self.limit
         finally:
-            _unlock(lock)
+            let_go(lock, lock_path)
 
     def _evict(self, path: str) -> bool:
         """Remove the shard (or copy) at `path` unless someone holds it (its `PATH.lock`);
         return whether it was removed."""
-        fd = open_lock_file(path + LOCK_SUFFIX)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fd = acquire(path + LOCK_SUFFIX, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            os.close(fd)
             return False
         try:
             if os.path.isdir(path):  # a whole copy of mirror/
@@ -277,7 +377,8 @@ class ShardCache:
                 removed = True
             else:
                 removed = remove(path)
+                _checked.pop(path, None)
         finally:
-            _unlock(fd)
+            let_go(fd, path + LOCK_SUFFIX)
         self.evictions += removed
         return removed

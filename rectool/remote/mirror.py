@@ -9,14 +9,19 @@ against the manifest's digests (`check`). The shard cache, which takes only chec
 never filled from here.
 
 A copy counts against a shard cache's `cache_limit` and may be evicted whole (`cache.py`),
-but never while it is in use: `local_copy` holds `mirror/KEY.lock` shared, and dates it, from
-before it writes the copy until `release_copy` or the end of the process (a command uses
-its copy until it exits).
+but never while it is in use: `local_copy` holds `mirror/KEY.lock` shared from before it
+writes the copy until `release_copy` or the end of the process (a command uses its copy
+until it exits), and dates the folder `mirror/KEY/` (the least recently used copy goes
+first). A file already in the copy is checked against the manifest (its size, and its
+digest) before it is used: one damaged in the cache is downloaded again, with a warning
+naming the cache file, and never reported as the bucket's fault.
 """
 
 from __future__ import annotations
 
+import atexit
 import fcntl
+import logging
 import os
 import time
 from collections.abc import Mapping
@@ -24,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import xxhash
 
-from ..doors.output import make_folders, open_lock_file, remove, set_mtime, write_atomic
+from ..doors.output import make_folders, remove, set_mtime, write_atomic
+from ..errors import RectoolError
 from ..format.digest import DIGEST_NAMES, SHA256, XXH3_128, digests_of, field_name, file_hexdigest
 from ..format.manifest import read_manifest
 from ..reader import MANIFEST_SUFFIX
@@ -102,41 +108,75 @@ def local_copy(
             write_atomic(path, data)
             return
         obj = CachedObject(store, object_name, path, size, algorithm, digest, what)
-        if os.path.exists(path) and os.path.getsize(path) == size:
-            if not algorithm or file_hexdigest(path, algorithm) == digest:
+        if os.path.exists(path):
+            if _intact(path, size, *_digest_of(item)):
                 return
-            remove(path)  # a damaged copy `verify` downloaded: fetched again, and checked
+            # Damaged here, not in the bucket (or in the bucket too: the new download says):
+            # fetched again, never reported as the object's fault.
+            _log.warning(
+                "%s: the cached copy of %s differs from the manifest; downloading it again",
+                path,
+                what,
+            )
+            remove(path)
         cache.download(obj)
 
     run_all(fetch, wanted, threads)
     return local
 
 
+_log = logging.getLogger("rectool.remote")
+
+
+def _digest_of(item: _Wanted) -> tuple[str | None, str | None]:
+    return item[2], item[3]
+
+
+def _intact(path: str, size: int, algorithm: str | None, digest: str | None) -> bool:
+    """Return whether the copy at `path` is what the manifest describes: its size, and its
+    digest when the manifest gives one (read whole: `verify` would read it anyway)."""
+    if os.path.getsize(path) != size:
+        return False
+    return not algorithm or file_hexdigest(path, algorithm) == digest
+
+
 _held: dict[str, int] = {}  # copy folder -> the descriptor of its lock, held shared
 
 
 def _hold(folder: str) -> None:
-    """Hold the copy at `folder` (its lock shared) and date its use, for the cache's LRU."""
-    from .cache import LOCK_SUFFIX  # here: see local_copy
+    """Hold the copy at `folder` (its lock shared) until `release_copy` or the end of the
+    process, and date its use (the folder's modification time), for the cache's LRU."""
+    from .cache import LOCK_SUFFIX, acquire  # here: see local_copy
 
-    lock = folder + LOCK_SUFFIX
     if folder not in _held:
-        fd = open_lock_file(lock)
-        fcntl.flock(fd, fcntl.LOCK_SH)  # only an evictor's brief hold can delay this
-        _held[folder] = fd
-    set_mtime(lock, time.time_ns())
+        if not _held:
+            atexit.register(_release_all)
+        # only an evictor's brief hold can delay this
+        _held[folder] = acquire(folder + LOCK_SUFFIX, fcntl.LOCK_SH)
+    set_mtime(folder, time.time_ns())
 
 
 def release_copy(local_manifest: StrPath) -> None:
     """Let go of the copy `local_copy` returned `local_manifest` of: evictable from now."""
-    folder = os.path.dirname(os.fspath(local_manifest))
+    _let_go(os.path.dirname(os.fspath(local_manifest)))
+
+
+def _let_go(folder: str) -> None:
     fd = _held.pop(folder, None)
     if fd is not None:
-        from .cache import LOCK_SUFFIX  # here: see local_copy
+        from .cache import LOCK_SUFFIX, let_go  # here: see local_copy
 
-        set_mtime(folder + LOCK_SUFFIX, time.time_ns())
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+        set_mtime(folder, time.time_ns())
+        let_go(fd, folder + LOCK_SUFFIX)
+
+
+def _release_all() -> None:
+    """Let go of every copy this process holds (at its exit: no lock file left behind)."""
+    for folder in list(_held):
+        try:
+            _let_go(folder)
+        except (OSError, RectoolError):
+            pass  # a lock file left is harmless: the next holder removes it
 
 
 def _digest(shard: Mapping[str, Any], kind: str) -> tuple[str | None, str | None]:
