@@ -10,12 +10,17 @@
   version-1 manifest) computed as the bytes arrive; only a shard whose digest matches is
   renamed into place. A transfer cut or damaged is never used: a cut one is resumed by range
   (`store.Retry.stream`), a mismatched one is removed and refused, naming the URL and shard.
-- **Once per machine.** Each shard has two lock files beside it (kept for good): a reader holds
-  `NAME.rec.lock` shared (`flock`) while the shard is mapped, and an evictor must take it
-  exclusive; whoever downloads holds `NAME.rec.download` exclusive, so processes (Loader
-  workers, ranks, prefetch threads) that want the same shard wait for that one download
-  instead of starting their own. Two locks, because one lock converted from shared to
-  exclusive deadlocks: a waiting downloader would wait for ever on a reader's shared hold.
+- **Checked again before use.** A cached shard is used only if its size is the manifest's
+  and its digest matches: read whole the first time a process uses it, and again whenever
+  the file changed since (`ShardCache.intact`). One that differs is downloaded again (a
+  warning names the cache file), never read.
+- **Once per machine.** Each shard has two locks beside it: a reader holds `NAME.rec.lock`
+  shared (`flock`) while the shard is mapped, and an evictor must take it exclusive; whoever
+  downloads holds `NAME.rec.download` exclusive, so processes (Loader workers, ranks,
+  prefetch threads) that want the same shard wait for that one download instead of starting
+  their own. Two locks, because one lock converted from shared to exclusive deadlocks: a
+  waiting downloader would wait for ever on a reader's shared hold. A lock's file exists
+  only while it is held: the last to let it go removes it (`let_go`, `acquire`).
 - **Bounded.** With `limit` (bytes), room for a download is made first, under the cache's own
   lock (`.cache.lock`), by removing the shards used least recently (a shard's modification time
   is set when it is released: when it was last used); a shard whose lock anyone holds is never
