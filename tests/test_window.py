@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from rectool.dataset.packs import PackDataset
 from rectool.format import headers
+from rectool.format import records as records_module
 from rectool.format.textindex import load_index
 from rectool.format.window import FAULT_AROUND, RecWindow, ascending, release_range
 from rectool.inspect.info import dataset_info
@@ -210,3 +211,19 @@ def test_released_ranges_take_whole_fault_around_blocks(pack):
     size = pack.size
     assert FAULT_AROUND == 2 << 20 and size < FAULT_AROUND
     assert calls == [(mmap.MADV_DONTNEED, 0, size)]  # the block, to the end; none past it
+
+
+def test_iter_records_hands_the_walked_pages_back_behind_it(pack, monkeypatch):
+    released = []
+    monkeypatch.setattr(records_module, "WINDOW_BYTES", SPAN)
+    rf = RecordFile(pack.rec)
+    try:
+        walked = list(
+            records_module.iter_records(rf, release=lambda m, lo, hi: released.append((lo, hi)))
+        )
+    finally:
+        rf.close()
+    assert [offset for offset, _ in walked] == [offset for _, offset in pack.lines]
+    assert released[0][0] == 0 and released[-1][1] == pack.size
+    assert all(b[0] == a[1] for a, b in zip(released, released[1:]))
+    assert all(hi - lo < SPAN + max(pack.lengths) + 12 for lo, hi in released)

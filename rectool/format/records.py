@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ..reader import RecordFile, RectoolError
 from .textindex import load_index
+from .window import WINDOW_BYTES, Release, release_range
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -48,9 +49,23 @@ class IndexedRecordFile:
         return self.rec.read_at(int(self.offsets[i]), int(self.keys[i]))
 
 
-def iter_records(records: RecordFile, start: int = 0) -> Iterator[tuple[int, bytes]]:
-    """Yield (offset, record) for every record of a .rec from byte `start` on, in file order."""
-    while start < records.size:
-        record, after = records.read_parts(start)
-        yield start, record
-        start = after
+def iter_records(
+    records: RecordFile, start: int = 0, release: Release = release_range
+) -> Iterator[tuple[int, bytes]]:
+    """Yield (offset, record) for every record of a .rec from byte `start` on, in file order.
+
+    The pages read are handed back (`release(mapping, lo, hi)`) a window (`WINDOW_BYTES`) at
+    a time behind the walk, and at its end, so that a walk over a whole pack holds one window
+    of it, not the file."""
+    mapping, released = records.open(), start
+    try:
+        while start < len(mapping):
+            record, after = records.read_parts(start)
+            yield start, record
+            start = after
+            if start - released >= WINDOW_BYTES:
+                release(mapping, released, start)
+                released = start
+    finally:
+        if start > released:
+            release(mapping, released, start)

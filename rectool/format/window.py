@@ -44,7 +44,7 @@ def release_range(mapping: object, lo: int, hi: int) -> None:
     mapped until the whole file is (measured on Linux 6.18: the report's duplicate hashing
     held 770 MB of a 730 MB pack releasing just the records' pages; `info`'s 200 sampled
     records, 50 MB)."""
-    if isinstance(mapping, mmap.mmap) and hi > lo:
+    if isinstance(mapping, mmap.mmap) and not mapping.closed and hi > lo:
         start = lo - lo % FAULT_AROUND
         end = min(len(mapping), hi + (-hi % FAULT_AROUND))
         if end > start:  # (nothing past the end of the file)
