@@ -33,6 +33,7 @@ import numpy as np
 import xxhash
 
 from ..dataset.packs import PackDataset
+from ..doors.inputs import read_regular
 from ..doors.output import write_atomic
 from ..format.binindex import INDEX_SUFFIXES
 from ..format.digest import SHA256, XXH3_128, field_name
@@ -72,6 +73,15 @@ def default_cache_dir() -> str:
         return os.environ[CACHE_ENV]
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return os.path.join(base, "rectool")
+
+
+def _holds(path: str, data: bytes) -> bool:
+    """Return whether the file at `path` holds exactly `data` (a manifest: a few KB)."""
+    try:
+        held, _ = read_regular(path, "cached manifest", max_bytes=len(data))
+    except (OSError, RectoolError):  # absent, or longer than `data`
+        return False
+    return held == data
 
 
 def described_files(doc: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
@@ -283,7 +293,7 @@ class RemoteDataset(PackDataset):
         key = xxhash.xxh3_64_hexdigest(self.url.encode() + b"\0" + data)
         self._folder = self.shard_cache.pack_folder(key)
         local = os.path.join(self._folder, name)
-        if not os.path.exists(local):
+        if not _holds(local, data):  # absent, or changed in the cache since: written again
             write_atomic(local, data)
         doc = read_manifest(local)
         self._objects: dict[str, CachedObject] = {}  # each shard's .rec, by its cache path

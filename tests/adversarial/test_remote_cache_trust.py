@@ -77,6 +77,15 @@ def test_a_shard_damaged_in_the_cache_by_another_process_is_checked_again(remote
     assert records(opened(remote_pack, tmp_path / "cache")) == want
 
 
+def test_a_manifest_damaged_in_the_cache_is_written_again_from_the_url(remote_pack, tmp_path):
+    opened(remote_pack, tmp_path / "cache").close()
+    (cached,) = (tmp_path / "cache" / "packs").glob("*/faces.manifest.json")
+    cached.write_bytes(cached.read_bytes()[:-40])  # cut: no longer JSON
+    again = opened(remote_pack, tmp_path / "cache")
+    assert len(again) == 12
+    assert cached.read_bytes() == remote_pack.local.read_bytes()
+
+
 def test_verify_of_a_url_fetches_a_damaged_copy_again_and_blames_no_bucket_object(
     remote_pack, tmp_path, monkeypatch
 ):
