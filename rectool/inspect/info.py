@@ -4,8 +4,9 @@ A pack with a binary index (format 3) is described from it: counts, labels, the 
 the identity ranges are mapped from its `.npy` arrays, and the `.rec` is not read, but for the
 sample of images decoded for their dimensions (which also give the payload sizes and
 encodings described). Any other dataset is described from every record header (read with
-numpy, through the .idx when there is one); the layout is then "images" or "insightface", as
-`format.headers.insightface_header` decides it for each shard. `label_vectors` tells whether
+numpy, through the .idx when there is one, a bounded window at a time: `inspect.shardfacts`);
+the layout is then "images" or "insightface", as `format.headers.insightface_header` decides
+it for each shard. `label_vectors` tells whether
 images carry a label vector (header flag > 0) rather than one label.
 
 Records it cannot read are described under `damage` (the rest is still described);
@@ -26,33 +27,20 @@ from ..dataset.packs import PackDataset
 from ..dataset.sources import resolve_source
 from ..errors import RecordFormatError, RectoolError
 from ..format.binindex import has_binary_index, read_identities
-from ..format.headers import insightface_header
-from ..format.keys import last_line_wins
 from ..format.textindex import load_index
-from ..format.window import RecWindow, ascending
+from ..format.window import RecWindow
 from ..reader import (
     DEFAULT_MAX_PIXELS,
-    Header,
     ImageTooLargeError,
     imdecode,
     sniff_format,
     unpack_header,
 )
-from .scan import (
-    image_formats,
-    locate_records,
-    read_headers,
-    scan_framing,
-)
+from .shardfacts import OpenRec, PhaseProgress, shard_facts
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
 
-# open_rec(path): the window a shard is read through; progress(phase, done, total).
-OpenRec = Callable[[str], RecWindow]
-PhaseProgress = Callable[[str, int, int | None], object]
-# A record that cannot be read: (key or None, byte offset, reason).
-Damaged = tuple[int | None, int, str]
 
 # Histogram of images per identity: (lowest, highest) count of each bin; None is unbounded.
 HISTOGRAM_BINS: tuple[tuple[int, int | None], ...] = (
@@ -260,7 +248,7 @@ def _headers_info(
     insightface_classes = None
     damage: list[tuple[str, int | None, int, str]] = []  # (rec, key or None, offset, reason)
     for rec, idx in shards:
-        shard = _read_shard(rec, idx, open_rec, progress)
+        shard = shard_facts(rec, idx, open_rec, progress)
         if on_shard is not None:
             on_shard(rec, shard)
         records += shard["records"]
@@ -303,150 +291,6 @@ def _headers_info(
     info["dimensions"] = _sample_dimensions(images_by_shard, sample, max_pixels, open_rec)
     info["damage"] = damage_summary(os.fspath(target), damage)
     return info
-
-
-def _read_shard(rec: str, idx: str, open_rec: OpenRec, progress: PhaseProgress) -> dict[str, Any]:
-    """Read every record header of a shard, a window at a time in file order; return its facts.
-
-    What is kept of each record is a few numpy columns (about 15 bytes; 8 more for a .rec
-    without its .idx, whose keys are the headers' ids), never an object per record.
-    """
-    damage: list[Damaged] = []  # each record that cannot be read
-    with open_rec(rec) as window:
-        buf, size = window.mapping, window.size
-        lengths = split = keys = None
-        if os.path.exists(idx):
-            keys, offsets = load_index(idx)
-            if not len(keys) and size:  # not "0 records": the index is lost, not the data
-                held = len(scan_framing(buf, size, window=window).starts)
-                raise RectoolError(
-                    f"{idx}: empty, but {os.path.basename(rec)} holds {held} records; "
-                    f"rebuild it with `rectool reindex {rec} --overwrite`"
-                )
-            keys, offsets = last_line_wins(keys, offsets)
-        else:
-            framing = scan_framing(buf, size, window=window)
-            damage += [(None, d.start, d.reason) for d in framing.damage]
-            offsets, lengths, split = framing.starts, framing.lengths, framing.split
-        unframed = len(damage)  # records not in `offsets`
-        columns = _HeaderColumns(len(offsets), ids=keys is None)
-        order = ascending(offsets)
-        starts = offsets if order is None else offsets[order]
-        for i, j, lo, hi in window.batches(starts):
-            rows = np.arange(i, j) if order is None else order[i:j]
-            window.hold(lo, hi)  # handed back as the next batch is taken
-            at = starts[i:j]
-            if lengths is None or split is None:
-                bad: list[tuple[int, int, str]] = []
-                batch_keys = None if keys is None else keys[rows]
-                got, cut = locate_records(buf, size, at, rec, batch_keys, bad=bad)
-                for k, offset, reason in bad:
-                    damage.append((None if keys is None else int(keys[rows[k]]), offset, reason))
-                    columns.readable[rows[k]] = False
-            else:
-                got, cut = lengths[rows], split[rows]
-            columns.add(buf, size, rows, at, got, cut, window.record)
-            progress("records", int(j), len(starts))
-            progress("bytes", hi, size)
-        window.drop()
-        if keys is None:
-            keys = columns.ids
-        ranges = _insightface(window, keys, offsets, columns)
-        images = columns.complete & columns.readable
-        layout, classes = "images", None
-        if ranges is not None:
-            layout, classes = "insightface", len(ranges[1])
-            images &= (keys >= ranges[0].start) & (keys < ranges[0].stop)
-        # An empty image is still an image (as verify and the reader count it), and damage.
-        reason = "empty image: a header and no image bytes"
-        empty = np.flatnonzero(images & (columns.image == 0)).tolist()
-        damage += [(int(keys[i]), int(offsets[i]), reason) for i in empty]
-        rows = np.flatnonzero(images)
-        kinds = np.bincount(columns.kind[rows], minlength=len(_KINDS))
-        damage.sort(key=lambda d: d[1])
-        return {
-            "records": len(offsets) + unframed,
-            "readable": int(np.count_nonzero(columns.readable)),
-            "rec_bytes": size,
-            "layout": layout,
-            "label_vectors": bool((columns.flag[images] > 0).any()),
-            "classes": classes,
-            "labels": columns.label0[rows],
-            "sizes": columns.image[rows],
-            "formats": Counter(
-                {_KINDS[k] or "unknown": int(c) for k, c in enumerate(kinds.tolist()) if c}
-            ),
-            "flags": _counts(columns.flag[rows]),
-            "offsets": offsets[rows],
-            "damage": damage,
-        }
-
-
-# Image formats as `image_formats` names them, by code (0: unknown, or no image bytes).
-_KINDS: tuple[str | None, ...] = (None, "jpeg", "png", "bmp", "gif", "webp", "tiff")
-_KIND_CODES = {kind: code for code, kind in enumerate(_KINDS)}
-
-
-class _HeaderColumns:
-    """What `_read_shard` keeps of each record's header: numpy columns, filled a batch at a
-    time (`add`); `readable` False where the record cannot be read."""
-
-    def __init__(self, n: int, ids: bool) -> None:
-        self.readable = np.ones(n, bool)
-        self.complete = np.zeros(n, bool)
-        self.flag = np.zeros(n, np.uint32)
-        self.label0 = np.full(n, np.nan, np.float32)
-        self.image = np.zeros(n, np.int32)  # image bytes (< 2**29: a record's length)
-        self.kind = np.zeros(n, np.int8)  # a `_KINDS` code
-        self.ids = np.zeros(n if ids else 0, np.int64)
-
-    def add(
-        self,
-        buf: Any,
-        size: int,
-        rows: np.ndarray,
-        starts: np.ndarray,
-        lengths: np.ndarray,
-        split: np.ndarray,
-        read_record: Callable[[int], bytes],
-    ) -> None:
-        """Read the headers of the records at `starts` (rows `rows`) into the columns."""
-        ok = self.readable[rows]
-        rows, starts, lengths, split = rows[ok], starts[ok], lengths[ok], split[ok]
-        headers = read_headers(buf, size, starts, lengths, split, read_record)
-        self.complete[rows] = headers.complete
-        self.flag[rows] = headers.flag
-        self.label0[rows] = headers.label0
-        self.image[rows] = headers.image
-        if len(self.ids):
-            self.ids[rows] = headers.id.astype(np.int64)
-        local = np.flatnonzero(headers.complete)
-        found = image_formats(buf, size, starts, headers, split, local, read_record)
-        self.kind[rows[local]] = [_KIND_CODES.get(kind, 0) for kind in found.tolist()]
-
-
-def _insightface(
-    window: RecWindow, keys: np.ndarray, offsets: np.ndarray, columns: _HeaderColumns
-) -> tuple[range, range] | None:
-    """Return `insightface_header`'s key ranges of a shard read by `_read_shard`, or None.
-
-    A record too short for its header counts as one with the flag it shows (0 when even that
-    is cut off) and no labels, so a cut record 0 is no header; an unreadable one is not there.
-    """
-    present = np.where(columns.readable, keys, -1)  # (keys are never negative)
-
-    def read(row: int) -> tuple[Header, bytes]:
-        if not columns.complete[row]:
-            return Header(int(columns.flag[row]), np.full(2, np.nan, np.float32), 0, 0), b""
-        return unpack_header(window.record(int(offsets[row])))
-
-    return insightface_header(read, present)
-
-
-def _counts(values: np.ndarray) -> Counter:
-    """Return a Counter of an array's values, counted by numpy (no object per record)."""
-    found, counts = np.unique(values, return_counts=True)
-    return Counter(dict(zip(found.tolist(), counts.tolist())))
 
 
 def damage_summary(
