@@ -227,3 +227,19 @@ def test_iter_records_hands_the_walked_pages_back_behind_it(pack, monkeypatch):
     assert released[0][0] == 0 and released[-1][1] == pack.size
     assert all(b[0] == a[1] for a, b in zip(released, released[1:]))
     assert all(hi - lo < SPAN + max(pack.lengths) + 12 for lo, hi in released)
+
+
+def test_the_report_owns_twelve_bytes_an_image_beside_the_mapped_index(pack):
+    # Issue 37: no per-image objects; what the report keeps of each image is the index's own
+    # mapped arrays plus an int32 size and a uint64 fingerprint.
+    with PackDataset(pack.manifest) as ds:
+        images = ImageTable.from_index(ds)
+        scan_images(images)
+        owned = {
+            name: a
+            for name, a in vars(images).items()
+            if isinstance(a, np.ndarray) and a.flags.owndata
+        }
+        assert sorted(owned) == ["prints", "sizes"]
+        assert sum(a.nbytes for a in owned.values()) == 12 * len(images)
+        assert all(a.dtype != object for a in vars(images).values() if isinstance(a, np.ndarray))

@@ -44,8 +44,13 @@ SOURCES = 2_000  # distinct JPEGs the tree links to
 PER_IDENTITY = 20
 SIDE = 16
 SILENCE_LIMIT_S = 10.0
+COMMANDS = ("list", "pack", "verify", "info", "report", "repack")
 TARGETS = [  # holds at every scale: the "never silent for more than 10 s"
     ("longest_silence_s", "longest silence on stderr of any command (seconds)", "<=", 10),
+    *(
+        (f"commands.{name}.peak_rss_mib", f"`{name}` peak RSS (MiB) at the run's size", None, 0)
+        for name in COMMANDS
+    ),
 ]
 
 
