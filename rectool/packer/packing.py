@@ -135,9 +135,9 @@ def pack_images(
             allow_empty,
             on_shard_finished,
         )
-    except RectoolError:  # a wrong ROOT, an empty list, a bad list or label map...
-        if made:  # ... refused before anything was written: leave nothing behind
-            remove_empty_folder(out_dir)  # (only if empty: an interrupted run's files stay)
+    except (WrongRootError, EmptyListError):
+        if made:  # nothing was written: leave nothing behind
+            remove_empty_folder(out_dir)
         raise
 
 
