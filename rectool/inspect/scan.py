@@ -85,7 +85,9 @@ class Framing:
 @contextmanager
 def mapped(path: StrPath) -> Iterator[tuple[Buffer, int]]:
     """Map a file read-only through the reader's `RecordFile`; yield (buffer, size). An empty
-    file yields (b"", 0)."""
+    file yields (b"", 0). The whole file stays in the process's RSS as it is read: a scan of
+    every record takes a `format.window.RecWindow` instead (its `mapping` and `size` are
+    this buffer and size; `hold`/`batches` hand the pages back behind the scan)."""
     records = RecordFile(os.fspath(path))  # a FIFO or device is refused
     mm = records.open()
     try:
