@@ -134,16 +134,15 @@ class RecWindow:
         try:
             data, after = self.file.read_parts(offset, key)
         except RecordFormatError:
-            self._count(offset, min(self.size, offset + 8), counted=False)
+            self._count(max(0, offset), max(0, min(self.size, offset + 8)))  # a part header
             raise
         self._count(offset, after)
         return data
 
-    def _count(self, lo: int, hi: int, counted: bool = True) -> None:
+    def _count(self, lo: int, hi: int) -> None:
         """Count bytes lo..hi read by copy; release them unless the window held has them."""
-        if counted:
-            self.bytes_read += hi - lo
-            self.peak = max(self.peak, hi - lo)
+        self.bytes_read += max(0, hi - lo)
+        self.peak = max(self.peak, hi - lo)
         held = self._held
         if held is None or lo < held[0] or hi > held[1]:
             self._release(self.mapping, lo, hi)
