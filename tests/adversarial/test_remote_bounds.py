@@ -80,6 +80,18 @@ def test_a_limit_that_is_not_a_positive_number_is_refused_naming_the_variable(
     assert message == "RECTOOL_REMOTE_STALL_S='soon': set it to a number of seconds above 0"
 
 
+def test_a_shard_longer_than_its_manifest_says_is_refused_not_read_on(http_pack, tmp_path):
+    """(A guard: held before issue 36 too.) The manifest's size bounds a shard's download."""
+    ds = opened(http_pack, tmp_path)
+    with open(http_pack.folder / "faces-00001.rec", "ab") as f:
+        f.write(b"\0" * (4 << 20))  # served: 4 MiB more than the manifest lists
+    with pytest.raises(RemoteError) as refused:
+        ds.raw(4)
+    shard = http_pack.url.rsplit("/", 1)[0] + "/faces-00001.rec"
+    assert str(refused.value).startswith(f"{shard} (shard 1 of faces.manifest.json): more than ")
+    assert not list((tmp_path / "cache" / "packs").glob("*/faces-00001.rec"))
+
+
 # --- time: a stall and a deadline per request ---------------------------------------------------
 
 
