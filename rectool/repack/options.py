@@ -10,6 +10,7 @@ from ..errors import RectoolError, UsageError
 from ..format.digest import sha256_file
 from ..packer.images import DEFAULT_MAX_PIXELS, Transform
 from ..packer.layout import layout_named
+from ..redaction import safe_url
 from ..remote.store import is_url
 from . import selection
 
@@ -52,7 +53,10 @@ class RepackOptions:
         doc = asdict(self)
         for name in ("workers", "max_failures", "max_pixels", "sha256"):  # safety, not bytes
             doc.pop(name)
-        doc["drop_overlap"] = [p if is_url(p) else os.path.abspath(p) for p in self.drop_overlap]
+        # A URL as written in the manifest: without its credentials or signature (`safe_url`).
+        doc["drop_overlap"] = [
+            safe_url(p) if is_url(p) else os.path.abspath(p) for p in self.drop_overlap
+        ]
         for name in ("keep_ids", "drop_ids"):
             if doc[name]:
                 doc[name] = _file_digest(doc[name])

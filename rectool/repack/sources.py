@@ -14,6 +14,7 @@ from ..dataset.packs import open_dataset
 from ..errors import InputError, RectoolError
 from ..format.keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
 from ..packer.listfile import LABEL_MAP_SUFFIX, read_label_map
+from ..redaction import safe_url
 from ..remote.mirror import local_source
 from .copier import RELEASE_BYTES
 from .evalsets import is_eval_set, read_eval_set
@@ -29,9 +30,10 @@ class Source:
     """One opened source: its dataset, the shard of each sample, and its identity names."""
 
     def __init__(self, spec: StrPath) -> None:
-        self.spec = os.fspath(spec)
+        given = os.fspath(spec)
+        self.spec = safe_url(given)  # what is shown and written (manifest, report, refusals)
         try:  # a URL: a local copy, named by its URL (the manifest's sources, refusals)
-            self.dataset = open_dataset(local_source(self.spec, check=True))
+            self.dataset = open_dataset(local_source(given, check=True))
         except InputError as exc:  # still an unusable input, named as the source
             raise InputError(f"source {self.spec}: {exc}") from None
         except RectoolError as exc:
@@ -80,9 +82,10 @@ class PackTarget:
     """A --drop-overlap target that is a dataset: its images are compared, nothing else."""
 
     def __init__(self, spec: StrPath) -> None:
-        self.spec = os.fspath(spec)
+        given = os.fspath(spec)
+        self.spec = safe_url(given)  # what is shown and written: never a credential
         try:
-            self.dataset = open_dataset(self.spec)
+            self.dataset = open_dataset(given)
         except InputError as exc:
             raise InputError(f"--drop-overlap {self.spec}: {exc}") from None
         except RectoolError as exc:

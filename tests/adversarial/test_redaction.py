@@ -164,6 +164,18 @@ def test_a_url_with_credentials_that_works_is_named_without_them(s3_pack, tmp_pa
             assert s3_pack.url.split("/")[2] in shown  # the URL is named, without them
 
 
+def test_what_a_repack_writes_holds_no_credential_of_its_source_or_overlap_url(s3_pack, tmp_path):
+    # The manifest's sources and options, the report and the label map are files users share.
+    url = s3_pack.url.replace("s3://", f"s3://AKIA:{PASSWORD}@")
+    out = tmp_path / "repacked"
+    result = invoke("repack", url, out / "r", "--drop-overlap", url)
+    assert result.exit_code in (0, 3), result.output
+    written = sorted(p for p in out.iterdir() if p.suffix in (".json", ".jsonl", ".tsv"))
+    assert any(p.name.endswith(".manifest.json") for p in written)
+    for path in written:
+        assert PASSWORD not in path.read_text(encoding="utf-8"), path.name
+
+
 def test_an_output_prefix_url_with_credentials_is_never_shown(small_tree, tmp_path):
     prefix = f"http://carol:{PASSWORD}@127.0.0.1:1/packs/faces{PRESIGNED}"
     for as_json in ([], ["--json"]):
