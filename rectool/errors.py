@@ -24,6 +24,7 @@ from .reader import (
 
 # Error name -> the module (under rectool) that defines it.
 _ELSEWHERE = {
+    "ArchiveError": "archives.members",
     "CacheFullError": "remote.cache",
     "ChecksumFileError": "format.checksums",
     "DamagedRecordsError": "inspect.unpack",

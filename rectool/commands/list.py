@@ -26,7 +26,7 @@ from .options import (
     seed_option,
     workers_option,
 )
-from .paramtypes import Count, Finite
+from .paramtypes import Count, Finite, SourceRoot
 from .progress import progress_bar
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ def parse_extensions(
 
 @click.command(cls=RectoolCommand, name="list")
 @renamed_option("--threads", "--workers", "workers", type=click.IntRange(1, 256))
-@click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("root", type=SourceRoot())
 @click.argument("out", type=click.Path(dir_okay=False, allow_dash=True, path_type=Path))
 @click.option(
     "--recursive/--no-recursive",
@@ -162,15 +162,29 @@ def list_command(
     scan always ends. A ROOT that is / or lies in /proc, /sys or /dev is refused, and a link
     that leads there is never followed: no image tree is there.
 
+    ROOT may be an archive of such a tree: a .tar, .tar.gz/.tgz or .zip (read from inside
+    its one top folder when it has one), or webdataset shards (a folder of .tar files, a
+    glob, a {000..099} pattern: identity from the key's folder, else its .cls member). Paths
+    are member names; links and devices in it are passed over. A .tar.gz's list follows
+    the archive's order, so that pack reads it once.
+
     \b
     Example:
         rectool list faces/ faces.lst
         rectool list faces/ faces.lst --shuffle --seed 1 --val-ratio 0.05 --split-by identity
+        rectool list train.tar.gz train.lst
     """
     to_stdout = str(out) == "-"
     update, close = progress_bar(quiet or as_json, "folder")
+    from ..archives.source import archive_kind
+
+    lister = list_images
+    if archive_kind(root) is not None:
+        from ..archives.listing import list_archive
+
+        lister = list_archive
     try:
-        listing = list_images(
+        listing = lister(
             root,
             cast(BinaryIO, click.open_file("-", "wb")) if to_stdout else out,  # stdout's bytes
             labels=labels,

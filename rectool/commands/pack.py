@@ -42,7 +42,7 @@ from .pack_messages import (
     render_result,
     shard_plan,
 )
-from .paramtypes import Count
+from .paramtypes import Count, SourceRoot
 from .progress import progress_bar, remember_progress
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 @click.command(cls=RectoolCommand, name="pack")
 @click.argument("list_file", metavar="LIST", type=click.Path(dir_okay=False, allow_dash=True))
-@click.argument("root", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.argument("root", type=SourceRoot())
 @click.argument("prefix", metavar="OUT_PREFIX")
 @click.option(
     "--pack-label",
@@ -170,6 +170,8 @@ def pack_command(
 
     One run at a time writes an OUT_PREFIX (a second is refused, naming the first's pid).
     Images that are not regular files, or whose paths leave ROOT, are refused.
+    ROOT may be a .tar, .tar.gz/.tgz or .zip of the tree, or webdataset shards: LIST's paths
+    are member names, and the pack is the extracted tree's (see docs/pack.md).
 
     Exit status: 0 packed (refusals within --max-failures), 1 error, 2 usage error,
     3 packed but more images refused than --max-failures allows (with --only-shard: by that

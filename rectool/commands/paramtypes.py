@@ -154,3 +154,35 @@ class LocalTarget(click.ParamType):
                 ctx,
             )
         return str(value)
+
+
+class SourceRoot(click.ParamType):
+    """ROOT: an image tree (a folder), or an archive of one: a .tar, .tar.gz/.tgz or .zip
+    file, or webdataset shards (a folder of .tar files, a glob, a {000..099} pattern)."""
+
+    name = "root"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        import os
+        from pathlib import Path
+
+        from ..archives.source import PATTERN_CHARACTERS, archive_kind
+        from ..errors import InputError
+
+        text = os.fspath(value)
+        try:
+            kind = archive_kind(text)
+        except InputError as exc:
+            self.fail(str(exc), param, ctx)
+        if kind == "webdataset":
+            return Path(text)
+        if kind is not None:
+            archive = click.Path(exists=True, dir_okay=False, path_type=Path)
+            return archive.convert(value, param, ctx)
+        archives = "an archive (.tar, .tar.gz, .tgz, .zip, webdataset shards)"
+        if os.path.isfile(text):
+            self.fail(f"{text!r} is a file, neither a folder nor {archives}", param, ctx)
+        if not os.path.lexists(text) and any(c in text for c in PATTERN_CHARACTERS):
+            self.fail(f"{text!r}: no webdataset shards match", param, ctx)
+        tree = click.Path(exists=True, file_okay=False, path_type=Path)
+        return tree.convert(value, param, ctx)

@@ -64,7 +64,16 @@ def check_root(list_path: StrPath, root: StrPath, allow_outside_root: bool = Fal
             items = list(itertools.islice(iter_list(f, os.fspath(list_path)), ROOT_CHECK_ITEMS))
     except (OSError, UnicodeDecodeError, RectoolError):
         return  # reported, naming the line, where the list is validated
-    for item in items:
+    from ..archives.source import archive_kind, open_archive
+
+    kind = archive_kind(root)
+    if kind == "tar.gz":
+        return  # a stream is read once, by pack: its first refusals say so
+    if kind is not None:
+        with open_archive(root, kind) as archive:
+            if any(archive.index.find(item.path) is not None for item in items):
+                return
+    for item in items if kind is None else ():
         path = resolve_path(prefix, item.path, allow_outside_root)
         if path is not None and os.path.lexists(path):
             return

@@ -18,6 +18,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from ..archives.reading import open_member_reader
 from ..doors.failures import failure_line, open_failures
 from ..doors.inputs import open_input
 from ..doors.output import create_new, open_existing, truncate
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
 
     from .listfile import ListItem
     from .options import PackOptions
-    from .passthrough import Block
+    from .passthrough import Block, MemberSource
     from .workers import Prepared
 
     # `progress(done, total, refused)`, called as list items finish.
@@ -169,11 +170,24 @@ class PackRun:
             os.close(self._failures_fd)
 
     def _process(self, items: Iterator[ListItem], done: int) -> None:
+        # An archive ROOT: its members, read by offset or in one pass (rectool/archives/).
+        source = open_member_reader(self.root, self._remaining_paths)
+        try:
+            self._process_from(items, done, source)
+        finally:
+            if source is not None:
+                source.close()
+
+    def _remaining_paths(self) -> Iterator[str]:
+        items = itertools.islice(self._items(), self._position, self.positions.stop)
+        return (item.path for item in items)
+
+    def _process_from(self, items: Iterator[ListItem], done: int, source: MemberSource) -> None:
         may_switch = self.options.workers > 1
-        worker = ImageWorker(self.root, self.options)
+        worker = ImageWorker(self.root, self.options, source)
         chunks = _chunks(items, CHUNK_ITEMS)
         if _io_bound(self.options):
-            done, finished = self._process_blocks(items, done, may_switch)
+            done, finished = self._process_blocks(items, done, may_switch, source)
             if finished:
                 return
         elif self.options.workers == 1:
@@ -201,7 +215,7 @@ class PackRun:
         )
 
     def _process_blocks(
-        self, items: Iterator[ListItem], done: int, may_switch: bool
+        self, items: Iterator[ListItem], done: int, may_switch: bool, source: MemberSource = None
     ) -> tuple[int, bool]:
         """Pass images through a block at a time on this thread; return (done, finished),
         stopping when reads are slow (see `_ReadTimer`)."""
@@ -212,6 +226,7 @@ class PackRun:
             wait=self.writer.wait_written,
             allow_outside_root=self.options.allow_outside_root,
             max_pixels=self.options.max_pixels,
+            source=source,
         )
         timer = _ReadTimer()
         while True:

@@ -47,6 +47,11 @@ from .images import (
 if TYPE_CHECKING:
     from numpy.typing import ArrayLike
 
+    from ..archives.reading import MemberReader, StreamReader
+
+    # An archive ROOT's members (rectool/archives/), or None for a tree.
+    MemberSource = MemberReader | StreamReader | None
+
     from .listfile import ListItem
     from .workers import Run
 
@@ -163,8 +168,12 @@ class PassThroughPacker:
         wait: Callable[[int], object] | None = None,
         allow_outside_root: bool = False,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        source: MemberSource = None,
     ) -> None:
         """`wait(block.written)`, when given, is called before a block's buffer is reused.
+
+        `source`, for an archive ROOT, reads the listed members instead of files
+        (`rectool/archives/reading.py`).
 
         Paths that leave `root` (absolute, or with `..` climbing out) are refused as
         `OUTSIDE_ROOT` unless `allow_outside_root`; images whose header declares more than
@@ -174,6 +183,7 @@ class PassThroughPacker:
         self._allow_outside_root = allow_outside_root
         self._guard = RootGuard(root, allow_outside_root)
         self._check = check
+        self._source = source
         self._max_pixels = max_pixels
         self._pack_label = pack_label
         self._size = (block_bytes or BLOCK_BYTES) & ~3  # whole words, for the magic search
@@ -215,6 +225,7 @@ class PassThroughPacker:
         allow_outside = self._allow_outside_root
         add_item, add_start, add_end = entries.append, starts.append, ends.append
         pack_label = self._pack_label
+        source = self._source
         size = self._size
         limit = size - min(MIN_ROOM, size // 4)
         head = _HEADER_BYTES
@@ -235,12 +246,19 @@ class PassThroughPacker:
                 room = MAX_RECORD_BYTES - head + 9
             n, rest = 0, None
             path = item.path
-            if path[0] == "/" or ".." in path:  # rare: see whether it leaves ROOT
+            if source is not None:  # an archive's member
+                n, rest, reason = source.read_into(path, view[begin : begin + room])
+                if reason is not None:
+                    refused[j] = reason
+                path = None
+            elif path[0] == "/" or ".." in path:  # rare: see whether it leaves ROOT
                 path = resolve_path(prefix, path, allow_outside)
             else:
                 path = prefix + path
             try:
-                if path is None:
+                if source is not None:
+                    pass
+                elif path is None:
                     refused[j] = OUTSIDE_ROOT
                 else:
                     fd = open_(path)

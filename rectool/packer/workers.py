@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from .listfile import ListItem
     from .options import PackOptions
     from .ordered import Buffer
+    from .passthrough import MemberSource
 
     # What a worker makes of one image: its bytes (or framed record), or why it was refused.
     Prepared = bytes | ImageRefused
@@ -43,8 +44,9 @@ class ImageWorker:
     and pipes than they save (see docs/benchmarks.md).
     """
 
-    def __init__(self, root: str, options: PackOptions) -> None:
+    def __init__(self, root: str, options: PackOptions, source: MemberSource = None) -> None:
         self.root, self.options = root, options
+        self._source = source  # an archive ROOT's members (rectool/archives/), else None
         self._prefix = os.path.join(root, "")
         self._guard = RootGuard(root, options.allow_outside_root)
         # A layout that numbers images as written frames them where they are written.
@@ -62,6 +64,11 @@ class ImageWorker:
 
     def prepare(self, item: ListItem) -> Prepared:
         """Read and check or re-encode one image; return its bytes or an `ImageRefused`."""
+        if self._source is not None:
+            member = self._source.read(item.path)
+            if isinstance(member, str):
+                return ImageRefused(member)
+            return self._check(member)
         path = resolve_path(self._prefix, item.path, self.options.allow_outside_root)
         if path is None:
             return ImageRefused(OUTSIDE_ROOT)
@@ -77,6 +84,10 @@ class ImageWorker:
             return ImageRefused("is a directory, not an image file")
         except OSError as exc:
             return ImageRefused(f"cannot read ({exc.strerror or exc})")
+        return self._check(data)
+
+    def _check(self, data: bytes) -> Prepared:
+        """Check or re-encode an image's bytes; return them or an `ImageRefused`."""
         try:
             if self.options.transform is not None:
                 return reencode_image(data, self.options.transform, self.options.max_pixels)

@@ -1,0 +1,156 @@
+"""Which ROOT is an archive, and the one opener of archives: `open_archive`.
+
+`archive_kind` tells an archive ROOT from a tree by its name (`.tar`, `.tar.gz`/`.tgz`, `.zip`)
+or, for webdataset shards, by being a pattern (`shards/*.tar`, `shards/{000000..000099}.tar`)
+or a folder of `.tar` files with no subfolder. `open_archive` opens every file through the
+input door (`doors/inputs.open_input`: a regular file, not waited on), indexes it once
+(`tar.index_tar`, `zip.index_zip`, `webdataset.index_webdataset`) and reads members by offset:
+`Archive.read` returns a member's bytes, or why it is refused, never more than the record
+limit. A compressed tar is not indexed: it is read once, in order (`stream.StreamReader`).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, BinaryIO
+
+from ..doors.inputs import open_input
+from ..errors import InputError
+from ..reader import MAX_RECORD_BYTES
+from .members import FILE, ArchiveError, Member, MemberIndex, refusal
+
+if TYPE_CHECKING:
+    from _typeshed import StrPath
+
+TAR, TAR_GZ, ZIP, WEBDATASET = "tar", "tar.gz", "zip", "webdataset"
+_SUFFIXES = ((".tar.gz", TAR_GZ), (".tgz", TAR_GZ), (".tar", TAR), (".zip", ZIP))
+# Compressions the standard library cannot stream here, and what to do instead.
+_UNREAD = (".tar.zst", ".tzst", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".7z", ".rar")
+PATTERN_CHARACTERS = "*?[{"
+
+
+def archive_kind(root: StrPath) -> str | None:
+    """Return the kind of archive ROOT is (`TAR`, `TAR_GZ`, `ZIP`, `WEBDATASET`), or None for
+    a tree. Raises `InputError` for an archive format rectool cannot read."""
+    text = os.fspath(root)
+    lower = text.lower()
+    if os.path.isdir(text):
+        return WEBDATASET if _holds_only_shards(text) else None
+    if not os.path.lexists(text) and any(c in text for c in PATTERN_CHARACTERS):
+        return WEBDATASET
+    for suffix, kind in _SUFFIXES:
+        if lower.endswith(suffix):
+            return kind
+    for suffix in _UNREAD:
+        if lower.endswith(suffix):
+            raise InputError(
+                f"{text}: a {suffix} archive, which rectool cannot read; unpack it to a .tar "
+                "first (random access, fastest) or give the extracted tree"
+            )
+    return None
+
+
+def _holds_only_shards(folder: str) -> bool:
+    """Return whether a folder holds `.tar` files and no folder (webdataset shards)."""
+    shards = False
+    try:
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_dir():
+                    return False  # an identity folder: a tree (stops at the first one)
+                shards = shards or entry.name.endswith(".tar")
+    except OSError:
+        return False
+    return shards
+
+
+class Archive:
+    """An opened archive ROOT: its member index and its files; members read by offset."""
+
+    def __init__(self, root: StrPath, kind: str) -> None:
+        self.root, self.kind = os.fspath(root), kind
+        self.files: list[BinaryIO] = []
+        self.index: MemberIndex
+        self.random_access = kind != TAR_GZ
+        try:
+            if kind == WEBDATASET:
+                from .webdataset import index_webdataset
+
+                self.index = index_webdataset(self.root, self._open)
+            elif kind == TAR_GZ:
+                self.index = MemberIndex(self.root)  # read in order: see stream.py
+                self._open(self.root)
+            else:
+                file = self._open(self.root)
+                size = os.fstat(file.fileno()).st_size
+                if kind == ZIP:
+                    from .zip import index_zip
+
+                    self.index = index_zip(file, size, self.root)
+                else:
+                    from .tar import index_tar
+
+                    self.index = index_tar(file.fileno(), size, self.root)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, path: str) -> BinaryIO:
+        file = open_input(path, "archive")
+        self.files.append(file)
+        return file
+
+    def read(self, member: Member, limit: int = MAX_RECORD_BYTES) -> bytes | str:
+        """Return a member's bytes (at most `limit`), or why it is refused."""
+        why = refusal(member, limit)
+        if why is not None:
+            return why
+        fd = self.files[member.part].fileno()
+        if self.kind == ZIP:
+            from .zip import read_member
+
+            return read_member(fd, member)
+        data = os.pread(fd, member.size, member.offset)
+        if len(data) < member.size:
+            return "truncated in the archive (it changed since it was indexed?)"
+        return data
+
+    def read_into(self, member: Member, view: memoryview) -> tuple[int, bytes | None]:
+        """Read a stored member into `view` as pass-through reads a file: return (bytes
+        placed, the rest when it did not fit, else None). The caller checked `refusal`."""
+        fd = self.files[member.part].fileno()
+        room = len(view)
+        n = os.preadv(fd, [view[: min(room, member.size)]], member.offset)
+        if n < min(room, member.size):
+            raise ArchiveError(
+                f"{self.root}: member {member.name!r} is truncated (the archive changed?)"
+            )
+        if n < room:
+            return n, None
+        rest = os.pread(fd, member.size - n, member.offset + n)
+        return n, rest
+
+    def stored(self, member: Member) -> bool:
+        """Return whether a member's bytes lie in the archive as they are (no inflating)."""
+        return self.kind != ZIP or member.method == 0 and member.kind == FILE
+
+    def close(self) -> None:
+        """Close the archive's files."""
+        for file in self.files:
+            file.close()
+        self.files.clear()
+
+    def __enter__(self) -> Archive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open_archive(root: StrPath, kind: str | None = None) -> Archive:
+    """Open and index an archive ROOT (see the module's docstring); raise `InputError`
+    (`ArchiveError` for a damaged or hostile one) naming it and the member."""
+    kind = kind or archive_kind(root)
+    if kind is None:
+        raise InputError(f"{os.fspath(root)}: not an archive rectool reads")
+    return Archive(root, kind)

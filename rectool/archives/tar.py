@@ -1,0 +1,190 @@
+"""Tar archives: their headers walked once into a `MemberIndex`, members read by offset.
+
+The walk reads 512-byte headers as POSIX (ustar, pax) and GNU tar write them: a pax header's
+`path`, `linkpath` and `size`, GNU's long names (`L`, `K`), base-256 sizes. Every header's
+checksum is checked, so a file that is no tar, or is damaged, is refused at the member where
+it goes wrong; pax and long-name data are bounded (`MAX_META_BYTES`). An archive must end with
+its end-of-archive block: one that stops short (a member's data past the end of the file, or
+no end block) is truncated, and refused naming the last member.
+
+`walk_tar` works over any `Blocks`: the archive file itself read with `pread` (`FileBlocks`:
+headers only, random access to the data), or a decompressed stream read once
+(`compressed.py`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Protocol
+
+from .members import (
+    DEVICE,
+    FIFO,
+    FILE,
+    FOLDER,
+    HARDLINK,
+    OTHER,
+    SYMLINK,
+    ArchiveError,
+    MemberIndex,
+)
+
+BLOCK = 512
+# A pax header or GNU long name holds a path (PATH_MAX is 4096 bytes) and a few numbers.
+MAX_META_BYTES = 1 << 20
+_KINDS = {
+    b"0": FILE,
+    b"\0": FILE,
+    b"7": FILE,  # contiguous file
+    b"1": HARDLINK,
+    b"2": SYMLINK,
+    b"3": DEVICE,
+    b"4": DEVICE,
+    b"5": FOLDER,
+    b"6": FIFO,
+}
+_ZERO = bytes(BLOCK)
+
+
+class Blocks(Protocol):
+    """Where a tar's bytes come from: `read(n)` at the position (short only at the end),
+    `seek(pos)` forward, `pos`, and what to name in errors."""
+
+    name: str
+    pos: int
+
+    def read(self, n: int) -> bytes: ...
+
+    def seek(self, pos: int) -> None: ...
+
+
+class FileBlocks:
+    """A tar file's bytes by `pread`: headers only, the data skipped by moving `pos`."""
+
+    def __init__(self, fd: int, size: int, name: str) -> None:
+        self.fd, self.size, self.name, self.pos = fd, size, name, 0
+
+    def read(self, n: int) -> bytes:
+        data = os.pread(self.fd, n, self.pos)
+        self.pos += len(data)
+        return data
+
+    def seek(self, pos: int) -> None:
+        self.pos = pos
+
+
+def _number(field: bytes, where: str) -> int:
+    """Return a header's numeric field: octal text, or base-256 (GNU) when its high bit is set."""
+    if field[:1] and field[0] & 0x80:
+        value = int.from_bytes(field[1:], "big")
+        if field[0] == 0xFF:  # negative
+            raise ArchiveError(f"{where}: a negative size")
+        return value | ((field[0] & 0x3F) << (8 * (len(field) - 1)))
+    text = field.split(b"\0", 1)[0].strip()
+    try:
+        return int(text, 8) if text else 0
+    except ValueError:
+        raise ArchiveError(f"{where}: a damaged header (field {text[:20]!r})") from None
+
+
+def _text(field: bytes) -> str:
+    return field.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+
+
+def _pax(data: bytes, where: str) -> dict[str, str]:
+    """Return a pax extended header's records (`LEN KEY=VALUE\\n` each)."""
+    records: dict[str, str] = {}
+    pos = 0
+    while pos < len(data) and data[pos] != 0:
+        space = data.find(b" ", pos)
+        try:
+            length = int(data[pos:space])
+        except ValueError:
+            raise ArchiveError(f"{where}: a damaged pax header") from None
+        record = data[space + 1 : pos + length]
+        if length <= 0 or space < 0 or not record.endswith(b"\n") or b"=" not in record:
+            raise ArchiveError(f"{where}: a damaged pax header")
+        key, _, value = record[:-1].partition(b"=")
+        records[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
+        pos += length
+    return records
+
+
+def walk_tar(blocks: Blocks, end: int | None = None) -> Iterator[tuple[str, int, int, int]]:
+    """Yield `(name, kind, offset, size)` for each member, in archive order.
+
+    `offset` is where the member's data starts. Between yields the caller may read the data
+    from `blocks`; the walk then moves on past it. `end`, when known (a file's size), is
+    checked against every member's data: past it, the archive is truncated.
+    """
+    long_name: str | None = None
+    pax: dict[str, str] = {}
+    last = "its first member"
+    while True:
+        header_at = blocks.pos
+        block = blocks.read(BLOCK)
+        if len(block) < BLOCK:
+            raise ArchiveError(
+                f"{blocks.name}: truncated after {last}: the archive ends without its "
+                "end-of-archive block (a copy cut short?)"
+            )
+        if block == _ZERO:
+            return
+        where = f"{blocks.name}: header at byte {header_at} (after {last})"
+        stored = _number(block[148:156], where)
+        if stored != sum(block) - sum(block[148:156]) + 256:
+            raise ArchiveError(f"{where}: its checksum does not match: damaged, or no tar")
+        size = _number(block[124:136], where)
+        flag = block[156:157]
+        name = _text(block[0:100])
+        if block[257:263] == b"ustar\0":  # POSIX: a prefix field holds the head of long names
+            prefix = _text(block[345:500])
+            if prefix:
+                name = f"{prefix}/{name}"
+        if flag in (b"x", b"g", b"L", b"K"):
+            if size > MAX_META_BYTES:
+                raise ArchiveError(f"{where}: an extended header of {size:,} bytes; refused")
+            data = blocks.read(size)
+            if len(data) < size:
+                raise ArchiveError(f"{blocks.name}: truncated inside the header at {header_at}")
+            blocks.seek(header_at + BLOCK + _padded(size))
+            if flag == b"x":
+                pax = _pax(data, where)
+            elif flag == b"L":
+                long_name = _text(data)
+            continue  # a global header (g) and a long link name (K) name no member
+        if long_name is not None:
+            name, long_name = long_name, None
+        if "path" in pax:
+            name = pax["path"]
+        if "size" in pax:
+            try:
+                size = int(pax["size"])
+            except ValueError:
+                raise ArchiveError(f"{where}: a damaged pax size") from None
+        pax = {}
+        kind = _KINDS.get(flag, OTHER)
+        if kind not in (FILE, OTHER):
+            size = 0  # as tar reads them: no data follows a link's, folder's or device's header
+        offset = header_at + BLOCK
+        if end is not None and offset + size > end:
+            raise ArchiveError(
+                f"{blocks.name}: member {name!r} is truncated: its {size:,} bytes run past the "
+                f"end of the archive ({end:,} bytes)"
+            )
+        last = f"member {name!r}"
+        yield name, kind, offset, size
+        blocks.seek(offset + _padded(size))
+
+
+def _padded(size: int) -> int:
+    return (size + BLOCK - 1) // BLOCK * BLOCK
+
+
+def index_tar(fd: int, size: int, name: str) -> MemberIndex:
+    """Return the index of the tar file open as `fd` (`size` bytes, named `name` in errors)."""
+    index = MemberIndex(name)
+    for member, kind, offset, length in walk_tar(FileBlocks(fd, size, name), size):
+        index.add(member, kind, offset, length)
+    return index.finish()

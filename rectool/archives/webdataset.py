@@ -1,0 +1,110 @@
+"""Webdataset shards as ROOT: a folder of `.tar` shards, a glob, or a brace pattern.
+
+`expand_shards` expands ROOT (`shards/`, `shards/*.tar`, `shards/train-{000000..000099}.tar`,
+`{a,b}`) into shard files, sorted; `index_webdataset` indexes each (`tar.index_tar`) into one
+`MemberIndex` whose names are `SHARD/MEMBER`, SHARD the shard's file name: so the list's
+paths name the shard and the member, and the extracted tree (each shard extracted into a
+folder of its name) packs from the same list.
+
+Which identity a sample belongs to (`sample_identity`), in this order:
+
+1. the folder part of its key: `n000002/0001_01.jpg` in a shard (key `n000002/0001_01`) is
+   identity `n000002`, as in a tree;
+2. else its `.cls` member: `000123.jpg` with `000123.cls` holding `n000002` (or `17`) is
+   identity `n000002` (`17`); identities are labelled in name order, as folders are;
+3. else it belongs to none, and `list` passes it over as `outside_identity`.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from collections.abc import Callable
+from typing import BinaryIO
+
+from .members import FILE, ArchiveError, MemberIndex
+
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
+MAX_SHARDS = 1_000_000
+# A `.cls` member holds a class name or number: a few bytes.
+MAX_CLASS_BYTES = 4096
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """Return a pattern's brace expansions: `{000..002}` (zero-padded ranges), `{a,b}`."""
+    match = _RANGE.search(pattern) or _CHOICE.search(pattern)
+    if match is None:
+        return [pattern]
+    if match.re is _RANGE:
+        low, high = match.group(1), match.group(2)
+        if int(high) - int(low) >= MAX_SHARDS:
+            raise ArchiveError(f"{pattern}: a range of over {MAX_SHARDS:,} shards")
+        width = len(low) if low.startswith("0") else 0
+        values = [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
+    else:
+        values = match.group(1).split(",")
+    head, tail = pattern[: match.start()], pattern[match.end() :]
+    return [path for value in values for path in expand_braces(head + value + tail)]
+
+
+def expand_shards(root: str) -> tuple[str, list[str]]:
+    """Return (the folder shard names are relative to, the shard paths in name order)."""
+    if os.path.isdir(root):
+        folder = root
+        paths = [entry.path for entry in os.scandir(root) if entry.name.endswith(".tar")]
+    else:
+        folder = os.path.dirname(root.split("{", 1)[0].split("*", 1)[0].split("?", 1)[0])
+        paths = [p for expanded in expand_braces(root) for p in glob.glob(expanded)]
+    paths = sorted(set(paths))
+    if not paths:
+        raise ArchiveError(f"{root}: no webdataset shards (.tar files) match")
+    return folder or ".", paths
+
+
+def index_webdataset(root: str, open_file: Callable[[str], BinaryIO]) -> MemberIndex:
+    """Return one index over every shard of ROOT, each opened with `open_file` (in order)."""
+    from .tar import index_tar
+
+    folder, paths = expand_shards(root)
+    index = MemberIndex(root)
+    for part, path in enumerate(paths):
+        if not path.endswith(".tar"):
+            raise ArchiveError(f"{path}: a webdataset shard must be an uncompressed .tar")
+        file = open_file(path)
+        shard = os.path.relpath(path, folder)
+        members = index_tar(file.fileno(), os.fstat(file.fileno()).st_size, path)
+        for i in range(len(members)):
+            index.add(
+                f"{shard}/{members.names[i]}",
+                members.kinds[i],
+                members.offsets[i],
+                members.sizes[i],
+                part=part,
+            )
+    return index  # no root folder: each name starts with its shard's
+
+
+def sample_key(name: str) -> tuple[str, str]:
+    """Return (key, extension) of a member name inside a shard, as webdataset splits them:
+    the key runs to the first dot of the file name."""
+    folder, _, file = name.rpartition("/")
+    stem, _, ext = file.partition(".")
+    return (f"{folder}/{stem}" if folder else stem), ext
+
+
+def sample_identity(
+    index: MemberIndex, shard: str, key: str, read: Callable[[int], bytes]
+) -> str | None:
+    """Return the identity of sample `key` of `shard` (see the module's docstring), or None.
+
+    `read(i)` returns member i's bytes (a `.cls` member, at most `MAX_CLASS_BYTES`).
+    """
+    if "/" in key:
+        return key.split("/", 1)[0]
+    i = index.position(f"{shard}/{key}.cls")
+    if i is None or index.kinds[i] != FILE or index.sizes[i] > MAX_CLASS_BYTES:
+        return None
+    text = read(i).decode("utf-8", "replace").strip()
+    return text or None
