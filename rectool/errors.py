@@ -37,6 +37,7 @@ _ELSEWHERE = {
     "MissingExtraError": "extras",
     "MissingKeyError": "recordio",
     "NotFoundError": "remote.store",
+    "RemoteConfigError": "remote.store",
     "RemoteError": "remote.store",
     "TransientError": "remote.store",
     "WrongRootError": "packer.listcheck",

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..errors import RectoolError
+from ..errors import InputError, RectoolError
 from ..redaction import safe_url, scrub
 from .transfer import STALL_ENV, Limits, check_cancelled, on_cancel, run
 
@@ -49,6 +49,10 @@ class RemoteError(RectoolError):
 
 class NotFoundError(RemoteError):
     """The object is not at the URL (HTTP 404, no such key)."""
+
+
+class RemoteConfigError(RemoteError, InputError):
+    """The environment names a store obstore cannot use (a bad endpoint): exit 2, never retried."""
 
 
 class TransientError(RemoteError):
@@ -456,12 +460,12 @@ def check_endpoint(url: str) -> None:
         except ValueError:
             parts, host = None, None
         if parts is None or parts.scheme.lower() not in ("http", "https") or not host:
-            raise RemoteError(
+            raise RemoteConfigError(
                 f"{name}={shown!r} is not a URL: set it to the address of the S3 server "
                 "(such as https://s3.example.com or http://127.0.0.1:9000), or unset it for AWS"
             )
         if parts.scheme.lower() == "http" and not _http_allowed():
-            raise RemoteError(
+            raise RemoteConfigError(
                 f"{name}={shown} is http:// (no TLS): set AWS_ALLOW_HTTP=true to use it, "
                 "or give an https:// endpoint"
             )
