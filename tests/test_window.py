@@ -12,6 +12,7 @@ import os
 
 import numpy as np
 import pytest
+from helpers.handmade_datasets import MAGIC, write_pack
 from helpers.rec_files import make_pack
 from hypothesis import given
 from hypothesis import strategies as st
@@ -243,3 +244,24 @@ def test_the_report_owns_twelve_bytes_an_image_beside_the_mapped_index(pack):
         assert sorted(owned) == ["prints", "sizes"]
         assert sum(a.nbytes for a in owned.values()) == 12 * len(images)
         assert all(a.dtype != object for a in vars(images).values() if isinstance(a, np.ndarray))
+
+
+def test_a_single_record_is_read_from_the_file_mapping_nothing(pack, tmp_path):
+    windows = Windows()
+    key, offset = pack.lines[5]
+    end = pack.lines[6][1]
+    with windows(pack.rec) as window:
+        assert (
+            window.record(offset, key)
+            == pack.rec.read_bytes()[offset + 8 : offset + 8 + pack.lengths[5]]
+        )
+        assert window.read(offset, 8) == pack.rec.read_bytes()[offset : offset + 8]
+    assert windows.released == []  # nothing was mapped: nothing to hand back
+    assert windows.bytes_read == end - offset + 8
+    # A split record goes through the reader's walk on the mapping, handed back at once.
+    image = b"\xff\xd8\xff\xe0" + MAGIC * 3 + b"tail"  # a magic at an aligned offset: split
+    samples = write_pack(tmp_path / "p", [[(0, image, 0.0)]])
+    windows = Windows()
+    with windows(tmp_path / "p.rec") as window:
+        record = window.record(samples[0].offset)
+    assert record.endswith(image) and windows.released == [(0, (tmp_path / "p.rec").stat().st_size)]

@@ -9,19 +9,29 @@ that counts RSS (Slurm, containers) would kill a scan of a 300 GB pack that kept
 
 The bound is structural: `view(lo, hi)` is a numpy view of that range only (an index outside
 it raises), and the previous view's pages are released first. `read`/`record` copy a few
-bytes from anywhere (a sampled record, a split record's parts) and release them at once.
+bytes from anywhere (a sampled record, a thumbnail) with pread, mapping nothing; a split or
+damaged record goes through the reader's own walk on the mapping, released at once.
 `release` is the hook that hands pages back (tests inject one to see every range).
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..reader import RecordFile, RecordFormatError
+from ..reader import (
+    CFLAG_WHOLE,
+    LENGTH_BITS,
+    MAGIC,
+    PART_HEADER,
+    RecordFile,
+    RecordFormatError,
+    open_regular,
+)
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -69,6 +79,7 @@ class RecWindow:
         self.path, self.span = self.file.path, span
         self.mapping = self.file.open()
         self.size = len(self.mapping)
+        self._fd = open_regular(self.path, "record file")[0]  # single records: pread
         self._release: Release = release or release_range
         self._held: tuple[int, int] | None = None
         self.bytes_read = 0
@@ -83,6 +94,9 @@ class RecWindow:
     def close(self) -> None:
         """Release the window and unmap the file (a view still alive keeps the mapping)."""
         self.drop()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
         try:
             self.file.close()
         except BufferError:  # a numpy view of the mapping is alive; the mapping goes with it
@@ -118,19 +132,33 @@ class RecWindow:
         return np.frombuffer(self.mapping, np.uint8, max(0, hi - lo), lo)
 
     def read(self, offset: int, n: int) -> bytes:
-        """Return a copy of bytes offset..offset+n (clipped to the file); released at once
-        unless inside the window held."""
+        """Return a copy of bytes offset..offset+n (clipped to the file): from the window held
+        when inside it, else read from the file (pread), mapping nothing."""
         lo, hi = max(0, offset), min(offset + min(n, self.span), self.size)
         if hi <= lo:
             return b""
-        data = bytes(self.mapping[lo:hi])
-        self._count(lo, hi)
+        inside = self._inside(lo, hi)
+        data = bytes(self.mapping[lo:hi]) if inside else os.pread(self._fd, hi - lo, lo)
+        self._count(lo, hi, mapped=inside)
         return data
 
     def record(self, offset: int, key: int | None = None) -> bytes:
-        """Return the record at `offset` (split parts rejoined); its pages are released at
-        once unless inside the window held. Raises `RecordFormatError` as
-        `RecordFile.read_parts` does."""
+        """Return the record at `offset` (split parts rejoined). A whole record outside the
+        window held is read from the file (two preads), mapping nothing: random reads all
+        over a pack would otherwise map it page by page (a read fault maps its whole large
+        folio). Any other goes through `RecordFile.read_parts`, and raises
+        `RecordFormatError` as it does; its pages are released at once."""
+        if not self._inside(offset, offset + 8) and offset >= 0 and not offset & 3:
+            head = os.pread(self._fd, 8, offset)
+            if len(head) == 8:
+                magic, lrec = PART_HEADER.unpack(head)
+                end = offset + 8 + lrec
+                if magic == MAGIC and lrec >> LENGTH_BITS == CFLAG_WHOLE:
+                    if end + (-end & 3) <= self.size:
+                        data = os.pread(self._fd, lrec, offset + 8)
+                        if len(data) == lrec:
+                            self._count(offset, end + (-end & 3), mapped=False)
+                            return data
         try:
             data, after = self.file.read_parts(offset, key)
         except RecordFormatError:
@@ -139,12 +167,16 @@ class RecWindow:
         self._count(offset, after)
         return data
 
-    def _count(self, lo: int, hi: int) -> None:
-        """Count bytes lo..hi read by copy; release them unless the window held has them."""
+    def _inside(self, lo: int, hi: int) -> bool:
+        held = self._held
+        return held is not None and held[0] <= lo and hi <= held[1]
+
+    def _count(self, lo: int, hi: int, mapped: bool = True) -> None:
+        """Count bytes lo..hi read by copy; release their pages (`mapped`: read through the
+        mapping) unless the window held has them."""
         self.bytes_read += max(0, hi - lo)
         self.peak = max(self.peak, hi - lo)
-        held = self._held
-        if held is None or lo < held[0] or hi > held[1]:
+        if mapped and not self._inside(lo, hi):
             self._release(self.mapping, lo, hi)
 
     def batches(self, starts: NDArray[np.int64]) -> Iterator[tuple[int, int, int, int]]:
