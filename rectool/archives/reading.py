@@ -55,7 +55,7 @@ class MemberReader:
         why = NOT_FOUND if member is None else refusal(member, MAX_RECORD_BYTES)
         if why is not None or member is None:
             return 0, None, why
-        if not archive.stored(member):
+        if not archive.in_place:
             return place(archive.read(member), view)
         n, rest = archive.read_into(member, view)
         return n, rest, None

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from ..doors.inputs import open_input
 from ..errors import InputError
 from ..reader import MAX_RECORD_BYTES
-from .members import FILE, ArchiveError, Member, MemberIndex, refusal
+from .members import ArchiveError, Member, MemberIndex, refusal
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -130,9 +130,11 @@ class Archive:
         rest = os.pread(fd, member.size - n, member.offset + n)
         return n, rest
 
-    def stored(self, member: Member) -> bool:
-        """Return whether a member's bytes lie in the archive as they are (no inflating)."""
-        return self.kind != ZIP or member.method == 0 and member.kind == FILE
+    @property
+    def in_place(self) -> bool:
+        """Return whether members are read straight into place (a tar's: no CRC to check;
+        a zip's are checked, and inflated, by `read`)."""
+        return self.kind != ZIP
 
     def close(self) -> None:
         """Close the archive's files."""

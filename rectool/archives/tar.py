@@ -85,7 +85,7 @@ def _number(field: bytes, where: str) -> int:
     try:
         return int(text, 8) if text else 0
     except ValueError:
-        raise ArchiveError(f"{where}: a damaged header (field {text[:20]!r})") from None
+        raise ArchiveError(f"{where}: damaged, or no tar (a field holds {text[:20]!r})") from None
 
 
 def _text(field: bytes) -> str:
@@ -120,18 +120,18 @@ def walk_tar(blocks: Blocks, end: int | None = None) -> Iterator[tuple[str, int,
     """
     long_name: str | None = None
     pax: dict[str, str] = {}
-    last = "its first member"
+    last = ""  # the last member met, for errors
     while True:
         header_at = blocks.pos
         block = blocks.read(BLOCK)
         if len(block) < BLOCK:
             raise ArchiveError(
-                f"{blocks.name}: truncated after {last}: the archive ends without its "
-                "end-of-archive block (a copy cut short?)"
+                f"{blocks.name}: truncated {f'after {last}' if last else 'at its start'}: the "
+                "archive ends without its end-of-archive block (a copy cut short?)"
             )
         if block == _ZERO:
             return
-        where = f"{blocks.name}: header at byte {header_at} (after {last})"
+        where = f"{blocks.name}: header at byte {header_at}" + (f" (after {last})" if last else "")
         stored = _number(block[148:156], where)
         if stored != sum(block) - sum(block[148:156]) + 256:
             raise ArchiveError(f"{where}: its checksum does not match: damaged, or no tar")

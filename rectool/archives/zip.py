@@ -35,7 +35,7 @@ def _kind(info: zipfile.ZipInfo) -> int:
     if info.flag_bits & 1:
         return OTHER  # encrypted
     mode = info.external_attr >> 16
-    if info.create_system == _UNIX and mode:
+    if info.create_system == _UNIX and stat.S_IFMT(mode):  # a file type given
         if stat.S_ISLNK(mode):
             return SYMLINK
         if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):

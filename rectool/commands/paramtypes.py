@@ -166,7 +166,7 @@ class SourceRoot(click.ParamType):
         import os
         from pathlib import Path
 
-        from ..archives.source import PATTERN_CHARACTERS, archive_kind
+        from ..archives.source import archive_kind
         from ..errors import InputError
 
         text = os.fspath(value)
@@ -182,7 +182,5 @@ class SourceRoot(click.ParamType):
         archives = "an archive (.tar, .tar.gz, .tgz, .zip, webdataset shards)"
         if os.path.isfile(text):
             self.fail(f"{text!r} is a file, neither a folder nor {archives}", param, ctx)
-        if not os.path.lexists(text) and any(c in text for c in PATTERN_CHARACTERS):
-            self.fail(f"{text!r}: no webdataset shards match", param, ctx)
         tree = click.Path(exists=True, file_okay=False, path_type=Path)
         return tree.convert(value, param, ctx)
