@@ -82,6 +82,11 @@ def layout_option(help: str) -> Callable[[F], F]:
     )
 
 
+def pack_label_option(help: str) -> Callable[[F], F]:
+    """--pack-label: store each image's labels as a float32 vector (flag > 0), not a scalar."""
+    return click.option("--pack-label", is_flag=True, help=help)
+
+
 def check_option(modes: tuple[str, ...], help: str) -> Callable[[F], F]:
     """--check MODE (default structure): what each image is checked for before it is written."""
     return click.option(

@@ -26,6 +26,7 @@ from .options import (
     max_failures_option,
     max_pixels_option,
     overwrite_option,
+    pack_label_option,
     quiet_option,
     resume_option,
     sha256_option,
@@ -53,11 +54,9 @@ if TYPE_CHECKING:
 @click.argument("list_file", metavar="LIST", type=click.Path(dir_okay=False, allow_dash=True))
 @click.argument("root", type=SourceRoot())
 @click.argument("prefix", metavar="OUT_PREFIX")
-@click.option(
-    "--pack-label",
-    is_flag=True,
-    help="Store every list label as a float32 vector (flag > 0), as im2rec; every line "
-    "must then have as many labels.",
+@pack_label_option(
+    "Store every list label as a float32 vector (flag > 0), as im2rec; every line "
+    "must then have as many labels."
 )
 @check_option(
     CHECK_MODES,
