@@ -22,6 +22,7 @@ from .options import (
     max_failures_option,
     max_pixels_option,
     overwrite_option,
+    pack_label_option,
     per_id_options,
     quiet_option,
     renamed_option,
@@ -106,6 +107,11 @@ if TYPE_CHECKING:
     "images: only image records (what DALI and ImageRecordIter read). insightface: the "
     "face-dataset layout (header record 0, identity ranges, property file)."
 )
+@pack_label_option(
+    "--layout insightface: store each image's label as a float32 vector, the identity first, "
+    "as Glint360K and WebFace42M do (a source's other labels kept; a scalar becomes a vector "
+    "of one). Without it, one scalar label, the identity, as faces_emore."
+)
 @shard_options
 @check_option(
     ("structure", "none"),
@@ -167,6 +173,7 @@ def repack_command(
         rectool repack a.manifest.json b.manifest.json out/ab --labels-by name
         rectool repack out/ab out/clean --dedupe --drop-overlap faces_emore/lfw.bin --min-per-id 2
         rectool repack s3://bucket/packs/faces.manifest.json s3://bucket/packs/train
+        rectool repack faces_emore/ glint/train --layout insightface --pack-label
     """
     from ..remote.store import is_url
     from ..remote.upload import check_output_prefix, named_at, output_prefix
@@ -193,6 +200,7 @@ def repack_command(
         keep_labels=options["keep_labels"],
         order=options["order"],
         layout=options["layout"],
+        pack_label=options["pack_label"],
         shard_bytes=options["shard_size"],
         shard_records=options["shard_records"],
         dedupe=options["dedupe"],

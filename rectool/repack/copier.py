@@ -23,6 +23,7 @@ import numpy as np
 from ..format.headers import record_heads
 from ..format.writer import frame_record, pack_image_record
 from ..packer.images import ImageRefused, check_image
+from ..packer.layout import image_label
 from ..packer.passthrough import refused_images
 from ..reader import (
     IMAGE_HEADER_SIZE,
@@ -71,6 +72,13 @@ class Window:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+def record_label(head: Header, label: float, pack_label: bool | None) -> float | list[float]:
+    """Return the label a record of header `head` is written with, relabelled to `label`: a
+    vector with `pack_label`, a scalar without, its own shape when None (`image_label`)."""
+    vector = head.label if head.flag else None
+    return image_label(label, vector, bool(head.flag) if pack_label is None else pack_label)
 
 
 def _leading(flags: np.ndarray) -> int:
@@ -215,7 +223,7 @@ class RecordCopier:
         b: int,
         labels: np.ndarray,
         keys: np.ndarray,
-        scalar_only: bool,
+        pack_label: bool | None,
         max_bytes: int | None = None,
         view_bytes: int | None = None,
     ) -> tuple[memoryview | bytearray, list[int], int]:
@@ -224,7 +232,9 @@ class RecordCopier:
         records back to back, their start offsets, how many that is).
 
         Whole records are copied and their header words patched; any other record is read,
-        rejoined and framed again. `scalar_only` turns label vectors into one scalar label.
+        rejoined and framed again. `pack_label` is the label shape written (`image_label`):
+        a vector (True) or a scalar (False); None keeps each record's. A record of the other
+        shape changes length, so it is framed again.
         When the records that fit lie back to back in one source and keep their header
         words, that stretch, as far as it goes up to `view_bytes`, is handed over as a view
         of the mapping: nothing is copied, so it may be larger.
@@ -243,8 +253,8 @@ class RecordCopier:
         key_lo = (keys & 0xFFFFFFFF).astype(np.uint32)
         key_hi = (keys >> 32).astype(np.uint32)
         fast = whole & (label_bits != MAGIC) & (key_lo != MAGIC) & (key_hi != MAGIC)
-        if scalar_only:
-            fast &= flag == 0
+        if pack_label is not None:
+            fast &= (flag > 0) if pack_label else (flag == 0)
         # Records that follow each other in one source file are copied as one slice.
         joined = np.zeros(m, bool)
         joined[1:] = (
@@ -289,7 +299,7 @@ class RecordCopier:
         )
         for k in np.flatnonzero(~quick).tolist():  # a run of one, framed again
             i = int(firsts[k])
-            record = self._reframe(int(rows[i]), float(labels[i]), int(keys[i]), scalar_only)
+            record = self._reframe(int(rows[i]), float(labels[i]), int(keys[i]), pack_label)
             sizes_out[i] = len(record)
             parts[k] = record
         data = bytearray().join(parts)
@@ -352,14 +362,9 @@ class RecordCopier:
             for rf in self._record_files.values():  # only this thread reads them here
                 rf.close()
 
-    def _reframe(self, row: int, label: float, key: int, scalar_only: bool) -> bytes:
+    def _reframe(self, row: int, label: float, key: int, pack_label: bool | None) -> bytes:
         head, image = self.read_record(row)
-        value: np.ndarray | float
-        if head.flag and not scalar_only:
-            value = np.array(head.label, np.float32)
-            value[0] = label
-        else:
-            value = label
+        value = record_label(head, label, pack_label)
         return frame_record(pack_image_record(image, value, key, head.id2), f"key {key}")
 
     def read_record(self, row: int) -> tuple[Header, bytes]:

@@ -33,6 +33,10 @@ class RepackOptions:
     keep_labels: bool = False
     order: str = "identity"
     layout: str = "images"
+    # --layout insightface: each image's label a float32 vector, identity first (Glint360K,
+    # WebFace42M), else one scalar, the identity (faces_emore); the images layout keeps each
+    # record's labels as its source holds them.
+    pack_label: bool = False
     shard_bytes: int | None = None
     shard_records: int | None = None
     dedupe: bool = False
@@ -78,6 +82,11 @@ def check_repack_options(options: RepackOptions) -> None:
             "it needs --order identity"
         )
     layout.check_options(options)
+    if options.pack_label and not layout.numbered:
+        raise UsageError(
+            "--pack-label chooses the label shape of --layout insightface; the images layout "
+            "keeps each record's labels as its source holds them"
+        )
     if options.sample is not None and not 0 < options.sample <= 1:
         raise UsageError("--keep-fraction must be a fraction in (0, 1]")
     if options.sample_by not in selection.SAMPLE_UNITS:

@@ -50,6 +50,7 @@ from .plan import REPORT_GROUPS as REPORT_GROUPS
 from .plan import Catalog as Catalog
 from .plan import Plan as Plan
 from .plan import build_catalog as build_catalog
+from .plan import check_label_widths as check_label_widths
 from .plan import check_plan as check_plan
 from .plan import plan_repack as plan_repack
 from .plan import reason_of as reason_of
@@ -96,6 +97,7 @@ def repack(
     catalog = build_catalog(opened, options.labels_by)
     plan = plan_repack(opened, catalog, options, targets)
     check_plan(plan, options)
+    check_label_widths(opened, catalog, plan, options)
     options = dataclasses.replace(
         options, max_failures=allowed_failures(options.max_failures, len(plan.rows))
     )

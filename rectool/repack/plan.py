@@ -313,6 +313,34 @@ def _shared_groups(
     return [rows[a:b].tolist() for a, b in shown], len(starts)
 
 
+def check_label_widths(
+    sources: Sequence[Source], catalog: Catalog, plan: Plan, options: RepackOptions
+) -> None:
+    """Refuse, before writing, sources whose kept records would be written with labels of
+    different widths: a pack's labels have one (its binary index holds one a sample)."""
+    pack_label = options.pack_label if layout_named(options.layout).numbered else None
+    first: dict[int, int] = {}  # width written (0: a scalar) -> the first source giving it
+    for k in selection.distinct(catalog.source[plan.rows]).tolist():
+        width = sources[k].label_width
+        if pack_label is not None:  # the shape chosen; a scalar becomes a vector of one
+            width = max(width, 1) if pack_label else 0
+        first.setdefault(width, k)
+    if len(first) > 1:
+        (a, wa), (b, wb) = sorted((k, w) for w, k in first.items())[:2]
+        raise UsageError(
+            f"sources {sources[a].spec} and {sources[b].spec} would be written with labels of "
+            f"different widths ({_width_text(wa)} and {_width_text(wb)} an image); a pack's "
+            "labels have one width: repack them apart, or write one scalar label an image "
+            "(--layout insightface without --pack-label)"
+        )
+
+
+def _width_text(width: int) -> str:
+    if width < 2:
+        return "a vector of one label" if width else "one scalar label"
+    return f"a vector of {width} labels"
+
+
 def check_plan(plan: Plan, options: RepackOptions) -> None:
     """Refuse, before writing, a plan the output layout cannot hold."""
     layout_named(options.layout).check_keys(len(plan.rows), plan.classes)

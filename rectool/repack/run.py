@@ -40,7 +40,7 @@ from ..reader import (
     RecordFile,
     unpack_header,
 )
-from .copier import VIEW_BYTES, RecordCopier
+from .copier import VIEW_BYTES, RecordCopier, record_label
 from .plan import reason_of
 from .result import RepackResult
 
@@ -76,6 +76,9 @@ class RepackRun:
         self.prefix, self.options, self.progress = prefix, options, progress
         self.layout = layout_named(options.layout)
         self.insightface = self.layout.numbered  # images keyed 1..N, identity records after
+        # The label shape written (`copier.record_label`): the insightface layout's is chosen
+        # (a vector with --pack-label, else a scalar); the images layout keeps each record's.
+        self.pack_label = options.pack_label if self.insightface else None
         self.total = len(plan.rows)
         self.last_shard: int | None = None
         if options.shard_records and not options.shard_bytes:
@@ -227,7 +230,7 @@ class RepackRun:
                         stop,
                         new_labels[i:stop],
                         keys,
-                        self.insightface,
+                        self.pack_label,
                         view_bytes=view_bytes,
                     )
                     positions = range(position, position + count)
@@ -287,11 +290,7 @@ class RepackRun:
             if isinstance(result, ImageRefused):
                 self._refuse(row, position, result.reason)
             else:
-                label: float | np.ndarray = float(labels[row])
-                if head.flag and not self.insightface:
-                    value = np.array(head.label, np.float32)
-                    value[0] = label
-                    label = value
+                label = record_label(head, float(labels[row]), self.pack_label)
                 key = self.images + 1 if self.insightface else position
                 framed = frame_image_record(result, label, key, head.id2, f"key {key}")
                 self.writer.add(key, framed, position)

@@ -41,6 +41,9 @@ class Source:
         self.shard_of = np.asarray(self.dataset.shard_ids, np.int32)
         _refuse_shared_offsets(self.dataset, self.shard_of)
         self.labels = _identity_labels(self.dataset, self.spec)
+        # How many labels each record holds: 0 a scalar, k a vector of k (one width a source).
+        held = self.dataset.labels
+        self.label_width = int(held.shape[1]) if held.ndim == 2 else 0
         self.names = _identity_names(self.dataset)
         # The copy reads the same files: a source small enough to stay mapped keeps its
         # mappings (a source without a binary index read its labels through them), so its
