@@ -230,17 +230,17 @@ def render_list_summary(listing: Listing, seconds: float, shown: int = 3) -> str
         f"({counted(listing.folders, 'folder')} read in {seconds:.2f} s)."
     ]
     for suffix, path in listing.written.items():
-        images = counted(len(listing.lists[suffix]), "image")
+        images = counted(listing.sizes[suffix], "image")
         lines.append(f"Wrote {images} to stdout." if path == "-" else f"Wrote {path}: {images}.")
     if listing.label_map:
         lines.append(f"Wrote the label map {listing.label_map}.")
     if listing.seed is not None:
         lines.append(f"Shuffled with --seed {listing.seed}.")
-    skipped = [(reason, paths) for reason, paths in listing.skipped.items() if paths]
+    skipped = [(reason, count) for reason, count in listing.passed.items() if count]
     if skipped:
         lines.append("Passed over:")
-    for reason, paths in skipped:
-        examples = ", ".join(display_path(p) for p in paths[:shown])
-        more = ", ..." if len(paths) > shown else ""
-        lines.append(f"  {SKIP_REASONS[reason]}: {len(paths):,} ({examples}{more})")
+    for reason, count in skipped:
+        examples = ", ".join(display_path(p) for p in listing.skipped[reason][:shown])
+        more = ", ..." if count > shown else ""
+        lines.append(f"  {SKIP_REASONS[reason]}: {count:,} ({examples}{more})")
     return "\n".join(lines)

@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import RectoolError
 from .faults import fault_point
@@ -95,6 +95,18 @@ def stage_file(path: StrPath, data: Data) -> str:
             raise output_error(exc, path) from None
         raise
     return tmp
+
+
+def scratch_file(folder: StrPath | None = None) -> BinaryIO:
+    """Return a new temporary file in `folder` (the system's temporary folder when None),
+    open for reading and writing, without a name (Linux's O_TMPFILE, else removed at once):
+    nothing to replace, and nothing left behind once it is closed or the process ends."""
+    where = os.fspath(folder) if folder is not None else tempfile.gettempdir()
+    try:
+        fault_point("create", where)
+        return tempfile.TemporaryFile(dir=where)
+    except OSError as exc:
+        raise output_error(exc, where, "cannot make a temporary file in") from None
 
 
 def remove_quietly(path: str) -> None:

@@ -8,6 +8,7 @@
 - `write_output`: the same for a file the user names (`-o FILE`): an existing file is never
   replaced without `overwrite`, a file of a pack never (unless that pack is the command's job),
   and a missing folder is created.
+- `scratch_file`: an unnamed temporary file (a listing's spool), gone once closed.
 - `create_new`/`open_existing`: descriptors for files written in place (`.partial` shards,
   failures) that never follow a symlink at their name.
 - `OutputLock`: one `flock` on `PREFIX.lock` for every command that writes under PREFIX:
@@ -53,6 +54,7 @@ from .files import (
     remove_quietly,
     remove_tree,
     rename,
+    scratch_file,
     set_mtime,
     stage_file,
     truncate,
@@ -123,6 +125,7 @@ __all__ = [
     "remove_empty_folder",
     "remove_tree",
     "rename",
+    "scratch_file",
     "set_fault_hook",
     "set_mtime",
     "stage_file",

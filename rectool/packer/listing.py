@@ -8,10 +8,18 @@ splits' public names stay importable from here.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
-from ..doors.output import JOURNAL_SUFFIX, OutputFiles, check_target, finish_commit, write_output
+from ..doors.output import (
+    JOURNAL_SUFFIX,
+    OutputFiles,
+    check_target,
+    finish_commit,
+    scratch_file,
+    write_output,
+)
 from ..errors import ListingError, RectoolError, UsageError
 from .listfile import LIST_SUFFIX, format_list_lines, label_map_path, label_map_text
 from .splits import SPLIT_BY as SPLIT_BY
@@ -25,6 +33,7 @@ from .splits import (
     make_listing,
     resolve_ratios,
 )
+from .streamlist import ListRows, SpooledTree, plan_lists, spool_tree
 from .walk import (
     DEFAULT_EXTENSIONS,
     SKIP_REASONS,
@@ -80,8 +89,20 @@ def write_lists(
     single list, and the label map is written only if `labels` is given.
     Updates and returns `listing` (`written`: suffix -> path, `label_map`).
     """
+    lines = {suffix: _row_blocks(rows) for suffix, rows in listing.lists.items()}
+    return _write(listing, out, labels, overwrite, lines)
+
+
+def _write(
+    listing: Listing,
+    out: StrPath | BinaryIO,
+    labels: StrPath | None,
+    overwrite: bool,
+    lines: Mapping[str, Iterable[bytes]],
+) -> Listing:
+    """Write `lines` (suffix: the list's bytes, consumed in this order) as `write_lists` says."""
     if hasattr(out, "write"):
-        if set(listing.lists) != {""}:
+        if set(listing.sizes) != {""}:
             raise UsageError(STDOUT_SINGLE_LIST)
         if labels is not None:
             # The label map first: a `pack -` reading these lines from a pipe may read it as
@@ -90,7 +111,7 @@ def write_lists(
             listing.label_map = os.fspath(labels)
         stream = cast(BinaryIO, out)
         try:
-            for block in _row_blocks(listing.lists[""]):
+            for block in lines[""]:
                 stream.write(block)
             stream.flush()
         except OSError as exc:
@@ -99,15 +120,15 @@ def write_lists(
         return listing
     if labels is None:
         labels = label_map_path(out)
-    paths = list_paths(out, listing.lists)
+    paths = list_paths(out, listing.sizes)
     output = OutputFiles(_journal_of(out), overwrite, "list")
     try:
         with output:
             for path in [labels, *paths.values()]:
                 output.check(path)
             output.add(labels, label_map_text(listing.identities))
-            for suffix, where in paths.items():
-                output.add(where, _row_blocks(listing.lists[suffix]))
+            for suffix, data in lines.items():
+                output.add(paths[suffix], data)
     except ListingError:
         raise
     except RectoolError as exc:  # it names the file and the reason
@@ -128,70 +149,146 @@ def list_images(
     progress: Progress | None = None,
     overwrite: bool = False,
     allow_outside_root: bool = False,
+    steps: ListSteps | None = None,
     **listing_options: Any,
 ) -> Listing:
     """Walk `root`, then write its lists to `out` and its label map; return the `Listing`.
 
     `listing_options` are those of `make_listing`; see `walk_tree` and `write_lists` for the
-    rest. Options are checked before the walk. Raises `ListingError` when nothing under
-    `root` is an image, a file cannot be written or memory runs out (a ROOT far larger than
-    an image tree), `InputError` for a ROOT that is no image tree (`walk.check_walkable`).
+    rest. The bytes written are those of `write_lists(make_listing(walk_tree(...)))`, in
+    memory bounded by the identities, not the images (`streamlist`): the paths wait on an
+    unnamed scratch file beside `out` (or in the system's temporary folder), and the
+    returned `Listing` holds no rows (its `sizes` count them) and at most a few passed-over
+    paths a reason (its `passed` counts them). `progress(folders_scanned, images_found)` as
+    the walk goes; `steps`, if given, is told more (`ListSteps`). Options are checked
+    before the walk. Raises `ListingError` when nothing under `root` is an image, a file
+    cannot be written or memory runs out (a ROOT far larger than an image tree),
+    `InputError` for a ROOT that is no image tree (`walk.check_walkable`).
     """
     ratios = resolve_ratios(
         listing_options.get("train_ratio"),
         listing_options.get("val_ratio"),
         listing_options.get("test_ratio"),
     )
-    check_listing_options(
-        listing_options.get("min_per_id", 1),
-        listing_options.get("max_per_id"),
-        listing_options.get("shuffle", False),
-        listing_options.get("seed"),
-        listing_options.get("split_by", "image"),
-        listing_options.get("chunks", 1),
-        ratios,
-    )
-    if hasattr(out, "write") and (ratios is not None or listing_options.get("chunks", 1) > 1):
+    min_per_id = listing_options.get("min_per_id", 1)
+    max_per_id = listing_options.get("max_per_id")
+    shuffle = listing_options.get("shuffle", False)
+    seed = listing_options.get("seed")
+    split_by = listing_options.get("split_by", "image")
+    chunks = listing_options.get("chunks", 1)
+    unknown = set(listing_options) - LISTING_OPTIONS
+    if unknown:
+        raise TypeError(f"list_images() got unexpected options {sorted(unknown)}")
+    check_listing_options(min_per_id, max_per_id, shuffle, seed, split_by, chunks, ratios)
+    if hasattr(out, "write") and (ratios is not None or chunks > 1):
         raise UsageError(STDOUT_SINGLE_LIST)
+    scratch_folder = None
     if not hasattr(out, "write"):  # refuse an output before the walk, which may take hours
         finish_commit(_journal_of(out))  # what an interrupted run committed comes first
         # Only the files it will write: `faces.lst` is none of them with --val-ratio.
-        suffixes = list_suffixes(listing_options.get("chunks", 1), ratios)
-        for path in list_paths(out, suffixes).values():
+        for path in list_paths(out, list_suffixes(chunks, ratios)).values():
             check_target(path, overwrite, "list")
         check_target(label_map_path(out) if labels is None else labels, overwrite, "label map")
+        folder = os.path.dirname(os.fspath(out)) or "."
+        scratch_folder = folder if os.path.isdir(folder) else None
     elif labels is not None:
         check_target(labels, overwrite, "label map")
-    listing: Listing | None
-    try:
-        listing = make_listing(
-            walk_tree(root, exts, recursive, threads, progress, allow_outside_root),
-            **listing_options,
+    steps = steps or ListSteps()
+
+    def report(folders: int, found: int, read: int, identities: int) -> None:
+        if progress is not None:
+            progress(folders, found)
+        if steps.walk is not None:
+            steps.walk(folders, found, read, identities)
+
+    with scratch_file(scratch_folder) as scratch:
+        tree: SpooledTree | None
+        try:
+            tree = spool_tree(root, scratch, exts, recursive, threads, report, allow_outside_root)
+        except MemoryError:  # raised below, once the walk's memory is released with its frames
+            tree = None
+        if tree is None:
+            raise ListingError(
+                f"out of memory while listing {os.fspath(root)}: the tree holds more entries "
+                "than this process can keep. Is ROOT the image tree (one folder per identity)? "
+                "If it is, give the process more memory (or read one folder at a time: "
+                "--workers 1)"
+            )
+        plan = plan_lists(
+            tree,
+            min_per_id=min_per_id,
+            max_per_id=max_per_id,
+            shuffle=shuffle,
+            seed=seed,
+            ratios=ratios,
+            split_by=split_by,
+            chunks=chunks,
         )
-    except MemoryError:  # raised below, once the walk's memory is released with its frames
-        listing = None
-    if listing is None:
-        raise ListingError(
-            f"out of memory while listing {os.fspath(root)}: the tree holds more entries than "
-            "this process can keep. Is ROOT the image tree (one folder per identity)? If it is, "
-            "give the process more memory (or read one folder at a time: --workers 1)"
+        identities = {label: tree.names[identity] for label, identity in enumerate(plan.kept)}
+        listing = Listing(
+            tree.root,
+            identities,
+            {},
+            tree.skipped.paths,
+            tree.folders,
+            plan.seed,
+            sizes=plan.sizes,
+            passed=tree.skipped.counts,
         )
-    if not listing.image_count:
-        passed = ", ".join(
-            f"{len(paths)} {reason}" for reason, paths in listing.skipped.items() if paths
-        )
-        raise ListingError(
-            f"no images to list under {os.fspath(root)}"
-            + (f" (passed over: {passed})" if passed else " (it has no identity folders)")
-            + f"; image extensions: {' '.join(normalize_extensions(exts))}"
-        )
-    return write_lists(listing, out, labels, overwrite)
+        if not listing.image_count:
+            tree.skipped.finish()
+            passed = ", ".join(
+                f"{count} {reason}" for reason, count in listing.passed.items() if count
+            )
+            raise ListingError(
+                f"no images to list under {os.fspath(root)}"
+                + (f" (passed over: {passed})" if passed else " (it has no identity folders)")
+                + f"; image extensions: {' '.join(normalize_extensions(exts))}"
+            )
+        if steps.write is not None:
+            steps.write(listing.image_count, len(plan.sizes))
+        rows = ListRows(tree, plan, max_per_id, steps.written)
+        lines = {
+            part.suffix: rows.part_lines(part) for part in plan.parts if part.suffix is not None
+        }
+        _write(listing, out, labels, overwrite, lines)
+        rows.finish()
+        tree.skipped.finish()
+    return listing
+
+
+@dataclass(frozen=True)
+class ListSteps:
+    """What `list_images` says as it goes, each called on the calling thread if given:
+    `walk(folders_scanned, images_found, identity_folders_read, identity_folders)` as it
+    walks; `write(images, lists)` once, before the first line is written; `written(images)`
+    every few thousand lines."""
+
+    walk: Callable[[int, int, int, int], object] | None = None
+    write: Callable[[int, int], object] | None = None
+    written: Callable[[int], object] | None = None
+
+
+LISTING_OPTIONS = frozenset(
+    {
+        "min_per_id",
+        "max_per_id",
+        "shuffle",
+        "seed",
+        "train_ratio",
+        "val_ratio",
+        "test_ratio",
+        "split_by",
+        "chunks",
+    }
+)
 
 
 __all__ = [
     "DEFAULT_EXTENSIONS",
     "SKIP_REASONS",
     "Identity",
+    "ListSteps",
     "Listing",
     "TreeWalk",
     "default_threads",

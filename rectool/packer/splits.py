@@ -42,11 +42,22 @@ class Listing:
     seed: int | None = None
     written: dict[str, str] = field(default_factory=dict)
     label_map: str | None = None
+    # Rows of each list, and how many paths were passed over by reason: by default counted
+    # from `lists` and `skipped`; a streamed listing (`streamlist`) holds no rows and keeps
+    # only a few example paths.
+    sizes: dict[str, int] = field(default_factory=dict)
+    passed: dict[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.sizes:
+            self.sizes = {suffix: len(rows) for suffix, rows in self.lists.items()}
+        if not self.passed:
+            self.passed = {reason: len(paths) for reason, paths in self.skipped.items()}
 
     @property
     def image_count(self) -> int:
         """Return the number of images listed, over all lists."""
-        return sum(len(rows) for rows in self.lists.values())
+        return sum(self.sizes.values())
 
     def summary(self) -> dict[str, Any]:
         """Return the summary as plain data (what `rectool list --json` prints)."""
@@ -56,12 +67,12 @@ class Listing:
             "identities": len(self.identities),
             "folders_scanned": self.folders,
             "lists": {
-                path: {"images": len(self.lists[suffix]), "suffix": suffix}
+                path: {"images": self.sizes[suffix], "suffix": suffix}
                 for suffix, path in self.written.items()
             },
             "label_map": self.label_map,
             "seed": self.seed,
-            "skipped": {reason: len(paths) for reason, paths in self.skipped.items()},
+            "skipped": dict(self.passed),
             "skipped_examples": {
                 reason: [display_path(p) for p in paths[:5]]
                 for reason, paths in self.skipped.items()
@@ -124,7 +135,7 @@ def list_suffixes(chunks: int, ratios: tuple[float, float, float] | None) -> lis
     return [f"{prefix}_{split}" for prefix in prefixes for split in splits]
 
 
-def _cut(count: int, ratios: tuple[float, float, float]) -> list[int]:
+def cut_runs(count: int, ratios: tuple[float, float, float]) -> list[int]:
     """Return the end of each split's run when `count` things are cut by `ratios`."""
     train, val, _ = ratios
     ends = [round(count * train), round(count * (train + val)), count]
@@ -186,7 +197,7 @@ def make_listing(
     rows = list(zip(range(len(paths)), labels, paths))
     split_of: dict[int, str] | None = None
     if ratios is not None and split_by == "identity":
-        ends = _cut(len(kept), ratios)
+        ends = cut_runs(len(kept), ratios)
         split_of = {}
         for position, label in enumerate(identity_order):
             split_of[label] = next(s for s, end in zip(SPLITS, ends) if position < end)
@@ -197,7 +208,7 @@ def make_listing(
             lists[prefix] = chunk
             continue
         if split_of is None:
-            ends = _cut(len(chunk), ratios)
+            ends = cut_runs(len(chunk), ratios)
             runs = dict(zip(SPLITS, (chunk[a:b] for a, b in zip([0, *ends], ends))))
         else:
             runs = {s: [row for row in chunk if split_of[row[1]] == s] for s in SPLITS}

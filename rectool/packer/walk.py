@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import queue
 import time
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -268,7 +269,8 @@ class _Scanner:
             )
 
 
-def _path_key(path: str) -> list[str]:
+def path_key(path: str) -> list[str]:
+    """Return the sort key of a relative path: its components, so `a/b` sorts before `a.b`."""
     return path.split("/")
 
 
@@ -278,9 +280,77 @@ def even_chunks(items: Sequence[Any], count: int) -> list[Any]:
     return [items[bounds[i] : bounds[i + 1]] for i in range(count)]
 
 
-def _batches(items: Sequence[Any], count: int) -> list[Any]:
-    """Split `items` into at most `count` contiguous, nearly equal, non-empty lists."""
-    return even_chunks(items, max(1, min(count, len(items)))) if items else []
+class Skipped:
+    """What a walk passed over, by reason (a key of SKIP_REASONS): how many, and their paths.
+
+    All the paths, or with `keep` only the first `keep` in path order: what a summary shows,
+    in memory that does not grow with the tree. `finish` sorts them and returns them.
+    """
+
+    def __init__(self, keep: int | None = None) -> None:
+        self.keep = keep
+        self.counts = dict.fromkeys(SKIP_REASONS, 0)
+        self.paths: dict[str, list[str]] = {reason: [] for reason in SKIP_REASONS}
+
+    def add(self, reason: str, path: str) -> None:
+        self.counts[reason] += 1
+        paths = self.paths[reason]
+        paths.append(path)
+        if self.keep is not None and len(paths) >= 2 * self.keep + 1024:
+            paths.sort(key=path_key)
+            del paths[self.keep :]
+
+    def finish(self) -> dict[str, list[str]]:
+        for paths in self.paths.values():
+            paths.sort(key=path_key)
+            if self.keep is not None:
+                del paths[self.keep :]
+        return self.paths
+
+
+# `images(identity, paths)`: the images found in one folder of identity number `identity`.
+ImageSink = Callable[[int, list[str]], object]
+# `report(folders_scanned, images_found, identity_folders_read, identity_folders)`.
+WalkReport = Callable[[int, int, int, int], object]
+
+
+@dataclass
+class WalkedTree:
+    """What `walk_folders` found besides the images it handed on, per identity number."""
+
+    root: Path
+    names: list[str]  # identity folder names, in code-point order: identity i is names[i]
+    nested: bytearray  # 1 where some of an identity's images are in its subfolders
+    unreadable: bytearray  # 1 where an identity folder could not be read (or is listed twice)
+    folders: int  # folders read
+
+
+class _Todo:
+    """Folders left to read, depth first: subfolders found, then identity folders in name order."""
+
+    def __init__(self, folder_of: Callable[[int], _Folder], identities: Sequence[int]) -> None:
+        self.folder_of, self.identities, self.next = folder_of, identities, 0
+        self.stack: list[_Folder] = []
+
+    def __len__(self) -> int:
+        return len(self.stack) + len(self.identities) - self.next
+
+    def push(self, subfolders: Sequence[_Folder]) -> None:
+        self.stack.extend(reversed(subfolders))
+
+    def pop(self) -> _Folder | None:
+        if self.stack:
+            return self.stack.pop()
+        if self.next < len(self.identities):
+            self.next += 1
+            return self.folder_of(self.identities[self.next - 1])
+        return None
+
+    def take(self, count: int) -> list[_Folder]:
+        taken: list[_Folder] = []
+        while len(taken) < count and (folder := self.pop()) is not None:
+            taken.append(folder)
+        return taken
 
 
 def walk_tree(
@@ -301,10 +371,54 @@ def walk_tree(
     system, where latency dominates). `progress`, if given, is
     called from the calling thread as `progress(folders_scanned, images_found)`. Links that
     lead out of ROOT are skipped unless `allow_outside_root`; every folder is listed once
-    (see the module's docstring).
+    (see the module's docstring). The whole tree is held in memory: `rectool list` walks
+    with `walk_folders`, which hands each folder's images on instead.
 
     Raises `InputError` for a ROOT that is no image tree (`check_walkable`), `ListingError`
     when the root itself cannot be read.
+    """
+    skipped = Skipped()
+    images: dict[int, list[str]] = {}
+    walked = walk_folders(
+        root,
+        lambda identity, paths: images.setdefault(identity, []).extend(paths),
+        skipped,
+        exts,
+        recursive,
+        threads,
+        progress and (lambda folders, found, _read, _of: progress(folders, found)),
+        allow_outside_root,
+    )
+    identities: list[Identity] = []
+    for i, name in enumerate(walked.names):
+        paths = images.pop(i, None)
+        if not paths:
+            if not walked.unreadable[i]:
+                skipped.add("empty_identity", name)
+            continue
+        paths.sort(key=path_key if walked.nested[i] else None)
+        identities.append(Identity(name, tuple(paths)))
+    return TreeWalk(walked.root, identities, skipped.finish(), walked.folders)
+
+
+def walk_folders(
+    root: StrPath,
+    images: ImageSink,
+    skipped: Skipped,
+    exts: Iterable[str] = DEFAULT_EXTENSIONS,
+    recursive: bool = True,
+    threads: int | None = None,
+    report: WalkReport | None = None,
+    allow_outside_root: bool = False,
+) -> WalkedTree:
+    """Walk the folder tree at `root` as `walk_tree` does, holding none of its images.
+
+    Each folder's images go to `images(identity, paths)` as it is read (unsorted; identity i
+    is the i-th identity folder name in code-point order), what is passed over to `skipped`;
+    an identity folder without images is for the caller to count. The walk holds the identity
+    names and the folders waiting to be read, never more than a few folders' images (a
+    thread's batch each). `report`, if given, is called on the calling thread as
+    `report(folders_scanned, images_found, identity_folders_read, identity_folders)`.
     """
     check_walkable(root)
     root = Path(root)
@@ -314,7 +428,6 @@ def walk_tree(
         raise UsageError(f"threads must be at least 1, got {threads}")
     root_path = os.fspath(root)
     scanner = _Scanner(normalize_extensions(exts), recursive, root_path, allow_outside_root)
-    skipped: dict[str, list[str]] = {reason: [] for reason in SKIP_REASONS}
     names: list[str] = []
     linked: set[str] = set()
     try:
@@ -324,15 +437,15 @@ def walk_tree(
             for entry in entries:
                 name = entry.name
                 if name[0] == ".":
-                    skipped["hidden"].append(name)
+                    skipped.add("hidden", name)
                 elif not _is_dir(entry):
-                    skipped["outside_identity"].append(name)
+                    skipped.add("outside_identity", name)
                 elif not is_writable_path(name):
-                    skipped["unwritable_name"].append(name)
+                    skipped.add("unwritable_name", name)
                 elif entry.is_symlink() and scanner.leads_out(entry):
-                    skipped["outside_root"].append(name)
+                    skipped.add("outside_root", name)
                 elif entry.is_symlink() and scanner.is_loop(entry, (root_path,)):
-                    skipped["symlink_loop"].append(name)
+                    skipped.add("symlink_loop", name)
                 else:
                     names.append(name)
                     if entry.is_symlink():
@@ -340,62 +453,59 @@ def walk_tree(
     except OSError as exc:
         raise ListingError(f"cannot read the root folder {root_path}: {exc.strerror}") from exc
     names.sort()
-    folders: list[_Folder] = []
-    links: list[_Folder] = []
-    for i, name in enumerate(names):
-        path = os.path.join(root_path, name)
-        (links if name in linked else folders).append(_Folder(i, path, name, (root_path, path)))
-    images: list[list[str]] = [[] for _ in names]
-    nested = [False] * len(names)
-    unreadable = [False] * len(names)
-    scanned = found = 0
+
+    def folder_of(i: int) -> _Folder:
+        path = os.path.join(root_path, names[i])
+        return _Folder(i, path, names[i], (root_path, path))
+
+    real = array("q", (i for i, name in enumerate(names) if name not in linked))
+    links = [folder_of(i) for i, name in enumerate(names) if name in linked]
+    nested = bytearray(len(names))
+    unreadable = bytearray(len(names))
+    scanned = found = identities_read = 0
 
     def merge(result: _FolderScan) -> None:
-        nonlocal scanned, found
+        nonlocal scanned, found, identities_read
         folder = result.folder
         links.extend(result.links)
+        top = folder.rel == names[folder.identity]
+        identities_read += top
         if result.repeat:
-            skipped["symlink_repeat"].append(folder.rel)
-            if folder.rel == names[folder.identity]:
-                unreadable[folder.identity] = True  # not empty: listed under another name
+            skipped.add("symlink_repeat", folder.rel)
+            if top:
+                unreadable[folder.identity] = 1  # not empty: listed under another name
             return
         scanned += 1
         if result.error is not None:
-            skipped["unreadable_folder"].append(folder.rel)
-            if folder.rel == names[folder.identity]:
-                unreadable[folder.identity] = True
-        if folder.rel != names[folder.identity]:
-            nested[folder.identity] = True
-        images[folder.identity].extend(result.images)
-        found += len(result.images)
+            skipped.add("unreadable_folder", folder.rel)
+            if top:
+                unreadable[folder.identity] = 1
+        if not top:
+            nested[folder.identity] = 1
+        if result.images:
+            images(folder.identity, result.images)
+            found += len(result.images)
         for reason, path in result.skipped:
-            skipped[reason].append(path)
+            skipped.add(reason, path)
 
-    report = lambda: progress and progress(scanned, found)  # noqa: E731
-    if folders:
-        if adaptive and threads > 1:
-            folders = _run_while_fast(scanner, folders, merge, report)
-        if folders:
-            _run(scanner, folders, threads, merge, report)
+    def progress() -> None:
+        if report is not None:
+            report(scanned, found, identities_read, len(names))
+
+    todo = _Todo(folder_of, real)
+    if adaptive and threads > 1:
+        _run_while_fast(scanner, todo, merge, progress)
+    _run(scanner, todo, threads, merge, progress)
     # Then symlinked folders, round by round in path order, each walked to the end before the
     # next: which path lists a folder reached several ways does not depend on the threads.
     while links:
-        batch = sorted(links, key=lambda folder: _path_key(folder.rel))
+        batch = sorted(links, key=lambda folder: path_key(folder.rel))
         links.clear()
         for link in batch:
-            _run(scanner, [link], 1 if adaptive else threads, merge, report)
-    identities: list[Identity] = []
-    for i, name in enumerate(names):
-        paths = images[i]
-        if not paths:
-            if not unreadable[i]:
-                skipped["empty_identity"].append(name)
-            continue
-        paths.sort(key=_path_key if nested[i] else None)
-        identities.append(Identity(name, tuple(paths)))
-    for paths in skipped.values():
-        paths.sort(key=_path_key)
-    return TreeWalk(root, identities, skipped, scanned)
+            todo = _Todo(folder_of, ())
+            todo.push([link])
+            _run(scanner, todo, 1 if adaptive else threads, merge, progress)
+    return WalkedTree(root, names, nested, unreadable, scanned)
 
 
 def _is_dir(entry: os.DirEntry[str]) -> bool:
@@ -416,70 +526,77 @@ listing_clock = time.perf_counter
 
 def _run_while_fast(
     scanner: _Scanner,
-    folders: list[_Folder],
+    todo: _Todo,
     merge: Callable[[_FolderScan], None],
     report: Callable[[], object],
-) -> list[_Folder]:
-    """Scan identity folders on this thread while they list fast; return those left to scan."""
-    pending = list(reversed(folders))
+) -> None:
+    """Scan folders on this thread while they list fast; leave the rest in `todo`."""
     spent = 0.0
     done = 0
     clock = listing_clock
-    while pending:
+    while (folder := todo.pop()) is not None:
         started = clock()
-        result = scanner.scan(pending.pop())
+        result = scanner.scan(folder)
         spent += clock() - started
         done += 1
         merge(result)
-        pending.extend(reversed(result.subfolders))
+        todo.push(result.subfolders)
         report()
         if done % _PROBE_FOLDERS == 0:
             if spent / _PROBE_FOLDERS > SLOW_LISTING_SECONDS:
-                return list(reversed(pending))
+                return
             spent = 0.0
-    return []
+
+
+# Folders a thread reads per task at most: few enough that the images in flight stay a few
+# folders' worth a thread, many enough that a hand-off costs little beside the reading.
+_BATCH = 64
 
 
 def _run(
     scanner: _Scanner,
-    folders: list[_Folder],
+    todo: _Todo,
     threads: int,
     merge: Callable[[_FolderScan], None],
     report: Callable[[], object],
 ) -> None:
-    """Scan `folders` and every subfolder they lead to on `threads` threads; merge results."""
+    """Scan the folders in `todo` and every subfolder they lead to on `threads` threads."""
     if threads == 1:
-        pending = list(reversed(folders))
-        while pending:
-            result = scanner.scan(pending.pop())
+        while (folder := todo.pop()) is not None:
+            result = scanner.scan(folder)
             merge(result)
-            pending.extend(reversed(result.subfolders))
+            todo.push(result.subfolders)
             report()
+        return
+    if not len(todo):
         return
     # Batches, not one task per folder: a hand-off between threads costs more than reading a
     # small cached folder, so a few tasks per thread keep the pool busy at a fraction of it.
+    # At most 4 a thread are in flight, so the walk holds no more images than they find.
     done: queue.SimpleQueue[Future[list[_FolderScan]]] = queue.SimpleQueue()
     outstanding = 0
     with ThreadPoolExecutor(max_workers=threads, thread_name_prefix="rectool-scan") as pool:
 
-        def submit(batch: list[_Folder]) -> None:
+        def fill() -> None:
             nonlocal outstanding
-            try:
-                future = pool.submit(scanner.scan_batch, batch)
-            except RuntimeError as exc:  # a thread could not start: memory (its stack) ran out
-                raise MemoryError(f"cannot start a thread to read folders: {exc}") from exc
-            future.add_done_callback(done.put)
-            outstanding += 1
+            while outstanding < threads * 4:
+                size = max(1, min(_BATCH, len(todo) // (threads * 4)))
+                batch = todo.take(size)
+                if not batch:
+                    return
+                try:
+                    future = pool.submit(scanner.scan_batch, batch)
+                except RuntimeError as exc:  # a thread could not start: memory (its stack)
+                    raise MemoryError(f"cannot start a thread to read folders: {exc}") from exc
+                future.add_done_callback(done.put)
+                outstanding += 1
 
-        for batch in _batches(folders, threads * 4):
-            submit(batch)
+        fill()
         while outstanding:
             results = done.get().result()
             outstanding -= 1
-            subfolders: list[_Folder] = []
             for result in results:
                 merge(result)
-                subfolders.extend(result.subfolders)
-            for batch in _batches(subfolders, threads):
-                submit(batch)
+                todo.push(result.subfolders)
+            fill()
             report()
