@@ -187,30 +187,18 @@ def repack_command(
         raise click.UsageError("an s3:// OUT_PREFIX is repacked in one run (no --resume)")
     if options["keep_ids"] and options["drop_ids"]:
         raise click.BadParameter("give --keep-ids or --drop-ids, not both", param_hint="--keep-ids")
+    # The options `RepackOptions` names as the command line does; then those it renames.
+    same = (
+        "labels_by keep_ids drop_ids min_per_id max_per_id pick seed keep_labels order layout "
+        "pack_label shard_records dedupe check workers max_failures max_pixels sha256"
+    ).split()
     repack_options = RepackOptions(
-        labels_by=options["labels_by"],
-        keep_ids=options["keep_ids"],
-        drop_ids=options["drop_ids"],
-        min_per_id=options["min_per_id"],
-        max_per_id=options["max_per_id"],
-        pick=options["pick"],
+        **{name: options[name] for name in same},
         sample=options["keep_fraction"],
         sample_by=options["fraction_of"],
-        seed=options["seed"],
-        keep_labels=options["keep_labels"],
-        order=options["order"],
-        layout=options["layout"],
-        pack_label=options["pack_label"],
         shard_bytes=options["shard_size"],
-        shard_records=options["shard_records"],
-        dedupe=options["dedupe"],
-        check=options["check"],
         drop_overlap=tuple(options["drop_overlap"]),
         transform=transform_of(options),
-        workers=options["workers"],
-        max_failures=options["max_failures"],
-        max_pixels=options["max_pixels"],
-        sha256=options["sha256"],
     )
     update, close = progress_bar(quiet or as_json, "rec")
     update, seen = remember_progress(update)
