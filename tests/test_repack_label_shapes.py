@@ -240,3 +240,32 @@ def test_resume_continues_a_conversion_and_refuses_the_other_shape(tmp_path, mon
     result = repack([packed], out, options, resume=True)
     assert result.resumed_from == 4
     assert files(out) == files(reference)
+
+
+def test_resume_after_the_images_of_two_labels_keeps_them_all(tmp_path, monkeypatch):
+    # Images with two labels have flag 2, as identity records do, but image bytes: a resume
+    # cuts the identity records an interrupted run wrote after them, and keeps every image.
+    root, items = tree(tmp_path)
+    packed = pack(tmp_path, root, items, "vector")
+    options = RepackOptions(layout="insightface", pack_label=True)
+    reference = tmp_path / "ref" / "train"
+    repack([packed], reference, options)
+    monkeypatch.setattr(repack_run, "BATCH_RECORDS", 4)
+
+    def interrupted(done, total, refused):
+        if done >= 4:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "out" / "train"
+    with pytest.raises(KeyboardInterrupt):
+        repack([packed], out, options, progress=interrupted)
+    # As if killed after the 9 images and 2 of the 3 identity records.
+    idx_lines = reference.with_suffix(".idx").read_bytes().splitlines(keepends=True)
+    cut = int(idx_lines[11].split(b"\t")[1])
+    rec = reference.with_suffix(".rec").read_bytes()
+    assert [int(line.split(b"\t")[0]) for line in idx_lines[9:11]] == [10, 11]
+    out.parent.joinpath("train.rec.partial").write_bytes(rec[:cut])
+    out.parent.joinpath("train.idx.partial").write_bytes(b"".join(idx_lines[:11]))
+    result = repack([packed], out, options, resume=True)
+    assert result.resumed_from == 9
+    assert files(out) == files(reference)
