@@ -356,3 +356,14 @@ def test_a_root_that_is_no_archive_is_a_usage_error(tmp_path):
         result = invoke("list", root, tmp_path / "x.lst")
         assert result.exit_code == 2, (root, result.output)
         assert message in result.stderr, (root, result.stderr)
+
+
+def test_an_archive_replaced_under_the_same_name_is_read_again(tmp_path):
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_pack_tree(first, ["alice"], 2)
+    write_pack_tree(second, ["bob", "carol"], 1)
+    archive = make_tar(tmp_path / "a.tar", first)
+    assert invoke("list", archive, tmp_path / "one.lst").exit_code == 0
+    os.replace(make_tar(tmp_path / "b.tar", second), archive)
+    assert invoke("list", archive, tmp_path / "two.lst").exit_code == 0
+    assert (tmp_path / "two.lst").read_text() == "0\t0\tbob/000.jpg\n1\t1\tcarol/000.jpg\n"

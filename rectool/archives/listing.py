@@ -30,7 +30,7 @@ from ..packer.walk import (
     TreeWalk,
     normalize_extensions,
 )
-from .members import FILE, FOLDER, MemberIndex
+from .members import FILE, FOLDER, ArchiveError, MemberIndex
 from .source import TAR_GZ, WEBDATASET, Archive, archive_kind, open_archive
 
 if TYPE_CHECKING:
@@ -126,13 +126,18 @@ def _is_image(name: str, exts: frozenset[str]) -> bool:
 def index_stream(archive: Archive) -> MemberIndex:
     """Return the member index of a compressed tar, read once to its end."""
     from .compressed import open_blocks
-    from .tar import walk_tar
+    from .tar import HeaderChecks, walk_tar
 
     blocks = open_blocks(archive.files[0], archive.root)
     index = MemberIndex(archive.root)
-    for name, kind, offset, size in walk_tar(blocks):
-        blocks.where = f"member {name!r}"
-        index.add(name, kind, offset, size)
+    checks = HeaderChecks(archive.root)
+    try:
+        for name, kind, offset, size in walk_tar(blocks, None, checks):
+            blocks.where = f"member {name!r}"
+            index.add(name, kind, offset, size)
+    except ArchiveError:
+        checks.check()  # a damaged header explains a bad name
+        raise
     return index.finish()
 
 

@@ -49,7 +49,7 @@ def unsafe_name(name: str) -> str | None:
         return "an empty name"
     if "\0" in name:
         return "a NUL in its name"
-    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+    if name.startswith("/") or (name[0].isalpha() and name[1:3] in (":/", ":\\")):
         return "an absolute name"
     if "\\" in name:
         return "a backslash in its name (a Windows path?)"
@@ -125,12 +125,25 @@ class MemberIndex:
         part: int = 0,
     ) -> None:
         """Add a member, refusing an unsafe or repeated name (`ArchiveError`)."""
-        name = clean_name(raw_name)
-        if name == "" and kind == FOLDER:
-            return  # the archive's own root folder, `./`
-        why = unsafe_name(name)
-        if why is not None:
-            raise ArchiveError(f"{self.archive}: member {raw_name!r}: {why}; refused")
+        name = raw_name
+        if name[:2] == "./":  # as `tar -C ROOT .` names every member
+            name = name[2:]
+        if name[:2] == "./" or name[-1:] == "/":
+            name = clean_name(name)
+        # Most names are plainly safe: the full check only where one of its signs shows.
+        if (
+            not name
+            or name[0] == "/"
+            or ".." in name
+            or "//" in name
+            or "\\" in name
+            or ("\0" in name or name[1:2] == ":")
+        ):
+            if name == "" and kind == FOLDER:
+                return  # the archive's own root folder, `./`
+            why = unsafe_name(name)
+            if why is not None:
+                raise ArchiveError(f"{self.archive}: member {raw_name!r}: {why}; refused")
         if name in self._by_name:
             if kind == FOLDER and self.kinds[self._by_name[name]] == FOLDER:
                 return  # a folder named twice extracts as one folder

@@ -83,11 +83,12 @@ class StreamReader:
 
     def __init__(self, archive: Archive, remaining: Iterable[str]) -> None:
         from .compressed import open_blocks
-        from .tar import walk_tar
+        from .tar import HeaderChecks, walk_tar
 
         self.archive = archive
         self.blocks = open_blocks(archive.files[0], archive.root)
-        self._members = walk_tar(self.blocks)
+        self._checks = HeaderChecks(archive.root)
+        self._members = walk_tar(self.blocks, None, self._checks)
         self._seen = MemberIndex(archive.root)  # unsafe and repeated names refused as met
         self.wanted = collections.Counter(remaining)
         self._ahead: dict[str, bytes | str] = {}
@@ -134,7 +135,11 @@ class StreamReader:
         seen = self._seen
         for raw, kind, offset, size in self._members:
             before = len(seen)
-            seen.add(raw, kind, offset, size)
+            try:
+                seen.add(raw, kind, offset, size)
+            except ArchiveError:
+                self._checks.check()  # a damaged header explains a bad name
+                raise
             if len(seen) == before:
                 continue  # the archive's own folder, or a folder named again
             name = seen.names[-1]

@@ -64,6 +64,11 @@ def _holds_only_shards(folder: str) -> bool:
     return shards
 
 
+# The last archive indexed, by what identifies its bytes (file, size, change time): `pack`
+# opens ROOT to check its first items, then to pack, and an index costs a pass of its headers.
+_last_index: dict[tuple[object, ...], MemberIndex] = {}
+
+
 class Archive:
     """An opened archive ROOT: its member index and its files; members read by offset."""
 
@@ -82,15 +87,21 @@ class Archive:
                 self._open(self.root)
             else:
                 file = self._open(self.root)
-                size = os.fstat(file.fileno()).st_size
-                if kind == ZIP:
+                st = os.fstat(file.fileno())
+                key = (kind, self.root, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+                cached = _last_index.get(key)
+                if cached is not None:
+                    self.index = cached
+                elif kind == ZIP:
                     from .zip import index_zip
 
-                    self.index = index_zip(file, size, self.root)
+                    self.index = index_zip(file, st.st_size, self.root)
                 else:
                     from .tar import index_tar
 
-                    self.index = index_tar(file.fileno(), size, self.root)
+                    self.index = index_tar(file.fileno(), st.st_size, self.root)
+                _last_index.clear()  # one index kept: pack's check of ROOT, then its run
+                _last_index[key] = self.index
         except BaseException:
             self.close()
             raise

@@ -18,6 +18,8 @@ import os
 from collections.abc import Iterator
 from typing import Protocol
 
+import numpy as np
+
 from .members import (
     DEVICE,
     FIFO,
@@ -111,44 +113,117 @@ def _pax(data: bytes, where: str) -> dict[str, str]:
     return records
 
 
-def walk_tar(blocks: Blocks, end: int | None = None) -> Iterator[tuple[str, int, int, int]]:
+class HeaderChecks:
+    """Header checksums, checked a batch at a time with numpy (per header in Python, the sum
+    would cost more than the rest of the walk). `check()` raises for the first header in the
+    batch whose checksum does not match; the walk calls it before any other error it raises,
+    and at the end, and a caller before an error of its own about a member met since."""
+
+    BATCH = 4096
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._blocks = bytearray()
+        self._places: list[tuple[int, str]] = []  # (header's byte, the member before it)
+
+    def add(self, block: bytes, header_at: int, last: str) -> None:
+        self._blocks += block
+        self._places.append((header_at, last))
+        if len(self._places) >= self.BATCH:
+            self.check()
+
+    def check(self) -> None:
+        """Raise `ArchiveError` for the first header added whose checksum does not match."""
+        if not self._places:
+            return
+        heads = np.frombuffer(self._blocks, np.uint8).reshape(-1, BLOCK)
+        field = heads[:, 148:156].astype(np.int64)
+        sums = heads.sum(1, dtype=np.int64) - field.sum(1) + 8 * 32
+        stored = np.zeros(len(heads), np.int64)
+        started = np.zeros(len(heads), bool)
+        stopped = np.zeros(len(heads), bool)
+        for i in range(8):  # octal digits, after spaces, up to a NUL or space
+            digit = (field[:, i] >= 48) & (field[:, i] <= 55)
+            stopped |= started & ~digit
+            take = digit & ~stopped
+            stored = np.where(take, stored * 8 + field[:, i] - 48, stored)
+            started |= digit
+        bad = np.flatnonzero((stored != sums) | ~started)
+        places, self._places, self._blocks = self._places, [], bytearray()
+        if len(bad):
+            header_at, last = places[int(bad[0])]
+            raise ArchiveError(
+                f"{self.name}: header at byte {header_at}{_after(last)}: its checksum does not "
+                "match: damaged, or no tar"
+            )
+
+
+def _after(last: str) -> str:
+    return f" (after member {last!r})" if last else ""
+
+
+def walk_tar(
+    blocks: Blocks, end: int | None = None, checks: HeaderChecks | None = None
+) -> Iterator[tuple[str, int, int, int]]:
     """Yield `(name, kind, offset, size)` for each member, in archive order.
 
     `offset` is where the member's data starts. Between yields the caller may read the data
     from `blocks`; the walk then moves on past it. `end`, when known (a file's size), is
-    checked against every member's data: past it, the archive is truncated.
+    checked against every member's data: past it, the archive is truncated. Headers'
+    checksums are checked by `checks` (see `HeaderChecks`), a batch at a time.
     """
+    checks = checks or HeaderChecks(blocks.name)
+    try:
+        yield from _walk(blocks, end, checks)
+    except ArchiveError:
+        checks.check()  # a damaged header explains what followed
+        raise
+    checks.check()
+
+
+def _walk(
+    blocks: Blocks, end: int | None, checks: HeaderChecks
+) -> Iterator[tuple[str, int, int, int]]:
     long_name: str | None = None
     pax: dict[str, str] = {}
     last = ""  # the last member met, for errors
+    read, seek, kinds, zero = blocks.read, blocks.seek, _KINDS, _ZERO
     while True:
         header_at = blocks.pos
-        block = blocks.read(BLOCK)
+        block = read(BLOCK)
         if len(block) < BLOCK:
             raise ArchiveError(
-                f"{blocks.name}: truncated {f'after {last}' if last else 'at its start'}: the "
-                "archive ends without its end-of-archive block (a copy cut short?)"
+                f"{blocks.name}: truncated {f'after member {last!r}' if last else 'at its start'}"
+                ": the archive ends without its end-of-archive block (a copy cut short?)"
             )
-        if block == _ZERO:
+        if block == zero:
             return
-        where = f"{blocks.name}: header at byte {header_at}" + (f" (after {last})" if last else "")
-        stored = _number(block[148:156], where)
-        if stored != sum(block) - sum(block[148:156]) + 256:
-            raise ArchiveError(f"{where}: its checksum does not match: damaged, or no tar")
-        size = _number(block[124:136], where)
+        checks.add(block, header_at, last)
+        field = block[124:136]
+        if field[0] & 0x80:
+            size = _number(field, f"{blocks.name}: header at byte {header_at}{_after(last)}")
+        else:
+            try:
+                size = int(field.split(b"\0", 1)[0] or b"0", 8)
+            except ValueError:
+                checks.check()
+                raise ArchiveError(
+                    f"{blocks.name}: header at byte {header_at}{_after(last)}: damaged, or no "
+                    f"tar (its size field holds {field!r})"
+                ) from None
         flag = block[156:157]
-        name = _text(block[0:100])
-        if block[257:263] == b"ustar\0":  # POSIX: a prefix field holds the head of long names
-            prefix = _text(block[345:500])
-            if prefix:
-                name = f"{prefix}/{name}"
+        name = block[:100].split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+        if block[257:263] == b"ustar\0" and block[345] != 0:  # POSIX: the head of long names
+            name = f"{_text(block[345:500])}/{name}"
         if flag in (b"x", b"g", b"L", b"K"):
+            where = f"{blocks.name}: header at byte {header_at}{_after(last)}"
             if size > MAX_META_BYTES:
+                checks.check()
                 raise ArchiveError(f"{where}: an extended header of {size:,} bytes; refused")
-            data = blocks.read(size)
+            data = read(size)
             if len(data) < size:
                 raise ArchiveError(f"{blocks.name}: truncated inside the header at {header_at}")
-            blocks.seek(header_at + BLOCK + _padded(size))
+            seek(header_at + BLOCK + _padded(size))
             if flag == b"x":
                 pax = _pax(data, where)
             elif flag == b"L":
@@ -156,16 +231,18 @@ def walk_tar(blocks: Blocks, end: int | None = None) -> Iterator[tuple[str, int,
             continue  # a global header (g) and a long link name (K) name no member
         if long_name is not None:
             name, long_name = long_name, None
-        if "path" in pax:
-            name = pax["path"]
-        if "size" in pax:
-            try:
-                size = int(pax["size"])
-            except ValueError:
-                raise ArchiveError(f"{where}: a damaged pax size") from None
-        pax = {}
-        kind = _KINDS.get(flag, OTHER)
-        if kind not in (FILE, OTHER):
+        if pax:
+            name = pax.get("path", name)
+            if "size" in pax:
+                try:
+                    size = int(pax["size"])
+                except ValueError:
+                    raise ArchiveError(
+                        f"{blocks.name}: member {name!r}: a damaged pax size"
+                    ) from None
+            pax = {}
+        kind = kinds.get(flag, OTHER)
+        if kind != FILE and kind != OTHER:
             size = 0  # as tar reads them: no data follows a link's, folder's or device's header
         offset = header_at + BLOCK
         if end is not None and offset + size > end:
@@ -173,9 +250,9 @@ def walk_tar(blocks: Blocks, end: int | None = None) -> Iterator[tuple[str, int,
                 f"{blocks.name}: member {name!r} is truncated: its {size:,} bytes run past the "
                 f"end of the archive ({end:,} bytes)"
             )
-        last = f"member {name!r}"
+        last = name
         yield name, kind, offset, size
-        blocks.seek(offset + _padded(size))
+        seek(offset + (size + BLOCK - 1) // BLOCK * BLOCK)
 
 
 def _padded(size: int) -> int:
@@ -185,6 +262,11 @@ def _padded(size: int) -> int:
 def index_tar(fd: int, size: int, name: str) -> MemberIndex:
     """Return the index of the tar file open as `fd` (`size` bytes, named `name` in errors)."""
     index = MemberIndex(name)
-    for member, kind, offset, length in walk_tar(FileBlocks(fd, size, name), size):
-        index.add(member, kind, offset, length)
+    checks = HeaderChecks(name)
+    try:
+        for member, kind, offset, length in walk_tar(FileBlocks(fd, size, name), size, checks):
+            index.add(member, kind, offset, length)
+    except ArchiveError:
+        checks.check()  # a damaged header explains a bad name
+        raise
     return index.finish()

@@ -170,7 +170,7 @@ def pack_command(
     One run at a time writes an OUT_PREFIX (a second is refused, naming the first's pid).
     Images that are not regular files, or whose paths leave ROOT, are refused.
     ROOT may be a .tar, .tar.gz/.tgz or .zip of the tree, or webdataset shards: LIST's paths
-    are member names, and the pack is the extracted tree's (see docs/pack.md).
+    are member names, and the pack is the extracted tree's, byte for byte.
 
     Exit status: 0 packed (refusals within --max-failures), 1 error, 2 usage error,
     3 packed but more images refused than --max-failures allows (with --only-shard: by that

@@ -43,6 +43,7 @@ BENCHMARKS = {
     "scaling": lambda log: _module("bench_scaling").run(log=log),
     "remote": lambda log: _module("bench_remote").run(log=log),
     "recordio": lambda log: _module("bench_recordio").run(),
+    "archives": lambda log: _module("bench_archives").run(log=log),
 }
 
 
@@ -67,6 +68,7 @@ TARGETS = {
     "scale": _module("bench_scale").TARGETS,
     "scaling": _module("bench_scaling").TARGETS,
     "remote": _module("bench_remote").TARGETS,
+    "archives": _module("bench_archives").TARGETS,
     "recordio": [
         ("ratio", "random read_idx: rectool.recordio / mxnet.recordio", ">=", 5),
     ],
