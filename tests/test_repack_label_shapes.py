@@ -9,12 +9,20 @@ by arcface_torch's `MXFaceDataset` and insightface's `unpack_glint360k.py` logic
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from contextlib import closing
 
 import pytest
 from click.testing import CliRunner
-from helpers.handmade_datasets import MAGIC
+from helpers.handmade_datasets import (
+    MAGIC,
+    frame,
+    image_record,
+    images,
+    write_manifest,
+    write_shard,
+)
 from helpers.image_files import write_list, write_pack_tree
 from helpers.mxnet_oracle import MX_FACE_DATASET, UNPACK_GLINT360K, run_mxnet
 
@@ -269,3 +277,33 @@ def test_resume_after_the_images_of_two_labels_keeps_them_all(tmp_path, monkeypa
     result = repack([packed], out, options, resume=True)
     assert result.resumed_from == 9
     assert files(out) == files(reference)
+
+
+def test_a_new_head_keeps_id2_across_shards_and_split_records(tmp_path):
+    # Records of another shape get a new head joined to their image bytes; a split record is
+    # framed again. Both keep the header's id2, from any shard; expected bytes are framed by
+    # hand, as dmlc frames them.
+    data = [*images(5), b"img!" + MAGIC + b"\xff" * 8]  # the last one split at MAGIC
+    labels = [0, 0, 1, 1, 2, 2]
+    records = [(k, image_record(data[k], float(labels[k]), k, 100 + k)) for k in range(6)]
+    source = tmp_path / "src"
+    entries = []
+    for number, part in enumerate((records[:3], records[3:])):
+        stem = tmp_path / f"src-{number:05d}"
+        write_shard(f"{stem}.rec", f"{stem}.idx", part)
+        entries.append({"rec": stem.name + ".rec", "idx": stem.name + ".idx", "records": 3})
+    write_manifest(source, entries, "images")
+    options = RepackOptions(layout="insightface", check="none")
+    shapes = {True: lambda label: [float(label)], False: float}  # by --pack-label
+    for pack_label, out in ((True, "vectors"), (False, "scalars")):
+        prefix = tmp_path / out / "train"
+        repack([source], prefix, dataclasses.replace(options, pack_label=pack_label))
+        label_of = shapes[pack_label]
+        expected = b"".join(
+            frame(image_record(data[k], label_of(labels[k]), k + 1, 100 + k)) for k in range(6)
+        )
+        rec = prefix.with_suffix(".rec").read_bytes()
+        assert rec[: len(expected)] == expected
+        with closing(open_dataset(prefix)) as ds:
+            assert len(ds) == 6 and ds.identity_ranges.tolist() == [[0, 2], [2, 4], [4, 6]]
+        source = prefix  # then back to scalars, from the vectors

@@ -5,9 +5,10 @@
 lie in the mapping; `frame` hands the writer a stretch of the window framed for the output.
 Whole records are copied as slices of the mapping (a stretch that changes nothing is handed
 over as a view, without a copy) and the header words that change, label and key, are patched
-with numpy afterwards: no Python bytecode runs per record. Only a record whose framing must
-change (a split record, or a new header word equal to the dmlc magic) is read and framed again
-by `writer.frame_record`.
+with numpy afterwards: no Python bytecode runs per record. A record changing label shape
+(`--pack-label`) gets a new head, built in numpy, joined to the rest of its bytes. Only a
+record whose framing must change (a split record, or a new header word equal to the dmlc magic)
+is read and framed again by `writer.frame_record`.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..packer.passthrough import refused_images
 from ..reader import (
     IMAGE_HEADER_SIZE,
     MAGIC,
+    MAX_RECORD_BYTES,
     RecordFile,
     unpack_header,
 )
@@ -233,8 +235,8 @@ class RecordCopier:
 
         Whole records are copied and their header words patched; any other record is read,
         rejoined and framed again. `pack_label` is the label shape written (`image_label`):
-        a vector (True) or a scalar (False); None keeps each record's. A record of the other
-        shape changes length, so it is framed again.
+        a vector (True) or a scalar (False); None keeps each record's. A whole record of the
+        other shape changes length: its new head (`_new_heads`) is joined to its image bytes.
         When the records that fit lie back to back in one source and keep their header
         words, that stretch, as far as it goes up to `view_bytes`, is handed over as a view
         of the mapping: nothing is copied, so it may be larger.
@@ -252,7 +254,8 @@ class RecordCopier:
         label_bits = labels.astype("<f4").view("<u4")
         key_lo = (keys & 0xFFFFFFFF).astype(np.uint32)
         key_hi = (keys >> 32).astype(np.uint32)
-        fast = whole & (label_bits != MAGIC) & (key_lo != MAGIC) & (key_hi != MAGIC)
+        plain = whole & (label_bits != MAGIC) & (key_lo != MAGIC) & (key_hi != MAGIC)
+        fast = plain.copy()
         if pack_label is not None:
             fast &= (flag > 0) if pack_label else (flag == 0)
         # Records that follow each other in one source file are copied as one slice.
@@ -283,6 +286,10 @@ class RecordCopier:
         flag, framed, whole, fast, joined = flag[:n], framed[:n], whole[:n], fast[:n], joined[:n]
         labels, keys, label_bits = labels[:n], keys[:n], label_bits[:n]
         key_lo, key_hi = key_lo[:n], key_hi[:n]
+        # Whole records of the other label shape: a new head before the rest of their bytes.
+        reshaped = plain[:n] & ~fast
+        if pack_label:  # one label word more: within the RecordIO limit
+            reshaped &= win.length[a : a + n] + 4 <= MAX_RECORD_BYTES
         firsts = np.flatnonzero(~joined)
         lasts = np.r_[firsts[1:], n] - 1
         sizes_out = framed.copy()
@@ -297,7 +304,30 @@ class RecordCopier:
                 map(slice, offsets[firsts].tolist(), (offsets + framed)[lasts].tolist()),
             )
         )
-        for k in np.flatnonzero(~quick).tolist():  # a run of one, framed again
+        redo = ~quick
+        if reshaped.any():  # each a run of one
+            at = np.flatnonzero(reshaped)
+            heads, rest = self._new_heads(
+                files[at],
+                offsets[at],
+                flag[at],
+                win.length[a : a + n][at],
+                label_bits[at],
+                key_lo[at],
+                key_hi[at],
+                bool(pack_label),
+            )
+            ends = offsets[at] + framed[at]
+            size = 4 * heads.shape[1]
+            blob = heads.tobytes()
+            runs = np.searchsorted(firsts, at)
+            for j, (k, f, start, stop) in enumerate(
+                zip(runs.tolist(), files[at].tolist(), rest.tolist(), ends.tolist())
+            ):
+                parts[k] = b"".join((blob[j * size : (j + 1) * size], views[f][start:stop]))
+            sizes_out[at] = size + ends - rest
+            redo[runs] = False
+        for k in np.flatnonzero(redo).tolist():  # a run of one, framed again
             i = int(firsts[k])
             record = self._reframe(int(rows[i]), float(labels[i]), int(keys[i]), pack_label)
             sizes_out[i] = len(record)
@@ -314,6 +344,46 @@ class RecordCopier:
         out[w + 5] = key_hi[fast]
         del out
         return data, starts.tolist(), n
+
+    def _new_heads(
+        self,
+        files: np.ndarray,
+        offsets: np.ndarray,
+        flag: np.ndarray,
+        length: np.ndarray,
+        label_bits: np.ndarray,
+        key_lo: np.ndarray,
+        key_hi: np.ndarray,
+        pack_label: bool,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Return the new heads of whole records changing label shape, one row of uint32 words
+        a record (part header, image header, labels), and where the rest of each record's
+        bytes starts in its file.
+
+        `pack_label`: a scalar becomes a vector of one, `IRHeader(1, 0.0, key, id2)` and the
+        label, one word longer; else a vector becomes its first label, `IRHeader(0, label,
+        key, id2)`, its labels dropped. The image keeps its alignment (whole words come or
+        go), so a record without an aligned magic word stays without one, and its padding.
+        """
+        id2 = np.empty((len(offsets), 2), np.uint32)
+        for f in distinct(files).tolist():
+            sel = np.flatnonzero(files == f)
+            words = self._file(f)[1]
+            w = offsets[sel] >> 2
+            id2[sel, 0], id2[sel, 1] = words[w + 6], words[w + 7]
+        heads = np.zeros((len(offsets), 9 if pack_label else 8), "<u4")
+        heads[:, 0] = MAGIC
+        if pack_label:
+            heads[:, 1] = length + 4
+            heads[:, 2] = 1  # the flag; word 3, the header's label, 0.0
+            heads[:, 8] = label_bits
+            rest = offsets + 8 + IMAGE_HEADER_SIZE
+        else:
+            heads[:, 1] = length - 4 * flag
+            heads[:, 3] = label_bits  # the flag 0
+            rest = offsets + 8 + IMAGE_HEADER_SIZE + 4 * flag
+        heads[:, 4], heads[:, 5], heads[:, 6:8] = key_lo, key_hi, id2
+        return heads, rest
 
     def _unchanged(
         self,
