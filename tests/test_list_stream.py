@@ -222,3 +222,15 @@ def test_the_walk_hands_on_each_folders_images_as_it_reads_them(tmp_path, monkey
     assert len(handed) == 21  # 20 identity folders and the nested one
     assert all(len(paths) <= 3 for _, paths in handed)
     assert (3, ["identity_00003/nested/x.jpg"]) in handed
+
+
+@given(total=st.integers(0, 3000), seed=st.integers(0, 2**32 - 1))
+def test_the_shuffle_in_steps_is_random_shuffle_s_permutation(total, seed):
+    import random
+
+    expected = list(range(total))
+    random.Random(seed).shuffle(expected)
+    steps = []
+    rows = streamlist.shuffle_rows(random.Random(seed), total, lambda *a: steps.append(a), 7)
+    assert rows.tolist() == expected
+    assert steps[0] == ("shuffle", 0, total) and steps[-1][1] == (total if total > 1 else 0)

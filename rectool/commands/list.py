@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 import click
 
-from ..packer.listing import DEFAULT_EXTENSIONS, SKIP_REASONS, display_path, list_images
+from ..packer.listing import (
+    DEFAULT_EXTENSIONS,
+    SKIP_REASONS,
+    ListSteps,
+    display_path,
+    list_images,
+)
 from ..text import counted
 from .conventions import (
     RectoolCommand,
@@ -27,10 +34,13 @@ from .options import (
     workers_option,
 )
 from .paramtypes import Count, Finite, SourceRoot
-from .progress import progress_bar
+from .progress import PhaseLog, PhaseProgress, phase_progress
 
 if TYPE_CHECKING:
     from ..packer.splits import Listing
+
+# `walk(folders_scanned, images_found, identity_folders_read, identity_folders)`.
+WalkProgress = Callable[[int, int, int, int], object]
 
 
 def parse_extensions(
@@ -175,14 +185,16 @@ def list_command(
         rectool list train.tar.gz train.lst
     """
     to_stdout = str(out) == "-"
-    update, close = progress_bar(quiet or as_json, "folder")
+    phase, close = phase_progress(quiet or as_json)
+    steps = ListSteps(walk=walk_progress(phase), phase=phase) if phase else None
     from ..archives.source import archive_kind
 
-    lister = list_images
+    lister: Any = list_images
+    more: dict[str, Any] = {"steps": steps}
     if archive_kind(root) is not None:
         from ..archives.listing import list_archive
 
-        lister = list_archive
+        lister, more = list_archive, {"progress": _archive_progress(steps)}
     try:
         listing = lister(
             root,
@@ -192,8 +204,8 @@ def list_command(
             exts=exts,
             recursive=recursive,
             threads=workers,
-            progress=update and (lambda folders, images: update(folders, None, 0)),
             allow_outside_root=allow_outside_root,
+            **more,
             shuffle=shuffle,
             seed=seed,
             chunks=chunks,
@@ -212,6 +224,33 @@ def list_command(
         emit_json({**listing.summary(), "seconds": seconds}, err=to_stdout)
     elif not quiet:
         click.echo(render_list_summary(listing, seconds), err=True)
+
+
+def walk_progress(phase: PhaseProgress | None) -> WalkProgress | None:
+    """Return what tells the walk's progress to `phase`: a line of its own in a log
+    (identity folders read of all, images found), the identity folders' bar on a terminal."""
+    if phase is None:
+        return None
+    if not isinstance(phase, PhaseLog):
+        return lambda folders, images, identities, of: phase("identity folders", identities, of)
+    log = phase
+
+    def walked(folders: int, images: int, identities: int, of: int) -> None:
+        read = f"{identities:,}/{of:,} identity folders ({100 * identities // of}%), " if of else ""
+        log.offer(
+            "walk",
+            f"{log.command}: {read}{counted(folders, 'folder')} read, "
+            f"{counted(images, 'image')} found",
+        )
+
+    return walked
+
+
+def _archive_progress(steps: ListSteps | None) -> Callable[[int, int], object] | None:
+    walk = steps.walk if steps is not None else None
+    if walk is None:
+        return None
+    return lambda folders, images: walk(folders, images, 0, 0)
 
 
 def _list_json_on_stderr(args: list[str]) -> bool:

@@ -145,6 +145,9 @@ class PhaseLog:
         now = self.now()
         self._gap = max(self._gap, now - self._called)
         self._called = now
+        if self._phase not in (None, phase):
+            self._finish(self._phase, now)
+        self._phase = phase
         self._offer(phase, line, now, False)
 
     def _offer(self, phase: str, line: str, now: float, starts: bool) -> None:

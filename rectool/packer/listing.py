@@ -33,7 +33,7 @@ from .splits import (
     make_listing,
     resolve_ratios,
 )
-from .streamlist import ListRows, SpooledTree, plan_lists, spool_tree
+from .streamlist import ListRows, Phase, SpooledTree, plan_lists, spool_tree
 from .walk import (
     DEFAULT_EXTENSIONS,
     SKIP_REASONS,
@@ -223,6 +223,7 @@ def list_images(
             ratios=ratios,
             split_by=split_by,
             chunks=chunks,
+            phase=steps.phase,
         )
         identities = {label: tree.names[identity] for label, identity in enumerate(plan.kept)}
         listing = Listing(
@@ -245,9 +246,7 @@ def list_images(
                 + (f" (passed over: {passed})" if passed else " (it has no identity folders)")
                 + f"; image extensions: {' '.join(normalize_extensions(exts))}"
             )
-        if steps.write is not None:
-            steps.write(listing.image_count, len(plan.sizes))
-        rows = ListRows(tree, plan, max_per_id, steps.written)
+        rows = ListRows(tree, plan, max_per_id, steps.phase)
         lines = {
             part.suffix: rows.part_lines(part) for part in plan.parts if part.suffix is not None
         }
@@ -261,12 +260,12 @@ def list_images(
 class ListSteps:
     """What `list_images` says as it goes, each called on the calling thread if given:
     `walk(folders_scanned, images_found, identity_folders_read, identity_folders)` as it
-    walks; `write(images, lists)` once, before the first line is written; `written(images)`
-    every few thousand lines."""
+    walks, then `phase(name, done, total)` for each step after it (`streamlist.Phase`):
+    "shuffle" (rows, with --shuffle), "gather" (rows read back for a shuffle) and "write"
+    (lines written, told once before the first), every few thousand rows."""
 
     walk: Callable[[int, int, int, int], object] | None = None
-    write: Callable[[int, int], object] | None = None
-    written: Callable[[int], object] | None = None
+    phase: Phase | None = None
 
 
 LISTING_OPTIONS = frozenset(

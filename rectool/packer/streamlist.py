@@ -30,6 +30,10 @@ EXAMPLES = 5
 # Lines are written in blocks of about this many bytes.
 _BLOCK_BYTES = 1 << 16
 _BLOCK_ROWS = 1 << 14
+_SHUFFLE_STEP = 1 << 20
+# `phase(name, done, total)`: a step of the listing after the walk ("shuffle", "gather",
+# "write"), as `rectool.commands.progress.PhaseLog` takes it.
+Phase = Callable[[str, int, int | None], object]
 
 
 class PathSpool:
@@ -164,11 +168,13 @@ def plan_lists(
     ratios: tuple[float, float, float] | None = None,
     split_by: str = "image",
     chunks: int = 1,
+    phase: Phase | None = None,
 ) -> ListPlan:
     """Label `tree`'s identities and cut its rows into lists as `make_listing` does.
 
     Counts identities without images and those below `min_per_id` in `tree.skipped`; images
-    beyond `max_per_id` are counted as `ListRows` reads them.
+    beyond `max_per_id` are counted as `ListRows` reads them. A shuffle tells `phase`
+    ("shuffle", rows done, rows) as it goes.
     """
     kept = array("q")
     counts = array("q")
@@ -194,9 +200,7 @@ def plan_lists(
         # As make_listing draws them: the identities first, then the rows (the same swaps as
         # shuffling a list, on 8 bytes a row).
         identity_order = rng.sample(range(identities), identities)
-        shuffled = array("q", range(total))
-        rng.shuffle(shuffled)
-        order = np.frombuffer(shuffled, dtype=np.int64)
+        order = shuffle_rows(rng, total, phase)
     split_of = None
     if ratios is not None and split_by == "identity":
         split_ends = np.asarray(cut_runs(identities, ratios), dtype=np.int64)
@@ -229,6 +233,29 @@ def plan_lists(
     return ListPlan(kept, first, parts, sizes, order, split_of, seed if shuffle else None)
 
 
+def shuffle_rows(
+    rng: random.Random, total: int, phase: Phase | None = None, step: int = _SHUFFLE_STEP
+) -> np.ndarray:
+    """Return `range(total)` shuffled by `rng` as `rng.shuffle(list(range(total)))` shuffles
+    it, in 8 bytes a row, telling `phase("shuffle", done, total)` every `step` swaps."""
+    rows = array("q", range(total))
+    # Random.shuffle's own loop, run in steps so that a long shuffle is not silent: the same
+    # draws from the same generator, so the same permutation (tests/test_list_stream.py).
+    randbelow = rng._randbelow  # type: ignore[attr-defined]
+    top = total - 1
+    if phase is not None:
+        phase("shuffle", 0, total)
+    while top > 0:
+        low = max(0, top - step)
+        for i in range(top, low, -1):
+            j = randbelow(i + 1)
+            rows[i], rows[j] = rows[j], rows[i]
+        top = low
+        if phase is not None:
+            phase("shuffle", total - top if top else total, total)
+    return np.frombuffer(rows, dtype=np.int64)
+
+
 def _labels_of(rows: np.ndarray, first: np.ndarray) -> np.ndarray:
     return np.searchsorted(first, rows, side="right") - 1
 
@@ -249,8 +276,9 @@ class ListRows:
     """The lines of each part of a `ListPlan`, as blocks of UTF-8 bytes.
 
     Parts are read in order (`part_lines`); unshuffled, each identity's paths are read back
-    from the spool when its first row is due, so only one identity's are held. `progress`,
-    if given, is called with the rows done so far, every block.
+    from the spool when its first row is due, so only one identity's are held. `phase`, if
+    given, is told ("write", lines written, lines) before the first line and every block,
+    and, shuffled, ("gather", rows read back, rows) before.
     """
 
     def __init__(
@@ -258,10 +286,11 @@ class ListRows:
         tree: SpooledTree,
         plan: ListPlan,
         max_per_id: int | None,
-        progress: Callable[[int], object] | None = None,
+        phase: Phase | None = None,
     ) -> None:
         self.tree, self.plan, self.max_per_id = tree, plan, max_per_id
-        self.progress = progress
+        self.phase = phase
+        self.lines_out = sum(plan.sizes.values())
         self.label = 0  # the next identity to read
         self.row = 0  # the row of lines[0]
         self.lines: list[str] = []
@@ -281,11 +310,15 @@ class ListRows:
 
     def _advance(self, count: int) -> None:
         self.done += count
-        if self.progress is not None:
-            self.progress(self.done)
+        if self.phase is not None:
+            self.phase("write", self.done, self.lines_out)
 
     def part_lines(self, part: Part) -> Iterator[bytes]:
         """Yield the lines of `part`, after reading past the rows before it."""
+        if self.plan.order is not None:
+            self._all_paths()
+        if not self.done and self.phase is not None:
+            self.phase("write", 0, self.lines_out)
         if self.plan.order is None:
             yield from self._in_order(part)
         else:
@@ -336,7 +369,11 @@ class ListRows:
             blob = bytearray(room)
             offsets = np.zeros(self.plan.rows + 1, dtype=np.int64)
             end = row = 0
+            if self.phase is not None:
+                self.phase("gather", 0, self.plan.rows)
             for label in range(len(self.plan.kept)):
+                if self.phase is not None and label % 4096 == 0:
+                    self.phase("gather", row, self.plan.rows)
                 encoded = [path.encode("utf-8") for path in self._identity_paths(label)]
                 data = b"".join(encoded)
                 blob[end : end + len(data)] = data
@@ -344,6 +381,8 @@ class ListRows:
                 offsets[row + 1 : row + 1 + len(encoded)] = end + np.cumsum(lengths)
                 end += len(data)
                 row += len(encoded)
+            if self.phase is not None:
+                self.phase("gather", row, self.plan.rows)
             self._paths = (blob, offsets)
         return self._paths
 
