@@ -47,6 +47,8 @@ CONVERTED = {
     ("scalar", True): "vector-of-one",  # a scalar becomes the identity alone
     ("vector", False): "scalar",  # a vector keeps its identity
     ("vector", True): "vector",  # and its other labels
+    ("vector-of-one", False): "scalar",
+    ("vector-of-one", True): "vector-of-one",
 }
 INDEX = ("offsets", "keys", "labels", "identity_ranges")
 
