@@ -29,6 +29,7 @@ from helpers.mxnet_oracle import MX_FACE_DATASET, UNPACK_GLINT360K, run_mxnet
 from rectool.cli import cli
 from rectool.dataset.packs import open_dataset
 from rectool.errors import RectoolError
+from rectool.inspect.verify import verify_dataset
 from rectool.repack import run as repack_run
 from rectool.repack.pipeline import RepackOptions, repack
 
@@ -113,6 +114,7 @@ def test_repack_writes_the_bytes_pack_writes_in_that_shape(tmp_path, source, pac
     assert files(out) == files(expected)
     manifest = json.loads(out.with_suffix(".manifest.json").read_text())
     assert (manifest["layout"], manifest["options"]["pack_label"]) == ("insightface", pack_label)
+    assert verify_dataset(str(out.with_suffix(".manifest.json"))).problems == []
 
 
 @pytest.mark.parametrize("source, pack_label", [("scalar", True), ("vector", False)])
