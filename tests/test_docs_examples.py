@@ -135,6 +135,25 @@ def insightface_download(name):
     return setup
 
 
+def eval_sets(name, *sets):
+    """NAME/SET.bin for each SET: insightface verification sets (a pickle of (images, issame)),
+    each holding two of NAME/train.rec's images and two new ones, as a download ships them."""
+
+    def setup(folder):
+        import pickle
+
+        from rectool.dataset.packs import open_dataset
+
+        with open_dataset(folder / name) as ds:
+            for k, set_name in enumerate(sets):
+                images = [bytes(ds[2 * k][0]), jpeg_bytes(900 + k, 112, 112)]
+                images += [bytes(ds[2 * k + 1][0]), jpeg_bytes(950 + k, 112, 112)]
+                data = pickle.dumps((images, [False, False]), protocol=2)
+                (folder / name / f"{set_name}.bin").write_bytes(data)
+
+    return setup
+
+
 SETUP = {
     "distributed.md": [listed],
     "format.md": [packed("out/faces")],
@@ -147,6 +166,7 @@ SETUP = {
     ],
     "repack.md": [
         insightface_download("faces_emore"),
+        eval_sets("faces_emore", "lfw", "cfp_fp", "agedb_30"),
         packed("a/faces"),
         packed("b/faces"),
         packed("out/faces_train"),
