@@ -42,6 +42,17 @@ def test_dali_index_refuses_the_insightface_layout(tmp_path):
     assert not (tmp_path / "dali.idx").exists()
 
 
+def test_the_insightface_layout_is_unusable_input_exit_2(tmp_path):
+    # Issue 38: the exit table gives 2 to an input that cannot be used as it is.
+    write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2], face)
+    for as_json in ([], ["--json"]):
+        result = CliRunner().invoke(
+            cli, ["dali-index", str(tmp_path / "f.rec"), str(tmp_path / "d.idx"), *as_json]
+        )
+        assert result.exit_code == 2, result.output
+        assert "pack with --layout images for DALI" in result.output
+
+
 def test_dali_index_command(handmade_shards, tmp_path):
     prefix, _ = handmade_shards
     result = CliRunner().invoke(cli, ["dali-index", str(prefix), str(tmp_path / "cli.idx")])

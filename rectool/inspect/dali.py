@@ -9,7 +9,7 @@ import numpy as np
 
 from ..dataset.packs import PackDataset
 from ..doors.output import check_target, write_output
-from ..errors import RectoolError
+from ..errors import InputError
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -26,8 +26,8 @@ def write_dali_index(source: StrPath, path: StrPath, overwrite: bool = False) ->
     """
     check_target(path, overwrite, "DALI index")
     ds = PackDataset(source)
-    if ds.layout != "images":
-        raise RectoolError(
+    if ds.layout != "images":  # a pack DALI cannot use as it is: exit 2, as the table says
+        raise InputError(
             f"{ds.shards[0][0]}: DALI reads every record as a sample, including the header and "
             "identity records of the insightface layout; pack with --layout images for DALI"
         )
