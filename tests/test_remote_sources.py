@@ -229,3 +229,18 @@ def test_the_report_page_names_the_url_in_the_problems_verify_found(
     assert 'id="verify-problems"' in page, result.output
     assert remote_pack.url.rsplit("/", 1)[0] + "/faces-00001.rec" in page
     assert str(cache) not in page
+
+
+def test_info_of_a_url_names_the_url_never_its_cache_copy(remote_pack, cache):
+    # Issue 38: `info s3://...` titled its answer with the local copy's path.
+    text = invoke("info", remote_pack.url)
+    assert text.exit_code == 0, text.output
+    (copy,) = (cache / "mirror").glob(f"*/{os.path.basename(remote_pack.url)}")
+    note = f"{remote_pack.url}: reading a copy downloaded to {copy.parent}\n"
+    assert remote_pack.url in text.stdout
+    assert str(cache) not in text.stdout and str(cache) not in text.stderr.replace(note, "", 1)
+
+    doc = invoke("info", remote_pack.url, "--json")
+    assert doc.exit_code == 0, doc.output
+    assert json.loads(doc.stdout)["target"] == remote_pack.url
+    assert str(cache) not in doc.stdout

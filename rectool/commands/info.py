@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import click
 
+from ..errors import InputError, RectoolError
 from ..text import counted
 from .conventions import (
     RectoolCommand,
     emit_json,
     library_errors,
     local_targets,
+    named_by_urls,
     write_stream,
 )
 from .options import (
@@ -50,16 +52,39 @@ def info_command(target: str, sample: int, max_pixels: int, as_json: bool) -> No
     from ..inspect.info import dataset_info
 
     progress, close = phase_progress(False)  # on stderr, --json or not
+    shown_as = None
     try:
         local = local_targets([target], as_json)[0]
+        # A URL's pack is read from a local copy, and named by the URL wherever it is shown.
+        shown_as = named_by_urls([target], [local])
         info = dataset_info(local, sample=sample, max_pixels=max_pixels, progress=progress)
+    except RectoolError as exc:
+        if shown_as is None:
+            raise
+        named = InputError if isinstance(exc, InputError) else RectoolError  # its exit status
+        raise named(shown_as(str(exc))) from None
     finally:
         close()
+    document = _renamed(info.to_json(), shown_as)
     if as_json:
-        emit_json(info.to_json())
+        emit_json(document)
     else:
-        write_stream(render_info(info))  # the answer: stdout
-    exit_for_damage(info)
+        write_stream(render_info(document, remote=shown_as is not None))  # the answer: stdout
+    exit_for_damage(document)
+
+
+def _renamed(value: Any, shown_as: Callable[[str], str] | None) -> Any:
+    """Return `value` (a string, or a document of them) with a local copy's paths named by
+    the URL they came from (`shown_as`), or unchanged when the target is local."""
+    if shown_as is None:
+        return value
+    if isinstance(value, str):
+        return shown_as(value)
+    if isinstance(value, Mapping):
+        return {k: _renamed(v, shown_as) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_renamed(v, shown_as) for v in value]
+    return value
 
 
 def exit_for_damage(info: Mapping[str, Any]) -> None:
@@ -74,7 +99,7 @@ def exit_for_damage(info: Mapping[str, Any]) -> None:
         sys.exit(1)
 
 
-def render_info(info: Mapping[str, Any], width: int = 40) -> str:
+def render_info(info: Mapping[str, Any], width: int = 40, remote: bool = False) -> str:
     """Return the human description of a dataset."""
     shards = info["shards"]
     lines = [
@@ -83,7 +108,7 @@ def render_info(info: Mapping[str, Any], width: int = 40) -> str:
         f"{counted(shards, 'shard')}, "
         f"{counted(info['records'], 'record')}, {counted(info['images'], 'image')}, "
         f"{info['rec_bytes'] / 1e6:,.1f} MB",
-        _index_line(info),
+        _index_line(info, remote),
     ]
     per = info.get("images_per_identity")
     if info.get("identities") is None:
@@ -144,8 +169,11 @@ def render_info(info: Mapping[str, Any], width: int = 40) -> str:
     return "\n".join(lines)
 
 
-def _index_line(info: Mapping[str, Any]) -> str:
-    """Say whether the pack has a binary index (what readers map), or only the .idx text."""
+def _index_line(info: Mapping[str, Any], remote: bool = False) -> str:
+    """Say whether the pack has a binary index (what readers map), or only the .idx text, and
+    how to write one where that works (`rectool index` writes beside local files only)."""
     if info["index"] == "binary":
         return "Index: binary (format 3)"
+    if remote:
+        return "Index: text .idx only; `rectool index` of a local copy writes a binary one"
     return f"Index: text .idx only; `rectool index {info['target']}` writes a binary one"
