@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -367,3 +368,27 @@ def test_an_archive_replaced_under_the_same_name_is_read_again(tmp_path):
     os.replace(make_tar(tmp_path / "b.tar", second), archive)
     assert invoke("list", archive, tmp_path / "two.lst").exit_code == 0
     assert (tmp_path / "two.lst").read_text() == "0\t0\tbob/000.jpg\n1\t1\tcarol/000.jpg\n"
+
+
+@pytest.mark.parametrize("order", ["archive", "reversed", "shuffled"])
+def test_members_read_into_place_are_whole_in_any_order_and_any_room(tree, tmp_path, order):
+    import random
+
+    from rectool.archives import open_archive
+
+    root, _ = tree
+    files = {rel: Path(full).read_bytes() for rel, full in tree_files(root)}
+    names = sorted(files)
+    if order == "reversed":
+        names.reverse()
+    elif order == "shuffled":
+        random.Random(5).shuffle(names)
+    with open_archive(make_tar(tmp_path / "a.tar", root)) as archive:
+        for k, name in enumerate(names):
+            member = archive.index.find(name)
+            room = [len(files[name]) + 9, len(files[name]), 100][k % 3]
+            buffer = bytearray(room)
+            n, rest = archive.read_into(member, memoryview(buffer))
+            data = bytes(buffer[:n]) + (rest or b"")
+            assert data == files[name], name
+            assert (rest is None) == (n < room)

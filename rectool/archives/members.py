@@ -216,7 +216,7 @@ def refusal(member: Member | None, limit: int) -> str | None:
         return "is a directory, not an image file"
     if member.kind != FILE:
         return f"not a regular file ({member.kind_name} member: archives' links are not followed)"
-    if member.size > limit:
+    if member.size > limit or member.stored > limit:
         return f"record exceeds the RecordIO limit of {limit} bytes"
     if member.size == 0:
         return "empty file"
