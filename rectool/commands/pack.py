@@ -110,8 +110,8 @@ if TYPE_CHECKING:
     type=click.Choice(["local", "dask"]),
     default="local",
     show_default=True,
-    help="dask: one task per shard on a Dask cluster (needs Dask: in a checkout of rectool, "
-    "pip install -e '.[dask]').",
+    help="dask: one task per shard on a Dask cluster (needs rectool's dask extra: install "
+    "rectool[dask] as you installed rectool).",
 )
 @click.option(
     "--scheduler",
