@@ -267,9 +267,7 @@ def build_report(
                     decoded[i] = (thumb.jpeg, thumb.pixels, thumb.problem)
             return budget.admit(Thumb(alt, caption, *decoded[i]))
 
-        rows = sheet_rows(
-            images, names, options, thumb_of, lambda d, t: report("thumbnails", d, t)
-        )
+        rows = sheet_rows(images, names, options, thumb_of, lambda d, t: report("thumbnails", d, t))
         report("duplicates", 0, None)
 
         def hashed(done: int, candidates: int) -> None:
