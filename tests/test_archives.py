@@ -392,3 +392,11 @@ def test_members_read_into_place_are_whole_in_any_order_and_any_room(tree, tmp_p
             data = bytes(buffer[:n]) + (rest or b"")
             assert data == files[name], name
             assert (rest is None) == (n < room)
+
+
+def test_a_shard_added_to_a_folder_is_read_by_the_next_run(shards, tmp_path):
+    assert invoke("list", shards, tmp_path / "one.lst").exit_code == 0
+    write_shard(shards / "train-000003.tar", [("n4/0000.jpg", jpeg_bytes(99))])
+    assert invoke("list", shards, tmp_path / "two.lst").exit_code == 0
+    last = (tmp_path / "two.lst").read_text().splitlines()[-1]
+    assert last == "11\t3\ttrain-000003.tar/n4/0000.jpg"

@@ -81,33 +81,47 @@ class Archive:
         self.random_access = kind != TAR_GZ
         self._window: tuple[int, int, memoryview] = (0, -1, memoryview(b""))  # see read_into
         try:
-            if kind == WEBDATASET:
-                from .webdataset import index_webdataset
-
-                self.index = index_webdataset(self.root, self._open)
-            elif kind == TAR_GZ:
-                self.index = MemberIndex(self.root)  # read in order: see stream.py
+            if kind == TAR_GZ:
+                self.index = MemberIndex(self.root)  # read once, in order: see reading.py
                 self._open(self.root)
             else:
-                file = self._open(self.root)
-                st = os.fstat(file.fileno())
-                key = (kind, self.root, st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-                cached = _last_index.get(key)
-                if cached is not None:
-                    self.index = cached
-                elif kind == ZIP:
-                    from .zip import index_zip
-
-                    self.index = index_zip(file, st.st_size, self.root)
-                else:
-                    from .tar import index_tar
-
-                    self.index = index_tar(file.fileno(), st.st_size, self.root)
-                _last_index.clear()  # one index kept: pack's check of ROOT, then its run
-                _last_index[key] = self.index
+                self.index = self._indexed()
         except BaseException:
             self.close()
             raise
+
+    def _indexed(self) -> MemberIndex:
+        """Open the archive's files and return their index (the last one kept, see above)."""
+        if self.kind == WEBDATASET:
+            from .webdataset import expand_shards
+
+            paths = expand_shards(self.root)[1]
+        else:
+            paths = [self.root]
+        key: tuple[object, ...] = (self.kind, self.root)
+        for path in paths:
+            st = os.fstat(self._open(path).fileno())
+            key += (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        index = _last_index.get(key)
+        if index is None:
+            if self.kind == WEBDATASET:
+                from .webdataset import index_webdataset
+
+                index = index_webdataset(self.root, self.files, paths)
+            elif self.kind == ZIP:
+                from .zip import index_zip
+
+                index = index_zip(
+                    self.files[0], os.fstat(self.files[0].fileno()).st_size, self.root
+                )
+            else:
+                from .tar import index_tar
+
+                file = self.files[0].fileno()
+                index = index_tar(file, os.fstat(file).st_size, self.root)
+        _last_index.clear()  # one index kept: pack's check of ROOT, then its run
+        _last_index[key] = index
+        return index
 
     def _open(self, path: str) -> BinaryIO:
         file = open_input(path, "archive")

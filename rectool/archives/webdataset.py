@@ -20,7 +20,7 @@ from __future__ import annotations
 import glob
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 from .members import FILE, ArchiveError, MemberIndex
@@ -49,30 +49,37 @@ def expand_braces(pattern: str) -> list[str]:
     return [path for value in values for path in expand_braces(head + value + tail)]
 
 
+def _folder_of(root: str) -> str:
+    """Return the folder shard names are relative to: ROOT, or a pattern's fixed folder."""
+    if os.path.isdir(root):
+        return root
+    fixed = root.split("{", 1)[0].split("*", 1)[0].split("?", 1)[0].split("[", 1)[0]
+    return os.path.dirname(fixed) or "."
+
+
 def expand_shards(root: str) -> tuple[str, list[str]]:
     """Return (the folder shard names are relative to, the shard paths in name order)."""
     if os.path.isdir(root):
-        folder = root
         paths = [entry.path for entry in os.scandir(root) if entry.name.endswith(".tar")]
     else:
-        folder = os.path.dirname(root.split("{", 1)[0].split("*", 1)[0].split("?", 1)[0])
         paths = [p for expanded in expand_braces(root) for p in glob.glob(expanded)]
     paths = sorted(set(paths))
     if not paths:
         raise ArchiveError(f"{root}: no webdataset shards (.tar files) match")
-    return folder or ".", paths
-
-
-def index_webdataset(root: str, open_file: Callable[[str], BinaryIO]) -> MemberIndex:
-    """Return one index over every shard of ROOT, each opened with `open_file` (in order)."""
-    from .tar import index_tar
-
-    folder, paths = expand_shards(root)
-    index = MemberIndex(root)
-    for part, path in enumerate(paths):
+    for path in paths:
         if not path.endswith(".tar"):
             raise ArchiveError(f"{path}: a webdataset shard must be an uncompressed .tar")
-        file = open_file(path)
+    return _folder_of(root), paths
+
+
+def index_webdataset(root: str, files: Sequence[BinaryIO], paths: Sequence[str]) -> MemberIndex:
+    """Return one index over the shards `paths` of ROOT (as `expand_shards` gave them), open
+    as `files`: member names are `SHARD/MEMBER`, and member i of shard k has part k."""
+    from .tar import index_tar
+
+    folder = _folder_of(root)
+    index = MemberIndex(root)
+    for part, (path, file) in enumerate(zip(paths, files)):
         shard = os.path.relpath(path, folder)
         members = index_tar(file.fileno(), os.fstat(file.fileno()).st_size, path)
         for i in range(len(members)):
