@@ -44,7 +44,7 @@ from .pack_messages import (
     shard_plan,
 )
 from .paramtypes import Count, SourceRoot
-from .progress import progress_bar, remember_progress
+from .progress import remember_progress, setup_progress
 
 if TYPE_CHECKING:
     from ..packer.results import PackResult, ShardResult
@@ -231,7 +231,7 @@ def pack_command(
         elif not quiet:
             write_stream(render_plan(plan))
         return
-    update, close = progress_bar(quiet or as_json, "img")
+    setup, update, close = setup_progress(quiet or as_json, "img")
     update, seen = remember_progress(update)
     replaces = overwrite and only_shard is None and not finalize and has_output(prefix)
     result: PackResult | ShardResult
@@ -246,6 +246,7 @@ def pack_command(
                 overwrite=overwrite,
                 progress=update,
                 only_shard=only_shard,
+                setup=setup,
             )
         elif finalize:
             result = finalize_pack(list_file, root, prefix, options, label_map=label_map)
@@ -274,6 +275,7 @@ def pack_command(
                     progress=update,
                     allow_empty=allow_empty,
                     on_shard_finished=out.on_shard_finished,
+                    setup=setup,
                 )
             result = named_at(result, out.prefix, prefix)
     except KeyboardInterrupt as exc:

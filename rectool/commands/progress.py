@@ -66,6 +66,31 @@ def progress_bar(quiet: bool, unit: str) -> tuple[Progress | None, Close]:
     return update, bar.close
 
 
+def setup_progress(quiet: bool, unit: str) -> tuple[PhaseProgress | None, Progress | None, Close]:
+    """Return (setup, update, close): `phase_progress` for the steps before a run's items
+    (reading its list...), `progress_bar` for the items. The first item's update ends the
+    steps' log (their last state said); `close` ends both."""
+    setup, close_setup = phase_progress(quiet)
+    update, close = progress_bar(quiet, unit)
+    if update is None:
+        return setup, None, close_setup
+    items = update
+    closed = False
+
+    def first_closes(done: int, total: int | None, refused: int) -> None:
+        nonlocal closed
+        if not closed:
+            closed = True
+            close_setup()
+        items(done, total, refused)
+
+    def close_both() -> None:
+        close_setup()
+        close()
+
+    return setup, first_closes, close_both
+
+
 class Seen(TypedDict):
     """The last (done, total) a progress callback was given."""
 
@@ -88,6 +113,16 @@ def remember_progress(update: Progress | None) -> tuple[Progress, Seen]:
 # A phase this large (items; bytes: a thousand times more) may take seconds: its start is
 # said in a log at once, so that a long set-up phase is never silent (issue 37).
 LONG_PHASE = 1_000_000
+
+
+# What a phase counts, by the last word of its name ("list bytes", "resume lines"): images
+# when it is none of these.
+PHASE_UNITS = {"bytes": "B", "lines": "lines"}
+
+
+def phase_unit(phase: str) -> str:
+    """Return the unit a phase's progress counts in: B, lines or img."""
+    return PHASE_UNITS.get(phase.rsplit(" ", 1)[-1], "img")
 
 
 class PhaseLog:
@@ -124,7 +159,7 @@ class PhaseLog:
         return (self._clock or clock)()
 
     def line(self, phase: str, done: int, total: int | None) -> str:
-        unit = "B" if phase == "bytes" else "img"
+        unit = phase_unit(phase)
         of = f"/{total:,}" if total else ""
         part = f" ({100 * done // total}%)" if total else ""
         return f"{self.command} {phase}: {done:,}{of} {unit}{part}"
@@ -136,7 +171,7 @@ class PhaseLog:
         if self._phase not in (None, phase):
             self._finish(self._phase, now)  # the phase before ended: its last state, if shown
         self._phase = phase
-        large = LONG_PHASE * (1000 if phase == "bytes" else 1)
+        large = LONG_PHASE * (1000 if phase_unit(phase) == "B" else 1)
         starts = phase not in self._printed and not done and (total or 0) >= large
         self._offer(phase, self.line(phase, done, total), now, starts)
 
@@ -188,7 +223,7 @@ def phase_progress(quiet: bool) -> tuple[PhaseProgress | None, Close]:
     def update(phase: str, done: int, total: int | None) -> None:
         bar = bars.get(phase)
         if bar is None:
-            unit = "B" if phase == "bytes" else "img"
+            unit = phase_unit(phase)
             bar = bars[phase] = tqdm(
                 desc=phase, unit=unit, unit_scale=True, file=sys.stderr, position=len(bars)
             )

@@ -111,6 +111,7 @@ def validate_list(
     layout: str,
     identities: Mapping[int, str] | None = None,
     pack_label: bool = False,
+    progress: Callable[[int, int], object] | None = None,
 ) -> tuple[str, int]:
     """Parse every line once before packing; return (sha256 of the file, number of items).
 
@@ -120,12 +121,19 @@ def validate_list(
     of labels than the first (a pack's binary index holds one label width). The file is read
     a block at a time by a `ListCheck`, the same checks as a list read from standard input
     (`stage_list`), so memory does not grow with the list (but for a bit per index).
+    `progress(bytes_read, bytes)`, if given, is called before the first block and after each.
     """
     check = ListCheck(path, layout, identities, pack_label)
     try:
         with open_input(path, "list file") as f:
+            size, done = os.fstat(f.fileno()).st_size, 0
+            if progress is not None:
+                progress(0, size)
             while block := f.read(_LIST_BLOCK):
                 check.feed(block)
+                done += len(block)
+                if progress is not None:
+                    progress(done, size)
     except FileNotFoundError:
         raise RectoolError(f"{path}: list file not found") from None
     return check.end()

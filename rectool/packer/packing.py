@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..doors.output import (
@@ -78,7 +79,7 @@ from .shards import plan_shards
 if TYPE_CHECKING:
     from _typeshed import StrPath, SupportsRead
 
-    from .packrun import Progress
+    from .packrun import Progress, SetupProgress
     from .shardfile import ShardFinished
 
     ListStream = SupportsRead[str] | SupportsRead[bytes]
@@ -98,6 +99,7 @@ def pack_images(
     lock_token: str | None = None,
     allow_empty: bool = False,
     on_shard_finished: ShardFinished | None = None,
+    setup: SetupProgress | None = None,
 ) -> PackResult | ShardResult:
     """Pack the images of a .lst under `root` into shards at `prefix`; return a `PackResult`
     (a `ShardResult` with `only_shard`).
@@ -111,6 +113,10 @@ def pack_images(
     lock's `lock_token` to join it. An empty list raises `EmptyListError` (nothing is written)
     unless `allow_empty`: a list that failed upstream must not become a "sound" empty pack.
     `on_shard_finished(info, paths)` is called as each shard is finished (`ShardWriter`).
+    `setup(phase, done, total)` is told the steps before the first image, as they go (so
+    that a log is never silent through them): "list bytes" (the list read and checked) and,
+    resuming, "resume bytes" (the finished shards adopted, hashed) and "resume lines" (the
+    list lines already done, read past).
     """
     options = options or PackOptions()
     prefix = check_prefix(prefix)
@@ -134,6 +140,7 @@ def pack_images(
             lock_token,
             allow_empty,
             on_shard_finished,
+            setup,
         )
     except (WrongRootError, EmptyListError):
         if made:  # nothing was written: leave nothing behind
@@ -155,6 +162,7 @@ def _pack_locked(
     lock_token: str | None = None,
     allow_empty: bool = False,
     on_shard_finished: ShardFinished | None = None,
+    setup: SetupProgress | None = None,
 ) -> PackResult | ShardResult:
     if only_shard is not None:
         # Shard tasks of one plan run side by side (a shared lock on the prefix), never beside
@@ -162,7 +170,7 @@ def _pack_locked(
         with OutputLock(prefix, shared=True, token=lock_token):
             with OutputLock(shard_stem(prefix, only_shard)):
                 return _pack_shard(
-                    list_path, root, prefix, options, only_shard, resume, overwrite, progress
+                    list_path, root, prefix, options, only_shard, resume, overwrite, progress, setup
                 )
     with OutputLock(prefix):
         finish_interrupted(prefix)
@@ -181,6 +189,7 @@ def _pack_locked(
                     list_stream,
                     allow_empty,
                     on_shard_finished,
+                    setup,
                 ),
             )
             return dataclasses.replace(
@@ -200,6 +209,7 @@ def _pack_locked(
             list_stream,
             allow_empty,
             on_shard_finished,
+            setup,
         )
 
 
@@ -215,6 +225,7 @@ def _pack_all(
     list_stream: ListStream | None,
     allow_empty: bool = False,
     on_shard_finished: ShardFinished | None = None,
+    setup: SetupProgress | None = None,
 ) -> PackResult:
     complete = resume and is_complete(prefix)
     if not complete:
@@ -235,7 +246,7 @@ def _pack_all(
         list_path = os.fspath(list_path)
         identities = load_identities(list_path, label_map)
         list_digest, total = validate_list(
-            list_path, options.layout, identities, options.pack_label
+            list_path, options.layout, identities, options.pack_label, _phase(setup, "list bytes")
         )
     options = dataclasses.replace(
         options, max_failures=allowed_failures(options.max_failures, total)
@@ -265,7 +276,7 @@ def _pack_all(
     else:
         write_json_atomic(state_path, state)
 
-    run = PackRun(list_path, root, prefix, options, total, progress)
+    run = PackRun(list_path, root, prefix, options, total, progress, setup=setup)
     run.writer.on_shard_finished = on_shard_finished
     try:
         run.execute(resume)
@@ -318,11 +329,14 @@ def _pack_shard(
     resume: bool,
     overwrite: bool,
     progress: Progress | None,
+    setup: SetupProgress | None = None,
 ) -> ShardResult:
     if list_path == "-":
         raise UsageError("--only-shard needs the list as a file that every task can read, not -")
     list_path = os.fspath(list_path)
-    digest, total = validate_list(list_path, options.layout, pack_label=options.pack_label)
+    digest, total = validate_list(
+        list_path, options.layout, None, options.pack_label, _phase(setup, "list bytes")
+    )
     if not resume:
         check_root(list_path, root, options.allow_outside_root)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
@@ -356,7 +370,14 @@ def _pack_shard(
         plan_file = plan_document(shards, number, records, total, digest)
         write_json_atomic(stem + PLAN_SUFFIX, plan_file)
     run = PackRun(
-        list_path, root, prefix, options, len(plan[number]), progress, (number, plan[number])
+        list_path,
+        root,
+        prefix,
+        options,
+        len(plan[number]),
+        progress,
+        (number, plan[number]),
+        setup,
     )
     if resume and done:
         run.writer.resume()  # already complete: describe it, change nothing
@@ -397,6 +418,13 @@ def plan_list(list_path: StrPath, options: PackOptions) -> list[range]:
     """Return the shard plan of a list file: one range of list positions per shard."""
     _, total = validate_list(os.fspath(list_path), options.layout, pack_label=options.pack_label)
     return plan_shards(total, options.shard_bytes, options.shard_records)
+
+
+def _phase(setup: SetupProgress | None, phase: str) -> Callable[[int, int], object] | None:
+    """Return `setup` as the progress of one phase, `(done, total)`."""
+    if setup is None:
+        return None
+    return lambda done, total: setup(phase, done, total)
 
 
 def _property_size(prefix: str, run: PackRun) -> tuple[int, int] | None:

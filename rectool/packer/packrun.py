@@ -42,7 +42,11 @@ if TYPE_CHECKING:
 
     # `progress(done, total, refused)`, called as list items finish.
     Progress = Callable[[int, int, int], object]
+    # `setup(phase, done, total)`: a step before the first image (`packing.pack_images`).
+    SetupProgress = Callable[[str, int, int | None], object]
 
+# Resuming, list lines read past are told to `setup` every this many.
+_SETUP_EVERY = 1 << 16
 # Items go to worker threads in chunks: one future per image would cost more than a check.
 CHUNK_ITEMS = 32
 # Pass-through from a fast disk takes about 10 us an image, all Python; a network file system
@@ -69,9 +73,11 @@ class PackRun:
         total: int,
         progress: Progress | None,
         part: tuple[int, range] | None = None,
+        setup: SetupProgress | None = None,
     ) -> None:
         self.list_path, self.root, self.prefix = list_path, root, prefix
         self.options, self.total, self.progress = options, total, progress
+        self.setup = setup
         self.layout = layout_named(options.layout)
         # `part`: (shard number, its list positions) when packing one shard of a plan.
         self.positions = part[1] if part else range(total)
@@ -111,7 +117,9 @@ class PackRun:
 
     # -- resume -----------------------------------------------------------------------------
     def _resume(self) -> dict[int, str]:
-        written = self.writer.resume(drop_tail=self.layout.written_after_images)
+        written = self.writer.resume(
+            drop_tail=self.layout.written_after_images, progress=self._setup_phase("resume bytes")
+        )
         refused_lines: dict[int, str] = {}  # list line -> where in the failures file it was refused
         if os.path.islink(self.failures_partial):
             raise RectoolError(
@@ -136,6 +144,12 @@ class PackRun:
         self.resumed_from = written + self.failures
         return refused_lines
 
+    def _setup_phase(self, phase: str) -> Callable[[int, int], object] | None:
+        setup = self.setup
+        if setup is None:
+            return None
+        return lambda done, total: setup(phase, done, total)
+
     # -- the pipeline -----------------------------------------------------------------------
     def execute(self, resume: bool) -> None:
         refused_lines = self._resume() if resume else {}
@@ -148,11 +162,15 @@ class PackRun:
         try:
             items = itertools.islice(self._items(), self.positions.start, self.positions.stop)
             met: set[int] = set()  # the refused lines among the items done: every one, or a lie
-            for item in itertools.islice(items, skip):
+            for passed, item in enumerate(itertools.islice(items, skip)):
+                if self.setup is not None and not passed % _SETUP_EVERY:
+                    self.setup("resume lines", passed, skip)
                 if item.line in refused_lines:
                     met.add(item.line)
                 else:
                     self._count_label(item)
+            if self.setup is not None and skip:
+                self.setup("resume lines", skip, skip)
             for line in sorted(refused_lines.keys() - met)[:1]:
                 raise InputError(
                     f"{refused_lines[line]}: past where the interrupted run stopped "

@@ -261,30 +261,44 @@ class ShardWriter:
                 self._shard = None
 
     # -- resuming ---------------------------------------------------------------------------
-    def resume(self, drop_tail: Callable[[bytes], bool] | None = None) -> int:
+    def resume(
+        self,
+        drop_tail: Callable[[bytes], bool] | None = None,
+        progress: Callable[[int, int], object] | None = None,
+    ) -> int:
         """Adopt what an interrupted run left; return the number of records already written.
 
-        Finished shards are taken as they are (re-hashed for the manifest). In the partial
+        Finished shards are taken as they are (re-hashed for the manifest; `progress(bytes
+        hashed, bytes)` is told before the first and after each, if given). In the partial
         shard every complete .idx line points at a complete record, because .rec bytes are
         written first; the files are cut back to the last such record, and further back past
         trailing records for which `drop_tail(record)` is true.
         """
-        number = self.first_shard
         # An unnumbered pack has one shard: every number names the same files.
         last = self.last_shard if self.numbered else self.first_shard
+        finished = []
+        number = self.first_shard
         while last is None or number <= last:
             rec, idx = self.paths(number)
-            if (
+            if not (
                 os.path.exists(rec)
                 and os.path.exists(idx)
                 and not os.path.exists(rec + PARTIAL_SUFFIX)
             ):
-                self.finished.append(describe_shard(rec, idx, self.digests))
-                number += 1
-                continue
-            break
-        else:
+                break
+            finished.append((rec, idx, os.path.getsize(rec)))
+            number += 1
+        total, done = sum(size for _, _, size in finished), 0
+        if progress is not None:
+            progress(0, total)
+        for rec, idx, size in finished:
+            self.finished.append(describe_shard(rec, idx, self.digests))
+            done += size
+            if progress is not None:
+                progress(done, total)
+        if last is not None and number > last:
             return self.records_written  # every shard of this run is already finished
+        rec, idx = self.paths(number)
         rec_p, idx_p = rec + PARTIAL_SUFFIX, idx + PARTIAL_SUFFIX
         if not os.path.exists(rec_p):
             return self.records_written

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from .walk import TreeWalk, even_chunks
+from .walk import TreeWalk
 
 # A list's row: (index, label, path relative to the root).
 Row = tuple[int, int, str]
@@ -85,6 +85,12 @@ def display_path(path: str) -> str:
     """Return a path as printable text: undecodable bytes as `\\xNN`, tabs/newlines escaped."""
     text = path.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return text.replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def even_chunks(items: Sequence[Any], count: int) -> list[Any]:
+    """Split `items` into exactly `count` contiguous runs whose lengths differ by at most 1."""
+    bounds = [len(items) * i // count for i in range(count + 1)]
+    return [items[bounds[i] : bounds[i + 1]] for i in range(count)]
 
 
 def resolve_ratios(

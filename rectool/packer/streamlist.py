@@ -239,9 +239,18 @@ def shuffle_rows(
     """Return `range(total)` shuffled by `rng` as `rng.shuffle(list(range(total)))` shuffles
     it, in 8 bytes a row, telling `phase("shuffle", done, total)` every `step` swaps."""
     rows = array("q", range(total))
-    # Random.shuffle's own loop, run in steps so that a long shuffle is not silent: the same
-    # draws from the same generator, so the same permutation (tests/test_list_stream.py).
-    randbelow = rng._randbelow  # type: ignore[attr-defined]
+    # Random.shuffle's own loop and draws (Random._randbelow: getrandbits of n's bit length
+    # until below n), run in steps so that a long shuffle is not silent: the same permutation
+    # (tests/test_list_stream.py checks it against random.shuffle).
+    getrandbits = rng.getrandbits
+
+    def randbelow(n: int) -> int:
+        bits = n.bit_length()
+        r = getrandbits(bits)
+        while r >= n:
+            r = getrandbits(bits)
+        return r
+
     top = total - 1
     if phase is not None:
         phase("shuffle", 0, total)

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..errors import InputError, ListingError, UsageError
 from .listfile import is_writable_path, unwritable_paths
@@ -272,12 +272,6 @@ class _Scanner:
 def path_key(path: str) -> list[str]:
     """Return the sort key of a relative path: its components, so `a/b` sorts before `a.b`."""
     return path.split("/")
-
-
-def even_chunks(items: Sequence[Any], count: int) -> list[Any]:
-    """Split `items` into exactly `count` contiguous runs whose lengths differ by at most 1."""
-    bounds = [len(items) * i // count for i in range(count + 1)]
-    return [items[bounds[i] : bounds[i + 1]] for i in range(count)]
 
 
 class Skipped:
