@@ -120,6 +120,8 @@ def read_member(fd: int, member: Member) -> bytes | str:
         data = out
     elif member.method != STORED:
         return f"compressed with zip method {member.method}, which rectool does not read"
+    elif member.stored != member.size:
+        return "damaged in the archive (stored, yet its two sizes differ)"
     if zlib.crc32(data) != member.crc:
         return "damaged in the archive (its CRC-32 does not match)"
     return data

@@ -321,3 +321,21 @@ def test_a_damaged_zip_member_is_refused_by_its_crc(tmp_path):
     (line,) = (tmp_path / "out" / "p.failures.jsonl").read_text().splitlines()
     assert json.loads(line)["path"] == "alice/b.jpg"
     assert "CRC-32" in json.loads(line)["reason"]
+
+
+def test_a_stored_zip_member_whose_sizes_differ_is_refused(tmp_path):
+    archive = tmp_path / "sizes.zip"
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("alice/a.jpg", jpeg_bytes(1))
+        z.writestr("alice/b.jpg", jpeg_bytes(2))
+    data = bytearray(archive.read_bytes())
+    second = data.rfind(b"PK\x01\x02")
+    size = struct.unpack_from("<I", data, second + 24)[0]
+    struct.pack_into("<I", data, second + 24, size - 10)  # declared: 10 bytes fewer than stored
+    archive.write_bytes(bytes(data))
+    lst = write_list(tmp_path / "x.lst", [(0, 0, "alice/a.jpg"), (1, 0, "alice/b.jpg")])
+    packed = invoke("pack", lst, archive, tmp_path / "out" / "p", "--max-failures", "1")
+    assert packed.exit_code == 0, packed.output
+    (line,) = (tmp_path / "out" / "p.failures.jsonl").read_text().splitlines()
+    assert json.loads(line)["path"] == "alice/b.jpg"
+    assert "two sizes differ" in json.loads(line)["reason"]
