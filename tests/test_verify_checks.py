@@ -5,14 +5,12 @@ Expected keys and offsets come from the .idx text and the raw bytes (tests/helpe
 
 from __future__ import annotations
 
-from contextlib import closing
-
 import pytest
 import xxhash
 from helpers.rec_files import make_pack, xor_byte
 
 from rectool.dataset.sources import resolve_source
-from rectool.inspect.scan import mapped
+from rectool.format.window import RecWindow
 from rectool.inspect.verify import (
     DatasetFacts,
     Found,
@@ -25,7 +23,6 @@ from rectool.inspect.verify import (
     check_record_checksums,
     read_shard,
 )
-from rectool.reader import RecordFile
 
 
 def never_vouched(path):
@@ -65,8 +62,8 @@ def test_each_check_finds_the_same_whatever_ran_before(tmp_path, order):
     xor_byte(pack.rec, offset + 8 + 4 + 3, 0x7F)  # label 1.0 (3f 80 00 00) -> 4.0 (40 80 00 00)
     manifest, manifest_path, shards = resolve_source(str(pack.manifest))
     dataset = DatasetFacts.of(manifest, manifest_path, shards)
-    with mapped(pack.rec) as (buf, size), closing(RecordFile(pack.rec)) as records:
-        facts = read_shard(dataset, 0, buf, size, records.read_at)
+    with RecWindow(pack.rec) as window:
+        facts = read_shard(dataset, 0, window)
         found = {name: problems(CHECKS[name], facts) for name in order}
         again = {name: problems(CHECKS[name], facts) for name in order}
     assert found == again

@@ -192,7 +192,7 @@ def scan_framing(
     goes, so the pages walked are handed back behind it.
     """
     if hint is not None:
-        framing = _confirm_chain(buf, size, hint)
+        framing = _confirm_chain(buf, size, hint, window)
         if framing is not None:
             return framing
     unpack = PART_HEADER.unpack_from
@@ -251,13 +251,19 @@ def scan_framing(
     )
 
 
-def _confirm_chain(buf: Buffer, size: int, hint: Sequence[int] | np.ndarray) -> Framing | None:
+def _confirm_chain(
+    buf: Buffer,
+    size: int,
+    hint: Sequence[int] | np.ndarray,
+    window: RecWindow | None = None,
+) -> Framing | None:
     """Return the `Framing` of a file whose records are exactly `hint`, back to back, or None.
 
     Checks at once what the walk checks one record at a time: the first record at byte 0,
     each a magic and a whole-record length word (split records are followed part by part),
     each ending, padding included, where the next begins and the last at the end of the
-    file, and zero padding.
+    file, and zero padding. With a `window`, a batch of records at a time, each batch's
+    pages held in it (and handed back as the next is taken): what is kept is a few columns.
     """
     starts = np.asarray(hint, np.int64)
     if len(starts) > 1 and not (starts[1:] > starts[:-1]).all():  # not as a pack writes it
@@ -268,29 +274,39 @@ def _confirm_chain(buf: Buffer, size: int, hint: Sequence[int] | np.ndarray) -> 
     n = len(starts)
     if not n or starts[0] != 0 or (starts & 3).any() or starts[-1] + 8 > size:
         return None
+    lengths, split = np.zeros(n, np.int64), np.zeros(n, bool)
+    padding_bad = np.zeros(n, bool)
     words = np.frombuffer(buf, _WORD, size // 4)
     try:
-        w = starts // 4
-        magic, lrec = words[w], words[w + 1]
-        if (magic != MAGIC).any():
-            return None
-        cflag = lrec >> LENGTH_BITS
-        lengths = (lrec & LENGTH_MASK).astype(np.int64)
-        ends = starts + 8 + ((lengths + 3) & ~3)
-        whole = cflag == CFLAG_WHOLE
-        if not (whole | (cflag == CFLAG_FIRST)).all():
-            return None
-        tail = whole & (ends <= size) & (lengths & 3 != 0)
-        last_word = words[np.minimum(ends[tail], size & ~3) // 4 - 1]
-        pad_bits = (8 * (lengths[tail] & 3)).astype(np.uint32)
-        # Little-endian: the record's last bytes are the low ones, padding the high ones.
-        padding_ok = (last_word >> pad_bits) == 0
+        for i, j in _held_batches(starts, window):
+            at = starts[i:j]
+            w = at // 4
+            magic, lrec = words[w], words[w + 1]
+            if (magic != MAGIC).any():
+                return None
+            cflag = lrec >> LENGTH_BITS
+            got = (lrec & LENGTH_MASK).astype(np.int64)
+            ends = at + 8 + ((got + 3) & ~3)
+            whole = cflag == CFLAG_WHOLE
+            if not (whole | (cflag == CFLAG_FIRST)).all():
+                return None
+            tail = whole & (ends <= size) & (got & 3 != 0)
+            last_word = words[np.minimum(ends[tail], size & ~3) // 4 - 1]
+            pad_bits = (8 * (got[tail] & 3)).astype(np.uint32)
+            # Little-endian: the record's last bytes are the low ones, padding the high ones.
+            padding_bad[i:j][tail] = (last_word >> pad_bits) != 0
+            lengths[i:j], split[i:j] = got, ~whole
     finally:
         del words
-    bad_padding = [(int(o), int(o)) for o in starts[tail][~padding_ok].tolist()]
-    split = ~whole
+        if window is not None:
+            window.drop()
+    ends = starts + 8 + ((lengths + 3) & ~3)
+    bad_padding = [(o, o) for o in starts[padding_bad].tolist()]
     for i in np.flatnonzero(split).tolist():
         result = _follow_parts(buf, size, int(starts[i]))
+        if window is not None:  # its pages: handed back at once
+            window.hold(int(starts[i]), result[1] if result[0] else size)
+            window.drop()
         if not result[0]:
             return None
         _, ends[i], lengths[i], padding = result
@@ -299,6 +315,17 @@ def _confirm_chain(buf: Buffer, size: int, hint: Sequence[int] | np.ndarray) -> 
         return None
     bad_padding.sort()
     return Framing(size, starts, ends, lengths, split, [], bad_padding)
+
+
+def _held_batches(starts: np.ndarray, window: RecWindow | None) -> Iterator[tuple[int, int]]:
+    """Yield (i, j): all of the ascending `starts` at once without a window; else a window's
+    batch at a time, its bytes held in the window (its caller drops the last)."""
+    if window is None:
+        yield 0, len(starts)
+        return
+    for i, j, lo, hi in window.batches(starts):
+        window.hold(lo, hi)
+        yield i, j
 
 
 @dataclass

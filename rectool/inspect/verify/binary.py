@@ -21,9 +21,10 @@ import numpy as np
 from ...errors import InputError, RectoolError
 from ...format.binindex import has_binary_index, read_identities
 from ...format.digest import XXH3_128, file_digests
+from ...format.window import ascending
 from ...reader import INDEX_ARRAYS, load_array, open_regular
 from .digests import compare_digests
-from .facts import DatasetFacts, ShardFacts
+from .facts import DatasetFacts, ShardFacts, held_rows
 from .report import CheckResult, Found, ProblemAt, one_problem
 
 # Each array's (dtype, allowed dimensions): the reader's, and insightface's identity ranges.
@@ -354,11 +355,21 @@ def _header_labels(facts: ShardFacts, rows: np.ndarray, width: int) -> np.ndarra
     split = facts.framing.split[rows]
     whole = np.flatnonzero(~split)
     if len(whole):
+        # Read a window's batch of records at a time, in file order.
+        order = ascending(rows[whole])
+        if order is not None:
+            whole = whole[order]
         words = np.frombuffer(facts.buf, "<u4", facts.size // 4)
-        # A whole record's labels follow its part header (2 words) and image header (6).
-        at = facts.framing.starts[rows[whole]] // 4 + 8
-        out[whole] = words[at[:, None] + np.arange(width)].view(np.float32)
-        del words
+        done = 0
+        try:
+            for batch in held_rows(facts.window, facts.framing, rows[whole]):
+                # A whole record's labels follow its part header (2 words) and image header (6).
+                at = facts.framing.starts[batch] // 4 + 8
+                dest = whole[done : done + len(batch)]
+                out[dest] = words[at[:, None] + np.arange(width)].view(np.float32)
+                done += len(batch)
+        finally:
+            del words
     for i in np.flatnonzero(split).tolist():
         record = facts.read_record(int(facts.framing.starts[rows[i]]))
         out[i] = np.frombuffer(record, np.float32, width, 24)

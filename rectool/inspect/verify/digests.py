@@ -20,8 +20,8 @@ from ...format.checksums import (
     show_checksum,
     stale_reason,
 )
-from ...format.digest import DIGEST_NAMES, FIELD, digests_of, field_name, file_digests
-from ..scan import Buffer
+from ...format.digest import DIGEST_NAMES, FIELD, field_name, file_digests
+from ...format.window import ascending
 from .facts import DatasetFacts, ShardFacts, size_or_zero
 from .report import CheckResult, Compared, Found, ProblemAt, Tally, one_problem
 
@@ -58,9 +58,9 @@ class ShardHashes:
     """The digests of each file whose manifest entry gives some (and the size it has),
     computed on the `hasher` thread while the shards are walked: each file read once.
 
-    A .rec is hashed from the mapping its shard's checks walk (`start`), so the hashing
-    thread, not the walk, faults its pages in, and no byte is copied to be hashed; a .rec
-    whose shard is not walked is read from its file (`check`).
+    A .rec is hashed as its shard's checks start (`start`), from its file: the hashing
+    thread reads it beside the walk (which reads the same pages through a bounded window);
+    a .rec whose shard is not walked is hashed at the end (`check`).
     """
 
     def __init__(self, dataset: DatasetFacts, hasher: Executor) -> None:
@@ -84,15 +84,11 @@ class ShardHashes:
                     else:
                         self.futures[path] = hasher.submit(_hexdigests, path, list(expected))
 
-    def start(self, path: str, buf: Buffer, size: int) -> None:
-        """Start hashing the .rec `path` from its mapping `buf` (`size` bytes); a view of it
-        keeps it mapped until the hashing is done with it."""
+    def start(self, path: str) -> None:
+        """Start hashing the .rec `path` (read from its file into one reused buffer: its pages
+        are never mapped into this process, so they do not count in its RSS)."""
         algorithms = self._mapped.pop(path, None)
-        if algorithms is not None and size == os.path.getsize(path):
-            # The view is taken here: the mapping cannot be closed before it is hashed.
-            view = memoryview(buf)[:size]
-            self.futures[path] = self._hasher.submit(_view_hexdigests, view, algorithms)
-        elif algorithms is not None:
+        if algorithms is not None:
             self.futures[path] = self._hasher.submit(_hexdigests, path, algorithms)
 
     def matches(self, path: str) -> bool:
@@ -123,9 +119,22 @@ def _hexdigests(path: str, algorithms: list[str]) -> dict[str, str]:
     return file_digests(path, algorithms).hexdigests()
 
 
-def _view_hexdigests(view: memoryview, algorithms: list[str]) -> dict[str, str]:
-    with view:
-        return digests_of(view, algorithms)
+def _damaged_records(facts: ShardFacts, entries: np.ndarray) -> list[int]:
+    """Return the positions in `entries` whose bytes differ from their checksum (see
+    `damaged_records`), read a window's batch of records at a time in file order."""
+    window, offsets = facts.window, entries["offset"].astype(np.int64)
+    order = ascending(offsets)
+    starts = offsets if order is None else offsets[order]
+    rows = entries if order is None else entries[order]
+    bad: list[int] = []
+    try:
+        for i, j, lo, hi in window.batches(starts):
+            part = rows[i:j]
+            window.hold(lo, max(hi, int((starts[i:j] + part["length"]).max())))
+            bad += [i + k for k in damaged_records(facts.buf, facts.size, part)]
+    finally:
+        window.drop()
+    return bad if order is None else sorted(order[bad].tolist())
 
 
 def _checksum_file(facts: ShardFacts) -> tuple[str | None, dict[str, str], Found | None]:
@@ -201,7 +210,7 @@ def check_record_checksums(
         return
     if facts.entry is not None and digests_match(facts.rec):
         return
-    bad = damaged_records(facts.buf, size, entries)
+    bad = _damaged_records(facts, entries)
     algorithm = algorithm_of(entries)
     named = DIGEST_NAMES[algorithm]
     yield Tally("record_checksums", len(entries))

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -15,6 +15,7 @@ import numpy as np
 from ...doors.inputs import open_input
 from ...errors import IndexFormatError, RectoolError
 from ...format.textindex import parse_index
+from ...format.window import RecWindow
 from ..scan import (
     Buffer,
     Framing,
@@ -28,6 +29,9 @@ from ..scan import (
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
+
+# `progress(phase, done, total)`: "bytes" of a shard read, "images" checked.
+Progress = Callable[[str, int, int], object]
 
 
 @dataclass(frozen=True)
@@ -116,11 +120,12 @@ class ShardFacts:
     """What is known about one .rec/.idx pair, worked out once by `read_shard`.
 
     `buf` (the mapped .rec, `size` bytes) and `read_record(offset)` are valid while the shard
-    is open. Arrays are per record found by the framing walk, in file order: `keys` is each
-    record's key (from the .idx, its last line winning; else its header id), `indexed` whether
-    an .idx line points at it; `index_hit[i]` whether .idx line i points at a record.
-    `sound` marks complete headers with no stray label; `unknown_signature` the image records
-    (sound, non-empty) whose bytes have no known image signature.
+    is open; a check that reads many records reads them through `held_rows` (a window's
+    batch at a time). Arrays are per record found by the framing walk, in file order: `keys`
+    is each record's key (from the .idx, its last line winning; else its header id),
+    `indexed` whether an .idx line points at it; `index_hit[i]` whether .idx line i points
+    at a record. `sound` marks complete headers with no stray label; `unknown_signature`
+    the image records (sound, non-empty) whose bytes have no known image signature.
     """
 
     dataset: DatasetFacts
@@ -139,32 +144,42 @@ class ShardFacts:
     layout: FoundLayout
     sound: np.ndarray
     unknown_signature: np.ndarray
+    window: RecWindow  # what `buf` is the mapping of: `held_rows` reads through it
 
     @cached_property
-    def _key_by_offset(self) -> dict[int, int]:
-        if self.index is None:
-            return {}
-        return dict(zip(self.index.offsets.tolist(), self.index.keys.tolist()))  # last line wins
+    def _offset_order(self) -> np.ndarray:
+        assert self.index is not None
+        return np.argsort(self.index.offsets, kind="stable")
 
     def key_at(self, offset: int) -> int | None:
-        """Return the key the .idx gives the record starting at `offset`, else None."""
+        """Return the key the .idx gives the record starting at `offset` (its last line
+        wins), else None."""
         if self.index is None:
             return None
-        return self._key_by_offset.get(offset)
+        offsets, order = self.index.offsets, self._offset_order
+        at = int(np.searchsorted(offsets, offset, "right", sorter=order)) - 1
+        if at < 0 or offsets[order[at]] != offset:
+            return None
+        return int(self.index.keys[order[at]])
 
 
 def read_shard(
-    dataset: DatasetFacts, number: int, buf: Buffer, size: int, read_record: ReadRecord
+    dataset: DatasetFacts, number: int, window: RecWindow, progress: Progress | None = None
 ) -> ShardFacts:
-    """Return the `ShardFacts` of shard `number`, whose .rec is mapped as `buf` of `size` bytes.
+    """Return the `ShardFacts` of shard `number`, whose .rec is read through `window`.
 
-    Raises `RectoolError` when the .idx exists but cannot be read.
+    The framing, headers and image signatures are read a window's batch of records at a
+    time (each batch's pages handed back as the next is taken); what is kept is numpy
+    columns. `progress(phase, done, total)` hears of the "bytes" read (through the last
+    record of each batch, out of the file's size). Raises `RectoolError`
+    when the .idx exists but cannot be read.
     """
     rec, idx = dataset.shards[number]
+    buf, size, read_record = window.mapping, window.size, window.record
     index = read_index(idx)
-    framing = scan_framing(buf, size, None if index is None else index.offsets)
+    framing = scan_framing(buf, size, None if index is None else index.offsets, window=window)
     starts = framing.starts
-    h = read_headers(buf, size, starts, framing.lengths, framing.split, read_record)
+    h = _headers_in_batches(window, framing, progress)
     keys = h.id.astype(np.int64)
     indexed = index_hit = None
     if index is not None:
@@ -179,8 +194,7 @@ def read_shard(
     # MXNet's pack zeroes the header's float whenever labels follow it.
     sound = h.complete & ~((h.flag > 0) & (h.label != 0))
     rows = np.flatnonzero(layout.images & sound & (h.image > 0))
-    formats = image_formats(buf, size, starts, h, framing.split, rows, read_record)
-    unknown = rows[np.equal(formats, None)]  # type: ignore[call-overload]  # stubs: no None
+    unknown = rows[_unknown_signatures(window, framing, h, rows)]
     return ShardFacts(
         dataset,
         rec,
@@ -198,7 +212,59 @@ def read_shard(
         layout,
         sound,
         unknown,
+        window,
     )
+
+
+def held_rows(window: RecWindow, framing: Framing, rows: np.ndarray) -> Iterator[np.ndarray]:
+    """Yield the ascending framing `rows` a window's batch at a time, each batch's bytes held
+    in `window` (a record longer than the window: held whole), the last dropped at the end."""
+    starts, ends = framing.starts, framing.ends
+    try:
+        for i, j, lo, hi in window.batches(starts):
+            a, b = np.searchsorted(rows, (i, j)).tolist()
+            if b > a:
+                window.hold(lo, max(hi, int(ends[rows[b - 1]])))
+                yield rows[a:b]
+    finally:
+        window.drop()
+
+
+def _headers_in_batches(window: RecWindow, framing: Framing, progress: Progress | None) -> Headers:
+    """Read the header of every record of `framing`, a window's batch at a time."""
+    n, starts, read_at = len(framing.starts), framing.starts, window.record
+    empty = read_headers(b"", 0, starts[:0], framing.lengths[:0], framing.split[:0], read_at)
+    out = Headers(*(np.zeros(n, c.dtype) for c in vars(empty).values()))  # every row filled
+    for rows in held_rows(window, framing, np.arange(n)):
+        i, j = int(rows[0]), int(rows[-1]) + 1
+        part = read_headers(
+            window.mapping,
+            window.size,
+            starts[i:j],
+            framing.lengths[i:j],
+            framing.split[i:j],
+            window.record,
+        )
+        for name, column in vars(part).items():
+            getattr(out, name)[i:j] = column
+        if progress is not None:
+            progress("bytes", int(framing.ends[j - 1]), window.size)
+    return out
+
+
+def _unknown_signatures(
+    window: RecWindow, framing: Framing, h: Headers, rows: np.ndarray
+) -> np.ndarray:
+    """Return which of the image records at `rows` have no known image signature (bool)."""
+    unknown = np.zeros(len(rows), bool)
+    done = 0
+    for batch in held_rows(window, framing, rows):
+        formats = image_formats(
+            window.mapping, window.size, framing.starts, h, framing.split, batch, window.record
+        )
+        unknown[done : done + len(batch)] = np.equal(formats, None)  # type: ignore[call-overload]
+        done += len(batch)
+    return unknown
 
 
 def read_index(idx: str) -> ShardIndex | None:

@@ -3,8 +3,9 @@ size and channels."""
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,7 +23,7 @@ from ...reader import (
     unpack_header,
 )
 from ..scan import ReadRecord
-from .facts import ShardFacts
+from .facts import Progress, ShardFacts, held_rows
 from .report import CheckResult, Found, Tally, one_problem
 
 
@@ -40,18 +41,19 @@ class DecodeOptions:
 
 
 _DECODE_BATCH = 256
+_DECODE_AHEAD = 64  # batches submitted and not yet reported: a bound, whatever the pack
 
 
-def decodable_rows(facts: ShardFacts) -> list[int]:
-    """Return the rows `check_decoding` decodes: image records with image bytes of a known
-    signature (the others are reported by `check_headers`)."""
+def decodable_rows(facts: ShardFacts) -> np.ndarray:
+    """Return the rows `check_decoding` decodes (ascending, int64): image records with image
+    bytes of a known signature (the others are reported by `check_headers`)."""
     h = facts.headers
     mask = facts.layout.images & h.complete & (h.image > 0)
     mask[facts.unknown_signature] = False
-    return np.flatnonzero(mask).tolist()
+    return np.flatnonzero(mask)
 
 
-def check_image_structure(facts: ShardFacts) -> Iterator[Found]:
+def check_image_structure(facts: ShardFacts, progress: Progress | None = None) -> Iterator[Found]:
     """Every image passes the structural check `pack` runs on what it packs (`--check
     structure`): JPEG markers up to the scan and an end-of-image marker after it, every PNG
     chunk and its CRC, every header's dimensions (`images.check_container`; no decoding, and
@@ -60,25 +62,31 @@ def check_image_structure(facts: ShardFacts) -> Iterator[Found]:
     The images are those `check_decoding` would decode whose header is sound (empty records,
     unknown signatures and bad headers are `check_headers`' problems); insightface's record 0
     and identity records are none.
-    Whole records are checked in the mapped file, the JPEG walk over all of them at once.
+    Whole records are checked in the mapped file a window's batch at a time (`held_rows`),
+    the JPEG walk over each batch at once; `progress(phase, done, total)` hears of the
+    "images" checked.
     """
-    rows = np.asarray(decodable_rows(facts), np.int64)
+    rows = decodable_rows(facts)
     rows = rows[facts.sound[rows]]  # where a bad header puts the image is unknown
     if not len(rows):
         return
     h, starts, split = facts.headers, facts.framing.starts, facts.framing.split
     reasons: dict[int, str] = {}  # row -> reason
     whole = rows[~split[rows]]
-    if len(whole):
-        heads = starts[whole] + 8 + IMAGE_HEADER_SIZE + 4 * h.flag[whole].astype(np.int64)
-        ends = heads + h.image[whole].astype(np.int64)
-        u8 = np.frombuffer(facts.buf, np.uint8, facts.size)
-        try:
+    u8 = np.frombuffer(facts.buf, np.uint8, facts.size)
+    checked = 0
+    try:
+        for batch in held_rows(facts.window, facts.framing, whole):
+            heads = starts[batch] + 8 + IMAGE_HEADER_SIZE + 4 * h.flag[batch].astype(np.int64)
+            ends = heads + h.image[batch].astype(np.int64)
             refused = refused_images(u8, heads, ends, _check_structure, _NO_PIXEL_LIMIT)
-        finally:
-            del u8  # a view of the mapping: it could not be closed
-        for k, refusal in refused.items():
-            reasons[int(whole[k])] = refusal.reason
+            for k, refusal in refused.items():
+                reasons[int(batch[k])] = refusal.reason
+            checked += len(batch)
+            if progress is not None:
+                progress("images", checked, len(rows))
+    finally:
+        del u8  # a view of the mapping: it could not be closed
     for j in rows[split[rows]].tolist():
         _, image = unpack_header(facts.read_record(int(starts[j])))
         try:
@@ -101,23 +109,33 @@ def _check_structure(data: bytes, mode: str, max_pixels: float) -> None:
 
 
 def check_decoding(
-    facts: ShardFacts, rows: list[int], options: DecodeOptions, decoder: Executor
+    facts: ShardFacts, rows: np.ndarray, options: DecodeOptions, decoder: Executor
 ) -> Iterator[CheckResult]:
     """Every image at `rows` decodes (to the size and channels `options` ask for).
 
-    Batches decode on the `decoder` pool; a `Tally` of "decoded" follows each batch's findings.
+    Batches decode on the `decoder` pool, a bounded number ahead (records are read one by
+    one, by pread: nothing of the pack stays mapped); a `Tally` of "decoded" follows each
+    batch's findings.
     """
     starts = facts.framing.starts
-    batches = [rows[i : i + _DECODE_BATCH] for i in range(0, len(rows), _DECODE_BATCH)]
-    futures = [
-        decoder.submit(_decode_batch, facts.read_record, [int(starts[j]) for j in b], options)
-        for b in batches
-    ]
-    for batch, future in zip(batches, futures):
+    pending: deque[tuple[np.ndarray, Future[list[tuple[int, str, str]]]]] = deque()
+
+    def found(
+        batch: np.ndarray, future: Future[list[tuple[int, str, str]]]
+    ) -> Iterator[CheckResult]:
         for i, kind, message in future.result():
             j = batch[i]
             yield one_problem(kind, facts.rec, facts.keys[j], starts[j], message)
         yield Tally("decoded", len(batch))
+
+    for first in range(0, len(rows), _DECODE_BATCH):
+        batch = rows[first : first + _DECODE_BATCH]
+        offsets = starts[batch].tolist()
+        pending.append((batch, decoder.submit(_decode_batch, facts.read_record, offsets, options)))
+        if len(pending) >= _DECODE_AHEAD:
+            yield from found(*pending.popleft())
+    while pending:
+        yield from found(*pending.popleft())
 
 
 def _decode_batch(

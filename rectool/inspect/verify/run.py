@@ -7,7 +7,6 @@ import os
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
-from contextlib import closing
 from typing import TYPE_CHECKING
 
 from ...dataset.sources import (
@@ -15,9 +14,8 @@ from ...dataset.sources import (
     source_prefixes,
 )
 from ...errors import RectoolError
+from ...format.window import RecWindow
 from ...packer.manifest import finish_interrupted_source, leftover_staging
-from ...reader import RecordFile
-from ..scan import mapped
 from .binary import (
     BinaryIndex,
     check_index_arrays,
@@ -46,8 +44,10 @@ from .report import DEFAULT_KEEP, CheckResult, Findings, Tally, VerifyReport, on
 if TYPE_CHECKING:
     from _typeshed import StrPath
 
-# `progress(phase, done, total)`: "bytes" of the shards walked, "images" decoded.
+# `progress(phase, done, total)`: "bytes" of the shards walked, "images" checked or decoded.
 Progress = Callable[[str, int, int], object]
+# open_rec(path): the window a shard's .rec is read through.
+OpenRec = Callable[[str], RecWindow]
 
 
 def verify_dataset(
@@ -57,14 +57,18 @@ def verify_dataset(
     keep: int = DEFAULT_KEEP,
     progress: Progress | None = None,
     image_check: bool = True,
+    open_rec: OpenRec = RecWindow,
 ) -> VerifyReport:
     """Check every target (manifest, prefix, .rec, or folder with train.rec); return a report.
 
     `decode` is a `DecodeOptions` (or None to skip decoding); it decodes every image with
     `workers` threads (default: all cores). Without it, `image_check` walks every image's
     structure as `pack` checks it (`check_image_structure`: "image-damaged" problems).
-    `progress(phase, done, total)` is called with phase "bytes" as shards are walked and
-    "images" as they decode. Raises `RectoolError` when a target cannot be read.
+    `progress(phase, done, total)` is called with phase "bytes" as shards are walked (a
+    window's batch of records at a time, within a shard too) and "images" as their structure
+    is checked or they decode. `open_rec(path)` opens the window a shard's .rec is read
+    through (`RecWindow`: a bounded part of it mapped at a time). Raises `RectoolError` when
+    a target cannot be read.
     """
     if isinstance(targets, (str, os.PathLike)):
         targets = [targets]
@@ -108,8 +112,9 @@ def verify_dataset(
                     hashes,
                     decode,
                     decoder,
-                    progress,
+                    _within(progress, done_bytes, total_bytes),
                     image_check,
+                    open_rec,
                 )
                 if layout is not None:
                     layouts.add(layout)
@@ -142,11 +147,13 @@ def _verify_shard(
     decoder: Executor,
     progress: Progress | None,
     image_check: bool = True,
+    open_rec: OpenRec = RecWindow,
 ) -> tuple[str | None, ShardIndex | None, int]:
     """Run every check of shard `number`; return (layout name, its `ShardIndex`, bytes).
 
-    `hashes` (`ShardHashes`) hashes the .rec from the mapping the checks walk, beside them;
-    `binary`, the pack's binary index (or None), is compared with the shard's rows.
+    `hashes` (`ShardHashes`) hashes the .rec beside the checks; `binary`, the pack's binary
+    index (or None), is compared with the shard's rows; `progress` hears of the shard's
+    "bytes" read and "images" checked or decoded.
     """
     rec, _ = dataset.shards[number]
     if not os.path.exists(rec):
@@ -156,9 +163,10 @@ def _verify_shard(
             [one_problem("missing-file", rec, None, None, "listed in the manifest, missing")]
         )
         return None, None, 0
-    with mapped(rec) as (buf, size), closing(RecordFile(rec)) as records:
-        hashes.start(rec, buf, size)
-        facts = read_shard(dataset, number, buf, size, records.read_at)
+    with open_rec(rec) as window:
+        size = window.size
+        hashes.start(rec)
+        facts = read_shard(dataset, number, window, progress)
         checks: tuple[Iterable[CheckResult], ...] = (
             check_index_file(facts),
             check_framing(facts),
@@ -179,7 +187,7 @@ def _verify_shard(
         report.images += int(facts.layout.images.sum())
         report.rec_bytes += size
         if decode is None and image_check:  # decoding checks the structure first
-            findings.take(check_image_structure(facts))
+            findings.take(check_image_structure(facts, progress))
         if decode is not None:
             rows = decodable_rows(facts)
             for item in check_decoding(facts, rows, decode, decoder):
@@ -187,3 +195,17 @@ def _verify_shard(
                 if progress is not None and isinstance(item, Tally):
                     progress("images", report.decoded, len(rows))
     return facts.layout.name, facts.index, size
+
+
+def _within(progress: Progress | None, before: int, total: int) -> Progress | None:
+    """Return `progress` for one shard: its "bytes" counted after the `before` bytes of the
+    shards walked so far, out of `total`."""
+    if progress is None:
+        return None
+
+    def update(phase: str, done: int, of: int) -> object:
+        if phase == "bytes":
+            return progress(phase, before + done, total)
+        return progress(phase, done, of)
+
+    return update
