@@ -125,8 +125,9 @@ class StreamReader:
             raise ArchiveError(
                 f"{self.archive.root}: member {name!r} is listed long after the archive holds "
                 f"it: over {REORDER_BYTES:,} bytes of members read ahead of the list's order. A "
-                "compressed tar is read once, in order: list it with `rectool list` (its list "
-                "follows the archive's order), or decompress it to a .tar (random access)"
+                "compressed tar is read once, in order: list it with `rectool list` without "
+                "--shuffle (its list follows the archive's order), or decompress it to a .tar "
+                "(random access)"
             )
         self._ahead[name] = data
 
