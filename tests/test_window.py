@@ -89,6 +89,21 @@ def test_a_view_over_the_window_is_refused(pack):
         with pytest.raises(ValueError, match="over the window"):
             window.view(0, SPAN + 4)
         assert len(window.view(pack.size - 10, pack.size + 100)) == 10  # clipped to the file
+        assert len(window.view(pack.size + 8, pack.size + 100)) == 0  # wholly past the end
+
+
+def test_a_scan_of_an_index_pointing_past_the_end_names_the_records(pack):
+    # An offsets.npy that points past the shard (the fuzz test's overwritten index) used to
+    # end in a numpy ValueError traceback: each such record is damage named by its offset.
+    with PackDataset(pack.manifest) as ds:
+        images = ImageTable.from_index(ds)
+    images.offsets = images.offsets.copy()
+    images.offsets[-2:] = [pack.size + 4, pack.size + 4096]
+    facts = scan_images(images, Windows())
+    assert images.sizes[-2:].tolist() == [-1, -1]
+    assert (images.sizes[:-2] > 0).all()
+    assert facts.damaged == 2
+    assert [offset for _, _, offset, _ in facts.damage] == [pack.size + 4, pack.size + 4096]
 
 
 @given(

@@ -125,11 +125,12 @@ class RecWindow:
     def view(self, lo: int, hi: int) -> NDArray[np.uint8]:
         """Return bytes lo..hi (clipped to the file) as a read-only uint8 view; the pages of
         the previous view are released first. Raises ValueError past `span` bytes."""
-        lo, hi = max(0, lo), min(hi, self.size)
+        lo = min(max(0, lo), self.size)
+        hi = max(lo, min(hi, self.size))
         if hi - lo > self.span:
             raise ValueError(f"a view of {hi - lo:,} bytes is over the window ({self.span:,})")
-        self._hold(lo, max(lo, hi))
-        return np.frombuffer(self.mapping, np.uint8, max(0, hi - lo), lo)
+        self._hold(lo, hi)
+        return np.frombuffer(self.mapping, np.uint8, hi - lo, lo)
 
     def read(self, offset: int, n: int) -> bytes:
         """Return a copy of bytes offset..offset+n (clipped to the file): from the window held

@@ -193,7 +193,7 @@ def _scan_window(
     hi: int,
 ) -> None:
     view = window.view(lo, hi)
-    rel = starts - lo
+    rel = starts - min(max(0, lo), window.size)  # the view starts where the file allows
     ok = (starts & 3 == 0) & (rel >= 0) & (rel + 32 <= len(view))
     head = view[np.where(ok, rel, 0)[:, None] + _HEAD] if len(view) >= 16 else None
     if head is None:
