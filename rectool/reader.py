@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import bisect
 import errno
-import itertools
 import json
 import math
 import mmap
@@ -52,6 +51,7 @@ DATASET_LAYOUTS, DECODE_MODES = ("images", "insightface"), ("bgr", "rgb", "gray"
 INDEX_ARRAYS = {"offsets": ("<i8", (1,)), "keys": ("<i8", (1,)), "labels": ("<f4", (1, 2))}
 _NOT_IN_NAMES = re.compile("[/\\\\\0\ud800-\udfff]")  # + half a UTF-16 pair: not in a name
 DEFAULT_MAX_PIXELS = 50_000_000  # over a 45-megapixel camera's; 150 MB decoded in 8-bit colour
+file_identity = operator.attrgetter("st_dev", "st_ino", "st_size", "st_mtime_ns")  # of a stat
 
 
 class RectoolError(Exception):
@@ -94,15 +94,16 @@ def open_regular(path: StrPath, what: str, max_bytes: Any = None, follow: bool =
     except OSError as exc:
         why = "is a symbolic link" if nofollow and exc.errno == errno.ELOOP else exc.strerror
         why = (
-            f"{what} not found" if exc.errno == errno.ENOENT else f"cannot open the {what} ({why})"
+            f"cannot open the {what} ({why})" if exc.errno != errno.ENOENT else f"{what} not found"
         )
         raise InputError(f"{path}: {why}") from None
     st = os.fstat(fd)
     why = "" if stat.S_ISREG(st.st_mode) else f"not a regular file (the {what} must be one)"
     if why or (max_bytes is not None and st.st_size > max_bytes):
         os.close(fd)
-        why = why or f"the {what} is {st.st_size:,} bytes, over {max_bytes:,}"
-        raise InputError(f"{path}: {why}")
+        raise InputError(
+            f"{path}: {why or f'the {what} is {st.st_size:,} bytes, over {max_bytes:,}'}"
+        )
     return fd, st
 
 
@@ -137,11 +138,10 @@ class RecordFile:
         if self._mm is None:
             fd, st = open_regular(self.path, "record file")
             try:
-                identity = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-                if self._identity not in (None, identity):
+                if self._identity not in (None, file_identity(st)):
                     raise RectoolError(f"{self.path} was replaced after it was opened; open again")
                 self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
-                self._identity = identity
+                self._identity = file_identity(st)
             except OSError as exc:  # ENOMEM under a memory limit (ulimit -v)
                 raise RectoolError(f"{self.path}: cannot map the record file ({exc})") from None
             finally:
@@ -226,9 +226,8 @@ def read_manifest(path: StrPath) -> dict[str, Any]:
         if not (isinstance(samples, list) and len(samples) == len(recs)):
             bad, samples = [("index.samples", "a list of counts, one a shard")], []
         bad += [(f"index.samples[{i}]", count) for i, n in enumerate(samples) if not is_count(n)]
-        files = (
-            {k: v.get("file") for k, v in index.items() if isinstance(v, dict)} if samples else {}
-        )
+        entries = index.items() if samples else ()  # not a dict when samples is not a list
+        files = {k: v.get("file") for k, v in entries if isinstance(v, dict)}
         bad += [(f"index.{k}.file", name) for k in INDEX_ARRAYS if not plain_name(files.get(k))]
     if bad:
         raise InputError(f"{path}: manifest field {bad[0][0]!r} must be {bad[0][1]}")
@@ -273,13 +272,13 @@ def load_array(path: str, name: str, length: int | None, kind: Any = None) -> An
 def open_dataset(source: StrPath, decode: Any = None, *, max_pixels: int = 50_000_000) -> Any:
     """Open a pack for training by its prefix (`out/faces`) or manifest; see `RecordDataset`."""
     source = os.fspath(source)
-    if not source.endswith(MANIFEST_SUFFIX) and not os.path.exists(source + MANIFEST_SUFFIX):
+    path = source if source.endswith(MANIFEST_SUFFIX) else source + MANIFEST_SUFFIX
+    if path != source and not os.path.exists(path):
         raise NotIndexedError(
-            f"{source}: no rectool pack here (no {source}{MANIFEST_SUFFIX}); a .rec without one "
-            "gets its manifest and index from `rectool index`"
+            f"{source}: no rectool pack here (no {path}); a .rec without one gets its manifest "
+            "and index from `rectool index`"
         )
-    source += "" if source.endswith(MANIFEST_SUFFIX) else MANIFEST_SUFFIX
-    return RecordDataset(source, decode, max_pixels)
+    return RecordDataset(path, decode, max_pixels)
 
 
 class RecordDataset:
@@ -304,31 +303,27 @@ class RecordDataset:
                 f"{doc.get('format_version', 0)}); write one with `rectool index {path}`"
             )
         index, self.layout = doc["index"], doc.get("layout") or "images"
-        n, st = sum(index["samples"]), os.stat(path)  # a pack written again has a new manifest
-        self._manifest_id = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        self._manifest_id = file_identity(os.stat(path))  # a pack written again: a new manifest
+        self._bounds = [0]
         for i, (count, shard) in enumerate(zip(index["samples"], doc["shards"])):
             records = shard.get("records") if is_count(shard.get("records")) else count
             if count > records or (self.layout == "images" and count != records):
                 raise InputError(f"{path}: index.samples[{i}] is {count}, the shard {records}")
+            self._bounds.append(self._bounds[-1] + count)
+        self._count = n = self._bounds[-1]
         arrays = [load_array(os.path.join(folder, index[k]["file"]), k, n) for k in INDEX_ARRAYS]
-        shards = [self._open_shard(os.path.join(folder, s["rec"])) for s in doc["shards"]]
-        for rf, shard in zip(shards, doc["shards"]):  # a shard replaced or cut since it was packed
+        self.offsets, self.keys, self._labels = arrays
+        self._files = [self._open_shard(os.path.join(folder, s["rec"])) for s in doc["shards"]]
+        for rf, shard in zip(self._files, doc["shards"]):  # replaced or cut since it was packed
             if rf._identity and shard.get("rec_bytes") not in (None, rf._identity[2]):
                 why = f"{rf._identity[2]:,} bytes, not the {shard['rec_bytes']!r} its manifest says"
                 raise InputError(f"{rf.path}: {why}: the shard was replaced or cut after packing")
-        self._set_index(shards, index["samples"], *arrays)
 
     def _open_shard(self, path: str) -> RecordFile:
         """Return the `RecordFile` of a shard, which refuses another file at `path` later."""
         fd, st = open_regular(path, "record file")
         os.close(fd)
-        return RecordFile(path, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
-
-    def _set_index(self, files: list[RecordFile], counts: Any, *arrays: Any) -> None:
-        """Read sample i at `offsets[i]` (key `keys[i]`) of `files`, `counts[s]` in shard s."""
-        self._files, (self.offsets, self.keys, self._labels) = files, arrays
-        self._bounds = [0, *itertools.accumulate(counts)]
-        self._count = self._bounds[-1]
+        return RecordFile(path, file_identity(st))
 
     def __getstate__(self) -> dict[str, Any]:
         keep = ("manifest_path", "decode", "max_pixels", "_files", "_manifest_id")
@@ -353,10 +348,7 @@ class RecordDataset:
     def __len__(self) -> int:  # iteration: `__getitem__` up to its `IndexError`
         return self._count
 
-    @property
-    def labels(self) -> Any:
-        """Every sample's label: float32 (N,), or (N, k) for label vectors; read-only."""
-        return self._labels
+    labels = property(lambda self: self._labels, doc="Every label: float32 (N,) or (N, k).")
 
     def _locate(self, i: int) -> tuple[int, int]:
         i = given = operator.index(i)
@@ -519,9 +511,8 @@ def imdecode(data: Data, flags: Any, max_pixels: float = DEFAULT_MAX_PIXELS) -> 
     except ImportError:
         raise RectoolError("decoding images needs OpenCV (opencv-python-headless)") from None
     try:
-        image = cv2.imdecode(
-            np.frombuffer(data, np.uint8), flags(*header) if callable(flags) else flags
-        )
+        flag = flags(*header) if callable(flags) else flags
+        image = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
     except cv2.error as exc:
         image, why = None, f" (OpenCV: {str(exc).strip()[-120:]})"
     if image is None or not image.size:

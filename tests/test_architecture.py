@@ -444,7 +444,7 @@ def test_the_failures_check_finds_each_old_parser():
 # Issue 35 asks 400 lines of the reader; it stands at 538 with every reading guarantee kept
 # (the guard ~142, the dataset ~112, the framing ~71, header/constants/errors ~87: see the
 # stop's closing note). The limit holds it there until a smaller design lands.
-EMITTED_LIMITS = {"reader.py": 542, "training.py": 600}
+EMITTED_LIMITS = {"reader.py": 533, "training.py": 600}
 
 
 @pytest.mark.parametrize("name", sorted(EMITTED_LIMITS))

@@ -11,6 +11,7 @@ which is what `rectool index` writes to disk for it. Either way reads go through
 from __future__ import annotations
 
 import bisect
+import itertools
 import os
 import re
 from typing import TYPE_CHECKING, Any
@@ -149,7 +150,9 @@ class PackDataset(RecordDataset):
         for a in (index.offsets, index.keys, index.identity_ranges):
             if a is not None:
                 a.flags.writeable = False
-        self._set_index(files, index.counts, index.offsets, index.keys, None)
+        self._files, self.offsets, self.keys, self._labels = files, index.offsets, index.keys, None
+        self._bounds = [0, *itertools.accumulate(index.counts)]
+        self._count = self._bounds[-1]
 
     def _open_shard(self, rec: str) -> RecordFile:
         """Return the `RecordFile` of a shard (rectool.remote's downloads it on first use)."""
