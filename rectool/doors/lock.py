@@ -12,12 +12,11 @@ import os
 from typing import TYPE_CHECKING, NoReturn
 
 from ..errors import RectoolError
+from ..format.paths import PackPaths
 from .files import CLOEXEC, NOFOLLOW
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
-
-LOCK_SUFFIX = ".lock"
 
 
 class OutputLock:
@@ -32,9 +31,11 @@ class OutputLock:
     blocks the next; an exclusive holder removes the file when it lets go.
     """
 
-    def __init__(self, prefix: StrPath, shared: bool = False, token: str | None = None) -> None:
+    def __init__(
+        self, prefix: StrPath | PackPaths, shared: bool = False, token: str | None = None
+    ) -> None:
         self.prefix = os.fspath(prefix)
-        self.path = self.prefix + LOCK_SUFFIX
+        self.path = PackPaths.of(prefix).lock
         self.shared = shared
         self.join_token = token
         self.token: str | None = None

@@ -36,7 +36,7 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import RectoolError
-from ..reader import JOURNAL_SUFFIX
+from ..format.paths import JOURNAL_SUFFIX, LOCK_SUFFIX, PACK_FILE_ENDINGS
 from .commit import OutputFiles, commit, finish_commit, read_journal
 from .faults import FAULT_ENV, FAULT_STEPS, fault_point, set_fault_hook
 from .files import (
@@ -63,8 +63,8 @@ from .files import (
     write_json_atomic,
 )
 from .folder import OutputFolder
-from .lock import LOCK_SUFFIX, OutputLock
-from .targets import PACK_FILE_ENDINGS, check_target, pack_file_reason
+from .lock import OutputLock
+from .targets import check_target, pack_file_reason
 
 if TYPE_CHECKING:
     from _typeshed import StrPath

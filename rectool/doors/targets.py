@@ -10,31 +10,10 @@ import os
 from typing import TYPE_CHECKING
 
 from ..errors import RectoolError
-from ..reader import JOURNAL_SUFFIX
-from .lock import LOCK_SUFFIX
+from ..format.paths import PACK_FILE_ENDINGS, PackPaths
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
-
-
-# Files that make up a pack, by how their names end (see manifest.py for where they come from).
-PACK_FILE_ENDINGS = (
-    ".rec",
-    ".idx",
-    # the binary index and identity names (format/binindex.py)
-    ".offsets.npy",
-    ".keys.npy",
-    ".labels.npy",
-    ".identity_ranges.npy",
-    ".identities.json",
-    ".rec.crc",
-    ".manifest.json",
-    ".failures.jsonl",
-    ".pack-state.json",
-    ".partial",
-    LOCK_SUFFIX,
-    JOURNAL_SUFFIX,
-)
 
 
 def pack_file_reason(path: str) -> str | None:
@@ -52,11 +31,11 @@ def pack_file_reason(path: str) -> str | None:
         return f"{name} is a shard of a pack ({os.path.basename(stem)}.rec/.idx)"
     if name.endswith(PACK_FILE_ENDINGS):
         try:
-            manifests = [n for n in os.listdir(folder or ".") if n.endswith(".manifest.json")]
+            manifests = [n for n in os.listdir(folder or ".") if PackPaths.is_manifest(n)]
         except OSError:
             manifests = []
         for manifest in manifests[:64]:
-            base = manifest[: -len(".manifest.json")]
+            base = PackPaths.of_manifest(manifest).prefix
             if name.startswith(base) and name.endswith(PACK_FILE_ENDINGS):
                 return f"{name} belongs to the pack {os.path.join(folder, base)}"
     return None

@@ -23,7 +23,6 @@ import numpy as np
 from ..doors.inputs import read_regular
 from ..doors.output import write_atomic
 from ..reader import (
-    INDEX_ARRAYS,
     InputError,
     RecordFile,
     RecordFormatError,
@@ -32,6 +31,7 @@ from ..reader import (
 )
 from .digest import XXH3_128, Digests
 from .headers import check_shard, header_labels, insightface_header, key_lines, shard_numbers
+from .paths import PackPaths
 from .textindex import load_index
 
 if TYPE_CHECKING:
@@ -39,9 +39,6 @@ if TYPE_CHECKING:
 
     from ..reader import Header
 
-# A pack's index files, after its prefix: `faces.offsets.npy`, ...
-INDEX_SUFFIXES = {name: f".{name}.npy" for name in (*INDEX_ARRAYS, "identity_ranges")}
-IDENTITIES_SUFFIX = ".identities.json"
 MAX_IDENTITIES_BYTES = 1 << 30  # WebFace42M's 2M names at any length (NAME_MAX), twice over
 
 
@@ -168,11 +165,6 @@ def has_binary_index(manifest: Mapping[str, Any] | None) -> bool:
     return doc.get("format_version", 0) >= 3 and isinstance(doc.get("index"), dict)
 
 
-def index_paths(prefix: str) -> dict[str, str]:
-    """Return the path of each index array of the pack at `prefix`."""
-    return {name: prefix + suffix for name, suffix in INDEX_SUFFIXES.items()}
-
-
 def _npy(array: NDArray[Any]) -> list[Any]:
     """Return the bytes of `array` as an .npy file: its header, then its data (no copy)."""
     head = io.BytesIO()
@@ -194,42 +186,41 @@ def _file_entry(path: str, parts: list[Any]) -> dict[str, Any]:
     }
 
 
-def write_index(prefix: str, index: PackIndex) -> dict[str, Any]:
-    """Write the index arrays of the pack at `prefix`; return the manifest's `index` entry."""
+def write_index(paths: PackPaths, index: PackIndex) -> dict[str, Any]:
+    """Write the index arrays of the pack at `paths`; return the manifest's `index` entry."""
     if index.labels is None or index.labels.dtype == object:
         raise RectoolError(
-            f"{prefix}: the records hold labels of different widths; a binary index holds one "
+            f"{paths}: the records hold labels of different widths; a binary index holds one "
             "float32 label, or one vector width, a sample"
         )
     arrays = {"offsets": index.offsets, "keys": index.keys, "labels": index.labels}
     if index.identity_ranges is not None:
         arrays["identity_ranges"] = index.identity_ranges
     entry: dict[str, Any] = {"samples": list(index.counts)}
-    for name, path in index_paths(prefix).items():
+    for name, path in paths.arrays.items():
         if name in arrays:
             dtype = "<i8" if name != "labels" else "<f4"
             entry[name] = _file_entry(path, _npy(np.ascontiguousarray(arrays[name], dtype)))
     return entry
 
 
-def write_pack_index(prefix: str, manifest: dict[str, Any], index: PackIndex) -> list[str]:
-    """Write the index arrays of the pack at `prefix` and, where its manifest holds the names
+def write_pack_index(paths: PackPaths, manifest: dict[str, Any], index: PackIndex) -> list[str]:
+    """Write the index arrays of the pack at `paths` and, where its manifest holds the names
     themselves (formats 1 and 2, a manifest being built), its identities file; name both in
     `manifest`; return the files written."""
-    manifest["index"] = write_index(prefix, index)
-    folder = os.path.dirname(prefix)
-    written = [os.path.join(folder, e["file"]) for e in manifest["index"].values() if "file" in e]
+    manifest["index"] = write_index(paths, index)
+    written = [paths.beside(e["file"]) for e in manifest["index"].values() if "file" in e]
     names = manifest.get("identities")
     if isinstance(names, dict) and "file" not in names:
-        manifest["identities"] = write_identities(prefix, {int(k): v for k, v in names.items()})
-        written.append(prefix + IDENTITIES_SUFFIX)
+        manifest["identities"] = write_identities(paths, {int(k): v for k, v in names.items()})
+        written.append(paths.identities)
     return written
 
 
-def write_identities(prefix: str, identities: Mapping[int, str]) -> dict[str, Any]:
+def write_identities(paths: PackPaths, identities: Mapping[int, str]) -> dict[str, Any]:
     """Write a pack's identity names ({label: name}); return the manifest's entry of them."""
     text = json.dumps({str(k): v for k, v in sorted(identities.items())}, ensure_ascii=False)
-    entry = _file_entry(prefix + IDENTITIES_SUFFIX, [text.encode("utf-8")])
+    entry = _file_entry(paths.identities, [text.encode("utf-8")])
     return {**entry, "count": len(identities)}
 
 

@@ -32,11 +32,11 @@ from ..doors.inputs import open_input
 from ..doors.output import write_atomic
 from ..errors import RectoolError
 from .digest import digests_of
+from .paths import CHECKSUM_SUFFIX
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, StrPath
 
-SUFFIX = ".crc"
 # magic, version, reserved (0), record count.
 HEADER = struct.Struct("<8sIIQ")
 CRC32, XXH3_64 = "crc32", "xxh3-64"
@@ -85,7 +85,7 @@ class ChecksumFileError(RectoolError):
 
 def checksum_path(rec_path: StrPath) -> str:
     """Return the path of the per-record checksum file of `rec_path`."""
-    return os.fspath(rec_path) + SUFFIX
+    return os.fspath(rec_path) + CHECKSUM_SUFFIX
 
 
 class RecordChecksums:

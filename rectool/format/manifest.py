@@ -18,13 +18,12 @@ from typing import TYPE_CHECKING, Any
 from ..doors.inputs import read_state
 from ..reader import (
     DATASET_LAYOUTS,
-    MANIFEST_SUFFIX,
-    STATE_SUFFIX,
     InputError,
     is_count,
     plain_name,
 )
 from ..reader import read_manifest as read_reader_fields
+from .paths import PackPaths
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Mapping
@@ -290,10 +289,10 @@ def _deeper_than(doc: dict[str, Any], limit: int) -> bool:
     return False
 
 
-# A shard packed alone (`pack --only-shard K`) is written with `PREFIX-0000K.plan.json` beside
-# it, until `pack --finalize` writes the manifest: the plan the shard is one part of. Whoever
-# finds numbered shards without a manifest learns from it that they are not a pack yet.
-PLAN_SUFFIX = ".plan.json"
+# A shard packed alone (`pack --only-shard K`) is written with its plan file beside it
+# (`PackPaths.shard(k).plan`, `PREFIX-0000K.plan.json`), until `pack --finalize` writes the
+# manifest: the plan the shard is one part of. Whoever finds numbered shards without a manifest
+# learns from it that they are not a pack yet.
 PLAN: Fields = {
     "shards": COUNT_FIELD,
     "shard": COUNT_FIELD,
@@ -306,7 +305,7 @@ PLAN: Fields = {
 def plan_document(
     shards: int, shard: int, shard_records: int, list_items: int, list_sha256: str
 ) -> dict[str, Any]:
-    """Return the plan file of shard `shard` of `shards` (see `PLAN_SUFFIX`)."""
+    """Return the plan file of shard `shard` of `shards` (see `PackPaths.plan`)."""
     return {
         "plan": {
             "shards": shards,
@@ -330,18 +329,20 @@ def read_shard_plan(path: str) -> dict[str, Any]:
     return plan
 
 
-def refuse_unfinished_plan(prefix: str, recs: Iterable[str]) -> None:
+def refuse_unfinished_plan(prefix: str | PackPaths, recs: Iterable[str]) -> None:
     """Raise `InputError` when the numbered shards of `prefix` (`recs`, found without a
     manifest) are not a whole pack: shards of a plan packed shard by shard and not finalized,
     or numbers with gaps; the message names the missing shards.
 
-    Every shard packed with `--only-shard` carries its plan (`PLAN_SUFFIX`), so shards of a
+    Every shard packed with `--only-shard` carries its plan (`PackPaths.plan`), so shards of a
     job array that lost some (or never packed them) are never read as a whole pack.
     """
-    present = {int(rec[-9:-4]): rec for rec in recs if rec[-10:-9] == "-"}
+    paths = PackPaths.of(prefix)
+    numbered = ((PackPaths.shard_number(rec), rec) for rec in recs)
+    present = {number: rec for number, rec in numbered if number is not None}
     plans = {}
-    for number, rec in present.items():
-        path = rec[: -len(".rec")] + PLAN_SUFFIX
+    for number in present:
+        path = paths.shard(number).plan
         if os.path.lexists(path):
             plans[number] = (path, read_shard_plan(path))
     if not plans:
@@ -351,7 +352,7 @@ def refuse_unfinished_plan(prefix: str, recs: Iterable[str]) -> None:
             raise InputError(
                 f"{prefix}: shard{'s' if len(gaps) > 1 else ''} {shown} of the numbered shards "
                 f"0..{max(present)} {'are' if len(gaps) > 1 else 'is'} missing, and no manifest "
-                f"says how many there are (no {prefix}{MANIFEST_SUFFIX}); restore the pack, or "
+                f"says how many there are (no {paths.manifest}); restore the pack, or "
                 "name the .rec files to read"
             )
         return
@@ -368,7 +369,7 @@ def refuse_unfinished_plan(prefix: str, recs: Iterable[str]) -> None:
     # plan file's claim of a billion shards).
     count = total - sum(1 for k in present if k < total)
     missing = list(itertools.islice((k for k in range(total) if k not in present), 10))
-    unfinished = [k for k in present if os.path.lexists(f"{prefix}-{k:05d}{STATE_SUFFIX}")]
+    unfinished = [k for k in present if os.path.lexists(paths.shard(k).state)]
     if missing or unfinished:
         numbers, count = (missing, count) if missing else (unfinished, len(unfinished))
         shown = ", ".join(map(str, numbers[:10])) + (
@@ -382,6 +383,6 @@ def refuse_unfinished_plan(prefix: str, recs: Iterable[str]) -> None:
         )
     raise InputError(
         f"{prefix}: {total} shards packed one by one and never finalized (no "
-        f"{prefix}{MANIFEST_SUFFIX}; {first_path} says so); write the manifest with "
+        f"{paths.manifest}; {first_path} says so); write the manifest with "
         "`rectool pack LIST ROOT PREFIX --shard-records N --finalize`"
     )

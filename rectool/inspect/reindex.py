@@ -39,13 +39,14 @@ from ..format.writer import format_index_line
 from ..packer.indexing import indexed_pack_of, recorded_idx, refresh_shard
 from ..reader import (
     IMAGE_HEADER_SIZE,
-    MANIFEST_SUFFIX,
     RecordFile,
 )
 from .scan import Buffer, Damage, mapped, read_headers, scan_framing
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
+
+    from ..format.paths import PackPaths
 
 KEY_SOURCES = ("header", "position")
 _INT64_MAX = 2**63 - 1
@@ -185,7 +186,7 @@ def reindex(
 
 
 def _reindex_locked(
-    rec_path: str, idx_path: str, keys: str, pack: tuple[str, int] | None
+    rec_path: str, idx_path: str, keys: str, pack: tuple[PackPaths, int] | None
 ) -> ReindexResult:
     """`reindex` once the pack the .idx belongs to (if any) is locked."""
     make_folders(os.path.dirname(idx_path))
@@ -228,16 +229,16 @@ def _reindex_locked(
     if pack is None:
         write_atomic(idx_path, text)
         return result
-    prefix, number = pack
-    result.pack = prefix + MANIFEST_SUFFIX
-    entry = recorded_idx(prefix, number)
+    paths, number = pack
+    result.pack = paths.manifest
+    entry = recorded_idx(paths, number)
     same = entry.get("idx_bytes") == len(text) and entry.get(
         field_name("idx", XXH3_128)
     ) == digests_of(text, [XXH3_128]).get(XXH3_128)
     write_atomic(idx_path, text)
     if not same:  # the pack's binary index was made from the old .idx
         try:
-            result.pack_files = refresh_shard(prefix, number)
+            result.pack_files = refresh_shard(paths, number)
         except RectoolError as exc:
             raise RectoolError(
                 f"{idx_path}: written, but the index of the pack {result.pack} could not be "

@@ -15,15 +15,13 @@ from typing import TYPE_CHECKING
 from ..doors.output import OutputLock, make_folders
 from ..errors import RectoolError, UsageError
 from ..extras import missing_module
+from ..format.paths import PackPaths
 from .finalize import completed_if_same, finalize_locked
 from .listcheck import check_root, validate_list
 from .manifest import (
-    FAILURES_SUFFIX,
     discard_staging,
     finish_interrupted,
     is_complete,
-    journal_path,
-    manifest_path,
     output_files,
     source_state,
     staging_prefix,
@@ -59,13 +57,13 @@ def _client_for(scheduler: str | None, workers: int) -> tuple[Client, LocalClust
 def _pack_task(
     list_path: str,
     root: str,
-    prefix: str,
+    paths: PackPaths,
     options: PackOptions,
     number: int,
     lock_token: str | None = None,
 ) -> ShardResult:
     result = pack_images(
-        list_path, root, prefix, options, resume=True, only_shard=number, lock_token=lock_token
+        list_path, root, paths, options, resume=True, only_shard=number, lock_token=lock_token
     )
     assert isinstance(result, ShardResult)  # only_shard: one shard's result
     return result
@@ -92,18 +90,19 @@ def pack_on_dask(
     options = options or PackOptions()
     if list_path == "-":
         raise UsageError("--executor dask needs the list as a file that every worker can read")
-    given = check_prefix(prefix)
-    list_path, root, prefix = (os.path.abspath(os.fspath(p)) for p in (list_path, root, prefix))
+    given = PackPaths(check_prefix(prefix))
+    list_path, root = (os.path.abspath(os.fspath(p)) for p in (list_path, root))
+    paths = PackPaths(os.path.abspath(given.prefix))
     check_pack_options(options)
     digest, total = validate_list(list_path, options.layout, pack_label=options.pack_label)
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
-    make_folders(os.path.dirname(prefix))
-    with OutputLock(prefix) as lock:
-        finish_interrupted(prefix)
+    make_folders(paths.folder)
+    with OutputLock(paths) as lock:
+        finish_interrupted(paths)
         result = _pack_locked(
             list_path,
             root,
-            prefix,
+            paths,
             options,
             plan,
             (digest, total),
@@ -116,15 +115,13 @@ def pack_on_dask(
             lock.token,
         )
     # Workers need absolute paths; the caller gets its own back, as it gave them.
-    return dataclasses.replace(
-        result, manifest_path=manifest_path(given), failures_path=given + FAILURES_SUFFIX
-    )
+    return dataclasses.replace(result, manifest_path=given.manifest, failures_path=given.failures)
 
 
 def _pack_locked(
     list_path: str,
     root: str,
-    prefix: str,
+    paths: PackPaths,
     options: PackOptions,
     plan: list[range],
     listed: tuple[str, int],
@@ -137,9 +134,9 @@ def _pack_locked(
     token: str | None,
 ) -> PackResult:
     digest, total = listed
-    if resume and is_complete(prefix):
-        return completed_if_same(prefix, source_state(digest, root, options))
-    existing = output_files(prefix)
+    if resume and is_complete(paths):
+        return completed_if_same(paths, source_state(digest, root, options))
+    existing = output_files(paths)
     if existing and not (overwrite or resume):
         raise RectoolError(f"{existing[0]}: output exists; use --resume or --overwrite")
     if not resume:
@@ -148,7 +145,7 @@ def _pack_locked(
     final = None
     if existing and overwrite:
         # The old pack stays whole until the new one is: pack beside it, then swap.
-        final, prefix = prefix, staging_prefix(prefix)
+        final, paths = paths, staging_prefix(paths)
         token = None  # the staging prefix is this run's own: its tasks lock it themselves
     try:
         return _run_and_finish(
@@ -156,7 +153,7 @@ def _pack_locked(
             cluster,
             list_path,
             root,
-            prefix,
+            paths,
             final,
             options,
             plan,
@@ -166,8 +163,8 @@ def _pack_locked(
             token,
         )
     except BaseException:
-        if final is not None and not os.path.exists(journal_path(final)):
-            discard_staging(prefix)  # not committed: the old pack stays as it was
+        if final is not None and not os.path.exists(final.journal):
+            discard_staging(paths)  # not committed: the old pack stays as it was
         raise
 
 
@@ -176,8 +173,8 @@ def _run_and_finish(
     cluster: LocalCluster | None,
     list_path: str,
     root: str,
-    prefix: str,
-    final: str | None,
+    paths: PackPaths,
+    final: PackPaths | None,
     options: PackOptions,
     plan: list[range],
     total: int,
@@ -190,7 +187,7 @@ def _run_and_finish(
 
         futures = [
             client.submit(
-                _pack_task, list_path, root, prefix, options, k, token, pure=False, retries=2
+                _pack_task, list_path, root, paths, options, k, token, pure=False, retries=2
             )
             for k in range(len(plan))
         ]
@@ -206,16 +203,16 @@ def _run_and_finish(
         client.close()
         if cluster is not None:
             cluster.close()
-    result = finalize_locked(list_path, root, prefix, options, label_map)
+    result = finalize_locked(list_path, root, paths, options, label_map)
     # The tasks did the packing (finalizing is this function's last step): say what they did.
     result = dataclasses.replace(
         result, resumed_from=resumed_from, outcome=RESUMED if resumed_from else PACKED
     )
     if final is None:
         return result
-    swap_in(prefix, final)
+    swap_in(paths, final)
     return dataclasses.replace(
         result,
-        manifest_path=manifest_path(final),
-        failures_path=final + FAILURES_SUFFIX,
+        manifest_path=final.manifest,
+        failures_path=final.failures,
     )

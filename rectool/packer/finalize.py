@@ -14,21 +14,17 @@ from ..doors.failures import open_failures
 from ..doors.inputs import dataset_path, open_input
 from ..doors.output import OutputLock, remove, rename, stage_file
 from ..errors import RectoolError
-from ..format.manifest import PLAN_SUFFIX, read_manifest
+from ..format.manifest import read_manifest
+from ..format.paths import PARTIAL_SUFFIX, STATE_SUFFIX, PackPaths
 from .listcheck import load_identities, validate_list
 from .manifest import (
-    FAILURES_SUFFIX,
-    PARTIAL_SUFFIX,
-    STATE_SUFFIX,
     build_manifest,
     check_same_source,
     finish_interrupted,
     is_complete,
-    manifest_path,
     manifest_source,
     remove_stale_temporaries,
     shard_files,
-    shard_stem,
     source_state,
     write_manifest,
 )
@@ -45,7 +41,7 @@ if TYPE_CHECKING:
 def finalize_pack(
     list_path: StrPath,
     root: StrPath,
-    prefix: StrPath,
+    prefix: StrPath | PackPaths,
     options: PackOptions | None = None,
     label_map: StrPath | None = None,
 ) -> PackResult:
@@ -55,17 +51,17 @@ def finalize_pack(
     is the same as one `pack_images` run over the whole list.
     """
     options = options or PackOptions()
-    prefix = check_prefix(prefix)
+    paths = PackPaths.of(check_prefix(prefix))
     check_pack_options(options)
-    with OutputLock(prefix):
-        finish_interrupted(prefix)
-        return finalize_locked(list_path, root, prefix, options, label_map)
+    with OutputLock(paths):
+        finish_interrupted(paths)
+        return finalize_locked(list_path, root, paths, options, label_map)
 
 
 def finalize_locked(
     list_path: StrPath,
     root: StrPath,
-    prefix: str,
+    paths: PackPaths,
     options: PackOptions,
     label_map: StrPath | None,
 ) -> PackResult:
@@ -76,16 +72,16 @@ def finalize_locked(
     options = dataclasses.replace(
         options, max_failures=allowed_failures(options.max_failures, total)
     )
-    if is_complete(prefix):
-        return completed_if_same(prefix, source_state(digest, root, options))
+    if is_complete(paths):
+        return completed_if_same(paths, source_state(digest, root, options))
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     infos: list[ShardInfo] = []
     refused: list[Refusal] = []
     for number in range(len(plan)):
-        stem = shard_stem(prefix, number)
-        rec, idx, failures = stem + ".rec", stem + ".idx", stem + FAILURES_SUFFIX
+        shard = paths.shard(number)
+        rec, idx, failures = shard.rec, shard.idx, shard.failures
         unfinished = [p for p in (rec, idx, failures) if not os.path.exists(p)]
-        unfinished += [p for p in shard_files(stem) if p.endswith((PARTIAL_SUFFIX, STATE_SUFFIX))]
+        unfinished += [p for p in shard_files(shard) if p.endswith((PARTIAL_SUFFIX, STATE_SUFFIX))]
         if unfinished:
             raise RectoolError(
                 f"{unfinished[0]}: shard {number} of {len(plan)} is missing or unfinished; "
@@ -93,23 +89,23 @@ def finalize_locked(
             )
         infos.append(describe_shard(rec, idx, shard_digests(options.sha256)))
         refused += read_failures_file(failures)
-    final_failures = prefix + FAILURES_SUFFIX
-    shard_failures = [shard_stem(prefix, n) + FAILURES_SUFFIX for n in range(len(plan))]
+    final_failures = paths.failures
+    shard_failures = [paths.shard(n).failures for n in range(len(plan))]
     rename(stage_file(final_failures, _concatenated(shard_failures)), final_failures)
     images = sum(info.records for info in infos)
     source = source_state(digest, root, options)
     manifest = build_manifest(
-        options, list_path, prefix, infos, images, len(refused), None, identities, source
+        options, list_path, paths, infos, images, len(refused), None, identities, source
     )
-    remove_stale_temporaries(prefix)
-    write_manifest(prefix, manifest)
+    remove_stale_temporaries(paths)
+    write_manifest(paths, manifest)
     for name in shard_failures:  # only now: until the manifest, a rerun needs them
         remove(name)
     for number in range(len(plan)):  # the manifest now says what the plan files said
-        if os.path.lexists(plan_file := shard_stem(prefix, number) + PLAN_SUFFIX):
+        if os.path.lexists(plan_file := paths.shard(number).plan):
             remove(plan_file)
     return PackResult(
-        manifest_path(prefix),
+        paths.manifest,
         manifest,
         images,
         len(refused),
@@ -137,18 +133,18 @@ COMPLETE_FIELDS = (
 )
 
 
-def completed_if_same(prefix: str, state: dict[str, Any]) -> PackResult:
-    """Describe the complete pack at `prefix` if it was made as `state` (a `source_state`)
+def completed_if_same(paths: PackPaths, state: dict[str, Any]) -> PackResult:
+    """Describe the complete pack at `paths` if it was made as `state` (a `source_state`)
     says; else raise naming what differs."""
-    manifest = read_manifest(manifest_path(prefix))
-    check_same_source(manifest_path(prefix), manifest_source(manifest), state, "pack")
-    return _completed_result(prefix)
+    manifest = read_manifest(paths.manifest)
+    check_same_source(paths.manifest, manifest_source(manifest), state, "pack")
+    return _completed_result(paths)
 
 
-def _completed_result(prefix: str) -> PackResult:
+def _completed_result(paths: PackPaths) -> PackResult:
     """Describe a pack that is already complete (so `--resume` can be run again safely)."""
-    manifest = read_manifest(manifest_path(prefix), require=COMPLETE_FIELDS)
-    folder = os.path.dirname(prefix) or "."
+    manifest = read_manifest(paths.manifest, require=COMPLETE_FIELDS)
+    folder = paths.folder or "."
     failures_path = dataset_path(folder, manifest["failures_file"], "failures file")
     with open_failures(failures_path, within=folder) as failures:
         # Without `bad_lines` every entry is set, and a pack's failures file holds pack lines.
@@ -156,7 +152,7 @@ def _completed_result(prefix: str) -> PackResult:
         refused = [Refusal(**failure.entry) for failure in lines]  # type: ignore[arg-type]
     totals = manifest["totals"]
     return PackResult(
-        manifest_path(prefix),
+        paths.manifest,
         manifest,
         totals["images"],
         totals["failures"],

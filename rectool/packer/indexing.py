@@ -35,16 +35,15 @@ from ..format.binindex import (
 )
 from ..format.digest import SHA256, XXH3_128, Digests, field_name, file_digests
 from ..format.manifest import read_manifest
+from ..format.paths import MANIFEST_SUFFIX, PackPaths
 from ..reader import (
     MANIFEST_FORMAT,
-    MANIFEST_SUFFIX,
     MANIFEST_VERSION,
     refuse_unfinished,
 )
 from .manifest import (
     created_time,
     finish_interrupted,
-    manifest_path,
     output_files,
     replace_beside,
 )
@@ -108,19 +107,19 @@ def index_pack(
     the same files is left as it is unless `force`.
     """
     _refuse_url(target)
-    prefix = pack_prefix(target)
-    if into is not None and not _same_folder(into, os.path.dirname(prefix) or "."):
-        return _index_into(target, prefix, os.fspath(into), force, overwrite)
-    check_writable(prefix)
-    with OutputLock(prefix):
-        refuse_unfinished(prefix)
-        path = manifest_path(prefix)
+    paths = pack_prefix(target)
+    if into is not None and not _same_folder(into, paths.folder or "."):
+        return _index_into(target, paths, os.fspath(into), force, overwrite)
+    check_writable(paths)
+    with OutputLock(paths):
+        refuse_unfinished(paths.prefix)
+        path = paths.manifest
         if os.path.lexists(path):  # read under the lock: another run may have written it
             manifest = read_manifest(path)
-            if _index_present(prefix, manifest) and not force:
+            if _index_present(paths, manifest) and not force:
                 return _already(path, manifest)
-            return _write(prefix, *_upgraded(path, manifest))
-        return _write(prefix, *_described(prefix, resolve_source(target)[2]))
+            return _write(paths, *_upgraded(path, manifest))
+        return _write(paths, *_described(paths, resolve_source(target)[2]))
 
 
 def _refuse_url(target: StrPath) -> None:
@@ -142,39 +141,35 @@ def _same_folder(a: StrPath, b: StrPath) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def pack_prefix(target: StrPath) -> str:
-    """Return the prefix whose manifest describes the pack at `target` (`PREFIX.manifest.json`)."""
+def pack_prefix(target: StrPath) -> PackPaths:
+    """Return the paths of the pack whose manifest describes `target` (`PREFIX.manifest.json`)."""
     _, path, shards = resolve_source(target)
     if path is not None:
-        if not path.endswith(MANIFEST_SUFFIX):
+        if not PackPaths.is_manifest(path):
             raise InputError(
                 f"{path}: a manifest is named PREFIX{MANIFEST_SUFFIX}; rename it to index the pack"
             )
-        return path[: -len(MANIFEST_SUFFIX)]
-    stems = [rec[:-4] for rec, _ in shards]
+        return PackPaths.of_manifest(path)
+    stems = [PackPaths.of_rec(rec) for rec, _ in shards]
     if len(stems) == 1:
-        numbered = _numbered_base(stems[0])
-        if numbered is not None and os.path.exists(manifest_path(numbered)):
+        numbered = stems[0].numbered_pack()
+        if numbered is not None and os.path.exists(numbered.manifest):
             raise InputError(
                 f"{shards[0][0]}: a shard of the pack {numbered}; index the pack "
-                f"({manifest_path(numbered)}), not one of its shards"
+                f"({numbered.manifest}), not one of its shards"
             )
         return stems[0]
-    bases = {_numbered_base(stem) for stem in stems}
+    bases = {stem.numbered_pack() for stem in stems}
     if len(bases) != 1 or None in bases:
         raise InputError(f"{stems[0]}: shards of several packs; name one pack")
-    return str(bases.pop())
+    base = bases.pop()
+    assert base is not None  # (refused above)
+    return base
 
 
-def _numbered_base(stem: str) -> str | None:
-    """Return PREFIX of a numbered shard's stem `PREFIX-00003`, else None."""
-    numbered = len(stem) > 6 and stem[-6] == "-" and stem[-5:].isdigit()
-    return stem[:-6] if numbered else None
-
-
-def check_writable(prefix: str) -> None:
+def check_writable(paths: PackPaths) -> None:
     """Refuse a prefix whose folder cannot be written: the manifest and index go beside it."""
-    folder = os.path.dirname(prefix) or "."
+    folder = paths.folder or "."
     try:
         read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
     except OSError:
@@ -182,20 +177,19 @@ def check_writable(prefix: str) -> None:
     if read_only or not os.access(folder, os.W_OK):
         raise RectoolError(
             f"{folder}: read-only; `rectool index` writes the manifest and index beside the "
-            f"shards ({os.path.basename(prefix)}{MANIFEST_SUFFIX}, .npy arrays). Write them "
+            f"shards ({os.path.basename(paths.manifest)}, .npy arrays). Write them "
             "into a folder you can write with --into FOLDER: the shards stay where they are, "
             "linked from there"
         )
 
 
-def _index_present(prefix: str, manifest: dict[str, Any]) -> bool:
+def _index_present(paths: PackPaths, manifest: dict[str, Any]) -> bool:
     """Whether a format-3 manifest has its index and every index file it names is there."""
     index = manifest.get("index")
     if manifest.get("format_version", 0) < MANIFEST_VERSION or not isinstance(index, dict):
         return False
-    folder = os.path.dirname(prefix)
     named = [e["file"] for e in index.values() if isinstance(e, dict) and "file" in e]
-    return all(os.path.isfile(os.path.join(folder, name)) for name in named)
+    return all(os.path.isfile(paths.beside(name)) for name in named)
 
 
 def _already(path: str, manifest: dict[str, Any]) -> IndexResult:
@@ -220,18 +214,17 @@ def _upgraded(path: str, manifest: dict[str, Any]) -> tuple[dict[str, Any], Pack
 
 
 def _described(
-    prefix: str, shards: list[tuple[str, str]]
+    paths: PackPaths, shards: list[tuple[str, str]]
 ) -> tuple[dict[str, Any], PackIndex, int | None]:
     """Return (the manifest `pack` would write for shards without one, their index, None)."""
-    folder = os.path.dirname(prefix)
     for rec, idx in shards:
         for name in (rec, idx):
-            if os.path.dirname(name) != folder:
+            if os.path.dirname(name) != paths.folder:
                 raise InputError(
-                    f"{name}: not in the folder of {prefix}; a manifest names the files beside it"
+                    f"{name}: not in the folder of {paths}; a manifest names the files beside it"
                 )
     recs, idxs = [rec for rec, _ in shards], [idx for _, idx in shards]
-    index = index_files(recs, idxs, None, None, manifest_path(prefix))
+    index = index_files(recs, idxs, None, None, paths.manifest)
     entries = [shard_entry(rec, idx) for rec, idx in shards]
     samples = sum(index.counts)
     identities = None if index.identity_ranges is None else len(index.identity_ranges)
@@ -257,7 +250,7 @@ def _described(
 
 
 def _write(
-    prefix: str, manifest: dict[str, Any], index: PackIndex, previous: int | None
+    paths: PackPaths, manifest: dict[str, Any], index: PackIndex, previous: int | None
 ) -> IndexResult:
     """Write the index arrays, the identity names (from an older manifest), the manifest last.
 
@@ -268,11 +261,11 @@ def _write(
     if len(repeated):
         key = int(index.keys[order[repeated[0]]])
         raise RectoolError(
-            f"{prefix}: key {key} is on more than one line of the .idx files; rebuild the "
+            f"{paths}: key {key} is on more than one line of the .idx files; rebuild the "
             "index from the .rec (`rectool reindex`) or remove the repeated line"
         )
-    written = write_pack_index(prefix, manifest, index)
-    path = manifest_path(prefix)
+    written = write_pack_index(paths, manifest, index)
+    path = paths.manifest
     write_json_atomic(path, manifest)
     return IndexResult(
         path, index.layout, len(index.counts), sum(index.counts), previous, [*written, path]
@@ -283,49 +276,48 @@ def _write(
 
 
 def _index_into(
-    target: StrPath, prefix: str, into: str, force: bool, overwrite: bool
+    target: StrPath, paths: PackPaths, into: str, force: bool, overwrite: bool
 ) -> IndexResult:
-    """Index the pack at `prefix` into the folder `into` (see `index_pack`)."""
-    refuse_unfinished(prefix)
-    source = manifest_path(prefix)
+    """Index the pack at `paths` into the folder `into` (see `index_pack`)."""
+    refuse_unfinished(paths.prefix)
+    source = paths.manifest
     if os.path.lexists(source):
         manifest = read_manifest(source)
-        if _index_present(prefix, manifest) and not force:
+        if _index_present(paths, manifest) and not force:
             return _already(source, manifest)
         manifest, index, previous = _upgraded(source, manifest)
     else:
-        manifest, index, previous = _described(prefix, resolve_source(target)[2])
-    links = _links_of(prefix, manifest)
-    out = os.path.join(into, os.path.basename(prefix))
+        manifest, index, previous = _described(paths, resolve_source(target)[2])
+    links = _links_of(paths, manifest)
+    out = PackPaths(os.path.join(into, paths.stem))
     make_folders(into)
     with OutputLock(out):
         finish_interrupted(out)  # a replacement a killed run committed comes first
-        refuse_unfinished(out)
+        refuse_unfinished(out.prefix)
         present = _present_there(out, links)
         if present and not overwrite:
             earlier = _earlier_index(out, links)
             if earlier is None:
-                raise RectoolError(_occupied(out, present, prefix))
+                raise RectoolError(_occupied(out, present, paths))
             if _index_present(out, earlier) and not force:
-                return _already(manifest_path(out), earlier)
+                return _already(out.manifest, earlier)
 
-        def build(staging: str) -> IndexResult:
-            folder = os.path.dirname(staging)
+        def build(staging: PackPaths) -> IndexResult:
             for name, to in links.items():
-                make_link(os.path.join(folder, name), to)
+                make_link(staging.beside(name), to)
             return _write(staging, {**manifest, "links": links}, index, previous)
 
         staged = replace_beside(out, build)
     final = [os.path.join(into, os.path.basename(p)) for p in staged.written]
     made = [os.path.join(into, name) for name in links]
     return IndexResult(
-        manifest_path(out), staged.layout, staged.shards, staged.samples, previous,
+        out.manifest, staged.layout, staged.shards, staged.samples, previous,
         [*made, *final], links,
     )  # fmt: skip
 
 
-def _links_of(prefix: str, manifest: dict[str, Any]) -> dict[str, str]:
-    """Return {name: absolute path} of each file of the pack at `prefix` that its manifest
+def _links_of(pack: PackPaths, manifest: dict[str, Any]) -> dict[str, str]:
+    """Return {name: absolute path} of each file of the pack at `pack` that its manifest
     names and that stays where it is: shards, their `.idx` and `.crc`, the failures file and
     an identities file (not the index arrays, which are written anew)."""
     names = [n for s in manifest["shards"] for n in (s.get("rec"), s.get("idx"), s.get("crc"))]
@@ -333,40 +325,38 @@ def _links_of(prefix: str, manifest: dict[str, Any]) -> dict[str, str]:
     identities = manifest.get("identities")
     if isinstance(identities, dict) and isinstance(identities.get("file"), str):
         names.append(identities["file"])
-    folder = os.path.abspath(os.path.dirname(prefix) or ".")
+    folder = os.path.abspath(pack.folder or ".")
     paths = {n: os.path.join(folder, n) for n in names if isinstance(n, str)}
     return {n: p for n, p in paths.items() if os.path.lexists(p)}
 
 
-def _present_there(out: str, links: dict[str, str]) -> list[str]:
+def _present_there(out: PackPaths, links: dict[str, str]) -> list[str]:
     """Return the files of a pack at `out` that are there, and any file at a link's name."""
-    folder = os.path.dirname(out)
-    named = [p for p in (os.path.join(folder, n) for n in links) if os.path.lexists(p)]
+    named = [p for p in (out.beside(n) for n in links) if os.path.lexists(p)]
     return sorted({*output_files(out), *named})
 
 
-def _earlier_index(out: str, links: dict[str, str]) -> dict[str, Any] | None:
+def _earlier_index(out: PackPaths, links: dict[str, str]) -> dict[str, Any] | None:
     """Return the manifest at `out` when `index_pack(into=)` wrote it for the same files (its
     links, and the links there, lead where `links` do), else None: `out` holds another pack."""
-    path = manifest_path(out)
+    path = out.manifest
     if not os.path.isfile(path):
         return None
     try:
         manifest = read_manifest(path)
     except RectoolError:
         return None
-    folder = os.path.dirname(out)
     for name, to in links.items():
-        there = os.path.join(folder, name)
+        there = out.beside(name)
         if not os.path.islink(there) or os.readlink(there) != to:
             return None
     return manifest if manifest.get("links") == links else None
 
 
-def _occupied(out: str, present: list[str], prefix: str) -> str:
+def _occupied(out: PackPaths, present: list[str], pack: PackPaths) -> str:
     """Return why `index --into` will not write over what is at `out`."""
-    if os.path.exists(manifest_path(out)):
-        what = f"a pack is already there ({manifest_path(out)}), not an index of {prefix}"
+    if os.path.exists(out.manifest):
+        what = f"a pack is already there ({out.manifest}), not an index of {pack}"
     else:
         what = f"{present[0]} is already there"
     return f"{out}: {what}; use --overwrite to replace it, or index into another folder"
@@ -427,45 +417,44 @@ def _key_of(line: bytes) -> int | None:
     return int(key) if key.isdigit() else None
 
 
-def refresh_shard(prefix: str, number: int) -> list[str]:
+def refresh_shard(paths: PackPaths, number: int) -> list[str]:
     """Describe shard `number` of the format-3 pack at `prefix` again after its `.idx` was
     rebuilt (`rectool reindex`; the `.rec` is unchanged): its manifest entry, the totals and
     the binary index, from the shards as they are now. Call it holding the prefix's lock;
     return the files written."""
-    path, folder = manifest_path(prefix), os.path.dirname(prefix)
+    path = paths.manifest
     manifest = read_manifest(path)
     shards = manifest["shards"]
     old = shards[number]
     algorithms = tuple(a for a in (XXH3_128, SHA256) if field_name("idx", a) in old)
-    shards[number] = {**old, **idx_entry(os.path.join(folder, old["idx"]), algorithms)}
+    shards[number] = {**old, **idx_entry(paths.beside(old["idx"]), algorithms)}
     index = index_manifest(path, manifest)
     totals = manifest.get("totals")
     if isinstance(totals, dict):
         totals["records"] = sum(s["records"] for s in shards)
         if totals.get("images") is not None:
             totals["images"] = sum(index.counts)
-    return _write(prefix, manifest, index, manifest.get("format_version")).written
+    return _write(paths, manifest, index, manifest.get("format_version")).written
 
 
-def indexed_pack_of(rec: str, idx: str) -> tuple[str, int] | None:
-    """Return (prefix, shard number) of the format-3 pack whose shard `rec` is, with `idx` that
-    shard's own `.idx`; None for any other `.rec` (or one whose manifest cannot be read: it has
-    no index a reader could use)."""
+def indexed_pack_of(rec: str, idx: str) -> tuple[PackPaths, int] | None:
+    """Return (its paths, shard number) of the format-3 pack whose shard `rec` is, with `idx`
+    that shard's own `.idx`; None for any other `.rec` (or one whose manifest cannot be read:
+    it has no index a reader could use)."""
     for prefix in source_prefixes(rec):
-        path = manifest_path(prefix)
-        if not os.path.isfile(path):
+        paths = PackPaths(prefix)
+        if not os.path.isfile(paths.manifest):
             continue
         try:
-            manifest = read_manifest(path)
+            manifest = read_manifest(paths.manifest)
         except RectoolError:
             continue
-        if not _index_present(prefix, manifest):
+        if not _index_present(paths, manifest):
             continue
-        folder = os.path.dirname(prefix)
         for number, shard in enumerate(manifest["shards"]):
-            own_rec, own_idx = (os.path.join(folder, shard[n]) for n in ("rec", "idx"))
+            own_rec, own_idx = (paths.beside(shard[n]) for n in ("rec", "idx"))
             if _same_path(own_rec, rec) and _same_path(own_idx, idx):
-                return prefix, number
+                return paths, number
     return None
 
 
@@ -476,7 +465,7 @@ def _same_path(a: str, b: str) -> bool:
     return os.path.realpath(a) == os.path.realpath(b)
 
 
-def recorded_idx(prefix: str, number: int) -> dict[str, Any]:
-    """Return the manifest entry of shard `number` of the pack at `prefix`."""
-    shards: list[dict[str, Any]] = read_manifest(manifest_path(prefix))["shards"]
+def recorded_idx(paths: PackPaths, number: int) -> dict[str, Any]:
+    """Return the manifest entry of shard `number` of the pack at `paths`."""
+    shards: list[dict[str, Any]] = read_manifest(paths.manifest)["shards"]
     return shards[number]

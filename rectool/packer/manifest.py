@@ -1,17 +1,15 @@
-"""A pack's files and its manifest: every name a pack writes, and when each may exist.
+"""A pack's files and its manifest: when each of a pack's files may exist.
 
-One place decides the files of a pack at OUT_PREFIX: its shards' names (`PREFIX.rec`, or
-`PREFIX-00000.rec`, ...), the `.partial` names they carry until complete, the failures file,
-the state file that marks a pack as unfinished (and records what --resume compares), the copy
-of a list read from stdin, the staging folder of --overwrite, the binary index
-(`PREFIX.offsets.npy`, ...) and identities file, and the manifest, written last. `pack`,
-`repack`, `--finalize` and Dask all go through it.
+The names are `format/paths.PackPaths`'s (shards, `.partial`s, failures, state, stdin copy,
+staging folder, binary index, identities, manifest); here, the rules over them: which files
+a pack at OUT_PREFIX may have written, when it may be replaced or resumed, how `--overwrite`
+swaps a new pack in, and the manifest, written last. `pack`, `repack`, `--finalize` and Dask
+all go through it.
 """
 
 from __future__ import annotations
 
 import datetime
-import glob
 import json
 import os
 import time
@@ -23,8 +21,6 @@ from .. import __version__
 from ..dataset.sources import source_prefixes
 from ..doors.inputs import read_state
 from ..doors.output import (
-    JOURNAL_SUFFIX,
-    LOCK_SUFFIX,
     OutputLock,
     commit,
     finish_commit,
@@ -36,20 +32,9 @@ from ..doors.output import (
     write_json_atomic,
 )
 from ..errors import InputError, RectoolError, UsageError
-from ..format.binindex import (
-    IDENTITIES_SUFFIX,
-    INDEX_SUFFIXES,
-    index_manifest,
-    write_pack_index,
-)
-from ..format.checksums import SUFFIX as CHECKSUM_SUFFIX
-from ..format.manifest import PLAN_SUFFIX
-from ..reader import (
-    MANIFEST_FORMAT,
-    MANIFEST_SUFFIX,
-    MANIFEST_VERSION,
-    STATE_SUFFIX,
-)
+from ..format.binindex import index_manifest, write_pack_index
+from ..format.paths import LOCK_SUFFIX, PARTIAL_SUFFIX, STATE_SUFFIX, PackPaths
+from ..reader import MANIFEST_FORMAT, MANIFEST_VERSION
 
 if TYPE_CHECKING:
     from _typeshed import StrPath, SupportsRead
@@ -57,15 +42,6 @@ if TYPE_CHECKING:
     from ..dataset.sources import Source
     from .images import Transform
     from .shardfile import ShardInfo
-
-PARTIAL_SUFFIX = ".partial"
-SHARD_DIGITS = 5
-FAILURES_SUFFIX = ".failures.jsonl"
-STDIN_COPY_SUFFIX = ".stdin.lst"
-STAGING_SUFFIX = ".overwrite"
-# What a repack writes beside its shards.
-RELABEL_SUFFIX = ".relabel.tsv"
-REPORT_SUFFIX = ".report.json"
 
 T = TypeVar("T")
 
@@ -87,73 +63,47 @@ class ManifestOptions(Protocol):
     def byte_options(self) -> dict[str, Any]: ...
 
 
-def manifest_path(prefix: StrPath) -> str:
+def manifest_path(prefix: StrPath | PackPaths) -> str:
     """Return the manifest path of a pack written to `prefix`."""
-    return os.fspath(prefix) + MANIFEST_SUFFIX
+    return PackPaths.of(prefix).manifest
 
 
-def write_manifest(prefix: str, manifest: dict[str, Any]) -> None:
-    """Write the manifest of the pack at `prefix`, the mark that it is complete; before it, the
+def write_manifest(paths: PackPaths, manifest: dict[str, Any]) -> None:
+    """Write the manifest of the pack at `paths`, the mark that it is complete; before it, the
     pack's binary index (format 3: `.npy` arrays the reader maps, read from the finished
     shards) and the file of its identity names, both named in the manifest."""
-    write_pack_index(prefix, manifest, index_manifest(manifest_path(prefix), manifest))
-    write_json_atomic(manifest_path(prefix), manifest)
+    write_pack_index(paths, manifest, index_manifest(paths.manifest, manifest))
+    write_json_atomic(paths.manifest, manifest)
 
 
-def shard_stem(prefix: str, number: int) -> str:
-    """Return the name stem of numbered shard `number` (`PREFIX-00003`)."""
-    return f"{prefix}-{number:0{SHARD_DIGITS}d}"
-
-
-def shard_paths(prefix: str, number: int, numbered: bool) -> tuple[str, str]:
-    """Return the final (rec, idx) paths of shard `number`."""
-    stem = shard_stem(prefix, number) if numbered else os.fspath(prefix)
-    return stem + ".rec", stem + ".idx"
-
-
-def output_files(prefix: StrPath) -> list[str]:
+def output_files(prefix: StrPath | PackPaths) -> list[str]:
     """Return every file a pack to `prefix` may have written (existing ones only)."""
-    prefix = os.fspath(prefix)
-    suffixes: tuple[str, ...]
-    suffixes = (".rec", ".idx", FAILURES_SUFFIX, STATE_SUFFIX, STDIN_COPY_SUFFIX)
-    suffixes += (*INDEX_SUFFIXES.values(), IDENTITIES_SUFFIX)
+    paths = PackPaths.of(prefix)
+    names = [paths.rec, paths.idx, paths.failures, paths.state, paths.stdin_copy]
+    names += [*paths.arrays.values(), paths.identities]
     # (Not PREFIX.labels.tsv: beside a list of the same name, it is pack's input.)
-    suffixes += (RELABEL_SUFFIX, REPORT_SUFFIX)
-    names = [prefix + suffix for suffix in suffixes]
-    names.append(prefix + ".rec" + CHECKSUM_SUFFIX)
-    names.append(prefix + ".manifest.json")
-    escaped = glob.escape(prefix)
-    for pattern in ("-[0-9][0-9][0-9][0-9][0-9].rec", "-[0-9][0-9][0-9][0-9][0-9].idx"):
-        names += glob.glob(escaped + pattern)
-        names += glob.glob(escaped + pattern[:-4] + PLAN_SUFFIX)
-        names += glob.glob(escaped + pattern + CHECKSUM_SUFFIX)
-    names += [n + PARTIAL_SUFFIX for n in list(names)]
-    names += _stale_temporaries(prefix)
+    names += [paths.relabel, paths.report, paths.checksums, paths.manifest]
+    names += paths.numbered_files()
+    names += [paths.partial(n) for n in list(names)]
+    names += paths.temporaries()
     return sorted({n for n in names if os.path.exists(n)})
 
 
-def _stale_temporaries(prefix: StrPath) -> list[str]:
-    """Return temporary files (`.NAME.XXXX.tmp`, see `write_atomic`) that a killed run of this
-    pack left behind."""
-    folder, name = os.path.split(os.fspath(prefix))
-    return glob.glob(os.path.join(glob.escape(folder), "." + glob.escape(name) + "*.tmp"))
-
-
-def remove_stale_temporaries(prefix: StrPath) -> None:
-    """Remove the temporary files a killed run of the pack at `prefix` left."""
-    for name in _stale_temporaries(prefix):
+def remove_stale_temporaries(paths: PackPaths) -> None:
+    """Remove the temporary files a killed run of the pack at `paths` left."""
+    for name in paths.temporaries():
         remove(name)
 
 
-def journal_path(prefix: StrPath) -> str:
+def journal_path(prefix: StrPath | PackPaths) -> str:
     """Return the commit journal of the pack at `prefix` (see `output.commit`)."""
-    return os.fspath(prefix) + JOURNAL_SUFFIX
+    return PackPaths.of(prefix).journal
 
 
-def finish_interrupted(prefix: StrPath) -> bool:
+def finish_interrupted(prefix: StrPath | PackPaths) -> bool:
     """Complete a replacement of the pack at `prefix` that a killed run committed but did not
     finish; return whether there was one. Call it holding the prefix's lock."""
-    return finish_commit(journal_path(prefix))
+    return finish_commit(PackPaths.of(prefix).journal)
 
 
 def finish_interrupted_source(source: Source) -> list[str]:
@@ -164,64 +114,58 @@ def finish_interrupted_source(source: Source) -> list[str]:
     else:
         candidates = set(source_prefixes(os.fspath(source)))
     finished = []
-    for prefix in sorted(candidates):
-        if os.path.lexists(journal_path(prefix)):
-            with OutputLock(prefix):
-                if finish_interrupted(prefix):
-                    finished.append(prefix)
+    for paths in [PackPaths(prefix) for prefix in sorted(candidates)]:
+        if os.path.lexists(paths.journal):
+            with OutputLock(paths):
+                if finish_interrupted(paths):
+                    finished.append(paths.prefix)
     return finished
 
 
-def staging_prefix(prefix: str) -> str:
-    """Return a fresh prefix in a hidden folder beside `prefix` (`.NAME.overwrite/NAME`), where
-    `--overwrite` builds the new pack; what a killed run left there is removed first."""
-    staging = staging_folder(prefix)
-    remove_tree(staging)
-    make_folders(staging)
-    return os.path.join(staging, os.path.basename(prefix))
+def staging_prefix(paths: PackPaths) -> PackPaths:
+    """Return the paths of a fresh pack in a hidden folder beside `paths`
+    (`.NAME.overwrite/NAME`), where `--overwrite` builds the new pack; what a killed run left
+    there is removed first."""
+    remove_tree(paths.staging)
+    make_folders(paths.staging)
+    return paths.staged
 
 
-def staging_folder(prefix: StrPath) -> str:
-    """Return the hidden folder beside `prefix` where `--overwrite` builds (`.NAME.overwrite`)."""
-    folder, name = os.path.split(os.fspath(prefix))
-    return os.path.join(folder, f".{name}{STAGING_SUFFIX}")
-
-
-def leftover_staging(prefix: StrPath) -> str | None:
+def leftover_staging(prefix: StrPath | PackPaths) -> str | None:
     """Return the staging folder a killed `--overwrite` left beside `prefix` (no journal: the
     pack at `prefix` is the old one, whole), or None."""
-    staging = staging_folder(prefix)
-    if os.path.isdir(staging) and not os.path.lexists(journal_path(prefix)):
-        return staging
+    paths = PackPaths.of(prefix)
+    if os.path.isdir(paths.staging) and not os.path.lexists(paths.journal):
+        return paths.staging
     return None
 
 
-def discard_staging(staging: str) -> None:
+def discard_staging(staging: PackPaths) -> None:
     """Remove the staging folder of `staging_prefix` and everything a failed run put there."""
-    remove_tree(os.path.dirname(staging))
+    remove_tree(staging.folder)
 
 
-def replace_beside(prefix: str, build: Callable[[str], T]) -> T:
-    """Build a new pack beside the one at `prefix`, then swap it in; return what `build` did.
+def replace_beside(paths: PackPaths, build: Callable[[PackPaths], T]) -> T:
+    """Build a new pack beside the one at `paths`, then swap it in; return what `build` did.
 
     `build(staging)` writes the whole new pack at a staging prefix (`staging_prefix`). The old
     pack stays whole until the new one is: a failure or an interruption before the commit
     point removes what was staged; after it (`swap_in`'s journal), the replacement is kept for
     `finish_interrupted` to complete. pack and repack --overwrite both go through here.
     """
-    staging = staging_prefix(prefix)
+    staging = staging_prefix(paths)
     try:
         result = build(staging)
-        swap_in(staging, prefix)
+        swap_in(staging, paths)
     except BaseException:
-        if not os.path.exists(journal_path(prefix)):  # not committed: the old pack stays
+        if not os.path.exists(paths.journal):  # not committed: the old pack stays
             discard_staging(staging)
         raise
     return result
 
 
-def swap_in(staging: str, prefix: str) -> None:
-    """Replace the pack at `prefix` with the complete one at `staging` (see `staging_prefix`).
+def swap_in(staging: PackPaths, paths: PackPaths) -> None:
+    """Replace the pack at `paths` with the complete one at `staging` (see `staging_prefix`).
 
     One commit (`output.commit`): its journal lists every move (the binary index among
     them), the old files the new pack does not have (more shards, an identities file, the
@@ -229,34 +173,35 @@ def swap_in(staging: str, prefix: str) -> None:
     crash at any instant the old pack is whole, or the journal is there and
     `finish_interrupted` completes the new one.
     """
-    folder = os.path.dirname(prefix) or "."
-    staged = os.path.dirname(staging)
+    folder = paths.folder or "."
+    staged = staging.folder
     new_names = sorted(os.listdir(staged))
     for name in [n for n in new_names if n.endswith(LOCK_SUFFIX)]:
         remove(os.path.join(staged, name))  # a lock a killed task left: not part of a pack
         new_names.remove(name)
-    old = set(output_files(prefix)) - {os.path.join(folder, n) for n in new_names}
-    manifest_name = os.path.basename(manifest_path(prefix))
+    old = set(output_files(paths)) - {os.path.join(folder, n) for n in new_names}
+    manifest_name = os.path.basename(paths.manifest)
     moves = [
         (os.path.join(staged, n), os.path.join(folder, n)) for n in new_names if n != manifest_name
     ]
-    last = (os.path.join(staged, manifest_name), manifest_path(prefix))
-    commit(journal_path(prefix), moves, sorted(old), last)
+    last = (os.path.join(staged, manifest_name), paths.manifest)
+    commit(paths.journal, moves, sorted(old), last)
 
 
-def shard_files(stem: str) -> list[str]:
-    """Return the files of one planned shard (`--only-shard`) that exist, `.partial`s included."""
-    names = [stem + s for s in (".rec", ".idx", FAILURES_SUFFIX, STATE_SUFFIX)]
-    names.append(stem + ".rec" + CHECKSUM_SUFFIX)
-    names += [n + PARTIAL_SUFFIX for n in names]
-    names.append(stem + PLAN_SUFFIX)
+def shard_files(shard: PackPaths) -> list[str]:
+    """Return the files of one planned shard (`--only-shard`; `paths.shard(k)`) that exist,
+    `.partial`s included."""
+    names = [shard.rec, shard.idx, shard.failures, shard.state, shard.checksums]
+    names += [shard.partial(n) for n in names]
+    names.append(shard.plan)
     return [n for n in names if os.path.exists(n)]
 
 
-def prepare_outputs(prefix: str, resume: bool, overwrite: bool) -> None:
-    """Make way for a pack at `prefix`: remove an old one (`overwrite`), keep an interrupted
+def prepare_outputs(paths: PackPaths, resume: bool, overwrite: bool) -> None:
+    """Make way for a pack at `paths`: remove an old one (`overwrite`), keep an interrupted
     one that a state file describes (`resume`), else refuse to write over files."""
-    existing = output_files(prefix)
+    prefix = paths.prefix
+    existing = output_files(paths)
     if not existing:
         return
     if overwrite:
@@ -264,7 +209,7 @@ def prepare_outputs(prefix: str, resume: bool, overwrite: bool) -> None:
             remove(name)
         return
     if resume:
-        if not os.path.exists(prefix + STATE_SUFFIX):
+        if not os.path.exists(paths.state):
             raise RectoolError(
                 f"{prefix}: files exist but no {STATE_SUFFIX} records how they were made; "
                 "cannot resume safely (use --overwrite to start again)"
@@ -276,9 +221,9 @@ def prepare_outputs(prefix: str, resume: bool, overwrite: bool) -> None:
             f"{partial[0]}: an interrupted pack left files here; "
             "use --resume to continue it or --overwrite to start again"
         )
-    if os.path.exists(manifest_path(prefix)):
+    if os.path.exists(paths.manifest):
         raise RectoolError(
-            f"{prefix}: a complete pack is already here ({manifest_path(prefix)}); use "
+            f"{prefix}: a complete pack is already here ({paths.manifest}); use "
             "--overwrite to replace it, or --resume to keep it when it was made from the same "
             "list and options"
         )
@@ -288,14 +233,14 @@ def prepare_outputs(prefix: str, resume: bool, overwrite: bool) -> None:
     )
 
 
-def is_complete(prefix: str) -> bool:
-    """Return True when the pack at `prefix` has its manifest and no state file."""
-    return os.path.exists(manifest_path(prefix)) and not os.path.exists(prefix + STATE_SUFFIX)
+def is_complete(paths: PackPaths) -> bool:
+    """Return True when the pack at `paths` has its manifest and no state file."""
+    return os.path.exists(paths.manifest) and not os.path.exists(paths.state)
 
 
-def copy_stream(stream: SupportsRead[str] | SupportsRead[bytes], prefix: str) -> str:
+def copy_stream(stream: SupportsRead[str] | SupportsRead[bytes], paths: PackPaths) -> str:
     """Copy a list read from `stream` beside the pack (so it can be resumed); return its path."""
-    target = prefix + STDIN_COPY_SUFFIX
+    target = paths.stdin_copy
     rename(stage_file(target, _chunks_of(stream)), target)
     return target
 
@@ -432,7 +377,7 @@ def created_time(environ: Mapping[str, str] = os.environ) -> str:
 def build_manifest(
     options: ManifestOptions,
     list_path: str | None,
-    prefix: str,
+    paths: PackPaths,
     shards: Iterable[ShardInfo],
     images: int,
     failures: int,
@@ -471,7 +416,7 @@ def build_manifest(
             "rec_bytes": sum(s["rec_bytes"] for s in entries),
             "failures": failures,
         },
-        "failures_file": os.path.basename(prefix + FAILURES_SUFFIX),
+        "failures_file": os.path.basename(paths.failures),
         # False: more images were refused than --max-failures allows (the run exited 3).
         "accepted": failures <= options.max_failures,
         "classes": classes,

@@ -27,7 +27,8 @@ from ..doors.output import (
     write_json_atomic,
 )
 from ..errors import RectoolError, UsageError
-from ..format.manifest import PLAN_SUFFIX, plan_document
+from ..format.manifest import plan_document
+from ..format.paths import PackPaths
 from ..format.records import IndexedRecordFile
 from ..reader import unpack_header
 from .finalize import completed_if_same as completed_if_same
@@ -43,21 +44,15 @@ from .listcheck import check_root as check_root
 from .listcheck import load_identities, stage_list
 from .listcheck import validate_list as validate_list
 from .manifest import (
-    FAILURES_SUFFIX,
-    STAGING_SUFFIX,  # noqa: F401 (the CLI names the staging folder in messages)
-    STATE_SUFFIX,
-    STDIN_COPY_SUFFIX,
     build_manifest,
     check_resume_state,
     finish_interrupted,
     is_complete,
-    manifest_path,
     output_files,  # (public too: every file a pack may have written)
     prepare_outputs,
     remove_stale_temporaries,
     replace_beside,
     shard_files,
-    shard_stem,
     source_state,
     write_manifest,
 )
@@ -88,7 +83,7 @@ if TYPE_CHECKING:
 def pack_images(
     list_path: StrPath,
     root: StrPath,
-    prefix: StrPath,
+    prefix: StrPath | PackPaths,
     options: PackOptions | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -119,17 +114,17 @@ def pack_images(
     list lines already done, read past).
     """
     options = options or PackOptions()
-    prefix = check_prefix(prefix)
+    paths = PackPaths.of(check_prefix(prefix))
     root = os.fspath(root)
     check_pack_options(options)
-    out_dir = os.path.dirname(prefix) or "."
+    out_dir = paths.folder or "."
     made = not os.path.isdir(out_dir)
     make_folders(out_dir)
     try:
         return _pack_locked(
             list_path,
             root,
-            prefix,
+            paths,
             options,
             resume,
             overwrite,
@@ -151,7 +146,7 @@ def pack_images(
 def _pack_locked(
     list_path: StrPath,
     root: str,
-    prefix: str,
+    paths: PackPaths,
     options: PackOptions,
     resume: bool,
     overwrite: bool,
@@ -167,16 +162,16 @@ def _pack_locked(
     if only_shard is not None:
         # Shard tasks of one plan run side by side (a shared lock on the prefix), never beside
         # a whole run of the prefix; each also holds its own shard.
-        with OutputLock(prefix, shared=True, token=lock_token):
-            with OutputLock(shard_stem(prefix, only_shard)):
+        with OutputLock(paths, shared=True, token=lock_token):
+            with OutputLock(paths.shard(only_shard)):
                 return _pack_shard(
-                    list_path, root, prefix, options, only_shard, resume, overwrite, progress, setup
+                    list_path, root, paths, options, only_shard, resume, overwrite, progress, setup
                 )
-    with OutputLock(prefix):
-        finish_interrupted(prefix)
-        if overwrite and output_files(prefix):
+    with OutputLock(paths):
+        finish_interrupted(paths)
+        if overwrite and output_files(paths):
             result = replace_beside(
-                prefix,
+                paths,
                 lambda staging: _pack_all(
                     list_path,
                     root,
@@ -194,13 +189,13 @@ def _pack_locked(
             )
             return dataclasses.replace(
                 result,
-                manifest_path=manifest_path(prefix),
-                failures_path=prefix + FAILURES_SUFFIX,
+                manifest_path=paths.manifest,
+                failures_path=paths.failures,
             )
         return _pack_all(
             list_path,
             root,
-            prefix,
+            paths,
             options,
             resume,
             overwrite,
@@ -216,7 +211,7 @@ def _pack_locked(
 def _pack_all(
     list_path: StrPath,
     root: str,
-    prefix: str,
+    paths: PackPaths,
     options: PackOptions,
     resume: bool,
     overwrite: bool,
@@ -227,18 +222,16 @@ def _pack_all(
     on_shard_finished: ShardFinished | None = None,
     setup: SetupProgress | None = None,
 ) -> PackResult:
-    complete = resume and is_complete(prefix)
+    complete = resume and is_complete(paths)
     if not complete:
-        prepare_outputs(prefix, resume, overwrite)
+        prepare_outputs(paths, resume, overwrite)
     from_stdin = list_path == "-"
     if from_stdin:
         # Checked as it streams, bounded, and copied beside the pack so that the run can be
         # resumed; its label map (--labels: no file is beside stdin) is read once the first
         # bytes arrive, after `rectool list ROOT - --labels F` wrote F.
         stream = list_stream if list_stream is not None else sys.stdin
-        staged = stage_list(
-            stream, prefix + STDIN_COPY_SUFFIX, options.layout, label_map, options.pack_label
-        )
+        staged = stage_list(stream, paths.stdin_copy, options.layout, label_map, options.pack_label)
         list_path, identities, list_digest, total = staged
         if complete:
             remove(list_path)
@@ -252,7 +245,7 @@ def _pack_all(
         options, max_failures=allowed_failures(options.max_failures, total)
     )
     if not total and not allow_empty and not complete:
-        if list_path == prefix + STDIN_COPY_SUFFIX:
+        if list_path == paths.stdin_copy:
             remove(list_path)
         shown = "standard input" if from_stdin else list_path
         raise EmptyListError(
@@ -263,33 +256,33 @@ def _pack_all(
         try:
             check_root(list_path, root, options.allow_outside_root)
         except WrongRootError:
-            if list_path == prefix + STDIN_COPY_SUFFIX:
+            if list_path == paths.stdin_copy:
                 remove(list_path)
             raise
     state = source_state(list_digest, root, options)
     if complete:
         # A finished pack "resumes" only with what made it, as an interrupted one does.
-        return completed_if_same(prefix, state)
-    state_path = prefix + STATE_SUFFIX
+        return completed_if_same(paths, state)
+    state_path = paths.state
     if resume and os.path.exists(state_path):
         check_resume_state(state_path, state)
     else:
         write_json_atomic(state_path, state)
 
-    run = PackRun(list_path, root, prefix, options, total, progress, setup=setup)
+    run = PackRun(list_path, root, paths, options, total, progress, setup=setup)
     run.writer.on_shard_finished = on_shard_finished
     try:
         run.execute(resume)
     except WrongRootError:  # everything refused, early: leave nothing that looks like a pack
         if not resume:
-            for name in output_files(prefix):
+            for name in output_files(paths):
                 remove(name)
         raise
 
     manifest = build_manifest(
         options,
         "-" if from_stdin else list_path,
-        prefix,
+        paths,
         run.writer.finished,
         run.images,
         run.failures,
@@ -297,19 +290,19 @@ def _pack_all(
         identities,
         state,
     )
-    final_failures = prefix + FAILURES_SUFFIX
+    final_failures = paths.failures
     rename(run.failures_partial, final_failures)
     if run.layout.numbered:  # a layout with a `property` file
-        size = _property_size(prefix, run)
+        size = _property_size(paths, run)
         # The ignore: a numbered layout counts its classes (an int).
-        run.layout.write_property(os.path.dirname(prefix), run.classes, size)  # type: ignore[arg-type]
-    remove_stale_temporaries(prefix)
-    write_manifest(prefix, manifest)
+        run.layout.write_property(paths.folder, run.classes, size)  # type: ignore[arg-type]
+    remove_stale_temporaries(paths)
+    write_manifest(paths, manifest)
     remove(state_path)
-    if os.path.exists(prefix + STDIN_COPY_SUFFIX):
-        remove(prefix + STDIN_COPY_SUFFIX)
+    if os.path.exists(paths.stdin_copy):
+        remove(paths.stdin_copy)
     return PackResult(
-        manifest_path(prefix),
+        paths.manifest,
         manifest,
         run.images,
         run.failures,
@@ -323,7 +316,7 @@ def _pack_all(
 def _pack_shard(
     list_path: StrPath,
     root: str,
-    prefix: str,
+    paths: PackPaths,
     options: PackOptions,
     number: int,
     resume: bool,
@@ -344,13 +337,13 @@ def _pack_shard(
         raise UsageError(f"--only-shard {number}: the plan has shards 0..{len(plan) - 1}")
     allowed = allowed_failures(options.max_failures, len(plan[number]))
     options = dataclasses.replace(options, max_failures=allowed)
-    stem = shard_stem(prefix, number)
-    state_path = stem + STATE_SUFFIX
-    existing = shard_files(stem)
-    done = os.path.exists(stem + FAILURES_SUFFIX) and not os.path.exists(state_path)
-    if existing and overwrite and is_complete(prefix):
+    shard = paths.shard(number)
+    state_path = shard.state
+    existing = shard_files(shard)
+    done = os.path.exists(shard.failures) and not os.path.exists(state_path)
+    if existing and overwrite and is_complete(paths):
         raise RectoolError(
-            f"{manifest_path(prefix)}: the pack is complete; packing shard {number} again with "
+            f"{paths.manifest}: the pack is complete; packing shard {number} again with "
             "--overwrite would break it (pack the whole list with --overwrite, or shards to "
             "another OUT_PREFIX)"
         )
@@ -364,15 +357,15 @@ def _pack_shard(
         check_resume_state(state_path, state)
     elif not (resume and done):
         write_json_atomic(state_path, state)
-    if not (resume and done) or not os.path.exists(stem + PLAN_SUFFIX):
+    if not (resume and done) or not os.path.exists(shard.plan):
         # Until --finalize, the shard says which plan it is part of (`refuse_unfinished_plan`).
         shards, records = len(plan), options.shard_records or total
         plan_file = plan_document(shards, number, records, total, digest)
-        write_json_atomic(stem + PLAN_SUFFIX, plan_file)
+        write_json_atomic(shard.plan, plan_file)
     run = PackRun(
         list_path,
         root,
-        prefix,
+        paths,
         options,
         len(plan[number]),
         progress,
@@ -381,14 +374,14 @@ def _pack_shard(
     )
     if resume and done:
         run.writer.resume()  # already complete: describe it, change nothing
-        refused = read_failures_file(stem + FAILURES_SUFFIX)
+        refused = read_failures_file(shard.failures)
         info = run.writer.finished[0]
         return ShardResult(
             number,
             len(plan),
             info,
             len(refused),
-            stem + FAILURES_SUFFIX,
+            shard.failures,
             refused[:100],
             info.records + len(refused),
             allowed,
@@ -397,17 +390,17 @@ def _pack_shard(
         run.execute(resume)
     except WrongRootError:  # everything refused, early: leave no shard behind
         if not resume:
-            for name in shard_files(stem):
+            for name in shard_files(shard):
                 remove(name)
         raise
-    rename(run.failures_partial, stem + FAILURES_SUFFIX)
+    rename(run.failures_partial, shard.failures)
     remove(state_path)
     return ShardResult(
         number,
         len(plan),
         run.writer.finished[0],
         run.failures,
-        stem + FAILURES_SUFFIX,
+        shard.failures,
         run.first_refusals,
         run.resumed_from,
         allowed,
@@ -427,11 +420,11 @@ def _phase(setup: SetupProgress | None, phase: str) -> Callable[[int, int], obje
     return lambda done, total: setup(phase, done, total)
 
 
-def _property_size(prefix: str, run: PackRun) -> tuple[int, int] | None:
+def _property_size(paths: PackPaths, run: PackRun) -> tuple[int, int] | None:
     """Return the (height, width) of the first image packed, or None when there is none."""
     size = run.image_size
     if size is None and run.images:
         # A resumed run may have written no image itself: take the size from key 1.
-        with IndexedRecordFile(prefix + ".rec", prefix + ".idx") as records:
+        with IndexedRecordFile(paths.rec, paths.idx) as records:
             size = image_size(unpack_header(records.read(1))[1])
     return size

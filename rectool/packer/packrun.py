@@ -23,10 +23,10 @@ from ..doors.failures import failure_line, open_failures
 from ..doors.inputs import open_input
 from ..doors.output import create_new, open_existing, truncate
 from ..errors import InputError, RectoolError
+from ..format.paths import PackPaths
 from .layout import image_size, layout_named
 from .listcheck import WrongRootError
 from .listfile import iter_list
-from .manifest import FAILURES_SUFFIX, PARTIAL_SUFFIX, shard_stem
 from .passthrough import PassThroughPacker
 from .results import Refusal
 from .shards import ShardWriter, plan_shards
@@ -68,14 +68,14 @@ class PackRun:
         self,
         list_path: str,
         root: str,
-        prefix: str,
+        paths: PackPaths,
         options: PackOptions,
         total: int,
         progress: Progress | None,
         part: tuple[int, range] | None = None,
         setup: SetupProgress | None = None,
     ) -> None:
-        self.list_path, self.root, self.prefix = list_path, root, prefix
+        self.list_path, self.root, self.paths = list_path, root, paths
         self.options, self.total, self.progress = options, total, progress
         self.setup = setup
         self.layout = layout_named(options.layout)
@@ -86,15 +86,15 @@ class PackRun:
             last = len(plan_shards(total, None, options.shard_records)) - 1
         self.last_shard = last
         self.writer = ShardWriter(
-            prefix,
+            paths,
             options.shard_bytes,
             options.shard_records,
             first_shard=first,
             last_shard=last,
             sha256=options.sha256,
         )
-        stem = shard_stem(prefix, part[0]) if part else prefix
-        self.failures_partial = stem + FAILURES_SUFFIX + PARTIAL_SUFFIX
+        failures = paths.shard(part[0]).failures if part else paths.failures
+        self.failures_partial = paths.partial(failures)
         self.images = 0
         self.failures = 0
         self.first_refusals: list[Refusal] = []

@@ -20,8 +20,8 @@ from ..doors.output import create_new, fsync_fd, open_existing, rename
 from ..errors import RectoolError
 from ..format.checksums import RecordChecksums, checksum_path
 from ..format.digest import XXH3_128, Digests, field_name
+from ..format.paths import PackPaths
 from ..format.writer import format_index_line, format_index_lines
-from .manifest import PARTIAL_SUFFIX
 from .ordered import WRITE_BYTES, OrderedWriter
 
 if TYPE_CHECKING:
@@ -128,15 +128,15 @@ class ShardFile:
         self._io = io
         self._plain = plain
         self.algorithms = () if plain else tuple(digests)
-        suffix = "" if plain else PARTIAL_SUFFIX
         append = append or bool(resumed)
-        rec_p = rec_path + suffix
+        rec_p = rec_path if plain else PackPaths.partial(rec_path)
         self._rec_fd = open_for_writing(rec_p, append)
         io.names[self._rec_fd] = rec_p
         self._idx_fd: int | None = None
         if idx_path is not None:
-            self._idx_fd = open_for_writing(idx_path + suffix, append)
-            io.names[self._idx_fd] = idx_path + suffix
+            idx_p = idx_path if plain else PackPaths.partial(idx_path)
+            self._idx_fd = open_for_writing(idx_p, append)
+            io.names[self._idx_fd] = idx_p
         if plain:  # appending continues from the end of each file
             resumed = {
                 "rec_bytes": os.fstat(self._rec_fd).st_size,
@@ -281,8 +281,8 @@ class ShardFile:
         # Before the renames: a shard with its final names always has its checksum file.
         crc_path = checksum_path(self.rec_path)
         crc_digests = self._checksums.write(crc_path, self.rec_bytes, self.algorithms)
-        rename(self.idx_path + PARTIAL_SUFFIX, self.idx_path, "shard")
-        rename(self.rec_path + PARTIAL_SUFFIX, self.rec_path, "shard")
+        rename(PackPaths.partial(self.idx_path), self.idx_path, "shard")
+        rename(PackPaths.partial(self.rec_path), self.rec_path, "shard")
         return ShardInfo(
             os.path.basename(self.rec_path),
             os.path.basename(self.idx_path),

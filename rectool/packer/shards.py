@@ -23,12 +23,12 @@ from ..doors.output import rename, truncate
 from ..errors import RectoolError, UsageError
 from ..format.checksums import RecordChecksums, checksum_path
 from ..format.digest import SHA256, XXH3_128, Digests, file_digests
+from ..format.paths import PackPaths
 from ..format.textindex import (
     load_index,
     parse_index,
 )
 from ..reader import RecordFile
-from .manifest import PARTIAL_SUFFIX, shard_paths
 from .ordered import WRITE_BYTES as WRITE_BYTES
 from .ordered import WRITEBACK_BYTES as WRITEBACK_BYTES
 from .ordered import OrderedWriter
@@ -99,7 +99,7 @@ class ShardWriter:
 
     def __init__(
         self,
-        prefix: StrPath,
+        prefix: StrPath | PackPaths,
         shard_bytes: int | None = None,
         shard_records: int | None = None,
         first_shard: int = 0,
@@ -107,7 +107,7 @@ class ShardWriter:
         sha256: bool = False,
         on_shard_finished: ShardFinished | None = None,
     ) -> None:
-        self.prefix = os.fspath(prefix)
+        self.pack = PackPaths.of(prefix)
         # The manifest's digests of each file: xxh3-128, and SHA-256 too with `sha256`.
         self.digests = shard_digests(sha256)
         self.shard_bytes = shard_bytes
@@ -129,7 +129,7 @@ class ShardWriter:
 
     def paths(self, number: int) -> tuple[str, str]:
         """Return the final (rec, idx) paths of shard `number`."""
-        return shard_paths(self.prefix, number, self.numbered)
+        return self.pack.shard_names(number, self.numbered)
 
     # -- writing ----------------------------------------------------------------------------
     def _number(self) -> int:
@@ -231,9 +231,8 @@ class ShardWriter:
         self.finished.append(info)
         self._shard = None
         if self.on_shard_finished is not None:
-            folder = os.path.dirname(self.prefix)
             names = [info.rec, info.idx, *([info.crc] if info.crc else [])]
-            self.on_shard_finished(info, [os.path.join(folder, n) for n in names])
+            self.on_shard_finished(info, [self.pack.beside(n) for n in names])
         return info
 
     def close(self, last_shard: int | None = None) -> None:
@@ -283,7 +282,7 @@ class ShardWriter:
             if not (
                 os.path.exists(rec)
                 and os.path.exists(idx)
-                and not os.path.exists(rec + PARTIAL_SUFFIX)
+                and not os.path.exists(PackPaths.partial(rec))
             ):
                 break
             finished.append((rec, idx, os.path.getsize(rec)))
@@ -299,7 +298,7 @@ class ShardWriter:
         if last is not None and number > last:
             return self.records_written  # every shard of this run is already finished
         rec, idx = self.paths(number)
-        rec_p, idx_p = rec + PARTIAL_SUFFIX, idx + PARTIAL_SUFFIX
+        rec_p, idx_p = PackPaths.partial(rec), PackPaths.partial(idx)
         if not os.path.exists(rec_p):
             return self.records_written
         if not os.path.exists(idx_p):

@@ -35,9 +35,9 @@ import xxhash
 from ..dataset.packs import PackDataset
 from ..doors.inputs import read_regular
 from ..doors.output import write_atomic
-from ..format.binindex import INDEX_SUFFIXES
 from ..format.digest import SHA256, XXH3_128, field_name
 from ..format.manifest import read_manifest
+from ..format.paths import INDEX_SUFFIXES
 from ..reader import DEFAULT_MAX_PIXELS, INDEX_ARRAYS, MANIFEST_SUFFIX, RecordFile, RectoolError
 from .cache import CachedObject, CacheFullError, ShardCache
 from .order import StreamingSampler, first_uses

@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -28,14 +27,10 @@ from ..doors.inputs import open_input, read_state
 from ..doors.output import OutputLock, make_folders, remove, write_json_atomic
 from ..errors import RectoolError, UsageError
 from ..format.manifest import read_manifest
+from ..format.paths import PackPaths
 from ..packer.manifest import (
-    FAILURES_SUFFIX,
-    RELABEL_SUFFIX,
-    REPORT_SUFFIX,
-    STATE_SUFFIX,
     finish_interrupted,
     is_complete,
-    manifest_path,
     output_files,
     prepare_outputs,
     replace_beside,
@@ -71,7 +66,7 @@ if TYPE_CHECKING:
 
 def repack(
     sources: Sequence[StrPath],
-    prefix: StrPath,
+    prefix: StrPath | PackPaths,
     options: RepackOptions | None = None,
     resume: bool = False,
     overwrite: bool = False,
@@ -87,13 +82,13 @@ def repack(
     """
     options = options or RepackOptions()
     check_repack_options(options)
-    prefix = os.fspath(prefix)
+    paths = PackPaths.of(prefix)
     if not sources:
         raise UsageError("give at least one SOURCE")
     opened = [Source(s) for s in sources]
     targets = [open_target(t) for t in options.drop_overlap]
     # An evaluation set (.bin) has no shards a repack could write over.
-    _check_not_a_source(prefix, [*opened, *(t for t in targets if isinstance(t, PackTarget))])
+    _check_not_a_source(paths, [*opened, *(t for t in targets if isinstance(t, PackTarget))])
     catalog = build_catalog(opened, options.labels_by)
     plan = plan_repack(opened, catalog, options, targets)
     check_plan(plan, options)
@@ -101,13 +96,13 @@ def repack(
     options = dataclasses.replace(
         options, max_failures=allowed_failures(options.max_failures, len(plan.rows))
     )
-    make_folders(os.path.dirname(prefix))
-    with OutputLock(prefix):
-        finish_interrupted(prefix)
-        if resume and is_complete(prefix):
-            return _completed_result(prefix)
+    make_folders(paths.folder)
+    with OutputLock(paths):
+        finish_interrupted(paths)
+        if resume and is_complete(paths):
+            return _completed_result(paths)
 
-        def write_at(at: str, resume: bool, overwrite: bool) -> RepackResult:
+        def write_at(at: PackPaths, resume: bool, overwrite: bool) -> RepackResult:
             return _repack_into(
                 opened,
                 targets,
@@ -121,14 +116,14 @@ def repack(
                 on_shard_finished,
             )
 
-        if not (overwrite and output_files(prefix)):
-            return write_at(prefix, resume, overwrite)
-        result = replace_beside(prefix, lambda staging: write_at(staging, False, False))
+        if not (overwrite and output_files(paths)):
+            return write_at(paths, resume, overwrite)
+        result = replace_beside(paths, lambda staging: write_at(staging, False, False))
         return dataclasses.replace(
             result,
-            manifest_path=manifest_path(prefix),
-            failures_path=prefix + FAILURES_SUFFIX,
-            report_path=prefix + REPORT_SUFFIX,
+            manifest_path=paths.manifest,
+            failures_path=paths.failures,
+            report_path=paths.report,
         )
 
 
@@ -137,29 +132,29 @@ def _repack_into(
     targets: list[Target],
     catalog: Catalog,
     plan: Plan,
-    prefix: str,
+    paths: PackPaths,
     options: RepackOptions,
     resume: bool,
     overwrite: bool,
     progress: Progress | None,
     on_shard_finished: ShardFinished | None = None,
 ) -> RepackResult:
-    """Write the planned repack at `prefix` (locked, and the final or a staging prefix)."""
-    prepare_outputs(prefix, resume, overwrite)
+    """Write the planned repack at `paths` (locked, and the final or a staging prefix)."""
+    prepare_outputs(paths, resume, overwrite)
     if not resume:
-        for stale in (prefix + RELABEL_SUFFIX, prefix + REPORT_SUFFIX):
+        for stale in (paths.relabel, paths.report):
             remove(stale)
     state = {
         "command": "repack",
         "sources": [s.fingerprint() for s in opened],
         "options": options.byte_options(),
     }
-    state_path = prefix + STATE_SUFFIX
+    state_path = paths.state
     if resume and os.path.exists(state_path):
         _check_state(state_path, state)
     else:
         write_json_atomic(state_path, state)
-    run = RepackRun(opened, targets, catalog, plan, prefix, options, progress)
+    run = RepackRun(opened, targets, catalog, plan, paths, options, progress)
     run.writer.on_shard_finished = on_shard_finished
     try:
         run.execute(resume)
@@ -183,23 +178,20 @@ def _check_state(state_path: str, state: dict[str, Any]) -> None:
         )
 
 
-_SHARD_NAME = re.compile(r"(?:-[0-9]{5})?\.(?:rec|idx)")
-
-
-def _check_not_a_source(prefix: str, sources: Sequence[Source | PackTarget]) -> None:
+def _check_not_a_source(paths: PackPaths, sources: Sequence[Source | PackTarget]) -> None:
     """Refuse an OUT_PREFIX whose shards would replace a source's (or a target's) files."""
-    out = os.path.realpath(prefix)
+    out = os.path.realpath(paths.prefix)
     for s in sources:
         for path in (p for shard in s.dataset.shards for p in shard):
             real = os.path.realpath(path)
-            if real.startswith(out) and _SHARD_NAME.fullmatch(real[len(out) :]):
+            if real.startswith(out) and PackPaths.is_shard_tail(real[len(out) :]):
                 raise UsageError(
-                    f"OUT_PREFIX {prefix} would write over {path}, a file of source {s.spec}; "
+                    f"OUT_PREFIX {paths} would write over {path}, a file of source {s.spec}; "
                     "repack to another prefix"
                 )
 
 
-def _completed_result(prefix: str) -> RepackResult:
+def _completed_result(paths: PackPaths) -> RepackResult:
     required = (
         "classes",
         "totals.images",
@@ -208,18 +200,18 @@ def _completed_result(prefix: str) -> RepackResult:
         "totals.rec_bytes",
         "options.max_failures",
     )
-    manifest = read_manifest(manifest_path(prefix), require=required)
-    with open_input(prefix + REPORT_SUFFIX, "repack report", "utf-8") as f:
+    manifest = read_manifest(paths.manifest, require=required)
+    with open_input(paths.report, "repack report", "utf-8") as f:
         report = json.load(f)
     totals = manifest["totals"]
     return RepackResult(
-        manifest_path(prefix),
+        paths.manifest,
         manifest,
         totals["images"],
         manifest["classes"],
         totals["failures"],
-        prefix + FAILURES_SUFFIX,
-        prefix + REPORT_SUFFIX,
+        paths.failures,
+        paths.report,
         report,
         totals["images"],
     )

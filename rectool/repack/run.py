@@ -21,17 +21,12 @@ from ..doors.output import (
     write_json_atomic,
 )
 from ..errors import InputError
+from ..format.paths import PackPaths
 from ..format.writer import frame_image_record
 from ..packer.images import ImageRefused, reencode_image
 from ..packer.layout import image_size, layout_named
-from ..packer.listfile import LABEL_MAP_SUFFIX
 from ..packer.manifest import (
-    FAILURES_SUFFIX,
-    PARTIAL_SUFFIX,
-    RELABEL_SUFFIX,
-    REPORT_SUFFIX,
     build_manifest,
-    manifest_path,
     remove_stale_temporaries,
     write_manifest,
 )
@@ -68,12 +63,12 @@ class RepackRun:
         targets: Sequence[Target],
         catalog: Catalog,
         plan: Plan,
-        prefix: str,
+        paths: PackPaths,
         options: RepackOptions,
         progress: Progress | None,
     ) -> None:
         self.sources, self.targets, self.catalog, self.plan = sources, targets, catalog, plan
-        self.prefix, self.options, self.progress = prefix, options, progress
+        self.paths, self.options, self.progress = paths, options, progress
         self.layout = layout_named(options.layout)
         self.insightface = self.layout.numbered  # images keyed 1..N, identity records after
         # The label shape written (`copier.record_label`): the insightface layout's is chosen
@@ -88,14 +83,14 @@ class RepackRun:
             # look at the same finished file again and again).
             self.last_shard = 0
         self.writer = ShardWriter(
-            prefix,
+            paths,
             options.shard_bytes,
             options.shard_records,
             last_shard=self.last_shard,
             sha256=options.sha256,
         )
         self.copier = RecordCopier(sources, catalog)
-        self.failures_partial = prefix + FAILURES_SUFFIX + PARTIAL_SUFFIX
+        self.failures_partial = paths.partial(paths.failures)
         self.refused = np.zeros(self.total, bool)  # plan positions refused while writing
         self._last_refusal = (-1, "")  # the refusal furthest in the plan read by --resume
         self.refused_count = 0  # of them, kept as they come: progress reports it often
@@ -136,7 +131,7 @@ class RepackRun:
         kept = b""
         earlier = self.failures_partial
         if not os.path.exists(earlier):  # killed after renaming it, before the manifest
-            earlier = self.prefix + FAILURES_SUFFIX
+            earlier = self.paths.failures
         if resume and os.path.exists(earlier):
             written: list[
                 bytes
@@ -314,25 +309,25 @@ class RepackRun:
 
     # -- the files that describe the output -------------------------------------------------
     def finish(self, state_path: str) -> RepackResult:
-        prefix, plan, options = self.prefix, self.plan, self.options
+        paths, plan, options = self.paths, self.plan, self.options
         images = self.total - int(self.refused.sum())
         refused = int(self.refused.sum())
         failures = len(plan.removed_rows) + refused
-        final_failures = prefix + FAILURES_SUFFIX
+        final_failures = paths.failures
         rename(self.failures_partial, final_failures)
         names = self._new_names()
         if names:
-            write_atomic(prefix + LABEL_MAP_SUFFIX, _label_map_text(names))
-        write_atomic(prefix + RELABEL_SUFFIX, self._relabel_text())
+            write_atomic(paths.label_map, _label_map_text(names))
+        write_atomic(paths.relabel, self._relabel_text())
         property_note = None
         if self.insightface:
             property_note = self._write_property()
         report = self._report_document(refused, property_note)
-        write_json_atomic(prefix + REPORT_SUFFIX, report)
+        write_json_atomic(paths.report, report)
         manifest = build_manifest(
             options,
             None,
-            prefix,
+            paths,
             self.writer.finished,
             images,
             failures,
@@ -343,17 +338,17 @@ class RepackRun:
         manifest["sources"] = [s.spec for s in self.sources]
         # Removals asked for (--dedupe, --drop-overlap) are failures, not refusals.
         manifest["accepted"] = refused <= options.max_failures
-        remove_stale_temporaries(prefix)
-        write_manifest(prefix, manifest)
+        remove_stale_temporaries(paths)
+        write_manifest(paths, manifest)
         remove(state_path)
         return RepackResult(
-            manifest_path(prefix),
+            paths.manifest,
             manifest,
             images,
             plan.classes,
             failures,
             final_failures,
-            prefix + REPORT_SUFFIX,
+            paths.report,
             report,
             self.resumed_from,
         )
@@ -391,7 +386,7 @@ class RepackRun:
         size: tuple[int, int] | None = None
         note = "no image written: 112x112 assumed"
         if self.total > self.refused.sum():
-            rf = RecordFile(self.prefix + ".rec")
+            rf = RecordFile(self.paths.rec)
             try:  # image key 1 is the first record of the file (identity records follow)
                 record = rf.read_at(0)
             finally:
@@ -401,7 +396,7 @@ class RepackRun:
             if size is not None:
                 size = int(size[0]), int(size[1])
                 note = "height and width of image key 1 (the first image), read from its bytes"
-        self.layout.write_property(os.path.dirname(self.prefix), self.plan.classes, size)
+        self.layout.write_property(self.paths.folder, self.plan.classes, size)
         return note
 
     def _report_document(self, refused: int, property_note: str | None) -> dict[str, Any]:
