@@ -170,3 +170,60 @@ def test_every_command_s_log_line_keeps_to_the_same_rule(monkeypatch, capsys):
         "rectool: 3/6 img (50%)",
         "rectool: 6/6 img (100%)",
     ]
+
+
+# --- issue 37: a step the library does not count (an fsync, an index written at the end) ------
+
+
+def test_the_heartbeat_says_the_last_state_when_the_library_goes_quiet():
+    lines = []
+    clock = SteppedClock(0.0, 1.0, 2.0, 6.0, 7.5, 8.0, 14.0)
+    log = PhaseLog("repack", clock=clock, every=10, echo=lines.append)  # created at 0
+    log.offer("", "repack: 5/10 rec (50%)")  # at 1 (as `progress_bar` offers): not due
+    log.beat()  # at 2: printed 2 s ago (the log's start): nothing
+    log.beat()  # at 6: 6 s of silence, under 0.7 of the interval: nothing
+    assert lines == []
+    log.beat()  # at 7.5: silent 7.5 s, the last call 6.5 s ago
+    assert lines == ["repack: 5/10 rec (50%), still working (6 s since)"]
+    log.beat()  # at 8: a line 0.5 s ago
+    assert len(lines) == 1
+    log.beat()  # at 14: 6.5 s after the last line: nothing yet
+    assert len(lines) == 1
+
+
+def test_the_heartbeat_before_any_step_says_the_command_is_working():
+    lines = []
+    log = PhaseLog("repack", clock=SteppedClock(0.0, 9.0), every=10, echo=lines.append)
+    log.beat()
+    assert lines == ["repack: still working (9 s)"]
+
+
+def test_the_heartbeat_thread_ends_with_the_log():
+    lines = []
+    log = PhaseLog("verify", clock=SteppedClock(0.0, 1e10), every=1e9, echo=lines.append)
+    log.start_heartbeat()
+    assert log.heartbeat is not None and log.heartbeat.is_alive()
+    log.close()
+    log.heartbeat.join(timeout=60)
+    assert not log.heartbeat.is_alive()
+    log.beat()  # after close, 10 intervals of silence later: nothing
+    assert lines == []
+
+
+@pytest.mark.parametrize("command", ["pack", "repack", "verify"])
+def test_json_consumers_see_progress_on_stderr_and_one_document_on_stdout(
+    tree, tmp_path, monkeypatch, command
+):
+    root, lst = tree
+    made = CliRunner().invoke(cli, ["pack", str(lst), str(root), str(tmp_path / "p")])
+    assert made.exit_code == 0, made.output
+    monkeypatch.setattr(progress_module, "clock", TickingClock(1))
+    args = {
+        "pack": ["pack", str(lst), str(root), str(tmp_path / "q")],
+        "repack": ["repack", str(tmp_path / "p"), str(tmp_path / "r")],
+        "verify": ["verify", str(tmp_path / "p")],
+    }[command]
+    result = CliRunner().invoke(cli, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    json.loads(result.stdout)
+    assert any(line.startswith(command) for line in result.stderr.splitlines()), result.stderr

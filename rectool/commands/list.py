@@ -185,7 +185,7 @@ def list_command(
         rectool list train.tar.gz train.lst
     """
     to_stdout = str(out) == "-"
-    phase, close = phase_progress(quiet or as_json)
+    phase, close = phase_progress(quiet)  # stderr: --json or not
     steps = ListSteps(walk=walk_progress(phase), phase=phase) if phase else None
     from ..archives.source import archive_kind
 

@@ -231,7 +231,7 @@ def pack_command(
         elif not quiet:
             write_stream(render_plan(plan))
         return
-    setup, update, close = setup_progress(quiet or as_json, "img")
+    setup, update, close = setup_progress(quiet, "img")  # stderr: --json or not
     update, seen = remember_progress(update)
     replaces = overwrite and only_shard is None and not finalize and has_output(prefix)
     result: PackResult | ShardResult

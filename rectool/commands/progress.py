@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import TypedDict
@@ -31,6 +32,7 @@ def _log_progress(unit: str, phase: str | None = None) -> tuple[Progress, Close]
     name = click.get_current_context(silent=True)
     command = (name.info_name if name is not None else None) or "rectool"
     log = PhaseLog(command)
+    log.start_heartbeat()
     what = f" {phase}" if phase else ""
 
     def update(done: int, total: int | None, refused: int = 0) -> None:
@@ -154,6 +156,10 @@ class PhaseLog:
         self._lines: dict[str, str] = {}  # phase: its latest line
         self._printed: dict[str, str] = {}  # phase: its last line printed
         self._phase: str | None = None  # the phase going on
+        self.started = self.last
+        self._lock = threading.Lock()  # the heartbeat prints from its own thread
+        self._stop = threading.Event()
+        self.heartbeat: threading.Thread | None = None
 
     def now(self) -> float:
         return (self._clock or clock)()
@@ -165,6 +171,10 @@ class PhaseLog:
         return f"{self.command} {phase}: {done:,}{of} {unit}{part}"
 
     def __call__(self, phase: str, done: int, total: int | None) -> None:
+        with self._lock:
+            self._call(phase, done, total)
+
+    def _call(self, phase: str, done: int, total: int | None) -> None:
         now = self.now()
         self._gap = max(self._gap, now - self._called)
         self._called = now
@@ -177,6 +187,10 @@ class PhaseLog:
 
     def offer(self, phase: str, line: str) -> None:
         """Print `line` of `phase` if it is due (the same rule, with a line made elsewhere)."""
+        with self._lock:
+            self._offer_line(phase, line)
+
+    def _offer_line(self, phase: str, line: str) -> None:
         now = self.now()
         self._gap = max(self._gap, now - self._called)
         self._called = now
@@ -202,9 +216,42 @@ class PhaseLog:
             self._print(phase, self._lines[phase], now)
 
     def close(self) -> None:
-        """Print the last state of the phase going on, if a line of it was printed."""
-        if self._phase is not None:
-            self._finish(self._phase, self.last)
+        """Stop the heartbeat; print the last state of the phase going on, if a line of it was
+        printed."""
+        self._stop.set()
+        with self._lock:
+            if self._phase is not None:
+                self._finish(self._phase, self.last)
+
+    def start_heartbeat(self) -> None:
+        """Call `beat` from a daemon thread a few times an `every` until `close`: a step the
+        library does not count (an fsync, an index written at the end, a sort) keeps the log
+        from going silent (issue 37)."""
+
+        def run() -> None:
+            while not self._stop.wait(self.every / 4):
+                self.beat()
+
+        self.heartbeat = threading.Thread(target=run, name="rectool-progress", daemon=True)
+        self.heartbeat.start()
+
+    def beat(self) -> None:
+        """Print the last state when nothing has been printed for 0.7 `every` seconds (so,
+        called every `every / 4`, the log is never silent for `every`): as it is when the
+        library called within the last second, else said to be still going on."""
+        with self._lock:
+            now = self.now()
+            if self._stop.is_set() or now - self.last < 0.7 * self.every:
+                return
+            line = self._lines.get(self._phase) if self._phase is not None else None
+            if line is None:
+                text = f"{self.command}: still working ({now - self.started:.0f} s)"
+            else:
+                since = now - self._called
+                text = line if since < 1 else f"{line}, still working ({since:.0f} s since)"
+                self._printed[self._phase or ""] = line
+            self.last = now
+            self._echo(text)
 
 
 def phase_progress(quiet: bool) -> tuple[PhaseProgress | None, Close]:
@@ -215,6 +262,7 @@ def phase_progress(quiet: bool) -> tuple[PhaseProgress | None, Close]:
     if not sys.stderr.isatty():
         context = click.get_current_context(silent=True)
         log = PhaseLog((context.info_name if context is not None else None) or "rectool")
+        log.start_heartbeat()
         return log, log.close
     from tqdm import tqdm
 

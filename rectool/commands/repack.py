@@ -200,7 +200,7 @@ def repack_command(
         drop_overlap=tuple(options["drop_overlap"]),
         transform=transform_of(options),
     )
-    update, close = progress_bar(quiet or as_json, "rec")
+    update, close = progress_bar(quiet, "rec")  # stderr: --json or not
     update, seen = remember_progress(update)
     replaces = overwrite and has_output(prefix)
     try:

@@ -46,7 +46,7 @@ def unpack_command(target: str, out_dir: Path, resume: bool, quiet: bool, as_jso
     """
     from ..inspect.unpack import unpack_dataset
 
-    update, close = progress_bar(quiet or as_json, "img")
+    update, close = progress_bar(quiet, "img")  # stderr: --json or not
     update, seen = remember_progress(update)
     try:
         result = unpack_dataset(

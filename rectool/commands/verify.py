@@ -100,7 +100,7 @@ def verify_command(
     if (size or channels) and not decode:
         raise click.BadParameter("needs --decode", param_hint="--size/--channels")
     options = DecodeOptions(size, channels, max_pixels) if decode else None
-    update, close = phase_progress(quiet or as_json)
+    update, close = phase_progress(quiet)  # stderr: --json or not
     shown_as = None
     try:
         local = local_targets(targets, quiet)
