@@ -348,7 +348,7 @@ class RecordDataset:
     def __len__(self) -> int:  # iteration: `__getitem__` up to its `IndexError`
         return self._count
 
-    labels = property(lambda self: self._labels, doc="Every label: float32 (N,) or (N, k).")
+    labels = property(lambda self: self._labels, doc="Every label: (N,) or (N, k) float32, mapped.")
 
     def _locate(self, i: int) -> tuple[int, int]:
         i = given = operator.index(i)
