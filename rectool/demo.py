@@ -17,6 +17,8 @@ import cv2
 import numpy as np
 
 from .doors.output import make_folders, remove_tree, write_atomic
+from .format.paths import PackPaths
+from .packer.listfile import label_map_path
 
 IDENTITIES = ("ada", "grace", "hedy", "katherine", "margaret", "radia")
 PER_IDENTITY = 8
@@ -90,7 +92,7 @@ DEMO_NAMES = {
     MARKER,
     "tree",
     "faces.lst",
-    "faces.labels.tsv",
+    label_map_path("faces.lst"),  # faces.labels.tsv, `rectool list`'s label map
     "packed",
     "report.html",
     "rectool_reader.py",
@@ -134,17 +136,18 @@ def main(argv: list[str] | None = None) -> None:
     make_tree(tree)
     print(f"generated {len(IDENTITIES) * PER_IDENTITY} images and 2 broken files under {tree}")
     step("list", tree, out / "faces.lst")
-    step("pack", out / "faces.lst", tree, out / "packed" / "faces", "--max-failures", "2")
-    step("verify", out / "packed" / "faces.manifest.json")
-    step("info", out / "packed" / "faces.manifest.json")
+    pack = PackPaths.of(out / "packed" / "faces")
+    manifest = Path(pack.manifest)
+    step("pack", out / "faces.lst", tree, pack.prefix, "--max-failures", "2")
+    step("verify", manifest)
+    step("info", manifest)
     report = out / "report.html"
-    step("report", out / "packed" / "faces.manifest.json", "-o", report, "--images-root", tree)
+    step("report", manifest, "-o", report, "--images-root", tree)
     step("reader", "-o", out / "rectool_reader.py")
     print(f"\n$ python (import {out / 'rectool_reader.py'}, read every image)", flush=True)
     # The script imports the emitted file by path; -I keeps the working folder and PYTHON*
     # variables out of the way, so what runs is that file, not the package next to it.
     code = textwrap.dedent(READ_BACK)
-    manifest = out / "packed" / "faces.manifest.json"
     status = subprocess.run([sys.executable, "-I", "-c", code, str(out.resolve()), str(manifest)])
     if status.returncode:
         sys.exit("demo failed: the emitted reader could not read the pack")

@@ -6,13 +6,12 @@ any of these (`resolve_source`), and foreign packs too (`dataset/packs.py`).
 
 from __future__ import annotations
 
-import glob
 import os
 from typing import TYPE_CHECKING, Any
 
 from ..format.manifest import read_manifest, refuse_unfinished_plan
+from ..format.paths import PackPaths
 from ..reader import (
-    MANIFEST_SUFFIX,
     InputError,
     refuse_unfinished,
 )
@@ -41,7 +40,7 @@ def resolve_source(
     elif os.path.isdir(source := os.fspath(source)):
         if os.path.exists(os.path.join(source, "train.rec")):
             return resolve_source(os.path.join(source, "train.rec"))
-        packs = sorted(n for n in os.listdir(source) if n.endswith(MANIFEST_SUFFIX))
+        packs = sorted(n for n in os.listdir(source) if PackPaths.is_manifest(n))
         if len(packs) == 1:  # a folder holding one rectool pack: that pack
             return resolve_source(os.path.join(source, packs[0]))
         some = f" ({len(packs)} manifests: name one)" if packs else ""
@@ -57,7 +56,7 @@ def resolve_source(
         pairs = [(os.path.join(folder, rec), os.path.join(folder, idx)) for rec, idx in shards]
         return manifest, source, _checked(pairs)
     elif source.endswith(".rec"):
-        named = source[:-4] + MANIFEST_SUFFIX
+        named = PackPaths.of_rec(source).manifest
         if os.path.exists(named) and os.path.exists(source):  # a pack of one shard
             found = resolve_source(named)
             if len(found[2]) == 1 and os.path.samefile(found[2][0][0], source):
@@ -67,30 +66,30 @@ def resolve_source(
         for prefix in source_prefixes(source):
             refuse_unfinished(prefix)
         recs = [source]
-    elif os.path.exists(source + MANIFEST_SUFFIX):
-        return resolve_source(source + MANIFEST_SUFFIX)
-    elif os.path.exists(source + ".rec"):
-        return resolve_source(source + ".rec")
+    elif os.path.exists((paths := PackPaths(source)).manifest):
+        return resolve_source(paths.manifest)
+    elif os.path.exists(paths.rec):
+        return resolve_source(paths.rec)
     else:
         refuse_unfinished(source)
-        recs = sorted(glob.glob(glob.escape(source) + "-[0-9][0-9][0-9][0-9][0-9].rec"))
+        recs = paths.numbered_recs()
         if not recs:
             raise InputError(
-                f"{source}: no dataset here (looked for {source}{MANIFEST_SUFFIX}, {source}.rec, "
-                f"{source}-00000.rec)"
+                f"{source}: no dataset here (looked for {paths.manifest}, {paths.rec}, "
+                f"{paths.shard(0).rec})"
             )
-        refuse_unfinished_plan(source, recs)  # shards of a job array, not yet finalized
-    return None, None, _checked([(p, os.path.splitext(p)[0] + ".idx") for p in recs])
+        refuse_unfinished_plan(paths, recs)  # shards of a job array, not yet finalized
+    return None, None, _checked([(p, PackPaths.idx_beside(p)) for p in recs])
 
 
 def source_prefixes(source: str) -> list[str]:
     """Return the pack prefixes a source path may belong to (for `refuse_unfinished`)."""
-    if source.endswith(MANIFEST_SUFFIX):
-        return [source[: -len(MANIFEST_SUFFIX)]]
+    if PackPaths.is_manifest(source):
+        return [PackPaths.of_manifest(source).prefix]
     if source.endswith(".rec"):
-        stem = source[:-4]
-        numbered = len(stem) > 6 and stem[-6] == "-" and stem[-5:].isdigit()
-        return [stem, stem[:-6]] if numbered else [stem]
+        stem = PackPaths.of_rec(source)
+        numbered = stem.numbered_pack()
+        return [stem.prefix] if numbered is None else [stem.prefix, numbered.prefix]
     return [source]
 
 

@@ -32,7 +32,7 @@ from ..doors.inputs import open_input
 from ..doors.output import write_atomic
 from ..errors import RectoolError
 from .digest import digests_of
-from .paths import CHECKSUM_SUFFIX
+from .paths import PackPaths
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, StrPath
@@ -85,7 +85,7 @@ class ChecksumFileError(RectoolError):
 
 def checksum_path(rec_path: StrPath) -> str:
     """Return the path of the per-record checksum file of `rec_path`."""
-    return os.fspath(rec_path) + CHECKSUM_SUFFIX
+    return PackPaths.checksums_of(rec_path)
 
 
 class RecordChecksums:

@@ -154,7 +154,12 @@ class PackPaths:
     @property
     def checksums(self) -> str:
         """The single shard's per-record checksums (`PREFIX.rec.crc`)."""
-        return self.rec + CHECKSUM_SUFFIX
+        return self.checksums_of(self.rec)
+
+    @staticmethod
+    def checksums_of(rec: StrPath) -> str:
+        """Return the per-record checksum file of the shard `rec` (`REC.crc`)."""
+        return os.fspath(rec) + CHECKSUM_SUFFIX
 
     @property
     def manifest(self) -> str:
@@ -233,6 +238,21 @@ class PackPaths:
         stem = self.shard(number) if numbered else self
         return stem.rec, stem.idx
 
+    def numbered_recs(self) -> list[str]:
+        """Return the `.rec` of each numbered shard there is, sorted (`PREFIX-00000.rec`, ...)."""
+        stem = glob.escape(self.prefix) + "-" + "[0-9]" * SHARD_DIGITS
+        return sorted(glob.glob(stem + REC_SUFFIX))
+
+    @staticmethod
+    def idx_beside(rec: StrPath) -> str:
+        """Return the `.idx` beside the shard `rec` (its name with `.idx` for its extension)."""
+        return os.path.splitext(os.fspath(rec))[0] + IDX_SUFFIX
+
+    def owns(self, name: str) -> bool:
+        """Return True when the file `name` in the pack's folder is named after the pack
+        (`NAME.*`, `NAME-3.*`; not another pack's such as `NAME2.rec`)."""
+        return re.fullmatch(re.escape(self.stem) + r"(?:-[0-9]+)?\..+", name) is not None
+
     def numbered_files(self) -> list[str]:
         """Return the files of numbered shards there are (`.rec`, `.idx`, `.rec.crc`, plan)."""
         stem = glob.escape(self.prefix) + "-" + "[0-9]" * SHARD_DIGITS
@@ -272,6 +292,13 @@ class PackPaths:
     def staged(self) -> PackPaths:
         """The paths of the new pack built in `staging` (`.NAME.overwrite/NAME`)."""
         return PackPaths(os.path.join(self.staging, self.stem))
+
+    @staticmethod
+    def journal_beside(path: StrPath) -> str:
+        """Return the hidden commit journal of the outputs named after `path` (a list's,
+        a report's: `.NAME.commit-journal.json` beside it; a pack's is `journal`)."""
+        folder, name = os.path.split(os.fspath(path))
+        return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
 
     def temporaries(self) -> list[str]:
         """Return the temporary files (`.NAME.XXXX.tmp`) a killed run of this pack left."""

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ..reader import RecordFile, RectoolError
+from .paths import PackPaths
 from .textindex import load_index
 from .window import WINDOW_BYTES, Release, release_range
 
@@ -19,7 +20,7 @@ class IndexedRecordFile:
 
     def __init__(self, rec_path: StrPath, idx_path: StrPath | None = None) -> None:
         self.rec = RecordFile(rec_path)
-        self.idx_path = os.fspath(idx_path or os.path.splitext(self.rec.path)[0] + ".idx")
+        self.idx_path = os.fspath(idx_path or PackPaths.idx_beside(self.rec.path))
         self.keys, self.offsets = load_index(self.idx_path)
         self._lookup: dict[int, int] | None = None
 

@@ -35,6 +35,7 @@ from ..format.checksums import (
     stale_reason,
 )
 from ..format.digest import DIGEST_NAMES, XXH3_128, digests_of, field_name
+from ..format.paths import PackPaths
 from ..format.writer import format_index_line
 from ..packer.indexing import indexed_pack_of, recorded_idx, refresh_shard
 from ..reader import (
@@ -45,8 +46,6 @@ from .scan import Buffer, Damage, mapped, read_headers, scan_framing
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
-
-    from ..format.paths import PackPaths
 
 KEY_SOURCES = ("header", "position")
 _INT64_MAX = 2**63 - 1
@@ -171,9 +170,9 @@ def reindex(
         raise UsageError(f"unknown key source {keys!r}; choose from {', '.join(KEY_SOURCES)}")
     rec_path = os.fspath(rec_path)
     if idx_path is None:
-        idx_path = os.path.splitext(rec_path)[0] + ".idx"
+        idx_path = PackPaths.idx_beside(rec_path)
     idx_path = os.fspath(idx_path)
-    own = os.path.splitext(os.fspath(rec_path))[0] + ".idx"
+    own = PackPaths.idx_beside(rec_path)
     if os.path.exists(idx_path) and not overwrite:
         raise RectoolError(f"{idx_path}: exists; use --overwrite to replace it")
     if not (os.path.exists(own) and os.path.lexists(idx_path) and os.path.samefile(own, idx_path)):

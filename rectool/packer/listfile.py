@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple, TextIO
 
 from ..doors.inputs import open_input
 from ..errors import RectoolError
+from ..format.paths import LABEL_MAP_SUFFIX, PackPaths
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -25,7 +26,6 @@ LIST_SUFFIX = ".lst"
 FLOAT32_MAX = 3.4028234663852886e38
 # Record keys are signed 64-bit in every index rectool writes and reads (numpy int64).
 MAX_INDEX = 2**63 - 1
-LABEL_MAP_SUFFIX = ".labels.tsv"
 # Characters that would break a tab-separated line.
 UNWRITABLE_CHARACTERS = ("\t", "\n", "\r")
 _SPLIT_SUFFIX = re.compile(r"(?:_\d+)?(?:_(?:train|val|test))?$")
@@ -239,7 +239,7 @@ def label_map_path(list_path: StrPath) -> str:
     """Return where the label map of a .lst lives: `PREFIX.labels.tsv` for `PREFIX.lst`."""
     list_path = os.fspath(list_path)
     stem = list_path[: -len(LIST_SUFFIX)] if list_path.endswith(LIST_SUFFIX) else list_path
-    return stem + LABEL_MAP_SUFFIX
+    return PackPaths(stem).label_map
 
 
 def find_label_map(list_path: StrPath) -> str | None:
@@ -249,8 +249,8 @@ def find_label_map(list_path: StrPath) -> str | None:
         return candidate
     stem = candidate[: -len(LABEL_MAP_SUFFIX)]
     shorter = _SPLIT_SUFFIX.sub("", stem)
-    if shorter != stem and os.path.exists(shorter + LABEL_MAP_SUFFIX):
-        return shorter + LABEL_MAP_SUFFIX
+    if shorter != stem and os.path.exists(PackPaths(shorter).label_map):
+        return PackPaths(shorter).label_map
     return None
 
 

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from ..doors.output import (
-    JOURNAL_SUFFIX,
     OutputFiles,
     check_target,
     finish_commit,
@@ -21,6 +20,7 @@ from ..doors.output import (
     write_output,
 )
 from ..errors import ListingError, RectoolError, UsageError
+from ..format.paths import PackPaths
 from .listfile import LIST_SUFFIX, format_list_lines, label_map_path, label_map_text
 from .splits import SPLIT_BY as SPLIT_BY
 from .splits import SPLITS as SPLITS
@@ -69,8 +69,7 @@ def _row_blocks(rows: Sequence[Row], block: int = 65536) -> Iterator[bytes]:
 
 
 def _journal_of(out: StrPath) -> str:
-    folder, name = os.path.split(os.fspath(out))
-    return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
+    return PackPaths.journal_beside(out)
 
 
 def write_lists(

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from ..doors.output import LOCK_SUFFIX, make_folders, remove_tree
 from ..errors import RectoolError, UsageError
 from ..format.manifest import read_manifest
-from ..reader import MANIFEST_SUFFIX
+from ..format.paths import PackPaths
 from .store import ObjectStore, RemoteError, Retry, is_url, open_store, safe_url, split_url
 
 if TYPE_CHECKING:
@@ -91,7 +91,7 @@ class ShardUploader:
         """Refuse (`RemoteError`) to pack over a pack already at the URL (its manifest is
         there) unless `overwrite`, as a local OUT_PREFIX is refused; call before packing.
         With `overwrite`, note the old pack's objects: `remove_uploaded` never deletes them."""
-        manifest = self.name + MANIFEST_SUFFIX
+        manifest = PackPaths(self.name).manifest
         url = self.store.object_url(manifest)
         if not self.retry.call(lambda: self.store.exists(manifest), url):
             return
@@ -108,7 +108,7 @@ class ShardUploader:
         those of the pack it was replacing (`kept`), whose manifest would then name missing
         shards; return their names. Once the manifest was sent over an old pack's, nothing is
         deleted: the manifest there may be the new one, naming them."""
-        manifest = self.name + MANIFEST_SUFFIX
+        manifest = PackPaths(self.name).manifest
         sent = manifest in self._started
         if sent and manifest in self.kept:
             return []
@@ -149,15 +149,15 @@ class ShardUploader:
         the failures file...), then the manifest; return its URL."""
         read_manifest(manifest_path)  # a whole pack, or no manifest is uploaded
         folder, manifest = os.path.split(os.fspath(manifest_path))
-        local_name = manifest[: -len(MANIFEST_SUFFIX)]
-        if local_name != self.name:
-            raise RemoteError(f"{manifest_path}: a pack named {local_name!r}, not {self.name!r}")
+        local = PackPaths.of_manifest(manifest_path) if PackPaths.is_manifest(manifest) else None
+        if local is None or local.stem != self.name:
+            named = manifest if local is None else local.stem
+            raise RemoteError(f"{manifest_path}: a pack named {named!r}, not {self.name!r}")
         self.wait()
-        own = re.compile(re.escape(local_name) + r"(?:-[0-9]+)?\..+")  # not NAME2's, say
         rest = sorted(
             n
             for n in os.listdir(folder)
-            if own.fullmatch(n)
+            if local.owns(n)  # NAME.* and NAME-N.*, not NAME2's, say
             and n != manifest
             and not n.endswith(LOCK_SUFFIX)  # the lock of the local run that wrote it
             and n not in self.uploaded
@@ -221,7 +221,7 @@ def staged_pack(
         make_folders(folder)
         local_prefix = os.path.join(folder, uploader.name)
         yield Output(local_prefix, uploader.shard_finished)
-        uploader.finish(local_prefix + MANIFEST_SUFFIX)
+        uploader.finish(PackPaths(local_prefix).manifest)
     except BaseException as exc:
         uploader.close()  # no upload running while its objects are deleted
         try:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -13,7 +12,8 @@ import numpy as np
 from ..dataset.packs import open_dataset
 from ..errors import InputError, RectoolError
 from ..format.keys import FLOAT32_EXACT, refuse_shared_offsets, shared_offsets
-from ..packer.listfile import LABEL_MAP_SUFFIX, read_label_map
+from ..format.paths import PackPaths
+from ..packer.listfile import read_label_map
 from ..redaction import safe_url
 from ..remote.mirror import local_source
 from .copier import RELEASE_BYTES
@@ -171,11 +171,11 @@ def _identity_names(dataset: PackDataset) -> dict[int, str] | None:
         return names
     rec = dataset.shards[0][0] if dataset.shards else None
     if rec:
-        stem = rec[: -len(".rec")]
-        numbered = re.fullmatch(r"(.*)-[0-9]{5}", stem)  # PREFIX-00000.rec: PREFIX's map
-        for prefix in (stem, numbered.group(1)) if numbered else (stem,):
-            if os.path.exists(prefix + LABEL_MAP_SUFFIX):
-                return read_label_map(prefix + LABEL_MAP_SUFFIX)
+        stem = PackPaths.of_rec(rec)
+        numbered = stem.numbered_pack()  # PREFIX-00000.rec: PREFIX's map
+        for paths in (stem, numbered) if numbered else (stem,):
+            if os.path.exists(paths.label_map):
+                return read_label_map(paths.label_map)
     return None
 
 
