@@ -32,7 +32,7 @@ def interrupted_message(
 ) -> str:
     """Say what an interrupted pack (or repack) kept and how to continue it; `status` 143 says
     it was terminated (SIGTERM), 130 interrupted (Ctrl-C)."""
-    from ..packer.manifest import journal_path
+    from ..format.paths import PackPaths
     from ..remote.store import is_url
 
     word = "Terminated (SIGTERM)" if status == 143 else "Interrupted"
@@ -41,7 +41,7 @@ def interrupted_message(
             f"{word}: no pack was written to {prefix} (its manifest is uploaded last) and the "
             "staging folder was removed; run the command again to start over."
         )
-    if os.path.exists(journal_path(prefix)):
+    if os.path.exists(PackPaths(prefix).journal):
         return (
             f"{word}: the new pack at {prefix} was complete and is being moved into place; "
             "run the command again (or `rectool verify` on it) to finish that."

@@ -63,11 +63,6 @@ class ManifestOptions(Protocol):
     def byte_options(self) -> dict[str, Any]: ...
 
 
-def manifest_path(prefix: StrPath | PackPaths) -> str:
-    """Return the manifest path of a pack written to `prefix`."""
-    return PackPaths.of(prefix).manifest
-
-
 def write_manifest(paths: PackPaths, manifest: dict[str, Any]) -> None:
     """Write the manifest of the pack at `paths`, the mark that it is complete; before it, the
     pack's binary index (format 3: `.npy` arrays the reader maps, read from the finished
@@ -93,11 +88,6 @@ def remove_stale_temporaries(paths: PackPaths) -> None:
     """Remove the temporary files a killed run of the pack at `paths` left."""
     for name in paths.temporaries():
         remove(name)
-
-
-def journal_path(prefix: StrPath | PackPaths) -> str:
-    """Return the commit journal of the pack at `prefix` (see `output.commit`)."""
-    return PackPaths.of(prefix).journal
 
 
 def finish_interrupted(prefix: StrPath | PackPaths) -> bool:
