@@ -52,7 +52,7 @@ VIEW_BYTES = 64 << 20
 # The source mappings are let go once about this many bytes of them are mapped (see
 # `RecordCopier._note_pages`), counted in blocks of BLOCK_BITS bits (Linux maps a file's cached
 # pages 64 KiB around each page fault).
-RELEASE_BYTES = 1 << 30
+RELEASE_BYTES = 64 << 20
 BLOCK_BITS = 16
 
 
