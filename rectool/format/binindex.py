@@ -74,8 +74,10 @@ def index_shards(
     ):
         check_shard(rf, idx, keys, offsets, dict(info), where)
     counts = [len(k) for k, _ in indexes]
-    keys = np.concatenate([k for k, _ in indexes])
-    offsets = np.concatenate([o for _, o in indexes])
+    # One shard: its arrays as they are (a copy would double them at the end of a pack).
+    keys = indexes[0][0] if len(indexes) == 1 else np.concatenate([k for k, _ in indexes])
+    offsets = indexes[0][1] if len(indexes) == 1 else np.concatenate([o for _, o in indexes])
+    del indexes
     shard_of = shard_numbers(counts)  # one byte a record (none for one shard)
 
     def read(line: int) -> tuple[Header, bytes]:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     Ints = NDArray[np.int64]
 
-INDEX_BLOCK_BYTES = 1 << 25  # the .idx text is parsed a block at a time
+INDEX_BLOCK_BYTES = 1 << 20  # the .idx text is parsed a block at a time (its temporaries)
 
 
 class IndexFormatError(RecordFormatError, ValueError, IndexError):
