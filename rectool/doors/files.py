@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, StrPath
 
     # What a file is written from: bytes, text (as UTF-8) or an iterable of bytes.
-    Data: TypeAlias = bytes | str | Iterable[bytes]
+    Data: TypeAlias = bytes | str | Iterable[bytes | memoryview]
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 CLOEXEC = getattr(os, "O_CLOEXEC", 0)

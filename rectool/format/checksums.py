@@ -31,7 +31,7 @@ import xxhash
 from ..doors.inputs import open_input
 from ..doors.output import write_atomic
 from ..errors import RectoolError
-from .digest import digests_of
+from .digest import Digests, digests_of
 from .paths import PackPaths
 
 if TYPE_CHECKING:
@@ -154,16 +154,26 @@ class RecordChecksums:
                 f"{path}: {len(self.sums)} checksums for {len(self.offsets)} records "
                 f"({self.position} of {size} bytes seen); this is a bug in rectool"
             )
-        data = encode_checksums(self.table(size))
-        write_atomic(path, data)
-        return digests_of(data, algorithms)
+        parts = checksum_parts(self.table(size))  # no copy of a table of millions
+        write_atomic(path, parts)
+        digests = Digests(algorithms)
+        for part in parts:
+            digests.update(part)
+        return digests.hexdigests()
 
 
 def encode_checksums(entries: np.ndarray) -> bytes:
     """Return the bytes of a checksum file holding `entries` (an ENTRY array of a version)."""
+    return b"".join(checksum_parts(entries))
+
+
+def checksum_parts(entries: np.ndarray) -> list[memoryview]:
+    """Return the bytes of a checksum file holding `entries` as (its header, a view of the
+    entries), the entries not copied when they are an ENTRY array already."""
     version = version_of(entries)
     head = HEADER.pack(FILE_MAGIC[version], version, 0, len(entries))
-    return head + entries.astype(ENTRY[version]).tobytes()
+    table = np.ascontiguousarray(entries.astype(ENTRY[version], copy=False))
+    return [memoryview(head), table.data.cast("B")]
 
 
 def decode_checksums(data: bytes, path: StrPath) -> np.ndarray:
