@@ -33,9 +33,12 @@ WINDOW = 1 << 20
 
 def archive_kind(root: StrPath) -> str | None:
     """Return the kind of archive ROOT is (`TAR`, `TAR_GZ`, `ZIP`, `WEBDATASET`), or None for
-    a tree. Raises `InputError` for an archive format rectool cannot read."""
+    a tree (a URL too: the command's own door refuses it). Raises `InputError` for an
+    archive format rectool cannot read."""
     text = os.fspath(root)
     lower = text.lower()
+    if "://" in text:  # a URL's "?" and "*" are no shard pattern
+        return None
     if os.path.isdir(text):
         return WEBDATASET if _holds_only_shards(text) else None
     if not os.path.lexists(text) and any(c in text for c in PATTERN_CHARACTERS):
