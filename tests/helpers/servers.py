@@ -11,7 +11,7 @@ server of byte ranges, both counting GETs and injecting faults as told.
 Hostile answers (issue 36), released by `faults.release.set()` (`reset` and `stop` do it):
 
     faults.plan("x.manifest.json", "stall")    # half the body, then nothing until released
-    faults.plan("x.manifest.json", "trickle")  # a byte each time `faults.pace` is set
+    faults.plan("x.manifest.json", "trickle")  # a byte each time `faults.pace.set()` is called
     faults.plan("x.manifest.json", "endless")  # (HTTP) no length, bytes until the client goes
     faults.plan("x.manifest.json", "huge")     # (HTTP) Content-Length 3 GB, a few bytes, cut
     faults.wait_get("faces-00001.rec")         # block until it was asked for (a bound, not a test)
@@ -52,7 +52,7 @@ class Faults:
             if release is not None:
                 release.set()  # a handler still stalled from before lets go
             self.release = threading.Event()
-            self.pace = threading.Event()
+            self.pace = Pace()
             self.endless_bytes = 64 << 20  # "endless": a bound for a test that would not end
 
     def on_stored(self, name):
@@ -89,14 +89,13 @@ class Faults:
         """Wait until released (the bound: a test never leaves a handler behind for ever)."""
         self.release.wait(release_after)
 
-    def trickle(self, write, body):
-        """Write `body` a byte each time `pace` is set (a test's injected clock sets it), until
-        released or the body is done."""
+    def trickle(self, write, body, turns):
+        """Write `body` a byte at each of its `turns` (`Pace.begin`), until released or the
+        body is done."""
         for i in range(len(body)):
-            while not self.pace.wait(0.05):
+            while not turns.acquire(timeout=0.05):
                 if self.release.is_set():
                     return
-            self.pace.clear()
             try:
                 write(body[i : i + 1])
             except OSError:  # the client gave up: what a stall timeout does
@@ -105,6 +104,26 @@ class Faults:
     def wait(self):
         if self.latency:
             time.sleep(self.latency)
+
+
+class Pace:
+    """A trickling response's turns: `set` (a test's injected clock, at each reading) lets
+    the newest trickling response write one byte more. Each response has turns of its own,
+    taken before its headers are sent: one the client gave up on (a first try, still
+    trickling) never takes a byte of the next one's, whatever the load."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.current = threading.Semaphore(0)
+
+    def begin(self):
+        with self.lock:
+            self.current = threading.Semaphore(0)
+            return self.current
+
+    def set(self):
+        with self.lock:
+            self.current.release()
 
 
 def free_port():
@@ -140,6 +159,7 @@ class RangeServer:
                 name = self.path.lstrip("/").split("?", 1)[0]
                 start = _range_start(self.headers.get("Range"))
                 action = server.faults.on_get(Path(name).name, start)
+                turns = server.faults.pace.begin() if action == "trickle" else None
                 path = server.root / name
                 if action == "500":
                     self.send_response(500)
@@ -175,7 +195,7 @@ class RangeServer:
                     return
                 if action == "trickle":
                     self.wfile.flush()
-                    server.faults.trickle(self._write_flushed, body)
+                    server.faults.trickle(self._write_flushed, body, turns)
                     self.close_connection = True
                     return
                 self.wfile.write(body)
