@@ -98,8 +98,10 @@ def test_a_short_list_prints_only_its_summary(tmp_path, timed_log):
     assert [text for _, text in lines][0].startswith("Listed 12 images of 4 identities")
 
 
-def test_list_json_keeps_stdout_one_document_and_progress_off(tmp_path, timed_log):
-    face_tree(tmp_path / "faces", identities=4, per_identity=3)
+def test_list_json_keeps_stdout_one_document_and_progress_on_stderr(tmp_path, timed_log):
+    # Issue 37: "the same through --json consumers (progress stays on stderr)".
+    face_tree(tmp_path / "faces", identities=40, per_identity=3)
     result, lines = timed_log(["list", tmp_path / "faces", tmp_path / "x.lst", "--json"])
-    assert json.loads(result.stdout)["images"] == 12
-    assert lines == []
+    assert json.loads(result.stdout)["images"] == 120
+    assert longest_silence(lines, progress_module.clock) <= 10
+    assert any("identity folders" in text for _, text in lines)

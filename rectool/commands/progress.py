@@ -228,6 +228,9 @@ class PhaseLog:
         library does not count (an fsync, an index written at the end, a sort) keeps the log
         from going silent (issue 37)."""
 
+        if self._clock is not None or clock is not time.monotonic:
+            return  # a clock a test injected: the test calls `beat` itself, when it chooses
+
         def run() -> None:
             while not self._stop.wait(self.every / 4):
                 self.beat()
