@@ -33,6 +33,7 @@ from ..doors.output import write_atomic
 from ..errors import RectoolError
 from .digest import Digests, digests_of
 from .paths import PackPaths
+from .window import RecWindow, ascending
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer, StrPath
@@ -241,6 +242,25 @@ def damaged_records(buf: ReadableBuffer, size: int, entries: np.ndarray) -> list
     bad = ~inside
     bad[rows] = actual != entries["checksum"][rows]
     return np.flatnonzero(bad).tolist()
+
+
+def damaged_in_window(window: RecWindow, entries: np.ndarray) -> list[int]:
+    """Return the positions in `entries` whose bytes differ from their checksum (see
+    `damaged_records`), reading the shard through `window` a batch of records at a time, in
+    file order: its pages are handed back as it goes (verify, unpack)."""
+    offsets = entries["offset"].astype(np.int64)
+    order = ascending(offsets)
+    starts = offsets if order is None else offsets[order]
+    rows = entries if order is None else entries[order]
+    bad: list[int] = []
+    try:
+        for i, j, lo, hi in window.batches(starts):
+            part = rows[i:j]
+            window.hold(lo, max(hi, int((starts[i:j] + part["length"]).max())))
+            bad += [i + k for k in damaged_records(window.mapping, window.size, part)]
+    finally:
+        window.drop()
+    return bad if order is None else sorted(order[bad].tolist())
 
 
 def stale_reason(entries: np.ndarray, size: int) -> str | None:

@@ -27,14 +27,14 @@ from ..errors import RectoolError
 from ..format.checksums import (
     ChecksumFileError,
     checksum_path,
-    damaged_records,
+    damaged_in_window,
     load_checksums,
     stale_reason,
 )
 from ..format.keys import refuse_shared_offsets
+from ..format.window import RecWindow
 from ..packer.images import sniff_format
 from ..text import counted
-from .scan import mapped
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -61,6 +61,10 @@ class DamagedRecordsError(RectoolError):
     def __init__(self, message: str, damaged: list[tuple[str, int | None, int]]) -> None:
         super().__init__(message)
         self.damaged = damaged
+
+
+# The shards' mappings are let go once about this many image bytes were read through them.
+RELEASE_BYTES = 64 << 20
 
 
 @dataclass
@@ -106,8 +110,13 @@ def unpack_dataset(
         result.layout = ds.layout
         total = len(samples)
         out = OutputFolder(out_dir)  # never writes through a link planted inside it
+        mapped = 0  # bytes read through the shards' mappings since they were let go
         for done, i in enumerate(samples.tolist(), start=1):
             image, label = ds.raw(i)
+            mapped += len(image)
+            if mapped >= RELEASE_BYTES:  # unmapped, mapped again on the next read: the
+                ds.close()  # process never holds the pack's pages (issue 37)
+                mapped = 0
             folder = folders[float(label if np.ndim(label) == 0 else label[0])]
             kind = sniff_format(image[:16])
             result.unknown_format += kind is None
@@ -194,14 +203,14 @@ def _refuse_damaged(ds: PackDataset, shown: int = 5) -> None:
                 f"{exc}; cannot check the records against it (`rectool verify` says more; "
                 "delete it to unpack without per-record checks)"
             ) from None
-        with mapped(rec) as (buf, size):
-            stale = stale_reason(entries, size)
+        with RecWindow(rec) as window:  # the pack read a window at a time, never held
+            stale = stale_reason(entries, window.size)
             if stale is not None:
                 raise RectoolError(
                     f"{path}: {stale} (`rectool verify` says more; delete it to unpack "
                     "without per-record checks)"
                 )
-            bad = damaged_records(buf, size, entries)
+            bad = damaged_in_window(window, entries)
         if len(bad):
             key_of = dict(zip(ds.offsets[a:b].tolist(), ds.keys[a:b].tolist()))
             for i in bad:

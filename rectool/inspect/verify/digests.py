@@ -15,13 +15,12 @@ from ...format.checksums import (
     ChecksumFileError,
     algorithm_of,
     checksum_path,
-    damaged_records,
+    damaged_in_window,
     load_checksums,
     show_checksum,
     stale_reason,
 )
 from ...format.digest import DIGEST_NAMES, FIELD, field_name, file_digests
-from ...format.window import ascending
 from .facts import DatasetFacts, ShardFacts, size_or_zero
 from .report import CheckResult, Compared, Found, ProblemAt, Tally, one_problem
 
@@ -119,24 +118,6 @@ def _hexdigests(path: str, algorithms: list[str]) -> dict[str, str]:
     return file_digests(path, algorithms).hexdigests()
 
 
-def _damaged_records(facts: ShardFacts, entries: np.ndarray) -> list[int]:
-    """Return the positions in `entries` whose bytes differ from their checksum (see
-    `damaged_records`), read a window's batch of records at a time in file order."""
-    window, offsets = facts.window, entries["offset"].astype(np.int64)
-    order = ascending(offsets)
-    starts = offsets if order is None else offsets[order]
-    rows = entries if order is None else entries[order]
-    bad: list[int] = []
-    try:
-        for i, j, lo, hi in window.batches(starts):
-            part = rows[i:j]
-            window.hold(lo, max(hi, int((starts[i:j] + part["length"]).max())))
-            bad += [i + k for k in damaged_records(facts.buf, facts.size, part)]
-    finally:
-        window.drop()
-    return bad if order is None else sorted(order[bad].tolist())
-
-
 def _checksum_file(facts: ShardFacts) -> tuple[str | None, dict[str, str], Found | None]:
     """Return (path, {algorithm: hex} the manifest expects, problem or None) of the shard's
     .rec.crc; path is None when it has none (files packed by other tools, or before rectool
@@ -210,7 +191,7 @@ def check_record_checksums(
         return
     if facts.entry is not None and digests_match(facts.rec):
         return
-    bad = _damaged_records(facts, entries)
+    bad = damaged_in_window(facts.window, entries)
     algorithm = algorithm_of(entries)
     named = DIGEST_NAMES[algorithm]
     yield Tally("record_checksums", len(entries))
