@@ -235,3 +235,17 @@ def test_json_consumers_see_progress_on_stderr_and_one_document_on_stdout(
     assert result.exit_code == 0, result.output
     json.loads(result.stdout)
     assert any(line.startswith(command) for line in result.stderr.splitlines()), result.stderr
+
+
+def test_a_heartbeat_that_cannot_start_leaves_the_command_alone(monkeypatch):
+    # Under `ulimit -v` a thread's stack is what runs out first: the log goes on without it.
+    import threading
+
+    def cannot_start(self):
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", cannot_start)
+    log = PhaseLog("list", every=1e9, echo=lambda line: None)
+    log.start_heartbeat()
+    assert log.heartbeat is None
+    log.close()

@@ -235,8 +235,12 @@ class PhaseLog:
             while not self._stop.wait(self.every / 4):
                 self.beat()
 
-        self.heartbeat = threading.Thread(target=run, name="rectool-progress", daemon=True)
-        self.heartbeat.start()
+        beat = threading.Thread(target=run, name="rectool-progress", daemon=True)
+        try:
+            beat.start()
+        except RuntimeError:  # no thread to be had (under `ulimit -v`): the log without it
+            return
+        self.heartbeat = beat
 
     def beat(self) -> None:
         """Print the last state when nothing has been printed for 0.7 `every` seconds (so,
