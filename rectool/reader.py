@@ -24,10 +24,10 @@ import struct
 from collections import namedtuple
 from typing import TYPE_CHECKING, Any
 
-StrPath = str | os.PathLike[str]  # what annotations name, defined for the modules copying them
-Data = bytes | bytearray | memoryview
+Data = bytes | bytearray | memoryview  # image bytes, as annotations name them
 if TYPE_CHECKING:
     import numpy as np
+    from _typeshed import StrPath
 else:  # numpy imported on first use: the command line loads this module for its errors
     np = type("LazyNumpy", (), {"__getattr__": lambda _, n: getattr(__import__("numpy"), n)})()
 
@@ -85,18 +85,14 @@ class SampleIndexError(RectoolError, IndexError):
     """A sample index outside the dataset (an `IndexError`, so iteration protocols stop)."""
 
 
-def open_regular(path: StrPath, what: str, max_bytes: Any = None, follow: bool = True) -> Any:
-    """Open `path` read-only, non-blocking; return (fd, stat) if it is a regular file (a FIFO
-    would block, a device never end) of at most `max_bytes`; `follow=False`: not a link."""
-    nofollow = 0 if follow else getattr(os, "O_NOFOLLOW", 0)
+def open_regular(path: StrPath, what: str, max_bytes: Any = None, flags: int = 0) -> Any:
+    """Open `path` read-only, non-blocking (with `os.open` `flags` added); return (fd, stat) if
+    it is a regular file (a FIFO would block, a device never end) of at most `max_bytes`."""
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | nofollow)
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | flags)
     except OSError as exc:
-        why = "is a symbolic link" if nofollow and exc.errno == errno.ELOOP else exc.strerror
-        why = (
-            f"cannot open the {what} ({why})" if exc.errno != errno.ENOENT else f"{what} not found"
-        )
-        raise InputError(f"{path}: {why}") from None
+        why = f"cannot open the {what} ({exc.strerror})" if exc.errno != errno.ENOENT else ""
+        raise InputError(f"{path}: {why or what + ' not found'}") from None
     st = os.fstat(fd)
     why = "" if stat.S_ISREG(st.st_mode) else f"not a regular file (the {what} must be one)"
     if why or (max_bytes is not None and st.st_size > max_bytes):
@@ -127,11 +123,8 @@ class RecordFile:
         self.path, self._identity = os.fspath(path), identity
         self._mm: mmap.mmap | bytes | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "identity": self._identity}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], state["identity"])  # type: ignore[misc]  # a subclass's
+    def __reduce__(self) -> Any:
+        return type(self), (self.path, self._identity)
 
     def open(self) -> mmap.mmap | bytes:
         """Return the mapping of the file, mapping it on first use (b"" for an empty file)."""
@@ -152,14 +145,6 @@ class RecordFile:
         mm, self._mm = self._mm, None
         if isinstance(mm, mmap.mmap):
             mm.close()
-
-    size = property(lambda self: len(self.open()))
-
-    def read_at(self, offset: int, key: Any = None) -> bytes:
-        return self.read_parts(offset, key)[0]
-
-    def next_offset(self, offset: int, key: Any = None) -> int:
-        return self.read_parts(offset, key)[1]
 
     def read_parts(self, offset: int, key: Any = None) -> tuple[bytes, int]:
         """Return (the record whose first part is at byte `offset`, split parts rejoined with

@@ -103,7 +103,7 @@ def test_insightface_header_gives_the_key_ranges(tmp_path):
     write_insightface(tmp_path / "f.rec", tmp_path / "f.idx", [2, 3], face)
     keys, offsets = load_index(tmp_path / "f.idx")
     rf = RecordFile(tmp_path / "f.rec")
-    header = insightface_header(lambda j: unpack_header(rf.read_at(offsets[j])), keys)
+    header = insightface_header(lambda j: unpack_header(rf.read_parts(offsets[j])[0]), keys)
     assert header == (range(1, 6), range(6, 8))
 
 

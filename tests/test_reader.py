@@ -250,12 +250,12 @@ def rec(tmp_path):
 
 def test_read_at(rec):
     with opened(rec) as f:
-        assert f.size == 72
-        assert f.read_at(0) == b"hello"
-        assert f.read_at(16) == b""
-        assert f.read_at(24) == b"abcd" + MAGIC + b"efgh" + MAGIC + b"ij"
-        assert f.read_at(60) == b"xyzw"
-        assert [f.next_offset(o) for o in (0, 16, 24, 60)] == [16, 24, 60, 72]
+        assert len(f.open()) == 72
+        assert f.read_parts(0)[0] == b"hello"
+        assert f.read_parts(16)[0] == b""
+        assert f.read_parts(24)[0] == b"abcd" + MAGIC + b"efgh" + MAGIC + b"ij"
+        assert f.read_parts(60)[0] == b"xyzw"
+        assert [f.read_parts(o)[1] for o in (0, 16, 24, 60)] == [16, 24, 60, 72]
 
 
 def test_iter_records(rec):
@@ -271,7 +271,7 @@ def test_iter_records(rec):
 
 def test_empty_rec_scans_to_nothing(tmp_path):
     with opened(write(tmp_path / "empty.rec", b"")) as f:
-        assert f.size == 0
+        assert len(f.open()) == 0
         assert list(iter_records(f)) == []
 
 
@@ -293,7 +293,7 @@ def assert_format_error(caught, path, offset, reason, key=None):
 def check_error(path, offset, reason, start=None, readers=None):
     """Assert that reading at `start` (default `offset`), and a scan from 0, fail at `offset`."""
     start = offset if start is None else start
-    for read in readers or [lambda f: f.read_at(start), lambda f: list(iter_records(f))]:
+    for read in readers or [lambda f: f.read_parts(start)[0], lambda f: list(iter_records(f))]:
         with opened(path) as f, pytest.raises(RecordFormatError) as caught:
             read(f)
         assert_format_error(caught, path, offset, reason)
@@ -346,7 +346,7 @@ def test_offset_not_aligned(rec, offset):
         rec,
         offset,
         "not a record start (a negative or not 4-byte aligned offset)",
-        readers=[lambda f: f.read_at(offset), lambda f: f.next_offset(offset)],
+        readers=[lambda f: f.read_parts(offset)[0], lambda f: f.read_parts(offset)[1]],
     )
 
 
@@ -356,14 +356,14 @@ def test_offset_inside_a_split_record(rec, offset, cflag):
         rec,
         offset,
         f"part has continuation flag {cflag} (expected 0 or 1: a record starts)",
-        readers=[lambda f: f.read_at(offset), lambda f: list(iter_records(f, offset))],
+        readers=[lambda f: f.read_parts(offset)[0], lambda f: list(iter_records(f, offset))],
     )
 
 
 @pytest.mark.parametrize("offset", [4, 20, 28])
 def test_offset_inside_a_record(rec, offset):
     with opened(rec) as f, pytest.raises(RecordFormatError) as caught:
-        f.read_at(offset)
+        f.read_parts(offset)[0]
     assert caught.value.offset == offset
     assert caught.value.reason.startswith("bad magic 0x")
 
@@ -373,7 +373,7 @@ def test_offset_at_end_of_file(rec):
         rec,
         72,
         "record cut short: expected a part header, found the end of the file",
-        readers=[lambda f: f.read_at(72)],
+        readers=[lambda f: f.read_parts(72)[0]],
     )
 
 
@@ -383,7 +383,7 @@ def test_offset_past_the_end_of_the_file(rec, offset):
         rec,
         offset,
         "record cut short: expected a part header, found the end of the file",
-        readers=[lambda f: f.read_at(offset)],
+        readers=[lambda f: f.read_parts(offset)[0]],
     )
 
 
@@ -393,13 +393,13 @@ def test_negative_offset(rec, offset):
         rec,
         offset,
         "not a record start (a negative or not 4-byte aligned offset)",
-        readers=[lambda f: f.read_at(offset)],
+        readers=[lambda f: f.read_parts(offset)[0]],
     )
 
 
 def test_missing_record_file(tmp_path):
     with pytest.raises(RectoolError) as caught:
-        RecordFile(tmp_path / "nope.rec").read_at(0)
+        RecordFile(tmp_path / "nope.rec").read_parts(0)[0]
     assert str(caught.value) == f"{tmp_path / 'nope.rec'}: record file not found"
 
 
@@ -526,10 +526,10 @@ def test_index_offset_that_is_not_a_record_start(tmp_path):
 
 def test_pickled_record_file_reads_after_unpickling(rec):
     with opened(rec) as f:
-        assert f.read_at(0) == b"hello"  # mapped before pickling
+        assert f.read_parts(0)[0] == b"hello"  # mapped before pickling
         clone = pickle.loads(pickle.dumps(f))
     assert clone.path == str(rec)
-    assert clone.read_at(60) == b"xyzw"
+    assert clone.read_parts(60)[0] == b"xyzw"
     clone.close()
 
 
@@ -587,7 +587,7 @@ def test_no_descriptor_leaks(tmp_path):
         f.close()
         f.close()  # closing twice is harmless
         assert open_fds() == before
-        assert f.read_at(12) == b"b"  # a closed file reopens on the next read
+        assert f.read_parts(12)[0] == b"b"  # a closed file reopens on the next read
         f.close()
         assert open_fds() == before
 
@@ -612,7 +612,7 @@ def test_threads_reading_a_fresh_record_file_at_once(tmp_path):
             start.wait()
             try:
                 for n in range(len(records)):
-                    assert rec.read_at(offsets[n]) == records[n]
+                    assert rec.read_parts(offsets[n])[0] == records[n]
             except Exception as exc:  # reported below, in the test's thread
                 errors_seen.append(exc)
 

@@ -218,7 +218,7 @@ class PackDataset(RecordDataset):
         """Return the `Header` of sample `i` (flag, label, id, id2)."""
         s, i = self._locate(i)
         rf, offset = self._files[s], self.offsets.item(i)
-        return unpack_header(rf.read_at(offset, self.keys.item(i)), rf.path, offset)[0]
+        return unpack_header(rf.read_parts(offset, self.keys.item(i))[0], rf.path, offset)[0]
 
     @property
     def identity_ranges(self) -> NDArray[np.int64] | None:

@@ -20,6 +20,8 @@ from ..reader import open_regular
 if TYPE_CHECKING:
     from _typeshed import StrPath
 
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)  # where no link is expected (ELOOP on one)
+
 
 def _opened_path(fd: int, path: StrPath) -> str:
     """Return the real path of the file open as `fd` (Linux: where the kernel opened it)."""
@@ -42,7 +44,9 @@ def open_checked(
 ) -> tuple[int, os.stat_result]:
     """Return (fd, stat) as `open_regular` does; with `within`, a folder, refuse a file whose
     real path is outside it."""
-    fd, st = open_regular(os.fspath(path), what, max_bytes, follow)
+    if not follow and os.path.islink(path):
+        raise InputError(f"{os.fspath(path)}: cannot open the {what} (is a symbolic link)")
+    fd, st = open_regular(os.fspath(path), what, max_bytes, 0 if follow else NOFOLLOW)
     if within is not None:
         real = _opened_path(fd, path)
         if not is_inside(real, within):

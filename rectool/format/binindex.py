@@ -82,7 +82,7 @@ def index_shards(
 
     def read(line: int) -> tuple[Header, bytes]:
         rf, offset = files[int(shard_of[line])], int(offsets[line])
-        return unpack_header(rf.read_at(offset, int(keys[line])), rf.path, offset)
+        return unpack_header(rf.read_parts(offset, int(keys[line]))[0], rf.path, offset)
 
     ranges = None if layout == "images" or not len(keys) else insightface_header(read, keys)
     if ranges is None and layout == "insightface":

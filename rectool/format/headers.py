@@ -210,7 +210,7 @@ def header_labels(
         if len(rf.open()) < 32:
             continue
         mapping = rf.open()
-        words = np.frombuffer(mapping, "<u4", rf.size // 4)
+        words = np.frombuffer(mapping, "<u4", len(mapping) // 4)
         try:
             # Temporaries of a chunk, not of every record; and the pages a chunk touched are
             # handed back before the next (at most a page a record: 256 MiB), so that RSS
@@ -220,7 +220,7 @@ def header_labels(
                 rows: Any = slice(start, end)
                 if len(files) > 1:
                     rows = start + np.flatnonzero(shard_of[rows] == s)
-                ok, w, head = record_heads(words, rf.size, offsets[rows])
+                ok, w, head = record_heads(words, len(rf.open()), offsets[rows])
                 flag = head[:, 2].astype(np.int64)
                 if not ok.all():
                     rows = (np.arange(start, end) if type(rows) is slice else rows)[ok]
@@ -240,7 +240,7 @@ def header_labels(
     for row in np.flatnonzero(~fast).tolist():
         rf, offset, key = files[int(shard_of[row])], int(offsets[row]), int(keys[row])
         try:
-            header, _ = unpack_header(rf.read_at(offset, key), rf.path, offset)
+            header, _ = unpack_header(rf.read_parts(offset, key)[0], rf.path, offset)
         except RecordFormatError as exc:
             raise RecordFormatError(exc.reason, rf.path, offset, key) from None
         flags[row] = header.flag

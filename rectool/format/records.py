@@ -43,11 +43,11 @@ class IndexedRecordFile:
             self._lookup = dict(zip(self.keys.tolist(), self.offsets.tolist()))
         if key not in self._lookup:
             raise RectoolError(f"{self.idx_path}: key {key} is not in the index")
-        return self.rec.read_at(self._lookup[key], key)
+        return self.rec.read_parts(self._lookup[key], key)[0]
 
     def read_at_position(self, i: int) -> bytes:
         """Return the record of the i-th line of the index (bytes)."""
-        return self.rec.read_at(int(self.offsets[i]), int(self.keys[i]))
+        return self.rec.read_parts(int(self.offsets[i]), int(self.keys[i]))[0]
 
 
 def iter_records(

@@ -200,7 +200,12 @@ def _reindex_locked(
             keep = np.ones(len(starts), bool)
         else:
             headers = read_headers(
-                buf, size, starts, framing.lengths, framing.split, records.read_at
+                buf,
+                size,
+                starts,
+                framing.lengths,
+                framing.split,
+                lambda offset: records.read_parts(offset)[0],
             )
             short = framing.lengths < IMAGE_HEADER_SIZE
             huge = headers.id > np.uint64(_INT64_MAX)

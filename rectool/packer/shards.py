@@ -313,11 +313,11 @@ class ShardWriter:
         keys, offsets = parse_index(complete, idx_p)
         records = RecordFile(rec_p)
         try:
-            end = records.next_offset(int(offsets[-1]), int(keys[-1])) if len(keys) else 0
-            if records.size < end:
+            end = records.read_parts(int(offsets[-1]), int(keys[-1]))[1] if len(keys) else 0
+            if len(records.open()) < end:
                 raise RectoolError(f"{rec_p}: shorter than its index says; cannot resume")
             keep = len(keys)
-            while drop_tail and keep and drop_tail(records.read_at(int(offsets[keep - 1]))):
+            while drop_tail and keep and drop_tail(records.read_parts(int(offsets[keep - 1]))[0]):
                 keep -= 1
         finally:
             records.close()

@@ -142,13 +142,8 @@ class CachedRecordFile(RecordFile):
         self._pin: Pin | None = None
         self._opening = False
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "obj": self.obj, "cache": self.cache, "shards": self.shards}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        CachedRecordFile.__init__(
-            self, state["path"], state["obj"], state["cache"], state["shards"]
-        )
+    def __reduce__(self) -> Any:  # no mapping, no pin: fetched again where it arrives
+        return CachedRecordFile, (self.path, self.obj, self.cache, self.shards)
 
     def open(self) -> mmap.mmap | bytes:
         pin = self._pin

@@ -442,6 +442,6 @@ class RecordCopier:
         s = self.sources[self.catalog.source[row]]
         i = int(self.catalog.sample[row])
         rec, offset, key = s.dataset.location(i)
-        record = self._record_files[rec].read_at(offset, key)
+        record = self._record_files[rec].read_parts(offset, key)[0]
         head, image = unpack_header(record, rec, offset)
         return head, bytes(image)

@@ -388,7 +388,7 @@ class RepackRun:
         if self.total > self.refused.sum():
             rf = RecordFile(self.paths.rec)
             try:  # image key 1 is the first record of the file (identity records follow)
-                record = rf.read_at(0)
+                record = rf.read_parts(0)[0]
             finally:
                 rf.close()
             _, image = unpack_header(record)
