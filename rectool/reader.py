@@ -390,7 +390,7 @@ def sniff_format(data: Data) -> str | None:
     return None if kind == "webp" and head[8:] != b"WEBP" else kind
 
 
-def check_max_pixels(max_pixels: float) -> int:
+def check_max_pixels(max_pixels: Any) -> int:
     """Return `max_pixels` when it is a pixel budget (an int >= 1); raise ValueError if not."""
     if isinstance(max_pixels, bool) or not isinstance(max_pixels, int) or max_pixels < 1:
         raise ValueError(f"max_pixels must be an int >= 1, not {max_pixels!r}")
@@ -479,9 +479,15 @@ def _size(kind: str, data: Any, whole: bool) -> Any:
     return found.get(257, 0), found.get(256, 0)
 
 
-def imdecode(data: Data, flags: Any, max_pixels: float = DEFAULT_MAX_PIXELS) -> Any:
-    """Return `cv2.imdecode(data, flags)` of bytes `admit_image` admits (rectool's one call of
-    OpenCV's decoder); `flags`: an `IMREAD_*` flag or a function of (format, height, width)."""
+def decode_image(data: Data, mode: Any = "bgr", max_pixels: float = DEFAULT_MAX_PIXELS) -> Any:
+    """Decode image bytes into an HWC uint8 array ("bgr", "rgb" or "gray": H x W x 1), or into
+    OpenCV's own array for `mode` an `IMREAD_*` flag or a function of (format, height, width)
+    choosing one. Empty, cut or undecodable bytes are refused, and so is, before anything is
+    allocated, an image over `max_pixels` (`admit_image`): rectool's one call of OpenCV."""
+    if isinstance(mode, str) and mode not in DECODE_MODES:
+        raise ValueError(f"decode mode must be one of {DECODE_MODES}, not {mode!r}")
+    if not len(data):
+        raise RecordFormatError("empty image: the record holds a header and no image bytes")
     why = f" (they start with {bytes(data[:8])!r})"
     try:
         header = admit_image(data, max_pixels)
@@ -495,24 +501,15 @@ def imdecode(data: Data, flags: Any, max_pixels: float = DEFAULT_MAX_PIXELS) -> 
         import cv2
     except ImportError:
         raise RectoolError("decoding images needs OpenCV (opencv-python-headless)") from None
+    flag = (
+        mode(*header) if callable(mode) else int(mode != "gray") if mode in DECODE_MODES else mode
+    )
     try:
-        flag = flags(*header) if callable(flags) else flags
         image = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
     except cv2.error as exc:
         image, why = None, f" (OpenCV: {str(exc).strip()[-120:]})"
     if image is None or not image.size:
         raise RecordFormatError(f"the {len(data)} image bytes cannot be decoded{why}")
-    return image
-
-
-def decode_image(data: Data, mode: str = "bgr", max_pixels: float = DEFAULT_MAX_PIXELS) -> Any:
-    """Decode image bytes into an HWC uint8 array ("bgr", "rgb" or "gray": H x W x 1), refusing
-    empty, cut or undecodable bytes and, before decoding, an image over `max_pixels`."""
-    if mode not in DECODE_MODES:
-        raise ValueError(f"decode mode must be one of {DECODE_MODES}, not {mode!r}")
-    if not len(data):
-        raise RecordFormatError("empty image: the record holds a header and no image bytes")
-    image = imdecode(data, int(mode != "gray"), max_pixels)  # cv2.IMREAD_COLOR or _GRAYSCALE
-    if mode == "bgr":
-        return image
-    return np.ascontiguousarray(image[:, :, ::-1]) if mode == "rgb" else image[:, :, None]
+    if mode == "rgb":
+        return np.ascontiguousarray(image[:, :, ::-1])
+    return image[:, :, None] if mode == "gray" else image

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING or __name__ == "rectool.training":  # rectool's own module: its reader
-    from .reader import DEFAULT_MAX_PIXELS, RecordFormatError, RectoolError, imdecode
+    from .reader import RecordFormatError, RectoolError, check_max_pixels, decode_image
 else:  # an emitted copy: the reader emitted beside it, in a package or on sys.path
     try:
-        from .rectool_reader import DEFAULT_MAX_PIXELS, RecordFormatError, RectoolError, imdecode
+        from .rectool_reader import RecordFormatError, RectoolError, check_max_pixels, decode_image
     except ImportError:
-        from rectool_reader import DEFAULT_MAX_PIXELS, RecordFormatError, RectoolError, imdecode
+        from rectool_reader import RecordFormatError, RectoolError, check_max_pixels, decode_image
 
 if TYPE_CHECKING:
     from collections.abc import Generator, Iterable, Iterator, Sequence
@@ -204,8 +204,8 @@ def _cv2() -> Any:
 
 
 class _Decoder:
-    """Decodes samples of `ds` into batch slots through the reader's guard (`imdecode`: an image
-    declaring more than `max_pixels` pixels is never decoded); what a worker needs, picklable."""
+    """Decodes samples of `ds` into batch slots through the reader's guard (`decode_image`: an
+    image over `max_pixels` pixels is never decoded); what a worker needs, picklable."""
 
     def __init__(self, ds: Any, mode: str, size: Any, max_pixels: int, *how: Any) -> None:
         self.ds, self.mode, self.size, self.max_pixels = ds, mode, size, max_pixels
@@ -222,7 +222,7 @@ class _Decoder:
         """Return sample `i` decoded with `flags` (or a function of its format and size choosing
         them); raise the reader's RecordFormatError naming its file, key and offset."""
         try:
-            return imdecode(self.ds.raw(i)[0], flags, self.max_pixels)
+            return decode_image(self.ds.raw(i)[0], flags, self.max_pixels)
         except RecordFormatError as exc:
             raise type(exc)(exc.reason, *self.ds.location(i)) from None
 
@@ -300,9 +300,7 @@ class _Batches:
             raise ValueError(f"mode must be one of {MODES}, on_error one of {ON_ERROR}")
         if size is not None and [type(v) is int and v > 0 for v in size] != [True, True]:
             raise ValueError(f"size must be (height, width) in pixels, not {size!r}")
-        budget = getattr(ds, "max_pixels", DEFAULT_MAX_PIXELS) if budget is None else budget
-        if type(budget) is not int or budget < 1:
-            raise ValueError(f"max_pixels must be an int >= 1, not {budget!r}")
+        budget = check_max_pixels(getattr(ds, "max_pixels", None) if budget is None else budget)
         labels = ds.labels
         if len(ds) == 0 or labels.dtype == object:
             raise RectoolError(f"{ds!r}: no samples, or labels of several widths, to batch")

@@ -178,10 +178,10 @@ def test_every_command_result_renders_its_own_json():
 
 # Names two modules both define (a ratchet: remove an entry when it is renamed). On purpose:
 # the package's `open_dataset` and `read_manifest` are the core reader's doors widened (every
-# source; every field a command reads), and recordio.py's `imdecode` is MXNet's name. Not yet:
+# source; every field a command reads). Not yet:
 # recordio.py's public `image_size` (format, height, width) and packer/layout.py's (height,
 # width), both over the reader's `admit_image`.
-SHARED_NAMES = {"main", "open_dataset", "read_manifest", "imdecode", "image_size"}
+SHARED_NAMES = {"main", "open_dataset", "read_manifest", "image_size"}
 STANDALONE_COPIES: set[str] = set()  # recordio.py imports the reader's; emit.py copies them
 
 

@@ -63,7 +63,7 @@ def no_decoders(monkeypatch):
 # recordio.py decodes as MXNet does (a cut image too), so it has its own door, after the same
 # guard (`admit_image(..., whole=False)`).
 DOORS = {
-    ("reader.py", "imdecode"),
+    ("reader.py", "decode_image"),
     ("packer/images.py", "_simplejpeg_decode"),
     ("recordio.py", "_decode"),
 }

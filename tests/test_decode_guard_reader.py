@@ -76,7 +76,7 @@ def test_an_oversized_header_is_refused_before_decoding(name, no_decoder):
         with pytest.raises(rd.ImageTooLargeError):
             rd.decode_image(data, mode)
     with pytest.raises(rd.ImageTooLargeError):
-        rd.imdecode(data, cv2.IMREAD_REDUCED_COLOR_8)
+        rd.decode_image(data, cv2.IMREAD_REDUCED_COLOR_8)
 
 
 def test_the_budget_is_the_callers():

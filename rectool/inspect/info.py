@@ -32,7 +32,7 @@ from ..format.window import RecWindow
 from ..reader import (
     DEFAULT_MAX_PIXELS,
     ImageTooLargeError,
-    imdecode,
+    decode_image,
     sniff_format,
     unpack_header,
 )
@@ -426,7 +426,7 @@ def _measure(
         dims["undecodable"] += 1
         return
     try:
-        array = imdecode(image, cv2.IMREAD_UNCHANGED, max_pixels)
+        array = decode_image(image, cv2.IMREAD_UNCHANGED, max_pixels)
     except ImageTooLargeError:
         dims["too large"] += 1
         return

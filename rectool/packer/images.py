@@ -3,7 +3,7 @@
 Everything here works on bytes in memory, so non-ASCII paths never reach OpenCV, and raises
 `ImageRefused` with a short reason when an image must not be packed. Every decode goes
 through the reader's guard first (`reader.admit_image`: the header's dimensions against
-`max_pixels`, before anything is allocated): OpenCV through `reader.imdecode`, simplejpeg
+`max_pixels`, before anything is allocated): OpenCV through `reader.decode_image`, simplejpeg
 through `_simplejpeg_decode` here.
 """
 
@@ -22,7 +22,7 @@ from ..reader import (
     JPEG_STANDALONE_MARKERS,
     ImageTooLargeError,
     admit_image,
-    imdecode,
+    decode_image,
     sniff_format,
 )
 
@@ -141,9 +141,9 @@ def transform_from_options(
 
 
 def _decode(data: bytes, flag: int, max_pixels: float) -> np.ndarray:
-    """Decode with OpenCV through the reader's guard (`reader.imdecode`)."""
+    """Decode with OpenCV through the reader's guard (`reader.decode_image`)."""
     try:
-        return imdecode(data, flag, max_pixels)
+        return decode_image(data, flag, max_pixels)
     except ImageTooLargeError as exc:
         raise ImageTooLarge(exc.reason) from None
     except RecordFormatError:

@@ -13,7 +13,7 @@ from ..errors import RecordFormatError
 from ..inspect.info import label_counts
 from ..reader import (
     ImageTooLargeError,
-    imdecode,
+    decode_image,
 )
 from .page import LEFT_OUT
 
@@ -100,7 +100,7 @@ def thumbnail(data: bytes, options: ReportOptions, reduce: int, alt: str, captio
     `options.thumb` pixels, encode it as a small JPEG."""
     size = options.thumb
     try:
-        array: np.ndarray = imdecode(data, _REDUCED[reduce], options.max_pixels)
+        array: np.ndarray = decode_image(data, _REDUCED[reduce], options.max_pixels)
     except ImageTooLargeError:
         return Thumb(alt, caption, problem="not decoded: more pixels than --max-pixels")
     except RecordFormatError:
