@@ -1,12 +1,11 @@
 """Read a rectool pack (MXNet RecordIO shards, a manifest, a binary index) with numpy only.
 
     ds = open_dataset("out/faces", decode="rgb")  # the pack's prefix or its manifest's path
-    image, label = ds[0]                            # HWC uint8 array, float label (or vector)
-    ds.labels                                       # every label: one read-only mapped array
+    image, label = ds[0]  # HWC uint8 array, float label (or vector); ds.labels: every label
 
-The index (`.npy` arrays, format 3) is mapped: 42M records open in milliseconds. Reads are
-bounded and checked; an image over `max_pixels` is refused from its header before OpenCV
-allocates. A pack without that index is refused (`NotIndexedError`): `rectool index` writes one.
+The `.npy` index is mapped: 42M records open in milliseconds. Reads are bounded and checked; an
+image over `max_pixels` is refused from its header before OpenCV allocates. A pack without
+that index is refused (`NotIndexedError`): `rectool index` writes one.
 """
 
 from __future__ import annotations
@@ -97,9 +96,8 @@ def open_regular(path: StrPath, what: str, max_bytes: Any = None, flags: int = 0
     why = "" if stat.S_ISREG(st.st_mode) else f"not a regular file (the {what} must be one)"
     if why or (max_bytes is not None and st.st_size > max_bytes):
         os.close(fd)
-        raise InputError(
-            f"{path}: {why or f'the {what} is {st.st_size:,} bytes, over {max_bytes:,}'}"
-        )
+        why = why or f"the {what} is {st.st_size:,} bytes, over {max_bytes:,}"
+        raise InputError(f"{path}: {why}")
     return fd, st
 
 
@@ -244,10 +242,8 @@ def load_array(path: str, name: str, length: int | None, kind: Any = None) -> An
         rows, start, size = shape[0] if shape else -1, f.tell(), os.fstat(f.fileno()).st_size
         wrong = found != dtype or len(shape) not in ndims or fortran or 0 in shape[1:]
         if wrong or length not in (None, rows):
-            raise InputError(
-                f"{path}: the {name} index must be {length} rows of {np.dtype(dtype)}, not "
-                f"{shape} {found}: rebuild it with `rectool index`"
-            )
+            why = f"must be {length} rows of {np.dtype(dtype)}, not {shape} {found}"
+            raise InputError(f"{path}: the {name} index {why}: rebuild it with `rectool index`")
         if min(shape) < 0 or start + math.prod(shape) * found.itemsize != size:
             raise InputError(f"{path}: {size:,} bytes, not the {shape} its header says")
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
@@ -259,10 +255,8 @@ def open_dataset(source: StrPath, decode: Any = None, *, max_pixels: int = 50_00
     source = os.fspath(source)
     path = source if source.endswith(MANIFEST_SUFFIX) else source + MANIFEST_SUFFIX
     if path != source and not os.path.exists(path):
-        raise NotIndexedError(
-            f"{source}: no rectool pack here (no {path}); a .rec without one gets its manifest "
-            "and index from `rectool index`"
-        )
+        why = "a .rec without one gets its manifest and index from `rectool index`"
+        raise NotIndexedError(f"{source}: no rectool pack here (no {path}); {why}")
     return RecordDataset(path, decode, max_pixels)
 
 
@@ -283,10 +277,8 @@ class RecordDataset:
         refuse_unfinished(path[: -len(MANIFEST_SUFFIX)] if path.endswith(MANIFEST_SUFFIX) else path)
         doc = read_manifest(path)
         if doc.get("format_version", 0) < 3 or doc.get("index") is None:
-            raise NotIndexedError(
-                f"{path}: a pack without a binary index (manifest format "
-                f"{doc.get('format_version', 0)}); write one with `rectool index {path}`"
-            )
+            why = f"a pack without a binary index (manifest format {doc.get('format_version', 0)})"
+            raise NotIndexedError(f"{path}: {why}; write one with `rectool index {path}`")
         index, self.layout = doc["index"], doc.get("layout") or "images"
         self._manifest_id = file_identity(os.stat(path))  # a pack written again: a new manifest
         self._bounds = [0]
@@ -371,10 +363,9 @@ class RecordDataset:
             raise type(exc)(exc.reason, *self.location(i)) from None
 
 
-# --- decoding, behind one guard: an image's header is read and its size refused over the budget
-# before a decoder allocates (333 bytes of JPEG can ask for 65000^2 pixels). A size the guard
-# cannot read it cannot bound: other formats are refused, and so is (unless `whole=False`) a
-# cut JPEG (no end marker after its scan) or PNG (no IEND), which libjpeg would fill with grey.
+# --- decoding, behind one guard: an image's size is read from its header and refused over the
+# budget before a decoder allocates (333 bytes of JPEG can ask for 65000^2 pixels). Other
+# formats are refused, and so is (unless `whole=False`) a cut JPEG or PNG (libjpeg fills grey).
 JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # not DHT, JPG, DAC
 JPEG_STANDALONE_MARKERS = frozenset((0x01, *range(0xD0, 0xD8)))  # TEM, RSTn: no length
 FORMATS, _SIGNATURES = "JPEG, PNG, BMP, GIF, WebP, TIFF", (
@@ -420,8 +411,7 @@ def admit_image(data: Data, max_pixels: float = DEFAULT_MAX_PIXELS, whole: bool 
 
 
 def _jpeg_size(data: Any, whole: bool) -> Any:
-    # As libjpeg reads markers (jdmarker.c): bytes before a marker are skipped, and the first
-    # frame header sizes the image.
+    # As libjpeg reads markers (jdmarker.c): bytes before one skipped, the first frame sizes.
     n, i, size = len(data), 2, None
     while i + 4 <= n and data[i : i + 2] != b"\xff\xda":
         if data[i] != 0xFF:
@@ -501,9 +491,8 @@ def decode_image(data: Data, mode: Any = "bgr", max_pixels: float = DEFAULT_MAX_
         import cv2
     except ImportError:
         raise RectoolError("decoding images needs OpenCV (opencv-python-headless)") from None
-    flag = (
-        mode(*header) if callable(mode) else int(mode != "gray") if mode in DECODE_MODES else mode
-    )
+    flag = int(mode != "gray") if mode in DECODE_MODES else mode  # cv2.IMREAD_COLOR, _GRAYSCALE
+    flag = flag(*header) if callable(flag) else flag
     try:
         image = cv2.imdecode(np.frombuffer(data, np.uint8), flag)
     except cv2.error as exc:
