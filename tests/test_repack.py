@@ -307,6 +307,7 @@ def test_letting_go_of_the_source_mappings_mid_copy_changes_no_byte(tmp_path, mo
     repack([tmp_path / "src"], tmp_path / "kept", options)
     monkeypatch.setattr(run_module, "BATCH_RECORDS", 3)
     monkeypatch.setattr(copier_module, "RELEASE_BYTES", 1)  # after every window
+    monkeypatch.setattr(run_module, "SHUFFLE_RELEASE_BYTES", 1)
     released = []
     monkeypatch.setattr(
         copier_module.RecordCopier, "_release_if_due", counting(released, "_release_if_due")
@@ -669,3 +670,29 @@ def test_filters_and_relabelling_match_a_plain_python_rule(
     new = {label: n for n, label in enumerate(sorted({label for _, label in kept}))}
     expected = sorted(((image, float(new[label])) for image, label in kept), key=lambda s: s[1])
     assert samples(tmp_path / "out") == expected
+
+
+@pytest.mark.parametrize("order, budget", [("identity", 1), ("shuffle", 1 << 40)])
+def test_a_shuffle_keeps_its_scattered_pages_mapped_longer(tmp_path, monkeypatch, order, budget):
+    # A shuffle's windows touch blocks all over the source: it lets them go by its own, larger
+    # budget (SHUFFLE_RELEASE_BYTES), an identity-order copy by RELEASE_BYTES.
+    write_pack(tmp_path / "src", [[(k, jpeg_bytes(k, 12, 10), float(k % 3)) for k in range(12)]])
+    monkeypatch.setattr(run_module, "BATCH_RECORDS", 3)
+    monkeypatch.setattr(copier_module, "RELEASE_BYTES", 1)
+    monkeypatch.setattr(run_module, "SHUFFLE_RELEASE_BYTES", 1 << 40)
+    budgets, let_go = [], []
+    real_init, real_let_go = copier_module.RecordCopier.__init__, copier_module.RecordCopier._let_go
+
+    def init(self, *args):
+        real_init(self, *args)
+        budgets.append(self.release_bytes)
+
+    def counted_let_go(self):
+        let_go.append(1)
+        real_let_go(self)
+
+    monkeypatch.setattr(copier_module.RecordCopier, "__init__", init)
+    monkeypatch.setattr(copier_module.RecordCopier, "_let_go", counted_let_go)
+    repack([tmp_path / "src"], tmp_path / "out", RepackOptions(order=order, seed=1))
+    assert budgets == [budget]
+    assert (len(let_go) >= 2) == (order == "identity")  # windows let go; a shuffle's never here
