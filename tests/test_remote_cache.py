@@ -204,7 +204,7 @@ def test_the_limit_counts_every_file_of_the_cache_not_only_the_shards(objects):
     assert present(objs) == [False, True, False, False]
     assert cache.usage() == (
         sizes[1] + 100,
-        [(os.stat(objs[1].path).st_mtime_ns, objs[1].path, sizes[1])],
+        [(os.stat(objs[1].path).st_atime_ns, objs[1].path, sizes[1])],
     )
 
 

@@ -197,6 +197,19 @@ def set_mtime(path: str, ns: int) -> None:
         raise output_error(exc, path) from None
 
 
+def set_used(path: str, ns: int) -> None:
+    """Set the access time of a file rectool keeps to `ns` nanoseconds (a cached shard: when it
+    was last used, for least-recently-used eviction), leaving its modification time as it is:
+    a write to the file is what changes that (`remote/cache.py` checks a file again when it
+    changes). A file gone already is no error."""
+    try:
+        os.utime(path, ns=(ns, os.stat(path).st_mtime_ns))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        raise output_error(exc, path) from None
+
+
 def remove_empty_folder(folder: str) -> None:
     """Remove `folder` if it is empty (one a failed run made and wrote nothing into)."""
     try:

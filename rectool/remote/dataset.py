@@ -199,13 +199,13 @@ class ShardPrefetcher:
         self._thread.start()
 
     def _run(self, threads: int) -> None:
-        unused: dict[str, int] = {}  # path -> mtime at fetch
+        unused: dict[str, int] = {}  # path -> its last use (access time) at fetch
         running: dict[Future[str], CachedObject] = {}
         with ThreadPoolExecutor(threads, thread_name_prefix="rectool-fetch") as pool:
             while (self._pending or running) and not self._stop.is_set():
-                for path, mtime in list(unused.items()):
+                for path, used_at in list(unused.items()):
                     try:
-                        used = os.stat(path).st_mtime_ns != mtime
+                        used = os.stat(path).st_atime_ns != used_at
                     except FileNotFoundError:
                         used = True  # evicted: not ours to wait for
                     if used:
@@ -221,7 +221,7 @@ class ShardPrefetcher:
                     obj = running.pop(future)
                     try:
                         future.result()
-                        unused[obj.path] = os.stat(obj.path).st_mtime_ns
+                        unused[obj.path] = os.stat(obj.path).st_atime_ns
                     except CacheFullError:  # try again once readers let shards go
                         self._pending.append(obj)
                         self._stop.wait(0.05)
