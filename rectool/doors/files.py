@@ -10,7 +10,7 @@ import errno
 import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from ..errors import RectoolError
@@ -187,14 +187,9 @@ def truncate(path: str, size: int) -> None:
 
 
 def set_mtime(path: str, ns: int) -> None:
-    """Set the modification time of a file rectool keeps to `ns` nanoseconds (a cached shard:
-    when it was last used, for least-recently-used eviction); a file gone already is no error."""
-    try:
-        os.utime(path, ns=(ns, ns))
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        raise output_error(exc, path) from None
+    """Set the access and modification times of a file rectool keeps to `ns` nanoseconds (a
+    `mirror/` copy's folder: when it was last used); a file gone already is no error."""
+    _utime(path, lambda: (ns, ns))
 
 
 def set_used(path: str, ns: int) -> None:
@@ -202,8 +197,13 @@ def set_used(path: str, ns: int) -> None:
     was last used, for least-recently-used eviction), leaving its modification time as it is:
     a write to the file is what changes that (`remote/cache.py` checks a file again when it
     changes). A file gone already is no error."""
+    _utime(path, lambda: (ns, os.stat(path).st_mtime_ns))
+
+
+def _utime(path: str, times: Callable[[], tuple[int, int]]) -> None:
+    """Set `path`'s (access, modification) times to `times()` in nanoseconds, if it exists."""
     try:
-        os.utime(path, ns=(ns, os.stat(path).st_mtime_ns))
+        os.utime(path, ns=times())
     except FileNotFoundError:
         pass
     except OSError as exc:

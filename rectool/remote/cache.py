@@ -144,7 +144,7 @@ def let_go(fd: int, path: str) -> None:
 # What this process knows of the cached files it checked: path -> (device, inode, size,
 # mtime) when their digest matched. A write to the file changes its mtime, so a file whose
 # stamp is unchanged need not be read again (see `ShardCache.intact`). A use is dated in the
-# access time (`_touch`), which leaves the stamp alone: other processes' uses never make a
+# access time (`doors.set_used`), which leaves the stamp alone: other processes' uses never make a
 # process read a shard whole again (they did when a use set the mtime: every batch of a
 # Loader's workers re-read every shard, a first epoch from S3 at 0.6 of local speed).
 _checked: dict[str, tuple[int, ...]] = {}
@@ -153,11 +153,6 @@ _checked: dict[str, tuple[int, ...]] = {}
 def _stamp(path: str) -> tuple[int, ...]:
     st = os.stat(path)
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _touch(path: str, ns: int) -> None:
-    """Date a use of the cached file at `path` (`ns`): its access time, which eviction reads."""
-    set_used(path, ns)
 
 
 class Pin:
@@ -176,7 +171,7 @@ class Pin:
             os.close(fd)
             return
         if touch:
-            _touch(self.path, self._clock())
+            set_used(self.path, self._clock())
         let_go(fd, self.path + LOCK_SUFFIX)
 
 
@@ -256,7 +251,7 @@ class ShardCache:
             finally:
                 let_go(fd, download)
         if touch:
-            _touch(obj.path, self.clock())
+            set_used(obj.path, self.clock())
         return Pin(fd, obj.path, self.clock)
 
     def intact(self, obj: CachedObject) -> bool:
