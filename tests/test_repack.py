@@ -307,7 +307,7 @@ def test_letting_go_of_the_source_mappings_mid_copy_changes_no_byte(tmp_path, mo
     repack([tmp_path / "src"], tmp_path / "kept", options)
     monkeypatch.setattr(run_module, "BATCH_RECORDS", 3)
     monkeypatch.setattr(copier_module, "RELEASE_BYTES", 1)  # after every window
-    monkeypatch.setattr(run_module, "SHUFFLE_RELEASE_BYTES", 1)
+    monkeypatch.setattr(copier_module, "SHUFFLE_RELEASE_BYTES", 1)
     released = []
     monkeypatch.setattr(
         copier_module.RecordCopier, "_release_if_due", counting(released, "_release_if_due")
@@ -679,12 +679,12 @@ def test_a_shuffle_keeps_its_scattered_pages_mapped_longer(tmp_path, monkeypatch
     write_pack(tmp_path / "src", [[(k, jpeg_bytes(k, 12, 10), float(k % 3)) for k in range(12)]])
     monkeypatch.setattr(run_module, "BATCH_RECORDS", 3)
     monkeypatch.setattr(copier_module, "RELEASE_BYTES", 1)
-    monkeypatch.setattr(run_module, "SHUFFLE_RELEASE_BYTES", 1 << 40)
+    monkeypatch.setattr(copier_module, "SHUFFLE_RELEASE_BYTES", 1 << 40)
     budgets, let_go = [], []
     real_init, real_let_go = copier_module.RecordCopier.__init__, copier_module.RecordCopier._let_go
 
-    def init(self, *args):
-        real_init(self, *args)
+    def init(self, *args, **kwargs):
+        real_init(self, *args, **kwargs)
         budgets.append(self.release_bytes)
 
     def counted_let_go(self):

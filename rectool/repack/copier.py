@@ -98,11 +98,9 @@ class RecordCopier:
     `sources` are repack's opened sources (`.dataset`, `.shard_of`), `catalog` its catalog.
     """
 
-    def __init__(
-        self, sources: Sequence[Source], catalog: Catalog, release_bytes: int | None = None
-    ) -> None:
+    def __init__(self, sources: Sequence[Source], catalog: Catalog, shuffled: bool = False):
         self.sources, self.catalog = sources, catalog
-        self.release_bytes = RELEASE_BYTES if release_bytes is None else release_bytes
+        self.release_bytes = SHUFFLE_RELEASE_BYTES if shuffled else RELEASE_BYTES
         self._files: list[Mapped | None] = []  # (source, shard) -> (mmap, uint32 words, size)
         self._base = np.cumsum([0] + [len(s.dataset.shards) for s in sources])
         # Read by worker threads when re-encoding: made here, once, not on first use.

@@ -35,7 +35,7 @@ from ..reader import (
     RecordFile,
     unpack_header,
 )
-from .copier import SHUFFLE_RELEASE_BYTES, VIEW_BYTES, RecordCopier, record_label
+from .copier import VIEW_BYTES, RecordCopier, record_label
 from .plan import reason_of
 from .result import RepackResult
 
@@ -89,8 +89,7 @@ class RepackRun:
             last_shard=self.last_shard,
             sha256=options.sha256,
         )
-        shuffled = options.order == "shuffle"  # scattered reads: fewer, larger releases
-        self.copier = RecordCopier(sources, catalog, SHUFFLE_RELEASE_BYTES if shuffled else None)
+        self.copier = RecordCopier(sources, catalog, shuffled=options.order == "shuffle")
         self.failures_partial = paths.partial(paths.failures)
         self.refused = np.zeros(self.total, bool)  # plan positions refused while writing
         self._last_refusal = (-1, "")  # the refusal furthest in the plan read by --resume
