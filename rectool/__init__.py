@@ -27,6 +27,8 @@ if TYPE_CHECKING:  # the names below, typed for a checker (`X as X`: exported)
     from .errors import (
         UsageError as UsageError,
     )
+    from .format.headers import Header as Header
+    from .format.headers import unpack_header as unpack_header
     from .format.records import IndexedRecordFile as IndexedRecordFile
     from .format.textindex import load_index as load_index
     from .format.writer import (
@@ -43,11 +45,9 @@ if TYPE_CHECKING:  # the names below, typed for a checker (`X as X`: exported)
     from .packer.packing import pack_images as pack_images
     from .packer.writers import IndexedRecordWriter as IndexedRecordWriter
     from .packer.writers import RecordWriter as RecordWriter
-    from .reader import Header as Header
     from .reader import RecordDataset as RecordDataset
     from .reader import RecordFile as RecordFile
     from .reader import decode_image as decode_image
-    from .reader import unpack_header as unpack_header
     from .training import RankSampler as RankSampler
     from .training import prefetch as prefetch
 
@@ -61,7 +61,7 @@ _EXPORTS = {
     "RecordTooLargeError": "errors",
     "UsageError": "errors",
     # reading (the module `rectool reader` emits)
-    "Header": "reader",
+    "Header": "format.headers",
     "IndexedRecordFile": "format.records",
     "RankSampler": "training",
     "PackDataset": "dataset.packs",
@@ -71,7 +71,7 @@ _EXPORTS = {
     "open_dataset": "dataset.packs",
     "prefetch": "training",
     "decode_image": "reader",
-    "unpack_header": "reader",
+    "unpack_header": "format.headers",
     # writing
     "write_dali_index": "inspect.dali",
     "IndexedRecordWriter": "packer.writers",

@@ -20,7 +20,6 @@ import os
 import re
 import stat
 import struct
-from collections import namedtuple
 from typing import TYPE_CHECKING, Any
 
 Data = bytes | bytearray | memoryview  # image bytes, as annotations name them
@@ -32,17 +31,15 @@ else:  # numpy imported on first use: the command line loads this module for its
 
 __all__ = [
     "ImageTooLargeError", "InputError", "NotIndexedError", "RecordDataset", "RecordFormatError",
-    "RectoolError", "SampleIndexError", "decode_image", "open_dataset", "unpack_header",
+    "RectoolError", "SampleIndexError", "decode_image", "image_start", "open_dataset",
 ]  # fmt: skip
 FORMAT_VERSION = MANIFEST_VERSION = 3  # the manifest format this module reads
 # dmlc-core recordio.h: parts of magic:u32, lrec:u32 = cflag << 29 | length, data, padding.
 MAGIC, LENGTH_BITS, PART_HEADER = 0xCED7230A, 29, struct.Struct("<II")
 MAGIC_BYTES, LENGTH_MASK = struct.pack("<I", MAGIC), (1 << LENGTH_BITS) - 1
 MAX_RECORD_BYTES, (CFLAG_WHOLE, CFLAG_FIRST, CFLAG_MIDDLE, CFLAG_LAST) = LENGTH_MASK, range(4)
-# MXNet recordio.py image header IRHeader(flag, label, id, id2); flag > 0: float32 labels follow.
-IMAGE_HEADER, IMAGE_HEADER_SIZE = struct.Struct("<IfQQ"), 24
-_RECORD_HEAD = struct.Struct("<IIIf")  # magic, lrec, flag, label: the fast path's one unpack
-Header = namedtuple("Header", "flag label id id2")
+# MXNet's image header: flag, label, id, id2 (<IfQQ); flag > 0: that many float32 labels follow.
+IMAGE_HEADER_SIZE, _RECORD_HEAD = 24, struct.Struct("<III")  # + magic, lrec: a read's one unpack
 MANIFEST_SUFFIX, MANIFEST_FORMAT, MAX_MANIFEST_BYTES = ".manifest.json", "rectool-manifest", 1 << 30
 # A prefix with either is an unfinished pack or a replacement not yet finished: not readable.
 STATE_SUFFIX, JOURNAL_SUFFIX = ".pack-state.json", ".commit-journal.json"
@@ -101,16 +98,14 @@ def open_regular(path: StrPath, what: str, max_bytes: Any = None, flags: int = 0
     return fd, st
 
 
-def unpack_header(record: bytes, path: Any = None, offset: Any = None, key: Any = None) -> Any:
-    """Split one record into its `Header` and image bytes, as `mxnet.recordio.unpack` does."""
-    head: Any = Header(*IMAGE_HEADER.unpack_from(record)) if len(record) >= 24 else None
-    if head is None or IMAGE_HEADER_SIZE + 4 * head.flag > len(record):
-        labels = f" and {head.flag} float32 labels" if head else ""
+def image_start(record: Data, path: Any = None, offset: Any = None, key: Any = None) -> int:
+    """Return where a record's image bytes start: after its image header and float32 labels."""
+    flag = int.from_bytes(record[:4], "little") if len(record) >= IMAGE_HEADER_SIZE else None
+    if flag is None or IMAGE_HEADER_SIZE + 4 * flag > len(record):
+        labels = "" if flag is None else f" and {flag} float32 labels"
         why = f"record of {len(record)} bytes, too short for its 24-byte image header{labels}"
         raise RecordFormatError(why, path, offset, key)
-    if head.flag > 0:
-        head = head._replace(label=np.frombuffer(record, np.float32, head.flag, IMAGE_HEADER_SIZE))
-    return head, record[IMAGE_HEADER_SIZE + 4 * head.flag :]
+    return IMAGE_HEADER_SIZE + 4 * flag
 
 
 class RecordFile:
@@ -339,19 +334,22 @@ class RecordDataset:
         s, i = self._locate(i)
         return self._files[s].path, self.offsets.item(i), self.keys.item(i)
 
+    def _label(self, i: int) -> Any:  # the package reads a header where there is no index
+        return self._labels.item(i) if self._labels.ndim == 1 else self._labels[i].copy()
+
     def raw(self, i: int) -> tuple[bytes, Any]:
-        """Return sample `i` undecoded: (image bytes, label)."""
+        """Return sample `i` undecoded: (image bytes, its label in the index)."""
         s, i = self._locate(i)
-        rf, offset = self._files[s], self.offsets.item(i)
+        rf, offset, label = self._files[s], self.offsets.item(i), self._label(i)
         mm = rf._mm if rf._mm is not None else rf.open()
-        if 0 <= offset <= len(mm) - 32 and not offset & 3:  # a whole part, a scalar label: most
-            magic, lrec, flag, label = _RECORD_HEAD.unpack_from(mm, offset)
-            end = (offset + 11 + lrec) & ~3  # with its padding; LENGTH_MASK: no split flag
-            if magic == MAGIC and not flag and 24 <= lrec <= LENGTH_MASK and end <= len(mm):
-                return mm[offset + 32 : offset + 8 + lrec], label
+        if 0 <= offset <= len(mm) - 32 and not offset & 3:  # one whole part: nearly every record
+            magic, lrec, flag = _RECORD_HEAD.unpack_from(mm, offset)
+            start, end = offset + 32 + 4 * flag, offset + 8 + lrec  # lrec <= mask: not split
+            if magic == MAGIC and lrec <= LENGTH_MASK and start <= end <= len(mm):
+                return mm[start:end], label
         key = self.keys.item(i)  # only here: a worker's reads touch no page of the keys
-        head, payload = unpack_header(rf.read_parts(offset, key)[0], rf.path, offset, key)
-        return payload, (head.label if head.flag == 0 else head.label.copy())
+        record = rf.read_parts(offset, key)[0]
+        return record[image_start(record, rf.path, offset, key) :], label
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
         payload, label = self.raw(i)

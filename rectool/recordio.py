@@ -62,6 +62,7 @@ __all__ = [
 
 # --- rectool's own definitions: `rectool reader --recordio` copies here the ones these imports
 # name (and what they use), so that the emitted module stands alone; see rectool/emit.py.
+from .format.headers import unpack_header  # noqa: E402
 from .format.textindex import IndexFormatError  # noqa: E402
 from .format.writer import frame_record  # noqa: E402
 from .reader import (  # noqa: E402
@@ -76,7 +77,6 @@ from .reader import (  # noqa: E402
     admit_image,
     check_max_pixels,
     open_regular,
-    unpack_header,
 )
 
 # --- end of rectool's own definitions

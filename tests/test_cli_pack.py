@@ -11,8 +11,8 @@ from helpers.faults import fail_writes
 from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
+from rectool.format.headers import unpack_header
 from rectool.format.records import IndexedRecordFile
-from rectool.reader import unpack_header
 
 
 @pytest.fixture

@@ -24,9 +24,9 @@ from helpers.image_files import jpeg_bytes
 
 from rectool import errors as rd
 from rectool import open_dataset
-from rectool.format.headers import insightface_header
+from rectool.format.headers import insightface_header, unpack_header
 from rectool.format.textindex import load_index
-from rectool.reader import RecordFile, unpack_header
+from rectool.reader import RecordFile
 
 
 def face(key):

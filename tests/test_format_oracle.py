@@ -8,10 +8,11 @@ import pytest
 from helpers.framing_cases import image_record_cases, raw_payload_cases
 from helpers.mxnet_oracle import run_mxnet
 
+from rectool.format.headers import unpack_header
 from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.format.writer import pack_image_record
 from rectool.packer.writers import IndexedRecordWriter, RecordWriter
-from rectool.reader import RecordFile, unpack_header
+from rectool.reader import RecordFile
 
 pytestmark = pytest.mark.oracle
 

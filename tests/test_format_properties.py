@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from rectool.format.headers import unpack_header
 from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.format.textindex import IndexFormatError, parse_index
 from rectool.format.writer import (
@@ -22,7 +23,7 @@ from rectool.format.writer import (
     pack_image_record,
 )
 from rectool.packer.writers import IndexedRecordWriter, RecordWriter
-from rectool.reader import RecordFile, unpack_header
+from rectool.reader import RecordFile
 
 M = b"\x0a\x23\xd7\xce"  # the magic 0xced7230a as it lies in the file
 

@@ -16,9 +16,9 @@ from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
 from rectool.errors import RectoolError
+from rectool.format.headers import unpack_header
 from rectool.format.records import IndexedRecordFile
 from rectool.packer.packing import PackOptions, finalize_pack, pack_images
-from rectool.reader import unpack_header
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -11,10 +11,11 @@ import xxhash
 from helpers.image_files import encode, image_array, jpeg_bytes, write_list, write_pack_tree
 
 from rectool.errors import RectoolError, UsageError
+from rectool.format.headers import unpack_header
 from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.packer.images import Transform
 from rectool.packer.packing import PackOptions, pack_images
-from rectool.reader import RecordFile, unpack_header
+from rectool.reader import RecordFile
 
 
 def read_pack(rec, idx=None):

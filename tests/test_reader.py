@@ -19,9 +19,14 @@ from hypothesis import strategies as st
 
 from rectool import errors, reader
 from rectool.format import headers
+from rectool.format.headers import unpack_header
 from rectool.format.records import IndexedRecordFile, iter_records
 from rectool.format.textindex import IndexFormatError, load_index, parse_index
-from rectool.reader import RecordFile, RecordFormatError, RectoolError, unpack_header
+from rectool.reader import (
+    RecordFile,
+    RecordFormatError,
+    RectoolError,
+)
 
 MAGIC = b"\x0a\x23\xd7\xce"  # 0xced7230a, little-endian
 

@@ -19,19 +19,17 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..format.binindex import index_shards, read_identities
-from ..format.headers import header_labels, shard_numbers
+from ..format.headers import Header, header_labels, shard_numbers, unpack_header
 from ..reader import (
     DATASET_LAYOUTS,
     DECODE_MODES,
     DEFAULT_MAX_PIXELS,
-    Header,
     RecordDataset,
     RecordFile,
     RecordFormatError,
     RectoolError,
     check_max_pixels,
     load_array,
-    unpack_header,
 )
 from .sources import resolve_source
 
@@ -214,11 +212,19 @@ class PackDataset(RecordDataset):
             self._labels = header_labels(self._files, self.shard_ids, self.offsets, self.keys)
         return self._labels
 
+    def _label(self, i: int) -> Any:
+        """Sample `i`'s label: from the binary index, else (until `labels` has gathered them)
+        from the record's header."""
+        if self._labels is not None:
+            return super()._label(i)
+        label = self.header(i).label
+        return label if isinstance(label, float) else label.copy()
+
     def header(self, i: int) -> Header:
         """Return the `Header` of sample `i` (flag, label, id, id2)."""
         s, i = self._locate(i)
-        rf, offset = self._files[s], self.offsets.item(i)
-        return unpack_header(rf.read_parts(offset, self.keys.item(i))[0], rf.path, offset)[0]
+        rf, offset, key = self._files[s], self.offsets.item(i), self.keys.item(i)
+        return unpack_header(rf.read_parts(offset, key)[0], rf.path, offset, key)[0]
 
     @property
     def identity_ranges(self) -> NDArray[np.int64] | None:

@@ -27,17 +27,23 @@ from ..reader import (
     RecordFile,
     RecordFormatError,
     RectoolError,
-    unpack_header,
 )
 from .digest import XXH3_128, Digests
-from .headers import check_shard, header_labels, insightface_header, key_lines, shard_numbers
+from .headers import (
+    check_shard,
+    header_labels,
+    insightface_header,
+    key_lines,
+    shard_numbers,
+    unpack_header,
+)
 from .paths import PackPaths
 from .textindex import load_index
 
 if TYPE_CHECKING:
     from numpy.typing import NDArray
 
-    from ..reader import Header
+    from .headers import Header
 
 MAX_IDENTITIES_BYTES = 1 << 30  # WebFace42M's 2M names at any length (NAME_MAX), twice over
 

@@ -7,20 +7,20 @@ Used where a pack's binary index is written (`format/binindex.py`: at pack time,
 from __future__ import annotations
 
 import mmap
+import struct
+from collections import namedtuple
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..reader import (
-    IMAGE_HEADER,
     IMAGE_HEADER_SIZE,
     LENGTH_MASK,
     MAGIC,
-    Header,
     RecordFile,
     RecordFormatError,
     RectoolError,
-    unpack_header,
+    image_start,
 )
 from .window import release_range
 
@@ -30,6 +30,19 @@ if TYPE_CHECKING:
     from numpy.typing import NDArray
 
     Ints = NDArray[np.int64]
+
+
+# MXNet recordio.py's image header IRHeader(flag, label, id, id2); flag > 0: float32 labels follow.
+IMAGE_HEADER = struct.Struct("<IfQQ")
+Header = namedtuple("Header", "flag label id id2")
+
+
+def unpack_header(record: bytes, path: Any = None, offset: Any = None, key: Any = None) -> Any:
+    """Split one record into its `Header` and image bytes, as `mxnet.recordio.unpack` does."""
+    start, head = image_start(record, path, offset, key), Header(*IMAGE_HEADER.unpack_from(record))
+    if head.flag > 0:
+        head = head._replace(label=np.frombuffer(record, np.float32, head.flag, IMAGE_HEADER_SIZE))
+    return head, record[start:]
 
 
 def peek_header(record: bytes) -> tuple[Header, int] | None:

@@ -18,13 +18,13 @@ from ..reader import (
     CFLAG_FIRST,
     CFLAG_LAST,
     CFLAG_MIDDLE,
-    IMAGE_HEADER,
     LENGTH_BITS,
     MAGIC,
     MAGIC_BYTES,
     MAX_RECORD_BYTES,
     PART_HEADER,
 )
+from .headers import IMAGE_HEADER
 
 if TYPE_CHECKING:
     from _typeshed import ReadableBuffer

@@ -27,6 +27,7 @@ from ..dataset.packs import PackDataset
 from ..dataset.sources import resolve_source
 from ..errors import RecordFormatError, RectoolError
 from ..format.binindex import has_binary_index, read_identities
+from ..format.headers import unpack_header
 from ..format.textindex import load_index
 from ..format.window import RecWindow
 from ..reader import (
@@ -34,7 +35,6 @@ from ..reader import (
     ImageTooLargeError,
     decode_image,
     sniff_format,
-    unpack_header,
 )
 from .shardfacts import OpenRec, PhaseProgress, shard_facts
 

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 
 from ..format.headers import (
+    Header,
     insightface_header,
     peek_header,
+    unpack_header,
 )
 from ..format.window import RecWindow
 from ..packer.images import sniff_format
@@ -35,10 +37,8 @@ from ..reader import (
     MAGIC,
     MAGIC_BYTES,
     PART_HEADER,
-    Header,
     RecordFile,
     RecordFormatError,
-    unpack_header,
 )
 
 if TYPE_CHECKING:

@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import RectoolError
-from ..format.headers import insightface_header
+from ..format.headers import Header, insightface_header, unpack_header
 from ..format.keys import last_line_wins
 from ..format.textindex import load_index
 from ..format.window import RecWindow, ascending
-from ..reader import Header, unpack_header
 from .scan import image_formats, locate_records, read_headers, scan_framing
 
 # open_rec(path): the window a shard is read through; progress(phase, done, total).

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, Protocol
 from .. import choices
 from ..doors.output import write_atomic
 from ..errors import RectoolError, UsageError
+from ..format.headers import unpack_header
 from ..format.keys import FLOAT32_EXACT
 from ..format.writer import frame_record, pack_image_record
 from ..reader import (
     RecordFormatError,
     admit_image,
-    unpack_header,
 )
 from .listfile import ListFormatError
 

@@ -27,10 +27,10 @@ from ..doors.output import (
     write_json_atomic,
 )
 from ..errors import RectoolError, UsageError
+from ..format.headers import unpack_header
 from ..format.manifest import plan_document
 from ..format.paths import PackPaths
 from ..format.records import IndexedRecordFile
-from ..reader import unpack_header
 from .finalize import completed_if_same as completed_if_same
 from .finalize import finalize_locked as finalize_locked
 from .finalize import finalize_pack as finalize_pack

@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import RecordTooLargeError
+from ..format.headers import IMAGE_HEADER
 from ..format.writer import frame_image_record, frame_record
 from ..reader import (
-    IMAGE_HEADER,
     LENGTH_MASK,
     MAGIC,
     MAX_RECORD_BYTES,

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..format.headers import record_heads
+from ..format.headers import record_heads, unpack_header
 from ..format.writer import frame_record, pack_image_record
 from ..packer.images import ImageRefused, check_image
 from ..packer.layout import image_label
@@ -31,12 +31,11 @@ from ..reader import (
     MAGIC,
     MAX_RECORD_BYTES,
     RecordFile,
-    unpack_header,
 )
 from .selection import distinct
 
 if TYPE_CHECKING:
-    from ..reader import Header
+    from ..format.headers import Header
     from .plan import Catalog
     from .sources import Source
 

@@ -21,6 +21,7 @@ from ..doors.output import (
     write_json_atomic,
 )
 from ..errors import InputError
+from ..format.headers import unpack_header
 from ..format.paths import PackPaths
 from ..format.writer import frame_image_record
 from ..packer.images import ImageRefused, reencode_image
@@ -31,17 +32,14 @@ from ..packer.manifest import (
     write_manifest,
 )
 from ..packer.shards import ShardWriter
-from ..reader import (
-    RecordFile,
-    unpack_header,
-)
+from ..reader import RecordFile
 from .copier import VIEW_BYTES, RecordCopier, record_label
 from .plan import reason_of
 from .result import RepackResult
 
 if TYPE_CHECKING:
+    from ..format.headers import Header
     from ..packer.packrun import Progress
-    from ..reader import Header
     from .options import RepackOptions
     from .plan import Catalog, Plan
     from .sources import Source, Target

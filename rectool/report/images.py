@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import RecordFormatError, RectoolError
-from ..format.headers import shard_numbers
+from ..format.headers import shard_numbers, unpack_header
 from ..format.keys import shared_offsets
 from ..format.window import RecWindow, ascending
 from ..reader import (
@@ -29,7 +29,6 @@ from ..reader import (
     LENGTH_MASK,
     MAGIC,
     sniff_format,
-    unpack_header,
 )
 
 if TYPE_CHECKING:

@@ -35,10 +35,10 @@ from tree import ensure_tree  # noqa: E402
 
 from rectool.format.checksums import checksum_path, damaged_records, load_checksums  # noqa: E402
 from rectool.format.digest import SHA256, XXH3_128, field_name  # noqa: E402
+from rectool.format.headers import unpack_header
 from rectool.format.records import IndexedRecordFile  # noqa: E402
 from rectool.inspect.scan import mapped  # noqa: E402
 from rectool.inspect.verify import DecodeOptions, verify_dataset  # noqa: E402
-from rectool.reader import unpack_header  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CACHE_DIR = REPO / ".bench-cache" / "verify"

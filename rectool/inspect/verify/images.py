@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ...format.headers import unpack_header
 from ...packer.images import (
     DEFAULT_MAX_PIXELS,
     ImageRefused,
@@ -18,10 +19,7 @@ from ...packer.images import (
     inspect_image,
 )
 from ...packer.passthrough import refused_images
-from ...reader import (
-    IMAGE_HEADER_SIZE,
-    unpack_header,
-)
+from ...reader import IMAGE_HEADER_SIZE
 from ..scan import ReadRecord
 from .facts import Progress, ShardFacts, held_rows
 from .report import CheckResult, Found, Tally, one_problem
