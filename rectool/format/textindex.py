@@ -102,14 +102,24 @@ def parse_index(
 
 
 def parse_index_stream(
-    f: Any, path: StrPath | None = None, block: int = INDEX_BLOCK_BYTES
+    f: Any, path: StrPath | None = None, block: int | None = None
 ) -> tuple[Ints, Ints]:
-    """Parse the .idx text of the open file `f` a `block` of bytes at a time, as `parse_index`.
+    """Parse the .idx text of the open file `f` a `block` of bytes at a time
+    (`INDEX_BLOCK_BYTES`), as `parse_index`.
 
-    The temporaries are a block's: the arrays are allocated for the most lines the file's
-    size allows (untouched pages cost nothing) and shrunk in place at the end.
+    The temporaries are a block's: the arrays are allocated for the lines the file holds
+    (counted a block at a time first, when it can be read again from where it is; else for
+    the most its size allows, untouched pages costing nothing) and shrunk in place at the end.
     """
+    block = block or INDEX_BLOCK_BYTES
     cap = os.fstat(f.fileno()).st_size // 4 + 1  # "0\t0\n": no line is shorter
+    if f.seekable():
+        at, lines, last = f.tell(), 0, b"\n"
+        while block_bytes := f.read(block):
+            lines += block_bytes.count(b"\n")
+            last = block_bytes[-1:]
+        f.seek(at)
+        cap = min(cap, lines + (last != b"\n"))
     keys, offsets, n, pending = np.empty(cap, np.int64), np.empty(cap, np.int64), 0, b""
     while True:
         more = f.read(block)
