@@ -23,7 +23,8 @@ import os
 import struct
 import zlib
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 import xxhash
@@ -204,6 +205,19 @@ def decode_checksums(data: bytes, path: StrPath) -> np.ndarray:
     return entries
 
 
+def _open_checksums(path: StrPath) -> BinaryIO:
+    """Open a checksum file for reading. Raises `FileNotFoundError` when it is absent,
+    `ChecksumFileError` when it is not a regular file (or cannot be opened)."""
+    if not os.path.lexists(path):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.fspath(path))
+    try:
+        # Non-blocking, then fstat: a FIFO in its place must not hang the caller.
+        return open_input(path, "checksum file")
+    except RectoolError as exc:
+        reason = "not a regular file" if "not a regular file" in str(exc) else str(exc)
+        raise ChecksumFileError(f"{path}: {reason}" if reason != str(exc) else reason) from None
+
+
 def load_checksums(
     path: StrPath, algorithms: Iterable[str] = ()
 ) -> tuple[np.ndarray, dict[str, str]]:
@@ -211,21 +225,115 @@ def load_checksums(
     whole-file digests `algorithms` ("xxh3-128", "sha256").
 
     Raises `FileNotFoundError` when it is absent, `ChecksumFileError` when it is not one.
+    (`scan_checksums` reads one a block at a time, holding none of it.)
     """
-    if not os.path.lexists(path):
-        raise FileNotFoundError(errno.ENOENT, "No such file or directory", os.fspath(path))
-    try:
-        # Non-blocking, then fstat: a FIFO in its place must not hang the caller.
-        f = open_input(path, "checksum file")
-    except RectoolError as exc:
-        reason = "not a regular file" if "not a regular file" in str(exc) else str(exc)
-        raise ChecksumFileError(f"{path}: {reason}" if reason != str(exc) else reason) from None
-    with f:
+    with _open_checksums(path) as f:
         try:
             data = f.read()
         except OSError as exc:
             raise ChecksumFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
     return decode_checksums(data, path), digests_of(data, algorithms)
+
+
+# Entries a `ChecksumTable` reads at a time (1.3 MB of version 2's).
+TABLE_BLOCK_ENTRIES = 1 << 16
+
+
+@dataclass(frozen=True)
+class ChecksumTable:
+    """A checksum file found whole and sound by `scan_checksums`, none of it held: its
+    `version`, `count` entries, and `end`, where its last record ends (0 for none).
+    `blocks()` reads its entries again a block at a time."""
+
+    path: str
+    version: int
+    count: int
+    end: int
+
+    @property
+    def algorithm(self) -> str:
+        """The name of its per-record checksum ("crc32", "xxh3-64")."""
+        return ALGORITHM[self.version]
+
+    def blocks(self, rows: int | None = None) -> Iterator[tuple[int, np.ndarray]]:
+        """Yield (position of its first entry, ENTRY array) of `rows` entries at a time
+        (`TABLE_BLOCK_ENTRIES`). Raises `ChecksumFileError` when the file no longer holds
+        them."""
+        entry, rows = ENTRY[self.version], rows or TABLE_BLOCK_ENTRIES
+        with _open_checksums(self.path) as f:
+            f.seek(HEADER.size)
+            for first in range(0, self.count, rows):
+                n = min(rows, self.count - first)
+                data = f.read(n * entry.itemsize)
+                if len(data) != n * entry.itemsize:
+                    raise ChecksumFileError(f"{self.path}: changed while it was read")
+                yield first, np.frombuffer(data, entry, n)
+
+    def stale_reason(self, size: int) -> str | None:
+        """Return why it cannot describe a .rec of `size` bytes (see `stale_reason`), or None."""
+        return _stale(self.count, self.end, size)
+
+
+def scan_checksums(
+    path: StrPath, algorithms: Iterable[str] = ()
+) -> tuple[ChecksumTable, dict[str, str]]:
+    """Check a checksum file a block at a time, as `load_checksums` (the same errors, in the
+    same order); return (its `ChecksumTable`, {algorithm: hex digest of its bytes}).
+
+    What is held is a block of entries: a table of millions is read, never kept. Raises
+    `FileNotFoundError` when it is absent, `ChecksumFileError` when it is not one.
+    """
+    digests = Digests(algorithms)
+    with _open_checksums(path) as f:
+        try:
+            head = f.read(HEADER.size)
+            digests.update(head)
+            if len(head) < HEADER.size:
+                raise ChecksumFileError(f"{path}: {len(head)} bytes, too short for a checksum file")
+            magic, version, reserved, count = HEADER.unpack_from(head)
+            # Its magic and version, checked as `decode_checksums` checks them.
+            decode_checksums(HEADER.pack(magic, version, reserved, 0), path)
+            entry = ENTRY[version]
+            total, seen, end, chained, pending = HEADER.size, 0, 0, True, b""
+            while more := f.read(TABLE_BLOCK_ENTRIES * entry.itemsize):
+                digests.update(more)
+                total += len(more)
+                data = pending + more if pending else more
+                whole = min(len(data) // entry.itemsize, count - seen)
+                if whole and chained:
+                    block = np.frombuffer(data, entry, whole)
+                    offsets = block["offset"].astype(np.int64)
+                    ends = offsets + block["length"]
+                    chained = offsets[0] == end and not (offsets[1:] != ends[:-1]).any()
+                    end = int(ends[-1])
+                seen += whole
+                pending = data[whole * entry.itemsize :] if seen < count else b""
+        except OSError as exc:
+            raise ChecksumFileError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if total != HEADER.size + count * entry.itemsize:
+        raise ChecksumFileError(
+            f"{path}: {total} bytes, but a header announcing {count} records needs "
+            f"{HEADER.size + count * entry.itemsize}"
+        )
+    if not chained:
+        raise ChecksumFileError(f"{path}: its records do not follow each other from byte 0")
+    return ChecksumTable(os.fspath(path), version, count, end), digests.hexdigests()
+
+
+def damaged_in_table(window: RecWindow, table: ChecksumTable) -> tuple[list[int], np.ndarray]:
+    """Return (positions, entries) of the entries of `table` whose bytes differ from their
+    checksum (see `damaged_records`), reading the table a block at a time and the shard
+    through `window` (`damaged_in_window`): what is held is a block of entries, and the
+    damaged ones."""
+    bad: list[int] = []
+    found: list[np.ndarray] = []
+    for first, block in table.blocks():
+        rows = damaged_in_window(window, block)
+        if rows:
+            bad += [first + k for k in rows]
+            found.append(block[rows].copy())
+    entries = np.concatenate(found) if found else np.zeros(0, ENTRY[table.version])
+    return bad, entries
 
 
 def damaged_records(buf: ReadableBuffer, size: int, entries: np.ndarray) -> list[int]:
@@ -267,9 +375,13 @@ def stale_reason(entries: np.ndarray, size: int) -> str | None:
     """Return why `entries` cannot describe a .rec of `size` bytes (their records end
     elsewhere), or None."""
     end = int(entries["offset"][-1]) + int(entries["length"][-1]) if len(entries) else 0
+    return _stale(len(entries), end, size)
+
+
+def _stale(count: int, end: int, size: int) -> str | None:
     if end == size:
         return None
     return (
-        f"describes {len(entries)} records ending at byte {end}, but the .rec has {size} "
+        f"describes {count} records ending at byte {end}, but the .rec has {size} "
         "bytes: written for another file?"
     )
