@@ -24,7 +24,7 @@ from ...format.digest import XXH3_128, file_digests
 from ...format.window import ascending
 from ...reader import INDEX_ARRAYS, load_array, open_regular
 from .digests import compare_digests
-from .facts import DatasetFacts, ShardFacts, held_rows
+from .facts import DatasetFacts, ShardFacts, flatnonzero_chunked, held_rows
 from .report import CheckResult, Found, ProblemAt, one_problem
 
 # Each array's (dtype, allowed dimensions): the reader's, and insightface's identity ranges.
@@ -278,10 +278,12 @@ def _compare_column(
     """Compare `found`'s rows from `start` with the .idx's column `expected`."""
     assert found.array is not None and facts.index is not None
     column = found.array[start : start + len(expected)]
-    bad = np.flatnonzero(column != expected)
-    line_numbers, idx = facts.index.lines[lines], os.path.basename(facts.idx)
+    bad = flatnonzero_chunked(len(expected), lambda lo, hi: column[lo:hi] != expected[lo:hi])
+    idx = os.path.basename(facts.idx)
 
     def problems() -> Iterator[ProblemAt]:
+        assert facts.index is not None
+        line_numbers = facts.index.lines[lines] if len(bad) else ()
         for i in bad.tolist():
             yield (
                 found.path,
@@ -299,10 +301,44 @@ def _compare_labels(
     facts: ShardFacts, found: IndexFile, start: int, offsets: np.ndarray, keys: np.ndarray
 ) -> Found:
     """Compare `found`'s labels from `start` with the headers of the records at `offsets`
-    (those that start a record with a whole header; the others are other checks')."""
+    (those that start a record with a whole header; the others are other checks'), a chunk
+    of samples at a time."""
     assert found.array is not None
     labels = found.array[start : start + len(offsets)]
     width = labels.shape[1] if labels.ndim == 2 else 0
+    starts, h = facts.framing.starts, facts.headers
+    bad = flatnonzero_chunked(
+        len(offsets), lambda lo, hi: _labels_differ(facts, labels[lo:hi], offsets[lo:hi], width)
+    )
+    name = os.path.basename(found.path)
+
+    def shown(values: Any) -> str:
+        return repr(float(values)) if np.ndim(values) == 0 else repr(np.asarray(values).tolist())
+
+    def problems() -> Iterator[ProblemAt]:
+        for i in bad.tolist():
+            at = int(offsets[i])
+            j = int(np.searchsorted(starts, at))  # a record starts there (others are not bad)
+            flag = int(h.flag[j])
+            if flag != width:
+                held = "one label (flag 0)" if not flag else f"{flag} labels"
+                want = "one label a sample" if not width else f"{width} labels a sample"
+                why = f"the record's header holds {held}; {name} holds {want}"
+            else:
+                header = _header_labels(facts, np.array([j]), width)[0]
+                why = f"{name} holds {shown(labels[i])}, the record's header {shown(header)}"
+            yield (found.path, keys[i], found.at(start + i), f"sample {start + i} (record at "
+                   f"byte {at} of {os.path.basename(facts.rec)}): {why}")  # fmt: skip
+
+    return Found("index-mismatch", len(bad), problems())
+
+
+def _labels_differ(
+    facts: ShardFacts, labels: np.ndarray, offsets: np.ndarray, width: int
+) -> np.ndarray:
+    """Return which of `labels` (of samples at `offsets`, `width` labels a sample) are not
+    the headers' of the records there: a record there with a whole header holds other
+    labels, or another number of them."""
     starts, h = facts.framing.starts, facts.headers
     rows = np.searchsorted(starts, offsets)
     known = rows < len(starts)
@@ -320,29 +356,9 @@ def _compare_labels(
         equal = (got == expected) | (np.isnan(got) & np.isnan(expected))
     if width:
         equal = equal.all(axis=1)
-    bad = np.zeros(len(offsets), bool)
+    bad = other_width
     bad[same[~equal]] = True
-    bad |= other_width
-    bad = np.flatnonzero(bad)
-    name = os.path.basename(found.path)
-
-    def shown(values: Any) -> str:
-        return repr(float(values)) if np.ndim(values) == 0 else repr(np.asarray(values).tolist())
-
-    def problems() -> Iterator[ProblemAt]:
-        for i in bad.tolist():
-            j, at = int(rows[i]), int(offsets[i])
-            if flags[i] != width:
-                held = "one label (flag 0)" if not flags[i] else f"{flags[i]} labels"
-                want = "one label a sample" if not width else f"{width} labels a sample"
-                why = f"the record's header holds {held}; {name} holds {want}"
-            else:
-                header = _header_labels(facts, np.array([j]), width)[0]
-                why = f"{name} holds {shown(labels[i])}, the record's header {shown(header)}"
-            yield (found.path, keys[i], found.at(start + i), f"sample {start + i} (record at "
-                   f"byte {at} of {os.path.basename(facts.rec)}): {why}")  # fmt: skip
-
-    return Found("index-mismatch", len(bad), problems())
+    return bad
 
 
 def _header_labels(facts: ShardFacts, rows: np.ndarray, width: int) -> np.ndarray:
@@ -350,7 +366,7 @@ def _header_labels(facts: ShardFacts, rows: np.ndarray, width: int) -> np.ndarra
     `width`: the header's float (width 0), else its `width` float32 labels, (n, width)."""
     h = facts.headers
     if not width:
-        return h.label[rows]
+        return h.label0[rows]  # (flag 0: the header's float)
     out = np.zeros((len(rows), width), np.float32)
     split = facts.framing.split[rows]
     whole = np.flatnonzero(~split)

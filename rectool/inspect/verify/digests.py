@@ -13,12 +13,10 @@ import numpy as np
 from ...errors import RectoolError
 from ...format.checksums import (
     ChecksumFileError,
-    algorithm_of,
     checksum_path,
-    damaged_in_window,
-    load_checksums,
+    damaged_in_table,
+    scan_checksums,
     show_checksum,
-    stale_reason,
 )
 from ...format.digest import DIGEST_NAMES, FIELD, field_name, file_digests
 from .facts import DatasetFacts, ShardFacts, size_or_zero
@@ -155,7 +153,7 @@ def check_record_checksums(
     `digests_match(path)` tells (waiting for the digests if need be). On the 100k
     benchmark pack the CRC-32 pass took about a quarter of verify's time; a sound shard whose
     digest matches has no damaged record to find. The .rec.crc itself is always read and its
-    digests compared (it is small).
+    digests compared, a block of entries at a time (`scan_checksums`: none of it is held).
     """
     path, expected, problem = _checksum_file(facts)
     if problem is not None:
@@ -163,7 +161,7 @@ def check_record_checksums(
     if path is None:
         return
     try:
-        entries, actual = load_checksums(path, list(expected))
+        table, actual = scan_checksums(path, list(expected))
     except FileNotFoundError:
         yield one_problem(
             "checksum-file",
@@ -182,7 +180,7 @@ def check_record_checksums(
         if any(actual[a] != expected[a] for a in expected):
             return
     size = facts.size
-    stale = stale_reason(entries, size)
+    stale = table.stale_reason(size)
     if not expected and stale is not None:
         # Nothing vouches for the table, and it does not fit: another file's, say (a
         # .rec written again by another tool beside it). With the manifest's word for
@@ -191,16 +189,16 @@ def check_record_checksums(
         return
     if facts.entry is not None and digests_match(facts.rec):
         return
-    bad = damaged_in_window(facts.window, entries)
-    algorithm = algorithm_of(entries)
+    bad, damaged = damaged_in_table(facts.window, table)
+    algorithm = table.algorithm
     named = DIGEST_NAMES[algorithm]
-    yield Tally("record_checksums", len(entries))
+    yield Tally("record_checksums", table.count)
     yield Compared("record_digests", algorithm)
     starts = facts.framing.starts
 
     def problems() -> Iterator[ProblemAt]:
-        for i in bad:
-            offset, length = int(entries["offset"][i]), int(entries["length"][i])
+        for k, i in enumerate(bad):
+            offset, length = int(damaged["offset"][k]), int(damaged["length"][k])
             key = facts.key_at(offset)
             if key is None:  # not in the .idx: the header id of a record found there
                 j = int(np.searchsorted(starts, offset))
@@ -215,7 +213,7 @@ def check_record_checksums(
                 key,
                 offset,
                 f"record {i} of {os.path.basename(path)}: {why} "
-                f"({show_checksum(entries, i)} when packed); the record is damaged",
+                f"({show_checksum(damaged, k)} when packed); the record is damaged",
             )
 
     yield Found("record-checksum-mismatch", len(bad), problems())

@@ -8,16 +8,19 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ...doors.inputs import open_input
 from ...errors import IndexFormatError, RectoolError
-from ...format.textindex import parse_index
-from ...format.window import RecWindow
+from ...format.headers import Header, peek_header
+from ...format.textindex import parse_index_stream
+from ...format.window import RecWindow, ascending
+from ...reader import IMAGE_HEADER_SIZE
 from ..scan import (
     Buffer,
+    Damage,
     Framing,
     Headers,
     ReadRecord,
@@ -32,6 +35,8 @@ if TYPE_CHECKING:
 
 # `progress(phase, done, total)`: "bytes" of a shard read, "images" checked.
 Progress = Callable[[str, int, int], object]
+# A check over every record computes its temporaries this many rows at a time.
+CHUNK_ROWS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -60,9 +65,28 @@ class DatasetFacts:
         return cls(manifest, manifest_path, shards, entries, (manifest or {}).get("classes"))
 
 
+class LineNumbers:
+    """The .idx line numbers of a strictly parsed index's entries: entry i is on line i + 1
+    (computed where asked: no column of a line number a record)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, at: Any) -> Any:
+        if isinstance(at, (int, np.integer)):
+            if not -self.count <= at < self.count:
+                raise IndexError(f"line {at} of {self.count}")
+            return int(at) % self.count + 1
+        return np.arange(1, self.count + 1)[at]
+
+
 @dataclass(frozen=True, eq=False)
 class ShardIndex:
-    """A shard's .idx as parsed: `lines[i]` is the line number of (`keys[i]`, `offsets[i]`).
+    """A shard's .idx as parsed: `lines[i]` is the line number of (`keys[i]`, `offsets[i]`)
+    (a `LineNumbers` when every line parsed: line i + 1).
 
     `bad_lines` holds (line number, its first 80 bytes) of each line that is not
     'key<TAB>offset'; there are some only when the strict parser refused the file and it was
@@ -72,7 +96,7 @@ class ShardIndex:
     path: str
     keys: np.ndarray
     offsets: np.ndarray
-    lines: np.ndarray
+    lines: np.ndarray | LineNumbers
     bad_lines: tuple[tuple[int, bytes], ...] = ()
 
 
@@ -97,7 +121,7 @@ class FoundLayout:
 def decide_layout(
     keys: np.ndarray,
     starts: np.ndarray,
-    headers: Headers,
+    headers: Headers | HeaderColumns,
     read_record: ReadRecord,
     classes: int | None,
 ) -> FoundLayout:
@@ -107,12 +131,120 @@ def decide_layout(
     it (`check_layout` reports a manifest that disagrees).
     `classes`: the manifest's class count, or None.
     """
-    ranges = insightface_ranges(keys, starts, headers, read_record)
+    # `insightface_ranges` reads `complete` and `flag`, which both kinds of headers have.
+    ranges = insightface_ranges(keys, starts, cast(Headers, headers), read_record)
     if ranges is None:
-        return FoundLayout("images", None, None, np.ones(len(headers), bool), classes)
+        every = np.broadcast_to(np.True_, (len(headers),))  # every record: no column
+        return FoundLayout("images", None, None, every, classes)
     a, b = ranges[1].start, ranges[1].stop
     header = int(np.flatnonzero(keys == 0)[-1])
     return FoundLayout("insightface", header, (a, b), ~((keys == 0) | (keys >= a)), b - a)
+
+
+@dataclass(frozen=True, eq=False)
+class Records:
+    """The records a framing walk found (`scan.Framing`), kept in as few bytes a record as it
+    takes: `starts` (int64; the .idx's own offsets column when they are the same), `lengths`
+    (uint32 where they fit), `split` (a broadcast False when no record is split), `damage`
+    and `bad_padding` as the walk found them. `ends[j]` is computed where asked (a record
+    ends, padding included, where its length says; a split record where its last part does).
+    """
+
+    size: int
+    starts: np.ndarray
+    lengths: np.ndarray
+    split: np.ndarray
+    damage: list[Damage]
+    bad_padding: list[tuple[int, int]]
+    split_rows: np.ndarray  # ascending rows of the split records
+    split_ends: np.ndarray  # their ends
+
+    @classmethod
+    def of(cls, framing: Framing, offsets: np.ndarray | None) -> Records:
+        """Return the `Records` of `framing`; `offsets`, the .idx's, replace `starts` when
+        they are the same numbers in the same order (one column, not two)."""
+        starts, lengths, split = framing.starts, framing.lengths, framing.split
+        if (
+            offsets is not None
+            and starts is not offsets
+            and len(offsets) == len(starts)
+            and np.array_equal(offsets, starts)
+        ):
+            starts = offsets
+        if not len(lengths) or int(lengths.max()) < 1 << 32:
+            lengths = lengths.astype(np.uint32)
+        split_rows = np.flatnonzero(split)
+        split_ends = framing.ends[split_rows]
+        if not len(split_rows):
+            split = np.broadcast_to(np.False_, split.shape)
+        return cls(
+            framing.size,
+            starts,
+            lengths,
+            split,
+            framing.damage,
+            framing.bad_padding,
+            split_rows,
+            split_ends,
+        )
+
+    @property
+    def ends(self) -> RecordEnds:
+        """Where each record ends, padding included (`ends[j]`, `ends[rows]`)."""
+        return RecordEnds(self)
+
+
+class RecordEnds:
+    """`Records.ends`: each record's end, computed from its start and length where asked."""
+
+    def __init__(self, records: Records) -> None:
+        self.records = records
+
+    def __len__(self) -> int:
+        return len(self.records.starts)
+
+    def __getitem__(self, at: Any) -> Any:
+        r = self.records
+        if isinstance(at, (int, np.integer)):
+            j = int(at) % len(r.starts) if at < 0 else int(at)
+            if r.split[j]:
+                return int(r.split_ends[np.searchsorted(r.split_rows, j)])
+            return int(r.starts[j]) + 8 + ((int(r.lengths[j]) + 3) & ~3)
+        rows = np.arange(len(r.starts))[at] if isinstance(at, slice) else np.asarray(at)
+        ends = r.starts[rows] + 8 + ((r.lengths[rows].astype(np.int64) + 3) & ~3)
+        if len(r.split_rows):
+            where = np.searchsorted(r.split_rows, rows)
+            hit = where < len(r.split_rows)
+            hit[hit] = r.split_rows[where[hit]] == rows[hit]
+            ends[hit] = r.split_ends[where[hit]]
+        return ends
+
+
+@dataclass(frozen=True, eq=False)
+class HeaderColumns:
+    """The image headers of a shard's records, as the columns the checks need (`scan.Headers`
+    less what is read again where a problem names it: a column that holds one value for
+    every record is a broadcast of it, not a column).
+
+    `complete` is False where the record is too short for its header and the labels the
+    header announces; `flag` and `label0`/`label1` (the first two labels: the header's float
+    when flag is 0; NaN where absent) are then meaningless. `image_of(rows)` is the image
+    length in bytes.
+    """
+
+    complete: np.ndarray
+    flag: np.ndarray
+    label0: np.ndarray
+    label1: np.ndarray
+    lengths: np.ndarray  # of the records (`Records.lengths`)
+
+    def __len__(self) -> int:
+        return len(self.complete)
+
+    def image_of(self, rows: Any) -> np.ndarray:
+        """Return the image bytes of the records at `rows` (0 where the header is incomplete)."""
+        need = IMAGE_HEADER_SIZE + 4 * self.flag[rows].astype(np.int64)
+        return np.where(self.complete[rows], self.lengths[rows].astype(np.int64) - need, 0)
 
 
 @dataclass(frozen=True, eq=False)
@@ -125,7 +257,13 @@ class ShardFacts:
     is each record's key (from the .idx, its last line winning; else its header id),
     `indexed` whether an .idx line points at it; `index_hit[i]` whether .idx line i points
     at a record. `sound` marks complete headers with no stray label; `unknown_signature`
-    the image records (sound, non-empty) whose bytes have no known image signature.
+    the image records (sound, non-empty) whose bytes have no known image signature, and
+    `id_mismatch` the records an .idx line points at whose header id is not its key.
+
+    What is kept is numpy columns of a few bytes a record (`Records`, `HeaderColumns`; a
+    column of one value is a broadcast); a check walks them `CHUNK_ROWS` rows at a time, so
+    its temporaries are bounded too. What a problem names and no column holds (a header's
+    id or float) is read again from its record (`header`).
     """
 
     dataset: DatasetFacts
@@ -136,20 +274,21 @@ class ShardFacts:
     buf: Buffer  # mmap, or b"" for an empty file
     read_record: ReadRecord  # offset -> the record's bytes, split parts rejoined
     index: ShardIndex | None
-    framing: Framing
-    headers: Headers
+    framing: Records
+    headers: HeaderColumns
     keys: np.ndarray
     indexed: np.ndarray | None
     index_hit: np.ndarray | None
     layout: FoundLayout
     sound: np.ndarray
     unknown_signature: np.ndarray
+    id_mismatch: np.ndarray
     window: RecWindow  # what `buf` is the mapping of: `held_rows` reads through it
 
     @cached_property
-    def _offset_order(self) -> np.ndarray:
+    def _offset_order(self) -> np.ndarray | None:
         assert self.index is not None
-        return np.argsort(self.index.offsets, kind="stable")
+        return ascending(self.index.offsets)
 
     def key_at(self, offset: int) -> int | None:
         """Return the key the .idx gives the record starting at `offset` (its last line
@@ -158,9 +297,38 @@ class ShardFacts:
             return None
         offsets, order = self.index.offsets, self._offset_order
         at = int(np.searchsorted(offsets, offset, "right", sorter=order)) - 1
-        if at < 0 or offsets[order[at]] != offset:
+        line = at if order is None or at < 0 else int(order[at])
+        if at < 0 or offsets[line] != offset:
             return None
-        return int(self.index.keys[order[at]])
+        return int(self.index.keys[line])
+
+    def header(self, row: int) -> Header | None:
+        """Return the image header of the record at framing `row` (None when the record is
+        shorter than one), read again from the record."""
+        found = peek_header(self.read_record(int(self.framing.starts[row])))
+        return None if found is None else found[0]
+
+
+def chunks(n: int, rows: int | None = None) -> Iterator[tuple[int, int]]:
+    """Yield (lo, hi) over 0..n, `CHUNK_ROWS` (or `rows`) at a time: a check over every
+    record computes its temporaries a chunk at a time."""
+    step = rows or CHUNK_ROWS
+    for lo in range(0, n, step):
+        yield lo, min(n, lo + step)
+
+
+def flatnonzero_chunked(n: int, mask_of: Callable[[int, int], np.ndarray]) -> np.ndarray:
+    """Return the rows 0..n where `mask_of(lo, hi)` (the mask of rows lo..hi) is True,
+    computing it a chunk at a time."""
+    found = [lo + np.flatnonzero(mask_of(lo, hi)) for lo, hi in chunks(n)]
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
+def _one_value(column: np.ndarray) -> np.ndarray:
+    """Return `column` as a broadcast of its one value when it holds one (else itself)."""
+    if len(column) and not column.dtype.kind == "f" and bool((column == column[0]).all()):
+        return np.broadcast_to(column[:1], column.shape)
+    return column
 
 
 def read_shard(
@@ -177,24 +345,33 @@ def read_shard(
     rec, idx = dataset.shards[number]
     buf, size, read_record = window.mapping, window.size, window.record
     index = read_index(idx)
-    framing = scan_framing(buf, size, None if index is None else index.offsets, window=window)
-    starts = framing.starts
-    h = _headers_in_batches(window, framing, progress)
-    keys = h.id.astype(np.int64)
+    offsets = None if index is None else index.offsets
+    records = Records.of(scan_framing(buf, size, offsets, window=window), offsets)
+    starts, n = records.starts, len(records.starts)
     indexed = index_hit = None
-    if index is not None:
+    # The .idx's lines are the records, one each, in order: its keys are theirs.
+    same = index is not None and starts is index.offsets
+    keys = index.keys if index is not None and same else np.zeros(n, np.int64)
+    h, sound, differ = _headers_in_batches(window, records, keys, same, progress)
+    if index is not None and same:
+        indexed = index_hit = np.broadcast_to(np.True_, (n,))
+    elif index is not None:
         pos = np.searchsorted(starts, index.offsets)
         index_hit = pos < len(starts)
         index_hit[index_hit] = starts[pos[index_hit]] == index.offsets[index_hit]
+        ids = keys.copy()  # the header ids, read into `keys`
         keys[pos[index_hit]] = index.keys[index_hit]  # later lines overwrite earlier ones
-        indexed = np.zeros(len(starts), bool)
-        indexed[pos[index_hit]] = True
+        hits = np.zeros(len(starts), bool)
+        hits[pos[index_hit]] = True
+        del pos
+        differ = flatnonzero_chunked(
+            n, lambda lo, hi: hits[lo:hi] & h.complete[lo:hi] & (ids[lo:hi] != keys[lo:hi])
+        )
+        del ids
+        index_hit, indexed = _one_value(index_hit), _one_value(hits)
     entry = dataset.entries[number]
-    layout = decide_layout(keys, starts, h, read_record, dataset.classes)
-    # MXNet's pack zeroes the header's float whenever labels follow it.
-    sound = h.complete & ~((h.flag > 0) & (h.label != 0))
-    rows = np.flatnonzero(layout.images & sound & (h.image > 0))
-    unknown = rows[_unknown_signatures(window, framing, h, rows)]
+    layout = decide_layout(keys, starts, cast(Headers, h), read_record, dataset.classes)
+    unknown = _unknown_signatures(window, records, h, layout, sound)
     return ShardFacts(
         dataset,
         rec,
@@ -204,7 +381,7 @@ def read_shard(
         buf,
         read_record,
         index,
-        framing,
+        records,
         h,
         keys,
         indexed,
@@ -212,29 +389,52 @@ def read_shard(
         layout,
         sound,
         unknown,
+        differ,
         window,
     )
 
 
-def held_rows(window: RecWindow, framing: Framing, rows: np.ndarray) -> Iterator[np.ndarray]:
+def held_rows(window: RecWindow, framing: Records, rows: np.ndarray) -> Iterator[np.ndarray]:
     """Yield the ascending framing `rows` a window's batch at a time, each batch's bytes held
     in `window` (a record longer than the window: held whole), the last dropped at the end."""
     starts, ends = framing.starts, framing.ends
+    if not len(rows):
+        return
     try:
-        for i, j, lo, hi in window.batches(starts):
+        # Only the batches from the first row's on: a chunk of rows takes its own.
+        first = int(rows[0])
+        for i, j, lo, hi in window.batches(starts[first:]):
+            i, j = i + first, j + first
             a, b = np.searchsorted(rows, (i, j)).tolist()
             if b > a:
                 window.hold(lo, max(hi, int(ends[rows[b - 1]])))
                 yield rows[a:b]
+            if b >= len(rows):
+                break
     finally:
         window.drop()
 
 
-def _headers_in_batches(window: RecWindow, framing: Framing, progress: Progress | None) -> Headers:
-    """Read the header of every record of `framing`, a window's batch at a time."""
+def _headers_in_batches(
+    window: RecWindow,
+    framing: Records,
+    keys: np.ndarray,
+    same: bool,
+    progress: Progress | None,
+) -> tuple[HeaderColumns, np.ndarray, np.ndarray]:
+    """Read the header of every record of `framing`, a window's batch at a time; return
+    (its `HeaderColumns`, `sound`, the rows whose header id is not their key).
+
+    `keys` are the .idx's keys of the records when `same` (ids are compared with them a
+    batch at a time); else the header ids are written into `keys`, for the caller to
+    compare and overwrite with the .idx's.
+    """
     n, starts, read_at = len(framing.starts), framing.starts, window.record
-    empty = read_headers(b"", 0, starts[:0], framing.lengths[:0], framing.split[:0], read_at)
-    out = Headers(*(np.zeros(n, c.dtype) for c in vars(empty).values()))  # every row filled
+    complete, sound = np.zeros(n, bool), np.zeros(n, bool)
+    label0 = np.full(n, np.nan, np.float32)
+    flag: np.ndarray | None = None  # a column once a record has labels after its header
+    label1: np.ndarray | None = None  # a column once a record has two labels
+    differ: list[np.ndarray] = []
     for rows in held_rows(window, framing, np.arange(n)):
         i, j = int(rows[0]), int(rows[-1]) + 1
         part = read_headers(
@@ -243,44 +443,97 @@ def _headers_in_batches(window: RecWindow, framing: Framing, progress: Progress 
             starts[i:j],
             framing.lengths[i:j],
             framing.split[i:j],
-            window.record,
+            read_at,
         )
-        for name, column in vars(part).items():
-            getattr(out, name)[i:j] = column
+        complete[i:j], label0[i:j] = part.complete, part.label0
+        # MXNet's pack zeroes the header's float whenever labels follow it.
+        sound[i:j] = part.complete & ~((part.flag > 0) & (part.label != 0))
+        if flag is None and part.flag.any():
+            flag = np.zeros(n, np.uint32)
+        if flag is not None:
+            flag[i:j] = part.flag
+        if label1 is None and (part.flag > 1).any():
+            label1 = np.full(n, np.nan, np.float32)
+        if label1 is not None:
+            label1[i:j] = part.label1
+        ids = part.id.astype(np.int64)
+        if same:
+            differ.append(i + np.flatnonzero(part.complete & (ids != keys[i:j])))
+        else:
+            keys[i:j] = ids
         if progress is not None:
             progress("bytes", int(framing.ends[j - 1]), window.size)
-    return out
+    columns = HeaderColumns(
+        _one_value(complete),
+        np.broadcast_to(np.uint32(0), (n,)) if flag is None else _one_value(flag),
+        label0,
+        np.broadcast_to(np.float32(np.nan), (n,)) if label1 is None else label1,
+        framing.lengths,
+    )
+    found = np.concatenate(differ) if differ else np.zeros(0, np.int64)
+    return columns, _one_value(sound), found
 
 
 def _unknown_signatures(
-    window: RecWindow, framing: Framing, h: Headers, rows: np.ndarray
+    window: RecWindow, framing: Records, h: HeaderColumns, layout: FoundLayout, sound: np.ndarray
 ) -> np.ndarray:
-    """Return which of the image records at `rows` have no known image signature (bool)."""
-    unknown = np.zeros(len(rows), bool)
-    done = 0
-    for batch in held_rows(window, framing, rows):
-        formats = image_formats(
-            window.mapping, window.size, framing.starts, h, framing.split, batch, window.record
-        )
-        unknown[done : done + len(batch)] = np.equal(formats, None)  # type: ignore[call-overload]
-        done += len(batch)
-    return unknown
+    """Return the image records (sound, non-empty) whose bytes have no known image
+    signature (ascending rows), a chunk of rows at a time."""
+    found: list[np.ndarray] = []
+    for lo, hi in chunks(len(framing.starts)):
+        mask = layout.images[lo:hi] & sound[lo:hi]
+        rows = lo + np.flatnonzero(mask & (h.image_of(slice(lo, hi)) > 0))
+        for batch in held_rows(window, framing, rows):
+            formats = image_formats(
+                window.mapping,
+                window.size,
+                framing.starts,
+                cast(Headers, _BatchHeaders(h, batch)),
+                framing.split,
+                batch,
+                window.record,
+            )
+            found.append(batch[np.equal(formats, None)])  # type: ignore[call-overload]
+    return np.concatenate(found) if found else np.zeros(0, np.int64)
+
+
+class _BatchHeaders:
+    """What `scan.image_formats` reads of the headers of a batch's rows (`flag`, `image`),
+    indexed by framing row as a `Headers` is."""
+
+    def __init__(self, h: HeaderColumns, rows: np.ndarray) -> None:
+        self.flag = h.flag
+        self.image = _RowColumn(rows, h.image_of(rows))
+
+
+class _RowColumn:
+    """A column known at some framing rows only, indexed by framing row."""
+
+    def __init__(self, rows: np.ndarray, values: np.ndarray) -> None:
+        self.rows, self.values = rows, values
+
+    def __getitem__(self, at: Any) -> Any:
+        return self.values[np.searchsorted(self.rows, at)]
 
 
 def read_index(idx: str) -> ShardIndex | None:
-    """Parse the .idx at `idx`; return its `ShardIndex`, or None when there is none."""
+    """Parse the .idx at `idx`; return its `ShardIndex`, or None when there is none.
+
+    The text is parsed a block at a time (`parse_index_stream`): what is kept is the two
+    columns. A file the strict parser refuses is read whole and parsed as MXNet would.
+    """
     if not os.path.exists(idx):
         return None
     try:
         with open_input(idx, "index file") as f:
-            data = f.read()
+            try:
+                keys, offsets = parse_index_stream(f, idx)
+            except IndexFormatError:
+                f.seek(0)
+                return _parse_index_leniently(idx, f.read())
     except OSError as exc:
         raise RectoolError(f"{idx}: cannot read ({exc.strerror or exc})") from None
-    try:
-        keys, offsets = parse_index(data, idx)
-    except IndexFormatError:
-        return _parse_index_leniently(idx, data)
-    return ShardIndex(idx, keys, offsets, np.arange(1, len(keys) + 1))
+    return ShardIndex(idx, keys, offsets, LineNumbers(len(keys)))
 
 
 def _parse_index_leniently(idx: str, data: bytes) -> ShardIndex:

@@ -8,15 +8,15 @@ from collections.abc import Iterator
 import numpy as np
 
 from ...reader import IMAGE_HEADER_SIZE
-from .facts import ShardFacts
+from .facts import ShardFacts, flatnonzero_chunked
 from .report import Found, ProblemAt
 
 
 def check_headers(facts: ShardFacts) -> Iterator[Found]:
     """Every image header fits its record; labels are integral class ids; images are images."""
     h, starts, rec, keys = facts.headers, facts.framing.starts, facts.rec, facts.keys
-    lengths = facts.framing.lengths
-    incomplete = np.flatnonzero(~h.complete)
+    lengths, n = facts.framing.lengths, len(facts.framing.starts)
+    incomplete = flatnonzero_chunked(n, lambda lo, hi: ~h.complete[lo:hi])
 
     def incomplete_problems() -> Iterator[ProblemAt]:
         for j in incomplete.tolist():
@@ -32,23 +32,29 @@ def check_headers(facts: ShardFacts) -> Iterator[Found]:
 
     yield Found("bad-header", len(incomplete), incomplete_problems())
 
-    odd = np.flatnonzero(h.complete & ~facts.sound)
+    sound = facts.sound
+    odd = flatnonzero_chunked(n, lambda lo, hi: h.complete[lo:hi] & ~sound[lo:hi])
 
     def odd_problems() -> Iterator[ProblemAt]:
         for j in odd.tolist():
+            header = facts.header(j)
+            assert header is not None  # a complete header
             yield (
                 rec,
                 keys[j],
                 starts[j],
                 f"flag {h.flag[j]} announces labels after the header, but the header's own "
-                f"label is {float(h.label[j])!r} instead of 0.0",
+                f"label is {float(header.label)!r} instead of 0.0",
             )
 
     yield Found("bad-header", len(odd), odd_problems())
-    images = facts.layout.images & facts.sound
-    yield _check_labels(facts, images)
+    yield _check_labels(facts)
 
-    empty = np.flatnonzero(images & (h.image == 0))
+    def empty_images(lo: int, hi: int) -> np.ndarray:
+        images = facts.layout.images[lo:hi] & sound[lo:hi]
+        return images & (h.image_of(slice(lo, hi)) == 0)
+
+    empty = flatnonzero_chunked(n, empty_images)
     yield Found(
         "empty-image",
         len(empty),
@@ -59,7 +65,7 @@ def check_headers(facts: ShardFacts) -> Iterator[Found]:
     def signature_problems() -> Iterator[ProblemAt]:
         for j in bad.tolist():
             at = int(starts[j]) + 8 + IMAGE_HEADER_SIZE + 4 * int(h.flag[j])
-            first = bytes(buf[at : at + min(8, int(h.image[j]))])
+            first = bytes(buf[at : at + min(8, int(h.image_of(j)))])
             where = "" if not split[j] else " (split record)"
             yield (
                 rec,
@@ -71,14 +77,21 @@ def check_headers(facts: ShardFacts) -> Iterator[Found]:
     yield Found("not-an-image", len(bad), signature_problems())
 
 
-def _check_labels(facts: ShardFacts, images: np.ndarray) -> Found:
+def _check_labels(facts: ShardFacts) -> Found:
+    """Every image record's (sound header's) label is a class id."""
     label, classes = facts.headers.label0, facts.layout.classes
-    with np.errstate(invalid="ignore"):
-        bad = images & ~np.isfinite(label)
-        known = images & np.isfinite(label)
-        if classes is not None:
-            bad |= known & ((label != np.round(label)) | (label < 0) | (label >= classes))
-    bad = np.flatnonzero(bad)
+
+    def bad_labels(lo: int, hi: int) -> np.ndarray:
+        images = facts.layout.images[lo:hi] & facts.sound[lo:hi]
+        part = label[lo:hi]
+        with np.errstate(invalid="ignore"):
+            bad = images & ~np.isfinite(part)
+            known = images & np.isfinite(part)
+            if classes is not None:
+                bad |= known & ((part != np.round(part)) | (part < 0) | (part >= classes))
+        return bad
+
+    bad = flatnonzero_chunked(len(label), bad_labels)
 
     def problems() -> Iterator[ProblemAt]:
         for j in bad.tolist():

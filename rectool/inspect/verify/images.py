@@ -21,7 +21,7 @@ from ...packer.images import (
 from ...packer.passthrough import refused_images
 from ...reader import IMAGE_HEADER_SIZE
 from ..scan import ReadRecord
-from .facts import Progress, ShardFacts, held_rows
+from .facts import Progress, ShardFacts, chunks, held_rows
 from .report import CheckResult, Found, Tally, one_problem
 
 
@@ -45,10 +45,17 @@ _DECODE_AHEAD = 64  # batches submitted and not yet reported: a bound, whatever 
 def decodable_rows(facts: ShardFacts) -> np.ndarray:
     """Return the rows `check_decoding` decodes (ascending, int64): image records with image
     bytes of a known signature (the others are reported by `check_headers`)."""
+    return _decodable(facts, 0, len(facts.framing.starts))
+
+
+def _decodable(facts: ShardFacts, lo: int, hi: int) -> np.ndarray:
+    """Return the rows lo..hi that `decodable_rows` gives (ascending, int64)."""
     h = facts.headers
-    mask = facts.layout.images & h.complete & (h.image > 0)
-    mask[facts.unknown_signature] = False
-    return np.flatnonzero(mask)
+    mask = facts.layout.images[lo:hi] & h.complete[lo:hi]
+    mask &= h.image_of(slice(lo, hi)) > 0
+    unknown = facts.unknown_signature
+    mask[unknown[(unknown >= lo) & (unknown < hi)] - lo] = False
+    return lo + np.flatnonzero(mask)
 
 
 def check_image_structure(facts: ShardFacts, progress: Progress | None = None) -> Iterator[Found]:
@@ -64,28 +71,37 @@ def check_image_structure(facts: ShardFacts, progress: Progress | None = None) -
     the JPEG walk over each batch at once; `progress(phase, done, total)` hears of the
     "images" checked.
     """
-    rows = decodable_rows(facts)
-    rows = rows[facts.sound[rows]]  # where a bad header puts the image is unknown
-    if not len(rows):
-        return
     h, starts, split = facts.headers, facts.framing.starts, facts.framing.split
+
+    def checked_rows(lo: int, hi: int) -> np.ndarray:
+        rows = _decodable(facts, lo, hi)
+        return rows[facts.sound[rows]]  # where a bad header puts the image is unknown
+
+    # A chunk of records at a time: their rows are a chunk's temporaries, never the pack's.
+    total = sum(len(checked_rows(lo, hi)) for lo, hi in chunks(len(starts)))
+    if not total:
+        return
     reasons: dict[int, str] = {}  # row -> reason
-    whole = rows[~split[rows]]
+    split_rows: list[np.ndarray] = []
     u8 = np.frombuffer(facts.buf, np.uint8, facts.size)
     checked = 0
     try:
-        for batch in held_rows(facts.window, facts.framing, whole):
-            heads = starts[batch] + 8 + IMAGE_HEADER_SIZE + 4 * h.flag[batch].astype(np.int64)
-            ends = heads + h.image[batch].astype(np.int64)
-            refused = refused_images(u8, heads, ends, _check_structure, _NO_PIXEL_LIMIT)
-            for k, refusal in refused.items():
-                reasons[int(batch[k])] = refusal.reason
-            checked += len(batch)
-            if progress is not None:
-                progress("images", checked, len(rows))
+        for lo, hi in chunks(len(starts)):
+            rows = checked_rows(lo, hi)
+            split_rows.append(rows[split[rows]])
+            for batch in held_rows(facts.window, facts.framing, rows[~split[rows]]):
+                flags = h.flag[batch].astype(np.int64)
+                heads = starts[batch] + 8 + IMAGE_HEADER_SIZE + 4 * flags
+                ends = heads + h.image_of(batch).astype(np.int64)
+                refused = refused_images(u8, heads, ends, _check_structure, _NO_PIXEL_LIMIT)
+                for k, refusal in refused.items():
+                    reasons[int(batch[k])] = refusal.reason
+                checked += len(batch)
+                if progress is not None:
+                    progress("images", checked, total)
     finally:
         del u8  # a view of the mapping: it could not be closed
-    for j in rows[split[rows]].tolist():
+    for j in np.concatenate(split_rows).tolist():
         _, image = unpack_header(facts.read_record(int(starts[j])))
         try:
             _check_structure(bytes(image), "structure", _NO_PIXEL_LIMIT)

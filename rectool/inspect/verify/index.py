@@ -9,7 +9,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .facts import ShardFacts, ShardIndex
+from .facts import ShardFacts, ShardIndex, chunks
 from .report import Found, ProblemAt, one_problem
 
 
@@ -77,7 +77,8 @@ def check_index(facts: ShardFacts) -> Iterator[Found]:
 
     def unindexed_problems() -> Iterator[ProblemAt]:
         for j in unindexed.tolist():
-            header_id = int(facts.headers.id[j]) if facts.headers.complete[j] else None
+            header = facts.header(j) if facts.headers.complete[j] else None
+            header_id = None if header is None else int(header.id)
             named = f" (header id {header_id})" if header_id is not None else ""
             yield (
                 facts.rec,
@@ -89,7 +90,8 @@ def check_index(facts: ShardFacts) -> Iterator[Found]:
 
     yield Found("unindexed-record", len(unindexed), unindexed_problems())
 
-    order = np.argsort(keys, kind="stable")
+    # Keys and offsets as a pack writes them (rising) repeat none: no sorted copy is made.
+    order = np.arange(0) if rising(keys) else np.argsort(keys, kind="stable")
     sk = keys[order]
     repeated = np.flatnonzero(sk[1:] == sk[:-1]) + 1
 
@@ -106,7 +108,7 @@ def check_index(facts: ShardFacts) -> Iterator[Found]:
 
     yield Found("duplicate-key", len(repeated), duplicate_problems())
 
-    order = np.argsort(offsets, kind="stable")
+    order = np.arange(0) if rising(offsets) else np.argsort(offsets, kind="stable")
     so = offsets[order]
     shared = np.flatnonzero(so[1:] == so[:-1]) + 1
     shared = shared[keys[order[shared]] != keys[order[shared - 1]]].tolist()  # no loop per line
@@ -146,23 +148,38 @@ def check_keys_across_shards(indexes: Sequence[ShardIndex]) -> Iterator[Found]:
     """No key is in two shards' .idx (`indexes`: the `ShardIndex` of each shard that has one)."""
     if len(indexes) < 2:
         return
+    spans = [(int(i.keys[0]), int(i.keys[-1])) for i in indexes if len(i.keys)]
+    if all(rising(i.keys) for i in indexes) and all(
+        a[1] < b[0] for a, b in zip(sorted(spans), sorted(spans)[1:])
+    ):
+        return  # each shard's keys rising, the shards' ranges apart: no key in two
     keys = np.concatenate([i.keys for i in indexes])
-    shard_of = np.concatenate([np.full(len(i.keys), n) for n, i in enumerate(indexes)])
-    line_of = np.concatenate([np.arange(1, len(i.keys) + 1) for i in indexes])
+    bounds = np.cumsum([0, *(len(i.keys) for i in indexes)])
     order = np.argsort(keys, kind="stable")
-    sk, ss = keys[order], shard_of[order]
+    sk = keys[order]
+    ss = np.searchsorted(bounds, order, "right") - 1  # the shard of each
     clash = np.flatnonzero((sk[1:] == sk[:-1]) & (ss[1:] != ss[:-1]))
+    del sk
 
     def problems() -> Iterator[ProblemAt]:
         for i in clash.tolist():
-            a, b = order[i], order[i + 1]
-            first, second = indexes[shard_of[a]], indexes[shard_of[b]]
+            a, b = int(order[i]), int(order[i + 1])
+            sa, sb = int(ss[i]), int(ss[i + 1])
+            first, second = indexes[sa], indexes[sb]
+            line_a, line_b = a - int(bounds[sa]) + 1, b - int(bounds[sb]) + 1
             yield (
                 second.path,
                 keys[b],
-                second.offsets[line_of[b] - 1],
-                f"key {keys[b]} is also in {first.path} (line {line_of[a]}); "
+                second.offsets[line_b - 1],
+                f"key {keys[b]} is also in {first.path} (line {line_a}); "
                 "keys must be unique across a dataset's shards",
             )
 
     yield Found("duplicate-key", len(clash), problems())
+
+
+def rising(values: np.ndarray) -> bool:
+    """Return True when `values` rise strictly (each above the one before), a chunk at a time."""
+    return all(
+        bool((values[lo + 1 : hi] > values[lo : hi - 1]).all()) for lo, hi in chunks(len(values))
+    ) and all(values[hi - 1] < values[hi] for _, hi in chunks(len(values)) if hi < len(values))

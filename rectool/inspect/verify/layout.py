@@ -60,12 +60,12 @@ def _not_a_header(facts: ShardFacts) -> Found:
     flag = int(h.flag[j])
     if not h.complete[j]:
         held = "a header cut short"
-    elif flag == 0:
-        held = f"flag 0, {int(h.image[j])} image bytes, label {float(h.label[j])!r}"
+    elif flag == 0:  # (the header's float is its label0)
+        held = f"flag 0, {int(h.image_of(j))} image bytes, label {float(h.label0[j])!r}"
     else:
         labels = ", ".join(repr(float(x)) for x in (h.label0[j], h.label1[j])[:flag])
         more = ", ..." if flag > 2 else ""
-        held = f"flag {flag}, {int(h.image[j])} image bytes, labels [{labels}{more}]"
+        held = f"flag {flag}, {int(h.image_of(j))} image bytes, labels [{labels}{more}]"
     if one.size and h.complete[one[-1]]:
         held += f"; key 1 has flag {int(h.flag[one[-1]])}"
     return one_problem("insightface-header", facts.rec, 0, starts[j], f"{says}: it has {held}")

@@ -7,13 +7,11 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import numpy as np
-
 from ...errors import RectoolError
 from ...format.binindex import read_identities
 from ...format.manifest import identity_name_problems
 from .facts import DatasetFacts, ShardFacts
-from .report import Found, one_problem
+from .report import Found, ProblemAt, one_problem
 
 
 def repeated_shards(shards: Sequence[tuple[str, str]]) -> dict[int, int]:
@@ -113,22 +111,21 @@ def check_manifest_entry(facts: ShardFacts) -> Iterator[Found]:
 
 def _check_ids(facts: ShardFacts) -> Found:
     """rectool writes each record's key as its header id; they must agree."""
-    h, keys, starts = facts.headers, facts.keys, facts.framing.starts
-    differ = np.flatnonzero(facts.indexed & h.complete & (h.id.astype(np.int64) != keys))
-    return Found(
-        "id-mismatch",
-        len(differ),
-        (
-            (
+    keys, starts, differ = facts.keys, facts.framing.starts, facts.id_mismatch
+
+    def problems() -> Iterator[ProblemAt]:
+        for j in differ.tolist():
+            header = facts.header(j)
+            assert header is not None  # a complete header
+            yield (
                 facts.idx,
                 keys[j],
                 starts[j],
                 f"the .idx gives key {keys[j]} to the record at byte "
-                f"{starts[j]}, whose header id is {h.id[j]}",
+                f"{starts[j]}, whose header id is {header.id}",
             )
-            for j in differ.tolist()
-        ),
-    )
+
+    return Found("id-mismatch", len(differ), problems())
 
 
 def pack_refusals(dataset: DatasetFacts, target: str) -> dict[str, Any] | None:
