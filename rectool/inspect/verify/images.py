@@ -42,14 +42,14 @@ _DECODE_BATCH = 256
 _DECODE_AHEAD = 64  # batches submitted and not yet reported: a bound, whatever the pack
 
 
-def decodable_rows(facts: ShardFacts) -> np.ndarray:
+def decodable_rows(facts: ShardFacts, lo: int = 0, hi: int | None = None) -> np.ndarray:
     """Return the rows `check_decoding` decodes (ascending, int64): image records with image
-    bytes of a known signature (the others are reported by `check_headers`)."""
-    return _decodable(facts, 0, len(facts.framing.starts))
+    bytes of a known signature (the others are reported by `check_headers`); of the rows
+    lo..hi (all by default: a caller over every record takes them a chunk at a time)."""
+    return _decodable(facts, lo, len(facts.framing.starts) if hi is None else hi)
 
 
 def _decodable(facts: ShardFacts, lo: int, hi: int) -> np.ndarray:
-    """Return the rows lo..hi that `decodable_rows` gives (ascending, int64)."""
     h = facts.headers
     mask = facts.layout.images[lo:hi] & h.complete[lo:hi]
     mask &= h.image_of(slice(lo, hi)) > 0

@@ -25,7 +25,7 @@ from .binary import (
     read_binary_index,
 )
 from .digests import ShardHashes, check_record_checksums
-from .facts import DatasetFacts, ShardIndex, read_shard, size_or_zero
+from .facts import DatasetFacts, ShardIndex, chunks, read_shard, size_or_zero
 from .framing import check_framing
 from .headers import check_headers
 from .images import DecodeOptions, check_decoding, check_image_structure, decodable_rows
@@ -188,12 +188,15 @@ def _verify_shard(
         report.rec_bytes += size
         if decode is None and image_check:  # decoding checks the structure first
             findings.take(check_image_structure(facts, progress))
-        if decode is not None:
-            rows = decodable_rows(facts)
-            for item in check_decoding(facts, rows, decode, decoder):
-                findings.take([item])
-                if progress is not None and isinstance(item, Tally):
-                    progress("images", report.decoded, len(rows))
+        if decode is not None:  # a chunk of rows at a time: never a row a record
+            spans = list(chunks(records_found))
+            total = sum(len(decodable_rows(facts, lo, hi)) for lo, hi in spans)
+            for lo, hi in spans:
+                rows = decodable_rows(facts, lo, hi)
+                for item in check_decoding(facts, rows, decode, decoder):
+                    findings.take([item])
+                    if progress is not None and isinstance(item, Tally):
+                        progress("images", report.decoded, total)
     return facts.layout.name, facts.index, size
 
 
