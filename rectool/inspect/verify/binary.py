@@ -25,6 +25,7 @@ from ...format.window import ascending
 from ...reader import INDEX_ARRAYS, load_array, open_regular
 from .digests import compare_digests
 from .facts import DatasetFacts, ShardFacts, flatnonzero_chunked, held_rows
+from .index import rising
 from .report import CheckResult, Found, ProblemAt, one_problem
 
 # Each array's (dtype, allowed dimensions): the reader's, and insightface's identity ranges.
@@ -228,7 +229,14 @@ def sample_lines(facts: ShardFacts, layout: str) -> slice | np.ndarray | None:
         return slice(None)  # every line: views of the .idx's columns, no copy
     if facts.layout.span is None or not len(index.keys):
         return None
-    want = np.arange(1, facts.layout.span[0], dtype=np.int64)
+    images = facts.layout.span[0] - 1
+    if rising(index.keys):  # as a pack writes them: keys 1..N are one run of lines
+        first = int(np.searchsorted(index.keys, 1))
+        run = index.keys[first : first + images]
+        if len(run) == images and (not images or (run[0] == 1 and run[-1] == images)):
+            return slice(first, first + images)  # rising integers from 1 to N: each once
+        return None  # a missing image key: an insightface-range problem
+    want = np.arange(1, images + 1, dtype=np.int64)
     order = np.argsort(index.keys, kind="stable")
     found = np.searchsorted(index.keys, want, "right", sorter=order) - 1
     lines = order[np.maximum(found, 0)]

@@ -220,6 +220,82 @@ class RecordEnds:
         return ends
 
 
+class SparseColumn:
+    """A column of `n` values, all `fill` but at the ascending `rows` (`values`): indexed
+    as an array is (a row, a slice, rows), what is given back being a scalar or a new
+    array. What a few records hold (insightface's identity records' flags and label pairs)
+    costs a few bytes a record that holds it, not every record."""
+
+    def __init__(self, n: int, rows: np.ndarray, values: np.ndarray, fill: Any) -> None:
+        self.n, self.rows, self.values = n, rows, values
+        self.fill = values.dtype.type(fill)
+
+    def __len__(self) -> int:
+        return self.n
+
+    @property
+    def dtype(self) -> np.dtype[Any]:
+        return self.values.dtype
+
+    def __getitem__(self, at: Any) -> Any:
+        if isinstance(at, (int, np.integer)):
+            j = int(at) + (self.n if at < 0 else 0)
+            if not 0 <= j < self.n:
+                raise IndexError(f"row {at} of {self.n}")
+            k = int(np.searchsorted(self.rows, j))
+            return self.values[k] if k < len(self.rows) and self.rows[k] == j else self.fill
+        wanted: np.ndarray = np.arange(self.n)[at] if isinstance(at, slice) else np.asarray(at)
+        if wanted.dtype == bool:
+            wanted = np.flatnonzero(wanted)
+        out = np.full(wanted.shape, self.fill, self.values.dtype)
+        if len(self.rows):
+            where: np.ndarray = np.searchsorted(self.rows, wanted)
+            where = np.minimum(where, len(self.rows) - 1)
+            hit = self.rows[where] == wanted
+            out[hit] = self.values[where[hit]]
+        return out
+
+
+class _ColumnBuilder:
+    """Build a column of `n` values a batch of rows at a time: rows that are not `fill`
+    kept sparse while they are few (a `SparseColumn`), a dense array once they are not
+    (a quarter of the rows), nothing at all when there are none (a broadcast of `fill`)."""
+
+    def __init__(self, n: int, dtype: Any, fill: Any) -> None:
+        self.n, self.dtype, self.fill = n, np.dtype(dtype), fill
+        self.rows: list[np.ndarray] = []
+        self.values: list[np.ndarray] = []
+        self.count = 0
+        self.dense: np.ndarray | None = None
+
+    def put(self, i: int, values: np.ndarray) -> None:
+        """Take the values of rows i..i+len(values)."""
+        if self.dense is not None:
+            self.dense[i : i + len(values)] = values
+            return
+        same = np.isnan(values) if np.isnan(self.fill) else values == self.fill
+        rows = np.flatnonzero(~same)
+        if not len(rows):
+            return
+        self.rows.append(i + rows)
+        self.values.append(values[rows].astype(self.dtype))
+        self.count += len(rows)
+        if self.count > self.n // 4:
+            self.dense = np.full(self.n, self.fill, self.dtype)
+            for r, v in zip(self.rows, self.values):
+                self.dense[r] = v
+            self.rows, self.values = [], []
+
+    def column(self) -> np.ndarray | SparseColumn:
+        if self.dense is not None:
+            return self.dense
+        if not self.count:
+            return np.broadcast_to(self.dtype.type(self.fill), (self.n,))
+        return SparseColumn(
+            self.n, np.concatenate(self.rows), np.concatenate(self.values), self.fill
+        )
+
+
 @dataclass(frozen=True, eq=False)
 class HeaderColumns:
     """The image headers of a shard's records, as the columns the checks need (`scan.Headers`
@@ -233,9 +309,9 @@ class HeaderColumns:
     """
 
     complete: np.ndarray
-    flag: np.ndarray
+    flag: np.ndarray | SparseColumn
     label0: np.ndarray
-    label1: np.ndarray
+    label1: np.ndarray | SparseColumn
     lengths: np.ndarray  # of the records (`Records.lengths`)
 
     def __len__(self) -> int:
@@ -432,8 +508,8 @@ def _headers_in_batches(
     n, starts, read_at = len(framing.starts), framing.starts, window.record
     complete, sound = np.zeros(n, bool), np.zeros(n, bool)
     label0 = np.full(n, np.nan, np.float32)
-    flag: np.ndarray | None = None  # a column once a record has labels after its header
-    label1: np.ndarray | None = None  # a column once a record has two labels
+    # Most records have no labels after their header, or (insightface) a few have two.
+    flag, label1 = _ColumnBuilder(n, np.uint32, 0), _ColumnBuilder(n, np.float32, np.nan)
     differ: list[np.ndarray] = []
     for rows in held_rows(window, framing, np.arange(n)):
         i, j = int(rows[0]), int(rows[-1]) + 1
@@ -448,14 +524,8 @@ def _headers_in_batches(
         complete[i:j], label0[i:j] = part.complete, part.label0
         # MXNet's pack zeroes the header's float whenever labels follow it.
         sound[i:j] = part.complete & ~((part.flag > 0) & (part.label != 0))
-        if flag is None and part.flag.any():
-            flag = np.zeros(n, np.uint32)
-        if flag is not None:
-            flag[i:j] = part.flag
-        if label1 is None and (part.flag > 1).any():
-            label1 = np.full(n, np.nan, np.float32)
-        if label1 is not None:
-            label1[i:j] = part.label1
+        flag.put(i, part.flag)
+        label1.put(i, part.label1)
         ids = part.id.astype(np.int64)
         if same:
             differ.append(i + np.flatnonzero(part.complete & (ids != keys[i:j])))
@@ -464,11 +534,7 @@ def _headers_in_batches(
         if progress is not None:
             progress("bytes", int(framing.ends[j - 1]), window.size)
     columns = HeaderColumns(
-        _one_value(complete),
-        np.broadcast_to(np.uint32(0), (n,)) if flag is None else _one_value(flag),
-        label0,
-        np.broadcast_to(np.float32(np.nan), (n,)) if label1 is None else label1,
-        framing.lengths,
+        _one_value(complete), flag.column(), label0, label1.column(), framing.lengths
     )
     found = np.concatenate(differ) if differ else np.zeros(0, np.int64)
     return columns, _one_value(sound), found
@@ -502,7 +568,7 @@ class _BatchHeaders:
     indexed by framing row as a `Headers` is."""
 
     def __init__(self, h: HeaderColumns, rows: np.ndarray) -> None:
-        self.flag = h.flag
+        self.flag = _RowColumn(rows, h.flag[rows])
         self.image = _RowColumn(rows, h.image_of(rows))
 
 

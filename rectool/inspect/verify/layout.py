@@ -11,7 +11,7 @@ from ...doors.inputs import open_input
 from ...errors import RectoolError
 from ...format.keys import FLOAT32_EXACT
 from ...reader import DATASET_LAYOUTS
-from .facts import ShardFacts
+from .facts import ShardFacts, chunks, flatnonzero_chunked
 from .report import Found, ProblemAt, one_problem
 
 
@@ -96,10 +96,15 @@ def _check_insightface(facts: ShardFacts) -> Iterator[Found]:
             None,
             f"says {declared} classes, but record 0 of {rec} announces {identities} identities",
         )
-    by_key = np.full(b, -1, np.int64)
-    inside = (keys >= 0) & (keys < b)
-    by_key[keys[inside]] = np.flatnonzero(inside)
-    outside = np.flatnonzero(~inside)
+    # The row of each key (-1: none), in 4 bytes a key where the rows fit.
+    by_key = np.full(b, -1, np.int32 if len(keys) < 1 << 31 else np.int64)
+    for lo_row, hi_row in chunks(len(keys)):  # in file order: later records win
+        part = keys[lo_row:hi_row]
+        inside = (part >= 0) & (part < b)
+        by_key[part[inside]] = lo_row + np.flatnonzero(inside)
+    outside = flatnonzero_chunked(
+        len(keys), lambda lo_row, hi_row: (keys[lo_row:hi_row] < 0) | (keys[lo_row:hi_row] >= b)
+    )
     yield Found(
         "insightface-range",
         len(outside),
@@ -166,20 +171,29 @@ def _check_insightface(facts: ShardFacts) -> Iterator[Found]:
     yield Found("insightface-range", len(wrong), range_problems())
     if wrong.size:
         return
-    owner = np.repeat(np.arange(identities), (hi - lo).astype(np.int64))
     image_rows = by_key[1:a]
-    labels = h.label0[image_rows]
-    with np.errstate(invalid="ignore"):
-        mismatch = np.flatnonzero(h.complete[image_rows] & (labels != owner))
+
+    def owners(first: int, end: int) -> np.ndarray:
+        """The identity whose range holds each image key first+1..end (the ranges follow
+        each other from key 1 to key a: the last that starts at or before it)."""
+        return np.searchsorted(lo, np.arange(first + 1, end + 1), "right") - 1
+
+    def mislabelled(first: int, end: int) -> np.ndarray:
+        rows = image_rows[first:end]
+        with np.errstate(invalid="ignore"):
+            return h.complete[rows] & (h.label0[rows] != owners(first, end))
+
+    mismatch = flatnonzero_chunked(len(image_rows), mislabelled)
 
     def label_problems() -> Iterator[ProblemAt]:
         for i in mismatch.tolist():
+            owner = int(owners(i, i + 1)[0])
             yield (
                 rec,
                 i + 1,
                 starts[image_rows[i]],
-                f"label {float(labels[i])!r}, but the key lies in the range of identity "
-                f"{owner[i]} (key {a + owner[i]})",
+                f"label {float(h.label0[image_rows[i]])!r}, but the key lies in the range of "
+                f"identity {owner} (key {a + owner})",
             )
 
     yield Found("insightface-label", len(mismatch), label_problems())
