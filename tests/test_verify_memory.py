@@ -7,9 +7,10 @@ what was allocated before, a record, on a pack of 200k tiny records. What verify
 whatever the pack's size (the window a shard is read through, the chunk of rows a check
 computes at a time, a block of checksum entries or of .idx text, a hashing buffer) is made
 small, so that what grows with the records is most of the figure: 42 bytes a record here
-(the .idx's keys and offsets, record lengths, header floats and flags, and what a chunk
-of the framing walk holds). Before the columns were trimmed it was 131 bytes (a .rec.crc
-read whole, every header field, a copy of the keys and of the offsets, line numbers).
+(45 for insightface's layout): the .idx's keys and offsets, record lengths, header floats,
+and what the framing walk holds while it runs. Before the columns were trimmed it was 131
+(161): a .rec.crc read whole, every header field, a copy of the keys and of the offsets,
+line numbers, a row a key and an owner a key for insightface's ranges.
 """
 
 from __future__ import annotations
@@ -56,7 +57,41 @@ def write_tiny_pack(prefix, records):
     w[:, 4] = keys  # id: the key
     data = block.tobytes()
     del block, w
-    offsets = keys * stride
+    return _write_shard(prefix, data, keys, keys * stride)
+
+
+def write_tiny_insightface(prefix, images):
+    """Write insightface's layout of `images` image records of one small JPEG (20 an
+    identity): record 0 announcing them and the identities, the images (keys 1..N), then
+    an identity record for each (its [start, end) key range) as PREFIX.rec, .idx and .rec.crc."""
+    identities = images // PER_IDENTITY
+    a, b = images + 1, images + 1 + identities
+    jpeg = encode(np.full((8, 8), 128, np.uint8), ".jpg")
+    length = IMAGE_HEADER_SIZE + len(jpeg)
+    stride = 8 + (length + 3) // 4 * 4
+    image = np.zeros(stride, np.uint8)
+    image[8 + IMAGE_HEADER_SIZE : 8 + length] = np.frombuffer(jpeg, np.uint8)
+    image.view("<u4")[:2] = MAGIC, length
+    keys = np.arange(1, images + 1, dtype=np.int64)
+    block = np.tile(image, (images, 1))
+    block.view("<u4")[:, 3] = ((keys - 1) // PER_IDENTITY).astype(np.float32).view("<u4")
+    block.view("<u4")[:, 4] = keys
+    # A header of flag 2, float 0.0, ids (key, 0), then two float32 labels: 40 bytes framed.
+    pairs = np.zeros((identities + 1, 10), "<u4")
+    pairs[:, :3] = MAGIC, 32, 2
+    pairs[:, 4] = [0, *range(a, b)]  # record 0, then the identity records' keys
+    starts = np.arange(identities) * PER_IDENTITY + 1
+    firsts = np.array([a, *starts], np.float32)
+    lasts = np.array([b, *(starts + PER_IDENTITY)], np.float32)
+    pairs[:, 8], pairs[:, 9] = firsts.view("<u4"), lasts.view("<u4")
+    data = pairs[:1].tobytes() + block.tobytes() + pairs[1:].tobytes()
+    offsets = np.concatenate(
+        ([0], 40 + (keys - 1) * stride, 40 + images * stride + 40 * np.arange(identities))
+    )
+    return _write_shard(prefix, data, np.array([0, *keys, *range(a, b)]), offsets)
+
+
+def _write_shard(prefix, data, keys, offsets):
     rec = f"{prefix}.rec"
     with open(rec, "wb") as f:
         f.write(data)
@@ -115,4 +150,14 @@ def test_verify_holds_a_few_bytes_a_record_with_a_binary_index(tiny_pack, small_
     result = index_pack(tiny_pack)
     per_record, report = traced_bytes_a_record(str(result.manifest), RECORDS)
     assert report.sound and report.records == RECORDS, report.problems[:3]
+    assert per_record < MOST_BYTES_A_RECORD, f"{per_record:.1f} bytes a record"
+
+
+def test_verify_holds_a_few_bytes_a_record_of_an_insightface_pack(tmp_path, small_chunks):
+    # Record 0, identity records and their ranges: the layout's checks, a key at a time.
+    rec = write_tiny_insightface(tmp_path / "train", RECORDS)
+    result = index_pack(rec)
+    per_record, report = traced_bytes_a_record(str(result.manifest), RECORDS)
+    assert report.sound and report.layouts == ["insightface"], report.problems[:3]
+    assert report.images == RECORDS
     assert per_record < MOST_BYTES_A_RECORD, f"{per_record:.1f} bytes a record"
