@@ -1,14 +1,13 @@
 """What training needs only sometimes: decoded batches, epoch orders, rank views, prefetch.
 
-`rectool reader --training -o rectool_training.py` copies this module verbatim. The copy imports
-the reader emitted beside it as `rectool_reader` (a sibling in a package, or on sys.path) and
-raises its errors; in rectool it is `rectool.training` over `rectool.reader`. It reads the
-reader's `RecordDataset` (or rectool's `PackDataset`): an index and labels every worker maps.
-"""
+`rectool reader --training -o rectool_training.py` copies this module verbatim; the copy imports
+the reader emitted beside it (`rectool_reader`: a sibling in a package, or on sys.path) and raises
+its errors. It reads the reader's `RecordDataset` (or rectool's `PackDataset`) in every worker."""
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import queue
 import sys
@@ -195,14 +194,6 @@ def crop_box(source: tuple[int, int], target: tuple[int, int]) -> tuple[int, int
     return (h - ch) // 2, (w - cw) // 2, ch, cw
 
 
-def _cv2() -> Any:
-    try:
-        import cv2
-    except ImportError:
-        raise RectoolError("decoding needs OpenCV (opencv-python-headless)") from None
-    return cv2
-
-
 class _Decoder:
     """Decodes samples of `ds` into batch slots through the reader's guard (`decode_image`: an
     image over `max_pixels` pixels is never decoded); what a worker needs, picklable."""
@@ -212,11 +203,8 @@ class _Decoder:
         self.on_error, self.seed = how
 
     def flag(self, factor: int) -> int:
-        """Return OpenCV's flag decoding at 1/`factor` scale, in BGR (or gray, 2-D)."""
-        kind = "GRAYSCALE" if self.mode == "gray" else "COLOR"
-        return getattr(
-            _cv2(), f"IMREAD_REDUCED_{kind}_{factor}" if factor > 1 else "IMREAD_" + kind
-        )
+        """OpenCV's IMREAD_ flag at 1/`factor` scale, BGR or gray (the enum's values: no import)."""
+        return {1: 1, 2: 17, 4: 33, 8: 65}[factor] - (self.mode == "gray")
 
     def decode(self, i: int, flags: Any) -> NDArray[np.uint8]:
         """Return sample `i` decoded with `flags` (or a function of its format and size choosing
@@ -228,10 +216,17 @@ class _Decoder:
 
     def into(self, i: int, out: NDArray[np.uint8]) -> None:
         """Decode sample `i` into `out` (H, W, C) uint8, scaled and cropped per `size` if given."""
-        cv2, size, rgb = _cv2(), self.size, self.mode == "rgb"
+        size, rgb, factor = self.size, self.mode == "rgb", [1]
         target = out[:, :, 0] if self.mode == "gray" else out
+
+        def scaled(kind: str, height: int, width: int) -> int:
+            if kind == "jpeg":  # the largest JPEG scale still covering the target
+                factor[0] = reduction_factor((height, width), size)
+            return self.flag(factor[0])
+
+        image = self.decode(i, self.flag(1) if size is None else scaled)
+        cv2 = sys.modules["cv2"]  # imported by the reader to decode it
         if size is None:
-            image = self.decode(i, self.flag(1))
             if image.shape[:2] != out.shape[:2]:
                 path, offset, key = self.ds.location(i)
                 raise RectoolError(
@@ -240,14 +235,6 @@ class _Decoder:
                 )
             cv2.cvtColor(image, cv2.COLOR_BGR2RGB, dst=out) if rgb else np.copyto(target, image)
             return
-        factor = [1]
-
-        def scaled(kind: str, height: int, width: int) -> int:
-            if kind == "jpeg":  # the largest JPEG scale still covering the target
-                factor[0] = reduction_factor((height, width), size)
-            return self.flag(factor[0])
-
-        image = self.decode(i, scaled)
         if factor[0] > 1 and (image.shape[0] < size[0] or image.shape[1] < size[1]):
             image = self.decode(i, self.flag(1))  # EXIF turned it: decode in full
         y, x, h, w = crop_box(image.shape[:2], size)
@@ -361,7 +348,7 @@ def _work(decoder: _Decoder, ring: Any, shape: Any, conn: Any, parent: int, fork
     """A worker: decode each batch it is sent, (slot, indices), into the ring; answer."""
     try:
         if not forked:  # a forked worker inherits one thread (see _forking)
-            _cv2().setNumThreads(1)  # one process per core already
+            __import__("cv2").setNumThreads(1)  # one process per core already
         images = np.frombuffer(ring, np.uint8).reshape(shape)
         conn.send(("ok", None))
         while True:
@@ -544,10 +531,10 @@ class BatchDecoder(_Batches):
     """`batches[indices] -> (images, labels)`, as `Loader` decodes them, for torch's DataLoader
     (`DataLoader(batches, batch_size=None, sampler=BatchSampler(RankSampler(ds), 256, False))`).
 
-    In a DataLoader worker, each worker decodes into its own ring of `slots` batches of shared
-    tensors, which the training loop maps once: a batch's images stay valid until that worker
-    reuses the slot, `slots - prefetch_factor - 1` of its batches later (5 by default), enough
-    for `prefetch` and `pin_memory` (`.clone()` what you keep). `slots=0`: a new one a batch."""
+    Each DataLoader worker decodes into its own ring of `slots` batches of shared tensors, which
+    travels to the training loop once: a batch's images stay valid until its worker reuses the
+    slot, `slots - prefetch_factor - 1` of its batches later (5 by default), enough for
+    `prefetch` and `pin_memory` (`.clone()` what you keep). `slots=0`: a new one a batch."""
 
     def __init__(
         self, ds: Any, *, size: Sequence[int] | None = None, mode: str | None = None,
@@ -560,8 +547,7 @@ class BatchDecoder(_Batches):
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_ring": None}  # each worker makes its own
 
-    def __len__(self) -> int:
-        """Return the number of samples (indices range over the dataset)."""
+    def __len__(self) -> int:  # the number of samples: indices range over the dataset
         return len(self._decoder.ds)
 
     def __getitem__(self, indices: Sequence[int] | NDArray[np.integer[Any]]) -> Any:
@@ -573,26 +559,42 @@ class BatchDecoder(_Batches):
             return images[: len(report[0])], self._labels(report[0])
         if not self.slots or self._ring is None or n > self._ring.shape[1]:
             self._ring = torch.empty((self.slots or 1, *shape), dtype=torch.uint8).share_memory_()
-        batch = self._ring[self._next_slot % len(self._ring), :n]
-        self._next_slot += 1
-        report = self._decoder.fill(indices, batch.numpy())
+            self._ring_key = (os.getpid(), next(_RING_NUMBERS)) if self.slots else None
+        slot, self._next_slot = self._next_slot % len(self._ring), self._next_slot + 1
+        report = self._decoder.fill(indices, self._ring[slot, :n].numpy())
         self._count(report)
-        return _Kept((batch[: len(report[0])], torch.from_numpy(self._labels(report[0]))))
+        return _Kept(self._ring, self._ring_key, slot, len(report[0]), self._labels(report[0]))
 
 
-class _Kept(tuple):
-    """A batch whose storage the training loop keeps mapped: torch maps a ring once."""
+class _Kept:
+    """A batch in a worker's ring (`images, labels = batch`), sent as its ring, or once the
+    ring has been sent, the ring's key (torch sends a tensor's descriptor through a socket)."""
+
+    def __init__(self, *parts: Any) -> None:  # ring, key, slot, n, labels
+        self.parts = parts
+
+    def __iter__(self) -> Iterator[Any]:
+        ring, _, slot, n, labels = self.parts
+        return iter((ring[slot, :n], sys.modules["torch"].from_numpy(labels)))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return _kept, tuple(self)
+        ring, key, *rest = self.parts
+        if key is not None and key in _SENT:
+            ring = None
+        _SENT.add(key)
+        return _unkept, (ring, key, *rest)
 
 
-_KEPT: dict[int, Any] = {}  # in the training loop: the storages of the last rings received
+# In a worker: ring numbers, the keys of rings sent; in the training loop: rings, latest last.
+_RING_NUMBERS, _SENT, _RINGS = itertools.count(), set[Any](), dict[Any, Any]()
 
 
-def _kept(images: Any, labels: Any) -> tuple[Any, Any]:
-    storage = images.untyped_storage()
-    _KEPT[storage.data_ptr()] = _KEPT.pop(storage.data_ptr(), storage)  # most recent last
-    if len(_KEPT) > 64:  # rings of workers long gone
-        del _KEPT[next(iter(_KEPT))]
-    return images, labels
+def _unkept(ring: Any, key: Any, slot: int, n: int, labels: Any) -> tuple[Any, Any]:
+    ring = _RINGS.pop(key, None) if ring is None else ring  # key None: a ring of one batch
+    if ring is None:
+        raise RectoolError(f"a batch names a ring of worker {key[0]} that never arrived")
+    if key is not None:  # kept, most recent last: later batches name it by its key
+        _RINGS[key] = ring
+        if len(_RINGS) > 64:  # rings of workers long gone
+            del _RINGS[next(iter(_RINGS))]
+    return ring[slot, :n], sys.modules["torch"].from_numpy(labels)

@@ -8,6 +8,7 @@ wrote, so nothing expected is computed by the loader or the reader.
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 
 import cv2
@@ -16,6 +17,7 @@ import pytest
 from helpers.handmade_datasets import write_pack
 from helpers.image_files import jpeg_bytes
 
+from rectool import training
 from rectool.reader import RecordFormatError, RectoolError, open_dataset
 from rectool.training import (
     BatchDecoder,
@@ -284,6 +286,42 @@ def test_batch_decoder_in_a_torch_dataloader(loader_shards, slots):
     assert sorted(seen) == list(range(SAMPLES))
     del loader
     assert shm_segments() == []
+
+
+def test_a_workers_ring_travels_with_its_first_batch_only(loader_shards, monkeypatch):
+    """In a DataLoader worker a batch pickles as its ring of shared tensors the first time and
+    as the ring's key after (torch would send a tensor's descriptor through a socket for every
+    batch); the training loop rebuilds each batch from the ring it kept."""
+    prefix, samples = loader_shards
+    torch = pytest.importorskip("torch")
+    batches = BatchDecoder(open_dataset(prefix), mode="bgr", slots=4)
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: "a worker")
+    decoded_batches = [batches[indices] for indices in ([0, 11, 30], [5, 36], [7])]
+    sent = [pickle.dumps(batch) for batch in decoded_batches]  # the ring's bytes as they are
+    assert len(sent[0]) > 4 * 40 * 32 * 3 and max(map(len, sent[1:])) < 2_000
+    monkeypatch.setattr(training, "_RINGS", {})  # the training loop's
+    for data in sent:
+        images, labels = pickle.loads(data)
+        assert labels.dtype == torch.int64 and len(images) == len(labels)
+        for image, label in zip(images, labels.tolist()):
+            assert np.array_equal(image.numpy(), decoded(samples[label].image))
+    assert len(training._RINGS) == 1
+    training._RINGS.clear()  # a batch whose ring this process never received
+    with pytest.raises(RectoolError, match="never arrived"):
+        pickle.loads(sent[1])
+
+
+def test_the_decoders_flags_are_opencvs(loader_shards):
+    color = BatchDecoder(open_dataset(loader_shards[0]), mode="bgr")._decoder
+    gray = BatchDecoder(open_dataset(loader_shards[0]), mode="gray")._decoder
+    assert [color.flag(f) for f in (1, 2, 4, 8)] == [
+        cv2.IMREAD_COLOR, cv2.IMREAD_REDUCED_COLOR_2, cv2.IMREAD_REDUCED_COLOR_4,
+        cv2.IMREAD_REDUCED_COLOR_8,
+    ]  # fmt: skip
+    assert [gray.flag(f) for f in (1, 2, 4, 8)] == [
+        cv2.IMREAD_GRAYSCALE, cv2.IMREAD_REDUCED_GRAYSCALE_2, cv2.IMREAD_REDUCED_GRAYSCALE_4,
+        cv2.IMREAD_REDUCED_GRAYSCALE_8,
+    ]  # fmt: skip
 
 
 def test_options_are_checked(loader_shards):
