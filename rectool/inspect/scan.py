@@ -300,7 +300,11 @@ def _confirm_chain(
         del words
         if window is not None:
             window.drop()
-    ends = starts + 8 + ((lengths + 3) & ~3)
+    # In place: one new column, not the three temporaries of the expression (verify's peak).
+    ends = lengths + 3
+    ends &= ~3
+    ends += starts
+    ends += 8
     bad_padding = [(o, o) for o in starts[padding_bad].tolist()]
     for i in np.flatnonzero(split).tolist():
         result = _follow_parts(buf, size, int(starts[i]))
