@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # `progress(phase, done, total)`: "bytes" of a shard read, "images" checked.
 Progress = Callable[[str, int, int], object]
 # A check over every record computes its temporaries this many rows at a time.
-CHUNK_ROWS = 1 << 20
+CHUNK_ROWS = 1 << 18
 
 
 @dataclass(frozen=True)
@@ -511,7 +511,8 @@ def _headers_in_batches(
     # Most records have no labels after their header, or (insightface) a few have two.
     flag, label1 = _ColumnBuilder(n, np.uint32, 0), _ColumnBuilder(n, np.float32, np.nan)
     differ: list[np.ndarray] = []
-    for rows in held_rows(window, framing, np.arange(n)):
+    batches = (b for lo, hi in chunks(n) for b in held_rows(window, framing, np.arange(lo, hi)))
+    for rows in batches:  # (a chunk's rows at a time: no row number a record)
         i, j = int(rows[0]), int(rows[-1]) + 1
         part = read_headers(
             window.mapping,
