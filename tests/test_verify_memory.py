@@ -25,7 +25,7 @@ from helpers.image_files import encode
 import rectool.format.checksums as checksums
 import rectool.format.digest as digest
 import rectool.format.textindex as textindex
-import rectool.inspect.verify.facts as facts
+import rectool.inspect.verify.columns as columns
 from rectool.format.checksums import RecordChecksums, checksum_path, encode_checksums
 from rectool.format.window import RecWindow
 from rectool.inspect.verify import verify_dataset
@@ -130,8 +130,8 @@ def small_chunks(monkeypatch):
     time, a block of checksum entries or of .idx text, a hashing buffer; the window, in
     `traced_bytes_a_record`) is made small, as bounded as before: the figure left is the
     columns'."""
-    monkeypatch.setattr(facts, "CHUNK_ROWS", 1 << 13, raising=False)
-    monkeypatch.setattr(checksums, "TABLE_BLOCK_ENTRIES", 1 << 13, raising=False)
+    monkeypatch.setattr(columns, "CHUNK_ROWS", 1 << 13)
+    monkeypatch.setattr(checksums, "TABLE_BLOCK_ENTRIES", 1 << 13)
     monkeypatch.setattr(textindex, "INDEX_BLOCK_BYTES", 1 << 17)
     monkeypatch.setattr(digest, "_CHUNK", 1 << 18)
 

@@ -23,8 +23,9 @@ from ...format.binindex import has_binary_index, read_identities
 from ...format.digest import XXH3_128, file_digests
 from ...format.window import ascending
 from ...reader import INDEX_ARRAYS, load_array, open_regular
+from .columns import flatnonzero_chunked
 from .digests import compare_digests
-from .facts import DatasetFacts, ShardFacts, flatnonzero_chunked, held_rows
+from .facts import DatasetFacts, ShardFacts, held_rows
 from .index import rising
 from .report import CheckResult, Found, ProblemAt, one_problem
 

@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import numpy as np
 
 from ...reader import IMAGE_HEADER_SIZE
-from .facts import ShardFacts, flatnonzero_chunked
+from .columns import flatnonzero_chunked
+from .facts import ShardFacts
 from .report import Found, ProblemAt
 
 

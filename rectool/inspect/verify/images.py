@@ -21,7 +21,8 @@ from ...packer.images import (
 from ...packer.passthrough import refused_images
 from ...reader import IMAGE_HEADER_SIZE
 from ..scan import ReadRecord
-from .facts import Progress, ShardFacts, chunks, held_rows
+from .columns import chunks
+from .facts import Progress, ShardFacts, held_rows
 from .report import CheckResult, Found, Tally, one_problem
 
 

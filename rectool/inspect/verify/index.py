@@ -9,7 +9,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .facts import ShardFacts, ShardIndex, chunks
+from .columns import chunks
+from .facts import ShardFacts, ShardIndex
 from .report import Found, ProblemAt, one_problem
 
 

@@ -11,7 +11,8 @@ from ...doors.inputs import open_input
 from ...errors import RectoolError
 from ...format.keys import FLOAT32_EXACT
 from ...reader import DATASET_LAYOUTS
-from .facts import ShardFacts, chunks, flatnonzero_chunked
+from .columns import chunks, flatnonzero_chunked
+from .facts import ShardFacts
 from .report import Found, ProblemAt, one_problem
 
 

@@ -24,8 +24,9 @@ from .binary import (
     no_index_note,
     read_binary_index,
 )
+from .columns import chunks
 from .digests import ShardHashes, check_record_checksums
-from .facts import DatasetFacts, ShardIndex, chunks, read_shard, size_or_zero
+from .facts import DatasetFacts, ShardIndex, read_shard, size_or_zero
 from .framing import check_framing
 from .headers import check_headers
 from .images import DecodeOptions, check_decoding, check_image_structure, decodable_rows
