@@ -9,7 +9,9 @@ where shards end.
 from __future__ import annotations
 
 import array
+import bisect
 import itertools
+import operator
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,10 @@ if TYPE_CHECKING:
 
 # Records are buffered and written in batches; kill -9 can then only cut between two writes.
 FLUSH_BYTES = 4 << 20
+# A shard's written bytes are hashed this many at a time (whole records; see `_ShardDigest`):
+# about what a core's cache holds. On the 100k benchmark pack, the digest and the records'
+# checksums took 0.09 s of CPU as two passes over each buffer, 0.065 s a piece at a time.
+DIGEST_PIECE_BYTES = 1 << 20
 
 
 @dataclass
@@ -93,8 +99,24 @@ class _ShardDigest:
         self.digests, self.checksums, self.starts = digests, checksums, iter(starts)
 
     def update(self, data: ReadableBuffer, /) -> None:
-        self.digests.update(data)
-        self.checksums.add(data, next(self.starts))
+        starts = next(self.starts)
+        with memoryview(data) as view:
+            # A piece of whole records at a time: the records' checksums read bytes the
+            # digests have just brought into the cache (one pass over memory, not two).
+            count = len(starts)
+            if not count or starts[0]:  # bytes before the first record (none so far)
+                self.digests.update(view[: starts[0] if count else len(view)])
+                if not count:
+                    self.checksums.add(view, starts)
+            i = 0
+            while i < count:
+                j = bisect.bisect_right(starts, starts[i] + DIGEST_PIECE_BYTES, i + 1)
+                start, end = starts[i], starts[j] if j < count else len(view)
+                piece = view[start:end]
+                self.digests.update(piece)
+                relative = list(map(operator.sub, starts[i:j], itertools.repeat(start)))
+                self.checksums.add(piece, relative)
+                i = j
 
 
 class ShardFile:

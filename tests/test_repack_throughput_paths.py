@@ -1,0 +1,67 @@
+"""The paths repack takes for speed (issue 38) write the same bytes, and lose no error.
+
+A shard's bytes are hashed a piece of whole records at a time (`shardfile.DIGEST_PIECE_BYTES`).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import xxhash
+from helpers.handmade_datasets import MAGIC, write_pack
+from helpers.image_files import jpeg_bytes
+
+from rectool.format.checksums import decode_checksums
+from rectool.packer import shardfile as shardfile_module
+from rectool.repack.pipeline import RepackOptions, repack
+
+# The files of a repack whose bytes do not depend on the time it ran.
+STABLE = (".rec", ".idx", ".rec.crc", ".offsets.npy", ".keys.npy", ".labels.npy")
+
+
+def two_shard_source(prefix):
+    # Images of several sizes over two shards, and one record holding the magic word and no
+    # image (refused): buffers of records of different lengths, and a refusal among them.
+    images = [jpeg_bytes(k, 10 + 3 * (k % 5), 8 + 2 * (k % 4)) for k in range(14)]
+    images.append(MAGIC * 2 + b"abcd")
+    write_pack(
+        prefix,
+        [
+            [(k, images[k], float(k % 4)) for k in range(8)],
+            [(k, images[k], float(k % 3)) for k in range(8, 15)],
+        ],
+    )
+
+
+def shard_files(prefix):
+    return {suffix: (prefix.parent / f"{prefix.name}{suffix}").read_bytes() for suffix in STABLE}
+
+
+@pytest.mark.parametrize("order", ["identity", "shuffle"])
+@pytest.mark.parametrize("piece", [1, 100, 2000])
+def test_hashing_a_piece_at_a_time_gives_the_digests_of_the_whole(
+    tmp_path, monkeypatch, order, piece
+):
+    # One record a piece (1), a few (2000), a piece ending inside a record (100): the same
+    # checksum file and manifest digests as one piece a buffer, and both true of the bytes.
+    two_shard_source(tmp_path / "src")
+    options = RepackOptions(order=order, seed=3)
+    monkeypatch.setattr(shardfile_module, "DIGEST_PIECE_BYTES", 1 << 40)
+    repack([tmp_path / "src"], tmp_path / "whole", options)
+    monkeypatch.setattr(shardfile_module, "DIGEST_PIECE_BYTES", piece)
+    repack([tmp_path / "src"], tmp_path / "pieces", options)
+    assert shard_files(tmp_path / "pieces") == shard_files(tmp_path / "whole")
+    manifest = json.loads((tmp_path / "pieces.manifest.json").read_text(encoding="utf-8"))
+    whole = json.loads((tmp_path / "whole.manifest.json").read_text(encoding="utf-8"))
+    names = ("rec", "idx", "crc")
+    assert [{k: v for k, v in s.items() if k not in names} for s in manifest["shards"]] == [
+        {k: v for k, v in s.items() if k not in names} for s in whole["shards"]
+    ]
+    rec = (tmp_path / "pieces.rec").read_bytes()
+    (shard,) = manifest["shards"]
+    assert shard["rec_xxh3_128"] == xxhash.xxh3_128_hexdigest(rec)
+    entries = decode_checksums((tmp_path / "pieces.rec.crc").read_bytes(), "pieces.rec.crc")
+    assert len(entries) == 14  # the record that is no image refused
+    for offset, length, checksum in entries.tolist():
+        assert checksum == xxhash.xxh3_64_intdigest(rec[offset : offset + length])
