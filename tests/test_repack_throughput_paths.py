@@ -1,6 +1,8 @@
 """The paths repack takes for speed (issue 38) write the same bytes, and lose no error.
 
-A shard's bytes are hashed a piece of whole records at a time (`shardfile.DIGEST_PIECE_BYTES`).
+A shard's bytes are hashed a piece of whole records at a time (`shardfile.DIGEST_PIECE_BYTES`),
+and the sources' mappings are let go of on a thread of their own while the last writes and
+the fsync run (`RepackRun.execute`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import xxhash
 from helpers.handmade_datasets import MAGIC, write_pack
 from helpers.image_files import jpeg_bytes
 
+from rectool.errors import RectoolError
 from rectool.format.checksums import decode_checksums
 from rectool.packer import shardfile as shardfile_module
+from rectool.repack import copier as copier_module
 from rectool.repack.pipeline import RepackOptions, repack
 
 # The files of a repack whose bytes do not depend on the time it ran.
@@ -65,3 +69,23 @@ def test_hashing_a_piece_at_a_time_gives_the_digests_of_the_whole(
     assert len(entries) == 14  # the record that is no image refused
     for offset, length, checksum in entries.tolist():
         assert checksum == xxhash.xxh3_64_intdigest(rec[offset : offset + length])
+
+
+def test_a_failure_letting_go_of_the_sources_is_the_repacks_error(tmp_path, monkeypatch):
+    # The sources are let go of on another thread: what fails there is raised by repack
+    # (not printed by the thread and lost), and no manifest names the pack complete.
+    two_shard_source(tmp_path / "src")
+    real_close = copier_module.RecordCopier.close
+    calls = []
+
+    def failing_close(self):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RectoolError("cannot let go of the sources (injected)")
+        real_close(self)
+
+    monkeypatch.setattr(copier_module.RecordCopier, "close", failing_close)
+    with pytest.raises(RectoolError, match="injected"):
+        repack([tmp_path / "src"], tmp_path / "out", RepackOptions(order="shuffle", seed=1))
+    assert not (tmp_path / "out.manifest.json").exists()
+    assert len(calls) == 2  # and then once more, as the repack ends: nothing left mapped

@@ -109,8 +109,13 @@ class RecordCopier:
         # File number -> bool per block touched since the last release.
         self._touched: dict[int, np.ndarray] = {}
         self._mapped = 0  # bytes of those blocks, and of the insides of records longer than one
+        self._closed = False
 
     def close(self) -> None:
+        """Let go of every mapping (a mapping still queued for writing goes with its last
+        view); later calls do nothing."""
+        if self._closed:
+            return
         maps = [entry[0] for entry in self._files if entry is not None]
         self._let_go()  # drops the numpy views first: a mapping with views cannot close
         for mm in maps:
@@ -121,6 +126,7 @@ class RecordCopier:
                     pass
         for rf in self._record_files.values():
             rf.close()
+        self._closed = True
 
     def _file(self, f: int) -> Mapped:
         """Return (mapping, its uint32 words, size) of source file `f`, mapping it if need be."""
