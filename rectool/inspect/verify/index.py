@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from ...errors import RectoolError
 from .columns import chunks
-from .facts import ShardFacts, ShardIndex
+from .facts import ShardFacts, ShardIndex, read_index
 from .report import Found, ProblemAt, one_problem
 
 
@@ -145,8 +147,22 @@ def _describe_offset(facts: ShardFacts, offset: int) -> str:
     return f"offset {offset} is not a record start"
 
 
-def check_keys_across_shards(indexes: Sequence[ShardIndex]) -> Iterator[Found]:
-    """No key is in two shards' .idx (`indexes`: the `ShardIndex` of each shard that has one)."""
+@dataclass(frozen=True, eq=False)
+class ShardKeys:
+    """What the dataset's key check keeps of a shard's .idx once the shard is checked: its
+    path and keys (8 bytes a record; the offset a problem names is read again)."""
+
+    path: str
+    keys: np.ndarray
+
+    @classmethod
+    def of(cls, index: ShardIndex) -> ShardKeys:
+        return cls(index.path, index.keys)
+
+
+def check_keys_across_shards(indexes: Sequence[ShardIndex | ShardKeys]) -> Iterator[Found]:
+    """No key is in two shards' .idx (`indexes`: the `ShardIndex`, or the `ShardKeys`, of
+    each shard that has one)."""
     if len(indexes) < 2:
         return
     spans = [(int(i.keys[0]), int(i.keys[-1])) for i in indexes if len(i.keys)]
@@ -163,20 +179,33 @@ def check_keys_across_shards(indexes: Sequence[ShardIndex]) -> Iterator[Found]:
     del sk
 
     def problems() -> Iterator[ProblemAt]:
+        offsets: dict[int, np.ndarray] = {}  # shard -> its .idx offsets, read again
         for i in clash.tolist():
             a, b = int(order[i]), int(order[i + 1])
             sa, sb = int(ss[i]), int(ss[i + 1])
             first, second = indexes[sa], indexes[sb]
             line_a, line_b = a - int(bounds[sa]) + 1, b - int(bounds[sb]) + 1
+            if sb not in offsets:
+                offsets[sb] = _offsets_of(second)
             yield (
                 second.path,
                 keys[b],
-                second.offsets[line_b - 1],
+                offsets[sb][line_b - 1],
                 f"key {keys[b]} is also in {first.path} (line {line_a}); "
                 "keys must be unique across a dataset's shards",
             )
 
     yield Found("duplicate-key", len(clash), problems())
+
+
+def _offsets_of(index: ShardIndex | ShardKeys) -> np.ndarray:
+    """Return the .idx offsets of `index` (read again for `ShardKeys`)."""
+    if isinstance(index, ShardIndex):
+        return index.offsets
+    again = read_index(index.path)
+    if again is None or len(again.keys) != len(index.keys):
+        raise RectoolError(f"{index.path}: changed while the dataset was verified")
+    return again.offsets
 
 
 def rising(values: np.ndarray) -> bool:

@@ -30,7 +30,7 @@ from .facts import DatasetFacts, ShardIndex, read_shard, size_or_zero
 from .framing import check_framing
 from .headers import check_headers
 from .images import DecodeOptions, check_decoding, check_image_structure, decodable_rows
-from .index import check_index, check_index_file, check_keys_across_shards
+from .index import ShardKeys, check_index, check_index_file, check_keys_across_shards
 from .layout import check_layout
 from .manifest import (
     check_identity_names,
@@ -100,7 +100,7 @@ def verify_dataset(
             hashes = ShardHashes(dataset, hasher)
             repeats = repeated_shards(shards)
             layouts: set[str] = set()  # of the shards read (a missing one has none)
-            indexes: list[ShardIndex] = []
+            indexes: list[ShardKeys] = []  # each shard's keys, for the dataset's key check
             for number in range(len(shards)):
                 if number in repeats:
                     findings.take(check_listed_once(dataset, number, repeats[number]))
@@ -120,7 +120,7 @@ def verify_dataset(
                 if layout is not None:
                     layouts.add(layout)
                 if index is not None:
-                    indexes.append(index)
+                    indexes.append(ShardKeys.of(index))
                 done_bytes += size
                 if progress is not None:
                     progress("bytes", done_bytes, total_bytes)
