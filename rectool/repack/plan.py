@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..errors import RectoolError, UsageError
+from ..format.headers import shard_numbers
 from ..format.keys import FLOAT32_EXACT
 from ..packer.layout import layout_named
 from . import selection
@@ -24,16 +25,34 @@ REPORT_GROUPS = 1000
 
 @dataclass
 class Catalog:
-    """Every record of every source, one array entry each (no Python object per record)."""
+    """Every record of every source, one array entry each (no Python object per record).
 
-    source: np.ndarray  # int32: which source
-    sample: np.ndarray  # int64: sample index in that source
-    label: np.ndarray  # int64: the merged label (offset or by name)
+    About 9 bytes a record (`row_dtype`: 4-byte rows below 2**31 records): `label` is the
+    source's own array when one source is repacked by offset, `source` costs nothing for one
+    source and a byte a record below 256.
+    """
+
+    source: np.ndarray  # unsigned: which source (a broadcast of 0 for one source)
+    sample: np.ndarray  # `row_dtype`: sample index in that source
+    label: np.ndarray  # int32 (int64 past 2**31 labels): the merged label (offset or by name)
     names: dict[int, str] | None  # merged label -> identity name
-    source_labels: list[dict[int, int]]  # per source: merged label -> its label in that source
+    # Per source: (its labels that have records, ascending; the merged label of each). A
+    # merged label that two of a source's labels share (--labels-by name) is listed once, with
+    # the larger of them.
+    source_labels: list[tuple[np.ndarray, np.ndarray]]
     # --labels-by offset: names that several sources give to identities kept apart, each then
     # named `K-NAME` after its source K (1, 2, ... as given), so no two labels share a name.
     kept_apart: list[str] = field(default_factory=list)
+
+    def release(self) -> None:
+        """Let go of the per-record columns (a run that is written needs them no more)."""
+        self.source = self.sample = self.label = np.empty(0, np.int32)
+
+
+def row_dtype(count: int) -> type[np.signedinteger]:
+    """Return the integer type of an array of record numbers below `count`: int32 when they
+    fit (half the memory of int64 per record), else int64."""
+    return np.int32 if count < 2**31 else np.int64
 
 
 def build_catalog(sources: Sequence[Source], labels_by: str = "offset") -> Catalog:
@@ -47,8 +66,6 @@ def build_catalog(sources: Sequence[Source], labels_by: str = "offset") -> Catal
     """
     clashing: set[str] = set()
     labels: list[np.ndarray] = []
-    source_ids: list[np.ndarray] = []
-    samples: list[np.ndarray] = []
     names: dict[int, str] | None = None
     if labels_by == "name":
         missing = [s.spec for s in sources if not s.names]
@@ -62,7 +79,7 @@ def build_catalog(sources: Sequence[Source], labels_by: str = "offset") -> Catal
         merged = {name: label for label, name in enumerate(everything)}
         names = dict(enumerate(everything))
         for s in sources:
-            table = np.full(max(s.names) + 1, -1, np.int64)  # type: ignore[arg-type]
+            table = np.full(max(s.names) + 1, -1, row_dtype(len(everything)))  # type: ignore[arg-type]
             for label, name in s.names.items():  # type: ignore[union-attr]
                 table[label] = merged[name]
             inside = np.minimum(s.labels, len(table) - 1)
@@ -72,44 +89,67 @@ def build_catalog(sources: Sequence[Source], labels_by: str = "offset") -> Catal
                     f"source {s.spec}: label {int(unnamed[0])} has no identity name; "
                     "use --labels-by offset"
                 )
+            del inside
             labels.append(table[s.labels])
     else:
-        base = 0
+        bases = _label_bases(sources)
+        kind = row_dtype(bases[-1])
         named = all(s.names for s in sources)
         names = {} if named else None
         # The ignores below: when `named`, every source has names.
         if named:
             clashing = _shared_names([s.names for s in sources])  # type: ignore[misc]
-        for k, s in enumerate(sources, start=1):
-            labels.append(s.labels + base)
+        for k, (s, base) in enumerate(zip(sources, bases), start=1):
+            # The first source keeps its own array (shifted by nothing): no copy a record.
+            shifted = s.labels.astype(kind, copy=False)
+            labels.append(shifted + base if base else shifted)
             if named:  # `names` is a dict, and every source has names
                 renamed = {
                     label + base: f"{k}-{name}" if name in clashing else name
                     for label, name in s.names.items()  # type: ignore[union-attr]
                 }
                 names.update(renamed)  # type: ignore[union-attr]
-            width = int(s.labels.max()) + 1 if len(s.labels) else 0
-            if s.names:
-                width = max(width, max(s.names) + 1)
-            base += width
-    for k, s in enumerate(sources):
-        source_ids.append(np.full(len(s.labels), k, np.int32))
-        samples.append(np.arange(len(s.labels), dtype=np.int64))
-    label = np.concatenate(labels) if labels else np.empty(0, np.int64)
-    source_labels: list[dict[int, int]] = []
-    for merged_l, s in zip(labels, sources):
-        present, first = np.unique(s.labels, return_index=True)  # merged = f(source label)
-        source_labels.append(dict(zip(merged_l[first].tolist(), present.tolist())))
+    counts = [len(s.labels) for s in sources]
+    total = sum(counts)
+    starts = np.cumsum([0, *counts[:-1]])
+    sample = np.arange(total, dtype=row_dtype(total))
+    if len(sources) > 1:  # each source's samples from 0
+        sample -= np.repeat(starts, counts).astype(sample.dtype)
+    label = labels[0] if len(labels) == 1 else np.concatenate(labels)
+    source_labels = [_label_pairs(s.labels, merged_l) for merged_l, s in zip(labels, sources)]
+    del labels
     if labels_by != "name" and names:
         _refuse_repeated_names(names, sources)
     return Catalog(
-        np.concatenate(source_ids),
-        np.concatenate(samples),
+        shard_numbers(counts) if sources else np.empty(0, np.uint8),
+        sample,
         label,
         names,
         source_labels,
         sorted(clashing),
     )
+
+
+def _label_bases(sources: Sequence[Source]) -> list[int]:
+    """Return what each source's labels are shifted by (--labels-by offset), then the label
+    count of them all: one past each source's largest label or named label."""
+    bases = [0]
+    for s in sources:
+        width = int(s.labels.max()) + 1 if len(s.labels) else 0
+        if s.names:
+            width = max(width, max(s.names) + 1)
+        bases.append(bases[-1] + width)
+    return bases
+
+
+def _label_pairs(own: np.ndarray, merged: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return (a source's labels that have records, ascending; the merged label of each),
+    a merged label listed once, with the largest of its source labels."""
+    present, first = np.unique(own, return_index=True)
+    into = merged[first]
+    order = np.argsort(into, kind="stable")
+    last = np.sort(order[np.r_[into[order][1:] != into[order][:-1], True]])
+    return present[last], into[last]
 
 
 def _shared_names(per_source: Sequence[dict[int, str]]) -> set[str]:
@@ -141,8 +181,10 @@ def _refuse_repeated_names(names: dict[int, str], sources: Sequence[Source]) -> 
 class Plan:
     """What a repack writes: `rows` (catalog indices) in write order, with their new labels."""
 
-    rows: np.ndarray  # int64, catalog rows in write order
-    new_label: np.ndarray  # int64, per catalog row (-1 when not kept)
+    rows: np.ndarray  # `row_dtype`, catalog rows in write order
+    # int32 a merged label (not a record: `new_labels` gives a record's): its new label, -1
+    # when none of its records is kept.
+    new_label: np.ndarray
     old_labels: np.ndarray  # merged labels in new-label order
     classes: int
     removed_rows: np.ndarray  # catalog rows removed as duplicates or overlap, in row order
@@ -151,6 +193,14 @@ class Plan:
     counts: dict[str, int]  # what each step kept and removed
     shared_groups: list[list[int]]  # cross-identity duplicate groups (catalog rows), the first ones
     shared_total: int
+
+    def new_labels(self, catalog: Catalog, rows: np.ndarray) -> np.ndarray:
+        """Return the new labels of catalog `rows` (kept ones)."""
+        return self.new_label[catalog.label[rows]]
+
+    def release(self) -> None:
+        """Let go of the per-record columns (a run that is written needs them no more)."""
+        self.rows = np.empty(0, self.rows.dtype)
 
 
 def reason_of(code: int) -> str:
@@ -222,9 +272,11 @@ def plan_repack(
             labels, mask, options.max_per_id, options.pick, options.seed
         )
         counts["max_per_id"] = before - int(mask.sum())
-    new_label, old_labels = selection.relabel(labels, mask, options.keep_labels)
-    classes = int(new_label[mask].max()) + 1 if mask.any() else 0
-    rows = selection.output_order(new_label, mask, options.order, options.seed)
+    new_label, old_labels = selection.relabel_table(labels, mask, options.keep_labels)
+    classes = int(new_label[old_labels].max()) + 1 if len(old_labels) else 0
+    # In the order of the merged labels: the same as of the new ones (relabelling keeps it).
+    rows = selection.output_order(labels, mask, options.order, options.seed)
+    rows = rows.astype(row_dtype(len(labels)), copy=False)
     counts["images"] = len(rows)
     counts["identities"] = len(old_labels)
     removed = np.concatenate(removed_rows) if removed_rows else np.empty(0, np.int64)
@@ -320,7 +372,11 @@ def check_label_widths(
     different widths: a pack's labels have one (its binary index holds one a sample)."""
     pack_label = options.pack_label if layout_named(options.layout).numbered else None
     first: dict[int, int] = {}  # width written (0: a scalar) -> the first source giving it
-    for k in selection.distinct(catalog.source[plan.rows]).tolist():
+    if len(sources) == 1:  # no column of source numbers to gather
+        used = [0] if len(plan.rows) else []
+    else:
+        used = selection.distinct(catalog.source[plan.rows]).tolist()
+    for k in used:
         width = sources[k].label_width
         if pack_label is not None:  # the shape chosen; a scalar becomes a vector of one
             width = max(width, 1) if pack_label else 0

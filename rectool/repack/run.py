@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 # Records are copied this many at a time (see `copier.RecordCopier`).
 BATCH_RECORDS = 8192
 REENCODE_CHUNK = 32
+# The records of each identity are counted this many at a time.
+COUNT_RECORDS = 1 << 20
 
 
 class RepackRun:
@@ -205,7 +207,7 @@ class RepackRun:
     def _copy(self, done: int) -> None:
         """Copy the plan's records from `done` on, refusing those whose image `pack` would
         refuse (`RecordCopier.refusals`), as re-encoding refuses what does not decode."""
-        rows, labels = self.plan.rows, self.plan.new_label
+        rows = self.plan.rows
         position = done
         # Large views only where no shard ends inside one (`ShardWriter.add_run` would take
         # such a run record by record).
@@ -213,7 +215,7 @@ class RepackRun:
         view_bytes = VIEW_BYTES if one_shard else None
         while position < self.total:
             win = self.copier.window(rows[position : min(position + BATCH_RECORDS, self.total)])
-            new_labels = labels[win.rows]
+            new_labels = self.plan.new_labels(self.catalog, win.rows)
             bad = (
                 self.copier.refusals(win, self.options.max_pixels)
                 if self.options.check != "none"
@@ -254,7 +256,7 @@ class RepackRun:
         self.refused[position] = True
 
     def _reencode(self, done: int) -> None:
-        rows, labels = self.plan.rows, self.plan.new_label
+        rows = self.plan.rows
         transform, max_pixels = self.options.transform, self.options.max_pixels
         copier = self.copier
 
@@ -279,18 +281,17 @@ class RepackRun:
             for chunk in chunks:
                 window.append((chunk, pool.submit(prepare, chunk)))
                 if len(window) >= 4 * self.options.workers:
-                    position = self._consume(*window.pop(0), position, labels)
+                    position = self._consume(*window.pop(0), position)
             while window:
-                position = self._consume(*window.pop(0), position, labels)
+                position = self._consume(*window.pop(0), position)
 
-    def _consume(
-        self, chunk: np.ndarray, pending: Future[Reencoded], position: int, labels: np.ndarray
-    ) -> int:
-        for row, (head, result) in zip(chunk.tolist(), pending.result()):
+    def _consume(self, chunk: np.ndarray, pending: Future[Reencoded], position: int) -> int:
+        labels = self.plan.new_labels(self.catalog, chunk).tolist()
+        for row, label, (head, result) in zip(chunk.tolist(), labels, pending.result()):
             if isinstance(result, ImageRefused):
                 self._refuse(row, position, result.reason)
             else:
-                label = record_label(head, float(labels[row]), self.pack_label)
+                label = record_label(head, float(label), self.pack_label)
                 key = self.images + 1 if self.insightface else position
                 framed = frame_image_record(result, label, key, head.id2, f"key {key}")
                 self.writer.add(key, framed, position)
@@ -303,8 +304,13 @@ class RepackRun:
         """Write the records that follow the images (insightface: identities and header)."""
         if not self.layout.numbered:
             return
-        kept = self.plan.rows[~self.refused]
-        counts = np.bincount(self.plan.new_label[kept], minlength=self.plan.classes)
+        counts = np.zeros(self.plan.classes, np.int64)
+        for start in range(0, self.total, COUNT_RECORDS):  # no column of new labels at once
+            stop = min(start + COUNT_RECORDS, self.total)
+            kept = self.plan.rows[start:stop][~self.refused[start:stop]]
+            counts += np.bincount(
+                self.plan.new_labels(self.catalog, kept), minlength=self.plan.classes
+            )
         for key, framed in self.layout.records_after(self.images, counts.tolist()):
             self.writer.add(key, framed)
 
@@ -329,6 +335,12 @@ class RepackRun:
             property_note = self._write_property()
         report = self._report_document(refused, property_note)
         write_json_atomic(paths.report, report)
+        # What follows (the output's binary index, read back from the .idx written) needs no
+        # column a record of the plan: they are let go before it.
+        plan.release()
+        self.catalog.release()
+        for source in self.sources:
+            source.release()
         manifest = build_manifest(
             options,
             None,
@@ -373,17 +385,15 @@ class RepackRun:
     def _relabel_text(self) -> str:
         plan, names = self.plan, self.catalog.names or {}
         lines = ["source\tsource_label\tlabel\tidentity\n"]
-        kept = set(plan.old_labels.tolist())
-        for s, table in zip(self.sources, self.catalog.source_labels):
-            for merged, original in sorted(table.items(), key=lambda kv: kv[1]):
-                if self.options.keep_labels:
-                    new = merged if merged in kept else None
-                else:
-                    at = int(np.searchsorted(plan.old_labels, merged))
-                    found = at < len(plan.old_labels) and plan.old_labels[at] == merged
-                    new = at if found else None
-                if new is not None:
-                    lines.append(f"{s.spec}\t{original}\t{new}\t{names.get(merged, '')}\n")
+        for s, (originals, merged) in zip(self.sources, self.catalog.source_labels):
+            inside = merged < len(plan.new_label)
+            new = np.full(len(merged), -1, np.int64)
+            new[inside] = plan.new_label[merged[inside]]
+            kept = new >= 0
+            for original, label, now in zip(
+                originals[kept].tolist(), merged[kept].tolist(), new[kept].tolist()
+            ):
+                lines.append(f"{s.spec}\t{original}\t{now}\t{names.get(label, '')}\n")
         return "".join(lines)
 
     def _write_property(self) -> str:

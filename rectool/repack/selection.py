@@ -153,12 +153,28 @@ def relabel(
     New labels are 0..C-1 in the order of the old labels still present, so a loss sees no
     gaps; with `keep_labels` they are the old labels themselves.
     """
-    present = distinct(labels[mask])
     if keep_labels:
-        return labels.copy(), present
+        return labels.copy(), distinct(labels[mask])
+    table, present = relabel_table(labels, mask)
     new = np.full(len(labels), -1, np.int64)
-    new[mask] = np.searchsorted(present, labels[mask])
+    new[mask] = table[labels[mask]]
     return new, present
+
+
+def relabel_table(
+    labels: np.ndarray, mask: np.ndarray, keep_labels: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Return (new label per old label, -1 for one with no record in `mask`; the old labels
+    in new-label order): `relabel` as a table a label, not an array a record.
+
+    The table has an entry per label up to the largest in `mask`: `table[labels[rows]]` is
+    the new labels of `rows`.
+    """
+    present = distinct(labels[mask])
+    size = int(present[-1]) + 1 if len(present) else 0
+    table = np.full(size, -1, np.int32)  # a class id is below 2**24
+    table[present] = present if keep_labels else np.arange(len(present))
+    return table, present
 
 
 def output_order(labels: np.ndarray, mask: np.ndarray, order: str, seed: int = 0) -> np.ndarray:
@@ -167,14 +183,19 @@ def output_order(labels: np.ndarray, mask: np.ndarray, order: str, seed: int = 0
     identity: grouped by label (ascending), record order within an identity; source: record
     order; shuffle: a seeded permutation of all of them.
     """
-    rows = np.flatnonzero(mask)
+    if order not in ORDERS:
+        raise ValueError(f"unknown order {order!r}; choose from {', '.join(ORDERS)}")
+    # Every record kept (the common case): its row is its index, and no column of them is
+    # made beside the order's own.
+    rows = None if mask.all() else np.flatnonzero(mask)
     if order == "identity":
+        if rows is None:
+            return np.argsort(labels, kind="stable")
         return rows[np.argsort(labels[rows], kind="stable")]
     if order == "source":
-        return rows
-    if order == "shuffle":
-        return rows[_rng(seed, 4).permutation(len(rows))]
-    raise ValueError(f"unknown order {order!r}; choose from {', '.join(ORDERS)}")
+        return np.arange(len(mask)) if rows is None else rows
+    permutation = _rng(seed, 4).permutation(len(mask) if rows is None else len(rows))
+    return permutation if rows is None else rows[permutation]
 
 
 def duplicate_groups(

@@ -27,7 +27,11 @@ if TYPE_CHECKING:
 
 
 class Source:
-    """One opened source: its dataset, the shard of each sample, and its identity names."""
+    """One opened source: its dataset, the shard of each sample, and its identity names.
+
+    Its columns cost 4 bytes a sample: `labels` (int32) and `shard_of` (the dataset's shard
+    numbers: none for one shard, one byte a sample below 256 shards).
+    """
 
     def __init__(self, spec: StrPath) -> None:
         given = os.fspath(spec)
@@ -38,7 +42,7 @@ class Source:
             raise InputError(f"source {self.spec}: {exc}") from None
         except RectoolError as exc:
             raise RectoolError(f"source {self.spec}: {exc}") from None
-        self.shard_of = np.asarray(self.dataset.shard_ids, np.int32)
+        self.shard_of = self.dataset.shard_ids
         _refuse_shared_offsets(self.dataset, self.shard_of)
         self.labels = _identity_labels(self.dataset, self.spec)
         # How many labels each record holds: 0 a scalar, k a vector of k (one width a source).
@@ -52,6 +56,11 @@ class Source:
         if _rec_bytes(self.dataset) > RELEASE_BYTES:
             self.record_files = None
             self.dataset.close()  # its mappings are touched end to end: let them go
+
+    def release(self) -> None:
+        """Let go of the columns a sample (a run that is written needs them no more)."""
+        self.labels = np.empty(0, np.int32)
+        self.shard_of = np.empty(0, np.uint8)
 
     def fingerprint(self) -> list[list[str | int]]:
         """Return what identifies the source's files (compared on --resume)."""
@@ -143,8 +152,8 @@ def _rec_bytes(dataset: PackDataset) -> int:
 
 
 def _identity_labels(dataset: PackDataset, spec: str) -> np.ndarray:
-    """Return every sample's class label as int64: a format-3 source's mapped index, else
-    the record headers (`PackDataset.labels`)."""
+    """Return every sample's class label as int32 (a class id is below 2**24): a format-3
+    source's mapped index, else the record headers (`PackDataset.labels`)."""
     labels = dataset.labels
     if labels.dtype == object:
         raise RectoolError(
@@ -161,7 +170,7 @@ def _identity_labels(dataset: PackDataset, spec: str) -> np.ndarray:
             f"{rec}: record key {key} at byte {offset}: label {float(labels[i])!r} is not a "
             "class id (a non-negative integer below 2**24); repack groups images by class"
         )
-    return labels.astype(np.int64)
+    return labels.astype(np.int32)
 
 
 def _identity_names(dataset: PackDataset) -> dict[int, str] | None:
