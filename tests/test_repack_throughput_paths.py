@@ -1,12 +1,14 @@
 """The paths repack takes for speed (issue 38) write the same bytes, and lose no error.
 
 A shard's bytes are hashed a piece of whole records at a time (`shardfile.DIGEST_PIECE_BYTES`),
-and the sources' mappings are let go of on a thread of their own while the last writes and
-the fsync run (`RepackRun.execute`).
+the sources' mappings are let go of on a thread of their own while the last writes and the
+fsync run (`RepackRun.execute`), and a batch's runs are sliced and joined with the cyclic
+garbage collector paused (`RecordCopier.frame`).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -89,3 +91,20 @@ def test_a_failure_letting_go_of_the_sources_is_the_repacks_error(tmp_path, monk
         repack([tmp_path / "src"], tmp_path / "out", RepackOptions(order="shuffle", seed=1))
     assert not (tmp_path / "out.manifest.json").exists()
     assert len(calls) == 2  # and then once more, as the repack ends: nothing left mapped
+
+
+@pytest.mark.parametrize("running", [True, False])
+def test_the_garbage_collector_is_left_as_it_was(tmp_path, running):
+    # A shuffle's batches are copied with the cyclic collector paused (a thousand memoryviews
+    # at once); after the repack it runs again, or stays off if the caller had turned it off.
+    two_shard_source(tmp_path / "src")
+    options = RepackOptions(order="shuffle", seed=2)
+    was = gc.isenabled()
+    try:
+        if not running:
+            gc.disable()
+        repack([tmp_path / "src"], tmp_path / "out", options)
+        assert gc.isenabled() == running
+    finally:
+        if was:
+            gc.enable()
