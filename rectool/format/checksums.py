@@ -52,6 +52,8 @@ ENTRY = {
 FILE_VERSION = 2  # what `RecordChecksums` writes unless told otherwise
 _CHECKSUM = {1: zlib.crc32, 2: xxhash.xxh3_64_intdigest}
 _TYPECODE = {1: "I", 2: "Q"}
+# A shard's table is written this many entries at a time (5 MB).
+TABLE_ENTRIES = 1 << 18
 
 
 def version_of(entries: np.ndarray) -> int:
@@ -138,14 +140,24 @@ class RecordChecksums:
             self.sums.extend(_checksums(view, starts, ends, self.version))
             self.position += len(view)
 
-    def table(self, size: int) -> np.ndarray:
-        """Return the entries (offset, length, checksum) of a shard of `size` bytes."""
+    def table(self, size: int, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Return the entries (offset, length, checksum) of a shard of `size` bytes: all of
+        them, or those from `start` to `stop`."""
+        count = len(self.sums)
+        stop = count if stop is None else min(stop, count)
+        start = min(start, stop)
         offsets = np.frombuffer(self.offsets, np.int64) if len(self.offsets) else np.zeros(0)
-        entries = np.zeros(len(self.sums), ENTRY[self.version])
+        entries = np.zeros(stop - start, ENTRY[self.version])
         if len(entries):
-            entries["offset"] = offsets[: len(entries)]
-            entries["length"] = np.diff(np.append(offsets[: len(entries)], size))
-            entries["checksum"] = np.frombuffer(self.sums, entries.dtype["checksum"])
+            entries["offset"] = offsets[start:stop]
+            # In place: a table of millions is made as a shard ends, at the peak of a
+            # repack's memory (np.diff(np.append(...)) made two more int64 columns of it).
+            lengths = entries["length"]
+            ends = offsets[start + 1 : stop]
+            np.subtract(ends, offsets[start : stop - 1], out=lengths[:-1], casting="unsafe")
+            lengths[-1] = (offsets[stop] if stop < count else size) - offsets[stop - 1]
+            sums = np.frombuffer(self.sums, entries.dtype["checksum"])
+            entries["checksum"] = sums[start:stop]
         return entries
 
     def write(self, path: StrPath, size: int, algorithms: Iterable[str]) -> dict[str, str]:
@@ -156,12 +168,21 @@ class RecordChecksums:
                 f"{path}: {len(self.sums)} checksums for {len(self.offsets)} records "
                 f"({self.position} of {size} bytes seen); this is a bug in rectool"
             )
-        parts = checksum_parts(self.table(size))  # no copy of a table of millions
-        write_atomic(path, parts)
         digests = Digests(algorithms)
-        for part in parts:
-            digests.update(part)
+        write_atomic(path, self._parts(size, digests))
         return digests.hexdigests()
+
+    def _parts(self, size: int, digests: Digests) -> Iterator[memoryview]:
+        """Yield the file's bytes, its header then TABLE_ENTRIES entries at a time (never the
+        whole table: 20 bytes a record), each added to `digests` as it is written."""
+        count = len(self.sums)
+        head = memoryview(HEADER.pack(FILE_MAGIC[self.version], self.version, 0, count))
+        digests.update(head)
+        yield head
+        for start in range(0, count, TABLE_ENTRIES):
+            part = checksum_parts(self.table(size, start, start + TABLE_ENTRIES))[1]
+            digests.update(part)
+            yield part
 
 
 def encode_checksums(entries: np.ndarray) -> bytes:
