@@ -97,6 +97,8 @@ class RepackRun:
         self.images = 0
         self.resumed_from = 0
         self.complete = False
+        # What the report says of the plan's removals (`_release_columns`).
+        self._removals: tuple[dict[str, dict[str, int]], list[list[dict[str, Any]]]] = ({}, [])
 
     # -- the failures file ------------------------------------------------------------------
     def _plan_lines(self) -> Iterator[bytes]:
@@ -185,6 +187,7 @@ class RepackRun:
                 else:
                     self._reencode(done)
                 self._write_identity_records()
+            self._release_columns()
             # The sources are let go of while the last writes and the fsync run: unmapping a
             # source mapped whole (a shuffle's) took 0.03-0.04 s of the 100k benchmark pack's
             # repack, waited for at the end. (A mapping still queued for writing goes with its
@@ -335,12 +338,6 @@ class RepackRun:
             property_note = self._write_property()
         report = self._report_document(refused, property_note)
         write_json_atomic(paths.report, report)
-        # What follows (the output's binary index, read back from the .idx written) needs no
-        # column a record of the plan: they are let go before it.
-        plan.release()
-        self.catalog.release()
-        for source in self.sources:
-            source.release()
         manifest = build_manifest(
             options,
             None,
@@ -414,7 +411,10 @@ class RepackRun:
         self.layout.write_property(self.paths.folder, self.plan.classes, size)
         return note
 
-    def _report_document(self, refused: int, property_note: str | None) -> dict[str, Any]:
+    def _release_columns(self) -> None:
+        """Note what the report says of the plan's removals, then let go of every column a
+        record (the plan's, the catalog's, the sources'): what is built from here on, each
+        shard's checksum table and the output's binary index, is then all that is held."""
         plan, cat = self.plan, self.catalog
         per_identity: dict[str, dict[str, int]] = {}
         for row, code in zip(plan.removed_rows.tolist(), plan.removed_reason.tolist()):
@@ -423,6 +423,15 @@ class RepackRun:
             entry = per_identity.setdefault(name, {"duplicate": 0, "overlap": 0})
             entry[reason_of(code)] += 1
         groups = [[self._describe(row) for row in group] for group in plan.shared_groups]
+        self._removals = per_identity, groups
+        plan.release()
+        cat.release()
+        for source in self.sources:
+            source.release()
+
+    def _report_document(self, refused: int, property_note: str | None) -> dict[str, Any]:
+        plan, cat = self.plan, self.catalog
+        per_identity, groups = self._removals
         duplicates = int((plan.removed_reason == 1).sum())
         removed = {"duplicate": duplicates, "overlap": len(plan.removed_reason) - duplicates}
         return {
