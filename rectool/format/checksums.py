@@ -52,8 +52,6 @@ ENTRY = {
 FILE_VERSION = 2  # what `RecordChecksums` writes unless told otherwise
 _CHECKSUM = {1: zlib.crc32, 2: xxhash.xxh3_64_intdigest}
 _TYPECODE = {1: "I", 2: "Q"}
-# A shard's table is written this many entries at a time (5 MB).
-TABLE_ENTRIES = 1 << 18
 
 
 def version_of(entries: np.ndarray) -> int:
@@ -173,14 +171,14 @@ class RecordChecksums:
         return digests.hexdigests()
 
     def _parts(self, size: int, digests: Digests) -> Iterator[memoryview]:
-        """Yield the file's bytes, its header then TABLE_ENTRIES entries at a time (never the
-        whole table: 20 bytes a record), each added to `digests` as it is written."""
+        """Yield the file's bytes, its header then TABLE_BLOCK_ENTRIES entries at a time
+        (never the whole table: 20 bytes a record), each added to `digests` as written."""
         count = len(self.sums)
         head = memoryview(HEADER.pack(FILE_MAGIC[self.version], self.version, 0, count))
         digests.update(head)
         yield head
-        for start in range(0, count, TABLE_ENTRIES):
-            part = checksum_parts(self.table(size, start, start + TABLE_ENTRIES))[1]
+        for start in range(0, count, TABLE_BLOCK_ENTRIES):
+            part = checksum_parts(self.table(size, start, start + TABLE_BLOCK_ENTRIES))[1]
             digests.update(part)
             yield part
 
@@ -256,7 +254,8 @@ def load_checksums(
     return decode_checksums(data, path), digests_of(data, algorithms)
 
 
-# Entries a `ChecksumTable` reads at a time (1.3 MB of version 2's).
+# Entries a `ChecksumTable` reads, and `RecordChecksums.write` writes, at a time (1.3 MB of
+# version 2's).
 TABLE_BLOCK_ENTRIES = 1 << 16
 
 
