@@ -97,6 +97,9 @@ def verify_dataset(
                 report.notes.append(no_index_note(name, dataset))
             else:
                 findings.take(check_index_files(binary))
+            # Read before the shards, reported after them: the names' dict (hundreds of
+            # bytes a name) is gone before the shards' columns are taken.
+            identity_names = list(check_identity_names(dataset))
             hashes = ShardHashes(dataset, hasher)
             repeats = repeated_shards(shards)
             layouts: set[str] = set()  # of the shards read (a missing one has none)
@@ -126,7 +129,7 @@ def verify_dataset(
                     progress("bytes", done_bytes, total_bytes)
             findings.take(hashes.check())
             findings.take(check_totals(dataset))
-            findings.take(check_identity_names(dataset))
+            findings.take(identity_names)
             refusals = pack_refusals(dataset, name)
             if refusals is not None:
                 report.refusals.append(refusals)
