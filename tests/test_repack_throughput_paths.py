@@ -19,6 +19,7 @@ from helpers.image_files import jpeg_bytes
 from rectool.errors import RectoolError
 from rectool.format.checksums import decode_checksums
 from rectool.packer import shardfile as shardfile_module
+from rectool.packer.shards import ShardWriter
 from rectool.repack import copier as copier_module
 from rectool.repack.pipeline import RepackOptions, repack
 
@@ -108,3 +109,69 @@ def test_the_garbage_collector_is_left_as_it_was(tmp_path, running):
     finally:
         if was:
             gc.enable()
+
+
+def test_batch_buffers_are_used_again_once_the_writer_is_done_with_them():
+    waited = []
+    buffers = copier_module.BatchBuffers(waited.append, count=2, size=8)
+    first = buffers.join([b"ab", memoryview(b"cd")], 4)
+    buffers.handed(7)  # the writer's job holding the first batch
+    second = buffers.join([b"efg"], 3)
+    buffers.handed(9)
+    assert (bytes(first), bytes(second), waited) == (b"abcd", b"efg", [])
+    third = buffers.join([b"hi", b"j"], 3)  # the first buffer again: once job 7 is done
+    assert (bytes(third), waited, buffers.taken) == (b"hij", [7], 0)
+    third[0] = ord("H")  # a writable view: the copy's header words are patched in place
+    assert bytes(third) == b"Hij"
+    # A batch larger than a buffer is joined into memory of its own; nothing is waited for.
+    large = buffers.join([b"0123456789"], 10)
+    assert (type(large), bytes(large), waited) == (bytearray, b"0123456789", [7])
+
+
+@pytest.mark.parametrize("shard_records", [None, 4])
+def test_batches_joined_into_reused_buffers_write_the_same_bytes(
+    tmp_path, monkeypatch, shard_records
+):
+    # Small batches (one or two records), two buffers taken in turn: every batch but the
+    # first two waits for the writer. A shard ending inside a batch takes it record by record.
+    two_shard_source(tmp_path / "src")
+    options = RepackOptions(order="shuffle", seed=4, shard_records=shard_records)
+    monkeypatch.setattr(copier_module, "BATCH_BYTES", 1500)
+    monkeypatch.setattr(copier_module, "BUFFER_COUNT", 2)
+    joined = []
+    real_join = copier_module.BatchBuffers.join
+
+    def counted(self, parts, size):
+        data = real_join(self, parts, size)
+        joined.append(type(data).__name__)
+        return data
+
+    monkeypatch.setattr(copier_module.BatchBuffers, "join", counted)
+    waited = []
+    real_wait = ShardWriter.wait_written
+
+    def wait_written(self, job):
+        waited.append(job)
+        return real_wait(self, job)
+
+    monkeypatch.setattr(ShardWriter, "wait_written", wait_written)
+    repack([tmp_path / "src"], tmp_path / "reused", options)
+    assert joined.count("memoryview") >= 4  # in the buffers, used again
+    # Each buffer used again waits for the writer's job that held it (jobs count from 1).
+    assert len(waited) == joined.count("memoryview") - 2
+    assert all(job >= 1 for job in waited) and waited == sorted(waited)
+    monkeypatch.setattr(
+        copier_module.BatchBuffers, "join", lambda self, parts, size: bytearray().join(parts)
+    )
+    repack([tmp_path / "src"], tmp_path / "new", options)
+    for suffix in (".idx", ".rec.crc", ".rec") if not shard_records else ("-00000.rec",):
+        assert (tmp_path / f"reused{suffix}").read_bytes() == (
+            tmp_path / f"new{suffix}"
+        ).read_bytes(), suffix
+    if shard_records:
+        for number in range(4):
+            for suffix in (".rec", ".idx", ".rec.crc"):
+                name = f"-{number:05d}{suffix}"
+                assert (tmp_path / f"reused{name}").read_bytes() == (
+                    tmp_path / f"new{name}"
+                ).read_bytes(), name

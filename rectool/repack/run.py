@@ -33,7 +33,7 @@ from ..packer.manifest import (
 )
 from ..packer.shards import ShardWriter
 from ..reader import RecordFile
-from .copier import VIEW_BYTES, RecordCopier, record_label
+from .copier import VIEW_BYTES, BatchBuffers, RecordCopier, record_label
 from .plan import reason_of
 from .result import RepackResult
 
@@ -216,6 +216,7 @@ class RepackRun:
         # such a run record by record).
         one_shard = not (self.options.shard_bytes or self.options.shard_records)
         view_bytes = VIEW_BYTES if one_shard else None
+        buffers = BatchBuffers(self.writer.wait_written)
         while position < self.total:
             win = self.copier.window(rows[position : min(position + BATCH_RECORDS, self.total)])
             new_labels = self.plan.new_labels(self.catalog, win.rows)
@@ -237,9 +238,12 @@ class RepackRun:
                         keys,
                         self.pack_label,
                         view_bytes=view_bytes,
+                        buffers=buffers,
                     )
                     positions = range(position, position + count)
                     self.writer.add_run(data, keys[:count], starts, positions)
+                    if buffers.taken is not None:  # written from a buffer used again later
+                        buffers.handed(self.writer.flush())
                     self.images += count
                     position += count
                     i += count
