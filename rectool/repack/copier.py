@@ -112,11 +112,14 @@ class BatchBuffers:
     def join(self, parts: Sequence[ReadableBuffer], size: int) -> memoryview | bytearray:
         """Return `parts` (`size` bytes in all) joined, in the next buffer: a writable view of
         it (new memory when they do not fit)."""
+        k = self._next
         if size > self.size:
             return bytearray().join(parts)
-        k = self._next
         if k == len(self._buffers):
-            self._buffers.append(mmap.mmap(-1, self.size))
+            try:
+                self._buffers.append(mmap.mmap(-1, self.size))
+            except OSError:  # no address space for it (ulimit -v): memory of its own
+                return bytearray().join(parts)
             self._jobs.append(0)
         else:
             self.wait(self._jobs[k])
