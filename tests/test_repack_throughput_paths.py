@@ -175,14 +175,3 @@ def test_batches_joined_into_reused_buffers_write_the_same_bytes(
                 assert (tmp_path / f"reused{name}").read_bytes() == (
                     tmp_path / f"new{name}"
                 ).read_bytes(), name
-
-
-def test_a_batch_buffer_that_cannot_be_mapped_leaves_the_batch_its_own_memory(monkeypatch):
-    # Under a limit on the address space (ulimit -v), no buffer: joined as before.
-    def no_memory(*args, **kwargs):
-        raise OSError(12, "Cannot allocate memory")
-
-    monkeypatch.setattr(copier_module.mmap, "mmap", no_memory)
-    buffers = copier_module.BatchBuffers(lambda job: None, count=2, size=8)
-    data = buffers.join([b"ab", b"cd"], 4)
-    assert (type(data), bytes(data), buffers.taken) == (bytearray, b"abcd", None)

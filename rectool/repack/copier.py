@@ -14,6 +14,7 @@ is read and framed again by `writer.frame_record`.
 from __future__ import annotations
 
 import gc
+import itertools
 import mmap
 import operator
 from collections import deque
@@ -90,8 +91,8 @@ class Window:
 
 class BatchBuffers:
     """Memory the batches of a copy are joined into, reused (`RecordCopier.frame`): up to
-    `count` anonymous mappings of `size` bytes, used in turn, each once the writer is done
-    with the batch it held (`wait(job)`, `ShardWriter.wait_written`).
+    `count` buffers of `size` bytes, used in turn, each once the writer is done with the
+    batch it held (`wait(job)`, `ShardWriter.wait_written`).
 
     Joined into new memory each, the batches of a shuffled repack of the 100k benchmark pack
     cost 25,000 more page faults and 0.15 s more CPU: the allocator gave their pages back to
@@ -104,7 +105,7 @@ class BatchBuffers:
         self.wait = wait
         self.count = BUFFER_COUNT if count is None else count
         self.size = BATCH_BYTES if size is None else size
-        self._buffers: list[mmap.mmap] = []
+        self._buffers: list[memoryview] = []
         self._jobs: list[int] = []  # per buffer, the writer's job that holds its last batch
         self._next = 0
         self.taken: int | None = None  # the buffer of the batch not yet handed to the writer
@@ -112,22 +113,21 @@ class BatchBuffers:
     def join(self, parts: Sequence[ReadableBuffer], size: int) -> memoryview | bytearray:
         """Return `parts` (`size` bytes in all) joined, in the next buffer: a writable view of
         it (new memory when they do not fit)."""
-        k = self._next
         if size > self.size:
             return bytearray().join(parts)
+        k = self._next
         if k == len(self._buffers):
-            try:
-                self._buffers.append(mmap.mmap(-1, self.size))
-            except OSError:  # no address space for it (ulimit -v): memory of its own
-                return bytearray().join(parts)
+            self._buffers.append(memoryview(bytearray(self.size)))
             self._jobs.append(0)
         else:
             self.wait(self._jobs[k])
         buffer = self._buffers[k]
-        buffer.seek(0)
-        deque(map(buffer.write, parts), maxlen=0)  # C code copies each part
+        ends = list(itertools.accumulate(map(len, parts)))  # type: ignore[arg-type]
+        # Each part copied in place by C code (a bytearray keeps its size while viewed).
+        places = map(slice, itertools.chain((0,), ends), ends)
+        deque(map(buffer.__setitem__, places, parts), maxlen=0)
         self._next, self.taken = (k + 1) % self.count, k
-        return memoryview(buffer)[:size]
+        return buffer[:size]
 
     def handed(self, job: int) -> None:
         """Note that the batch last joined is held by the writer's job `job` (its `flush`)."""
