@@ -175,3 +175,17 @@ def test_batches_joined_into_reused_buffers_write_the_same_bytes(
                 assert (tmp_path / f"reused{name}").read_bytes() == (
                     tmp_path / f"new{name}"
                 ).read_bytes(), name
+
+
+def test_a_batch_buffer_holds_what_its_batches_need():
+    # A buffer is zeroed as it is made: it grows a MiB at a time to the largest batch it
+    # held, never past BATCH_BYTES (a million small records: 1.4 MiB batches, not 8 MiB).
+    buffers = copier_module.BatchBuffers(lambda job: None, count=1, size=4 << 20)
+    small = buffers.join([b"x" * 10], 10)
+    assert len(small.obj) == 1 << 20
+    buffers.handed(1)
+    larger = buffers.join([b"y" * (3 << 19)], 3 << 19)
+    assert (len(larger.obj), bytes(larger[:2])) == (2 << 20, b"yy")
+    buffers.handed(2)
+    again = buffers.join([b"z" * 10], 10)
+    assert (len(again.obj), bytes(again)) == (2 << 20, b"z" * 10)

@@ -67,6 +67,7 @@ BLOCK_BITS = 16
 # one being joined and two the writer may be writing or hashing. Each buffer holds what its
 # largest batch touched (a shuffle of 1M small records: 1.4 MiB a batch, so 4 MiB in all).
 BUFFER_COUNT = 3
+BUFFER_STEP = 1 << 20  # a buffer grows by this many bytes at a time, to BATCH_BYTES
 
 
 @dataclass
@@ -117,10 +118,13 @@ class BatchBuffers:
             return bytearray().join(parts)
         k = self._next
         if k == len(self._buffers):
-            self._buffers.append(memoryview(bytearray(self.size)))
+            self._buffers.append(memoryview(b""))
             self._jobs.append(0)
         else:
             self.wait(self._jobs[k])
+        if len(self._buffers[k]) < size:  # zeroed as made: only what batches need, in MiBs
+            grown = min(self.size, -(-size // BUFFER_STEP) * BUFFER_STEP)
+            self._buffers[k] = memoryview(bytearray(grown))
         buffer = self._buffers[k]
         ends = list(itertools.accumulate(map(len, parts)))  # type: ignore[arg-type]
         # Each part copied in place by C code (a bytearray keeps its size while viewed).
