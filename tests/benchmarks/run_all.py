@@ -42,13 +42,16 @@ BENCHMARKS = {
     "scale": lambda log: _module("bench_scale").run(log=log),
     "scaling": lambda log: _module("bench_scaling").run(log=log),
     "scaling_10m": lambda log: _module("bench_scaling").run_against(10_000_000, 1_000_000, log=log),
+    "scaling_42m": lambda log: _module("bench_scaling").run_against(
+        42_000_000, 1_000_000, log=log, only=["list"]
+    ),
     "remote": lambda log: _module("bench_remote").run(log=log),
     "recordio": lambda log: _module("bench_recordio").run(),
     "archives": lambda log: _module("bench_archives").run(log=log),
 }
 
 
-OPT_IN = {"scaling_10m"}  # half an hour: run with --only, not by `make bench`
+OPT_IN = {"scaling_10m", "scaling_42m"}  # half an hour each: --only, not `make bench`
 
 
 def _module(name):
@@ -72,6 +75,7 @@ TARGETS = {
     "scale": _module("bench_scale").TARGETS,
     "scaling": _module("bench_scaling").TARGETS,
     "scaling_10m": _module("bench_scaling").TARGETS_10M,
+    "scaling_42m": _module("bench_scaling").TARGETS_42M,
     "remote": _module("bench_remote").TARGETS,
     "archives": _module("bench_archives").TARGETS,
     "recordio": [
