@@ -27,10 +27,19 @@ def test_min_per_identity_counts_only_records_still_kept():
     assert selection.min_per_identity(labels, mask, 2).tolist() == [False] * 2 + [True] * 3
 
 
+def relabel(labels, mask):
+    """(new label per record, -1 where not kept; old labels in new-label order), as a repack's
+    plan reads them from `relabel_table` (`Plan.new_labels`)."""
+    table, old = selection.relabel_table(labels, mask)
+    new = np.full(len(labels), -1, np.int64)
+    new[mask] = table[labels[mask]]
+    return new, old
+
+
 def test_relabel_closes_gaps_in_label_order():
     labels = np.array([9, 4, 9, 7])
     mask = np.array([True, True, True, False])
-    new, old = selection.relabel(labels, mask)
+    new, old = relabel(labels, mask)
     assert old.tolist() == [4, 9]
     assert new[mask].tolist() == [1, 0, 1]
 
@@ -82,7 +91,7 @@ def test_shuffle_is_a_permutation_and_seeded(labels, seed):
 @given(labels_strategy)
 def test_relabel_is_contiguous_and_order_preserving(labels):
     mask = np.ones(len(labels), bool)
-    new, old = selection.relabel(labels, mask)
+    new, old = relabel(labels, mask)
     assert sorted(set(new.tolist())) == list(range(len(old)))
     assert (old[new] == labels).all()
 

@@ -145,27 +145,13 @@ def max_per_identity(
     return out
 
 
-def relabel(
-    labels: np.ndarray, mask: np.ndarray, keep_labels: bool = False
-) -> tuple[np.ndarray, np.ndarray]:
-    """Return (new label per record, the old labels in new-label order).
-
-    New labels are 0..C-1 in the order of the old labels still present, so a loss sees no
-    gaps; with `keep_labels` they are the old labels themselves.
-    """
-    if keep_labels:
-        return labels.copy(), distinct(labels[mask])
-    table, present = relabel_table(labels, mask)
-    new = np.full(len(labels), -1, np.int64)
-    new[mask] = table[labels[mask]]
-    return new, present
-
-
 def relabel_table(
     labels: np.ndarray, mask: np.ndarray, keep_labels: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return (new label per old label, -1 for one with no record in `mask`; the old labels
-    in new-label order): `relabel` as a table a label, not an array a record.
+    in new-label order): new labels 0..C-1 in the order of the old labels still present, so a
+    loss sees no gaps (with `keep_labels`, the old labels themselves), as a table a label, not an
+    array a record.
 
     The table has an entry per label up to the largest in `mask`: `table[labels[rows]]` is
     the new labels of `rows`.
