@@ -334,13 +334,11 @@ class RecordDataset:
         s, i = self._locate(i)
         return self._files[s].path, self.offsets.item(i), self.keys.item(i)
 
-    def _label(self, i: int) -> Any:  # the package reads a header where there is no index
-        return self._labels.item(i) if self._labels.ndim == 1 else self._labels[i].copy()
-
     def raw(self, i: int) -> tuple[bytes, Any]:
         """Return sample `i` undecoded: (image bytes, its label in the index)."""
         s, i = self._locate(i)
-        rf, offset, label = self._files[s], self.offsets.item(i), self._label(i)
+        rf, offset, labels = self._files[s], self.offsets.item(i), self._labels
+        label = labels.item(i) if labels.ndim == 1 else labels[i].copy()
         mm = rf._mm if rf._mm is not None else rf.open()
         if 0 <= offset <= len(mm) - 32 and not offset & 3:  # one whole part: nearly every record
             magic, lrec, flag = _RECORD_HEAD.unpack_from(mm, offset)

@@ -212,13 +212,15 @@ class PackDataset(RecordDataset):
             self._labels = header_labels(self._files, self.shard_ids, self.offsets, self.keys)
         return self._labels
 
-    def _label(self, i: int) -> Any:
-        """Sample `i`'s label: from the binary index, else (until `labels` has gathered them)
-        from the record's header."""
+    def raw(self, i: int) -> tuple[bytes, Any]:
+        """Return sample `i` undecoded: (image bytes, label): the binary index's label, or in a
+        pack without one (until `labels` has gathered them), its record header's."""
         if self._labels is not None:
-            return super()._label(i)
-        label = self.header(i).label
-        return label if isinstance(label, float) else label.copy()
+            return super().raw(i)
+        s, i = self._locate(i)
+        rf, offset, key = self._files[s], self.offsets.item(i), self.keys.item(i)
+        head, image = unpack_header(rf.read_parts(offset, key)[0], rf.path, offset, key)
+        return image, (head.label if head.flag == 0 else head.label.copy())
 
     def header(self, i: int) -> Header:
         """Return the `Header` of sample `i` (flag, label, id, id2)."""
