@@ -53,6 +53,7 @@ def small_buffers(monkeypatch):
     """What a repack holds whatever the pack's size is made small, as bounded as before:
     the figure left is the columns'."""
     monkeypatch.setattr(run, "BATCH_RECORDS", 1 << 10)
+    monkeypatch.setattr(run, "COUNT_RECORDS", 1 << 13)
     monkeypatch.setattr(copier, "BATCH_BYTES", 1 << 18)
     monkeypatch.setattr(shardfile, "FLUSH_BYTES", 1 << 18)
     monkeypatch.setattr(checksums, "TABLE_BLOCK_ENTRIES", 1 << 13)

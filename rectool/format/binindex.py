@@ -1,7 +1,9 @@
 """A pack's binary index (format 3): `.npy` arrays written once, when the pack is made.
 
 `index_shards` reads what a pack's shards say (each `.idx`, a few records checked, record 0 of
-an insightface `.rec`, the labels in the record headers) into a `PackIndex`; `write_index`
+an insightface `.rec`, the labels in the record headers) into a `PackIndex`; a writer that knows
+what it wrote hands that over instead (`Written`, `index_written`: the .idx and the images'
+headers are then not read back, the few records still checked); `write_index`
 writes its arrays beside the shards through the output door and returns the manifest's
 `index` entry (each file with its size and xxh3-128); the reader maps them. Every writer of
 a manifest goes through here (`packer/manifest.write_manifest`), and so does `rectool index`
@@ -60,6 +62,18 @@ class PackIndex:
     identity_ranges: NDArray[np.int64] | None = None  # insightface: [start, end) of samples
 
 
+@dataclass
+class Written:
+    """What a writer of a pack knows of the records it wrote, handed to `index_written` so
+    that nothing is read back: each shard's record offsets (in file order, a shard after
+    another), every record's key in the same order, and the images' labels in sample order
+    when every image holds one scalar label (None: they are read from the headers)."""
+
+    offsets: list[NDArray[np.int64]]
+    keys: NDArray[np.int64]
+    labels: NDArray[np.float32] | None = None
+
+
 def index_shards(
     files: list[RecordFile],
     idx_paths: list[str],
@@ -67,14 +81,29 @@ def index_shards(
     layout: str | None = None,
     where: str | None = None,
     labels: bool = True,
+    written: Written | None = None,
 ) -> PackIndex:
     """Return the `PackIndex` of a pack's shards (`files`, their `.idx` at `idx_paths`).
 
     `listed`: the manifest's shard entries, checked against the files; `layout`: "images",
     "insightface" or None (record 0 decides). Samples must run shard by shard. `labels=False`:
-    leave the labels (a read of every header) to the caller, as None.
+    leave the labels (a read of every header) to the caller, as None. `written`: the keys and
+    offsets (and maybe labels) the writer wrote, taken instead of each `.idx` (and the
+    headers' labels); the same few records are checked.
     """
-    indexes = [load_index(idx) for idx in idx_paths]
+    if written is None:
+        indexes = [load_index(idx) for idx in idx_paths]
+    else:
+        bounds = np.cumsum([0] + [len(o) for o in written.offsets]).tolist()
+        if bounds[-1] != len(written.keys):
+            raise RectoolError(
+                f"{where}: {len(written.keys)} keys for {bounds[-1]} records written; this is "
+                "a bug in rectool"
+            )
+        indexes = [
+            (written.keys[a:b], np.asarray(o, np.int64))
+            for a, b, o in zip(bounds, bounds[1:], written.offsets)
+        ]
     for rf, idx, info, (keys, offsets) in zip(
         files, idx_paths, listed or [{}] * len(files), indexes
     ):
@@ -110,7 +139,16 @@ def index_shards(
             )
         keys, offsets, shard_of = keys[lines], offsets[lines], shard_of[lines]
         counts = np.bincount(shard_of, minlength=len(files)).tolist()
-    label_array = header_labels(files, shard_of, offsets, keys) if labels else None
+    label_array = None
+    if written is not None and written.labels is not None:
+        if len(written.labels) != len(keys):
+            raise RectoolError(
+                f"{where}: {len(written.labels)} labels for {len(keys)} images written; this "
+                "is a bug in rectool"
+            )
+        label_array = written.labels if labels else None
+    elif labels:
+        label_array = header_labels(files, shard_of, offsets, keys)
     return PackIndex(
         "images" if ranges is None else "insightface",
         counts,
@@ -127,19 +165,23 @@ def index_files(
     listed: list[Mapping[str, Any]] | None = None,
     layout: str | None = None,
     where: str | None = None,
+    written: Written | None = None,
 ) -> PackIndex:
     """Return `index_shards` of the shard files `recs` (their `.idx` at `idxs`), each mapped
     only while it is read."""
     files = [RecordFile(rec) for rec in recs]
     try:
-        return index_shards(files, idxs, listed, layout, where)
+        return index_shards(files, idxs, listed, layout, where, written=written)
     finally:
         for rf in files:
             rf.close()
 
 
-def index_manifest(path: str, manifest: Mapping[str, Any]) -> PackIndex:
-    """Return `index_files` of the shards the manifest at `path` lists, beside it."""
+def index_manifest(
+    path: str, manifest: Mapping[str, Any], written: Written | None = None
+) -> PackIndex:
+    """Return `index_files` of the shards the manifest at `path` lists, beside it (`written`:
+    what their writer hands over, see `Written`)."""
     folder, shards = os.path.dirname(path), manifest["shards"]
     return index_files(
         [os.path.join(folder, s["rec"]) for s in shards],
@@ -147,6 +189,7 @@ def index_manifest(path: str, manifest: Mapping[str, Any]) -> PackIndex:
         shards,
         manifest.get("layout"),
         path,
+        written,
     )
 
 

@@ -32,7 +32,7 @@ from ..doors.output import (
     write_json_atomic,
 )
 from ..errors import InputError, RectoolError, UsageError
-from ..format.binindex import index_manifest, write_pack_index
+from ..format.binindex import Written, index_manifest, write_pack_index
 from ..format.paths import LOCK_SUFFIX, PARTIAL_SUFFIX, STATE_SUFFIX, PackPaths
 from ..reader import MANIFEST_FORMAT, MANIFEST_VERSION
 
@@ -63,11 +63,14 @@ class ManifestOptions(Protocol):
     def byte_options(self) -> dict[str, Any]: ...
 
 
-def write_manifest(paths: PackPaths, manifest: dict[str, Any]) -> None:
+def write_manifest(
+    paths: PackPaths, manifest: dict[str, Any], written: Written | None = None
+) -> None:
     """Write the manifest of the pack at `paths`, the mark that it is complete; before it, the
     pack's binary index (format 3: `.npy` arrays the reader maps, read from the finished
-    shards) and the file of its identity names, both named in the manifest."""
-    write_pack_index(paths, manifest, index_manifest(paths.manifest, manifest))
+    shards, or `written`: what their writer hands over) and the file of its identity names,
+    both named in the manifest."""
+    write_pack_index(paths, manifest, index_manifest(paths.manifest, manifest, written))
     write_json_atomic(paths.manifest, manifest)
 
 

@@ -13,7 +13,7 @@ import bisect
 import itertools
 import operator
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -59,6 +59,10 @@ class ShardInfo:
     # The per-record checksum file (see rectool.format.checksums), when written.
     crc: str | None = None
     digests: dict[str, dict[str, str]] | None = None
+    # Each record's offset, in file order, where the writer was asked to keep them
+    # (`ShardFile(keep_offsets=True)`): the binary index is then handed them rather than
+    # reading the .idx back. Not in the manifest.
+    offsets: np.ndarray | None = field(default=None, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         digests = self.digests or {}
@@ -143,8 +147,10 @@ class ShardFile:
         digests: Iterable[str] = (XXH3_128,),
         plain: bool = False,
         append: bool = False,
+        keep_offsets: bool = False,
     ) -> None:
         self.number, self.rec_path = number, rec_path
+        self.keep_offsets = keep_offsets and not plain
         # None only for a plain file without an .idx; `finish` (a shard's) reads it.
         self.idx_path: str = idx_path  # type: ignore[assignment]
         self._io = io
@@ -319,6 +325,8 @@ class ShardFile:
                 "idx": self._idx_hash.hexdigests(),
                 "crc": crc_digests,
             },
+            # The writer's own array, not a copy (8 bytes a record, as the index's column).
+            np.frombuffer(self._offsets, np.int64) if self.keep_offsets else None,
         )
 
     def abort(self) -> None:

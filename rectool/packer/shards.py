@@ -106,8 +106,11 @@ class ShardWriter:
         last_shard: int | None = None,
         sha256: bool = False,
         on_shard_finished: ShardFinished | None = None,
+        keep_offsets: bool = False,
     ) -> None:
         self.pack = PackPaths.of(prefix)
+        # Each finished shard's `ShardInfo.offsets` kept (repack hands them to the index).
+        self.keep_offsets = keep_offsets
         # The manifest's digests of each file: xxh3-128, and SHA-256 too with `sha256`.
         self.digests = shard_digests(sha256)
         self.shard_bytes = shard_bytes
@@ -200,7 +203,14 @@ class ShardWriter:
         return bool(self.shard_bytes) and shard.rec_bytes + incoming > self.shard_bytes
 
     def _start(self, number: int, resumed: dict[str, Any] | None = None) -> ShardFile:
-        self._shard = ShardFile(number, *self.paths(number), self._io, resumed, self.digests)
+        self._shard = ShardFile(
+            number,
+            *self.paths(number),
+            self._io,
+            resumed,
+            self.digests,
+            keep_offsets=self.keep_offsets and resumed is None,
+        )
         return self._shard
 
     def flush(self) -> int:

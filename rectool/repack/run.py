@@ -21,6 +21,7 @@ from ..doors.output import (
     write_json_atomic,
 )
 from ..errors import InputError
+from ..format.binindex import Written
 from ..format.headers import unpack_header
 from ..format.paths import PackPaths
 from ..format.writer import frame_image_record
@@ -88,6 +89,7 @@ class RepackRun:
             options.shard_records,
             last_shard=self.last_shard,
             sha256=options.sha256,
+            keep_offsets=True,  # handed to the binary index (`_written`)
         )
         self.copier = RecordCopier(sources, catalog, shuffled=options.order == "shuffle")
         self.failures_partial = paths.partial(paths.failures)
@@ -97,6 +99,9 @@ class RepackRun:
         self.images = 0
         self.resumed_from = 0
         self.complete = False
+        # Whether every image written holds one scalar label, its new one (`_written`).
+        self._scalar_labels = options.transform is None and not self.pack_label
+        self._labels: np.ndarray | None = None  # those labels in write order, float32
         # What the report says of the plan's removals (`_release_columns`).
         self._removals: tuple[dict[str, dict[str, int]], list[list[dict[str, Any]]]] = ({}, [])
 
@@ -225,6 +230,12 @@ class RepackRun:
                 if self.options.check != "none"
                 else {}
             )
+            # The images layout keeps a record's label shape: a vector written, or a record
+            # framed again (its shape unread here), and the labels are read back instead.
+            if self.pack_label is None and self._scalar_labels:
+                scalar = win.whole & (win.flag == 0)
+                scalar[list(bad)] = True
+                self._scalar_labels = bool(scalar.all())
             stops = sorted(bad) + [len(win)]
             i = 0
             for stop in stops:
@@ -357,7 +368,7 @@ class RepackRun:
         # Removals asked for (--dedupe, --drop-overlap) are failures, not refusals.
         manifest["accepted"] = refused <= options.max_failures
         remove_stale_temporaries(paths)
-        write_manifest(paths, manifest)
+        write_manifest(paths, manifest, self._written())
         remove(state_path)
         return RepackResult(
             paths.manifest,
@@ -370,6 +381,44 @@ class RepackRun:
             report,
             self.resumed_from,
         )
+
+    def _written_labels(self) -> np.ndarray:
+        """Return the new label of each image written, in write order, as float32: the
+        label word its header holds (the plan's columns are let go of next)."""
+        labels = np.empty(int(self.total - self.refused.sum()), np.float32)
+        done = 0
+        for start in range(0, self.total, COUNT_RECORDS):
+            stop = min(start + COUNT_RECORDS, self.total)
+            kept = self.plan.rows[start:stop][~self.refused[start:stop]]
+            labels[done : done + len(kept)] = self.plan.new_labels(self.catalog, kept)
+            done += len(kept)
+        return labels
+
+    def _written(self) -> Written | None:
+        """Return what this run wrote, for the binary index (`binindex.Written`): each
+        shard's offsets as the writer kept them, the keys (positions of the images kept, or
+        insightface's 1..N, then the identity records' and the header's) and, where every
+        image holds a scalar label, the labels. None (the index reads the files back) after
+        a resume, or where a shard's first and last keys say otherwise."""
+        finished = self.writer.finished
+        if self.resumed_from or any(info.offsets is None for info in finished):
+            return None
+        if self.insightface:
+            keys = np.r_[np.arange(1, self.images + 1 + self.plan.classes), 0].astype(np.int64)
+        else:
+            keys = np.flatnonzero(~self.refused).astype(np.int64)
+        start = 0
+        for info in finished:
+            stop = start + info.records
+            if stop > len(keys) or (
+                info.records and (info.first_key, info.last_key) != (keys[start], keys[stop - 1])
+            ):
+                return None
+            start = stop
+        if start != len(keys):
+            return None
+        offsets = [info.offsets for info in finished if info.offsets is not None]
+        return Written(offsets, keys, self._labels)
 
     def _new_names(self) -> dict[int, str] | None:
         names = self.catalog.names
@@ -428,6 +477,8 @@ class RepackRun:
             entry[reason_of(code)] += 1
         groups = [[self._describe(row) for row in group] for group in plan.shared_groups]
         self._removals = per_identity, groups
+        if self._scalar_labels and not self.resumed_from:
+            self._labels = self._written_labels()
         plan.release()
         cat.release()
         for source in self.sources:
