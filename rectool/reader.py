@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bisect
 import errno
+import io
 import json
 import math
 import mmap
@@ -108,25 +109,47 @@ def image_start(record: Data, path: Any = None, offset: Any = None, key: Any = N
     return IMAGE_HEADER_SIZE + 4 * flag
 
 
+class PreadFile(io.FileIO):
+    """A file of `size` bytes sliced as its mapping is, by `os.pread`: nothing mapped, no page
+    faults. A slice the file shrank under is refused (a mapping would raise SIGBUS)."""
+
+    def __init__(self, fd: int, size: int, path: str) -> None:
+        super().__init__(fd, "rb")
+        self.size, self.path = size, path
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, at: slice) -> bytes:
+        data = os.pread(self.fileno(), at.stop - at.start, at.start)
+        if len(data) < at.stop - at.start:
+            raise RecordFormatError("record cut short: the file shrank", self.path, at.start)
+        return data
+
+
 class RecordFile:
-    """A .rec mapped read-only on first use. Pickles as its path and the identity of the file
-    it mapped first: mapping again (after `close`, in another process) refuses another file."""
+    """A .rec mapped read-only on first use (`mapped = False`: read as a `PreadFile`). Pickles
+    as its path and the identity of the file it opened first: another file there is refused."""
+
+    mapped = True
 
     def __init__(self, path: StrPath, identity: tuple[int, ...] | None = None) -> None:
         self.path, self._identity = os.fspath(path), identity
-        self._mm: mmap.mmap | bytes | None = None
+        self._mm: Any = None  # an mmap, b"" (an empty file) or a PreadFile
 
     def __reduce__(self) -> Any:
         return type(self), (self.path, self._identity)
 
-    def open(self) -> mmap.mmap | bytes:
-        """Return the mapping of the file, mapping it on first use (b"" for an empty file)."""
+    def open(self) -> Any:
+        """Return the mapping of the file (or its `PreadFile`), made on first use."""
         if self._mm is None:
             fd, st = open_regular(self.path, "record file")
             try:
                 if self._identity not in (None, file_identity(st)):
                     raise RectoolError(f"{self.path} was replaced after it was opened; open again")
-                self._mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if st.st_size else b""
+                size, mapped = st.st_size, self.mapped
+                mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size and mapped else b""
+                self._mm = mm if mapped else PreadFile(os.dup(fd), size, self.path)
                 self._identity = file_identity(st)
             except OSError as exc:  # ENOMEM under a memory limit (ulimit -v)
                 raise RectoolError(f"{self.path}: cannot map the record file ({exc})") from None
@@ -136,7 +159,7 @@ class RecordFile:
 
     def close(self) -> None:
         mm, self._mm = self._mm, None
-        if isinstance(mm, mmap.mmap):
+        if not isinstance(mm, (bytes, type(None))):
             mm.close()
 
     def read_parts(self, offset: int, key: Any = None) -> tuple[bytes, int]:
@@ -145,7 +168,7 @@ class RecordFile:
         mm, pieces, cflag = self.open(), list[bytes](), None
         while cflag not in (CFLAG_WHOLE, CFLAG_LAST):
             ok = 0 <= offset <= len(mm) - 8 and not offset & 3
-            magic, lrec = PART_HEADER.unpack_from(mm, offset) if ok else (MAGIC, 0)
+            magic, lrec = PART_HEADER.unpack(mm[offset : offset + 8]) if ok else (MAGIC, 0)
             cflag, length, end = lrec >> LENGTH_BITS, lrec & LENGTH_MASK, offset + 8
             if offset < 0 or offset & 3:
                 why = "not a record start (a negative or not 4-byte aligned offset)"
@@ -309,10 +332,11 @@ class RecordDataset:
             raise RectoolError(f"{self.manifest_path}: the pack was replaced; open it again")
         self._files = files
 
-    def close(self) -> None:
-        """Release the shards' mappings (mapped again on the next read)."""
+    def close(self, mapped: bool = True) -> None:
+        """Release the shards' mappings, made again on the next read (`mapped=False`: pread)."""
         for rf in self._files:
             rf.close()
+            rf.mapped = mapped
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.manifest_path!r}, {len(self)} samples)"
@@ -341,7 +365,7 @@ class RecordDataset:
         label = labels.item(i) if labels.ndim == 1 else labels[i].copy()
         mm = rf._mm if rf._mm is not None else rf.open()
         if 0 <= offset <= len(mm) - 32 and not offset & 3:  # one whole part: nearly every record
-            magic, lrec, flag = _RECORD_HEAD.unpack_from(mm, offset)
+            magic, lrec, flag = _RECORD_HEAD.unpack(mm[offset : offset + 12])
             start, end = offset + 32 + 4 * flag, offset + 8 + lrec  # lrec <= mask: not split
             if magic == MAGIC and lrec <= LENGTH_MASK and start <= end <= len(mm):
                 return mm[start:end], label
