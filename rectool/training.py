@@ -273,7 +273,6 @@ class _Decoder:
                 raise RecordFormatError(f"{message}; and {REPLACE_ATTEMPTS} substitutes failed too")
             taken.append(r)
             replaced.append((i, r, message))
-        self.ds.close()  # unmap the shards: pages a worker read are not held in its memory
         return taken, skipped, replaced
 
 
@@ -350,6 +349,7 @@ def _work(decoder: _Decoder, ring: Any, shape: Any, conn: Any, parent: int, fork
         if not forked:  # a forked worker inherits one thread (see _forking)
             __import__("cv2").setNumThreads(1)  # one process per core already
         images = np.frombuffer(ring, np.uint8).reshape(shape)
+        decoder.ds.close(mapped=False)  # pread: no page faults, nothing mapped grows the worker
         conn.send(("ok", None))
         while True:
             while not conn.poll(1.0):  # wake now and then to notice a parent that died
@@ -559,6 +559,7 @@ class BatchDecoder(_Batches):
             return images[: len(report[0])], self._labels(report[0])
         if not self.slots or self._ring is None or n > self._ring.shape[1]:
             self._ring = torch.empty((self.slots or 1, *shape), dtype=torch.uint8).share_memory_()
+            self._decoder.ds.close(mapped=False)  # as a Loader worker reads
             self._ring_key = (os.getpid(), next(_RING_NUMBERS)) if self.slots else None
         slot, self._next_slot = self._next_slot % len(self._ring), self._next_slot + 1
         report = self._decoder.fill(indices, self._ring[slot, :n].numpy())
@@ -579,8 +580,7 @@ class _Kept:
 
     def __reduce__(self) -> tuple[Any, ...]:
         ring, key, *rest = self.parts
-        if key is not None and key in _SENT:
-            ring = None
+        ring = None if key is not None and key in _SENT else ring  # sent: its key will do
         _SENT.add(key)
         return _unkept, (ring, key, *rest)
 
