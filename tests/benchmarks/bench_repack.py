@@ -7,7 +7,9 @@ its peers. A repack fsyncs what it wrote before naming it (a crash leaves no hal
 so its peer is `cp` of the .rec and .idx followed by `sync` of the two copies: targets from issue
 38, an identity-order repack within 1.5x of that, a seeded global shuffle within 2x. Plain `cp`
 is timed beside them as information, and so is the xxh3-128 of the .rec (the `xxhash` package,
-as the writer computes it): the manifest carries that digest of the output. Memory: the peak
+as the writer computes it): the manifest carries that digest of the output. So are the CPU
+seconds (user and system, the least of the turns) of the copies and repacks: on a shared
+machine a slow spell moves them less than the wall times. Memory: the peak
 RSS of repacking a synthetic source of `--memory-records` small valid JPEG records (default
 1,000,000; `bench_scale.generate`), with a shuffle.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -79,6 +82,12 @@ def synthetic_source(records, log=print):
     return generate(folder, records, log=log)
 
 
+def _children_cpu():
+    """Return the user and system CPU seconds of this process's finished children."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def _records_written(prefix):
     """Return the number of records the manifest of a finished repack names."""
     with open(f"{prefix}.manifest.json", encoding="utf-8") as f:
@@ -96,6 +105,19 @@ def run(repeats=3, memory_records=MEMORY_RECORDS, log=print):
     def clean():
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
+
+    cpu: dict[str, float] = {}  # the least CPU seconds of each kind of run
+
+    def counted(name, run):
+        """Return `run` (which times commands), noting the CPU seconds of its commands."""
+
+        def counted_run():
+            before = _children_cpu()
+            seconds = run()
+            cpu[name] = min(cpu.get(name, float("inf")), _children_cpu() - before)
+            return seconds
+
+        return counted_run
 
     def cp():
         return timed(["cp", str(rec), str(idx), str(out)], prepare=clean)[0]
@@ -116,10 +138,10 @@ def run(repeats=3, memory_records=MEMORY_RECORDS, log=print):
     cp_s, cp_sync_s, xxh_s, identity_s, shuffle_s = best_in_turns(
         repeats,
         cp,
-        cp_sync,
+        counted("cp_sync", cp_sync),
         checksum,
-        repack("--order", "identity"),
-        repack("--order", "shuffle", "--seed", "1"),
+        counted("repack_identity", repack("--order", "identity")),
+        counted("repack_shuffle", repack("--order", "shuffle", "--seed", "1")),
     )
     synthetic = synthetic_source(memory_records, log=log)
     memory_out = WORK / "memory-out"
@@ -141,6 +163,7 @@ def run(repeats=3, memory_records=MEMORY_RECORDS, log=print):
             "repack_identity": round(identity_s, 3),
             "repack_shuffle": round(shuffle_s, 3),
         },
+        "cpu_seconds": {name: round(seconds, 3) for name, seconds in cpu.items()},
         "ratios": {
             "identity_over_cp": round(identity_s / cp_s, 2),
             "shuffle_over_cp": round(shuffle_s / cp_s, 2),
@@ -164,6 +187,11 @@ def run(repeats=3, memory_records=MEMORY_RECORDS, log=print):
     log(
         f"information: cp alone {cp_s:.2f} s (repack {identity_s / cp_s:.2f}x, shuffled "
         f"{shuffle_s / cp_s:.2f}x); xxh3-128 of the .rec alone {xxh_s:.2f} s"
+    )
+    log(
+        f"information: CPU seconds (user and system, least of the turns): cp + sync "
+        f"{cpu['cp_sync']:.2f}, repack identity {cpu['repack_identity']:.2f}, shuffle "
+        f"{cpu['repack_shuffle']:.2f}"
     )
     log(
         f"repack --order shuffle of {memory_records:,} synthetic records: peak RSS "
