@@ -206,3 +206,13 @@ def test_a_hand_over_of_another_length_is_refused(tmp_path, what):
     labels = index.labels[:-1] if what == "labels" else index.labels
     with pytest.raises(RectoolError, match="this is a bug in rectool"):
         index_manifest(path, manifest, Written([index.offsets], keys, labels))
+
+
+@pytest.mark.parametrize("layout", ["images", "insightface"])
+def test_an_output_of_no_image_is_handed_over_too(tmp_path, reads, layout):
+    write_pack(tmp_path / "src", [[(0, b"not an image", 0.0), (1, b"nor this", 1.0)]])
+    options = RepackOptions(layout=layout, max_failures=1.0)
+    result = repack([tmp_path / "src"], tmp_path / "out" / "r", options)
+    assert (result.images, result.failures) == (0, 2)
+    assert reads["idx"] == 0
+    assert_index_is_the_files(tmp_path / "out" / "r")
