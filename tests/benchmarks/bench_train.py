@@ -35,7 +35,7 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_read import cpu_seconds, ensure_pack  # noqa: E402
+from bench_read import cpu_seconds, ensure_pack, process_cpu_seconds  # noqa: E402
 from common import CACHE, best_in_turns  # noqa: E402
 
 from rectool.reader import open_dataset  # noqa: E402
@@ -163,11 +163,13 @@ def dataloader_stream(prefix, workers, batch_decoder):
 
 
 def measure(pids, fn):
-    """Return (wall seconds, CPU seconds of `pids` and this process) per image of `fn()`."""
+    """Return (wall seconds, CPU seconds of `pids` and this process, CPU seconds of this
+    process: the training loop's side) per image of `fn()`."""
     pids = [os.getpid(), *pids]
-    cpu, start = cpu_seconds(pids), time.perf_counter()
+    cpu, main, start = cpu_seconds(pids), process_cpu_seconds(os.getpid()), time.perf_counter()
     done = fn()
-    return (time.perf_counter() - start) / done, (cpu_seconds(pids) - cpu) / done
+    wall, main = time.perf_counter() - start, process_cpu_seconds(os.getpid()) - main
+    return wall / done, (cpu_seconds(pids) - cpu) / done, main / done
 
 
 def window(stream, images):
@@ -253,10 +255,12 @@ def run(workers=2, images=8_000, repeats=8, log=print):
             sides[name] = (lambda s=stream: window(s, images), pids)
         wall = dict.fromkeys(sides, float("inf"))
         cpu = dict.fromkeys(sides, float("inf"))
+        main = dict.fromkeys(sides, float("inf"))
         for _ in range(repeats):  # in turns, so that a slow spell falls on every side alike
             for name, (fn, pids) in sides.items():
-                w, c = measure(pids(), fn)
+                w, c, m = measure(pids(), fn)
                 wall[name], cpu[name] = min(wall[name], w), min(cpu[name], c)
+                main[name] = min(main[name], m)
     finally:
         for close in closers:
             close()
@@ -268,6 +272,8 @@ def run(workers=2, images=8_000, repeats=8, log=print):
         "images_per_window": images,
         "rates": {k: round(1 / v) for k, v in wall.items()},
         "cpu_us_per_image": {k: round(v * 1e6, 1) for k, v in cpu.items()},
+        # of which the training loop's process (the rest: the workers)
+        "main_cpu_us_per_image": {k: round(v * 1e6, 1) for k, v in main.items()},
         "size_rates": {"reduced": round(1 / reduced), "full_resize": round(1 / full)},
         "size_speedup": full / reduced,
     }
@@ -280,11 +286,12 @@ def run(workers=2, images=8_000, repeats=8, log=print):
 def report(figures):
     r = figures["rates"]
     n = figures["workers"]
-    c = figures["cpu_us_per_image"]
+    c, m = figures["cpu_us_per_image"], figures["main_cpu_us_per_image"]
     lines = [
         f"{n} processes, batches of {figures['batch']}: images/s and CPU µs per image (all "
-        "processes of a side), best of the windows; ratios against bare",
-        f"  bare cv2.imdecode processes   {r['bare']:>8,}/s {c['bare']:6.1f} µs",
+        "processes of a side; in brackets, the training loop's process), best of the windows; "
+        "ratios against bare",
+        f"  bare cv2.imdecode processes   {r['bare']:>8,}/s {c['bare']:6.1f} µs ({m['bare']:.1f})",
     ]
     for name, what, target in (
         ("loader", "Loader", 0.9),
@@ -293,8 +300,8 @@ def report(figures):
     ):
         rate, cpu = figures[name + "_over_bare"], figures[name + "_cpu_over_bare"]
         lines.append(
-            f"  {what:<29} {r[name]:>8,}/s {c[name]:6.1f} µs   rate {rate:.2f}x  CPU {cpu:.2f}x"
-            + (f"  (target >= {target})" if target else "")
+            f"  {what:<29} {r[name]:>8,}/s {c[name]:6.1f} µs ({m[name]:.1f})   rate {rate:.2f}x  "
+            f"CPU {cpu:.2f}x" + (f"  (target >= {target})" if target else "")
         )
     lines += [
         f"size=(112, 112) from 448x448, one process: {figures['size_rates']['reduced']:,}/s "
