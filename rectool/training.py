@@ -287,8 +287,7 @@ class _Batches:
         if size is not None and [type(v) is int and v > 0 for v in size] != [True, True]:
             raise ValueError(f"size must be (height, width) in pixels, not {size!r}")
         budget = check_max_pixels(getattr(ds, "max_pixels", None) if budget is None else budget)
-        labels = ds.labels
-        if len(ds) == 0 or labels.dtype == object:
+        if len(ds) == 0 or (labels := ds.labels).dtype == object:
             raise RectoolError(f"{ds!r}: no samples, or labels of several widths, to batch")
         finite = labels.ndim == 1 and np.isfinite(labels).all()  # whole numbers: class indices
         self._dtype = np.int64 if finite and (labels == np.trunc(labels)).all() else np.float32
@@ -349,9 +348,10 @@ def _work(decoder: _Decoder, ring: Any, shape: Any, conn: Any, parent: int, fork
         if not forked:  # a forked worker inherits one thread (see _forking)
             __import__("cv2").setNumThreads(1)  # one process per core already
         images = np.frombuffer(ring, np.uint8).reshape(shape)
-        decoder.ds.close(mapped=False)  # pread: no page faults, nothing mapped grows the worker
-        conn.send(("ok", None))
+        answer: Any = ("ok", None)  # the first says it started, then each a batch's report
         while True:
+            decoder.ds.close(mapped=False)  # pread, nothing mapped; a batch's files shut after it
+            conn.send(answer)
             while not conn.poll(1.0):  # wake now and then to notice a parent that died
                 if os.getppid() != parent:
                     return
@@ -359,9 +359,9 @@ def _work(decoder: _Decoder, ring: Any, shape: Any, conn: Any, parent: int, fork
             if task is None:
                 return
             try:
-                conn.send(("ok", decoder.fill(task[1], images[task[0]])))
+                answer = ("ok", decoder.fill(task[1], images[task[0]]))
             except Exception as exc:
-                conn.send(("error", _portable(exc)))
+                answer = ("error", _portable(exc))
     except (EOFError, OSError, KeyboardInterrupt):  # the parent is gone, or interrupted
         return
     except Exception as exc:  # while starting (OpenCV missing...)
@@ -559,9 +559,9 @@ class BatchDecoder(_Batches):
             return images[: len(report[0])], self._labels(report[0])
         if not self.slots or self._ring is None or n > self._ring.shape[1]:
             self._ring = torch.empty((self.slots or 1, *shape), dtype=torch.uint8).share_memory_()
-            self._decoder.ds.close(mapped=False)  # as a Loader worker reads
             self._ring_key = (os.getpid(), next(_RING_NUMBERS)) if self.slots else None
         slot, self._next_slot = self._next_slot % len(self._ring), self._next_slot + 1
+        self._decoder.ds.close(mapped=False)  # read by pread, as a Loader worker reads
         report = self._decoder.fill(indices, self._ring[slot, :n].numpy())
         self._count(report)
         return _Kept(self._ring, self._ring_key, slot, len(report[0]), self._labels(report[0]))

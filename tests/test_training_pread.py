@@ -179,3 +179,30 @@ def test_batchdecoder_in_dataloader_workers_reads_by_pread_and_maps_no_shard(tmp
     seen = list(loader)
     assert sorted(int(v) for labels, _ in seen for v in labels) == list(range(24))
     assert [maps for _, maps in seen] == [[]] * len(seen)
+
+
+def open_recs(pid):
+    folder = f"/proc/{pid}/fd"
+    links = []
+    for fd in os.listdir(folder):
+        try:
+            links.append(os.readlink(os.path.join(folder, fd)))
+        except FileNotFoundError:  # closed while listed
+            continue
+    return [link for link in links if link.endswith(".rec")]
+
+
+@linux_only
+def test_loader_workers_keep_no_more_shards_open_than_a_batch_reads(tmp_path):
+    # A descriptor a shard read by pread: kept for an epoch, a pack of thousands of shards
+    # would run a worker out of them. Each batch lets go of the last batch's.
+    prefix = tmp_path / "faces"
+    shards = [[(k, jpeg_bytes(k, 40, 32), float(k))] for k in range(30)]
+    write_pack(prefix, shards, index=True)
+    seen = []
+    with Loader(open_dataset(prefix), 3, workers=1, seed=4) as loader:
+        for _, batch in loader:
+            seen += batch.tolist()
+            (worker,) = [p for p in multiprocessing.active_children() if p.name == "rectool-loader"]
+            assert len(open_recs(worker.pid)) <= 3
+    assert sorted(seen) == list(range(30))
