@@ -291,3 +291,16 @@ def test_an_overwritten_pack_indexes_only_the_new_records(tmp_path, sources, fir
     _, expected = written_index(reference)
     for name in expected:
         assert handed[name].tobytes() == expected[name].tobytes(), name
+
+
+def test_an_interrupted_repack_started_again_with_overwrite_indexes_its_own_records(
+    tmp_path, sources
+):
+    args = ["--shard-records", "4", "--order", "shuffle", "--seed", "8"]
+    out = tmp_path / "out" / "r"
+    with pytest.raises(KeyboardInterrupt):
+        repack([sources["src"]], out, api_options(args), on_shard_finished=shard_killer(1))
+    result = run("repack", sources["vec"], out, "--quiet", "--overwrite", *args)
+    assert result.exit_code == 0, result.output
+    manifest, handed = assert_index_is_rebuilt_from_the_files(out, tmp_path)
+    assert handed["labels"].shape == (manifest["totals"]["images"], 2)  # vec's, not src's
