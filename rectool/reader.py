@@ -112,7 +112,7 @@ def image_start(record: Data, path: Any = None, offset: Any = None, key: Any = N
 
 class PreadFile(io.FileIO):
     """A file of `size` bytes sliced as its mapping is, by `os.pread`: nothing mapped, no page
-    faults. A slice the file shrank under is refused (a mapping would raise SIGBUS)."""
+    faults. A slice the file shrank under or cannot give (EIO) is refused (a mapping: SIGBUS)."""
 
     def __init__(self, fd: int, size: int, path: str) -> None:
         super().__init__(fd, "rb")
@@ -122,9 +122,12 @@ class PreadFile(io.FileIO):
         return self.size
 
     def __getitem__(self, at: slice) -> bytes:
-        data = os.pread(self.fileno(), at.stop - at.start, at.start)
+        try:
+            data, why = os.pread(self.fileno(), at.stop - at.start, at.start), "the file shrank"
+        except OSError as exc:  # a failing disk, a file system gone
+            data, why = b"", f"cannot read the record file ({exc.strerror})"
         if len(data) < at.stop - at.start:
-            raise RecordFormatError("record cut short: the file shrank", self.path, at.start)
+            raise RecordFormatError(f"record cut short: {why}", self.path, at.start)
         return data
 
 
@@ -160,8 +163,7 @@ class RecordFile:
 
     def close(self) -> None:
         mm, self._mm = self._mm, None
-        if not isinstance(mm, (bytes, type(None))):
-            mm.close()
+        getattr(mm, "close", bool)()  # an mmap or a PreadFile (not b"" or None)
 
     def read_parts(self, offset: int, key: Any = None) -> tuple[bytes, int]:
         """Return (the record whose first part is at byte `offset`, split parts rejoined with
@@ -365,13 +367,16 @@ class RecordDataset:
         rf, offset, labels = self._files[s], self.offsets.item(i), self._labels
         label = labels.item(i) if labels.ndim == 1 else labels[i].copy()
         mm = rf._mm if rf._mm is not None else rf.open()
-        if 0 <= offset <= len(mm) - 32 and not offset & 3:  # one whole part: nearly every record
-            magic, lrec, flag = _RECORD_HEAD.unpack(mm[offset : offset + 12])
-            start, end = offset + 32 + 4 * flag, offset + 8 + lrec  # lrec <= mask: not split
-            if magic == MAGIC and lrec <= LENGTH_MASK and start <= end <= len(mm):
-                return mm[start:end], label
-        key = self.keys.item(i)  # only here: a worker's reads touch no page of the keys
-        record = rf.read_parts(offset, key)[0]
+        try:
+            if 0 <= offset <= len(mm) - 32 and not offset & 3:  # one whole part: nearly all
+                magic, lrec, flag = _RECORD_HEAD.unpack(mm[offset : offset + 12])
+                start, end = offset + 32 + 4 * flag, offset + 8 + lrec  # lrec <= mask: whole
+                if magic == MAGIC and lrec <= LENGTH_MASK and start <= end <= len(mm):
+                    return mm[start:end], label
+            key = self.keys.item(i)  # only here: a worker's reads touch no page of the keys
+            record = rf.read_parts(offset, key)[0]
+        except RecordFormatError as e:  # a pread fell short (no key): name this record
+            raise (e if e.key is not None else type(e)(e.reason, *self.location(i))) from None
         return record[image_start(record, rf.path, offset, key) :], label
 
     def __getitem__(self, i: int) -> tuple[Any, Any]:
@@ -503,17 +508,15 @@ def decode_image(data: Data, mode: Any = "bgr", max_pixels: float = DEFAULT_MAX_
         raise RecordFormatError("empty image: the record holds a header and no image bytes")
     why = f" (they start with {bytes(data[:8])!r})"
     try:
-        header = admit_image(data, max_pixels)
+        header, cv2 = admit_image(data, max_pixels), __import__("cv2")
+    except ImportError:
+        raise RectoolError("decoding images needs OpenCV (opencv-python-headless)") from None
     except ImageTooLargeError:
         raise
     except RecordFormatError as exc:
         known = sniff_format(data) is not None
         why = f": {exc.reason}" if known else f"{why}: not a format rectool decodes ({FORMATS})"
         raise RecordFormatError(f"the {len(data)} image bytes cannot be decoded{why}") from None
-    try:
-        import cv2
-    except ImportError:
-        raise RectoolError("decoding images needs OpenCV (opencv-python-headless)") from None
     flag = int(mode != "gray") if mode in DECODE_MODES else mode  # cv2.IMREAD_COLOR, _GRAYSCALE
     flag = flag(*header) if callable(flag) else flag
     try:
