@@ -215,8 +215,24 @@ def header_labels(
 
     float32 (N,) when every flag is 0, (N, k) when every record has k labels, else objects.
     Whole, aligned records are gathered with numpy from the mappings; any other is read and
-    checked one by one, so damage raises a `RecordFormatError`.
+    checked one by one, so damage raises a `RecordFormatError`. A file read by pread (a
+    training worker's, `RecordFile.mapped` False) is mapped while its labels are gathered.
     """
+    preads = [rf for rf in files if not rf.mapped]
+    for rf in preads:
+        rf.close()
+        rf.mapped = True
+    try:
+        return _gather_labels(files, shard_of, offsets, keys)
+    finally:
+        for rf in preads:
+            rf.close()
+            rf.mapped = False
+
+
+def _gather_labels(
+    files: list[RecordFile], shard_of: NDArray[Any], offsets: Ints, keys: Ints
+) -> NDArray[Any]:
     n, columns = len(offsets), []  # columns: (rows, flags, their labels) of fast records
     flags, scalars, fast = np.zeros(n, np.uint32), np.zeros(n, np.float32), np.zeros(n, bool)
     for s, rf in enumerate(files):

@@ -11,6 +11,7 @@ shard, and gives them all back when closed, however many samples it read.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pickle
@@ -359,3 +360,72 @@ def test_batchdecoder_workers_read_what_the_mapping_decodes_and_hold_no_more_fds
     others = [[n for n in links if n.startswith(str(tmp_path)) and not n.endswith(".rec")]
               for *_, links, _ in seen]  # fmt: skip
     assert others[0] and all(files == others[0] for files in others), others
+
+
+# --- found by the adversarial pass, mended since: each failed on the pread path first -------
+
+
+def unindexed_pack(tmp_path, n=8):
+    items = [(k, jpeg_bytes(k, 40, 32), float(k)) for k in range(n)]
+    write_pack(tmp_path / "p", [items], index=False)  # manifest format 1: no binary index
+    return tmp_path / "p"
+
+
+def test_labels_of_a_pack_without_an_index_gathered_under_pread(tmp_path):
+    # format/headers.header_labels maps a pread file while it gathers (was: TypeError)
+    ds = open_pack(unindexed_pack(tmp_path))
+    assert not ds.indexed
+    ds.close(mapped=False)
+    assert ds.labels.tolist() == [float(k) for k in range(8)]
+    assert all(not rf.mapped for rf in ds._files)  # and it reads by pread again after
+
+
+def test_batchdecoder_in_spawn_workers_over_a_pack_without_an_index(tmp_path):
+    torch = pytest.importorskip("torch")
+    from rectool.training import BatchDecoder, RankSampler
+
+    ds = open_pack(unindexed_pack(tmp_path))
+    batches = torch.utils.data.BatchSampler(RankSampler(ds, seed=2), 4, False)
+    loader = torch.utils.data.DataLoader(
+        BatchDecoder(ds, mode="bgr"),
+        batch_size=None,
+        sampler=batches,
+        num_workers=1,
+        multiprocessing_context="spawn",
+    )
+    assert sorted(int(v) for _, batch in loader for v in batch) == list(range(8))
+
+
+@pytest.mark.parametrize("opener", sorted(OPENERS))
+def test_a_shard_cut_under_pread_names_the_key_and_record_offset(tmp_path, opener):
+    items = [(k + 100, jpeg_bytes(k, 40, 32), float(k)) for k in range(3)]
+    samples = write_pack(tmp_path / "p", [items], index=True)
+    ds = OPENERS[opener](tmp_path / "p", "bgr")
+    ds.close(mapped=False)
+    ds[0]  # the shard opened
+    os.truncate(samples[2].rec, samples[2].offset + 40)
+    with pytest.raises(RecordFormatError) as caught:
+        ds[2]
+    assert (caught.value.key, caught.value.offset) == (102, samples[2].offset)
+    assert caught.value.path == str(samples[2].rec)
+
+
+@pytest.mark.parametrize("opener", sorted(OPENERS))
+def test_an_io_error_under_pread_is_a_record_error_naming_the_shard(tmp_path, monkeypatch, opener):
+    items = [(k, jpeg_bytes(k, 40, 32), float(k)) for k in range(3)]
+    samples = write_pack(tmp_path / "p", [items], index=True)
+    ds = OPENERS[opener](tmp_path / "p", "bgr")
+    ds.close(mapped=False)
+
+    def failing(fd, n, offset):
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(os, "pread", failing)
+    with pytest.raises(RecordFormatError) as caught:  # a RecordFormatError: skip can skip it
+        ds[1]
+    assert "Input/output error" in str(caught.value)
+    assert (caught.value.path, caught.value.offset, caught.value.key) == (
+        str(samples[1].rec),
+        samples[1].offset,
+        1,
+    )
