@@ -195,6 +195,8 @@ def index_manifest(
 
 def _identity_ranges(pairs: NDArray[Any], images: int, rec: str) -> NDArray[np.int64]:
     """Return the identity records' label pairs [first key, end key) as sample ranges."""
+    if not len(pairs):  # a pack of no identity (a repack that kept none): no pair to check
+        return np.empty((0, 2), np.int64)
     if pairs.dtype == object or pairs.ndim != 2 or pairs.shape[1] < 2:
         raise RectoolError(f"{rec}: identity records must each hold a label pair [first, end)")
     if not (np.isfinite(pairs[:, :2]) & (np.abs(pairs[:, :2]) < 2**31)).all():
@@ -220,7 +222,7 @@ def _npy(array: NDArray[Any]) -> list[Any]:
     """Return the bytes of `array` as an .npy file: its header, then its data (no copy)."""
     head = io.BytesIO()
     np.lib.format.write_array_header_1_0(head, np.lib.format.header_data_from_array_1_0(array))
-    data: Any = np.ascontiguousarray(array)  # a buffer, which numpy's stubs do not say
+    data: Any = np.ascontiguousarray(array).reshape(-1)  # flat: (0, 2) casts too
     return [head.getvalue(), memoryview(data).cast("B")]
 
 

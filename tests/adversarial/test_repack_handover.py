@@ -304,3 +304,16 @@ def test_an_interrupted_repack_started_again_with_overwrite_indexes_its_own_reco
     assert result.exit_code == 0, result.output
     manifest, handed = assert_index_is_rebuilt_from_the_files(out, tmp_path)
     assert handed["labels"].shape == (manifest["totals"]["images"], 2)  # vec's, not src's
+
+
+@pytest.mark.parametrize("layout", ["images", "insightface"])
+def test_a_repack_that_keeps_no_identity_writes_a_sound_empty_pack(sources, tmp_path, layout):
+    # insightface exited 1 ("identity records must each hold a label pair") and left an
+    # unfinished pack behind; then a (0, 2) identity-range array could not be written.
+    out = tmp_path / "out" / "none"
+    result = run("repack", sources["src"], out, "--layout", layout, "--min-per-id", 100)
+    assert result.exit_code == 0, result.output
+    assert not os.path.exists(f"{out}.pack-state.json")
+    manifest, handed = assert_index_is_rebuilt_from_the_files(out, tmp_path)
+    assert manifest["layout"] == layout and len(handed["offsets"]) == 0
+    assert len(open_dataset(out)) == 0
