@@ -12,7 +12,7 @@ import os
 
 import numpy as np
 import pytest
-from helpers.handmade_datasets import MAGIC, write_pack
+from helpers.handmade_datasets import MAGIC, index_arrays, write_pack
 from helpers.image_files import jpeg_bytes
 
 from rectool.errors import RecordFormatError, RectoolError
@@ -41,16 +41,8 @@ def source(prefix, vector=False, split=False):
 
 def read_back(prefix):
     """Return (the manifest, the arrays written, the index read back from the files)."""
-    path = f"{prefix}.manifest.json"
-    with open(path, encoding="utf-8") as f:
-        manifest = json.load(f)
-    folder = os.path.dirname(path)
-    written = {
-        name: np.load(os.path.join(folder, entry["file"]))
-        for name, entry in manifest["index"].items()
-        if isinstance(entry, dict) and "file" in entry
-    }
-    return manifest, written, index_manifest(path, manifest)
+    manifest, written = index_arrays(prefix)
+    return manifest, written, index_manifest(f"{prefix}.manifest.json", manifest)
 
 
 def assert_index_is_the_files(prefix):

@@ -15,10 +15,9 @@ import json
 import os
 import pickle
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers.handmade_datasets import write_insightface, write_pack
+from helpers.handmade_datasets import index_arrays, write_insightface, write_pack
 from helpers.image_files import jpeg_bytes
 
 from rectool.cli import cli
@@ -77,16 +76,8 @@ def sources(tmp_path_factory):
 
 def written_index(prefix):
     """The arrays the repack wrote (by the manifest's index entry) and the manifest."""
-    path = f"{prefix}.manifest.json"
-    with open(path, encoding="utf-8") as f:
-        manifest = json.load(f)
-    folder = os.path.dirname(path)
-    arrays = {
-        name: np.load(os.path.join(folder, manifest["index"][name]["file"]))
-        for name in ARRAYS
-        if isinstance(manifest["index"].get(name), dict)
-    }
-    return manifest, arrays
+    manifest, arrays = index_arrays(prefix)
+    return manifest, {name: array for name, array in arrays.items() if name in ARRAYS}
 
 
 def assert_index_is_rebuilt_from_the_files(prefix, tmp_path, carried=()):

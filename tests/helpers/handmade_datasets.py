@@ -171,3 +171,18 @@ def as_pairs(ds):
 def expected_pairs(samples):
     """The (image, label) pairs the reader must yield for these samples."""
     return [(s.image, s.label) for s in samples]
+
+
+def index_arrays(prefix):
+    """Return (the manifest at PREFIX.manifest.json, its binary index's arrays by name), each
+    array loaded from the file its `index` entry names (no pickle)."""
+    path = f"{prefix}.manifest.json"
+    with open(path, encoding="utf-8") as f:
+        manifest = json.load(f)
+    folder = os.path.dirname(path)
+    arrays = {
+        name: np.load(os.path.join(folder, entry["file"]))
+        for name, entry in manifest["index"].items()
+        if isinstance(entry, dict) and "file" in entry
+    }
+    return manifest, arrays
