@@ -181,7 +181,9 @@ def test_batchdecoder_in_dataloader_workers_reads_by_pread_and_maps_no_shard(tmp
     assert [maps for _, maps in seen] == [[]] * len(seen)
 
 
-def open_recs(pid):
+def open_recs(pid, pack):
+    """The .rec files of the pack under `pack` that process `pid` holds open (a forked worker
+    also inherits whatever the test process holds: other tests' files are not counted)."""
     folder = f"/proc/{pid}/fd"
     links = []
     for fd in os.listdir(folder):
@@ -189,7 +191,7 @@ def open_recs(pid):
             links.append(os.readlink(os.path.join(folder, fd)))
         except FileNotFoundError:  # closed while listed
             continue
-    return [link for link in links if link.endswith(".rec")]
+    return [link for link in links if link.startswith(str(pack)) and link.endswith(".rec")]
 
 
 @linux_only
@@ -204,5 +206,5 @@ def test_loader_workers_keep_no_more_shards_open_than_a_batch_reads(tmp_path):
         for _, batch in loader:
             seen += batch.tolist()
             (worker,) = [p for p in multiprocessing.active_children() if p.name == "rectool-loader"]
-            assert len(open_recs(worker.pid)) <= 3
+            assert len(open_recs(worker.pid, tmp_path)) <= 3
     assert sorted(seen) == list(range(30))

@@ -355,7 +355,11 @@ def test_batchdecoder_workers_read_what_the_mapping_decodes_and_hold_no_more_fds
            for image, k in zip(images, labels)]  # fmt: skip
     assert sorted(k for k, _ in got) == sorted(k for batch in epochs for k in batch)
     assert all(np.array_equal(image, want[k]) for k, image in got)
-    assert all(recs <= 2 for _, _, _, recs in seen)  # a batch's shards, at most
+    # This pack's shards open after a batch: a batch's, at most (a forked worker also holds
+    # what the test process held when it forked: other tests' files are not counted).
+    recs = [sum(n.startswith(str(tmp_path)) and n.endswith(".rec") for n in links)
+            for *_, links, _ in seen]  # fmt: skip
+    assert max(recs) <= 2, recs
     # The pack's other files (its index arrays) held open: the same, batch after batch.
     others = [[n for n in links if n.startswith(str(tmp_path)) and not n.endswith(".rec")]
               for *_, links, _ in seen]  # fmt: skip
