@@ -2,8 +2,8 @@
 
 `index_shards` reads what a pack's shards say (each `.idx`, a few records checked, record 0 of
 an insightface `.rec`, the labels in the record headers) into a `PackIndex`; a writer that knows
-what it wrote hands that over instead (`Written`, `index_written`: the .idx and the images'
-headers are then not read back, the few records still checked); `write_index`
+what it wrote hands that over instead (`Written`, `index_shards(written=)`: the .idx and the
+images' headers are then not read back, the few records still checked); `write_index`
 writes its arrays beside the shards through the output door and returns the manifest's
 `index` entry (each file with its size and xxh3-128); the reader maps them. Every writer of
 a manifest goes through here (`packer/manifest.write_manifest`), and so does `rectool index`
@@ -64,7 +64,7 @@ class PackIndex:
 
 @dataclass
 class Written:
-    """What a writer of a pack knows of the records it wrote, handed to `index_written` so
+    """What a writer of a pack knows of the records it wrote, handed to `index_shards` so
     that nothing is read back: each shard's record offsets (in file order, a shard after
     another), every record's key in the same order, and the images' labels in sample order
     when every image holds one scalar label (None: they are read from the headers)."""
