@@ -59,12 +59,11 @@ class RectoolError(Exception):
 class RecordFormatError(RectoolError):
     """Bytes on disk are not what the format says: names the file, key and byte offset."""
 
-    def __init__(self, message: str, path: Any = None, offset: Any = None, key: Any = None) -> None:
-        self.reason, self.offset, self.key = message, offset, key
-        self.path = None if path is None else os.fspath(path)
+    def __init__(self, why: str, path: Any = None, offset: Any = None, key: Any = None) -> None:
+        self.reason, self.offset, self.key, self.path = why, offset, key, path and os.fspath(path)
         pairs = zip((self.path or "", f"key {key}", f"byte offset {offset}"), (path, key, offset))
         where = ", ".join(text for text, value in pairs if value is not None)
-        super().__init__(f"{where}: {message}" if where else message)
+        super().__init__(f"{where}: {why}" if where else why)
 
 
 class ImageTooLargeError(RecordFormatError):
@@ -366,12 +365,12 @@ class RecordDataset:
         s, i = self._locate(i)
         rf, offset, labels = self._files[s], self.offsets.item(i), self._labels
         label = labels.item(i) if labels.ndim == 1 else labels[i].copy()
-        mm = rf._mm if rf._mm is not None else rf.open()
+        size = len(mm := rf._mm if rf._mm is not None else rf.open())
         try:
-            if 0 <= offset <= len(mm) - 32 and not offset & 3:  # one whole part: nearly all
+            if 0 <= offset <= size - 32 and not offset & 3:  # one whole part: nearly all
                 magic, lrec, flag = _RECORD_HEAD.unpack(mm[offset : offset + 12])
                 start, end = offset + 32 + 4 * flag, offset + 8 + lrec  # lrec <= mask: whole
-                if magic == MAGIC and lrec <= LENGTH_MASK and start <= end <= len(mm):
+                if magic == MAGIC and lrec <= LENGTH_MASK and start <= end <= size:
                     return mm[start:end], label
             key = self.keys.item(i)  # only here: a worker's reads touch no page of the keys
             record = rf.read_parts(offset, key)[0]
@@ -394,6 +393,7 @@ class RecordDataset:
 # formats are refused, and so is (unless `whole=False`) a cut JPEG or PNG (libjpeg fills grey).
 JPEG_FRAME_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # not DHT, JPG, DAC
 JPEG_STANDALONE_MARKERS = frozenset((0x01, *range(0xD0, 0xD8)))  # TEM, RSTn: no length
+_NO_LENGTH = JPEG_STANDALONE_MARKERS | {0, 0xFF}  # + no marker (FF 00) and fill bytes
 FORMATS, _SIGNATURES = "JPEG, PNG, BMP, GIF, WebP, TIFF", (
     ("jpeg", b"\xff\xd8\xff"), ("png", b"\x89PNG\r\n\x1a\n"), ("bmp", b"BM"),
     ("gif", (b"GIF87a", b"GIF89a")), ("webp", b"RIFF"), ("tiff", (b"II*\0", b"MM\0*")),
@@ -441,23 +441,23 @@ def admit_image(data: Data, max_pixels: float = DEFAULT_MAX_PIXELS, whole: bool 
 def _jpeg_size(data: Any, whole: bool) -> Any:
     # As libjpeg reads markers (jdmarker.c): bytes before one skipped, the first frame sizes.
     n, i, size = len(data), 2, None
-    while i + 4 <= n and data[i : i + 2] != b"\xff\xda":
+    while i + 4 <= n and (data[i] != 0xFF or (marker := data[i + 1]) != 0xDA):  # DA: the scan
         if data[i] != 0xFF:
-            i = n if data.find(b"\xff", i) < 0 else data.find(b"\xff", i)
-        elif data[i + 1] in (0, 0xFF) or data[i + 1] in JPEG_STANDALONE_MARKERS:
-            i += 1 if data[i + 1] == 0xFF else 2  # fill bytes, no marker, or one without length
-        elif data[i + 1] == 0xD9:
+            i = n if (i := data.find(b"\xff", i)) < 0 else i
+        elif marker in _NO_LENGTH:
+            i += 1 if marker == 0xFF else 2  # fill bytes, no marker, or one without length
+        elif marker == 0xD9:
             raise RecordFormatError("corrupt JPEG (end-of-image marker before any image data)")
         else:
-            if data[i + 1] in JPEG_FRAME_MARKERS and size is None:
+            if size is None and marker in JPEG_FRAME_MARKERS:
                 size = struct.unpack_from(">HH", data, i + 5)
-            i += 2 + ((data[i + 2] << 8) | data[i + 3])
+            i += 2 + (data[i + 2] << 8 | data[i + 3])
     if i + 4 > n:
         raise RecordFormatError("truncated JPEG (ends inside its headers)")
     if size is None:
         raise RecordFormatError("corrupt JPEG (image data before any frame header)")
     # Entropy-coded data stuffs every FF with 00: FF D9 after the scan header is the end marker.
-    if whole and data.rfind(b"\xff\xd9", i + 2 + ((data[i + 2] << 8) | data[i + 3])) < 0:
+    if whole and data.rfind(b"\xff\xd9", i + 2 + (data[i + 2] << 8 | data[i + 3])) < 0:
         raise RecordFormatError("truncated JPEG (no end-of-image marker)")
     return size
 
@@ -506,16 +506,15 @@ def decode_image(data: Data, mode: Any = "bgr", max_pixels: float = DEFAULT_MAX_
         raise ValueError(f"decode mode must be one of {DECODE_MODES}, not {mode!r}")
     if not len(data):
         raise RecordFormatError("empty image: the record holds a header and no image bytes")
-    why = f" (they start with {bytes(data[:8])!r})"
     try:
-        header, cv2 = admit_image(data, max_pixels), __import__("cv2")
+        header, cv2, why = admit_image(data, max_pixels), __import__("cv2"), ""
     except ImportError:
         raise RectoolError("decoding images needs OpenCV (opencv-python-headless)") from None
     except ImageTooLargeError:
         raise
     except RecordFormatError as exc:
-        known = sniff_format(data) is not None
-        why = f": {exc.reason}" if known else f"{why}: not a format rectool decodes ({FORMATS})"
+        why = f": not a format rectool decodes ({FORMATS})" if sniff_format(data) is None else ""
+        why = f": {exc.reason}" if not why else f" (they start with {bytes(data[:8])!r}){why}"
         raise RecordFormatError(f"the {len(data)} image bytes cannot be decoded{why}") from None
     flag = int(mode != "gray") if mode in DECODE_MODES else mode  # cv2.IMREAD_COLOR, _GRAYSCALE
     flag = flag(*header) if callable(flag) else flag
@@ -524,6 +523,7 @@ def decode_image(data: Data, mode: Any = "bgr", max_pixels: float = DEFAULT_MAX_
     except cv2.error as exc:
         image, why = None, f" (OpenCV: {str(exc).strip()[-120:]})"
     if image is None or not image.size:
+        why = why or f" (they start with {bytes(data[:8])!r})"
         raise RecordFormatError(f"the {len(data)} image bytes cannot be decoded{why}")
     if mode == "rgb":
         return np.ascontiguousarray(image[:, :, ::-1])
