@@ -118,7 +118,7 @@ def index_pack(
             manifest = read_manifest(path)
             if _index_present(paths, manifest) and not force:
                 return _already(path, manifest)
-            return _write(paths, *_upgraded(path, manifest))
+            return _write(paths, *_again(target, paths, manifest))
         return _write(paths, *_described(paths, resolve_source(target)[2]))
 
 
@@ -200,6 +200,23 @@ def _already(path: str, manifest: dict[str, Any]) -> IndexResult:
     return IndexResult(
         path, layout, len(samples), sum(samples), manifest["format_version"], links=links
     )
+
+
+def _again(
+    target: StrPath, paths: PackPaths, manifest: dict[str, Any]
+) -> tuple[dict[str, Any], PackIndex, int | None]:
+    """Return (the manifest, index and format version before) of a pack that has a manifest.
+
+    A manifest `index` described (no options, no list: not packed by rectool) records only
+    what the shards were, so it is described again from the shards as they are now (their
+    sizes, digests and keys; its `links` kept); a pack's own manifest is upgraded
+    (`_upgraded`), its record of the shards kept and checked."""
+    if "options" in manifest or manifest.get("list") is not None:
+        return _upgraded(paths.manifest, manifest)
+    described, index, _ = _described(paths, resolve_source(target)[2])
+    if "links" in manifest:
+        described["links"] = manifest["links"]
+    return described, index, manifest.get("format_version", 0)
 
 
 def _upgraded(path: str, manifest: dict[str, Any]) -> tuple[dict[str, Any], PackIndex, int | None]:
@@ -285,7 +302,7 @@ def _index_into(
         manifest = read_manifest(source)
         if _index_present(paths, manifest) and not force:
             return _already(source, manifest)
-        manifest, index, previous = _upgraded(source, manifest)
+        manifest, index, previous = _again(target, paths, manifest)
     else:
         manifest, index, previous = _described(paths, resolve_source(target)[2])
     links = _links_of(paths, manifest)
