@@ -183,13 +183,23 @@ def check_writable(paths: PackPaths) -> None:
         )
 
 
-def _index_present(paths: PackPaths, manifest: dict[str, Any]) -> bool:
-    """Whether a format-3 manifest has its index and every index file it names is there."""
+def _index_present(paths: PackPaths, manifest: dict[str, Any], sized: bool = True) -> bool:
+    """Whether a format-3 manifest has its index and every index file it names is there, of
+    the size it records (a file cut or written over is no index: the reader refuses it;
+    `sized=False`: of any size)."""
     index = manifest.get("index")
     if manifest.get("format_version", 0) < MANIFEST_VERSION or not isinstance(index, dict):
         return False
-    named = [e["file"] for e in index.values() if isinstance(e, dict) and "file" in e]
-    return all(os.path.isfile(paths.beside(name)) for name in named)
+    for entry in (e for e in index.values() if isinstance(e, dict) and "file" in e):
+        size = _file_size(paths.beside(entry["file"]))
+        if size is None or (sized and size != entry.get("bytes")):
+            return False
+    return True
+
+
+def _file_size(path: str) -> int | None:
+    """Return the size of the regular file at `path` (None: not one)."""
+    return os.path.getsize(path) if os.path.isfile(path) else None
 
 
 def _already(path: str, manifest: dict[str, Any]) -> IndexResult:
@@ -466,7 +476,7 @@ def indexed_pack_of(rec: str, idx: str) -> tuple[PackPaths, int] | None:
             manifest = read_manifest(paths.manifest)
         except RectoolError:
             continue
-        if not _index_present(paths, manifest):
+        if not _index_present(paths, manifest, sized=False):  # a damaged one: refreshed
             continue
         for number, shard in enumerate(manifest["shards"]):
             own_rec, own_idx = (paths.beside(shard[n]) for n in ("rec", "idx"))

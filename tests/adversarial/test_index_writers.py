@@ -62,3 +62,24 @@ def test_force_describes_a_changed_foreign_pack_again(tmp_path, change):
     assert (manifest["shards"][0]["records"], manifest["shards"][0]["rec_bytes"]) == (
         len(now), os.path.getsize(rec),
     )  # fmt: skip
+
+
+@pytest.mark.parametrize("damage", ["cut", "grown"])
+def test_an_index_array_cut_or_grown_is_written_again(tmp_path, damage):
+    """The reader refuses an index array of another size than its header says and tells the
+    user to rebuild it with `rectool index`: that command must then write it, not answer
+    "already indexed; wrote nothing"."""
+    rec, idx = tmp_path / "r.rec", tmp_path / "r.idx"
+    pairs = records(range(4))
+    write_shard(rec, idx, pairs)
+    assert invoke("index", rec).exit_code == 0
+    offsets = tmp_path / "r.offsets.npy"
+    data = offsets.read_bytes()
+    offsets.write_bytes(data[:-8] if damage == "cut" else data + bytes(8))
+    with pytest.raises(reader.InputError, match="r.offsets.npy"):
+        reader.open_dataset(tmp_path / "r")
+    result = invoke("index", rec, "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["already_indexed"] is False
+    assert offsets.read_bytes() == data
+    assert read_back(tmp_path / "r") == expected(pairs)
