@@ -26,7 +26,7 @@ from .files import (
     rename,
     stage_file,
 )
-from .targets import check_target
+from .targets import check_target, refuse_twice, same_place
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -137,23 +137,34 @@ class OutputFiles:
 
     `add(path, data)` stages each file beside its target; leaving the `with` block without an
     error commits them all through one journal (`commit`); an error removes what was staged
-    and leaves the old files as they were.
+    and leaves the old files as they were. Two files at one place (`same_place`) are refused,
+    by `check` before the work and by `add`: the later would replace the earlier.
     """
 
     def __init__(self, journal: str, overwrite: bool = False, what: str = "output") -> None:
         self.journal, self.overwrite, self.what = os.fspath(journal), overwrite, what
         self.staged: list[tuple[str, str]] = []
+        self.checked: dict[str, str] = {}  # place -> the path checked there
 
     def __enter__(self) -> OutputFiles:
         finish_commit(self.journal)
         return self
 
     def check(self, path: StrPath) -> str:
-        """Refuse `path` now (before any work) when it may not be written."""
-        return check_target(path, self.overwrite, self.what)
+        """Refuse `path` now (before any work) when it may not be written, or when a file
+        checked before leads to the same place."""
+        path = check_target(path, self.overwrite, self.what)
+        place = same_place(path)
+        if place in self.checked:
+            raise refuse_twice(path, self.checked[place], f"{self.what}'s other file")
+        self.checked[place] = path
+        return path
 
     def add(self, path: StrPath, data: Data) -> str:
-        path = self.check(path)
+        path = check_target(path, self.overwrite, self.what)
+        staged = {same_place(final): final for _, final in self.staged}
+        if same_place(path) in staged:
+            raise refuse_twice(path, staged[same_place(path)], f"{self.what}'s other file")
         make_folders(os.path.dirname(path))
         self.staged.append((stage_file(path, data), path))
         return path
@@ -168,7 +179,7 @@ class OutputFiles:
             try:
                 if not self.overwrite:
                     for _, path in self.staged:
-                        self.check(path)  # appeared meanwhile
+                        check_target(path, self.overwrite, self.what)  # appeared meanwhile
                 commit(self.journal, self.staged)
                 return
             except BaseException:

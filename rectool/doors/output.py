@@ -65,7 +65,7 @@ from .files import (
 )
 from .folder import OutputFolder
 from .lock import OutputLock
-from .targets import check_target, pack_file_reason
+from .targets import check_target, check_targets, pack_file_reason
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -108,6 +108,7 @@ __all__ = [
     "OutputFolder",
     "OutputLock",
     "check_target",
+    "check_targets",
     "commit",
     "create_new",
     "current_umask",

@@ -7,9 +7,10 @@ Part of the door out: callers import these from `rectool.doors.output`.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from ..errors import RectoolError
+from ..errors import RectoolError, UsageError
 from ..format.paths import PACK_FILE_ENDINGS, PackPaths
 
 if TYPE_CHECKING:
@@ -60,3 +61,31 @@ def check_target(path: StrPath, overwrite: bool = False, what: str = "output") -
     if not overwrite:
         raise RectoolError(f"{path}: exists; use --overwrite to replace it")
     return path
+
+
+def same_place(path: StrPath) -> str:
+    """Return where `path` leads: two names of one output that lead to one place would
+    replace each other (`a/./x`, `a/../a/x` and `link-to-a/x` are all `a/x`)."""
+    return os.path.realpath(os.fspath(path))
+
+
+def refuse_twice(path: StrPath, earlier: str, what: str) -> UsageError:
+    """Return the error for `path`, a file of an output that leads where `earlier`, the
+    `what`, does."""
+    return UsageError(
+        f"{os.fspath(path)}: is also the {what} ({earlier}); one would replace the other: "
+        "give each file its own name"
+    )
+
+
+def check_targets(targets: Iterable[tuple[StrPath, str]], overwrite: bool = False) -> list[str]:
+    """Refuse the files of one output, each `(path, what)`, as `check_target` does, and two of
+    them at one place (the later would silently replace the earlier). Return the paths."""
+    seen: dict[str, tuple[str, str]] = {}
+    for path, what in targets:
+        path = check_target(path, overwrite, what)
+        place = same_place(path)
+        if place in seen:
+            raise refuse_twice(path, *seen[place])
+        seen[place] = (path, what)
+    return [path for path, _ in seen.values()]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO, cast
 from ..doors.output import (
     OutputFiles,
     check_target,
+    check_targets,
     finish_commit,
     scratch_file,
     write_output,
@@ -185,9 +186,9 @@ def list_images(
     if not hasattr(out, "write"):  # refuse an output before the walk, which may take hours
         finish_commit(_journal_of(out))  # what an interrupted run committed comes first
         # Only the files it will write: `faces.lst` is none of them with --val-ratio.
-        for path in list_paths(out, list_suffixes(chunks, ratios)).values():
-            check_target(path, overwrite, "list")
-        check_target(label_map_path(out) if labels is None else labels, overwrite, "label map")
+        lists = list_paths(out, list_suffixes(chunks, ratios)).values()
+        label_map = label_map_path(out) if labels is None else labels
+        check_targets([*((path, "list") for path in lists), (label_map, "label map")], overwrite)
         folder = os.path.dirname(os.fspath(out)) or "."
         scratch_folder = folder if os.path.isdir(folder) else None
     elif labels is not None:

@@ -1,0 +1,99 @@
+"""Issue 38's surfaces, attacked: `list`'s outputs, the report's outputs, the insightface label
+shapes (`--pack-label`, `repack` between them), the exit table for every command and the
+images-per-identity chart.
+
+Each test names what a user or an attacker tried and what must hold.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+from helpers.image_files import write_pack_tree
+
+from rectool.cli import cli
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture
+def tree(tmp_path):
+    root = tmp_path / "tree"
+    write_pack_tree(root, ["ann", "bob"], 2)
+    return root
+
+
+# --- One output, two files at one name --------------------------------------------------------
+# A label map named like one of the lists it comes with would replace that list (the commit
+# moves both into place, the later over the earlier) while the summary says both were written.
+
+
+@pytest.mark.parametrize(
+    "extra, clash",
+    [
+        ([], "faces.lst"),
+        (["--val-ratio", "0.5"], "faces_val.lst"),
+        (["--chunks", "2"], "faces_1.lst"),
+        (["--chunks", "2", "--test-ratio", "0.5"], "faces_0_train.lst"),
+    ],
+    ids=["single", "split", "chunk", "chunk-split"],
+)
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_label_map_named_like_a_list_is_refused_before_the_walk(
+    tmp_path, tree, extra, clash, as_json
+):
+    out = tmp_path / "o"
+    labels = f"{out}/./{clash}"  # another spelling of the same place
+    args = ["list", tree, out / "faces.lst", "--labels", labels, *extra]
+    result = run(*args, *(["--json"] if as_json else []))
+    assert result.exit_code == 2, result.output
+    message = json.loads(result.stdout)["error"] if as_json else result.stderr
+    assert f"{clash}: is also the list ({out / clash}); " in message, message
+    assert "give each file its own name" in message
+    assert not out.exists()  # nothing written, not even the folder
+
+
+def test_a_label_map_reaching_a_list_through_a_linked_folder_is_refused(tmp_path, tree):
+    (tmp_path / "o").mkdir()
+    (tmp_path / "alias").symlink_to(tmp_path / "o")
+    args = ["list", tree, tmp_path / "o" / "faces.lst", "--labels", tmp_path / "alias/faces.lst"]
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert list((tmp_path / "o").iterdir()) == []
+
+
+def test_a_label_map_beside_its_lists_is_still_written(tmp_path, tree):
+    # The refusal is about one place, not one folder or one stem.
+    out = tmp_path / "o"
+    args = [
+        "list",
+        tree,
+        out / "faces.lst",
+        "--labels",
+        out / "faces_val.tsv",
+        "--val-ratio",
+        "0.5",
+    ]
+    result = run(*args)
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out.iterdir()) == [
+        "faces_train.lst",
+        "faces_val.lst",
+        "faces_val.tsv",
+    ]
+    assert (out / "faces_val.tsv").read_text() == "0\tann\n1\tbob\n"
+
+
+def test_a_report_page_and_its_sheet_at_one_name_are_refused(tmp_path, tree):
+    lst = tmp_path / "faces.lst"
+    assert run("list", tree, lst).exit_code == 0
+    assert run("pack", lst, tree, tmp_path / "p" / "faces", "--quiet").exit_code == 0
+    page = tmp_path / "r.png"
+    result = run("report", tmp_path / "p" / "faces", "-o", page, "--sheet", page)
+    assert result.exit_code == 2, result.output
+    assert f"{page}: is also the report's other file (" in result.output
+    assert not page.exists()
