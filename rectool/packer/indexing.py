@@ -26,7 +26,7 @@ import numpy as np
 from .. import __version__
 from ..dataset.sources import resolve_source, source_prefixes
 from ..doors.inputs import open_checked
-from ..doors.output import OutputLock, make_folders, make_link, write_json_atomic
+from ..doors.output import OutputLock, commit, make_folders, make_link, write_json_atomic
 from ..errors import InputError, RectoolError
 from ..format.binindex import (
     index_files,
@@ -43,9 +43,12 @@ from ..reader import (
 )
 from .manifest import (
     created_time,
+    discard_staging,
     finish_interrupted,
+    finish_interrupted_source,
     output_files,
     replace_beside,
+    staging_prefix,
 )
 
 if TYPE_CHECKING:
@@ -107,11 +110,14 @@ def index_pack(
     the same files is left as it is unless `force`.
     """
     _refuse_url(target)
+    if into is None:  # an index (or pack) a killed run committed beside it comes first
+        finish_interrupted_source(target)
     paths = pack_prefix(target)
     if into is not None and not _same_folder(into, paths.folder or "."):
         return _index_into(target, paths, os.fspath(into), force, overwrite)
     check_writable(paths)
     with OutputLock(paths):
+        finish_interrupted(paths)  # an index a killed run committed comes first
         refuse_unfinished(paths.prefix)
         path = paths.manifest
         if os.path.lexists(path):  # read under the lock: another run may have written it
@@ -291,12 +297,39 @@ def _write(
             f"{paths}: key {key} is on more than one line of the .idx files; rebuild the "
             "index from the .rec (`rectool reindex`) or remove the repeated line"
         )
-    written = write_pack_index(paths, manifest, index)
     path = paths.manifest
-    write_json_atomic(path, manifest)
+    if os.path.lexists(path):
+        written = _replace_index(paths, manifest, index)
+    else:
+        written = write_pack_index(paths, manifest, index)
+        write_json_atomic(path, manifest)
     return IndexResult(
         path, index.layout, len(index.counts), sum(index.counts), previous, [*written, path]
     )
+
+
+def _replace_index(paths: PackPaths, manifest: dict[str, Any], index: PackIndex) -> list[str]:
+    """Write the index arrays (and identities file) and the manifest of the pack at `paths`
+    over those it has, as one commit; return the files written, manifest excluded.
+
+    Written one by one, a run killed between two arrays would leave the new keys beside the
+    old labels under the old manifest, which the reader maps as a whole index. Staged
+    (`staging_prefix`) and moved through the commit journal instead: after a crash the old
+    index is whole, or the journal is there (the reader refuses the pack) and the next run
+    (`finish_interrupted`) completes the new one. Old index arrays the new index does not
+    have (the identity ranges of a pack no longer insightface) are removed in the commit."""
+    staging = staging_prefix(paths)
+    try:
+        staged = write_pack_index(staging, manifest, index)
+        write_json_atomic(staging.manifest, manifest)
+        finals = [paths.beside(os.path.basename(p)) for p in staged]
+        old = [p for p in paths.arrays.values() if os.path.lexists(p) and p not in finals]
+        commit(paths.journal, list(zip(staged, finals)), old, (staging.manifest, paths.manifest))
+    except BaseException:
+        if not os.path.lexists(paths.journal):  # not committed: the old index stays
+            discard_staging(staging)
+        raise
+    return finals
 
 
 # --- into another folder ------------------------------------------------------------------

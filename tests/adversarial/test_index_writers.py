@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -83,3 +85,57 @@ def test_an_index_array_cut_or_grown_is_written_again(tmp_path, damage):
     assert json.loads(result.stdout)["already_indexed"] is False
     assert offsets.read_bytes() == data
     assert read_back(tmp_path / "r") == expected(pairs)
+
+
+# --- interrupted: the old index or the new one, whole ----------------------------------------
+
+
+def index_killed(target, fault, *more):
+    """Run `rectool index TARGET` in a process of its own, killed at `fault` (STEP:N)."""
+    env = {**os.environ, "RECTOOL_OUTPUT_FAULT": f"{fault}:kill"}
+    return subprocess.run(
+        [sys.executable, "-m", "rectool", "index", str(target), *more],
+        env=env, capture_output=True, check=False,
+    )  # fmt: skip
+
+
+def arrays_of(prefix):
+    """(keys, offsets, labels) the reader maps for the pack at `prefix` (RectoolError: refused)."""
+    try:
+        ds = reader.open_dataset(prefix)
+    except reader.RectoolError:
+        return reader.RectoolError
+    return ds.keys.tolist(), ds.offsets.tolist(), ds.labels.tolist()
+
+
+FAULTS = [f"{step}:{n}" for step in ("rename", "swap") for n in (1, 2, 3, 4)]
+FAULTS += ["journal:1", "manifest:1"]
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_index_force_killed_at_any_step_leaves_one_whole_index(tmp_path, fault):
+    """`rectool index --force` over a pack indexed before, whose shard was made again with
+    the same records in another order, killed at any step of its output: the reader maps the
+    old index whole or the new one whole, never the new keys beside the old labels; or it
+    refuses the pack until a run of `rectool index` finishes it. The next run leaves the
+    new index."""
+    rec, idx, prefix = tmp_path / "r.rec", tmp_path / "r.idx", tmp_path / "r"
+    write_shard(rec, idx, records(range(4)))
+    assert invoke("index", rec).exit_code == 0
+    old = arrays_of(prefix)
+    now = records([3, 1, 0, 2])
+    write_shard(rec, idx, now)
+    assert invoke("index", rec, "--force").exit_code == 0
+    new = arrays_of(prefix)
+    assert new != old
+    write_shard(rec, idx, records(range(4)))
+    assert invoke("index", rec, "--force").exit_code == 0
+    write_shard(rec, idx, now)
+    index_killed(rec, fault, "--force")
+    assert arrays_of(prefix) in (old, new, reader.RectoolError)
+    result = invoke("index", rec)
+    assert result.exit_code == 0, result.output
+    if arrays_of(prefix) == old:  # the run was killed before its commit: the old index
+        assert invoke("index", rec, "--force").exit_code == 0
+    assert arrays_of(prefix) == new
+    assert read_back(prefix) == expected(now)
