@@ -7,15 +7,19 @@ with what the records hold, and where MXNet is the judge, with MXNet 1.9.1 itsel
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import struct
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from helpers.handmade_datasets import image_record, write_shard
 from helpers.image_files import jpeg_bytes
+from helpers.mxnet_oracle import MX_READ_ALL, run_mxnet
 
 from rectool import reader
 from rectool.cli import cli
@@ -139,3 +143,48 @@ def test_index_force_killed_at_any_step_leaves_one_whole_index(tmp_path, fault):
         assert invoke("index", rec, "--force").exit_code == 0
     assert arrays_of(prefix) == new
     assert read_back(prefix) == expected(now)
+
+
+# --- odd but legal foreign packs: the reader, the emitted reader, verify and MXNet agree ------
+
+MAGIC = struct.pack("<I", 0xCED7230A)
+
+
+def emitted_reader(tmp_path):
+    """`rectool reader -o` written out and imported as a module of its own."""
+    path = tmp_path / "emitted_reader.py"
+    assert invoke("reader", "-o", path).exit_code == 0
+    spec = importlib.util.spec_from_file_location("emitted_reader", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.oracle
+def test_odd_foreign_records_read_as_mxnet_reads_them(tmp_path):
+    """Keys out of file order and past 2**53, records that MXNet splits at the magic (a label
+    whose bits are the magic, two magics in a row, the magic as the last aligned word), and
+    label vectors: after `rectool index`, the reader, the emitted reader and MXNet return the same
+    bytes and labels for every key, and `verify` finds the pack sound."""
+    jpeg = jpeg_bytes(1, 8, 8)
+    pad = jpeg + bytes(-len(jpeg) % 4)
+    images = [jpeg, pad + MAGIC + MAGIC + b"tail", pad + MAGIC, jpeg, pad + MAGIC * 3]
+    keys = [7, 2**53 + 1, 3, 2**60, 1]
+    labels = [[float(n), k / 2.0] for n, k in enumerate(keys)]
+    labels[0][0] = labels[3][1] = np.frombuffer(MAGIC, "<f4")[0].item()  # a label of its bits
+    pairs = [(k, image_record(image, label, k)) for k, image, label in zip(keys, images, labels)]
+    rec, idx = tmp_path / "odd.rec", tmp_path / "odd.idx"
+    write_shard(rec, idx, pairs)
+    assert rec.read_bytes().count(MAGIC) > len(pairs)  # split records among them
+    result = invoke("index", rec)
+    assert result.exit_code == 0, result.output
+    mx = run_mxnet(MX_READ_ALL, {"rec": str(rec), "idx": str(idx)})
+    want = [(key, image, label) for key, image, label, _ in mx]
+    assert [k for k, _, _ in want] == keys
+    assert [image for _, image, _ in want] == images
+    for module in (reader, emitted_reader(tmp_path)):
+        ds = module.open_dataset(tmp_path / "odd")
+        got = [(int(ds.keys[i]), *ds.raw(i)) for i in range(len(ds))]
+        assert [(k, image, np.asarray(label).tolist()) for k, image, label in got] == want
+    verified = invoke("verify", tmp_path / "odd")
+    assert verified.exit_code == 0, verified.output
