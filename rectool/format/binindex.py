@@ -82,6 +82,7 @@ def index_shards(
     where: str | None = None,
     labels: bool = True,
     written: Written | None = None,
+    unique: bool = False,
 ) -> PackIndex:
     """Return the `PackIndex` of a pack's shards (`files`, their `.idx` at `idx_paths`).
 
@@ -89,7 +90,9 @@ def index_shards(
     "insightface" or None (record 0 decides). Samples must run shard by shard. `labels=False`:
     leave the labels (a read of every header) to the caller, as None. `written`: the keys and
     offsets (and maybe labels) the writer wrote, taken instead of each `.idx` (and the
-    headers' labels); the same few records are checked.
+    headers' labels); the same few records are checked. `unique`: refuse a key on two lines
+    of the `.idx` files (any record's, the insightface header's and identities' too), where
+    MXNet reads its last line and DALI every line; else the last line counts.
     """
     if written is None:
         indexes = [load_index(idx) for idx in idx_paths]
@@ -113,6 +116,8 @@ def index_shards(
     keys = indexes[0][0] if len(indexes) == 1 else np.concatenate([k for k, _ in indexes])
     offsets = indexes[0][1] if len(indexes) == 1 else np.concatenate([o for _, o in indexes])
     del indexes
+    if unique:
+        _refuse_repeated(keys, idx_paths, counts, where)
     shard_of = shard_numbers(counts)  # one byte a record (none for one shard)
 
     def read(line: int) -> tuple[Header, bytes]:
@@ -159,6 +164,26 @@ def index_shards(
     )
 
 
+def _refuse_repeated(
+    keys: NDArray[np.int64], idx_paths: list[str], counts: list[int], where: Any
+) -> None:
+    """Raise naming the first key on two lines of the `.idx` files (each file and line)."""
+    order = np.argsort(keys, kind="stable")
+    repeated = np.flatnonzero(keys[order[1:]] == keys[order[:-1]])
+    if not len(repeated):
+        return
+    starts = np.cumsum([0, *counts])
+    lines = []
+    for line in order[repeated[0] : repeated[0] + 2].tolist():
+        shard = int(np.searchsorted(starts, line, "right")) - 1
+        lines.append(f"{idx_paths[shard]} line {line - int(starts[shard]) + 1}")
+    raise RectoolError(
+        f"{where}: key {int(keys[order[repeated[0]]])} is on more than one line of the .idx "
+        f"files ({' and '.join(lines)}); MXNet reads the last, DALI both. Rebuild the index "
+        "from the .rec (`rectool reindex`) or remove the repeated line"
+    )
+
+
 def index_files(
     recs: list[str],
     idxs: list[str],
@@ -166,19 +191,20 @@ def index_files(
     layout: str | None = None,
     where: str | None = None,
     written: Written | None = None,
+    unique: bool = False,
 ) -> PackIndex:
     """Return `index_shards` of the shard files `recs` (their `.idx` at `idxs`), each mapped
     only while it is read."""
     files = [RecordFile(rec) for rec in recs]
     try:
-        return index_shards(files, idxs, listed, layout, where, written=written)
+        return index_shards(files, idxs, listed, layout, where, written=written, unique=unique)
     finally:
         for rf in files:
             rf.close()
 
 
 def index_manifest(
-    path: str, manifest: Mapping[str, Any], written: Written | None = None
+    path: str, manifest: Mapping[str, Any], written: Written | None = None, unique: bool = False
 ) -> PackIndex:
     """Return `index_files` of the shards the manifest at `path` lists, beside it (`written`:
     what their writer hands over, see `Written`)."""
@@ -190,6 +216,7 @@ def index_manifest(
         manifest.get("layout"),
         path,
         written,
+        unique,
     )
 
 

@@ -21,8 +21,6 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from .. import __version__
 from ..dataset.sources import resolve_source, source_prefixes
 from ..doors.inputs import open_checked
@@ -239,7 +237,7 @@ def _upgraded(path: str, manifest: dict[str, Any]) -> tuple[dict[str, Any], Pack
     """Return (the manifest at `path` as format 3, its fields kept; its pack's index; its
     format version before)."""
     previous = manifest.get("format_version", 0)
-    index = index_manifest(path, manifest)
+    index = index_manifest(path, manifest, unique=True)
     manifest["format_version"] = MANIFEST_VERSION
     if manifest.get("layout") is None:
         manifest["layout"] = index.layout
@@ -257,7 +255,7 @@ def _described(
                     f"{name}: not in the folder of {paths}; a manifest names the files beside it"
                 )
     recs, idxs = [rec for rec, _ in shards], [idx for _, idx in shards]
-    index = index_files(recs, idxs, None, None, paths.manifest)
+    index = index_files(recs, idxs, None, None, paths.manifest, unique=True)
     entries = [shard_entry(rec, idx) for rec, idx in shards]
     samples = sum(index.counts)
     identities = None if index.identity_ranges is None else len(index.identity_ranges)
@@ -287,16 +285,8 @@ def _write(
 ) -> IndexResult:
     """Write the index arrays, the identity names (from an older manifest), the manifest last.
 
-    An `.idx` that names a key twice is refused: MXNet reads its last line, DALI every line,
-    so no one index says which record the key is (`rectool verify` reports it as well)."""
-    order = np.argsort(index.keys, kind="stable")
-    repeated = np.flatnonzero(np.diff(index.keys[order]) == 0)
-    if len(repeated):
-        key = int(index.keys[order[repeated[0]]])
-        raise RectoolError(
-            f"{paths}: key {key} is on more than one line of the .idx files; rebuild the "
-            "index from the .rec (`rectool reindex`) or remove the repeated line"
-        )
+    `index` was read with `unique`: an `.idx` that names a key twice was refused (MXNet
+    reads its last line, DALI every line, so no one index says which record the key is)."""
     path = paths.manifest
     if os.path.lexists(path):
         written = _replace_index(paths, manifest, index)
@@ -488,7 +478,7 @@ def refresh_shard(paths: PackPaths, number: int) -> list[str]:
     old = shards[number]
     algorithms = tuple(a for a in (XXH3_128, SHA256) if field_name("idx", a) in old)
     shards[number] = {**old, **idx_entry(paths.beside(old["idx"]), algorithms)}
-    index = index_manifest(path, manifest)
+    index = index_manifest(path, manifest, unique=True)
     totals = manifest.get("totals")
     if isinstance(totals, dict):
         totals["records"] = sum(s["records"] for s in shards)

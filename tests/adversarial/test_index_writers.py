@@ -17,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers.handmade_datasets import image_record, write_shard
+from helpers.handmade_datasets import image_record, write_insightface, write_shard
 from helpers.image_files import jpeg_bytes
 from helpers.mxnet_oracle import MX_READ_ALL, run_mxnet
 
@@ -188,3 +188,25 @@ def test_odd_foreign_records_read_as_mxnet_reads_them(tmp_path):
         assert [(k, image, np.asarray(label).tolist()) for k, image, label in got] == want
     verified = invoke("verify", tmp_path / "odd")
     assert verified.exit_code == 0, verified.output
+
+
+# --- insightface packs whose .idx or records lie -------------------------------------------
+
+
+def test_an_insightface_idx_naming_an_image_key_twice_is_refused(tmp_path):
+    """A repeated key is refused in the images layout (MXNet reads its last line, DALI every
+    line); an insightface .idx that repeats an image key was indexed all the same, into a
+    manifest that `verify` then refuses (duplicate-key, and more .idx lines than records)."""
+    folder = tmp_path / "faces"
+    folder.mkdir()
+    write_insightface(
+        folder / "train.rec", folder / "train.idx", [2, 2], lambda k: jpeg_bytes(k, 8, 8)
+    )
+    lines = (folder / "train.idx").read_text().splitlines()
+    three = next(line for line in lines if line.startswith("3\t"))
+    (folder / "train.idx").write_text("\n".join(["2\t" + three.split("\t")[1], *lines]) + "\n")
+    result = invoke("index", folder)
+    assert result.exit_code == 1, result.output
+    assert "key 2 is on more than one line of the .idx files" in result.stderr
+    assert f"{folder / 'train.idx'} line 1" in result.stderr
+    assert sorted(os.listdir(folder)) == ["train.idx", "train.rec"]  # nothing written
