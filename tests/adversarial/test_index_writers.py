@@ -210,3 +210,57 @@ def test_an_insightface_idx_naming_an_image_key_twice_is_refused(tmp_path):
     assert "key 2 is on more than one line of the .idx files" in result.stderr
     assert f"{folder / 'train.idx'} line 1" in result.stderr
     assert sorted(os.listdir(folder)) == ["train.idx", "train.rec"]  # nothing written
+
+
+# --- small and hostile foreign packs ---------------------------------------------------------
+
+
+def test_an_empty_pack_and_a_pack_of_one_record_index_and_verify(tmp_path):
+    """The smallest packs im2rec can leave: no record at all, and one record."""
+    (tmp_path / "empty.rec").write_bytes(b"")
+    (tmp_path / "empty.idx").write_bytes(b"")
+    one = records([9])
+    write_shard(tmp_path / "one.rec", tmp_path / "one.idx", one)
+    for name, want in (("empty", []), ("one", expected(one))):
+        result = invoke("index", tmp_path / f"{name}.rec")
+        assert result.exit_code == 0, result.output
+        assert read_back(tmp_path / name) == want
+        verified = invoke("verify", tmp_path / name)
+        assert verified.exit_code == 0, verified.output
+
+
+def _continuation(tmp_path):
+    """A pack whose record of key 1 is split at a magic: the offset of its second part."""
+    image = jpeg_bytes(1, 8, 8)
+    pairs = [records([0])[0], (1, image_record(image + bytes(-len(image) % 4) + MAGIC, 1.0, 1))]
+    offsets = write_shard(tmp_path / "h.rec", tmp_path / "h.idx", pairs)
+    data = (tmp_path / "h.rec").read_bytes()
+    return data.index(MAGIC, offsets[1] + 4)
+
+
+@pytest.mark.parametrize(
+    "where", ["inside a record", "a continuation part", "not aligned", "negative", "past the end"]
+)
+def test_an_idx_line_pointing_at_no_record_start_is_refused_by_name(tmp_path, where):
+    """An .idx line whose offset is not where a record starts: refused naming the .rec, the key
+    and the offset (exit 1), and nothing written beside the shards."""
+    offset = {
+        "inside a record": lambda: 40,
+        "a continuation part": lambda: _continuation(tmp_path),
+        "not aligned": lambda: 2,
+        "negative": lambda: -8,
+        "past the end": lambda: 1 << 40,
+    }[where]()
+    if not (tmp_path / "h.rec").exists():
+        write_shard(tmp_path / "h.rec", tmp_path / "h.idx", records([0, 1]))
+    lines = (tmp_path / "h.idx").read_text().splitlines()
+    (tmp_path / "h.idx").write_text(f"{lines[0]}\n1\t{offset}\n")
+    result = invoke("index", tmp_path / "h.rec")
+    assert result.exit_code in (1, 2), result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert str(tmp_path / "h.") in result.stderr
+    if where != "negative":  # (a negative offset is no .idx number: named by its line)
+        assert f"key 1, byte offset {offset}" in result.stderr
+    else:
+        assert "line 2" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["h.idx", "h.rec"]
