@@ -301,6 +301,9 @@ class PackPaths:
         return os.path.join(folder, f".{name}{JOURNAL_SUFFIX}")
 
     def temporaries(self) -> list[str]:
-        """Return the temporary files (`.NAME.XXXX.tmp`) a killed run of this pack left."""
-        pattern = "." + glob.escape(self.stem) + "*" + _TEMPORARY_SUFFIX
+        """Return the temporary files (`.NAME.XXXX.tmp`) a killed run of this pack left.
+
+        NAME is one of its files (`p.rec`, `p-00001.idx`, ...): a pack `pq` beside it has its
+        own (`.pq.rec.XXXX.tmp`), maybe being written now."""
+        pattern = "." + glob.escape(self.stem) + "[.-]*" + _TEMPORARY_SUFFIX
         return glob.glob(os.path.join(glob.escape(self.folder), pattern))

@@ -8,10 +8,13 @@ Each test names what a user or an attacker tried and what must hold.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
-from helpers.image_files import write_pack_tree
+from helpers.image_files import write_list, write_pack_tree
 
 from rectool.cli import cli
 
@@ -97,3 +100,36 @@ def test_a_report_page_and_its_sheet_at_one_name_are_refused(tmp_path, tree):
     assert result.exit_code == 2, result.output
     assert f"{page}: is also the report's other file (" in result.output
     assert not page.exists()
+
+
+# --- A kill before anything was recorded ------------------------------------------------------
+# A run killed while it writes its state file (the first thing it writes) leaves only that
+# file's hidden temporary (`.p.pack-state.json.XXXX.tmp`): nothing was packed. `--resume` and
+# a plain run again both start the pack; neither may need --overwrite.
+
+
+def rectool(*args, env=None):
+    command = [sys.executable, "-m", "rectool", *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, env={**os.environ, **env})
+
+
+def vector_pack_args(tmp_path, tree):
+    items = write_pack_tree(tree, ["ann", "bob"], 2)
+    lst = write_list(tmp_path / "v.lst", [(i, [c, 0.5 * i], rel) for i, c, rel in items])
+    return [lst, tree, "--layout", "insightface", "--pack-label", "--quiet"]
+
+
+def pack_files(folder):
+    return {p.name: p.read_bytes() for p in folder.iterdir()}
+
+
+def test_another_packs_temporary_beside_is_neither_refused_nor_removed(tmp_path):
+    # `.pq.manifest.json.XXXX.tmp` is pack pq's, maybe being written now: not pack p's.
+    lst, root, *options = vector_pack_args(tmp_path, tmp_path / "tree")
+    out = tmp_path / "out"
+    theirs = out / ".pq.manifest.json.abcd1234.tmp"
+    out.mkdir()
+    theirs.write_bytes(b"{")
+    assert run("pack", lst, root, out / "p", *options).exit_code == 0
+    assert run("repack", out / "p", out / "p2", "--layout", "insightface").exit_code == 0
+    assert theirs.read_bytes() == b"{"
