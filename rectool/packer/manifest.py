@@ -192,10 +192,15 @@ def shard_files(shard: PackPaths) -> list[str]:
 
 def prepare_outputs(paths: PackPaths, resume: bool, overwrite: bool) -> None:
     """Make way for a pack at `paths`: remove an old one (`overwrite`), keep an interrupted
-    one that a state file describes (`resume`), else refuse to write over files."""
+    one that a state file describes (`resume`), else refuse to write over files.
+
+    A killed run's temporaries (`.NAME.XXXX.tmp`, never renamed into place) are no output:
+    when they are all there is (a kill while the state file, the first, was written), they
+    are removed and the pack starts, with or without `resume`."""
     prefix = paths.prefix
     existing = output_files(paths)
-    if not existing:
+    if set(existing) <= set(paths.temporaries()):
+        remove_stale_temporaries(paths)
         return
     if overwrite:
         for name in existing:

@@ -123,6 +123,26 @@ def pack_files(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
+@pytest.mark.parametrize("again", [["--resume"], []], ids=["resume", "plain"])
+@pytest.mark.parametrize("command", ["pack", "repack"])
+def test_a_kill_at_the_first_write_leaves_a_run_that_starts_again(tmp_path, again, command):
+    lst, root, *options = vector_pack_args(tmp_path, tmp_path / "tree")
+    assert run("pack", lst, root, tmp_path / "src" / "p", *options).exit_code == 0
+    if command == "pack":
+        inputs = [lst, root]
+    else:
+        inputs, options = [tmp_path / "src" / "p"], ["--layout", "insightface", "--quiet"]
+    assert run(command, *inputs, tmp_path / "ref" / "p", *options).exit_code == 0
+    out = tmp_path / "out" / "p"
+    killed = rectool(command, *inputs, out, *options, env={"RECTOOL_OUTPUT_FAULT": "write:1:kill"})
+    assert killed.returncode == -9, killed.stderr
+    left = sorted(p.name for p in out.parent.iterdir() if not p.name.endswith(".lock"))
+    assert len(left) == 1 and left[0].startswith(".p.pack-state.json."), left  # unrenamed
+    result = run(command, *inputs, out, *options, *again)
+    assert result.exit_code == 0, result.output
+    assert pack_files(out.parent) == pack_files(tmp_path / "ref")
+
+
 def test_another_packs_temporary_beside_is_neither_refused_nor_removed(tmp_path):
     # `.pq.manifest.json.XXXX.tmp` is pack pq's, maybe being written now: not pack p's.
     lst, root, *options = vector_pack_args(tmp_path, tmp_path / "tree")
