@@ -116,31 +116,34 @@ FAULTS = [f"{step}:{n}" for step in ("rename", "swap") for n in (1, 2, 3, 4)]
 FAULTS += ["journal:1", "manifest:1"]
 
 
+@pytest.mark.parametrize("into", [False, True], ids=["beside", "into"])
 @pytest.mark.parametrize("fault", FAULTS)
-def test_index_force_killed_at_any_step_leaves_one_whole_index(tmp_path, fault):
-    """`rectool index --force` over a pack indexed before, whose shard was made again with
-    the same records in another order, killed at any step of its output: the reader maps the
-    old index whole or the new one whole, never the new keys beside the old labels; or it
-    refuses the pack until a run of `rectool index` finishes it. The next run leaves the
-    new index."""
-    rec, idx, prefix = tmp_path / "r.rec", tmp_path / "r.idx", tmp_path / "r"
+def test_index_force_killed_at_any_step_leaves_one_whole_index(tmp_path, fault, into):
+    """`rectool index --force` (beside the shards, or --into a folder) over a pack indexed
+    before, whose shard was made again with the same records in another order, killed at any
+    step of its output: the reader maps the old index whole or the new one whole, never the
+    new keys beside the old labels; or it refuses the pack until a run of `rectool index`
+    finishes it. The next run leaves the new index."""
+    rec, idx = tmp_path / "r.rec", tmp_path / "r.idx"
+    more = ["--into", tmp_path / "out"] if into else []
+    prefix = tmp_path / "out" / "r" if into else tmp_path / "r"
     write_shard(rec, idx, records(range(4)))
-    assert invoke("index", rec).exit_code == 0
+    assert invoke("index", rec, *more).exit_code == 0
     old = arrays_of(prefix)
     now = records([3, 1, 0, 2])
     write_shard(rec, idx, now)
-    assert invoke("index", rec, "--force").exit_code == 0
+    assert invoke("index", rec, "--force", *more).exit_code == 0
     new = arrays_of(prefix)
     assert new != old
     write_shard(rec, idx, records(range(4)))
-    assert invoke("index", rec, "--force").exit_code == 0
+    assert invoke("index", rec, "--force", *more).exit_code == 0
     write_shard(rec, idx, now)
-    index_killed(rec, fault, "--force")
+    index_killed(rec, fault, "--force", *map(str, more))
     assert arrays_of(prefix) in (old, new, reader.RectoolError)
-    result = invoke("index", rec)
+    result = invoke("index", rec, *more)
     assert result.exit_code == 0, result.output
     if arrays_of(prefix) == old:  # the run was killed before its commit: the old index
-        assert invoke("index", rec, "--force").exit_code == 0
+        assert invoke("index", rec, "--force", *more).exit_code == 0
     assert arrays_of(prefix) == new
     assert read_back(prefix) == expected(now)
 
