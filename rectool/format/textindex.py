@@ -24,6 +24,9 @@ if TYPE_CHECKING:
     Ints = NDArray[np.int64]
 
 INDEX_BLOCK_BYTES = 1 << 20  # the .idx text is parsed a block at a time (its temporaries)
+# A line is `key TAB offset` (41 bytes at most, MXNet's spaces and extra fields aside): a
+# "line" longer than this is no .idx, and is refused before it is gathered into memory.
+MAX_LINE_BYTES = 1 << 16
 
 
 class IndexFormatError(RecordFormatError, ValueError, IndexError):
@@ -126,7 +129,12 @@ def parse_index_stream(
         data = pending + more if pending else more
         cut = data.rfind(b"\n") + 1 if more else len(data)
         if not cut and more:
-            pending = data  # a line longer than a block: read on
+            if len(data) > MAX_LINE_BYTES:  # not an .idx: read no more of it
+                raise IndexFormatError(
+                    f"no line end in {len(data):,} bytes; not an .idx ('key<TAB>offset' lines)",
+                    path, n + 1,
+                )  # fmt: skip
+            pending = data  # a line across two blocks: read on
             continue
         data, pending = (data[:cut], data[cut:]) if cut < len(data) else (data, b"")
         k, o = parse_index(data, path, first_line=n + 1)

@@ -13,6 +13,7 @@ import os
 import struct
 import subprocess
 import sys
+import tracemalloc
 
 import numpy as np
 import pytest
@@ -266,4 +267,25 @@ def test_an_idx_line_pointing_at_no_record_start_is_refused_by_name(tmp_path, wh
         assert f"key 1, byte offset {offset}" in result.stderr
     else:
         assert "line 2" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["h.idx", "h.rec"]
+
+
+def test_an_idx_line_longer_than_a_block_is_refused_without_reading_it_whole(tmp_path):
+    """No .idx line is longer than about 40 bytes (`key TAB offset`). A file of one endless
+    line (a .rec given as the .idx, say, or a hostile file) was gathered whole in memory, then
+    copied twice more while parsed: three times the file's size. It is refused at its first
+    block, naming the file and line, in memory that does not grow with the file."""
+    write_shard(tmp_path / "h.rec", tmp_path / "h.idx", records([0]))
+    with open(tmp_path / "h.idx", "wb") as f:
+        for _ in range(32):
+            f.write(b"z" * (1 << 20))
+    tracemalloc.start()
+    try:
+        result = invoke("index", tmp_path / "h.rec")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.exit_code == 1, result.output
+    assert f"{tmp_path / 'h.idx'}: line 1: " in result.stderr
+    assert peak < 16 << 20
     assert sorted(os.listdir(tmp_path)) == ["h.idx", "h.rec"]
