@@ -7,15 +7,20 @@ Each test names what a user or an attacker tried and what must hold.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 from helpers.image_files import write_list, write_pack_tree
+from helpers.mxnet_oracle import MX_FACE_DATASET, UNPACK_GLINT360K, run_mxnet
 
+from rectool import open_dataset
+from rectool import reader as core
 from rectool.cli import cli
 
 
@@ -153,3 +158,197 @@ def test_another_packs_temporary_beside_is_neither_refused_nor_removed(tmp_path)
     assert run("pack", lst, root, out / "p", *options).exit_code == 0
     assert run("repack", out / "p", out / "p2", "--layout", "insightface").exit_code == 0
     assert theirs.read_bytes() == b"{"
+
+
+# --- Three readers, one label a record --------------------------------------------------------
+# rectool's reader (the package and the core), arcface_torch's MXFaceDataset and insightface's
+# unpack_glint360k.py read every image's identity the same after each way a user makes an
+# insightface pack: packed in either shape, repacked into the other, with identities dropped
+# (--min-per-id, --keep-fraction, an eval set's images removed), merged from a sharded source
+# whose identities straddle shard edges, and resumed after a kill.
+
+# Each script of the helpers run on each pack in one MXNet process; a script that fails gives
+# its error's text (unpack_glint360k cannot read the scalar shape, as in insightface).
+EACH_PACK = """
+results = []
+for data in DATA["packs"]:
+    out = {}
+    for name, code in DATA["scripts"].items():
+        got = []
+        try:
+            exec(code, {"DATA": data, "emit": got.append})
+            out[name] = got[0]
+        except Exception as exc:
+            out[name] = type(exc).__name__ + ": " + str(exc)
+    results.append(out)
+emit(results)
+"""
+SIZES = [1, 2, 3, 5]  # images of each identity: a long tail in little
+
+
+@pytest.fixture
+def label_world(tmp_path):
+    """A tree of identities of SIZES images, its vector list ([identity, 0.5 * index]),
+    packed three ways: insightface vector, insightface scalar, images sharded by 3 records
+    (identities straddle the shard edges); and a pack of two of its images, an eval set."""
+    names = [f"id{k}" for k in range(len(SIZES))]
+    root = tmp_path / "tree"
+    everything = write_pack_tree(root, names, max(SIZES))
+    items = [(i, c, rel) for i, c, rel in everything if int(rel[-7:-4]) < SIZES[c]]
+    items = [(n, c, rel) for n, (_, c, rel) in enumerate(items)]
+    vectors = write_list(tmp_path / "v.lst", [(i, [c, 0.5 * i], rel) for i, c, rel in items])
+    scalars = write_list(tmp_path / "s.lst", items)
+    evalset = write_list(tmp_path / "e.lst", [items[1], items[6]])  # of id1 and id3
+    packs = {
+        "vector": (vectors, "--layout", "insightface", "--pack-label"),
+        "scalar": (scalars, "--layout", "insightface"),
+        "sharded": (vectors, "--pack-label", "--shard-records", "3"),
+        "eval": (evalset,),
+    }
+    for name, (lst, *options) in packs.items():
+        result = run("pack", lst, root, tmp_path / name / "p", "--quiet", *options)
+        assert result.exit_code == 0, result.output
+    return tmp_path
+
+
+def identities_read(prefixes):
+    """Return, for each pack, what each reader reads: {reader: [(key, identity)]}."""
+    ours = []
+    for prefix in prefixes:
+        ds, core_ds = open_dataset(prefix), core.open_dataset(f"{prefix}.manifest.json")
+        labels = ds.labels if ds.labels.ndim == 1 else ds.labels[:, 0]
+        assert np.array_equal(core_ds.labels, ds.labels)
+        ours.append([(int(k), float(c)) for k, c in zip(ds.keys, labels)])
+    packs = [{"rec": f"{p}.rec", "idx": f"{p}.idx"} for p in prefixes]
+    scripts = {"mxface": MX_FACE_DATASET, "glint": UNPACK_GLINT360K}
+    theirs = run_mxnet(EACH_PACK, {"packs": packs, "scripts": scripts})
+    out = []
+    for mine, their in zip(ours, theirs):
+        samples, _ = their["mxface"]
+        glint = their["glint"]
+        read = {"rectool": mine, "mxface": [(k, c) for k, _, c in samples]}
+        read["glint"] = glint if isinstance(glint, str) else [(k, float(c)) for k, c, _ in glint]
+        out.append(read)
+    return out
+
+
+# (source, repack options, the identities kept, in order, by their source label)
+REPACKS = {
+    "vector-to-scalar": ("vector", [], [0, 1, 2, 3]),
+    "scalar-to-vector": ("scalar", ["--pack-label"], [0, 1, 2, 3]),
+    "min-per-id": ("vector", ["--pack-label", "--min-per-id", "2"], [1, 2, 3]),
+    "min-per-id-scalar": ("scalar", ["--min-per-id", "3"], [2, 3]),
+    "keep-labels": ("vector", ["--pack-label", "--min-per-id", "2", "--keep-labels"], [1, 2, 3]),
+    "keep-fraction": ("scalar", ["--pack-label", "--keep-fraction", "0.5"], None),
+    "eval-removed": (
+        "vector",
+        ["--pack-label", "--drop-overlap", "{eval}", "--min-per-id", "2"],
+        [2, 3],
+    ),
+    "sharded-source": ("sharded", ["--pack-label"], [0, 1, 2, 3]),
+    "merged": ("sharded", ["{vector}", "--pack-label"], [0, 1, 2, 3] * 2),
+}
+
+
+@pytest.mark.oracle
+def test_three_readers_read_every_identity_alike_after_each_repack(label_world):
+    w = label_world
+    prefixes, expected = [], []
+    for name, (source, options, kept) in REPACKS.items():
+        options = [o.format(eval=w / "eval" / "p", vector=w / "vector" / "p") for o in options]
+        prefix = w / "out" / name / "p"
+        args = ["repack", w / source / "p", *options, prefix, "--layout", "insightface"]
+        result = run(*args, "--quiet")
+        assert result.exit_code == 0, (name, result.output)
+        prefixes.append(prefix)
+        expected.append(kept)
+    for name, read, kept in zip(REPACKS, identities_read(prefixes), expected):
+        vector = "--pack-label" in REPACKS[name][1]
+        assert read["mxface"] == read["rectool"], name
+        if vector:
+            assert read["glint"] == read["rectool"], name
+        else:
+            assert "TypeError: 'float' object is not subscriptable" in read["glint"], name
+        keys, identities = zip(*read["rectool"])
+        assert list(keys) == list(range(1, len(keys) + 1)), name
+        if "--keep-labels" not in REPACKS[name][1]:  # identities renumbered 0..K-1
+            assert sorted(set(identities)) == list(range(len(set(identities)))), name
+        if kept is not None:
+            sizes = [SIZES[k] for k in kept]
+            if "--drop-overlap" in REPACKS[name][1]:
+                sizes = [SIZES[k] - (k in (1, 3)) for k in kept]
+            runs = [len(list(group)) for _, group in itertools.groupby(identities)]
+            assert runs == sizes, name
+
+
+# --- One exit table, one JSON document --------------------------------------------------------
+# Each command that reads a dataset or a file, given what is no dataset: a folder with nothing
+# in it, a FIFO (which must not block), an empty file, a manifest of a format version this
+# rectool does not read. Exit 2 (an input that cannot be used at all), and with --json one
+# JSON document on stdout, naming the error, and nothing else.
+
+READERS = {
+    "bench": ["bench", "{x}", "--samples", "1", "--seconds", "0.1"],
+    "dali-index": ["dali-index", "{x}", "{tmp}/d.idx"],
+    "index": ["index", "{x}"],
+    "info": ["info", "{x}"],
+    "verify": ["verify", "{x}"],
+    "unpack": ["unpack", "{x}", "{tmp}/u"],
+    "repack": ["repack", "{x}", "{tmp}/r/p"],
+    "report": ["report", "{x}", "-o", "{tmp}/r.html"],
+    "pack": ["pack", "{x}", "{tmp}", "{tmp}/p/p"],
+    "reindex": ["reindex", "{x}", "-o", "{tmp}/x.idx"],
+}
+VERSIONS = [99, 2, "3", 3.5, True, None, -1]
+
+
+def unusable(tmp_path, kind, manifest):
+    """Make an input of `kind` under tmp_path; return its path."""
+    if kind == "folder":
+        (tmp_path / "empty").mkdir()
+        return tmp_path / "empty"
+    if kind == "fifo":
+        os.mkfifo(tmp_path / "p.manifest.json")
+        return tmp_path / "p.manifest.json"
+    if kind == "empty":
+        (tmp_path / "p.manifest.json").write_bytes(b"")
+        return tmp_path / "p.manifest.json"
+    version = VERSIONS[int(kind[len("version") :])]
+    doc = {**json.loads(manifest.read_text()), "format_version": version}
+    target = manifest.parent / "q.manifest.json"
+    target.write_text(json.dumps(doc))
+    return target
+
+
+@pytest.fixture(scope="module")
+def packed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("packed")
+    root = tmp / "tree"
+    items = write_pack_tree(root, ["ann", "bob"], 2)
+    lst = write_list(tmp / "f.lst", items)
+    assert run("pack", lst, root, tmp / "pack" / "p", "--quiet").exit_code == 0
+    return tmp / "pack" / "p.manifest.json"
+
+
+KINDS = ["folder", "fifo", "empty", *(f"version{i}" for i in range(len(VERSIONS)))]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("command", sorted(READERS))
+def test_an_unusable_input_is_exit_2_and_one_json_document(tmp_path, packed, alarm, command, kind):
+    if command == "reindex" and kind not in ("folder", "fifo"):
+        pytest.skip("reindex walks any regular file's bytes for records: not unusable")
+    if command == "pack" and kind.startswith("version"):
+        pytest.skip("a manifest given to pack is a list of one bad line, exit 1")
+    x = unusable(tmp_path, kind, packed)
+    args = [a.format(x=x, tmp=tmp_path) for a in READERS[command]]
+    alarm(60)  # a FIFO opened for reading blocks: a failure, not an answer
+    text = run(*args)
+    result = run(*args, "--json")
+    alarm(0)
+    assert text.exit_code == 2, text.output
+    assert "Traceback" not in text.output and text.stderr.count("Error: ") == 1, text.stderr
+    assert result.exit_code == 2, result.output
+    doc = json.loads(result.stdout)  # one document, nothing else
+    assert (doc["exit"], result.stderr) == (2, ""), result.stderr
+    assert str(x) in doc["error"] or command == "reindex", doc["error"]
