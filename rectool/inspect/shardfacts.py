@@ -87,6 +87,10 @@ def shard_facts(rec: str, idx: str, open_rec: OpenRec, progress: PhaseProgress) 
         reason = "empty image: a header and no image bytes"
         empty = np.flatnonzero(images & (columns.image == 0)).tolist()
         damage += [(int(keys[i]), int(offsets[i]), reason) for i in empty]
+        # A record too short for its header, or for the labels its flag announces: no image,
+        # and damage (the reader refuses it), not a record left out without a word.
+        cut = np.flatnonzero(columns.readable & ~columns.complete).tolist()
+        damage += [(int(keys[i]), int(offsets[i]), _too_short(columns, i)) for i in cut]
         rows = np.flatnonzero(images)
         kinds = np.bincount(columns.kind[rows], minlength=len(_KINDS))
         damage.sort(key=lambda d: d[1])
@@ -167,6 +171,13 @@ def _insightface(
         return unpack_header(window.record(int(offsets[row])))
 
     return insightface_header(read, present)
+
+
+def _too_short(columns: _HeaderColumns, row: int) -> str:
+    """Return why the record at `row`, not `complete`, holds no image."""
+    flag = int(columns.flag[row])  # 0 when even the header is cut off
+    labels = f" and the {flag} float32 labels it announces" if flag else ""
+    return f"record too short for its 24-byte image header{labels}"
 
 
 def _counts(values: np.ndarray) -> Counter:

@@ -10,12 +10,14 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import struct
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers.handmade_datasets import image_record, images, write_shard
 from helpers.image_files import write_list, write_pack_tree
 from helpers.mxnet_oracle import MX_FACE_DATASET, UNPACK_GLINT360K, run_mxnet
 
@@ -352,3 +354,34 @@ def test_an_unusable_input_is_exit_2_and_one_json_document(tmp_path, packed, ala
     doc = json.loads(result.stdout)  # one document, nothing else
     assert (doc["exit"], result.stderr) == (2, ""), result.stderr
     assert str(x) in doc["error"] or command == "reindex", doc["error"]
+
+
+# --- A header that announces more labels than its record holds --------------------------------
+# A source's record whose flag says 1000 float32 labels where 100 bytes follow (or too short
+# for even the 24-byte header) is damage: `info` and `report` name it as verify does, never
+# leave it out of the figures without a word.
+
+
+@pytest.mark.parametrize("command", ["info", "report"])
+def test_a_record_too_short_for_its_labels_is_named_as_damage(tmp_path, command):
+    data = images(3)
+    cut = struct.pack("<IfQQ", 1000, 0.0, 2, 0) + data[1][:100]  # 1000 labels announced
+    stub = b"\x01" * 10  # not even an image header
+    records = [(1, image_record(data[0], [0.0, 1.0], 1)), (2, cut), (3, stub)]
+    records.append((4, image_record(data[2], [1.0, 1.0], 4)))
+    write_shard(tmp_path / "f.rec", tmp_path / "f.idx", records)
+    extra = ["-o", tmp_path / "r.html"] if command == "report" else []
+    result = run(command, tmp_path / "f.rec", *extra, "--json")
+    assert result.exit_code == 1, result.output  # damage found: exit 1, as for other damage
+    document = json.loads(result.stdout)
+    assert document["images"] == 2
+    damage = document["damage"]
+    assert damage is not None and damage["records"] == 2, result.stdout
+    assert [(d["key"], d["reason"]) for d in damage["first"]] == [
+        (2, f"{SHORT} and the 1000 float32 labels it announces"),
+        (3, SHORT),
+    ]
+    assert result.stderr.startswith("Error: 2 damaged records left out; run `rectool verify")
+
+
+SHORT = "record too short for its 24-byte image header"
