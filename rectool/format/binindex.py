@@ -32,6 +32,7 @@ from ..reader import (
 )
 from .digest import XXH3_128, Digests
 from .headers import (
+    check_covered,
     check_shard,
     header_labels,
     insightface_header,
@@ -83,6 +84,7 @@ def index_shards(
     labels: bool = True,
     written: Written | None = None,
     unique: bool = False,
+    covered: bool = False,
 ) -> PackIndex:
     """Return the `PackIndex` of a pack's shards (`files`, their `.idx` at `idx_paths`).
 
@@ -92,7 +94,8 @@ def index_shards(
     offsets (and maybe labels) the writer wrote, taken instead of each `.idx` (and the
     headers' labels); the same few records are checked. `unique`: refuse a key on two lines
     of the `.idx` files (any record's, the insightface header's and identities' too), where
-    MXNet reads its last line and DALI every line; else the last line counts.
+    MXNet reads its last line and DALI every line; else the last line counts. `covered`:
+    refuse a `.rec` holding bytes no record its `.idx` names covers (`check_covered`).
     """
     if written is None:
         indexes = [load_index(idx) for idx in idx_paths]
@@ -111,6 +114,8 @@ def index_shards(
         files, idx_paths, listed or [{}] * len(files), indexes
     ):
         check_shard(rf, idx, keys, offsets, dict(info), where)
+        if covered:
+            check_covered(rf, idx, keys, offsets)
     counts = [len(k) for k, _ in indexes]
     # One shard: its arrays as they are (a copy would double them at the end of a pack).
     keys = indexes[0][0] if len(indexes) == 1 else np.concatenate([k for k, _ in indexes])
@@ -192,19 +197,26 @@ def index_files(
     where: str | None = None,
     written: Written | None = None,
     unique: bool = False,
+    covered: bool = False,
 ) -> PackIndex:
     """Return `index_shards` of the shard files `recs` (their `.idx` at `idxs`), each mapped
     only while it is read."""
     files = [RecordFile(rec) for rec in recs]
     try:
-        return index_shards(files, idxs, listed, layout, where, written=written, unique=unique)
+        return index_shards(
+            files, idxs, listed, layout, where, written=written, unique=unique, covered=covered
+        )
     finally:
         for rf in files:
             rf.close()
 
 
 def index_manifest(
-    path: str, manifest: Mapping[str, Any], written: Written | None = None, unique: bool = False
+    path: str,
+    manifest: Mapping[str, Any],
+    written: Written | None = None,
+    unique: bool = False,
+    covered: bool = False,
 ) -> PackIndex:
     """Return `index_files` of the shards the manifest at `path` lists, beside it (`written`:
     what their writer hands over, see `Written`)."""
@@ -217,6 +229,7 @@ def index_manifest(
         path,
         written,
         unique,
+        covered,
     )
 
 

@@ -97,6 +97,57 @@ def check_shard(
             ) from None  # fmt: skip
 
 
+COVER_CHUNK = 1 << 16  # records whose extents are checked at once
+
+
+def check_covered(rf: RecordFile, idx: str, keys: Ints, offsets: Ints) -> None:
+    """Refuse a shard whose .rec holds bytes that no record the .idx names covers: a record
+    left out of the .idx (lines lost or deleted), or bytes between records; the first such
+    byte offset is named. Each named record's extent is read from its head (its parts for a
+    split one), a chunk of records at a time; a record named twice is no gap."""
+    mapping = rf.open()
+    size = len(mapping)
+    order = None if (offsets[1:] >= offsets[:-1]).all() else np.argsort(offsets, kind="stable")
+    words = np.frombuffer(mapping, "<u4", size // 4) if size >= 32 else None
+    covered, gap = 0, []  # every byte before `covered` is in a record the .idx names
+    try:
+        for start in range(0, len(offsets), COVER_CHUNK):
+            rows = (
+                slice(start, start + COVER_CHUNK) if order is None else order[start:][:COVER_CHUNK]
+            )
+            at = offsets[rows]
+            if words is None:
+                ok, head = np.zeros(len(at), bool), np.zeros((len(at), 4), np.uint32)
+            else:
+                ok, _, head = record_heads(words, size, at)
+            ends = at + 8 + ((head[:, 1].astype(np.int64) + 3) & ~3)
+            for i in np.flatnonzero(~ok).tolist():  # split or damaged: read part by part
+                key = int(keys[rows][i])
+                try:
+                    ends[i] = rf.read_parts(int(at[i]), key)[1]
+                except RecordFormatError as exc:
+                    raise RecordFormatError(exc.reason, rf.path, int(at[i]), key) from None
+            reach = np.maximum.accumulate(np.maximum(ends, covered))
+            before = np.concatenate([[covered], reach[:-1]])
+            gap = np.flatnonzero(at > before)[:1].tolist()
+            if gap:
+                covered = int(before[gap[0]])
+                break
+            covered = int(reach[-1])
+            if len(at):
+                release_range(mapping, int(at.min()), covered)
+    finally:
+        del words
+    if covered < size:
+        raise RecordFormatError(
+            f"{size - covered if not gap else int(at[gap[0]]) - covered} bytes here are in no "
+            f"record that {idx} names (a record left out of the .idx, or damage): MXNet would "
+            "not read them, and `rectool verify` reports them; rebuild the .idx from the .rec "
+            "with `rectool reindex`",
+            rf.path, covered,
+        )  # fmt: skip
+
+
 def insightface_header(
     read: Callable[[int], tuple[Header, bytes]], keys: Ints
 ) -> tuple[range, range] | None:

@@ -237,7 +237,7 @@ def _upgraded(path: str, manifest: dict[str, Any]) -> tuple[dict[str, Any], Pack
     """Return (the manifest at `path` as format 3, its fields kept; its pack's index; its
     format version before)."""
     previous = manifest.get("format_version", 0)
-    index = index_manifest(path, manifest, unique=True)
+    index = index_manifest(path, manifest, unique=True, covered=True)
     manifest["format_version"] = MANIFEST_VERSION
     if manifest.get("layout") is None:
         manifest["layout"] = index.layout
@@ -255,7 +255,7 @@ def _described(
                     f"{name}: not in the folder of {paths}; a manifest names the files beside it"
                 )
     recs, idxs = [rec for rec, _ in shards], [idx for _, idx in shards]
-    index = index_files(recs, idxs, None, None, paths.manifest, unique=True)
+    index = index_files(recs, idxs, None, None, paths.manifest, unique=True, covered=True)
     entries = [shard_entry(rec, idx) for rec, idx in shards]
     samples = sum(index.counts)
     identities = None if index.identity_ranges is None else len(index.identity_ranges)

@@ -289,3 +289,38 @@ def test_an_idx_line_longer_than_a_block_is_refused_without_reading_it_whole(tmp
     assert f"{tmp_path / 'h.idx'}: line 1: " in result.stderr
     assert peak < 16 << 20
     assert sorted(os.listdir(tmp_path)) == ["h.idx", "h.rec"]
+
+
+@pytest.mark.parametrize("lost", ["the last lines", "a middle line", "the first line"])
+def test_an_idx_that_leaves_records_out_is_refused_naming_the_first(tmp_path, lost):
+    """An .idx that lost lines (cut short, or a line deleted) names fewer records than the
+    .rec holds: MXNet reads only those, and `rectool index` indexed them, exit 0, dropping the
+    others silently, into a pack that `verify` then refused (unindexed-record). It is refused,
+    naming the .rec and the byte offset of the first record no line names."""
+    pairs = records(range(5))
+    offsets = write_shard(tmp_path / "r.rec", tmp_path / "r.idx", pairs)
+    lines = (tmp_path / "r.idx").read_text().splitlines()
+    gone = {"the last lines": [3, 4], "a middle line": [2], "the first line": [0]}[lost]
+    kept = [line for n, line in enumerate(lines) if n not in gone]
+    (tmp_path / "r.idx").write_text("\n".join(kept) + "\n")
+    result = invoke("index", tmp_path / "r.rec")
+    assert result.exit_code == 1, result.output
+    assert f"{tmp_path / 'r.rec'}, byte offset {offsets[gone[0]]}: " in result.stderr
+    assert "rectool reindex" in result.stderr
+    assert sorted(os.listdir(tmp_path)) == ["r.idx", "r.rec"]
+
+
+def test_an_idx_naming_every_record_in_any_order_covers_its_rec(tmp_path):
+    """Every record named, in another order than the file's, one of them split at a magic:
+    the .idx covers the .rec, and the pack is indexed."""
+    image = jpeg_bytes(7, 8, 8)
+    split = (7, image_record(image + bytes(-len(image) % 4) + MAGIC + b"tail", 7.0, 7))
+    pairs = [*records([0, 1]), split, *records([3])]
+    offsets = write_shard(tmp_path / "r.rec", tmp_path / "r.idx", pairs)
+    order = [3, 2, 0, 1]
+    lines = [f"{pairs[n][0]}\t{offsets[n]}\n" for n in order]
+    (tmp_path / "r.idx").write_text("".join(lines))
+    result = invoke("index", tmp_path / "r.rec")
+    assert result.exit_code == 0, result.output
+    assert reader.open_dataset(tmp_path / "r").keys.tolist() == [3, 7, 0, 1]
+    assert invoke("verify", tmp_path / "r").exit_code == 0
