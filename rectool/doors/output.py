@@ -65,7 +65,7 @@ from .files import (
 )
 from .folder import OutputFolder
 from .lock import OutputLock
-from .targets import check_target, check_targets, pack_file_reason
+from .targets import check_target, check_targets, pack_file_reason, same_place
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -127,6 +127,7 @@ __all__ = [
     "remove_empty_folder",
     "remove_tree",
     "rename",
+    "same_place",
     "scratch_file",
     "set_fault_hook",
     "set_mtime",

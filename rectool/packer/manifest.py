@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict
@@ -28,6 +29,7 @@ from ..doors.output import (
     remove,
     remove_tree,
     rename,
+    same_place,
     stage_file,
     write_json_atomic,
 )
@@ -85,6 +87,29 @@ def output_files(prefix: StrPath | PackPaths) -> list[str]:
     names += [paths.partial(n) for n in list(names)]
     names += paths.temporaries()
     return sorted({n for n in names if os.path.exists(n)})
+
+
+def refuse_inputs_among_outputs(paths: PackPaths, inputs: dict[str, StrPath | None]) -> None:
+    """Raise `UsageError` when an input (`{what: path}`: the list, the label map) is at the
+    name of a file the pack at `paths` writes: the pack would replace it, `--overwrite` or
+    not. ("-", stdin, and None are no file.)"""
+    written = [paths.rec, paths.idx, paths.failures, paths.state, paths.stdin_copy]
+    written += [*paths.arrays.values(), paths.identities, paths.relabel, paths.report]
+    written += [paths.checksums, paths.manifest, paths.journal]
+    written += [paths.partial(name) for name in written]
+    places = {same_place(name) for name in written}
+    folder = same_place(paths.folder or ".")
+    numbered = re.escape(paths.stem) + r"-[0-9]+\.(?:rec|idx|rec\.crc|plan\.json)(?:\.partial)?"
+    for what, path in inputs.items():
+        if path is None or os.fspath(path) == "-":
+            continue
+        place = same_place(path)
+        shard = os.path.dirname(place) == folder and re.fullmatch(numbered, os.path.basename(place))
+        if place in places or shard:
+            raise UsageError(
+                f"{os.fspath(path)}: the {what} is also a file of the pack {paths.prefix}; "
+                f"the pack would replace it: move the {what}, or pack to another prefix"
+            )
 
 
 def remove_stale_temporaries(paths: PackPaths) -> None:

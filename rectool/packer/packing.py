@@ -50,6 +50,7 @@ from .manifest import (
     is_complete,
     output_files,  # (public too: every file a pack may have written)
     prepare_outputs,
+    refuse_inputs_among_outputs,
     remove_stale_temporaries,
     replace_beside,
     shard_files,
@@ -117,6 +118,7 @@ def pack_images(
     paths = PackPaths.of(check_prefix(prefix))
     root = os.fspath(root)
     check_pack_options(options)
+    refuse_inputs_among_outputs(paths, {"list": list_path, "label map": label_map})
     out_dir = paths.folder or "."
     made = not os.path.isdir(out_dir)
     make_folders(out_dir)

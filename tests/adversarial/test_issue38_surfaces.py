@@ -385,3 +385,51 @@ def test_a_record_too_short_for_its_labels_is_named_as_damage(tmp_path, command)
 
 
 SHORT = "record too short for its 24-byte image header"
+
+
+# --- An input at an output's name -------------------------------------------------------------
+# `pack o/p.idx ROOT o/p --overwrite`: the list is at the name of the pack's .idx. The run
+# read it, then replaced it with the pack's index: the user's list gone. Any file the pack
+# writes (a shard of a numbered pack, a .partial, the manifest) is refused as its list or its
+# label map, with or without --overwrite, before anything is written.
+
+
+@pytest.mark.parametrize(
+    "name, extra",
+    [
+        ("p.idx", []),
+        ("p.manifest.json", []),
+        ("p.rec.partial", []),
+        ("p-00001.idx", ["--shard-records", "2"]),
+        ("p.failures.jsonl", []),
+    ],
+)
+@pytest.mark.parametrize("overwrite", [[], ["--overwrite"]], ids=["", "overwrite"])
+def test_a_list_at_a_name_the_pack_writes_is_refused(tmp_path, tree, name, extra, overwrite):
+    out = tmp_path / "o"
+    assert run("list", tree, out / name).exit_code == 0
+    listed = (out / name).read_bytes()
+    result = run("pack", out / name, tree, out / "p", *extra, *overwrite)
+    assert result.exit_code == 2, result.output
+    assert f"{out / name}: the list is also a file of the pack {out / 'p'}; " in result.output
+    assert (out / name).read_bytes() == listed
+    assert sorted(p.name for p in out.iterdir()) == sorted([name, f"{name}.labels.tsv"])
+
+
+def test_a_label_map_at_a_name_the_pack_writes_is_refused(tmp_path, tree):
+    out = tmp_path / "o"
+    assert (
+        run("list", tree, tmp_path / "f.lst", "--labels", out / "p.identities.json").exit_code == 0
+    )
+    args = ["pack", tmp_path / "f.lst", tree, out / "p", "--labels", out / "p.identities.json"]
+    result = run(*args, "--overwrite")
+    assert result.exit_code == 2, result.output
+    assert "the label map is also a file of the pack" in result.output
+    assert (out / "p.identities.json").read_text() == "0\tann\n1\tbob\n"
+
+
+def test_a_list_beside_the_pack_under_its_own_name_is_packed(tmp_path, tree):
+    # faces.lst and faces.labels.tsv beside out/faces: pack's inputs, never its outputs.
+    assert run("list", tree, tmp_path / "faces.lst").exit_code == 0
+    result = run("pack", tmp_path / "faces.lst", tree, tmp_path / "faces", "--quiet")
+    assert result.exit_code == 0, result.output
