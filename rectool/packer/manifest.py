@@ -89,11 +89,13 @@ def output_files(prefix: StrPath | PackPaths) -> list[str]:
     return sorted({n for n in names if os.path.exists(n)})
 
 
-def refuse_inputs_among_outputs(paths: PackPaths, inputs: dict[str, StrPath | None]) -> None:
+def refuse_inputs_among_outputs(
+    paths: PackPaths, inputs: Mapping[str, StrPath | None], also: Iterable[str] = ()
+) -> None:
     """Raise `UsageError` when an input (`{what: path}`: the list, the label map) is at the
-    name of a file the pack at `paths` writes: the pack would replace it, `--overwrite` or
-    not. ("-", stdin, and None are no file.)"""
-    written = [paths.rec, paths.idx, paths.failures, paths.state, paths.stdin_copy]
+    name of a file the pack at `paths` writes (or of a file in `also`: a repack's label map):
+    the pack would replace it, `--overwrite` or not. ("-", stdin, and None are no file.)"""
+    written = [paths.rec, paths.idx, paths.failures, paths.state, paths.stdin_copy, *also]
     written += [*paths.arrays.values(), paths.identities, paths.relabel, paths.report]
     written += [paths.checksums, paths.manifest, paths.journal]
     written += [paths.partial(name) for name in written]

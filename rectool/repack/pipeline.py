@@ -33,6 +33,7 @@ from ..packer.manifest import (
     is_complete,
     output_files,
     prepare_outputs,
+    refuse_inputs_among_outputs,
     replace_beside,
 )
 
@@ -85,6 +86,8 @@ def repack(
     paths = PackPaths.of(prefix)
     if not sources:
         raise UsageError("give at least one SOURCE")
+    files = {"--keep-ids file": options.keep_ids, "--drop-ids file": options.drop_ids}
+    refuse_inputs_among_outputs(paths, files, also=[paths.label_map])
     opened = [Source(s) for s in sources]
     targets = [open_target(t) for t in options.drop_overlap]
     # An evaluation set (.bin) has no shards a repack could write over.

@@ -433,3 +433,20 @@ def test_a_list_beside_the_pack_under_its_own_name_is_packed(tmp_path, tree):
     assert run("list", tree, tmp_path / "faces.lst").exit_code == 0
     result = run("pack", tmp_path / "faces.lst", tree, tmp_path / "faces", "--quiet")
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("name", ["p.relabel.tsv", "p.report.json", "p.labels.tsv"])
+@pytest.mark.parametrize("option", ["--keep-ids", "--drop-ids"])
+def test_a_repack_ids_file_at_a_name_the_repack_writes_is_refused(tmp_path, tree, name, option):
+    lst = tmp_path / "f.lst"
+    assert run("list", tree, lst).exit_code == 0
+    assert run("pack", lst, tree, tmp_path / "src" / "p", "--quiet").exit_code == 0
+    ids = tmp_path / "out" / name
+    ids.parent.mkdir()
+    ids.write_text("ann\n")
+    result = run(
+        "repack", tmp_path / "src" / "p", tmp_path / "out" / "p", option, ids, "--overwrite"
+    )
+    assert result.exit_code == 2, result.output
+    assert f"{ids}: the {option} file is also a file of the pack " in result.output
+    assert ids.read_text() == "ann\n"
