@@ -15,6 +15,7 @@ import numpy as np
 
 from ..reader import (
     IMAGE_HEADER_SIZE,
+    LENGTH_BITS,
     LENGTH_MASK,
     MAGIC,
     RecordFile,
@@ -98,23 +99,23 @@ def check_shard(
 
 
 COVER_CHUNK = 1 << 16  # records whose extents are checked at once
+SCAN_WORDS = 1 << 22  # words of a gap between records scanned at once (16 MiB)
 
 
 def check_covered(rf: RecordFile, idx: str, keys: Ints, offsets: Ints) -> None:
-    """Refuse a shard whose .rec holds bytes that no record the .idx names covers: a record
-    left out of the .idx (lines lost or deleted), or bytes between records; the first such
-    byte offset is named. Each named record's extent is read from its head (its parts for a
-    split one), a chunk of records at a time; a record named twice is no gap."""
+    """Refuse a shard whose .rec holds a record that no line of its .idx names (lines lost or
+    deleted): MXNet never reads it. The bytes between the records the .idx names (each one's
+    extent read from its head, or its parts for a split one, a chunk at a time) are searched
+    for a record start as `reindex` finds one; damage the .idx skips holds none, and passes."""
     mapping = rf.open()
     size = len(mapping)
     order = None if (offsets[1:] >= offsets[:-1]).all() else np.argsort(offsets, kind="stable")
     words = np.frombuffer(mapping, "<u4", size // 4) if size >= 32 else None
-    covered, gap = 0, []  # every byte before `covered` is in a record the .idx names
+    covered = 0  # every byte before it is in a record the .idx names, or searched
     try:
         for start in range(0, len(offsets), COVER_CHUNK):
-            rows = (
-                slice(start, start + COVER_CHUNK) if order is None else order[start:][:COVER_CHUNK]
-            )
+            end = start + COVER_CHUNK
+            rows = slice(start, end) if order is None else order[start:end]
             at = offsets[rows]
             if words is None:
                 ok, head = np.zeros(len(at), bool), np.zeros((len(at), 4), np.uint32)
@@ -129,23 +130,48 @@ def check_covered(rf: RecordFile, idx: str, keys: Ints, offsets: Ints) -> None:
                     raise RecordFormatError(exc.reason, rf.path, int(at[i]), key) from None
             reach = np.maximum.accumulate(np.maximum(ends, covered))
             before = np.concatenate([[covered], reach[:-1]])
-            gap = np.flatnonzero(at > before)[:1].tolist()
-            if gap:
-                covered = int(before[gap[0]])
-                break
-            covered = int(reach[-1])
+            for g in np.flatnonzero(at > before).tolist():
+                _refuse_record_in(rf, idx, int(before[g]), int(at[g]))
+            covered = int(reach[-1]) if len(at) else covered
             if len(at):
                 release_range(mapping, int(at.min()), covered)
+        _refuse_record_in(rf, idx, covered, size)
     finally:
         del words
-    if covered < size:
+
+
+def _refuse_record_in(rf: RecordFile, idx: str, lo: int, hi: int) -> None:
+    """Raise naming the first record that starts between bytes `lo` and `hi` of a .rec."""
+    offset = _record_in(rf, lo, hi)
+    if offset is not None:
         raise RecordFormatError(
-            f"{size - covered if not gap else int(at[gap[0]]) - covered} bytes here are in no "
-            f"record that {idx} names (a record left out of the .idx, or damage): MXNet would "
-            "not read them, and `rectool verify` reports them; rebuild the .idx from the .rec "
-            "with `rectool reindex`",
-            rf.path, covered,
+            f"a record starts here that no line of {idx} names (lines lost or deleted): "
+            "MXNet would never read it, and `rectool verify` reports it; rebuild the .idx "
+            "from the .rec with `rectool reindex`",
+            rf.path, offset,
         )  # fmt: skip
+
+
+def _record_in(rf: RecordFile, lo: int, hi: int) -> int | None:
+    """Return the offset of the first record between bytes `lo` and `hi` of a .rec (its magic,
+    a part that starts a record, whole, an image header with a key), a window of words at a
+    time; None where there is none (damage, which reindex skips too)."""
+    mapping = rf.open()
+    lo += -lo % 4
+    for at in range(lo, hi - 7, 4 * SCAN_WORDS):
+        count = (min(hi, at + 4 * SCAN_WORDS + 4) - at) // 4
+        w = np.frombuffer(mapping, "<u4", count, at)
+        starts = (at + 4 * np.flatnonzero((w[:-1] == MAGIC) & (w[1:] >> LENGTH_BITS <= 1))).tolist()
+        del w  # (no view of the mapping may outlive this: it is closed after an error)
+        release_range(mapping, at, at + 4 * count)
+        for offset in starts:
+            try:
+                record = rf.read_parts(offset)[0]
+            except RecordFormatError:
+                continue  # no record: damage
+            if len(record) >= IMAGE_HEADER_SIZE and IMAGE_HEADER.unpack_from(record)[2] < 2**63:
+                return offset  # (a shorter one, or one of no int64 key: reindex skips it too)
+    return None
 
 
 def insightface_header(

@@ -324,3 +324,19 @@ def test_an_idx_naming_every_record_in_any_order_covers_its_rec(tmp_path):
     assert result.exit_code == 0, result.output
     assert reader.open_dataset(tmp_path / "r").keys.tolist() == [3, 7, 0, 1]
     assert invoke("verify", tmp_path / "r").exit_code == 0
+
+
+def test_damage_that_reindex_skips_is_no_record_left_out(tmp_path):
+    """A .rec damaged in the middle (a record's magic overwritten): `rectool reindex` writes
+    an .idx of the records around the damage, and `rectool index` then indexes them; the
+    damaged bytes hold no record start, so no record is left out."""
+    pairs = records(range(5))
+    offsets = write_shard(tmp_path / "r.rec", tmp_path / "r.idx", pairs)
+    with open(tmp_path / "r.rec", "r+b") as f:
+        f.seek(offsets[2])
+        f.write(b"\xde\xad\xbe\xef")
+    result = invoke("reindex", tmp_path / "r.rec", "--overwrite")
+    assert "Skipped 1 damaged byte range" in result.output  # (exit 1: it found damage)
+    result = invoke("index", tmp_path / "r.rec")
+    assert result.exit_code == 0, result.output
+    assert read_back(tmp_path / "r") == expected(pairs[:2] + pairs[3:])
