@@ -122,8 +122,8 @@ def check_covered(rf: RecordFile, idx: str, keys: Ints, offsets: Ints) -> None:
             else:
                 ok, _, head = record_heads(words, size, at)
             ends = at + 8 + ((head[:, 1].astype(np.int64) + 3) & ~3)
-            for i in np.flatnonzero(~ok).tolist():  # split or damaged: read part by part
-                key = int(keys[rows][i])
+            bad = np.flatnonzero(~ok)  # split or damaged: read part by part
+            for i, key in zip(bad.tolist(), keys[rows][bad].tolist() if len(bad) else []):
                 try:
                     ends[i] = rf.read_parts(int(at[i]), key)[1]
                 except RecordFormatError as exc:
