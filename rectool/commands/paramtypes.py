@@ -180,7 +180,8 @@ class SourceRoot(click.ParamType):
             archive = click.Path(exists=True, dir_okay=False, path_type=Path)
             return archive.convert(value, param, ctx)
         archives = "an archive (.tar, .tar.gz, .tgz, .zip, webdataset shards)"
-        if os.path.isfile(text):
-            self.fail(f"{text!r} is a file, neither a folder nor {archives}", param, ctx)
+        if os.path.exists(text) and not os.path.isdir(text):  # a FIFO too: never walked
+            what = "a file" if os.path.isfile(text) else "a special file (FIFO, socket, device)"
+            self.fail(f"{text!r} is {what}, neither a folder nor {archives}", param, ctx)
         tree = click.Path(exists=True, file_okay=False, path_type=Path)
         return tree.convert(value, param, ctx)

@@ -450,3 +450,15 @@ def test_a_repack_ids_file_at_a_name_the_repack_writes_is_refused(tmp_path, tree
     assert result.exit_code == 2, result.output
     assert f"{ids}: the {option} file is also a file of the pack " in result.output
     assert ids.read_text() == "ann\n"
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_a_fifo_as_list_root_is_exit_2_like_a_plain_file(tmp_path, alarm, as_json):
+    # A plain file as ROOT is a usage error (2); a FIFO was walked as a folder and failed (1).
+    os.mkfifo(tmp_path / "faces")
+    alarm(60)
+    result = run("list", tmp_path / "faces", tmp_path / "f.lst", *(["--json"] if as_json else []))
+    alarm(0)
+    assert result.exit_code == 2, result.output
+    message = json.loads(result.stdout)["error"] if as_json else result.stderr
+    assert f"'{tmp_path / 'faces'}' is a special file (FIFO, socket, device), neither a " in message
