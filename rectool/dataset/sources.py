@@ -90,6 +90,9 @@ def source_prefixes(source: str) -> list[str]:
         stem = PackPaths.of_rec(source)
         numbered = stem.numbered_pack()
         return [stem.prefix] if numbered is None else [stem.prefix, numbered.prefix]
+    train = os.path.join(source, "train.rec")
+    if os.path.isdir(source) and os.path.exists(train):  # an insightface folder: its train
+        return [source, *source_prefixes(train)]
     return [source]
 
 

@@ -340,3 +340,21 @@ def test_damage_that_reindex_skips_is_no_record_left_out(tmp_path):
     result = invoke("index", tmp_path / "r.rec")
     assert result.exit_code == 0, result.output
     assert read_back(tmp_path / "r") == expected(pairs[:2] + pairs[3:])
+
+
+def test_an_insightface_folder_index_killed_in_its_commit_is_finished_by_the_next_run(tmp_path):
+    """Killed inside its commit (the old manifest gone, the journal there), `rectool index
+    --force FOLDER` of an insightface folder is finished by the next `rectool index FOLDER`,
+    as one of a prefix is: the folder names the pack `FOLDER/train`."""
+    folder = tmp_path / "faces"
+    folder.mkdir()
+    rec, idx = folder / "train.rec", folder / "train.idx"
+    write_insightface(rec, idx, [2, 3], lambda k: jpeg_bytes(k, 8, 8))
+    assert invoke("index", folder).exit_code == 0
+    write_insightface(rec, idx, [3, 2], lambda k: jpeg_bytes(k, 8, 8))
+    index_killed(folder, "swap:1", "--force")
+    assert (folder / "train.commit-journal.json").exists()
+    result = invoke("index", folder)
+    assert result.exit_code == 0, result.output
+    assert not (folder / "train.commit-journal.json").exists()
+    assert invoke("verify", folder / "train").exit_code == 0
