@@ -148,7 +148,9 @@ def _label_pairs(own: np.ndarray, merged: np.ndarray) -> tuple[np.ndarray, np.nd
     present, first = np.unique(own, return_index=True)
     into = merged[first]
     order = np.argsort(into, kind="stable")
-    last = np.sort(order[np.r_[into[order][1:] != into[order][:-1], True]])
+    ends = np.ones(len(order), bool)  # (none for a source without records)
+    ends[:-1] = into[order][1:] != into[order][:-1]
+    last = np.sort(order[ends])
     return present[last], into[last]
 
 

@@ -462,3 +462,25 @@ def test_a_fifo_as_list_root_is_exit_2_like_a_plain_file(tmp_path, alarm, as_jso
     assert result.exit_code == 2, result.output
     message = json.loads(result.stdout)["error"] if as_json else result.stderr
     assert f"'{tmp_path / 'faces'}' is a special file (FIFO, socket, device), neither a " in message
+
+
+# --- An empty source ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "layout", [[], ["--layout", "insightface"], ["--layout", "insightface", "--pack-label"]]
+)
+def test_an_empty_source_still_repacks_to_an_empty_pack(tmp_path, layout):
+    # Nothing was removed: an empty pack in, an empty pack out (it ended in an IndexError
+    # traceback while the sources' labels were merged).
+    (tmp_path / "e.lst").write_bytes(b"")
+    (tmp_path / "tree").mkdir()
+    for name in ("a", "b"):
+        prefix = tmp_path / name / "p"
+        args = ["pack", tmp_path / "e.lst", tmp_path / "tree", prefix, "--allow-empty", *layout]
+        assert run(*args).exit_code == 0
+    for sources in ([tmp_path / "a" / "p"], [tmp_path / "a" / "p", tmp_path / "b" / "p"]):
+        out = tmp_path / f"out{len(sources)}" / "p"
+        result = run("repack", *sources, out, *layout)
+        assert result.exit_code == 0, result.output
+        assert len(open_dataset(out)) == 0
