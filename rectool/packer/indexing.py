@@ -32,7 +32,7 @@ from ..format.binindex import (
     write_pack_index,
 )
 from ..format.digest import SHA256, XXH3_128, Digests, field_name, file_digests
-from ..format.manifest import read_manifest
+from ..format.manifest import read_manifest, refuse_unfinished_plan
 from ..format.paths import MANIFEST_SUFFIX, PackPaths
 from ..reader import (
     MANIFEST_FORMAT,
@@ -227,10 +227,23 @@ def _again(
     (`_upgraded`), its record of the shards kept and checked."""
     if "options" in manifest or manifest.get("list") is not None:
         return _upgraded(paths.manifest, manifest)
-    described, index, _ = _described(paths, resolve_source(target)[2])
+    described, index, _ = _described(paths, _shards_now(target, paths, manifest))
     if "links" in manifest:
         described["links"] = manifest["links"]
     return described, index, manifest.get("format_version", 0)
+
+
+def _shards_now(
+    target: StrPath, paths: PackPaths, manifest: dict[str, Any]
+) -> list[tuple[str, str]]:
+    """Return the (rec, idx) shards of a pack `index` described, found as they are now: a
+    numbered set found again (a shard added or gone since), else those its manifest names."""
+    numbered = paths.numbered_recs()
+    listed = [shard["rec"] for shard in manifest["shards"]]
+    if numbered and listed == [os.path.basename(paths.shard(n).rec) for n in range(len(listed))]:
+        refuse_unfinished_plan(paths, numbered)
+        return [(rec, PackPaths.idx_beside(rec)) for rec in numbered]
+    return resolve_source(target)[2]
 
 
 def _upgraded(path: str, manifest: dict[str, Any]) -> tuple[dict[str, Any], PackIndex, int | None]:

@@ -358,3 +358,19 @@ def test_an_insightface_folder_index_killed_in_its_commit_is_finished_by_the_nex
     assert result.exit_code == 0, result.output
     assert not (folder / "train.commit-journal.json").exists()
     assert invoke("verify", folder / "train").exit_code == 0
+
+
+def test_force_finds_a_shard_added_to_a_foreign_numbered_pack(tmp_path):
+    """A numbered set of shards made by others, indexed, then made again with one more shard:
+    `--force` describes the shards there are now, as `--into` does, instead of those the old
+    manifest listed (the new shard's samples silently left out)."""
+    prefix = tmp_path / "p"
+    shards = [records(range(3)), records(range(3, 5)), records(range(5, 9))]
+    for n, pairs in enumerate(shards[:2]):
+        write_shard(f"{prefix}-{n:05d}.rec", f"{prefix}-{n:05d}.idx", pairs)
+    assert invoke("index", prefix).exit_code == 0
+    write_shard(f"{prefix}-00002.rec", f"{prefix}-00002.idx", shards[2])
+    result = invoke("index", prefix, "--force")
+    assert result.exit_code == 0, result.output
+    assert read_back(prefix) == expected([p for pairs in shards for p in pairs])
+    assert invoke("verify", prefix).exit_code == 0
