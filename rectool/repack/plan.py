@@ -227,6 +227,11 @@ def plan_repack(
     for path, keep in ((options.keep_ids, True), (options.drop_ids, False)):
         if path:
             wanted = selection.read_id_list(path, catalog.names)
+            if keep and not len(wanted):  # a step that failed upstream: not an empty pack
+                raise UsageError(
+                    f"{path}: names no identity to keep (empty, or only blank and # lines); "
+                    "nothing was written"
+                )
             selection.check_labels_exist(path, wanted, labels)
             before = int(mask.sum())
             mask &= selection.identity_mask(labels, wanted, keep)

@@ -464,7 +464,30 @@ def test_a_fifo_as_list_root_is_exit_2_like_a_plain_file(tmp_path, alarm, as_jso
     assert f"'{tmp_path / 'faces'}' is a special file (FIFO, socket, device), neither a " in message
 
 
-# --- An empty source ---------------------------------------------------------------------------
+# --- A --keep-ids file that names nobody -------------------------------------------------------
+# pack refuses an empty list (a step that failed upstream must not become a sound empty
+# pack). repack's --keep-ids is its list of identities: an empty file (or one of blank and #
+# lines) kept nobody and wrote an empty pack, exit 0.
+
+
+@pytest.mark.parametrize("text", [b"", b"\n# none yet\n\n"], ids=["empty", "comments"])
+def test_a_keep_ids_file_that_names_nobody_is_refused(tmp_path, tree, text):
+    lst = tmp_path / "f.lst"
+    assert run("list", tree, lst).exit_code == 0
+    src = tmp_path / "src" / "p"
+    assert run("pack", lst, tree, src, "--quiet").exit_code == 0
+    (tmp_path / "ids").write_bytes(text)
+    out = tmp_path / "out" / "p"
+    result = run("repack", src, out, "--layout", "insightface", "--keep-ids", tmp_path / "ids")
+    assert result.exit_code == 2, result.output
+    assert f"{tmp_path / 'ids'}: names no identity to keep (empty, or only blank and # " in (
+        result.output
+    )
+    assert not out.parent.exists() or not any(out.parent.iterdir())
+    (tmp_path / "ids").write_bytes(text)  # as --drop-ids: nobody dropped, every image kept
+    result = run("repack", src, out, "--drop-ids", tmp_path / "ids")
+    assert result.exit_code == 0, result.output
+    assert len(open_dataset(out)) == 4
 
 
 @pytest.mark.parametrize(
