@@ -16,7 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -139,7 +139,11 @@ def index_shards(
     if ranges is not None:
         ids = key_lines(keys, ranges[1], idx_paths[0])
         pairs = header_labels(files, shard_of[ids], offsets[ids], keys[ids])
-        identity_ranges = _identity_ranges(pairs, ranges[0].stop - ranges[0].start, files[0].path)
+        identity_ranges = _identity_ranges(
+            pairs,
+            ranges[0].stop - ranges[0].start,
+            lambda j: (files[int(shard_of[ids][j])].path, int(offsets[ids][j]), int(keys[ids][j])),
+        )
         lines = np.arange(len(keys))[key_lines(keys, ranges[0], idx_paths[0])]
         order = shard_of[lines]
         if (order[1:] < order[:-1]).any():  # (shard numbers are unsigned: no np.diff)
@@ -233,22 +237,28 @@ def index_manifest(
     )
 
 
-def _identity_ranges(pairs: NDArray[Any], images: int, rec: str) -> NDArray[np.int64]:
-    """Return the identity records' label pairs [first key, end key) as sample ranges."""
+def _identity_ranges(
+    pairs: NDArray[Any], images: int, where: Callable[[int], tuple[str, int, int]]
+) -> NDArray[np.int64]:
+    """Return the identity records' label pairs [first key, end key) as sample ranges;
+    `where(j)`: (rec, byte offset, key) of identity record j, named when it is refused."""
     if not len(pairs):  # a pack of no identity (a repack that kept none): no pair to check
         return np.empty((0, 2), np.int64)
     if pairs.dtype == object or pairs.ndim != 2 or pairs.shape[1] < 2:
-        raise RectoolError(f"{rec}: identity records must each hold a label pair [first, end)")
-    if not (np.isfinite(pairs[:, :2]) & (np.abs(pairs[:, :2]) < 2**31)).all():
-        raise RectoolError(f"{rec}: identity records hold key ranges no key reaches")
-    ranges = pairs[:, :2].astype(np.int64) - 1  # image key k is sample k - 1
-    bad = (ranges[:, 0] < 0) | (ranges[:, 0] > ranges[:, 1]) | (ranges[:, 1] > images)
+        widths = [np.size(p) for p in pairs] if pairs.dtype == object else [0]
+        j = next((j for j, w in enumerate(widths) if w < 2), 0)
+        raise RecordFormatError(
+            "an identity record must hold a label pair [first key, end key)", *where(j)
+        )
+    ok = np.isfinite(pairs[:, :2]) & (np.abs(pairs[:, :2]) < 2**31)
+    ranges = np.where(ok, pairs[:, :2], 0).astype(np.int64) - 1  # image key k is sample k - 1
+    bad = ~ok.all(1) | (ranges[:, 0] < 0) | (ranges[:, 0] > ranges[:, 1]) | (ranges[:, 1] > images)
     if bad.any():
         j = int(np.argmax(bad))
-        raise RectoolError(
-            f"{rec}: identity record {j} holds the key range {(pairs[j, :2] + 0).tolist()}, "
-            f"outside the image keys 1..{images}"
-        )
+        raise RecordFormatError(
+            f"the identity record holds the key range {(pairs[j, :2] + 0).tolist()}, not one "
+            f"of the image keys 1..{images} [first, end)", *where(j),
+        )  # fmt: skip
     return ranges
 
 

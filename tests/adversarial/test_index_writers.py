@@ -374,3 +374,20 @@ def test_force_finds_a_shard_added_to_a_foreign_numbered_pack(tmp_path):
     assert result.exit_code == 0, result.output
     assert read_back(prefix) == expected([p for pairs in shards for p in pairs])
     assert invoke("verify", prefix).exit_code == 0
+
+
+@pytest.mark.parametrize("pair", [[1.0, 9.0], [3.0, 2.0], [0.0, 2.0], 3.0])
+def test_an_identity_record_that_lies_is_named_by_key_and_offset(tmp_path, pair):
+    """An insightface identity record whose range runs past the images, ends before it
+    starts, starts at key 0 (the header), or holds no pair: refused naming the .rec, the
+    identity record's key and its byte offset, not its position among the identities."""
+    folder = tmp_path / "faces"
+    folder.mkdir()
+    pairs = [(k, image_record(jpeg_bytes(k, 8, 8), 0.0, k)) for k in range(1, 5)]
+    pairs += [(5, image_record(b"", [1.0, 3.0], 5)), (6, image_record(b"", pair, 6))]
+    pairs += [(0, image_record(b"", [5.0, 7.0], 0, 1))]
+    offsets = write_shard(folder / "train.rec", folder / "train.idx", pairs)
+    result = invoke("index", folder)
+    assert result.exit_code == 1, result.output
+    assert f"{folder / 'train.rec'}, key 6, byte offset {offsets[5]}: " in result.stderr
+    assert sorted(os.listdir(folder)) == ["train.idx", "train.rec"]
