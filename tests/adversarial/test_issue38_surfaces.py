@@ -150,6 +150,32 @@ def test_a_kill_at_the_first_write_leaves_a_run_that_starts_again(tmp_path, agai
     assert pack_files(out.parent) == pack_files(tmp_path / "ref")
 
 
+@pytest.mark.parametrize(
+    "fault", ["write:3", "shard:1", "write:9"], ids=["among-records", "shard-done", "finishing"]
+)
+@pytest.mark.parametrize("conversion", ["vector-to-scalar", "scalar-to-vector"])
+def test_a_repack_between_the_shapes_killed_midway_resumes_to_the_same_bytes(
+    tmp_path, fault, conversion
+):
+    # Killed among its records, a repack converting the label shape resumes (`--resume`) to
+    # the bytes an uninterrupted one writes: every reader then reads the same labels.
+    lst, root, *options = vector_pack_args(tmp_path, tmp_path / "tree")
+    to_vector = conversion == "scalar-to-vector"
+    if to_vector:
+        options.remove("--pack-label")
+    source = tmp_path / "src" / "p"
+    assert run("pack", lst, root, source, *options).exit_code == 0
+    flags = ["--layout", "insightface", "--quiet", *(["--pack-label"] if to_vector else [])]
+    assert run("repack", source, tmp_path / "ref" / "p", *flags).exit_code == 0
+    out = tmp_path / "out" / "p"
+    killed = rectool("repack", source, out, *flags, env={"RECTOOL_OUTPUT_FAULT": f"{fault}:kill"})
+    assert killed.returncode == -9, killed.stderr
+    assert (out.parent / "p.pack-state.json").exists()  # killed before its end
+    result = run("repack", source, out, *flags, "--resume")
+    assert result.exit_code == 0, result.output
+    assert pack_files(out.parent) == pack_files(tmp_path / "ref")
+
+
 def test_another_packs_temporary_beside_is_neither_refused_nor_removed(tmp_path):
     # `.pq.manifest.json.XXXX.tmp` is pack pq's, maybe being written now: not pack p's.
     lst, root, *options = vector_pack_args(tmp_path, tmp_path / "tree")
