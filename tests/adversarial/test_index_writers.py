@@ -391,3 +391,49 @@ def test_an_identity_record_that_lies_is_named_by_key_and_offset(tmp_path, pair)
     assert result.exit_code == 1, result.output
     assert f"{folder / 'train.rec'}, key 6, byte offset {offsets[5]}: " in result.stderr
     assert sorted(os.listdir(folder)) == ["train.idx", "train.rec"]
+
+
+def test_a_full_disk_at_any_step_of_index_force_leaves_the_old_index_or_the_new(tmp_path):
+    """`rectool index --force` over a pack indexed before, its shard made again, with the disk
+    full at the Nth step of its output, for every N: it exits 1 naming the cause, and the
+    reader maps the old index whole (nothing staged left behind) or the new one; or, failed
+    inside its commit, it is finished by the next run."""
+    from rectool.doors import output
+
+    rec, idx, prefix = tmp_path / "r.rec", tmp_path / "r.idx", tmp_path / "r"
+    write_shard(rec, idx, records(range(4)))
+    assert invoke("index", rec).exit_code == 0
+    old = arrays_of(prefix)
+    now = records([3, 1, 0, 2])
+    write_shard(rec, idx, now)
+    assert invoke("index", rec, "--force").exit_code == 0
+    new = arrays_of(prefix)
+    for n in range(1, 100):
+        write_shard(rec, idx, records(range(4)))
+        assert invoke("index", rec, "--force").exit_code == 0
+        write_shard(rec, idx, now)
+        steps = []
+
+        def full(step, path, n=n, steps=steps):
+            steps.append(step)
+            if len(steps) == n:
+                raise OSError(28, "No space left on device", path)
+
+        output.set_fault_hook(full)
+        try:
+            result = invoke("index", rec, "--force")
+        finally:
+            output.set_fault_hook(None)
+        if len(steps) < n:  # every step passed: the new index
+            assert result.exit_code == 0, result.output
+            break
+        assert result.exit_code == 1, (n, steps, result.output)
+        assert "No space left on device" in result.stderr
+        committed = (tmp_path / "r.commit-journal.json").exists()
+        if not committed:
+            assert arrays_of(prefix) == old, (n, steps)
+            assert not (tmp_path / ".r.overwrite").exists(), (n, steps)
+        assert invoke("index", rec).exit_code == 0
+        assert arrays_of(prefix) == (new if committed else old), (n, steps)
+    assert read_back(prefix) == expected(now)
+    assert n > 10  # (every step of the output was reached once)
