@@ -67,6 +67,47 @@ def test_a_label_map_named_like_a_list_is_refused_before_the_walk(
     assert not out.exists()  # nothing written, not even the folder
 
 
+@pytest.mark.parametrize(
+    "ratios",
+    [
+        ["--val-ratio", "nan"],
+        ["--val-ratio", "inf"],
+        ["--val-ratio", "-0.1"],
+        ["--train-ratio", "1.5"],
+        ["--val-ratio", "0.6", "--train-ratio", "0.6"],
+        ["--val-ratio", "0", "--train-ratio", "0", "--test-ratio", "0"],
+        ["--test-ratio", "0x1p-1"],
+    ],
+    ids=["nan", "inf", "negative", "above-1", "sum-above-1", "sum-0", "hex"],
+)
+def test_a_ratio_that_cannot_cut_is_exit_2_with_one_json_document(tmp_path, tree, ratios):
+    result = run("list", tree, tmp_path / "faces.lst", *ratios, "--json")
+    assert result.exit_code == 2, result.output
+    assert json.loads(result.stdout)["exit"] == 2 and result.stderr == ""
+    assert list(tmp_path.iterdir()) == [tree]
+
+
+@pytest.mark.parametrize(
+    "ratios, written",
+    [
+        (["--val-ratio", "0.5e0"], ["faces_train.lst", "faces_val.lst"]),
+        (["--val-ratio", "1"], ["faces_val.lst"]),
+        (["--val-ratio", "0"], ["faces.lst"]),  # train 1: no split
+        (["--train-ratio", "0.25", "--test-ratio", "0.75"], ["faces_test.lst", "faces_train.lst"]),
+    ],
+    ids=["exponent", "all-val", "val-0", "train-test"],
+)
+def test_odd_ratios_write_only_the_lists_they_name(tmp_path, tree, ratios, written):
+    (tmp_path / "faces.lst").write_text("an older list, none of this run's outputs\n")
+    (tmp_path / "faces_val.lst").write_text("older\n")
+    result = run("list", tree, tmp_path / "faces.lst", *ratios, "--overwrite")
+    assert result.exit_code == 0, result.output
+    listed = [(tmp_path / name).read_text().splitlines() for name in written]
+    assert sum(map(len, listed)) == 4  # every image in one of the lists named
+    for name in {"faces.lst", "faces_val.lst"} - set(written):  # the rest untouched
+        assert (tmp_path / name).read_text().startswith(("an older", "older")), name
+
+
 def test_a_label_map_reaching_a_list_through_a_linked_folder_is_refused(tmp_path, tree):
     (tmp_path / "o").mkdir()
     (tmp_path / "alias").symlink_to(tmp_path / "o")
