@@ -244,6 +244,8 @@ def _charts_section(report: Report) -> str:
                 )
             )
         )
+    elif not info["images"]:  # (no label to call integral or not)
+        out.append("<p>No images.</p>")
     else:
         out.append("<p>Not shown: the labels are not integral class ids.</p>")
     out.append('</div><div class="chart-block"><h3 id="dimensions-h">Image dimensions</h3>')

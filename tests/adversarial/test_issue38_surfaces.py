@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from helpers.mxnet_oracle import MX_FACE_DATASET, UNPACK_GLINT360K, run_mxnet
 from rectool import open_dataset
 from rectool import reader as core
 from rectool.cli import cli
+from rectool.report.charts import log_bins
 
 
 def run(*args):
@@ -574,3 +576,60 @@ def test_an_empty_source_still_repacks_to_an_empty_pack(tmp_path, layout):
         result = run("repack", *sources, out, *layout)
         assert result.exit_code == 0, result.output
         assert len(open_dataset(out)) == 0
+
+
+# --- The images-per-identity chart ------------------------------------------------------------
+
+
+def chart_text(page):
+    """Return the text of the page's images-per-identity block, tags removed."""
+    block = page[page.index('id="per-identity-h"') : page.index('<h3 id="dimensions-h"')]
+    return " ".join(re.sub(r"<[^>]+>", " ", block).split())
+
+
+@pytest.mark.parametrize("layout", [[], ["--layout", "insightface", "--pack-label"]])
+def test_the_chart_of_a_pack_of_no_image_says_so(tmp_path, layout):
+    # It said "Not shown: the labels are not integral class ids": there are no labels.
+    (tmp_path / "e.lst").write_bytes(b"")
+    (tmp_path / "tree").mkdir()
+    args = ["pack", tmp_path / "e.lst", tmp_path / "tree", tmp_path / "p" / "p", "--allow-empty"]
+    assert run(*args, *layout).exit_code == 0
+    result = run("report", tmp_path / "p" / "p", "-o", tmp_path / "r.html")
+    assert result.exit_code == 0, result.output
+    text = chart_text((tmp_path / "r.html").read_text(encoding="utf-8"))
+    assert text == "Images per identity No images.", text
+    assert "not integral" not in text
+
+
+@pytest.mark.parametrize(
+    "labels, bars",
+    [
+        ([0.0], [("1", 1)]),  # one identity, one image
+        ([0.0, 7.0, 1000.0] * 3, [("3", 3)]),  # labels far apart, each of one size
+        ([2.0] * 5 + [9.0], [("1", 1), ("2", 0), ("3", 0), ("4\u20135", 1)]),  # not from 0
+    ],
+    ids=["one-image", "sparse-same-size", "not-from-0"],
+)
+def test_the_chart_counts_each_identity_that_has_images(tmp_path, labels, bars):
+    records = [(k, image_record(images(1)[0], label, k)) for k, label in enumerate(labels)]
+    write_shard(tmp_path / "f.rec", tmp_path / "f.idx", records)
+    result = run("report", tmp_path / "f.rec", "-o", tmp_path / "r.html", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["identities"] == len(set(labels))
+    assert log_bins([labels.count(x) for x in sorted(set(labels))]) == bars
+    text = chart_text((tmp_path / "r.html").read_text(encoding="utf-8"))
+    table = text[text.index("Images per identity Identities") :]
+    assert table.split()[4:] == [word for bar in bars for word in bar_words(bar)], table
+
+
+def bar_words(bar):
+    label, count = bar
+    return [label, str(count)]
+
+
+def test_a_million_image_identity_is_one_bar_among_the_long_tail():
+    counts = [10**6, 1, 1, 2, 3, 40]
+    bars = log_bins(counts)
+    assert sum(n for _, n in bars) == len(counts)
+    assert bars[0] == ("1", 2) and bars[-1][1] == 1
+    assert bars[-1][0].endswith("1,000,000")
