@@ -583,7 +583,7 @@ def test_an_empty_source_still_repacks_to_an_empty_pack(tmp_path, layout):
 
 def chart_text(page):
     """Return the text of the page's images-per-identity block, tags removed."""
-    block = page[page.index('id="per-identity-h"') : page.index('<h3 id="dimensions-h"')]
+    block = page[page.index('<h3 id="per-identity-h"') : page.index('<h3 id="dimensions-h"')]
     return " ".join(re.sub(r"<[^>]+>", " ", block).split())
 
 
