@@ -83,6 +83,16 @@ PACK_FILE_ENDINGS = (
     JOURNAL_SUFFIX,
 )
 
+# What follows a prefix in the name of any file a pack or a repack writes.
+_OWN_ENDINGS = (
+    *PACK_FILE_ENDINGS,
+    PLAN_SUFFIX,
+    RELABEL_SUFFIX,
+    REPORT_SUFFIX,
+    LABEL_MAP_SUFFIX,
+    STDIN_COPY_SUFFIX,
+)
+
 
 @dataclass(frozen=True)
 class PackPaths:
@@ -303,7 +313,13 @@ class PackPaths:
     def temporaries(self) -> list[str]:
         """Return the temporary files (`.NAME.XXXX.tmp`) a killed run of this pack left.
 
-        NAME is one of its files (`p.rec`, `p-00001.idx`, ...): a pack `pq` beside it has its
-        own (`.pq.rec.XXXX.tmp`), maybe being written now."""
+        NAME is one of its files (`p.rec`, `p-00001.idx`, `p.manifest.json`, ...): a pack
+        beside it (`pq`, `p.v2`, `p-small`) has its own, maybe being written now."""
         pattern = "." + glob.escape(self.stem) + "[.-]*" + _TEMPORARY_SUFFIX
-        return glob.glob(os.path.join(glob.escape(self.folder), pattern))
+        found = glob.glob(os.path.join(glob.escape(self.folder), pattern))
+        # `.NAME.` + mkstemp's 8 characters + `.tmp`.
+        own = re.compile(
+            r"\." + re.escape(self.stem) + rf"(?:-[0-9]{{{SHARD_DIGITS}}})?"
+            rf"(?:{'|'.join(map(re.escape, _OWN_ENDINGS))})(?:\.partial)?\.[^.]+\.tmp"
+        )
+        return [name for name in found if own.fullmatch(os.path.basename(name))]

@@ -219,16 +219,17 @@ def test_a_repack_between_the_shapes_killed_midway_resumes_to_the_same_bytes(
     assert pack_files(out.parent) == pack_files(tmp_path / "ref")
 
 
-def test_another_packs_temporary_beside_is_neither_refused_nor_removed(tmp_path):
+@pytest.mark.parametrize("theirs", ["pq", "p.v2", "p-small", "p-2024"])
+def test_another_packs_temporary_beside_is_neither_refused_nor_removed(tmp_path, theirs):
     # `.pq.manifest.json.XXXX.tmp` is pack pq's, maybe being written now: not pack p's.
     lst, root, *options = vector_pack_args(tmp_path, tmp_path / "tree")
     out = tmp_path / "out"
-    theirs = out / ".pq.manifest.json.abcd1234.tmp"
+    temporary = out / f".{theirs}.manifest.json.abcd1234.tmp"
     out.mkdir()
-    theirs.write_bytes(b"{")
+    temporary.write_bytes(b"{")
     assert run("pack", lst, root, out / "p", *options).exit_code == 0
     assert run("repack", out / "p", out / "p2", "--layout", "insightface").exit_code == 0
-    assert theirs.read_bytes() == b"{"
+    assert temporary.read_bytes() == b"{"
 
 
 # --- Three readers, one label a record --------------------------------------------------------
