@@ -19,7 +19,7 @@ reading side. `pack` and `repack` ask a `Layout` rather than comparing layout na
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from .. import choices
@@ -119,22 +119,24 @@ class Layout:
 
     def records_after(
         self, images: int, counts: list[int] | Mapping[int, int]
-    ) -> list[tuple[int, bytes]]:
-        """Return the (key, framed record) pairs that follow `images` images, whose identity
-        `label` has `counts[label]` of them (a list, or a mapping that may lack a label)."""
+    ) -> Iterator[tuple[int, bytes]]:
+        """Yield the (key, framed record) pairs that follow `images` images, whose identity
+        `label` has `counts[label]` of them (a list, or a mapping that may lack a label).
+
+        One at a time: a list labelled up to 10**7 needs as many identity records, and a list
+        of them held 2 GB (`tests/adversarial/test_identities.py`). The key check runs before
+        the first is yielded, so a refused layout writes none."""
         if not self.numbered:
-            return []
+            return
         classes = len(counts) if isinstance(counts, list) else max(counts, default=-1) + 1
         self.check_keys(images, classes, "Use the default layout (images only)")
-        out = []
         start = 1
         for label in range(classes):
             end = start + int(counts[label] if isinstance(counts, list) else counts.get(label, 0))
             key = images + 1 + label
-            out.append((key, _labels_record([start, end], key, 0)))
+            yield key, _labels_record([start, end], key, 0)
             start = end
-        out.append((0, _labels_record([images + 1, images + 1 + classes], 0, 1)))
-        return out
+        yield 0, _labels_record([images + 1, images + 1 + classes], 0, 1)
 
     def write_property(
         self, folder: StrPath | None, classes: int, size: tuple[int, int] | None

@@ -183,3 +183,32 @@ def test_pack_refuses_a_label_map_whose_names_are_not_one_per_identity(
     assert result.exit_code == 2, result.output
     assert said in result.output and str(labels) in result.output
     assert not out.exists() or not any(out.iterdir())  # nothing written
+
+
+def test_identity_records_of_a_sparse_label_space_are_made_one_at_a_time():
+    # A list whose labels reach 10**7 needs as many identity records after its images; held as
+    # one list they took 2 GB (a pack of one image so labelled). Consumed one by one, what is
+    # allocated stays that of a few records: 100,000 here, ~190 bytes each when listed.
+    import tracemalloc
+
+    from rectool.packer.layout import INSIGHTFACE
+
+    counts = {99_999: 1}  # one image, with the last label
+    tracemalloc.start()
+    try:
+        made = 0
+        for _key, _framed in INSIGHTFACE.records_after(1, counts):
+            made += 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert made == 100_000 + 1  # an identity record a label, then record 0
+    assert peak < 2_000_000, f"{peak:,} bytes allocated at once"
+
+
+def test_a_label_space_too_large_for_float32_keys_is_refused_before_any_record():
+    from rectool.errors import RectoolError
+    from rectool.packer.layout import INSIGHTFACE
+
+    with pytest.raises(RectoolError, match="float32"):  # made lazily: still before the first
+        next(iter(INSIGHTFACE.records_after(10, {2**24: 1})))
