@@ -156,8 +156,9 @@ def repack_command(
     its .idx), an insightface folder (train.rec, train.idx, property), the URL of a manifest
     (s3://, https://: read from a copy downloaded into $RECTOOL_CACHE_DIR). Several are merged.
     Identities are filtered, then relabelled 0..C-1, then written in --order. Records are
-    copied as bytes (only the label and key in the header change) unless a re-encoding option
-    is given. Removed duplicates and overlap are listed in OUT_PREFIX.failures.jsonl; counts
+    copied as bytes (only the header's label and key change, and its label count when a label
+    changes shape: see --pack-label) unless a re-encoding option is given. Removed duplicates
+    and overlap are listed in OUT_PREFIX.failures.jsonl; counts
     per identity in OUT_PREFIX.report.json; the label mapping in OUT_PREFIX.relabel.tsv.
 
     An s3:// (gs://, az://) OUT_PREFIX is repacked in a staging folder under the cache folder
