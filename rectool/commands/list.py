@@ -55,6 +55,14 @@ def parse_extensions(
     return exts
 
 
+def refuse_stdout(ctx: click.Context, param: click.Parameter, value: Path | None) -> Path | None:
+    """Refuse `--labels -`: stdout carries the list (with OUT -) or nothing; a label map is
+    written to a file, which `-` would otherwise name."""
+    if value is not None and str(value) == "-":
+        raise click.BadParameter("the label map is written to a file; name one (not -)")
+    return value
+
+
 @click.command(cls=RectoolCommand, name="list")
 @renamed_option("--threads", "--workers", "workers", type=click.IntRange(1, 256))
 @click.argument("root", type=SourceRoot())
@@ -121,6 +129,7 @@ def parse_extensions(
     "with OUT - it is written only if this is given.",
     "labels",
     click.Path(dir_okay=False, path_type=Path),
+    callback=refuse_stdout,
 )
 @overwrite_option("Replace existing lists and label map (all or none are written).")
 @allow_outside_root_option(

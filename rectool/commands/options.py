@@ -70,9 +70,9 @@ def output_option(help: str, type: click.ParamType, *dest: str, **more: Any) -> 
     return click.option("--output", "-o", *dest, type=type, help=help, **more)
 
 
-def labels_option(help: str, dest: str, type: click.ParamType) -> Callable[[F], F]:
+def labels_option(help: str, dest: str, type: click.ParamType, **more: Any) -> Callable[[F], F]:
     """--labels FILE: the label map (label<TAB>identity) that list writes and pack reads."""
-    return click.option("--labels", dest, type=type, help=help)
+    return click.option("--labels", dest, type=type, help=help, **more)
 
 
 def layout_option(help: str) -> Callable[[F], F]:

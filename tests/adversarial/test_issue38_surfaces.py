@@ -638,3 +638,15 @@ def test_a_million_image_identity_is_one_bar_among_the_long_tail():
     assert sum(n for _, n in bars) == len(counts)
     assert bars[0] == ("1", 2) and bars[-1][1] == 1
     assert bars[-1][0].endswith("1,000,000")
+
+
+@pytest.mark.parametrize("out", ["-", "faces.lst"])
+def test_a_label_map_given_as_dash_is_refused_not_written_to_a_file_named_dash(
+    tree, tmp_path, monkeypatch, out
+):
+    # `-` names stdout where rectool takes it (OUT); `--labels -` wrote a file called "-".
+    monkeypatch.chdir(tmp_path)
+    result = run("list", tree, out, "--labels", "-", "--json")
+    assert result.exit_code == 2, result.output
+    assert "name one (not -)" in json.loads(result.output)["error"]
+    assert not (tmp_path / "-").exists() and not (tmp_path / "faces.lst").exists()
