@@ -342,6 +342,10 @@ def test_shuffle_without_seed_draws_one_and_reports_it(tmp_path):
         ((None, None, 0.25), (0.75, 0.0, 0.25)),
         ((0.5, 0.25, None), (0.5, 0.25, 0.25)),
         ((0.7, 0.2, 0.1), (0.7, 0.2, 0.1)),
+        # A val ratio given is a split, however small; the rest of 0.7 + 0.3 is no test list.
+        ((None, 1e-10, None), (1.0, 1e-10, 0.0)),
+        ((0.7, 0.3, None), (0.7, 0.3, 0.0)),
+        ((None, 0.0, None), None),
     ],
 )
 def test_resolve_ratios(ratios, expected):

@@ -114,19 +114,20 @@ def resolve_ratios(
         raise UsageError(f"{must}: {terms} = {total:g} > 1")
     if len(given) == 3 and abs(total - 1) > 1e-6:
         raise UsageError(f"{must}: {terms} = {total:g}")
+    # The ratio not given takes the rest: within 1e-9 of 0 (0.7 + 0.3 leaves 5.6e-17), none.
+    rest = lambda r: 0.0 if abs(r) < 1e-9 else r  # noqa: E731
     if train is None:
-        train = 1 - (val or 0) - (test or 0)
+        train = rest(1 - (val or 0) - (test or 0))
     elif val is None:
-        val = 1 - train - (test or 0)
+        val = rest(1 - train - (test or 0))
     elif test is None:
-        test = 1 - train - val
+        test = rest(1 - train - val)
     val, test = val or 0.0, test or 0.0
-    if min(train, val, test) < -1e-9 or abs(train + val + test - 1) > 1e-6:
+    if min(train, val, test) < 0 or abs(train + val + test - 1) > 1e-6:
         raise UsageError(
             f"the train, val and test ratios must add up to 1, got {train:g} + {val:g} + {test:g}"
         )
-    train, val, test = (max(0.0, r) for r in (train, val, test))
-    if train >= 1 - 1e-9:
+    if not val and not test:  # all to train: no split (a val or test ratio given is one)
         return None
     return train, val, test
 
