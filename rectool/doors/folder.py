@@ -39,7 +39,7 @@ class OutputFolder:
         fd = self._folders.get(name)
         if fd is not None:
             return fd
-        if name in ("", ".", "..") or "/" in name or "\0" in name:
+        if not _plain(name):
             raise RectoolError(f"{name!r}: not a plain folder name inside {self.root}")
         where = os.path.join(self.root, name)
         try:
@@ -67,9 +67,9 @@ class OutputFolder:
         replaces a file), so a file with its final name is always complete; an existing one
         is refused, or with `resume` compared byte for byte.
         """
-        where = os.path.join(self.root, folder, name)
-        if name in ("", ".", "..") or "/" in name or "\0" in name:
+        if not _plain(name):
             raise RectoolError(f"{name!r}: not a plain file name inside {self.root}")
+        where = os.path.join(self.root, folder, name)
         dir_fd = self._folder(folder)
         if resume and self._same_file(dir_fd, name, where, data):
             return False
@@ -143,3 +143,15 @@ class OutputFolder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _plain(name: str) -> bool:
+    """Return True when `name` is one file name the file system can be given (no path, no
+    NUL, encodable: a lone surrogate from a JSON escape is not)."""
+    if name in ("", ".", "..") or "/" in name or "\0" in name:
+        return False
+    try:
+        os.fsencode(name)
+    except UnicodeEncodeError:
+        return False
+    return True

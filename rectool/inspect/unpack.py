@@ -63,6 +63,9 @@ class DamagedRecordsError(RectoolError):
         self.damaged = damaged
 
 
+# The longest file name Linux and macOS file systems hold, in bytes.
+NAME_MAX = 255
+
 # The shards' mappings are let go once about this many image bytes were read through them.
 RELEASE_BYTES = 64 << 20
 
@@ -117,7 +120,7 @@ def unpack_dataset(
             if mapped >= RELEASE_BYTES:  # unmapped, mapped again on the next read: the
                 ds.close()  # process never holds the pack's pages (issue 37)
                 mapped = 0
-            folder = folders[float(label if np.ndim(label) == 0 else label[0])]
+            folder = folders[_label_text(label if np.ndim(label) == 0 else label[0])]
             kind = sniff_format(image[:16])
             result.unknown_format += kind is None
             key = ds.keys.item(i)
@@ -135,8 +138,9 @@ def unpack_dataset(
     return result
 
 
-def _folders(ds: PackDataset, samples: np.ndarray, names: dict[int, str]) -> dict[float, str]:
-    """Return the folder of each label the `samples` carry (their first label); raise
+def _folders(ds: PackDataset, samples: np.ndarray, names: dict[int, str]) -> dict[str, str]:
+    """Return the folder of each label the `samples` carry (their first label), by the label's
+    `_label_text` (a NaN label is one key, never equal to itself as a float); raise
     `RectoolError` naming the folder when two labels would share one (identities that the
     label map names alike, or a name that is another label's number): two identities are
     never poured into one folder."""
@@ -147,10 +151,10 @@ def _folders(ds: PackDataset, samples: np.ndarray, names: dict[int, str]) -> dic
         firsts = np.asarray(labels[samples, 0], np.float64)
     else:
         firsts = np.asarray(labels[samples], np.float64)
-    folders: dict[float, str] = {}
+    folders: dict[str, str] = {}
     owner: dict[str, float] = {}
     for label in np.unique(firsts).tolist():
-        folder = folders[label] = _folder_name(label, names)
+        folder = folders[_label_text(label)] = _folder_name(label, names)
         if folder in owner:
             raise RectoolError(
                 f"labels {owner[folder]:g} and {label:g} of {ds.manifest_path or ds.shards[0][0]} "
@@ -230,11 +234,22 @@ def _refuse_damaged(ds: PackDataset, shown: int = 5) -> None:
         )
 
 
+def _label_text(label: float) -> str:
+    """Return a label as a folder name: the integer's digits, else its repr ('1.5', 'nan')."""
+    label = float(label)
+    return str(int(label)) if label.is_integer() else repr(label)
+
+
 def _folder_name(label: float, names: dict[int, str]) -> str:
     label = float(label)
-    text = str(int(label)) if label.is_integer() else repr(label)
+    text = _label_text(label)
     name = names.get(int(label)) if label.is_integer() else None
-    # A label map names folders that `rectool list` read; anything else cannot be one.
+    # A label map names folders that `rectool list` read; anything else cannot be one: a
+    # path, or a name the file system cannot hold (not encodable, longer than NAME_MAX).
     if not name or name in (".", "..") or "/" in name or "\0" in name or os.sep in name:
         return text
-    return name
+    try:
+        encoded = os.fsencode(name)
+    except UnicodeEncodeError:  # a lone surrogate from the JSON's escapes
+        return text
+    return text if len(encoded) > NAME_MAX else name

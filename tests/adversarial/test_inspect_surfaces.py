@@ -1,0 +1,102 @@
+"""Adversarial cases for the inspecting commands: unpack, reindex, verify and info.
+
+Packs a user did not make and may not trust: hostile labels and identity names, damaged or
+lying files. Each case is built by hand (`helpers.rec_files`), never through the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+from click.testing import CliRunner
+from helpers.rec_files import image_payload, make_pack, write_records
+
+from rectool.cli import cli
+from rectool.doors.output import OutputFolder
+from rectool.errors import RectoolError
+
+JPEG = b"\xff\xd8\xff\xe0" + b"x" * 20
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def tree(root):
+    """Return {folder: sorted file names} under `root`, as bytes names (any encoding)."""
+    out = {}
+    for name in sorted(os.listdir(os.fsencode(root))):
+        out[name] = sorted(os.listdir(os.path.join(os.fsencode(root), name)))
+    return out
+
+
+def bare_pack(tmp_path, labels, name="bare"):
+    """Write a .rec/.idx of one JPEG per label, key i for the i-th."""
+    rec, idx = tmp_path / f"{name}.rec", tmp_path / f"{name}.idx"
+    write_records(rec, idx, [(i, image_payload(JPEG, lab, i)) for i, lab in enumerate(labels)])
+    return rec
+
+
+# --- unpack: labels and identity names ---------------------------------------------------
+
+
+def test_unpack_writes_nan_labels_to_one_folder_named_nan(tmp_path):
+    # A NaN label is not equal to itself: looked up as a float, its folder was never found.
+    rec = bare_pack(tmp_path, [math.nan, math.nan, 1.0])
+    result = run("unpack", rec, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert tree(tmp_path / "out") == {b"1": [b"2.jpg"], b"nan": [b"0.jpg", b"1.jpg"]}
+
+
+def test_unpack_writes_infinite_and_signed_zero_labels_apart(tmp_path):
+    rec = bare_pack(tmp_path, [math.inf, -math.inf, -0.0, 0.0, 1.5])
+    result = run("unpack", rec, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert tree(tmp_path / "out") == {
+        b"-inf": [b"1.jpg"],
+        b"0": [b"2.jpg", b"3.jpg"],
+        b"1.5": [b"4.jpg"],
+        b"inf": [b"0.jpg"],
+    }
+
+
+def _rename_identities(p, names):
+    manifest = json.loads(p.manifest.read_text())
+    path = p.manifest.parent / manifest["identities"]["file"]
+    path.write_text(json.dumps({str(k): v for k, v in enumerate(names)}), encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ["\ud800x", "a" * 256, "é" * 128],
+    ids=["lone-surrogate", "256-bytes", "256-utf8-bytes"],
+)
+def test_unpack_writes_an_identity_name_no_file_system_holds_as_its_label(tmp_path, hostile):
+    # A name that cannot be encoded (a lone surrogate from a JSON escape) was a traceback; one
+    # longer than NAME_MAX failed half-way, after other identities were written.
+    p = make_pack(tmp_path)
+    _rename_identities(p, [hostile, "bob", "carol"])
+    result = run("unpack", p.manifest, tmp_path / "again")
+    assert result.exit_code == 0, result.output
+    assert sorted(tree(tmp_path / "again")) == [b"0", b"bob", b"carol"]
+
+
+def test_unpack_keeps_an_identity_name_of_exactly_name_max_bytes(tmp_path):
+    p = make_pack(tmp_path)
+    _rename_identities(p, ["a" * 255, "bob", "carol"])
+    result = run("unpack", p.manifest, tmp_path / "again")
+    assert result.exit_code == 0, result.output
+    assert sorted(tree(tmp_path / "again")) == [b"a" * 255, b"bob", b"carol"]
+
+
+@pytest.mark.parametrize("name", ["\ud800", "a/b", "..", "", "a\0b"])
+def test_the_output_folder_door_refuses_a_name_it_cannot_create_by_name(tmp_path, name):
+    with OutputFolder(tmp_path / "out") as out:
+        with pytest.raises(RectoolError, match="not a plain folder name"):
+            out.write_new(name, "1.jpg", b"x")
+        with pytest.raises(RectoolError, match="not a plain file name"):
+            out.write_new("ok", name, b"x")
+    assert os.listdir(tmp_path / "out") == []
