@@ -2,11 +2,12 @@
 
 The central directory is parsed by the standard library's `zipfile` (zip64 included) from the
 file the input door opened; each member's local header is then read to find where its data
-starts, and checked against the directory (the same name). What a zip bomb relies on is
-refused while indexing, naming the member: members whose data overlap (one compressed stream
-counted many times), a declared size over `MAX_RATIO` times the compressed size, data that
-runs past the central directory (a truncated archive). Reading a member (`read_member`) bounds
-its decompressed size by the size the directory declares, and checks its CRC-32.
+starts, and its name checked against the directory's (as `zipfile` checks it). What a zip
+bomb relies on is refused while indexing, naming the member: members whose data overlap (one
+compressed stream counted many times), a declared size over `MAX_RATIO` times the compressed
+size, data that runs past the central directory (a truncated archive). Reading a member
+(`read_member`) bounds its decompressed size by the size the directory declares, and checks
+its CRC-32.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ _RATIO_FLOOR = 1 << 20  # small members may compress well (a flat PNG): only bou
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")
 _LOCAL_MAGIC = b"PK\x03\x04"
 _UNIX = 3
+_NAME_GUESS = 256  # read with the local header: most names are shorter
 
 
 def _kind(info: zipfile.ZipInfo) -> int:
@@ -49,6 +51,14 @@ def _kind(info: zipfile.ZipInfo) -> int:
     return FILE
 
 
+def _name_bytes(info: zipfile.ZipInfo) -> bytes:
+    """Return the member's name as the central directory holds it (as `zipfile` decodes it)."""
+    try:
+        return info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+    except UnicodeEncodeError:
+        return b""  # `zipfile` decoded it otherwise: no local name can match
+
+
 def index_zip(file: BinaryIO, size: int, name: str) -> MemberIndex:
     """Return the index of the zip `file` (opened by the input door; `size` bytes, named
     `name` in errors)."""
@@ -58,14 +68,27 @@ def index_zip(file: BinaryIO, size: int, name: str) -> MemberIndex:
         raise ArchiveError(f"{name}: not a readable zip archive ({exc})") from None
     fd = file.fileno()
     ends: list[tuple[int, int, str]] = []
+    # Extractors that read local headers (streaming unzip, Java's) would name a member
+    # otherwise than the directory, and a list's path would stand for other bytes. Raised
+    # after the overlap check: members pointing at one local header is the likelier story.
+    disagree: str | None = None
     index = MemberIndex(name)
     for info in infos:
         where = f"{name}: member {info.filename!r}"
-        head = os.pread(fd, _LOCAL.size, info.header_offset)
+        head = os.pread(fd, _LOCAL.size + _NAME_GUESS, info.header_offset)
         if len(head) < _LOCAL.size or head[:4] != _LOCAL_MAGIC:
             raise ArchiveError(f"{where}: no local header at byte {info.header_offset}")
-        fields = _LOCAL.unpack(head)
+        fields = _LOCAL.unpack(head[: _LOCAL.size])
         name_length, extra_length = fields[9], fields[10]
+        if name_length > _NAME_GUESS:
+            head += os.pread(fd, name_length - _NAME_GUESS, info.header_offset + len(head))
+        local_name = head[_LOCAL.size : _LOCAL.size + name_length]
+        if local_name != _name_bytes(info) and disagree is None:
+            disagree = (
+                f"{where}: its local header at byte {info.header_offset} names it "
+                f"{local_name.decode('utf-8', 'backslashreplace')!r}: the central directory "
+                "and the local headers disagree (damaged, or crafted); refused"
+            )
         data = info.header_offset + _LOCAL.size + name_length + extra_length
         end = data + info.compress_size
         if end > size:
@@ -99,6 +122,8 @@ def index_zip(file: BinaryIO, size: int, name: str) -> MemberIndex:
                 f"{name}: member {second!r} overlaps member {first!r} (data shared between "
                 "members: a zip bomb's trick); refused"
             )
+    if disagree is not None:
+        raise ArchiveError(disagree)
     return index.finish()
 
 
