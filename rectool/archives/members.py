@@ -6,9 +6,9 @@ Every archive reader (`tar.py`, `zip.py`, `webdataset.py`) turns its headers int
 - a name is the path a tree extracted from it would have: `./` and a trailing `/` dropped; an
   absolute name, a `..` part, an empty part, a NUL or a backslash is refused (`unsafe_name`);
 - a name held twice (a second member that would replace the first when extracted) is refused;
-- a link (symbolic or hard), a device, a FIFO or anything else that is no regular file is
-  indexed as what it is and never read: `list` passes it over as `not_regular`, `pack` refuses
-  it naming the member;
+- a link (symbolic or hard), a device, a FIFO, a sparse or encrypted member, or anything else
+  that is no regular file is indexed as what it is and never read: `list` passes it over as
+  `not_regular`, `pack` refuses it naming the member;
 - a member whose data would run past the end of the archive is a truncated archive.
 
 An archive whose members all lie in one folder holding only folders (`train/n000002/…`, as
@@ -26,8 +26,10 @@ from dataclasses import dataclass
 from ..errors import InputError
 
 # Member kinds, one byte each in the index.
-FILE, FOLDER, SYMLINK, HARDLINK, DEVICE, FIFO, OTHER = range(7)
+FILE, FOLDER, SYMLINK, HARDLINK, DEVICE, FIFO, OTHER, SPARSE, ENCRYPTED = range(9)
 KIND_NAMES = {
+    SPARSE: "a sparse file",
+    ENCRYPTED: "an encrypted member",
     FILE: "a regular file",
     FOLDER: "a folder",
     SYMLINK: "a symbolic link",
@@ -214,6 +216,9 @@ def refusal(member: Member | None, limit: int) -> str | None:
         return "file not found (no such member in the archive)"
     if member.kind == FOLDER:
         return "is a directory, not an image file"
+    if member.kind in (SPARSE, ENCRYPTED):
+        # Its stored bytes are not the file's: a tar's sparse data lacks its holes.
+        return f"{member.kind_name}, which rectool does not read (extract it, then pack the tree)"
     if member.kind != FILE:
         return f"not a regular file ({member.kind_name} member: archives' links are not followed)"
     if member.size > limit or member.stored > limit:

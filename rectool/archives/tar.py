@@ -27,6 +27,7 @@ from .members import (
     FOLDER,
     HARDLINK,
     OTHER,
+    SPARSE,
     SYMLINK,
     ArchiveError,
     MemberIndex,
@@ -45,6 +46,7 @@ _KINDS = {
     b"4": DEVICE,
     b"5": FOLDER,
     b"6": FIFO,
+    b"S": SPARSE,  # GNU's old sparse format
 }
 _ZERO = bytes(BLOCK)
 
@@ -239,8 +241,13 @@ def _walk(
             continue  # a global header (g) and a long link name (K) name no member
         if long_name is not None:
             name, long_name = long_name, None
+        sparse = False
         if pax:
             name = pax.get("path", name)
+            # GNU's pax sparse formats: the data lacks the holes (and, in 1.0, starts with the
+            # map), and the real name is GNU.sparse.name, `path` a placeholder.
+            sparse = any(key.startswith("GNU.sparse.") for key in pax)
+            name = pax.get("GNU.sparse.name", name)
             if "size" in pax:
                 try:
                     size = int(pax["size"])
@@ -249,10 +256,12 @@ def _walk(
                         f"{blocks.name}: member {name!r}: a damaged pax size"
                     ) from None
             pax = {}
-        kind = kinds.get(flag, OTHER)
-        if kind != FILE and kind != OTHER:
+        kind = SPARSE if sparse else kinds.get(flag, OTHER)
+        if kind != FILE and kind != OTHER and kind != SPARSE:
             size = 0  # as tar reads them: no data follows a link's, folder's or device's header
         offset = header_at + BLOCK
+        if flag == b"S" and block[482]:  # the map goes on in extension blocks before the data
+            offset = _skip_sparse_map(blocks, name, offset)
         if end is not None and offset + size > end:
             raise ArchiveError(
                 f"{blocks.name}: member {name!r} is truncated: its {size:,} bytes run past the "
@@ -261,6 +270,19 @@ def _walk(
         last = name
         yield name, kind, offset, size
         seek(offset + (size + BLOCK - 1) // BLOCK * BLOCK)
+
+
+def _skip_sparse_map(blocks: Blocks, name: str, offset: int) -> int:
+    """Return where an old GNU sparse member's data starts, after its map's extension blocks
+    (each says, at byte 504, whether another follows)."""
+    blocks.seek(offset)
+    while True:
+        block = blocks.read(BLOCK)
+        if len(block) < BLOCK:
+            raise ArchiveError(f"{blocks.name}: member {name!r} is truncated in its sparse map")
+        offset += BLOCK
+        if not block[504]:
+            return offset
 
 
 def _padded(size: int) -> int:

@@ -19,7 +19,18 @@ import zipfile
 import zlib
 from typing import BinaryIO
 
-from .members import DEVICE, FIFO, FILE, FOLDER, OTHER, SYMLINK, ArchiveError, Member, MemberIndex
+from .members import (
+    DEVICE,
+    ENCRYPTED,
+    FIFO,
+    FILE,
+    FOLDER,
+    OTHER,
+    SYMLINK,
+    ArchiveError,
+    Member,
+    MemberIndex,
+)
 
 STORED, DEFLATED = 0, 8
 # No image compresses 100 times; a bomb declares thousands of times its compressed size.
@@ -35,7 +46,7 @@ def _kind(info: zipfile.ZipInfo) -> int:
     if info.filename.endswith("/"):
         return FOLDER
     if info.flag_bits & 1:
-        return OTHER  # encrypted
+        return ENCRYPTED
     mode = info.external_attr >> 16
     if info.create_system == _UNIX and stat.S_IFMT(mode):  # a file type given
         if stat.S_ISLNK(mode):

@@ -91,3 +91,111 @@ def test_a_zip_whose_headers_agree_is_still_read(tmp_path):
     result, paths = listed(tmp_path, archive)
     assert result.exit_code == 0, result.output
     assert sorted(paths) == ["alice/é.jpg", "bob/" + "b" * 300 + ".jpg"]
+
+
+# -- an encrypted zip member ------------------------------------------------------------
+
+
+def test_an_encrypted_zip_member_is_refused_as_encrypted(tmp_path):
+    data = zip_bytes([("alice/a.jpg", jpeg_bytes(1)), ("bob/b.jpg", jpeg_bytes(2))])
+    local = data.index(b"PK\x03\x04", 4)
+    central = data.index(b"PK\x01\x02", data.index(b"PK\x01\x02") + 4)
+    data[local + 6] |= 1  # general purpose flag: encrypted
+    data[central + 8] |= 1
+    archive = tmp_path / "a.zip"
+    archive.write_bytes(bytes(data))
+    result, paths = listed(tmp_path, archive)
+    assert result.exit_code == 0 and paths == ["alice/a.jpg"], result.output
+    assert "bob/b.jpg" in result.stderr  # passed over by name
+    status, refused = pack_refusals(tmp_path, archive, ["alice/a.jpg", "bob/b.jpg"])
+    assert status == 0 and list(refused) == ["bob/b.jpg"]
+    assert "encrypted" in refused["bob/b.jpg"]
+
+
+# -- tar: GNU sparse members ------------------------------------------------------------
+
+
+def pax_sparse_tar():
+    """A tar as `tar --sparse --format=pax` writes it (GNU sparse 1.0): the header's path is a
+    placeholder, the real name in GNU.sparse.name, and the data starts with the hole map."""
+    image = jpeg_bytes(2)
+    stored = b"1\n0\n%d\n" % len(image)
+    stored = stored.ljust(BLOCK, b"\0") + image
+    sparse = {
+        "GNU.sparse.major": "1",
+        "GNU.sparse.minor": "0",
+        "GNU.sparse.name": "bob/b.jpg",
+        "GNU.sparse.realsize": str(len(image)),
+    }
+    return tar_bytes(
+        [
+            ("alice/a.jpg", jpeg_bytes(1), {}),
+            ("bob/GNUSparseFile.0/b.jpg", stored, {"pax_headers": sparse}),
+        ]
+    )
+
+
+def test_a_pax_sparse_member_is_passed_over_by_its_real_name(tmp_path):
+    # It was listed as bob/GNUSparseFile.0/b.jpg (a name no extracted tree has), and packing
+    # it read the hole map as the image's first bytes.
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(pax_sparse_tar())
+    result, paths = listed(tmp_path, archive)
+    assert result.exit_code == 0 and paths == ["alice/a.jpg"], result.output
+    assert "bob/b.jpg" in result.stderr and "GNUSparseFile" not in result.output
+    status, refused = pack_refusals(tmp_path, archive, ["alice/a.jpg", "bob/b.jpg"])
+    assert status == 0 and list(refused) == ["bob/b.jpg"]
+    assert "sparse" in refused["bob/b.jpg"]
+
+
+def test_an_old_pax_sparse_member_is_not_read_without_its_holes(tmp_path):
+    # GNU sparse 0.1 keeps the real name in `path`: the stored bytes (holes dropped) were
+    # packed as the image.
+    image = jpeg_bytes(2)
+    sparse = {"GNU.sparse.size": str(len(image) + 4096), "GNU.sparse.map": f"0,{len(image)}"}
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(
+        tar_bytes(
+            [("alice/a.jpg", jpeg_bytes(1), {}), ("bob/b.jpg", image, {"pax_headers": sparse})]
+        )
+    )
+    status, refused = pack_refusals(tmp_path, archive, ["alice/a.jpg", "bob/b.jpg"])
+    assert status == 0 and list(refused) == ["bob/b.jpg"]
+    assert "sparse" in refused["bob/b.jpg"]
+
+
+def padded(size: int) -> int:
+    return -(-size // BLOCK) * BLOCK
+
+
+def _header(info: tarfile.TarInfo, extended: bool) -> bytes:
+    block = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+    block[482] = 1 if extended else 0  # isextended: the map goes on in the next block
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    return bytes(block)
+
+
+def test_an_old_gnu_sparse_member_with_a_long_map_does_not_break_the_walk(tmp_path):
+    # `tar --sparse --format=gnu` of a file with more than four holes writes the map on in
+    # extension blocks after the header; the walk took them for data and met the next
+    # header one block early: the whole archive was refused as damaged.
+    image = jpeg_bytes(2)
+    info = tarfile.TarInfo("bob/b.jpg")
+    info.type = tarfile.GNUTYPE_SPARSE
+    info.size = len(image)
+    extension = bytes(BLOCK)  # an empty map entry, byte 504 = 0: the last extension block
+    sparse = _header(info, True) + extension + image.ljust(padded(len(image)), b"\0")
+    alice = jpeg_bytes(1)
+    head = tar_bytes([("alice/a.jpg", alice, {})], fmt=tarfile.GNU_FORMAT)
+    first = head[: BLOCK + padded(len(alice))]  # without its end blocks
+    tail = tar_bytes([("carol/c.jpg", jpeg_bytes(3), {})], fmt=tarfile.GNU_FORMAT)
+    archive = tmp_path / "a.tar"
+    archive.write_bytes(first + sparse + tail)
+    result, paths = listed(tmp_path, archive)
+    assert result.exit_code == 0, result.output
+    assert paths == ["alice/a.jpg", "carol/c.jpg"]
+    assert "bob/b.jpg" in result.stderr
+    status, refused = pack_refusals(tmp_path, archive, ["alice/a.jpg", "bob/b.jpg", "carol/c.jpg"])
+    assert status == 0 and list(refused) == ["bob/b.jpg"]
+    assert "sparse" in refused["bob/b.jpg"]
