@@ -14,7 +14,7 @@ from ..doors.failures import open_failures
 from ..doors.inputs import dataset_path, open_input
 from ..doors.output import OutputLock, remove, rename, stage_file
 from ..errors import RectoolError
-from ..format.manifest import read_manifest
+from ..format.manifest import read_manifest, read_shard_plan
 from ..format.paths import PARTIAL_SUFFIX, STATE_SUFFIX, PackPaths
 from .listcheck import load_identities, validate_list
 from .manifest import (
@@ -87,8 +87,19 @@ def finalize_locked(
                 f"{unfinished[0]}: shard {number} of {len(plan)} is missing or unfinished; "
                 f"pack it with --only-shard {number} (add --resume to continue it)"
             )
-        infos.append(describe_shard(rec, idx, shard_digests(options.sha256)))
-        refused += read_failures_file(failures)
+        expected = (len(plan), number, options.shard_records or total, total, digest)
+        check_shard_plan(shard.plan, number, expected)
+        info = describe_shard(rec, idx, shard_digests(options.sha256))
+        shard_refused = read_failures_file(failures)
+        if info.records + len(shard_refused) != len(plan[number]):
+            raise RectoolError(
+                f"{rec}: shard {number} holds {info.records:,} records and "
+                f"{len(shard_refused):,} refusals, yet its plan has {len(plan[number]):,} list "
+                f"lines (its files were replaced or damaged); pack it again with --only-shard "
+                f"{number} --overwrite"
+            )
+        infos.append(info)
+        refused += shard_refused
     final_failures = paths.failures
     shard_failures = [paths.shard(n).failures for n in range(len(plan))]
     rename(stage_file(final_failures, _concatenated(shard_failures)), final_failures)
@@ -114,6 +125,32 @@ def finalize_locked(
         0,
         FINALIZED,
     )
+
+
+_PLAN_FIELDS = ("shards", "shard", "shard_records", "list_items", "list_sha256")
+
+
+def check_shard_plan(path: str, number: int, expected: tuple[object, ...]) -> None:
+    """Raise unless the plan file at `path` says shard `number` was packed by the plan being
+    finalized (`expected`: shards, shard, shard_records, list_items, list_sha256), so that
+    no shard packed from another list or --shard-records is taken into the pack."""
+    again = f"pack it again with --only-shard {number} --overwrite"
+    if not os.path.lexists(path):
+        raise RectoolError(
+            f"{path}: shard {number} has no plan file, so which plan packed it is unknown; "
+            f"{again}"
+        )
+    plan = read_shard_plan(path)
+    differ = [
+        f"{field} {plan[field]!r}, not {want!r}"
+        for field, want in zip(_PLAN_FIELDS, expected)
+        if plan[field] != want
+    ]
+    if differ:
+        raise RectoolError(
+            f"{path}: shard {number} was packed by another plan ({'; '.join(differ)}): "
+            f"another list or --shard-records; {again}, or finalize with that list"
+        )
 
 
 def _concatenated(paths: Iterable[str], size: int = 1 << 20) -> Iterator[bytes]:

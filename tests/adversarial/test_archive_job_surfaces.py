@@ -13,9 +13,10 @@ import tarfile
 import zipfile
 
 from click.testing import CliRunner
-from helpers.image_files import jpeg_bytes, write_list
+from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
 from rectool.cli import cli
+from rectool.doors.faults import set_fault_hook
 
 BLOCK = 512
 
@@ -199,3 +200,106 @@ def test_an_old_gnu_sparse_member_with_a_long_map_does_not_break_the_walk(tmp_pa
     status, refused = pack_refusals(tmp_path, archive, ["alice/a.jpg", "bob/b.jpg", "carol/c.jpg"])
     assert status == 0 and list(refused) == ["bob/b.jpg"]
     assert "sparse" in refused["bob/b.jpg"]
+
+
+# -- job arrays: --finalize takes only shards of the plan it finalizes -----------------------
+
+
+def job_tree(tmp_path):
+    """A tree of 6 images and two lists of it: faces.lst (5 lines) and other.lst (5 others)."""
+    root = tmp_path / "faces"
+    items = write_pack_tree(root, ["a", "b", "c"], 2)
+    lst = write_list(tmp_path / "faces.lst", items[:5])
+    other = write_list(
+        tmp_path / "other.lst", [(i, label, p) for i, (_, label, p) in enumerate(items[1:])]
+    )
+    return root, lst, other
+
+
+def shard_task(lst, root, prefix, number, *flags, records=3):
+    result = invoke(
+        "pack", lst, root, prefix, "--shard-records", records, "--only-shard", number, "-q", *flags
+    )
+    assert result.exit_code == 0, result.output
+    return result
+
+
+def finalize(lst, root, prefix):
+    return invoke("pack", lst, root, prefix, "--shard-records", 3, "--finalize", "--json")
+
+
+def refused_finalize(lst, root, prefix, *words):
+    """`--finalize` exits 1 naming each of `words`, as one JSON document, and writes no manifest."""
+    result = finalize(lst, root, prefix)
+    assert result.exit_code == 1, result.output
+    error = json.loads(result.stdout)["error"]
+    assert all(word in error for word in words), error
+    assert not prefix.with_name("f.manifest.json").exists()
+    return error
+
+
+def test_finalize_refuses_a_shard_packed_from_another_list(tmp_path):
+    # Shard 1 packed from other.lst: finalize took its images as faces.lst's, wrote a manifest
+    # naming faces.lst's digest, and verify called the pack sound.
+    root, lst, other = job_tree(tmp_path)
+    prefix = tmp_path / "out" / "f"
+    shard_task(lst, root, prefix, 0)
+    shard_task(other, root, prefix, 1)
+    refused_finalize(
+        lst, root, prefix, "f-00001.plan.json", "shard 1", "list_sha256", "--overwrite"
+    )
+
+
+def test_finalize_refuses_a_shard_packed_with_other_shard_records(tmp_path):
+    # Shard 1 planned with --shard-records 4 holds line 5 only: line 4 was in no shard, and
+    # the finalized pack dropped it without a refusal.
+    root, lst, _ = job_tree(tmp_path)
+    prefix = tmp_path / "out" / "f"
+    shard_task(lst, root, prefix, 0)
+    shard_task(lst, root, prefix, 1, records=4)
+    refused_finalize(lst, root, prefix, "shard 1", "shard_records 4, not 3")
+
+
+def test_finalize_refuses_a_shard_replaced_after_its_task_ended(tmp_path):
+    root, lst, _ = job_tree(tmp_path)
+    prefix = tmp_path / "out" / "f"
+    shard_task(lst, root, prefix, 0)
+    shard_task(lst, root, prefix, 1)
+    for suffix in (".rec", ".idx", ".rec.crc"):  # shard 0's 3 records where shard 1's 2 were
+        first = prefix.with_name("f-00000" + suffix)
+        prefix.with_name("f-00001" + suffix).write_bytes(first.read_bytes())
+    refused_finalize(lst, root, prefix, "f-00001.rec", "3 records", "2 list lines")
+
+
+def test_finalize_refuses_a_shard_without_its_plan_file(tmp_path):
+    root, lst, _ = job_tree(tmp_path)
+    prefix = tmp_path / "out" / "f"
+    shard_task(lst, root, prefix, 0)
+    shard_task(lst, root, prefix, 1)
+    prefix.with_name("f-00001.plan.json").unlink()
+    refused_finalize(lst, root, prefix, "f-00001.plan.json", "no plan file")
+
+
+def test_shard_tasks_run_twice_out_of_order_and_killed_give_the_one_run_pack(tmp_path):
+    root, lst, _ = job_tree(tmp_path)
+    whole = tmp_path / "whole" / "f"
+    assert invoke("pack", lst, root, whole, "--shard-records", 3, "-q").exit_code == 0
+    prefix = tmp_path / "out" / "f"
+
+    def die(step, path):
+        if step == "rename" and "f-00000" in path:
+            raise OSError(28, "No space left on device", path)
+
+    set_fault_hook(die)
+    try:
+        killed = invoke("pack", lst, root, prefix, "--shard-records", 3, "--only-shard", 0)
+    finally:
+        set_fault_hook(None)
+    assert killed.exit_code != 0 and not prefix.with_name("f-00000.rec").exists()
+    shard_task(lst, root, prefix, 1)
+    shard_task(lst, root, prefix, 1, "--resume")  # run twice: changes nothing
+    shard_task(lst, root, prefix, 0, "--resume")  # the killed task again
+    assert finalize(lst, root, prefix).exit_code == 0
+    for name in ("f-00000.rec", "f-00000.idx", "f-00001.rec", "f-00001.idx", "f.failures.jsonl"):
+        assert prefix.with_name(name).read_bytes() == whole.with_name(name).read_bytes(), name
+    assert not list(prefix.parent.glob("*.plan.json"))
