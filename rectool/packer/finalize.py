@@ -149,7 +149,7 @@ def check_shard_plan(path: str, number: int, expected: tuple[object, ...]) -> No
     if differ:
         raise RectoolError(
             f"{path}: shard {number} was packed by another plan ({'; '.join(differ)}): "
-            f"another list or --shard-records; {again}, or finalize with that list"
+            f"another list or --shard-records; {again}, or use that list and --shard-records"
         )
 
 

@@ -303,3 +303,20 @@ def test_shard_tasks_run_twice_out_of_order_and_killed_give_the_one_run_pack(tmp
     for name in ("f-00000.rec", "f-00000.idx", "f-00001.rec", "f-00001.idx", "f.failures.jsonl"):
         assert prefix.with_name(name).read_bytes() == whole.with_name(name).read_bytes(), name
     assert not list(prefix.parent.glob("*.plan.json"))
+
+
+def test_a_resumed_task_refuses_a_complete_shard_of_another_plan(tmp_path):
+    # `--resume` of a complete shard described it and exited 0 ("Packed shard 1 of 3") even
+    # when another list or --shard-records had packed it; a whole pack refuses the same.
+    root, lst, other = job_tree(tmp_path)
+    prefix = tmp_path / "out" / "f"
+    shard_task(lst, root, prefix, 1)
+    for given, records, word in ((other, 3, "list_sha256"), (lst, 2, "shard_records 3, not 2")):
+        result = invoke(
+            "pack", given, root, prefix, "--shard-records", records, "--only-shard", 1,
+            "--resume", "--json",
+        )  # fmt: skip
+        assert result.exit_code == 1, result.output
+        error = json.loads(result.stdout)["error"]
+        assert "f-00001.plan.json" in error and word in error, error
+    shard_task(lst, root, prefix, 1, "--resume")  # its own plan: still nothing to do
