@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..dataset.packs import open_dataset
+from ..doors.inputs import open_checked
 from ..doors.output import OutputFolder
 from ..errors import RectoolError
 from ..format.checksums import (
@@ -31,6 +32,7 @@ from ..format.checksums import (
     load_checksums,
     stale_reason,
 )
+from ..format.digest import XXH3_128, file_digests
 from ..format.keys import refuse_shared_offsets
 from ..format.window import RecWindow
 from ..packer.images import sniff_format
@@ -62,6 +64,9 @@ class DamagedRecordsError(RectoolError):
         super().__init__(message)
         self.damaged = damaged
 
+
+# The files of a format-3 pack's binary index that unpack reads.
+UNPACK_READS = ("offsets", "keys", "labels")
 
 # The longest file name Linux and macOS file systems hold, in bytes.
 NAME_MAX = 255
@@ -106,7 +111,8 @@ def unpack_dataset(
     ds = open_dataset(target)
     out = None
     try:
-        names = ds.identities or {}
+        names = ds.identities or {}  # read (a remote pack's fetched) before it is checked
+        _refuse_changed_index(ds)
         _refuse_damaged(ds)
         samples = _samples(ds)
         folders = _folders(ds, samples, names)  # before anything is written
@@ -190,6 +196,41 @@ def _samples(ds: PackDataset) -> np.ndarray:
         refuse_shared_offsets(idx, keys[lines], offsets[lines], "unpack")
         chosen.append(a + lines)
     return np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+
+
+def _refuse_changed_index(ds: PackDataset) -> None:
+    """Raise `RectoolError` when a file of a format-3 pack's binary index or its identity names
+    differs from the size or xxh3-128 its manifest gives it.
+
+    unpack names each file by the index's key and puts it in the folder of the index's label
+    and name: an index changed after packing would write images under another record's key or
+    identity, with nothing to tell them apart from sound ones.
+    """
+    if not ds.indexed or ds.manifest is None or ds.manifest_path is None:
+        return
+    folder = os.path.dirname(ds.manifest_path)
+    index = ds.manifest.get("index") or {}
+    # The files unpack reads (an insightface pack's identity ranges it does not).
+    entries = [index.get(name) for name in UNPACK_READS] + [ds.manifest.get("identities")]
+    for entry in entries:
+        if not isinstance(entry, dict) or "file" not in entry:
+            continue
+        path = os.path.join(folder, str(entry["file"]))
+        size, want = entry.get("bytes"), entry.get("xxh3_128")
+        fd, st = open_checked(path, "pack's index file")  # a FIFO or device is refused
+        os.close(fd)
+        have = st.st_size
+        if size is not None and have != size:
+            why = f"{have} bytes; the manifest says {size}"
+        elif want and (got := file_digests(path, [XXH3_128]).hexdigests()[XXH3_128]) != want:
+            why = f"xxh3-128 {got} differs from the manifest's {want}"
+        else:
+            continue
+        raise RectoolError(
+            f"{path}: {why}: the pack's index was changed after packing, so unpack could "
+            "write images under another record's key or identity; nothing was written. "
+            "`rectool verify` says more; `rectool index` writes the index again"
+        )
 
 
 def _refuse_damaged(ds: PackDataset, shown: int = 5) -> None:

@@ -10,7 +10,9 @@ import json
 import math
 import os
 
+import numpy as np
 import pytest
+import xxhash
 from click.testing import CliRunner
 from helpers.rec_files import image_payload, make_pack, write_records
 
@@ -63,10 +65,16 @@ def test_unpack_writes_infinite_and_signed_zero_labels_apart(tmp_path):
     }
 
 
-def _rename_identities(p, names):
+def _rename_identities(p, names, manifest_too=True):
+    """Give the pack's identities `names`; with `manifest_too`, as if packed with them."""
     manifest = json.loads(p.manifest.read_text())
     path = p.manifest.parent / manifest["identities"]["file"]
-    path.write_text(json.dumps({str(k): v for k, v in enumerate(names)}), encoding="utf-8")
+    data = json.dumps({str(k): v for k, v in enumerate(names)}).encode()
+    path.write_bytes(data)
+    if manifest_too:
+        entry = manifest["identities"]
+        entry["bytes"], entry["xxh3_128"] = len(data), xxhash.xxh3_128_hexdigest(data)
+        p.manifest.write_text(json.dumps(manifest))
 
 
 @pytest.mark.parametrize(
@@ -100,3 +108,39 @@ def test_the_output_folder_door_refuses_a_name_it_cannot_create_by_name(tmp_path
         with pytest.raises(RectoolError, match="not a plain file name"):
             out.write_new("ok", name, b"x")
     assert os.listdir(tmp_path / "out") == []
+
+
+# --- unpack: a binary index changed after packing ----------------------------------------
+
+
+def _alter_npy(p, name, change):
+    path = p.manifest.parent / f"faces.{name}.npy"
+    np.save(path, change(np.load(path)))
+
+
+def test_unpack_refuses_offsets_swapped_in_the_binary_index(tmp_path):
+    # Two offsets swapped: each image was written under the other record's key, exit 0.
+    p = make_pack(tmp_path)
+    _alter_npy(p, "offsets", lambda a: a[[4, *range(1, 4), 0, *range(5, len(a))]])
+    result = run("unpack", p.manifest, tmp_path / "again")
+    assert result.exit_code == 1, result.output
+    assert "faces.offsets.npy: xxh3-128" in result.output
+    assert "nothing was written" in result.output
+    assert not (tmp_path / "again").exists() or os.listdir(tmp_path / "again") == []
+
+
+def test_unpack_refuses_labels_changed_in_the_binary_index(tmp_path):
+    # A label changed: the image was written into another identity's folder, exit 0.
+    p = make_pack(tmp_path)
+    _alter_npy(p, "labels", lambda a: np.where(np.arange(len(a)) == 0, 2, a).astype(a.dtype))
+    result = run("unpack", "--json", p.manifest, tmp_path / "again")
+    assert result.exit_code == 1, result.output
+    assert "faces.labels.npy: xxh3-128" in json.loads(result.stdout)["error"]
+
+
+def test_unpack_refuses_identity_names_changed_after_packing(tmp_path):
+    p = make_pack(tmp_path)
+    _rename_identities(p, ["bob", "alice", "carol"], manifest_too=False)
+    result = run("unpack", p.manifest, tmp_path / "again")
+    assert result.exit_code == 1, result.output
+    assert "faces.identities.json: " in result.output
