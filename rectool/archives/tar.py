@@ -36,6 +36,9 @@ from .members import (
 BLOCK = 512
 # A pax header or GNU long name holds a path (PATH_MAX is 4096 bytes) and a few numbers.
 MAX_META_BYTES = 1 << 20
+# No file is a pebibyte; sizes past it (base-256 fields, pax) are damage, and would overflow
+# the index's 64-bit offsets.
+MAX_MEMBER_BYTES = 1 << 50
 _KINDS = {
     b"0": FILE,
     b"\0": FILE,
@@ -249,12 +252,15 @@ def _walk(
             sparse = any(key.startswith("GNU.sparse.") for key in pax)
             name = pax.get("GNU.sparse.name", name)
             if "size" in pax:
-                try:
-                    size = int(pax["size"])
-                except ValueError:
+                # Decimal digits only: int() also takes "-1536", "+5", " 5" and "1_0", and a
+                # negative size read the stream backwards (a .tar.gz packed other bytes).
+                text = pax["size"]
+                if not (text.isascii() and text.isdigit()):
+                    checks.check()
                     raise ArchiveError(
-                        f"{blocks.name}: member {name!r}: a damaged pax size"
-                    ) from None
+                        f"{blocks.name}: member {name!r}: a damaged pax size ({text[:20]!r})"
+                    )
+                size = int(text)
             pax = {}
         kind = SPARSE if sparse else kinds.get(flag, OTHER)
         if kind != FILE and kind != OTHER and kind != SPARSE:
@@ -266,6 +272,11 @@ def _walk(
             raise ArchiveError(
                 f"{blocks.name}: member {name!r} is truncated: its {size:,} bytes run past the "
                 f"end of the archive ({end:,} bytes)"
+            )
+        if size > MAX_MEMBER_BYTES:  # where no file size bounds it (a stream), damage does
+            checks.check()
+            raise ArchiveError(
+                f"{blocks.name}: member {name!r} declares {size:,} bytes: damaged; refused"
             )
         last = name
         yield name, kind, offset, size

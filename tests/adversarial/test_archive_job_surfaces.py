@@ -7,11 +7,13 @@ write the hostile form.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import tarfile
 import zipfile
 
+import pytest
 from click.testing import CliRunner
 from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
@@ -200,6 +202,54 @@ def test_an_old_gnu_sparse_member_with_a_long_map_does_not_break_the_walk(tmp_pa
     status, refused = pack_refusals(tmp_path, archive, ["alice/a.jpg", "bob/b.jpg", "carol/c.jpg"])
     assert status == 0 and list(refused) == ["bob/b.jpg"]
     assert "sparse" in refused["bob/b.jpg"]
+
+
+def test_a_pax_sparse_member_in_a_tar_gz_is_refused_as_it_streams(tmp_path):
+    archive = tmp_path / "a.tar.gz"
+    archive.write_bytes(gzip.compress(pax_sparse_tar()))
+    status, refused = pack_refusals(tmp_path, archive, ["alice/a.jpg", "bob/b.jpg"])
+    assert status == 0 and list(refused) == ["bob/b.jpg"]
+    assert "sparse" in refused["bob/b.jpg"]
+
+
+# -- tar: sizes that are no sizes ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("suffix", [".tar", ".tar.gz"])
+@pytest.mark.parametrize("size", ["-1536", "+10", "1_0"])
+def test_a_pax_size_that_is_not_decimal_digits_refuses_the_archive(tmp_path, suffix, size):
+    # int() read them all: in a .tar.gz, "-1536" read the stream backwards and packed the
+    # image with a kilobyte of what followed it, exit 0; in a .tar, "appears twice".
+    data = tar_bytes(
+        [
+            ("alice/a.jpg", jpeg_bytes(1), {}),
+            ("bob/b.jpg", jpeg_bytes(2), {"pax_headers": {"size": size}}),
+        ]
+    )
+    archive = tmp_path / f"a{suffix}"
+    archive.write_bytes(gzip.compress(data) if suffix == ".tar.gz" else data)
+    lst = write_list(tmp_path / "given.lst", [(0, 0, "alice/a.jpg"), (1, 1, "bob/b.jpg")])
+    for result in (
+        invoke("list", archive, tmp_path / "x.lst"),
+        invoke("pack", lst, archive, tmp_path / "out" / "p"),
+    ):
+        assert result.exit_code == 2, result.output
+        assert f"member 'bob/b.jpg': a damaged pax size ({size!r})" in result.stderr
+
+
+def test_a_huge_size_in_a_tar_gz_is_refused_not_a_traceback(tmp_path):
+    # A base-256 size past 2**63 overflowed the index's offsets while listing a stream (no
+    # file size bounds it there): an OverflowError traceback.
+    info = tarfile.TarInfo("bob/b.jpg")
+    block = bytearray(info.tobuf(tarfile.GNU_FORMAT))
+    block[124:136] = b"\x80" + (1 << 70).to_bytes(11, "big")
+    block[148:156] = b" " * 8
+    block[148:156] = b"%06o\0 " % sum(block)
+    archive = tmp_path / "a.tar.gz"
+    archive.write_bytes(gzip.compress(bytes(block) + bytes(4 * BLOCK)))
+    result = invoke("list", archive, tmp_path / "x.lst")
+    assert result.exit_code == 2, result.output
+    assert "member 'bob/b.jpg' declares 1,180,591,620,717,411,303,424 bytes" in result.stderr
 
 
 # -- job arrays: --finalize takes only shards of the plan it finalizes -----------------------
