@@ -144,3 +144,55 @@ def test_unpack_refuses_identity_names_changed_after_packing(tmp_path):
     result = run("unpack", p.manifest, tmp_path / "again")
     assert result.exit_code == 1, result.output
     assert "faces.identities.json: " in result.output
+
+
+# --- unpack: a target folder with things planted in it ----------------------------------
+
+
+@pytest.mark.parametrize("resume", [[], ["--resume"]], ids=["fresh", "resume"])
+def test_unpack_refuses_a_fifo_planted_at_an_images_name_without_blocking(tmp_path, resume):
+    rec = bare_pack(tmp_path, [0.0, 1.0])
+    (tmp_path / "out" / "1").mkdir(parents=True)
+    os.mkfifo(tmp_path / "out" / "1" / "1.jpg")  # opened for reading, it would block
+    result = run("unpack", rec, tmp_path / "out", *resume)
+    assert result.exit_code == 1, result.output
+    assert f"{tmp_path / 'out' / '1' / '1.jpg'}: exists" in result.output
+
+
+def test_unpack_removes_a_symlink_planted_at_a_partial_name_not_its_target(tmp_path):
+    rec = bare_pack(tmp_path, [0.0])
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "out" / "0").mkdir(parents=True)
+    (tmp_path / "out" / "0" / ".0.jpg.partial").symlink_to(victim)
+    result = run("unpack", rec, tmp_path / "out")
+    assert result.exit_code == 0, result.output
+    assert victim.read_bytes() == b"precious"
+    assert tree(tmp_path / "out") == {b"0": [b"0.jpg"]}
+
+
+def test_unpack_resume_never_writes_through_a_hard_link_with_other_bytes(tmp_path):
+    rec = bare_pack(tmp_path, [0.0])
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"precious")
+    (tmp_path / "out" / "0").mkdir(parents=True)
+    os.link(victim, tmp_path / "out" / "0" / "0.jpg")
+    result = run("unpack", rec, tmp_path / "out", "--resume")
+    assert result.exit_code == 1, result.output
+    assert "exists with other bytes" in result.output
+    assert victim.read_bytes() == b"precious"
+
+
+def test_unpack_killed_between_write_and_link_resumes_to_the_same_tree(tmp_path):
+    # What a killed run leaves: a whole file, and a hidden partial of the next one.
+    rec = bare_pack(tmp_path, [0.0, 0.0, 1.0])
+    run("unpack", rec, tmp_path / "whole")
+    (tmp_path / "out" / "0").mkdir(parents=True)
+    (tmp_path / "out" / "0" / "0.jpg").write_bytes((tmp_path / "whole/0/0.jpg").read_bytes())
+    (tmp_path / "out" / "0" / ".1.jpg.partial").write_bytes(JPEG[:5])
+    again = run("unpack", rec, tmp_path / "out")
+    assert again.exit_code == 1 and "add --resume" in again.output
+    result = run("unpack", "--json", rec, tmp_path / "out", "--resume")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["kept"] == 1
+    assert tree(tmp_path / "out") == tree(tmp_path / "whole")
