@@ -14,11 +14,13 @@ import numpy as np
 import pytest
 import xxhash
 from click.testing import CliRunner
-from helpers.rec_files import image_payload, make_pack, write_records
+from helpers.mxnet_oracle import run_mxnet
+from helpers.rec_files import MAGIC, image_payload, make_pack, write_records
 
 from rectool.cli import cli
 from rectool.doors.output import OutputFolder
 from rectool.errors import RectoolError
+from rectool.inspect.reindex import reindex
 
 JPEG = b"\xff\xd8\xff\xe0" + b"x" * 20
 
@@ -196,3 +198,69 @@ def test_unpack_killed_between_write_and_link_resumes_to_the_same_tree(tmp_path)
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["kept"] == 1
     assert tree(tmp_path / "out") == tree(tmp_path / "whole")
+
+
+# --- reindex: what MXNet 1.9.1 writes ------------------------------------------------------
+
+# Payloads the writer must split or pad: empty, the magic alone or repeated, the magic at an
+# aligned or unaligned place, first or last, and short records with no image header.
+SPLIT_PAYLOADS = [
+    b"",
+    MAGIC,
+    MAGIC * 3,
+    b"ab" + MAGIC + b"cd",
+    b"abcd" + MAGIC,
+    MAGIC + b"x",
+    b"x",
+    b"\0" * 7,
+    MAGIC + MAGIC[:3],
+    b"abcdefgh" + MAGIC + MAGIC,
+]
+
+MX_WRITE_RAW = """
+from mxnet import recordio
+w = recordio.MXIndexedRecordIO(DATA['idx'], DATA['rec'], 'w')
+for key, payload in DATA['records']:
+    w.write_idx(key, payload)
+w.close()
+emit(None)
+"""
+
+MX_WRITE_IMAGES = """
+from mxnet import recordio
+w = recordio.MXIndexedRecordIO(DATA['idx'], DATA['rec'], 'w')
+for key, image in DATA['records']:
+    w.write_idx(key, recordio.pack(recordio.IRHeader(0, 1.0, key, 0), image))
+w.close()
+emit(None)
+"""
+
+
+@pytest.mark.oracle
+def test_reindex_by_position_reproduces_mxnets_idx_of_hostile_payloads(tmp_path):
+    rec, idx = tmp_path / "m.rec", tmp_path / "m.idx"
+    records = list(enumerate(SPLIT_PAYLOADS))
+    run_mxnet(MX_WRITE_RAW, {"rec": str(rec), "idx": str(idx), "records": records})
+    result = reindex(rec, tmp_path / "again.idx", keys="position")
+    assert result.sound, result.to_json()
+    assert (tmp_path / "again.idx").read_bytes() == idx.read_bytes()
+
+
+@pytest.mark.oracle
+def test_reindex_by_header_reproduces_mxnets_idx_of_extreme_keys(tmp_path):
+    rec, idx = tmp_path / "h.rec", tmp_path / "h.idx"
+    keys = [7, 2**40, 0, 3, 2**63 - 1, 5, 6, 11, 12, 13]
+    records = list(zip(keys, SPLIT_PAYLOADS))
+    run_mxnet(MX_WRITE_IMAGES, {"rec": str(rec), "idx": str(idx), "records": records})
+    result = reindex(rec, tmp_path / "again.idx")
+    assert result.sound, result.to_json()
+    assert (tmp_path / "again.idx").read_bytes() == idx.read_bytes()
+
+
+def test_reindex_of_an_empty_rec_writes_an_empty_idx_and_is_sound(tmp_path):
+    rec = tmp_path / "empty.rec"
+    rec.write_bytes(b"")
+    result = run("reindex", "--json", rec)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["records"] == 0
+    assert (tmp_path / "empty.idx").read_bytes() == b""
