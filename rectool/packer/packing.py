@@ -326,7 +326,7 @@ def _pack_shard(
     overwrite: bool,
     progress: Progress | None,
     setup: SetupProgress | None = None,
-) -> ShardResult:
+) -> ShardResult | PackResult:
     if list_path == "-":
         raise UsageError("--only-shard needs the list as a file that every task can read, not -")
     list_path = os.fspath(list_path)
@@ -338,6 +338,11 @@ def _pack_shard(
     plan = plan_shards(total, options.shard_bytes, options.shard_records)
     if not 0 <= number < len(plan):
         raise UsageError(f"--only-shard {number}: the plan has shards 0..{len(plan) - 1}")
+    if resume and is_complete(paths):
+        # Finalized: the manifest says what each shard holds. A resubmitted task changes
+        # nothing (no shard packed again, no plan or failures file left behind), as --resume
+        # of a whole pack; made from another list or options, it is refused naming them.
+        return completed_if_same(paths, source_state(digest, root, options))
     allowed = allowed_failures(options.max_failures, len(plan[number]))
     options = dataclasses.replace(options, max_failures=allowed)
     shard = paths.shard(number)

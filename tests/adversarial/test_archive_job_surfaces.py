@@ -370,3 +370,24 @@ def test_a_resumed_task_refuses_a_complete_shard_of_another_plan(tmp_path):
         error = json.loads(result.stdout)["error"]
         assert "f-00001.plan.json" in error and word in error, error
     shard_task(lst, root, prefix, 1, "--resume")  # its own plan: still nothing to do
+
+
+def test_an_array_resubmitted_after_finalize_changes_nothing(tmp_path):
+    # The docs call re-submitting the whole array safe; after --finalize a task with
+    # --resume packed its shard again, said "Run --finalize once every shard is packed" and
+    # left its plan and failures files in the finished pack.
+    root, lst, other = job_tree(tmp_path)
+    prefix = tmp_path / "out" / "f"
+    for number in (0, 1):
+        shard_task(lst, root, prefix, number)
+    assert finalize(lst, root, prefix).exit_code == 0
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in prefix.parent.iterdir()}
+    again = shard_task(lst, root, prefix, 1, "--resume", "--json")
+    assert json.loads(again.stdout)["outcome"] == "complete"
+    after = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in prefix.parent.iterdir()}
+    assert after == before
+    result = invoke(
+        "pack", other, root, prefix, "--shard-records", 3, "--only-shard", 1, "--resume",
+    )  # fmt: skip
+    assert result.exit_code == 1 and "the list differs" in result.stderr, result.output
+    assert {p.name for p in prefix.parent.iterdir()} == set(before)
