@@ -134,10 +134,15 @@ MANIFEST: Fields = {
 CLOSED = {"options.transform"}  # objects whose every field is known (--resume compares them)
 
 
+# The longest folder name Linux and macOS file systems hold, in bytes (NAME_MAX).
+MAX_NAME_BYTES = 255
+
+
 def identity_name_problem(name: str) -> str | None:
     """Return why `name` cannot name an identity (a folder of `unpack`, a line of a label map),
     or None: it must be a non-empty single folder name, not `.` or `..`, without `/` or
-    control characters (tab, newline, NUL...)."""
+    control characters (tab, newline, NUL...), that a file system can hold (encodable, at
+    most `MAX_NAME_BYTES`)."""
     if not name:
         return "is empty"
     if name in (".", ".."):
@@ -147,6 +152,12 @@ def identity_name_problem(name: str) -> str | None:
     control = next((c for c in name if ord(c) < 0x20 or ord(c) == 0x7F), None)
     if control is not None:
         return f"holds the control character {control!r}"
+    try:
+        size = len(os.fsencode(name))
+    except UnicodeEncodeError:  # a lone surrogate, from a JSON escape
+        return "cannot be encoded as a file name"
+    if size > MAX_NAME_BYTES:
+        return f"is {size:,} bytes, more than a folder name holds ({MAX_NAME_BYTES})"
     return None
 
 

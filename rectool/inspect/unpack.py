@@ -34,6 +34,7 @@ from ..format.checksums import (
 )
 from ..format.digest import XXH3_128, file_digests
 from ..format.keys import refuse_shared_offsets
+from ..format.manifest import identity_name_problem
 from ..format.window import RecWindow
 from ..packer.images import sniff_format
 from ..text import counted
@@ -67,9 +68,6 @@ class DamagedRecordsError(RectoolError):
 
 # The files of a format-3 pack's binary index that unpack reads.
 UNPACK_READS = ("offsets", "keys", "labels")
-
-# The longest file name Linux and macOS file systems hold, in bytes.
-NAME_MAX = 255
 
 # The shards' mappings are let go once about this many image bytes were read through them.
 RELEASE_BYTES = 64 << 20
@@ -285,12 +283,8 @@ def _folder_name(label: float, names: dict[int, str]) -> str:
     label = float(label)
     text = _label_text(label)
     name = names.get(int(label)) if label.is_integer() else None
-    # A label map names folders that `rectool list` read; anything else cannot be one: a
-    # path, or a name the file system cannot hold (not encodable, longer than NAME_MAX).
-    if not name or name in (".", "..") or "/" in name or "\0" in name or os.sep in name:
+    # A label map names folders that `rectool list` read; a name that cannot name one (the
+    # manifest schema's rule, which `verify` reports) is written as the label.
+    if name is None or identity_name_problem(name) is not None or os.sep in name:
         return text
-    try:
-        encoded = os.fsencode(name)
-    except UnicodeEncodeError:  # a lone surrogate from the JSON's escapes
-        return text
-    return text if len(encoded) > NAME_MAX else name
+    return name

@@ -102,6 +102,41 @@ def test_unpack_keeps_an_identity_name_of_exactly_name_max_bytes(tmp_path):
     assert sorted(tree(tmp_path / "again")) == [b"a" * 255, b"bob", b"carol"]
 
 
+@pytest.mark.parametrize(
+    "hostile",
+    ["\x1b[2Jevil", "bob\rX", "tab\there"],
+    ids=["escape", "carriage-return", "tab"],
+)
+def test_unpack_writes_a_name_verify_flags_as_its_label_not_as_a_folder(tmp_path, hostile):
+    # verify said "unpack writes a folder per name" of a name with a control character, and
+    # unpack wrote it: one rule (the manifest schema's) now decides for both.
+    p = make_pack(tmp_path)
+    _rename_identities(p, ["alice", hostile, "carol"])
+    flagged = run("verify", "--json", p.manifest)
+    assert flagged.exit_code == 1
+    problems = json.loads(flagged.stdout)["problems"]
+    assert [q["kind"] for q in problems] == ["identity-name"]
+    result = run("unpack", p.manifest, tmp_path / "again")
+    assert result.exit_code == 0, result.output
+    assert sorted(tree(tmp_path / "again")) == [b"1", b"alice", b"carol"]
+
+
+@pytest.mark.parametrize(
+    "hostile, why",
+    [("\ud800x", "cannot be encoded as a file name"), ("é" * 128, "is 256 bytes")],
+    ids=["lone-surrogate", "256-utf8-bytes"],
+)
+def test_verify_names_an_identity_name_no_folder_can_hold(tmp_path, hostile, why):
+    p = make_pack(tmp_path)
+    _rename_identities(p, [hostile, "bob", "carol"])
+    result = run("verify", "--json", p.manifest)
+    assert result.exit_code == 1, result.output
+    (problem,) = json.loads(result.stdout)["problems"]
+    assert problem["kind"] == "identity-name"
+    assert problem["path"].endswith("faces.identities.json")
+    assert why in problem["message"]
+
+
 @pytest.mark.parametrize("name", ["\ud800", "a/b", "..", "", "a\0b"])
 def test_the_output_folder_door_refuses_a_name_it_cannot_create_by_name(tmp_path, name):
     with OutputFolder(tmp_path / "out") as out:
