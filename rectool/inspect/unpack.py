@@ -193,7 +193,27 @@ def _samples(ds: PackDataset) -> np.ndarray:
         lines = np.sort(len(keys) - 1 - last)
         refuse_shared_offsets(idx, keys[lines], offsets[lines], "unpack")
         chosen.append(a + lines)
-    return np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+    samples = np.concatenate(chosen) if chosen else np.zeros(0, np.int64)
+    _refuse_keys_across_shards(ds, samples)
+    return samples
+
+
+def _refuse_keys_across_shards(ds: PackDataset, samples: np.ndarray) -> None:
+    """Raise `RectoolError` when two shards hold one key: each image is named by its key, so
+    the second would meet the first's file half-way through the unpack."""
+    keys = np.asarray(ds.keys[samples]) if len(samples) else np.zeros(0, np.int64)
+    unique, count = np.unique(keys, return_counts=True)
+    if len(unique) == len(keys):
+        return
+    key = unique[np.argmax(count > 1)]
+    where = np.flatnonzero(keys == key)[:2]
+    shard = np.searchsorted(np.asarray(ds.shard_bounds), samples[where], side="right") - 1
+    a, b = (ds.shards[int(i)][1] for i in shard)
+    raise RectoolError(
+        f"{a} and {b} both hold key {int(key)} ({len(keys) - len(unique):,} keys are in more "
+        "than one shard); unpack names each image by its key, so nothing was written. "
+        "Unpack each shard (its .rec) into a folder of its own"
+    )
 
 
 def _refuse_changed_index(ds: PackDataset) -> None:

@@ -299,3 +299,28 @@ def test_reindex_of_an_empty_rec_writes_an_empty_idx_and_is_sound(tmp_path):
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["records"] == 0
     assert (tmp_path / "empty.idx").read_bytes() == b""
+
+
+# --- unpack: keys are per shard in MXNet, one namespace in the tree -----------------------
+
+
+def test_unpack_refuses_a_key_held_by_two_shards_before_writing(tmp_path):
+    # Two shards written by im2rec from two lists both start at key 0: unpack wrote shard 0,
+    # then stopped half-way ("exists; ... add --resume"), and --resume could not go on.
+    for shard in range(2):
+        image = JPEG[:4] + bytes([shard]) * 20
+        write_records(
+            tmp_path / f"p-0000{shard}.rec",
+            tmp_path / f"p-0000{shard}.idx",
+            [(k, image_payload(image, 0.0, k)) for k in range(2)],
+        )
+    result = run("unpack", tmp_path / "p", tmp_path / "out")
+    assert result.exit_code == 1, result.output
+    assert (
+        f"{tmp_path / 'p-00000.idx'} and {tmp_path / 'p-00001.idx'} both hold key 0 "
+        "(2 keys are in more than one shard)"
+    ) in result.output
+    assert "nothing was written" in result.output
+    assert not (tmp_path / "out").exists()
+    alone = run("unpack", tmp_path / "p-00001.rec", tmp_path / "one")
+    assert alone.exit_code == 0, alone.output
