@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from ..doors.failures import open_failures
-from ..doors.inputs import dataset_path, open_input
+from ..doors.inputs import dataset_path, open_input, read_state
 from ..doors.output import OutputLock, remove, rename, stage_file
 from ..errors import RectoolError
 from ..format.manifest import read_manifest, read_shard_plan
@@ -90,6 +90,7 @@ def finalize_locked(
         expected = (len(plan), number, options.shard_records or total, total, digest)
         check_shard_plan(shard.plan, number, expected)
         info = describe_shard(rec, idx, shard_digests(options.sha256))
+        check_shard_files(shard.plan, number, info)
         shard_refused = read_failures_file(failures)
         if info.records + len(shard_refused) != len(plan[number]):
             raise RectoolError(
@@ -137,8 +138,7 @@ def check_shard_plan(path: str, number: int, expected: tuple[object, ...]) -> No
     again = f"pack it again with --only-shard {number} --overwrite"
     if not os.path.lexists(path):
         raise RectoolError(
-            f"{path}: shard {number} has no plan file, so which plan packed it is unknown; "
-            f"{again}"
+            f"{path}: shard {number} has no plan file, so which plan packed it is unknown; {again}"
         )
     plan = read_shard_plan(path)
     differ = [
@@ -151,6 +151,25 @@ def check_shard_plan(path: str, number: int, expected: tuple[object, ...]) -> No
             f"{path}: shard {number} was packed by another plan ({'; '.join(differ)}): "
             f"another list or --shard-records; {again}, or use that list and --shard-records"
         )
+
+
+def check_shard_files(path: str, number: int, info: ShardInfo) -> None:
+    """Raise unless shard `number`'s files are those its task wrote, as its plan file at
+    `path` records them (by their digests; a plan file without them is not checked)."""
+    packed = read_state(path, "shard plan file").get("packed")
+    if not isinstance(packed, dict):
+        return
+    digests = info.digests or {}
+    for kind, written in packed.items():
+        if not isinstance(written, dict) or not written:
+            continue
+        found = digests.get(kind)
+        if found is None or any(found.get(name, v) != v for name, v in written.items()):
+            raise RectoolError(
+                f"{path}: shard {number}'s .{kind} is not the file its task wrote (its digest "
+                f"differs from the plan file's): replaced after the task ended? pack it again "
+                f"with --only-shard {number} --overwrite"
+            )
 
 
 def _concatenated(paths: Iterable[str], size: int = 1 << 20) -> Iterator[bytes]:

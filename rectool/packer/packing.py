@@ -369,10 +369,10 @@ def _pack_shard(
         check_resume_state(state_path, state)
     elif not (resume and done):
         write_json_atomic(state_path, state)
+    shards, records = len(plan), options.shard_records or total
+    plan_file = plan_document(shards, number, records, total, digest)
     if not (resume and done) or not os.path.exists(shard.plan):
         # Until --finalize, the shard says which plan it is part of (`refuse_unfinished_plan`).
-        shards, records = len(plan), options.shard_records or total
-        plan_file = plan_document(shards, number, records, total, digest)
         write_json_atomic(shard.plan, plan_file)
     run = PackRun(
         list_path,
@@ -406,6 +406,8 @@ def _pack_shard(
                 remove(name)
         raise
     rename(run.failures_partial, shard.failures)
+    # And which files this task wrote, so that --finalize knows a shard replaced since.
+    write_json_atomic(shard.plan, {**plan_file, "packed": run.writer.finished[0].digests})
     remove(state_path)
     return ShardResult(
         number,

@@ -310,14 +310,41 @@ def test_finalize_refuses_a_shard_packed_with_other_shard_records(tmp_path):
     refused_finalize(lst, root, prefix, "shard 1", "shard_records 4, not 3")
 
 
+def replace_shard(prefix, source, target):
+    for suffix in (".rec", ".idx", ".rec.crc"):
+        data = prefix.with_name(f"f-0000{source}{suffix}").read_bytes()
+        prefix.with_name(f"f-0000{target}{suffix}").write_bytes(data)
+
+
 def test_finalize_refuses_a_shard_replaced_after_its_task_ended(tmp_path):
+    # 7 images, 3 a shard: shards 0 and 1 hold 3 records each, shard 2 one. Shard 0's files
+    # copied over shard 1's (as many records) made a manifest verify then called broken
+    # (every key twice); over shard 2's, one with more records than lines planned.
+    root = tmp_path / "faces"
+    lst = write_list(tmp_path / "faces.lst", write_pack_tree(root, ["a", "b", "c", "d"], 2)[:7])
+    for target in (1, 2):
+        prefix = tmp_path / f"out{target}" / "f"
+        for number in (0, 1, 2):
+            shard_task(lst, root, prefix, number)
+        replace_shard(prefix, 0, target)
+        refused_finalize(
+            lst, root, prefix, f"f-0000{target}.plan.json", f"shard {target}'s .rec", "replaced"
+        )
+
+
+def test_finalize_counts_the_records_of_a_shard_its_task_did_not_describe(tmp_path):
+    # A plan file written before its task recorded the files it wrote (a task killed after
+    # its shard was renamed, or an older rectool): the records and refusals must still be
+    # the lines planned.
     root, lst, _ = job_tree(tmp_path)
     prefix = tmp_path / "out" / "f"
     shard_task(lst, root, prefix, 0)
     shard_task(lst, root, prefix, 1)
-    for suffix in (".rec", ".idx", ".rec.crc"):  # shard 0's 3 records where shard 1's 2 were
-        first = prefix.with_name("f-00000" + suffix)
-        prefix.with_name("f-00001" + suffix).write_bytes(first.read_bytes())
+    replace_shard(prefix, 0, 1)  # shard 0's 3 records where shard 1's 2 were
+    plan = prefix.with_name("f-00001.plan.json")
+    document = json.loads(plan.read_text())
+    del document["packed"]
+    plan.write_text(json.dumps(document))
     refused_finalize(lst, root, prefix, "f-00001.rec", "3 records", "2 list lines")
 
 
