@@ -333,9 +333,8 @@ def test_finalize_refuses_a_shard_replaced_after_its_task_ended(tmp_path):
 
 
 def test_finalize_counts_the_records_of_a_shard_its_task_did_not_describe(tmp_path):
-    # A plan file written before its task recorded the files it wrote (a task killed after
-    # its shard was renamed, or an older rectool): the records and refusals must still be
-    # the lines planned.
+    # A plan file that does not record the files its task wrote (an older rectool's): the
+    # records and refusals must still be the lines planned.
     root, lst, _ = job_tree(tmp_path)
     prefix = tmp_path / "out" / "f"
     shard_task(lst, root, prefix, 0)
@@ -418,3 +417,42 @@ def test_an_array_resubmitted_after_finalize_changes_nothing(tmp_path):
     )  # fmt: skip
     assert result.exit_code == 1 and "the list differs" in result.stderr, result.output
     assert {p.name for p in prefix.parent.iterdir()} == set(before)
+
+
+# -- stdin: a list on standard input is the same list as in a file ---------------------------
+
+GOOD = b"0\t0\ta/000.jpg\n1\t0\ta/001.jpg\n2\t1\tb/000.jpg\n3\t1\tb/001.jpg\n"
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        GOOD.replace(b"\n", b"\r\n"),  # CRLF
+        GOOD[:-1],  # no newline at the end
+        GOOD[:-5],  # cut mid-line (a producer killed): its path names no image
+        b"\xef\xbb\xbf" + GOOD,  # a BOM
+        GOOD[:20] + b"\0" + GOOD[20:],  # a NUL
+        GOOD + b"4\t1\tb/" + b"x" * 70_000 + b".jpg\n",  # a line over 64 KiB
+        GOOD + b"\xff\n",  # not UTF-8
+    ],
+    ids=["crlf", "no-final-newline", "cut", "bom", "nul", "long-line", "not-utf8"],
+)
+def test_a_list_on_stdin_packs_as_the_same_list_in_a_file(tmp_path, data):
+    root = tmp_path / "faces"
+    write_pack_tree(root, ["a", "b"], 2)
+    lst = tmp_path / "faces.lst"
+    lst.write_bytes(data)
+    outcomes = []
+    for given, stdin in ((lst, None), ("-", data)):
+        prefix = tmp_path / f"out-{'file' if stdin is None else 'stdin'}" / "f"
+        result = CliRunner().invoke(
+            cli, ["pack", str(given), str(root), str(prefix), "--json"], input=stdin
+        )
+        document = json.loads(result.stdout)
+        error = document.get("error", "").replace(str(lst), "LIST")
+        error = error.replace("standard input", "LIST")
+        rec = prefix.with_name("f.rec")
+        outcomes.append(
+            (result.exit_code, error, document.get("failures"), rec.exists() and rec.read_bytes())
+        )
+    assert outcomes[0] == outcomes[1]
