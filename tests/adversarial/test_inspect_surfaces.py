@@ -9,11 +9,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import xxhash
 from click.testing import CliRunner
+from helpers.handmade_datasets import image_record, images, write_shard
 from helpers.mxnet_oracle import run_mxnet
 from helpers.rec_files import MAGIC, image_payload, make_pack, write_records
 
@@ -324,3 +327,70 @@ def test_unpack_refuses_a_key_held_by_two_shards_before_writing(tmp_path):
     assert not (tmp_path / "out").exists()
     alone = run("unpack", tmp_path / "p-00001.rec", tmp_path / "one")
     assert alone.exit_code == 0, alone.output
+
+
+# --- verify: memory in the records, never in a count a header claims ----------------------
+
+# A process that may map at most this much address space: far less than the 8 GB an array of
+# every announced key would take, enough for Python, numpy and rectool.
+ADDRESS_SPACE = 1 << 30
+
+VERIFY_LIMITED = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
+from rectool.cli import cli
+cli(sys.argv[1:])
+"""
+
+
+def _insightface_announcing(tmp_path, header):
+    """An insightface shard of 3 images in 2 identities whose record 0 says `header`."""
+    jpegs = images(3)
+    rec = tmp_path / "train.rec"
+    write_shard(
+        rec,
+        tmp_path / "train.idx",
+        [
+            (0, image_record(b"", list(header), 0, 1)),
+            (1, image_record(jpegs[0], 0.0, 1)),
+            (2, image_record(jpegs[1], 0.0, 2)),
+            (3, image_record(jpegs[2], 1.0, 3)),
+            (4, image_record(b"", [1.0, 3.0], 4)),
+            (5, image_record(b"", [3.0, 4.0], 5)),
+        ],
+    )
+    return rec
+
+
+@pytest.mark.parametrize(
+    "header, first",
+    [((4.0, 4.0 + 2e9), "identity key 6 (of 4..1999999999)"), ((4e9, 4e9 + 2), "image key 6")],
+    ids=["identities", "images"],
+)
+def test_verify_of_an_insightface_header_announcing_2e9_keys_stays_small(tmp_path, header, first):
+    # An array of every announced key was made: 8 GB for 6 records, killed by the kernel.
+    rec = _insightface_announcing(tmp_path, header)
+    code = VERIFY_LIMITED.format(limit=ADDRESS_SPACE)
+    done = subprocess.run(
+        [sys.executable, "-c", code, "verify", "--json", str(rec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    missing = [p for p in report["problems"] if p["kind"] == "insightface-range"]
+    assert missing[0]["message"].startswith(first)
+    assert missing[0]["path"] == str(rec)
+    assert report["counts"]["insightface-range"] >= 1_999_999_990
+
+
+def test_verify_names_each_missing_key_when_record_0_announces_a_few_more(tmp_path):
+    rec = _insightface_announcing(tmp_path, (4.0, 8.0))  # identities 6 and 7 are missing
+    result = run("verify", "--json", rec)
+    assert result.exit_code == 1
+    problems = json.loads(result.stdout)["problems"]
+    assert [(p["kind"], p["key"]) for p in problems if p["kind"] == "insightface-range"] == [
+        ("insightface-range", 6),
+        ("insightface-range", 7),
+    ]

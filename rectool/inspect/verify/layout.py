@@ -86,7 +86,7 @@ def _check_insightface(facts: ShardFacts) -> Iterator[Found]:
             f"record 0's label [{a}, {b}] needs keys above {FLOAT32_EXACT:,}, "
             "where float32 labels are not exact",
         )
-    images, identities = a - 1, b - a
+    identities = b - a
     declared = facts.dataset.classes
     if declared is not None and declared != identities:
         assert facts.dataset.manifest_path is not None  # the manifest's class count
@@ -97,6 +97,9 @@ def _check_insightface(facts: ShardFacts) -> Iterator[Found]:
             None,
             f"says {declared} classes, but record 0 of {rec} announces {identities} identities",
         )
+    if b - 1 > len(keys):  # keys announced past the records held: an array of b is not made
+        yield from _announced_past_the_records(facts, a, b)
+        return
     # The row of each key (-1: none), in 4 bytes a key where the rows fit.
     by_key = np.full(b, -1, np.int32 if len(keys) < 1 << 31 else np.int64)
     for lo_row, hi_row in chunks(len(keys)):  # in file order: later records win
@@ -120,34 +123,13 @@ def _check_insightface(facts: ShardFacts) -> Iterator[Found]:
         ),
     )
     missing = np.flatnonzero(by_key[1:] < 0) + 1
-
-    def missing_problems() -> Iterator[ProblemAt]:
-        for k in missing.tolist():
-            if k < a:
-                what = f"image key {k} (of 1..{images})"
-            else:
-                what = f"identity key {k} (of {a}..{b - 1})"
-            yield rec, k, None, f"{what} is missing; record 0 announces it"
-
-    yield Found("insightface-range", len(missing), missing_problems())
-    ids = by_key[a:]
-    present = ids >= 0
-    rows = ids[present]
-    not_ranges = rows[~(h.complete[rows] & (h.flag[rows] == 2))]
     yield Found(
-        "insightface-range",
-        len(not_ranges),
-        (
-            (
-                rec,
-                keys[i],
-                starts[i],
-                f"identity record has flag {h.flag[i]}, expected 2 (a [start, end) label pair)",
-            )
-            for i in not_ranges.tolist()
-        ),
+        "insightface-range", len(missing), (_missing(rec, k, a, b) for k in missing.tolist())
     )
-    if len(missing) or len(not_ranges):
+    ids = by_key[a:]
+    not_ranges = _not_ranges(facts, ids[ids >= 0])
+    yield not_ranges
+    if len(missing) or not_ranges.total:
         return
     lo, hi = h.label0[ids].astype(np.float64), h.label1[ids].astype(np.float64)
     expect_lo = np.concatenate(([1.0], hi[:-1]))
@@ -199,6 +181,52 @@ def _check_insightface(facts: ShardFacts) -> Iterator[Found]:
 
     yield Found("insightface-label", len(mismatch), label_problems())
     yield from _check_property(facts, identities)
+
+
+def _missing(rec: str, k: int, a: int, b: int) -> ProblemAt:
+    """The problem of key `k` missing from keys 0..b-1 (images 1..a-1, identities a..b-1)."""
+    what = f"image key {k} (of 1..{a - 1})" if k < a else f"identity key {k} (of {a}..{b - 1})"
+    return rec, k, None, f"{what} is missing; record 0 announces it"
+
+
+def _not_ranges(facts: ShardFacts, rows: np.ndarray) -> Found:
+    """The identity records (at `rows`) that are no [start, end) label pair."""
+    h, keys, starts = facts.headers, facts.keys, facts.framing.starts
+    bad = rows[~(h.complete[rows] & (h.flag[rows] == 2))]
+    return Found(
+        "insightface-range",
+        len(bad),
+        (
+            (
+                facts.rec,
+                keys[i],
+                starts[i],
+                f"identity record has flag {h.flag[i]}, expected 2 (a [start, end) label pair)",
+            )
+            for i in bad.tolist()
+        ),
+    )
+
+
+def _announced_past_the_records(facts: ShardFacts, a: int, b: int) -> Iterator[Found]:
+    """The missing keys and the identity records that are no ranges, when record 0 announces
+    more keys (0..b-1) than the shard holds records: found from the keys present (memory in
+    the records, not in the announced count, which a hostile header makes 2**31 or more)."""
+    keys = facts.keys
+    inside = np.flatnonzero((keys >= 1) & (keys < b))
+    # The last row of each key present: in file order, later records win.
+    present, first = np.unique(keys[inside][::-1], return_index=True)
+    rows = inside[::-1][first]
+
+    def missing() -> Iterator[ProblemAt]:
+        expected = 1
+        for k in [*present.tolist(), b]:
+            for m in range(expected, k):  # read lazily: the report keeps the first few
+                yield _missing(facts.rec, m, a, b)
+            expected = k + 1
+
+    yield Found("insightface-range", (b - 1) - len(present), missing())
+    yield _not_ranges(facts, rows[present >= a])
 
 
 def _check_property(facts: ShardFacts, identities: int) -> Iterator[Found]:
