@@ -19,6 +19,8 @@ from click.testing import CliRunner
 from helpers.handmade_datasets import image_record, images, write_shard
 from helpers.mxnet_oracle import run_mxnet
 from helpers.rec_files import MAGIC, image_payload, make_pack, write_records
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rectool.cli import cli
 from rectool.doors.output import OutputFolder
@@ -394,3 +396,36 @@ def test_verify_names_each_missing_key_when_record_0_announces_a_few_more(tmp_pa
         ("insightface-range", 6),
         ("insightface-range", 7),
     ]
+
+
+# --- unpack: a property over odd labels ---------------------------------------------------
+
+ODD_LABELS = [0.0, -0.0, 1.0, 2.0, 1.5, math.nan, math.inf, -math.inf, 1e30, 16777217.0]
+
+
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(labels=st.lists(st.sampled_from(ODD_LABELS), min_size=1, max_size=8))
+def test_property_unpack_puts_each_label_in_one_folder_of_its_own(tmp_path_factory, labels):
+    # Equal labels (NaN with NaN, -0.0 with 0.0) share a folder; different labels never do;
+    # every record is written once, byte for byte.
+    where = tmp_path_factory.mktemp("odd")
+    rec = bare_pack(where, labels)
+    result = run("unpack", rec, where / "out")
+    assert result.exit_code == 0, result.output
+    folder_of = {}
+    for folder, files in tree(where / "out").items():
+        for name in files:
+            key = int(name.split(b".")[0])
+            assert key not in folder_of
+            folder_of[key] = folder
+            assert (where / "out" / os.fsdecode(folder) / os.fsdecode(name)).read_bytes() == JPEG
+    assert sorted(folder_of) == list(range(len(labels)))
+
+    def same(x, y):
+        return (math.isnan(x) and math.isnan(y)) or x == y
+
+    for i, x in enumerate(labels):
+        for j, y in enumerate(labels):
+            assert (folder_of[i] == folder_of[j]) == same(x, y), (x, y)
