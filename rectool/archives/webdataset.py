@@ -33,20 +33,49 @@ MAX_CLASS_BYTES = 4096
 
 
 def expand_braces(pattern: str) -> list[str]:
-    """Return a pattern's brace expansions: `{000..002}` (zero-padded ranges), `{a,b}`."""
-    match = _RANGE.search(pattern) or _CHOICE.search(pattern)
-    if match is None:
-        return [pattern]
-    if match.re is _RANGE:
-        low, high = match.group(1), match.group(2)
-        if int(high) - int(low) >= MAX_SHARDS:
-            raise ArchiveError(f"{pattern}: a range of over {MAX_SHARDS:,} shards")
-        width = len(low) if low.startswith("0") else 0
-        values = [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
-    else:
-        values = match.group(1).split(",")
-    head, tail = pattern[: match.start()], pattern[match.end() :]
-    return [path for value in values for path in expand_braces(head + value + tail)]
+    """Return a pattern's brace expansions: `{000..002}` (zero-padded ranges), `{a,b}`.
+
+    Bounded as a whole, not per brace: `{0..999999}{0..999999}` would be 10**12 names, and
+    `{a,b}` thirty times 10**9: over `MAX_SHARDS` names, or twice as many patterns made on
+    the way, is refused.
+    """
+    names = 1  # the braces in sight multiply: refuse before making any of them
+    for low, high in _RANGE.findall(pattern):
+        names *= max(int(high) - int(low) + 1, 0)
+    for choice in _CHOICE.findall(pattern):
+        names *= choice.count(",") + 1
+    if names > MAX_SHARDS:
+        raise ArchiveError(f"{pattern}: expands to over {MAX_SHARDS:,} shard names")
+    expanded: list[str] = []
+    pending, made = [pattern], 1
+    while pending:
+        current = pending.pop()
+        if any(int(high) < int(low) for low, high in _RANGE.findall(current)):
+            continue  # a range of none: the pattern names nothing
+        match = _RANGE.search(current) or _CHOICE.search(current)
+        if match is None:
+            expanded.append(current)
+            if len(expanded) > MAX_SHARDS:
+                raise ArchiveError(f"{pattern}: expands to over {MAX_SHARDS:,} shard names")
+            continue
+        if match.re is _RANGE:
+            low, high = match.group(1), match.group(2)
+            if int(high) - int(low) >= MAX_SHARDS:
+                raise ArchiveError(f"{pattern}: a range of over {MAX_SHARDS:,} shards")
+            count = max(int(high) - int(low) + 1, 0)
+        else:
+            count = match.group(1).count(",") + 1
+        made += count
+        if made > 2 * MAX_SHARDS:  # names and the patterns on the way to them
+            raise ArchiveError(f"{pattern}: expands to over {MAX_SHARDS:,} shard names")
+        if match.re is _RANGE:
+            width = len(low) if low.startswith("0") else 0
+            values = [str(n).zfill(width) for n in range(int(low), int(high) + 1)]
+        else:
+            values = match.group(1).split(",")
+        head, tail = current[: match.start()], current[match.end() :]
+        pending.extend(head + value + tail for value in reversed(values))
+    return expanded
 
 
 def _folder_of(root: str) -> str:

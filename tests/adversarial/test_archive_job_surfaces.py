@@ -252,6 +252,24 @@ def test_a_huge_size_in_a_tar_gz_is_refused_not_a_traceback(tmp_path):
     assert "member 'bob/b.jpg' declares 1,180,591,620,717,411,303,424 bytes" in result.stderr
 
 
+# -- webdataset: a shard pattern is bounded as a whole ------------------------------------
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    ["x-{0..999999}{0..999999}.tar", "x-" + "{a,b}" * 30 + ".tar", "{0..99}{0..99}{0..99}{0..99}"],
+)
+def test_a_shard_pattern_expanding_past_a_million_names_is_refused_at_once(
+    tmp_path, alarm, pattern
+):
+    # Each brace was bounded, not their product: 10**12 names (2**30, 10**8) were expanded in
+    # memory, and `list` never came back.
+    alarm(60)  # a guard against the hang, not a timing
+    result = invoke("list", f"{tmp_path}/{pattern}", tmp_path / "x.lst")
+    assert result.exit_code == 2, result.output
+    assert "expands to over 1,000,000 shard names" in result.stderr
+
+
 # -- job arrays: --finalize takes only shards of the plan it finalizes -----------------------
 
 
