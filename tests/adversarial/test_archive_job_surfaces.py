@@ -474,3 +474,42 @@ def test_a_list_on_stdin_packs_as_the_same_list_in_a_file(tmp_path, data):
             (result.exit_code, error, document.get("failures"), rec.exists() and rec.read_bytes())
         )
     assert outcomes[0] == outcomes[1]
+
+
+def test_a_pack_from_stdin_stopped_resumes_from_stdin_to_the_same_bytes(tmp_path):
+    root = tmp_path / "faces"
+    data = "".join(
+        f"{i}\t{label}\t{path}\n" for i, label, path in write_pack_tree(root, ["a", "b", "c"], 3)
+    )
+    whole = tmp_path / "whole" / "f"
+    prefix = tmp_path / "out" / "f"
+    flags = ["--shard-records", "3", "--json"]
+
+    def pack(out, text, *more):
+        args = ["pack", "-", str(root), str(out), *flags, *more]
+        return CliRunner().invoke(cli, args, input=text.encode())
+
+    assert pack(whole, data).exit_code == 0
+    shards = 0
+
+    def full_disk(step, path):
+        nonlocal shards
+        shards += step == "shard"
+        if shards == 2:
+            raise OSError(28, "No space left on device", path)
+
+    set_fault_hook(full_disk)
+    try:
+        stopped = pack(prefix, data)
+    finally:
+        set_fault_hook(None)
+    assert stopped.exit_code == 1 and not prefix.with_name("f.manifest.json").exists()
+    other = pack(prefix, data.replace("a/000.jpg", "a/001.jpg", 1), "--resume")
+    assert other.exit_code == 1 and "the list differs" in json.loads(other.stdout)["error"]
+    resumed = pack(prefix, data, "--resume")
+    assert resumed.exit_code == 0 and json.loads(resumed.stdout)["resumed_from"] >= 3
+    for suffix in ("-00000.rec", "-00001.rec", "-00002.rec", "-00002.idx", ".failures.jsonl"):
+        assert (
+            prefix.with_name("f" + suffix).read_bytes()
+            == whole.with_name("f" + suffix).read_bytes()
+        )
