@@ -229,13 +229,14 @@ def _refuse_changed_index(ds: PackDataset) -> None:
     folder = os.path.dirname(ds.manifest_path)
     index = ds.manifest.get("index") or {}
     # The files unpack reads (an insightface pack's identity ranges it does not).
-    entries = [index.get(name) for name in UNPACK_READS] + [ds.manifest.get("identities")]
-    for entry in entries:
+    entries = [(f"{name} index", index.get(name)) for name in UNPACK_READS]
+    entries.append(("identities file", ds.manifest.get("identities")))
+    for what, entry in entries:
         if not isinstance(entry, dict) or "file" not in entry:
             continue
         path = os.path.join(folder, str(entry["file"]))
         size, want = entry.get("bytes"), entry.get("xxh3_128")
-        fd, st = open_checked(path, "pack's index file")  # a FIFO or device is refused
+        fd, st = open_checked(path, what)  # a FIFO or device is refused
         os.close(fd)
         have = st.st_size
         if size is not None and have != size:

@@ -429,3 +429,14 @@ def test_property_unpack_puts_each_label_in_one_folder_of_its_own(tmp_path_facto
     for i, x in enumerate(labels):
         for j, y in enumerate(labels):
             assert (folder_of[i] == folder_of[j]) == same(x, y), (x, y)
+
+
+def test_unpack_of_a_pack_missing_its_identities_file_is_unusable_input(tmp_path):
+    p = make_pack(tmp_path)
+    (p.manifest.parent / "faces.identities.json").unlink()
+    result = run("unpack", p.manifest, tmp_path / "again")
+    assert result.exit_code == 2, result.output
+    assert f"{p.manifest.parent / 'faces.identities.json'}: identities file not found" in (
+        result.output
+    )
+    assert not (tmp_path / "again").exists()
