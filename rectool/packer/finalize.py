@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -89,6 +90,7 @@ def finalize_locked(
             )
         expected = (len(plan), number, options.shard_records or total, total, digest)
         check_shard_plan(shard.plan, number, expected)
+        check_shard_options(shard.plan, number, options)
         info = describe_shard(rec, idx, shard_digests(options.sha256))
         check_shard_files(shard.plan, number, info)
         shard_refused = read_failures_file(failures)
@@ -150,6 +152,27 @@ def check_shard_plan(path: str, number: int, expected: tuple[object, ...]) -> No
         raise RectoolError(
             f"{path}: shard {number} was packed by another plan ({'; '.join(differ)}): "
             f"another list or --shard-records; {again}, or use that list and --shard-records"
+        )
+
+
+def check_shard_options(path: str, number: int, options: PackOptions) -> None:
+    """Raise unless the options that make the bytes are those shard `number` was packed
+    with, as its plan file at `path` records them (a plan file without them is not checked):
+    a shard re-encoded otherwise would sit under a manifest that says it is not."""
+    packed_with = read_state(path, "shard plan file").get("options")
+    if not isinstance(packed_with, dict):
+        return
+    given = json.loads(json.dumps(options.byte_options()))  # as JSON holds them
+    differ = [
+        f"{name} {packed_with.get(name)!r}, not {value!r}"
+        for name, value in given.items()
+        if name in packed_with and packed_with[name] != value
+    ]
+    if differ:
+        raise RectoolError(
+            f"{path}: shard {number} was packed with other options ({'; '.join(differ)}); "
+            f"finalize with the options its task was given, or pack it again with "
+            f"--only-shard {number} --overwrite"
         )
 
 

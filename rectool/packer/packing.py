@@ -31,7 +31,7 @@ from ..format.headers import unpack_header
 from ..format.manifest import plan_document
 from ..format.paths import PackPaths
 from ..format.records import IndexedRecordFile
-from .finalize import check_shard_plan
+from .finalize import check_shard_options, check_shard_plan
 from .finalize import completed_if_same as completed_if_same
 from .finalize import finalize_locked as finalize_locked
 from .finalize import finalize_pack as finalize_pack
@@ -364,6 +364,7 @@ def _pack_shard(
         # A complete shard is described, not packed again: only if this plan packed it.
         records = options.shard_records or total
         check_shard_plan(shard.plan, number, (len(plan), number, records, total, digest))
+        check_shard_options(shard.plan, number, options)
     state = source_state(digest, root, options)
     if resume and os.path.exists(state_path):
         check_resume_state(state_path, state)
@@ -371,6 +372,7 @@ def _pack_shard(
         write_json_atomic(state_path, state)
     shards, records = len(plan), options.shard_records or total
     plan_file = plan_document(shards, number, records, total, digest)
+    plan_file["options"] = options.byte_options()  # what --finalize must pack alike
     if not (resume and done) or not os.path.exists(shard.plan):
         # Until --finalize, the shard says which plan it is part of (`refuse_unfinished_plan`).
         write_json_atomic(shard.plan, plan_file)

@@ -513,3 +513,17 @@ def test_a_pack_from_stdin_stopped_resumes_from_stdin_to_the_same_bytes(tmp_path
             prefix.with_name("f" + suffix).read_bytes()
             == whole.with_name("f" + suffix).read_bytes()
         )
+
+
+def test_finalize_refuses_a_shard_packed_with_other_byte_options(tmp_path):
+    # Shard 0 re-encoded with --resize 16, shard 1 passed through: finalized under a manifest
+    # saying no transform, and verify --decode called the pack sound.
+    root, lst, _ = job_tree(tmp_path)
+    prefix = tmp_path / "out" / "f"
+    shard_task(lst, root, prefix, 0, "--resize", "16")
+    shard_task(lst, root, prefix, 1)
+    refused_finalize(lst, root, prefix, "f-00000.plan.json", "shard 0", "other options", "resize")
+    again = invoke(
+        "pack", lst, root, prefix, "--shard-records", 3, "--only-shard", 0, "--resume",
+    )  # fmt: skip
+    assert again.exit_code == 1 and "other options" in again.stderr, again.output
