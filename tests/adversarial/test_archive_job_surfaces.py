@@ -19,6 +19,8 @@ from helpers.image_files import jpeg_bytes, write_list, write_pack_tree
 
 from rectool.cli import cli
 from rectool.doors.faults import set_fault_hook
+from rectool.doors.output import OutputLock
+from rectool.format.paths import PackPaths
 
 BLOCK = 512
 
@@ -527,3 +529,20 @@ def test_finalize_refuses_a_shard_packed_with_other_byte_options(tmp_path):
         "pack", lst, root, prefix, "--shard-records", 3, "--only-shard", 0, "--resume",
     )  # fmt: skip
     assert again.exit_code == 1 and "other options" in again.stderr, again.output
+
+
+def test_two_tasks_on_one_shard_and_finalize_beside_a_task_are_refused_by_name(tmp_path):
+    root, lst, _ = job_tree(tmp_path)
+    prefix = tmp_path / "out" / "f"
+    shard_task(lst, root, prefix, 0)
+    paths = PackPaths.of(str(prefix))
+    with OutputLock(paths, shared=True), OutputLock(paths.shard(1)):  # a task on shard 1
+        twin = invoke(
+            "pack", lst, root, prefix, "--shard-records", 3, "--only-shard", 1, "--json",
+        )  # fmt: skip
+        assert twin.exit_code == 1 and "f-00001.lock" in json.loads(twin.stdout)["error"]
+        early = finalize(lst, root, prefix)
+        assert early.exit_code == 1 and "f.lock" in json.loads(early.stdout)["error"]
+    assert not list(prefix.parent.glob("f-00001*"))
+    shard_task(lst, root, prefix, 1)
+    assert finalize(lst, root, prefix).exit_code == 0
