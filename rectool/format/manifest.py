@@ -331,13 +331,24 @@ def plan_document(
 
 def read_shard_plan(path: str) -> dict[str, Any]:
     """Read a shard's plan file; return its "plan" object, checked; raise `InputError`."""
-    plan = read_state(path, "shard plan file").get("plan")
+    return read_shard_plan_file(path)["plan"]
+
+
+def read_shard_plan_file(path: str) -> dict[str, Any]:
+    """Read a shard's plan file whole: its "plan" object checked, and the task's byte
+    "options" and the digests of the files it "packed" (objects, or absent: a plan file of
+    an older rectool, or of a task not finished); raise `InputError`."""
+    doc = read_state(path, "shard plan file")
+    plan = doc.get("plan")
     if not isinstance(plan, dict) or any(plan.get(name) is None for name in PLAN):
         raise InputError(f"{path}: not a shard plan file (no plan with {', '.join(PLAN)})")
     check_fields(path, plan, PLAN, "plan.")
     if not plan["shard"] < plan["shards"]:
         raise bad_field(path, "plan.shard", f"below plan.shards ({plan['shards']})")
-    return plan
+    for name in ("options", "packed"):
+        if not isinstance(doc.get(name, {}), dict):
+            raise bad_field(path, name, "an object")
+    return doc
 
 
 def refuse_unfinished_plan(prefix: str | PackPaths, recs: Iterable[str]) -> None:

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..doors.failures import open_failures
-from ..doors.inputs import dataset_path, open_input, read_state
+from ..doors.inputs import dataset_path, open_input
 from ..doors.output import OutputLock, remove, rename, stage_file
 from ..errors import RectoolError
-from ..format.manifest import read_manifest, read_shard_plan
+from ..format.manifest import read_manifest, read_shard_plan_file
 from ..format.paths import PARTIAL_SUFFIX, STATE_SUFFIX, PackPaths
 from .listcheck import load_identities, validate_list
 from .manifest import (
@@ -24,6 +23,7 @@ from .manifest import (
     finish_interrupted,
     is_complete,
     manifest_source,
+    option_differences,
     remove_stale_temporaries,
     shard_files,
     source_state,
@@ -89,10 +89,10 @@ def finalize_locked(
                 f"pack it with --only-shard {number} (add --resume to continue it)"
             )
         expected = (len(plan), number, options.shard_records or total, total, digest)
-        check_shard_plan(shard.plan, number, expected)
-        check_shard_options(shard.plan, number, options)
+        made = read_made_shard(shard.plan, number)
+        check_shard_plan(shard.plan, made, expected, options)
         info = describe_shard(rec, idx, shard_digests(options.sha256))
-        check_shard_files(shard.plan, number, info)
+        check_shard_files(shard.plan, made, number, info)
         shard_refused = read_failures_file(failures)
         if info.records + len(shard_refused) != len(plan[number]):
             raise RectoolError(
@@ -133,16 +133,26 @@ def finalize_locked(
 _PLAN_FIELDS = ("shards", "shard", "shard_records", "list_items", "list_sha256")
 
 
-def check_shard_plan(path: str, number: int, expected: tuple[object, ...]) -> None:
-    """Raise unless the plan file at `path` says shard `number` was packed by the plan being
-    finalized (`expected`: shards, shard, shard_records, list_items, list_sha256), so that
-    no shard packed from another list or --shard-records is taken into the pack."""
-    again = f"pack it again with --only-shard {number} --overwrite"
+def read_made_shard(path: str, number: int) -> dict[str, Any]:
+    """Return the plan file of shard `number` at `path` (`read_shard_plan_file`), which says
+    how the shard was made; raise when there is none (which plan packed it is unknown)."""
     if not os.path.lexists(path):
         raise RectoolError(
-            f"{path}: shard {number} has no plan file, so which plan packed it is unknown; {again}"
+            f"{path}: shard {number} has no plan file, so which plan packed it is unknown; "
+            f"pack it again with --only-shard {number} --overwrite"
         )
-    plan = read_shard_plan(path)
+    return read_shard_plan_file(path)
+
+
+def check_shard_plan(
+    path: str, doc: Mapping[str, Any], expected: tuple[object, ...], options: PackOptions
+) -> None:
+    """Raise unless the plan file `doc` (at `path`) says its shard was packed by the plan
+    being finalized (`expected`: shards, shard, shard_records, list_items, list_sha256) with
+    the byte `options` given now (when it records them: an older rectool's does not), so
+    that no shard packed from another list, --shard-records or re-encoding is taken in."""
+    plan, number = doc["plan"], expected[1]
+    again = f"pack it again with --only-shard {number} --overwrite"
     differ = [
         f"{field} {plan[field]!r}, not {want!r}"
         for field, want in zip(_PLAN_FIELDS, expected)
@@ -153,37 +163,21 @@ def check_shard_plan(path: str, number: int, expected: tuple[object, ...]) -> No
             f"{path}: shard {number} was packed by another plan ({'; '.join(differ)}): "
             f"another list or --shard-records; {again}, or use that list and --shard-records"
         )
-
-
-def check_shard_options(path: str, number: int, options: PackOptions) -> None:
-    """Raise unless the options that make the bytes are those shard `number` was packed
-    with, as its plan file at `path` records them (a plan file without them is not checked):
-    a shard re-encoded otherwise would sit under a manifest that says it is not."""
-    packed_with = read_state(path, "shard plan file").get("options")
-    if not isinstance(packed_with, dict):
-        return
-    given = json.loads(json.dumps(options.byte_options()))  # as JSON holds them
-    differ = [
-        f"{name} {packed_with.get(name)!r}, not {value!r}"
-        for name, value in given.items()
-        if name in packed_with and packed_with[name] != value
-    ]
-    if differ:
+    packed_with = doc.get("options")  # None: an older rectool's plan file
+    if packed_with is not None and (
+        differ := option_differences(options.byte_options(), packed_with, "shard's plan file")
+    ):
         raise RectoolError(
             f"{path}: shard {number} was packed with other options ({'; '.join(differ)}); "
-            f"finalize with the options its task was given, or pack it again with "
-            f"--only-shard {number} --overwrite"
+            f"finalize with the options its task was given, or {again}"
         )
 
 
-def check_shard_files(path: str, number: int, info: ShardInfo) -> None:
-    """Raise unless shard `number`'s files are those its task wrote, as its plan file at
-    `path` records them (by their digests; a plan file without them is not checked)."""
-    packed = read_state(path, "shard plan file").get("packed")
-    if not isinstance(packed, dict):
-        return
+def check_shard_files(path: str, doc: Mapping[str, Any], number: int, info: ShardInfo) -> None:
+    """Raise unless shard `number`'s files are those its task wrote, as its plan file `doc`
+    (at `path`) records them (by their digests; a plan file without them is not checked)."""
     digests = info.digests or {}
-    for kind, written in packed.items():
+    for kind, written in (doc.get("packed") or {}).items():
         if not isinstance(written, dict) or not written:
             continue
         found = digests.get(kind)

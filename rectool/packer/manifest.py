@@ -341,7 +341,20 @@ def check_same_source(
             f"ROOT differs ({state['root']} now, {saved.get('root') or 'not recorded'} "
             f"in the {what})"
         )
-    now_options, was_options = state["options"], saved.get("options") or {}
+    differences += option_differences(state["options"], saved.get("options") or {}, what)
+    if differences:
+        raise RectoolError(
+            f"{path}: cannot resume: {'; '.join(differences)}. "
+            "Resume with the same list, ROOT and options, or start again with --overwrite"
+        )
+
+
+def option_differences(
+    now_options: Mapping[str, Any], was_options: Mapping[str, Any], what: str
+) -> list[str]:
+    """Return how byte options `now_options` differ from those `what` was made with, each
+    named as the command line gives it ("--resize differs (16 now, not given in the ...)")."""
+    differences = []
     now, was = _flat_options(now_options), _flat_options(was_options)
     if (now_options.get("transform") is None) != (was_options.get("transform") is None):
         differences.append(
@@ -358,11 +371,7 @@ def check_same_source(
                 f"{_OPTION_NAMES[name]} differs ({_show(now.get(name))} now, "
                 f"{_show(was.get(name))} in the {what})"
             )
-    if differences:
-        raise RectoolError(
-            f"{path}: cannot resume: {'; '.join(differences)}. "
-            "Resume with the same list, ROOT and options, or start again with --overwrite"
-        )
+    return differences
 
 
 def _flat_options(options: Mapping[str, Any]) -> dict[str, Any]:

@@ -31,7 +31,7 @@ from ..format.headers import unpack_header
 from ..format.manifest import plan_document
 from ..format.paths import PackPaths
 from ..format.records import IndexedRecordFile
-from .finalize import check_shard_options, check_shard_plan
+from .finalize import check_shard_plan, read_made_shard
 from .finalize import completed_if_same as completed_if_same
 from .finalize import finalize_locked as finalize_locked
 from .finalize import finalize_pack as finalize_pack
@@ -363,8 +363,8 @@ def _pack_shard(
     if resume and done and os.path.lexists(shard.plan):
         # A complete shard is described, not packed again: only if this plan packed it.
         records = options.shard_records or total
-        check_shard_plan(shard.plan, number, (len(plan), number, records, total, digest))
-        check_shard_options(shard.plan, number, options)
+        expected = (len(plan), number, records, total, digest)
+        check_shard_plan(shard.plan, read_made_shard(shard.plan, number), expected, options)
     state = source_state(digest, root, options)
     if resume and os.path.exists(state_path):
         check_resume_state(state_path, state)
