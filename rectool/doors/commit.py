@@ -26,7 +26,7 @@ from .files import (
     rename,
     stage_file,
 )
-from .targets import check_target, refuse_twice, same_place
+from .targets import check_target, claim
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -144,7 +144,9 @@ class OutputFiles:
     def __init__(self, journal: str, overwrite: bool = False, what: str = "output") -> None:
         self.journal, self.overwrite, self.what = os.fspath(journal), overwrite, what
         self.staged: list[tuple[str, str]] = []
-        self.checked: dict[str, str] = {}  # place -> the path checked there
+        # One output's files by place (`claim`): those checked before the work, those staged.
+        self.checked: dict[str, tuple[str, str]] = {}
+        self.places: dict[str, tuple[str, str]] = {}
 
     def __enter__(self) -> OutputFiles:
         finish_commit(self.journal)
@@ -153,18 +155,10 @@ class OutputFiles:
     def check(self, path: StrPath) -> str:
         """Refuse `path` now (before any work) when it may not be written, or when a file
         checked before leads to the same place."""
-        path = check_target(path, self.overwrite, self.what)
-        place = same_place(path)
-        if place in self.checked:
-            raise refuse_twice(path, self.checked[place], f"{self.what}'s other file")
-        self.checked[place] = path
-        return path
+        return claim(self.checked, path, self.overwrite, self.what, f"{self.what}'s other file")
 
     def add(self, path: StrPath, data: Data) -> str:
-        path = check_target(path, self.overwrite, self.what)
-        staged = {same_place(final): final for _, final in self.staged}
-        if same_place(path) in staged:
-            raise refuse_twice(path, staged[same_place(path)], f"{self.what}'s other file")
+        path = claim(self.places, path, self.overwrite, self.what, f"{self.what}'s other file")
         make_folders(os.path.dirname(path))
         self.staged.append((stage_file(path, data), path))
         return path

@@ -78,14 +78,22 @@ def refuse_twice(path: StrPath, earlier: str, what: str) -> UsageError:
     )
 
 
+def claim(
+    places: dict[str, tuple[str, str]], path: StrPath, overwrite: bool, what: str, known_as: str
+) -> str:
+    """Refuse `path` as `check_target` does, and when a file in `places` ({place: (path, what
+    it is)}, one output's files so far) leads to the same place; else record it there as
+    `known_as` and return it."""
+    path = check_target(path, overwrite, what)
+    place = same_place(path)
+    if place in places:
+        raise refuse_twice(path, *places[place])
+    places[place] = (path, known_as)
+    return path
+
+
 def check_targets(targets: Iterable[tuple[StrPath, str]], overwrite: bool = False) -> list[str]:
     """Refuse the files of one output, each `(path, what)`, as `check_target` does, and two of
     them at one place (the later would silently replace the earlier). Return the paths."""
-    seen: dict[str, tuple[str, str]] = {}
-    for path, what in targets:
-        path = check_target(path, overwrite, what)
-        place = same_place(path)
-        if place in seen:
-            raise refuse_twice(path, *seen[place])
-        seen[place] = (path, what)
-    return [path for path, _ in seen.values()]
+    places: dict[str, tuple[str, str]] = {}
+    return [claim(places, path, overwrite, what, what) for path, what in targets]
