@@ -22,9 +22,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..dataset.packs import open_dataset
-from ..doors.inputs import open_checked
 from ..doors.output import OutputFolder
-from ..errors import RectoolError
+from ..errors import InputError, RectoolError
 from ..format.checksums import (
     ChecksumFileError,
     checksum_path,
@@ -32,12 +31,13 @@ from ..format.checksums import (
     load_checksums,
     stale_reason,
 )
-from ..format.digest import XXH3_128, file_digests
+from ..format.digest import XXH3_128
 from ..format.keys import refuse_shared_offsets
 from ..format.manifest import identity_name_problem
 from ..format.window import RecWindow
 from ..packer.images import sniff_format
 from ..text import counted
+from .verify.binary import read_index_file
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -229,24 +229,23 @@ def _refuse_changed_index(ds: PackDataset) -> None:
     folder = os.path.dirname(ds.manifest_path)
     index = ds.manifest.get("index") or {}
     # The files unpack reads (an insightface pack's identity ranges it does not).
-    entries = [(f"{name} index", index.get(name)) for name in UNPACK_READS]
-    entries.append(("identities file", ds.manifest.get("identities")))
-    for what, entry in entries:
+    entries = [(name, index.get(name)) for name in UNPACK_READS]
+    entries.append(("identities", ds.manifest.get("identities")))
+    for name, entry in entries:
         if not isinstance(entry, dict) or "file" not in entry:
             continue
-        path = os.path.join(folder, str(entry["file"]))
+        found = read_index_file(name, os.path.join(folder, str(entry["file"])), entry)
+        if found.missing or found.unusable is not None:  # a FIFO or a device too
+            raise InputError(f"{found.path}: {found.unusable or name + ' file not found'}")
         size, want = entry.get("bytes"), entry.get("xxh3_128")
-        fd, st = open_checked(path, what)  # a FIFO or device is refused
-        os.close(fd)
-        have = st.st_size
-        if size is not None and have != size:
-            why = f"{have} bytes; the manifest says {size}"
-        elif want and (got := file_digests(path, [XXH3_128]).hexdigests()[XXH3_128]) != want:
+        if size is not None and found.size != size:
+            why = f"{found.size} bytes; the manifest says {size}"
+        elif found.digests is not None and (got := found.digests[XXH3_128]) != want:
             why = f"xxh3-128 {got} differs from the manifest's {want}"
         else:
             continue
         raise RectoolError(
-            f"{path}: {why}: the pack's index was changed after packing, so unpack could "
+            f"{found.path}: {why}: the pack's index was changed after packing, so unpack could "
             "write images under another record's key or identity; nothing was written. "
             "`rectool verify` says more; `rectool index` writes the index again"
         )

@@ -113,7 +113,7 @@ def read_binary_index(dataset: DatasetFacts) -> BinaryIndex | None:
     identities = names_count = names_invalid = None
     named = manifest.get("identities")
     if isinstance(named, dict) and "file" in named:
-        identities = _read_file("identities", os.path.join(folder, named["file"]), named)
+        identities = read_index_file("identities", os.path.join(folder, named["file"]), named)
         if identities.unusable is None and not identities.missing:
             try:
                 names_count = len(read_identities(path, manifest) or {})
@@ -126,8 +126,9 @@ def read_binary_index(dataset: DatasetFacts) -> BinaryIndex | None:
     )
 
 
-def _read_file(name: str, path: str, entry: Mapping[str, Any]) -> IndexFile:
-    """Return what is found of a file of the index: its size and (if the manifest's) digests."""
+def read_index_file(name: str, path: str, entry: Mapping[str, Any]) -> IndexFile:
+    """Return what is found of a file of the index: its size and (if the manifest's) digests.
+    (`unpack` refuses an index changed after packing by it too.)"""
     if not os.path.lexists(path):
         return IndexFile(name, path, entry, None, missing=True)
     try:
@@ -145,7 +146,7 @@ def _read_file(name: str, path: str, entry: Mapping[str, Any]) -> IndexFile:
 
 
 def _read_array(name: str, path: str, entry: Mapping[str, Any], length: int | None) -> IndexFile:
-    found = _read_file(name, path, entry)
+    found = read_index_file(name, path, entry)
     if found.missing or found.unusable is not None:
         return found
     try:
