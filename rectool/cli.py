@@ -6,6 +6,7 @@ command does with its output, errors and exit status).
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -102,4 +103,10 @@ def cli() -> None:
 def main() -> None:
     """Run the command line (the `rectool` console script)."""
     watch_sigterm()  # SIGTERM cleans up and reports as Ctrl-C does
-    cli(prog_name="rectool")
+    try:
+        cli(prog_name="rectool")
+    finally:
+        # The process ends next: what it made is not garbage the exit should look for. Frozen,
+        # the last collections of interpreter teardown skip it (a repack's exit, after its
+        # manifest: 29-34 ms of teardown, 8.5 ms frozen). atexit handlers still run.
+        gc.freeze()

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from rectool import __version__
@@ -64,6 +65,22 @@ def test_a_command_imports_its_own_module_only():
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stderr.strip() == "['rectool.commands.reader']"
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["info", "/nonexistent/pack"]])
+def test_the_command_line_freezes_what_it_made_before_the_exit(argv):
+    # Interpreter teardown then skips those objects in its last collections (29-34 ms of a
+    # repack's exit, 8.5 ms frozen); an error's exit too. Exit handlers still run after it.
+    probe = (
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('frozen', gc.get_freeze_count() > 0, file=sys.stderr))\n"
+        f"sys.argv = ['rectool', *{argv!r}]\n"
+        "from rectool.cli import main\n"
+        "main()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert out.returncode == (0 if argv == ["--version"] else 2), out.stderr
+    assert out.stderr.endswith("frozen True\n"), out.stderr
 
 
 def test_the_group_lists_every_command_module():
