@@ -8,8 +8,10 @@ garbage collector paused (`RecordCopier.frame`).
 
 from __future__ import annotations
 
+import errno
 import gc
 import json
+import os
 
 import pytest
 import xxhash
@@ -20,6 +22,7 @@ from rectool.errors import RectoolError
 from rectool.format.checksums import decode_checksums
 from rectool.packer import shardfile as shardfile_module
 from rectool.packer.shards import ShardWriter
+from rectool.repack import batches as batches_module
 from rectool.repack import copier as copier_module
 from rectool.repack.pipeline import RepackOptions, repack
 
@@ -111,9 +114,15 @@ def test_the_garbage_collector_is_left_as_it_was(tmp_path, running):
             gc.enable()
 
 
-def test_batch_buffers_are_used_again_once_the_writer_is_done_with_them():
+KERNEL = pytest.param(
+    True, marks=pytest.mark.skipif(not batches_module.KERNEL_GATHER, reason="no memfd here")
+)
+
+
+@pytest.mark.parametrize("kernel", [KERNEL, False], ids=["memfd", "bytearray"])
+def test_batch_buffers_are_used_again_once_the_writer_is_done_with_them(kernel):
     waited = []
-    buffers = copier_module.BatchBuffers(waited.append, count=2, size=8)
+    buffers = batches_module.BatchBuffers(waited.append, count=2, size=8, kernel=kernel)
     first = buffers.join([b"ab", memoryview(b"cd")], 4)
     buffers.handed(7)  # the writer's job holding the first batch
     second = buffers.join([b"efg"], 3)
@@ -128,25 +137,29 @@ def test_batch_buffers_are_used_again_once_the_writer_is_done_with_them():
     assert (type(large), bytes(large), waited) == (bytearray, b"0123456789", [7])
 
 
+@pytest.mark.parametrize("kernel", [KERNEL, False], ids=["memfd", "bytearray"])
 @pytest.mark.parametrize("shard_records", [None, 4])
 def test_batches_joined_into_reused_buffers_write_the_same_bytes(
-    tmp_path, monkeypatch, shard_records
+    tmp_path, monkeypatch, shard_records, kernel
 ):
     # Small batches (one or two records), two buffers taken in turn: every batch but the
     # first two waits for the writer. A shard ending inside a batch takes it record by record.
     two_shard_source(tmp_path / "src")
     options = RepackOptions(order="shuffle", seed=4, shard_records=shard_records)
     monkeypatch.setattr(copier_module, "BATCH_BYTES", 1500)
-    monkeypatch.setattr(copier_module, "BUFFER_COUNT", 2)
-    joined = []
-    real_join = copier_module.BatchBuffers.join
+    monkeypatch.setattr(batches_module, "BUFFER_COUNT", 2)
+    monkeypatch.setattr(batches_module, "KERNEL_GATHER", kernel)
+    joined, memory = [], set()
+    real_join = batches_module.BatchBuffers.join
 
     def counted(self, parts, size):
         data = real_join(self, parts, size)
         joined.append(type(data).__name__)
+        if isinstance(data, memoryview):  # a memfd's mapping, or a bytearray
+            memory.add(type(data.obj).__name__)
         return data
 
-    monkeypatch.setattr(copier_module.BatchBuffers, "join", counted)
+    monkeypatch.setattr(batches_module.BatchBuffers, "join", counted)
     waited = []
     real_wait = ShardWriter.wait_written
 
@@ -157,11 +170,12 @@ def test_batches_joined_into_reused_buffers_write_the_same_bytes(
     monkeypatch.setattr(ShardWriter, "wait_written", wait_written)
     repack([tmp_path / "src"], tmp_path / "reused", options)
     assert joined.count("memoryview") >= 4  # in the buffers, used again
+    assert memory == {"mmap" if kernel else "bytearray"}
     # Each buffer used again waits for the writer's job that held it (jobs count from 1).
     assert len(waited) == joined.count("memoryview") - 2
     assert all(job >= 1 for job in waited) and waited == sorted(waited)
     monkeypatch.setattr(
-        copier_module.BatchBuffers, "join", lambda self, parts, size: bytearray().join(parts)
+        batches_module.BatchBuffers, "join", lambda self, parts, size: bytearray().join(parts)
     )
     repack([tmp_path / "src"], tmp_path / "new", options)
     for suffix in (".idx", ".rec.crc", ".rec") if not shard_records else ("-00000.rec",):
@@ -178,9 +192,10 @@ def test_batches_joined_into_reused_buffers_write_the_same_bytes(
 
 
 def test_a_batch_buffer_holds_what_its_batches_need():
-    # A buffer is zeroed as it is made: it grows a MiB at a time to the largest batch it
-    # held, never past BATCH_BYTES (a million small records: 1.4 MiB batches, not 8 MiB).
-    buffers = copier_module.BatchBuffers(lambda job: None, count=1, size=4 << 20)
+    # A bytearray buffer is zeroed as it is made: it grows a MiB at a time to the largest batch
+    # it held, never past BATCH_BYTES (a million small records: 1.4 MiB batches, not 8 MiB).
+    # (A memfd's pages are allocated as they are written.)
+    buffers = batches_module.BatchBuffers(lambda job: None, count=1, size=4 << 20, kernel=False)
     small = buffers.join([b"x" * 10], 10)
     assert len(small.obj) == 1 << 20
     buffers.handed(1)
@@ -189,3 +204,55 @@ def test_a_batch_buffer_holds_what_its_batches_need():
     buffers.handed(2)
     again = buffers.join([b"z" * 10], 10)
     assert (len(again.obj), bytes(again)) == (2 << 20, b"z" * 10)
+
+
+@pytest.mark.skipif(not batches_module.KERNEL_GATHER, reason="no memfd here")
+def test_a_batch_the_kernel_copies_in_part_is_finished_by_python(monkeypatch):
+    # pwritev may copy less than asked (a signal): the rest is copied from where it stopped,
+    # in every group of IOV_MAX parts.
+    real = os.pwritev
+    calls = []
+
+    def short(fd, parts, offset):
+        calls.append(len(parts))
+        return real(fd, [memoryview(parts[0])[:3]], offset)  # 3 bytes of the first part
+
+    monkeypatch.setattr(batches_module, "IOV_MAX", 2)
+    monkeypatch.setattr(os, "pwritev", short)
+    buffers = batches_module.BatchBuffers(lambda job: None, count=1, size=64, kernel=True)
+    parts = [b"abcde", memoryview(b"fg"), b"hijklmn", b"o", b"pqr"]
+    joined = buffers.join(parts, 18)
+    assert bytes(joined) == b"abcdefghijklmnopqr"
+    assert (type(joined.obj).__name__, calls) == ("mmap", [2, 2, 1])
+    buffers.close()
+
+
+@pytest.mark.skipif(not batches_module.KERNEL_GATHER, reason="no memfd here")
+def test_a_batch_the_kernel_cannot_copy_is_an_error_and_the_memfds_are_closed(monkeypatch):
+    # EFAULT: a source's mapped pages gone (the file cut while it was read); a Python copy
+    # would have died of SIGBUS instead.
+    def failing(fd, parts, offset):
+        raise OSError(errno.EFAULT, os.strerror(errno.EFAULT))
+
+    buffers = batches_module.BatchBuffers(lambda job: None, count=1, size=64, kernel=True)
+    assert bytes(buffers.join([b"ab"], 2)) == b"ab"
+    memfd = buffers._memfds[0]
+    os.fstat(memfd)  # open
+    monkeypatch.setattr(os, "pwritev", failing)
+    with pytest.raises(RectoolError, match=r"cannot copy 1 records from the mapped sources"):
+        buffers.join([b"cd"], 2)
+    buffers.close()
+    with pytest.raises(OSError):
+        os.fstat(memfd)
+    assert buffers._memfds == []
+
+
+def test_without_a_memfd_a_batch_is_copied_into_a_bytearray(monkeypatch):
+    # memfd_create refused (a sandbox, no descriptors left): the buffers are bytearrays.
+    def refused(*args):
+        raise OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+
+    monkeypatch.setattr(os, "memfd_create", refused, raising=False)
+    buffers = batches_module.BatchBuffers(lambda job: None, count=2, size=64, kernel=True)
+    joined = buffers.join([b"ab", b"cd"], 4)
+    assert (bytes(joined), type(joined.obj), buffers.kernel) == (b"abcd", bytearray, False)

@@ -14,11 +14,9 @@ is read and framed again by `writer.frame_record`.
 from __future__ import annotations
 
 import gc
-import itertools
 import mmap
 import operator
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -36,11 +34,10 @@ from ..reader import (
     MAX_RECORD_BYTES,
     RecordFile,
 )
+from .batches import BATCH_BYTES, BatchBuffers
 from .selection import distinct
 
 if TYPE_CHECKING:
-    from _typeshed import ReadableBuffer
-
     from ..format.headers import Header
     from .plan import Catalog
     from .sources import Source
@@ -49,8 +46,6 @@ if TYPE_CHECKING:
     # and its size.
     Mapped = tuple[mmap.mmap | bytes, np.ndarray, int]
 
-# A stretch handed to the writer holds at most this many bytes of records.
-BATCH_BYTES = 8 << 20
 # A stretch handed over as a view of the mapping (nothing copied) may hold this many: fewer,
 # larger writes and .idx blocks (see `RecordCopier.frame`).
 VIEW_BYTES = 64 << 20
@@ -63,11 +58,6 @@ RELEASE_BYTES = 64 << 20
 # against 1.3x). Its mappings are let go after this many (RSS bounded, not by the pack's size).
 SHUFFLE_RELEASE_BYTES = 1 << 30
 BLOCK_BITS = 16
-# Batches copied are joined into this many buffers, used in turn (see `BatchBuffers`): the
-# one being joined and two the writer may be writing or hashing. Each buffer holds what its
-# largest batch touched (a shuffle of 1M small records: 1.4 MiB a batch, so 4 MiB in all).
-BUFFER_COUNT = 3
-BUFFER_STEP = 1 << 20  # a buffer grows by this many bytes at a time, to BATCH_BYTES
 
 
 @dataclass
@@ -88,55 +78,6 @@ class Window:
 
     def __len__(self) -> int:
         return len(self.rows)
-
-
-class BatchBuffers:
-    """Memory the batches of a copy are joined into, reused (`RecordCopier.frame`): up to
-    `count` buffers of `size` bytes, used in turn, each once the writer is done with the
-    batch it held (`wait(job)`, `ShardWriter.wait_written`).
-
-    Joined into new memory each, the batches of a shuffled repack of the 100k benchmark pack
-    cost 25,000 more page faults and 0.15 s more CPU: the allocator gave their pages back to
-    the system and took them again.
-    """
-
-    def __init__(
-        self, wait: Callable[[int], None], count: int | None = None, size: int | None = None
-    ) -> None:
-        self.wait = wait
-        self.count = BUFFER_COUNT if count is None else count
-        self.size = BATCH_BYTES if size is None else size
-        self._buffers: list[memoryview] = []
-        self._jobs: list[int] = []  # per buffer, the writer's job that holds its last batch
-        self._next = 0
-        self.taken: int | None = None  # the buffer of the batch not yet handed to the writer
-
-    def join(self, parts: Sequence[ReadableBuffer], size: int) -> memoryview | bytearray:
-        """Return `parts` (`size` bytes in all) joined, in the next buffer: a writable view of
-        it (new memory when they do not fit)."""
-        if size > self.size:
-            return bytearray().join(parts)
-        k = self._next
-        if k == len(self._buffers):
-            self._buffers.append(memoryview(b""))
-            self._jobs.append(0)
-        else:
-            self.wait(self._jobs[k])
-        if len(self._buffers[k]) < size:  # zeroed as made: only what batches need, in MiBs
-            grown = min(self.size, -(-size // BUFFER_STEP) * BUFFER_STEP)
-            self._buffers[k] = memoryview(bytearray(grown))
-        buffer = self._buffers[k]
-        ends = list(itertools.accumulate(map(len, parts)))  # type: ignore[arg-type]
-        # Each part copied in place by C code (a bytearray keeps its size while viewed).
-        places = map(slice, itertools.chain((0,), ends), ends)
-        deque(map(buffer.__setitem__, places, parts), maxlen=0)
-        self._next, self.taken = (k + 1) % self.count, k
-        return buffer[:size]
-
-    def handed(self, job: int) -> None:
-        """Note that the batch last joined is held by the writer's job `job` (its `flush`)."""
-        if self.taken is not None:
-            self._jobs[self.taken], self.taken = job, None
 
 
 def record_label(head: Header, label: float, pack_label: bool | None) -> float | list[float]:

@@ -34,7 +34,8 @@ from ..packer.manifest import (
 )
 from ..packer.shards import ShardWriter
 from ..reader import RecordFile
-from .copier import VIEW_BYTES, BatchBuffers, RecordCopier, record_label
+from .batches import BatchBuffers
+from .copier import VIEW_BYTES, RecordCopier, record_label
 from .plan import reason_of
 from .result import RepackResult
 
@@ -222,48 +223,51 @@ class RepackRun:
         one_shard = not (self.options.shard_bytes or self.options.shard_records)
         view_bytes = VIEW_BYTES if one_shard else None
         buffers = BatchBuffers(self.writer.wait_written)
-        while position < self.total:
-            win = self.copier.window(rows[position : min(position + BATCH_RECORDS, self.total)])
-            new_labels = self.plan.new_labels(self.catalog, win.rows)
-            bad = (
-                self.copier.refusals(win, self.options.max_pixels)
-                if self.options.check != "none"
-                else {}
-            )
-            # The images layout keeps a record's label shape: a vector written, or a record
-            # framed again (its shape unread here), and the labels are read back instead.
-            if self.pack_label is None and self._scalar_labels:
-                scalar = win.whole & (win.flag == 0)
-                scalar[list(bad)] = True
-                self._scalar_labels = bool(scalar.all())
-            stops = sorted(bad) + [len(win)]
-            i = 0
-            for stop in stops:
-                while i < stop:  # the records before the next refusal, as many as fit
-                    keys = self._keys(range(position, position + stop - i))
-                    data, starts, count = self.copier.frame(
-                        win,
-                        i,
-                        stop,
-                        new_labels[i:stop],
-                        keys,
-                        self.pack_label,
-                        view_bytes=view_bytes,
-                        buffers=buffers,
-                    )
-                    positions = range(position, position + count)
-                    self.writer.add_run(data, keys[:count], starts, positions)
-                    if buffers.taken is not None:  # written from a buffer used again later
-                        buffers.handed(self.writer.flush())
-                    self.images += count
-                    position += count
-                    i += count
-                    self._report(position)
-                if stop < len(win):
-                    self._refuse(int(win.rows[stop]), position, bad[stop])
-                    position += 1
-                    i += 1
-            self._report(position)
+        try:
+            while position < self.total:
+                win = self.copier.window(rows[position : min(position + BATCH_RECORDS, self.total)])
+                new_labels = self.plan.new_labels(self.catalog, win.rows)
+                bad = (
+                    self.copier.refusals(win, self.options.max_pixels)
+                    if self.options.check != "none"
+                    else {}
+                )
+                # The images layout keeps a record's label shape: a vector written, or a record
+                # framed again (its shape unread here), and the labels are read back instead.
+                if self.pack_label is None and self._scalar_labels:
+                    scalar = win.whole & (win.flag == 0)
+                    scalar[list(bad)] = True
+                    self._scalar_labels = bool(scalar.all())
+                stops = sorted(bad) + [len(win)]
+                i = 0
+                for stop in stops:
+                    while i < stop:  # the records before the next refusal, as many as fit
+                        keys = self._keys(range(position, position + stop - i))
+                        data, starts, count = self.copier.frame(
+                            win,
+                            i,
+                            stop,
+                            new_labels[i:stop],
+                            keys,
+                            self.pack_label,
+                            view_bytes=view_bytes,
+                            buffers=buffers,
+                        )
+                        positions = range(position, position + count)
+                        self.writer.add_run(data, keys[:count], starts, positions)
+                        if buffers.taken is not None:  # written from a buffer used again later
+                            buffers.handed(self.writer.flush())
+                        self.images += count
+                        position += count
+                        i += count
+                        self._report(position)
+                    if stop < len(win):
+                        self._refuse(int(win.rows[stop]), position, bad[stop])
+                        position += 1
+                        i += 1
+                self._report(position)
+        finally:
+            buffers.close()
 
     def _refuse(self, row: int, position: int, reason: str) -> None:
         """Write the refusal of catalog `row` at plan `position` to the failures file."""
