@@ -92,7 +92,7 @@ class BatchBuffers:
             self._buffers[k] = memoryview(bytearray(grown))
         buffer = self._buffers[k]
         if k < len(self._memfds):
-            _gather(self._memfds[k], buffer, parts)
+            _gather(self._memfds[k], parts)
         else:
             _copy_into(buffer, 0, parts)
         self._next, self.taken = (k + 1) % self.count, k
@@ -131,27 +131,30 @@ def _copy_into(buffer: memoryview, at: int, parts: Sequence[ReadableBuffer]) -> 
     deque(map(buffer.__setitem__, map(slice, ends, ends[1:]), parts), maxlen=0)
 
 
-def _gather(memfd: int, buffer: memoryview, parts: Sequence[ReadableBuffer]) -> None:
-    """Have the kernel copy `parts` back to back into the memfd `memfd` (mapped as `buffer`)
-    from its start: `os.pwritev`, IOV_MAX parts a call. What a call leaves undone (a short
-    count) is copied by Python; an error is raised as a `RectoolError`."""
+def _gather(memfd: int, parts: Sequence[ReadableBuffer]) -> None:
+    """Have the kernel copy `parts` back to back into the memfd `memfd` from its start:
+    `os.pwritev`, IOV_MAX parts a call, again from where a call stopped (a short count: a
+    signal); an error is raised as a `RectoolError`."""
     at = 0
     for first in range(0, len(parts), IOV_MAX):
-        group = parts[first : first + IOV_MAX]
-        want = sum(map(len, group))  # type: ignore[arg-type]
-        try:
-            done = os.pwritev(memfd, group, at)
-        except OSError as exc:  # EFAULT: a source's pages gone (a file cut while mapped)
-            raise RectoolError(
-                f"cannot copy {len(group)} records from the mapped sources ({exc.strerror}); "
-                "was a source file changed while it was read?"
-            ) from None
-        if done < want:  # the rest, from the part where the call stopped
+        group = list(parts[first : first + IOV_MAX])
+        end = at + sum(map(len, group))  # type: ignore[arg-type]
+        while True:
+            try:
+                done = os.pwritev(memfd, group, at)
+            except OSError as exc:  # EFAULT: a source's pages gone (a file cut while mapped)
+                raise RectoolError(
+                    f"cannot copy {len(group)} records from the mapped sources "
+                    f"({exc.strerror}); was a source file changed while it was read?"
+                ) from None
+            at += done
+            if at >= end or not done:
+                break
             ends = list(itertools.accumulate(map(len, group)))  # type: ignore[arg-type]
-            i = bisect.bisect_right(ends, done)
-            head = memoryview(group[i])[done - (ends[i - 1] if i else 0) :]
-            _copy_into(buffer, at + done, [head, *group[i + 1 :]])
-        at += want
+            i = bisect.bisect_right(ends, done)  # the part the call stopped in, and the rest
+            group = [memoryview(group[i])[done - (ends[i - 1] if i else 0) :], *group[i + 1 :]]
+        if at < end:  # no progress: never from a memfd, but never a loop either
+            raise RectoolError(f"cannot copy records into memory: {end - at} bytes left")
 
 
 def _close_all(memfds: list[int]) -> None:
