@@ -15,9 +15,10 @@
   clock is injected in tests.
 - **Interruptions.** Downloads run on daemon threads, never on the thread that waits for them:
   a Ctrl-C or SIGTERM raised there (the CLI makes SIGTERM an interruption) ends the wait at
-  once, cancels the downloads (each stops at its next chunk, an HTTP connection is shut), and
-  a download stalled in a library call is left behind rather than waited for: a process exits
-  within seconds, with the status of its interruption.
+  once (within `WAKE_S` when the signal missed the wait), cancels the downloads (each stops
+  at its next chunk, an HTTP connection is shut), and a download stalled in a library call
+  is left behind rather than waited for: a process exits within seconds, with the status of
+  its interruption.
 """
 
 from __future__ import annotations
@@ -39,6 +40,12 @@ STALL_ENV = "RECTOOL_REMOTE_STALL_S"
 DEADLINE_ENV = "RECTOOL_REMOTE_DEADLINE_S"
 MAX_BYTES_ENV = "RECTOOL_REMOTE_MAX_BYTES"
 STALL_BYTES = 64 << 10  # a request not done must receive this much every stall_s seconds
+# How often the thread waiting for downloads wakes to run the handler of a signal that did not
+# interrupt its wait: CPython runs a handler only in the main thread, between bytecodes, and
+# a lock's wait returns early only when the signal arrives while it blocks. A SIGINT that the
+# kernel gave to a download thread, or that came just before the wait began, set the flag
+# but left the wait to run until a download ended: never, when one stalls.
+WAKE_S = 0.25
 _DEFAULTS = {STALL_ENV: 60.0, DEADLINE_ENV: 3600.0, MAX_BYTES_ENV: float(256 << 20)}
 
 
@@ -244,7 +251,10 @@ def run_all(fn: Callable[[T], R], items: Iterable[T], threads: int = 1) -> list[
     try:
         with done:
             while running:
-                done.wait()  # interruptible: a signal's handler raises here
+                # Woken now and then, not only when a thread ends: a signal whose handler ran
+                # while this thread was on its way into the wait (or on another thread) does
+                # not interrupt it, and is raised at the next wake-up (see `WAKE_S`).
+                done.wait(WAKE_S)
     except BaseException:
         token.cancel()
         raise
