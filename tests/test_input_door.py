@@ -35,6 +35,7 @@ ALLOWED = {
     "recordio module is assembled from",
     ("demo.py", "make_tree"): "a file the demo itself just wrote",
     ("packrun.py", "_in_python"): "/proc/thread-self/schedstat of this thread, not user input",
+    ("batches.py", "_memory"): "a memfd (memory, not a file) mapped as a repack's batch buffer",
 }
 
 _WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_APPEND", "O_TRUNC", "O_EXCL"}
