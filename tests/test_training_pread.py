@@ -124,9 +124,12 @@ def test_pread_refuses_a_shard_that_shrank_after_it_was_opened(tmp_path):
     assert caught.value.path == rec and caught.value.offset >= offset
 
 
-def mapped_recs(pid):
+def mapped_recs(pid, pack):
+    """The lines of process `pid`'s maps naming a .rec under `pack` (a forked worker also
+    inherits whatever the test process maps: other tests' packs, not yet collected, are not
+    counted; once they were, in a full run)."""
     with open(f"/proc/{pid}/maps") as f:
-        return [line for line in f if ".rec" in line]
+        return [line for line in f if ".rec" in line and str(pack) in line]
 
 
 @linux_only
@@ -142,15 +145,16 @@ def test_loader_workers_read_by_pread_and_map_no_shard(tmp_path, start_method):
         for _, batch in loader:
             labels += batch.tolist()
             workers = [p for p in multiprocessing.active_children() if p.name == "rectool-loader"]
-            assert [mapped_recs(p.pid) for p in workers] == [[], []]
+            assert [mapped_recs(p.pid, tmp_path) for p in workers] == [[], []]
     assert sorted(labels) == list(range(24))
 
 
 class MappedAfterBatch:
-    """A BatchDecoder's batch's labels, and the lines of the worker's maps naming a .rec."""
+    """A BatchDecoder's batch's labels, and the lines of the worker's maps naming a .rec under
+    `pack` (see `mapped_recs`)."""
 
-    def __init__(self, decoder):
-        self.decoder = decoder
+    def __init__(self, decoder, pack):
+        self.decoder, self.pack = decoder, str(pack)
 
     def __len__(self):
         return len(self.decoder)
@@ -158,7 +162,7 @@ class MappedAfterBatch:
     def __getitem__(self, indices):
         _, labels = self.decoder[indices]
         with open("/proc/self/maps") as f:
-            return labels.clone(), [line for line in f if ".rec" in line]
+            return labels.clone(), [line for line in f if ".rec" in line and self.pack in line]
 
 
 @linux_only
@@ -172,7 +176,7 @@ def test_batchdecoder_in_dataloader_workers_reads_by_pread_and_maps_no_shard(tmp
     ds = open_dataset(prefix)
     ds.raw(0)  # mapped in the parent: forked workers inherit the mapping
     batches = torch.utils.data.BatchSampler(RankSampler(ds, seed=2), 5, False)
-    probe = MappedAfterBatch(BatchDecoder(ds, mode="bgr"))
+    probe = MappedAfterBatch(BatchDecoder(ds, mode="bgr"), tmp_path)
     loader = torch.utils.data.DataLoader(
         probe, batch_size=None, sampler=batches, num_workers=2, multiprocessing_context="fork"
     )
