@@ -222,54 +222,44 @@ def test_ctrl_c_ends_open_dataset_while_a_download_of_its_index_stalls(remote_pa
     assert (process.returncode, stdout) == (7, "interrupted\n"), stderr
 
 
-def _waiting_in_run_all(ident):
-    """Return whether thread `ident` is in `run_all`'s wait for its downloads."""
-    frame = sys._current_frames().get(ident)
-    return bool(
-        frame is not None
-        and frame.f_code.co_name == "wait"
-        and frame.f_back is not None
-        and frame.f_back.f_code.co_name == "run_all"
-    )
+def _run_all_condition(ident):
+    """Return the Condition that `run_all`, running in thread `ident`, waits on."""
+    frame = sys._current_frames()[ident]
+    while frame.f_code.co_name != "run_all":
+        frame = frame.f_back
+    return frame.f_locals["done"]
 
 
 def test_a_signal_that_misses_the_wait_still_ends_it_while_a_download_stalls():
     """A Ctrl-C whose handler did not run in the waiting thread's wait still ends it. CPython
     runs a Python handler in the main thread only, and a lock's wait returns early only for a
     signal that arrives while it blocks: one that came just before the wait began, or that
-    the kernel gave to another thread (here, made certain: to the stalled download's), set
-    the flag but left the wait blocked until a download ended (seen once in a full run: a
-    `verify s3://...` that printed nothing and never ended)."""
+    the kernel gave to another thread, set the flag but left the wait blocked until a
+    download ended (seen once in a full run: a `verify s3://...` that printed nothing and
+    never ended). `_thread.interrupt_main` sets that flag and wakes no wait: made certain."""
+    import _thread
     import threading
-    import time
 
     from rectool.remote.transfer import run_all
 
-    main, release, downloading, ended = threading.get_ident(), threading.Event(), [], []
+    main, release, ended = threading.get_ident(), threading.Event(), []
 
     def download(_):
-        downloading.append(threading.get_ident())
-        release.wait(60)  # a bound: the stall itself; only the signal should end the wait
+        done = _run_all_condition(main)
+        for _ in range(10**8):  # a bound, not a clock: until the main thread holds a waiter
+            if done._waiters:
+                break
+            os.sched_yield()
+        _thread.interrupt_main()  # the flag a signal handled elsewhere sets
+        release.wait(60)  # the stall: a bound; only the signal should end the wait
         ended.append(True)
 
-    def interrupt():
-        for _ in range(1200):  # a bound (60 s), never a condition the test checks
-            if downloading and _waiting_in_run_all(main):
-                time.sleep(0.1)  # settled into the wait (a lock's, the GIL released)
-                if _waiting_in_run_all(main):
-                    signal.pthread_kill(downloading[0], signal.SIGINT)
-                    return
-            time.sleep(0.05)
-
-    helper = threading.Thread(target=interrupt, daemon=True)
-    helper.start()
     try:
         with pytest.raises(KeyboardInterrupt):
             run_all(download, [None])
         assert not ended  # raised while the download stalled, not once it ended
     finally:
         release.set()
-        helper.join(60)
 
 
 # --- configuration: one line, at once, saying what to set ----------------------------------------
