@@ -48,8 +48,10 @@ class BatchBuffers:
     here, and the kernel copies a batch's parts into it (`os.pwritev`, IOV_MAX parts a call):
     the copy runs without the GIL, while the writer and hashing threads go on. Copied by
     Python (one C call a part, the GIL held throughout), the shuffled repack of the 100k pack
-    took 0.89-1.04 s; gathered by the kernel, 0.76-0.88 s (7 runs each, in turns). Without
-    a memfd (`kernel=False`), a buffer is a bytearray the parts are copied into.
+    took 0.90-1.08 s (median 0.95); gathered by the kernel, 0.88-1.06 s (median 0.90; 7 runs
+    each, in turns). The kernel's copy costs more CPU than Python's; the other threads run
+    meanwhile. Without a memfd (`kernel=False`), a buffer is a bytearray the parts are
+    copied into.
     """
 
     def __init__(
