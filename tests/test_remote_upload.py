@@ -5,14 +5,19 @@ after shard 1 leaves no manifest there. Faults are injected through the output d
 
 from __future__ import annotations
 
+import _thread
 import errno
 import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from click.testing import CliRunner
 
 from rectool.cli import cli
 from rectool.doors import output
+from rectool.remote.upload import ShardUploader
 
 SHARD_FILES = [f"faces-0000{i}.{kind}" for i in range(4) for kind in ("rec", "idx", "rec.crc")]
 
@@ -242,3 +247,45 @@ def test_a_failed_overwrite_deletes_only_what_the_old_pack_did_not_hold(
     left = s3.objects(bucket, "p/")
     assert sorted(left) == sorted(old)  # every object the old manifest names is still there
     assert left["p/faces.manifest.json"] == old["p/faces.manifest.json"]
+
+
+def _blocked_in(ident, code):
+    """Return whether thread `ident` is blocked in a `threading` wait (a lock's, an event's)
+    made from a call of `code`."""
+    frame = sys._current_frames().get(ident)
+    if frame is None or (frame.f_code.co_name, frame.f_code.co_filename) != (
+        "wait",
+        threading.__file__,
+    ):
+        return False
+    while frame is not None and frame.f_code is not code:
+        frame = frame.f_back
+    return frame is not None
+
+
+def test_a_ctrl_c_that_misses_the_wait_for_uploads_still_ends_it_while_one_stalls():
+    """As `transfer.run_all`'s wait (tests/adversarial/test_remote_bounds.py): a signal whose
+    handler ran elsewhere, or just before the wait began, sets CPython's flag and wakes no
+    wait; `_thread.interrupt_main` does exactly that. The wait for an upload stalled in a
+    library call must still raise it, not once the upload ends."""
+    main, release, ended = threading.get_ident(), threading.Event(), []
+
+    def stalled_upload():
+        for _ in range(10**8):  # a bound, not a clock: until the main thread waits
+            if _blocked_in(main, ShardUploader.wait.__code__):
+                break
+            os.sched_yield()
+        _thread.interrupt_main()  # the flag a signal handled elsewhere sets
+        release.wait(60)  # the stall: a bound; only the signal should end the wait
+        ended.append(True)
+
+    uploader = ShardUploader.__new__(ShardUploader)  # its store is not what is tested
+    pool = ThreadPoolExecutor(1)
+    uploader._uploads = [pool.submit(stalled_upload)]
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            uploader.wait()
+        assert not ended  # raised while the upload stalled, not once it ended
+    finally:
+        release.set()
+        pool.shutdown()

@@ -28,6 +28,7 @@ import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -37,6 +38,7 @@ from ..errors import RectoolError, UsageError
 from ..format.manifest import read_manifest
 from ..format.paths import PackPaths
 from .store import ObjectStore, RemoteError, Retry, is_url, open_store, safe_url, split_url
+from .transfer import WAKE_S
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance, StrPath
@@ -139,8 +141,12 @@ class ShardUploader:
         self.retry.call(lambda: self.store.put(name, path), self.store.object_url(name))
 
     def wait(self) -> None:
-        """Wait until every upload started is done; raise the first error among them."""
+        """Wait until every upload started is done; raise the first error among them. The
+        wait wakes every `WAKE_S` to raise a Ctrl-C that missed it (see `transfer.WAKE_S`):
+        an upload stalled for minutes does not hold the interruption back."""
         for future in self._uploads:
+            while not wait_for([future], WAKE_S).done:
+                pass
             future.result()
 
     def finish(self, manifest_path: StrPath) -> str:
