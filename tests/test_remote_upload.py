@@ -8,12 +8,12 @@ from __future__ import annotations
 import _thread
 import errno
 import os
-import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from click.testing import CliRunner
+from helpers.threads import blocked_in
 
 from rectool.cli import cli
 from rectool.doors import output
@@ -249,32 +249,15 @@ def test_a_failed_overwrite_deletes_only_what_the_old_pack_did_not_hold(
     assert left["p/faces.manifest.json"] == old["p/faces.manifest.json"]
 
 
-def _blocked_in(ident, code):
-    """Return whether thread `ident` is blocked in a `threading` wait (a lock's, an event's)
-    made from a call of `code`."""
-    frame = sys._current_frames().get(ident)
-    if frame is None or (frame.f_code.co_name, frame.f_code.co_filename) != (
-        "wait",
-        threading.__file__,
-    ):
-        return False
-    while frame is not None and frame.f_code is not code:
-        frame = frame.f_back
-    return frame is not None
-
-
 def test_a_ctrl_c_that_misses_the_wait_for_uploads_still_ends_it_while_one_stalls():
     """As `transfer.run_all`'s wait (tests/adversarial/test_remote_bounds.py): a signal whose
     handler ran elsewhere, or just before the wait began, sets CPython's flag and wakes no
     wait; `_thread.interrupt_main` does exactly that. The wait for an upload stalled in a
     library call must still raise it, not once the upload ends."""
-    main, release, ended = threading.get_ident(), threading.Event(), []
+    release, ended, waited = threading.Event(), [], []
 
     def stalled_upload():
-        for _ in range(10**8):  # a bound, not a clock: until the main thread waits
-            if _blocked_in(main, ShardUploader.wait.__code__):
-                break
-            os.sched_yield()
+        waited.append(blocked_in(threading.main_thread(), ShardUploader.wait.__code__))
         _thread.interrupt_main()  # the flag a signal handled elsewhere sets
         release.wait(60)  # the stall: a bound; only the signal should end the wait
         ended.append(True)
@@ -285,7 +268,7 @@ def test_a_ctrl_c_that_misses_the_wait_for_uploads_still_ends_it_while_one_stall
     try:
         with pytest.raises(KeyboardInterrupt):
             uploader.wait()
-        assert not ended  # raised while the upload stalled, not once it ended
+        assert waited == [True] and not ended  # raised while the upload stalled
     finally:
         release.set()
         pool.shutdown()
