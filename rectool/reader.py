@@ -43,6 +43,7 @@ MAX_RECORD_BYTES, (CFLAG_WHOLE, CFLAG_FIRST, CFLAG_MIDDLE, CFLAG_LAST) = LENGTH_
 # MXNet's image header: flag, label, id, id2 (<IfQQ); flag > 0: that many float32 labels follow.
 IMAGE_HEADER_SIZE, _RECORD_HEAD = 24, struct.Struct("<III")  # + magic, lrec: a read's one unpack
 MANIFEST_SUFFIX, MANIFEST_FORMAT, MAX_MANIFEST_BYTES = ".manifest.json", "rectool-manifest", 1 << 30
+MAX_JSON_VALUES = 1 << 24  # 2 a name of 8M identities (format 1, 2); parsed, 1.3 GB at most
 # A prefix with either is an unfinished pack or a replacement not yet finished: not readable.
 STATE_SUFFIX, JOURNAL_SUFFIX = ".pack-state.json", ".commit-journal.json"
 DATASET_LAYOUTS, DECODE_MODES = ("images", "insightface"), ("bgr", "rgb", "gray")
@@ -202,12 +203,21 @@ def is_count(v: object) -> bool:
     return type(v) is int and 0 <= v < 1 << 63
 
 
+def json_values(data: bytes, path: str, what: str) -> bytes:
+    """Return JSON `data` unless it may hold over `MAX_JSON_VALUES` values and keys (all but
+    the first follow a `[`, `{`, `,` or `:`; one in a string only adds): `InputError` then."""
+    if (n := 1 + sum(map(data.count, b"[{,:"))) > MAX_JSON_VALUES:
+        why = f"may hold {n:,} JSON values and keys, over the {MAX_JSON_VALUES:,} one may hold"
+        raise InputError(f"{path}: not a rectool {what}: its {len(data):,} bytes {why}")
+    return data
+
+
 def read_manifest(path: StrPath) -> dict[str, Any]:
     """Read a pack manifest, checking the fields a reader uses; raise `InputError` if not one."""
     path = os.fspath(path)
     with os.fdopen(open_regular(path, "manifest", MAX_MANIFEST_BYTES)[0], "rb") as f:
         try:
-            doc = json.loads(f.read())
+            doc = json.loads(json_values(f.read(), path, "manifest"))
         except (ValueError, RecursionError) as exc:
             why = "JSON nested too deep" if isinstance(exc, RecursionError) else exc
             raise InputError(f"{path}: not a rectool manifest ({why})") from None

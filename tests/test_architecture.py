@@ -462,15 +462,16 @@ def test_the_failures_check_finds_each_old_parser():
 
 # The limits, in lines after ruff format, docstrings included: the reader is the core that
 # `rectool reader` emits, the training module what `rectool reader --training` emits.
-# Issue 35 asks 400 lines of the reader; it stands at 530 with every reading guarantee kept:
+# Issue 35 asks 400 lines of the reader; it stands at 540 with every reading guarantee kept:
 # the decode guard ~140 (six formats sized from their headers, cut JPEGs and PNGs refused), the
 # dataset and open_dataset ~115, RecordFile and PreadFile ~80 (split records rejoined; the
 # pread path of the training workers: no mapping, no page faults, nothing to unmap after a
-# batch), the manifest, unfinished-pack and index-array checks ~75, the opener and image_start
-# ~25, header, constants and error classes ~85. Labels come from the index, so MXNet's image
+# batch), the manifest, unfinished-pack and index-array checks ~75, the bound on the JSON values
+# a manifest may parse to (`json_values`, 530 -> 540) ~10, the opener and image_start ~25,
+# header, constants and error classes ~85. Labels come from the index, so MXNet's image
 # header is unpacked in format/headers.py only. The limit holds it there until a smaller design
 # lands.
-EMITTED_LIMITS = {"reader.py": 530, "training.py": 600}
+EMITTED_LIMITS = {"reader.py": 540, "training.py": 600}
 
 
 @pytest.mark.parametrize("name", sorted(EMITTED_LIMITS))

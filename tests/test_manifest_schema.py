@@ -9,16 +9,21 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import shutil
 import traceback
+import tracemalloc
 
 import pytest
 from click.testing import CliRunner
 from helpers.rec_files import make_pack
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rectool import reader as core
 from rectool.cli import cli
 from rectool.format import manifest as rd
+from rectool.format.binindex import read_identities
 
 # Every JSON type, and the edge values of each.
 VALUES = {
@@ -325,3 +330,81 @@ def test_no_module_but_the_reader_parses_a_manifest():
                 if "manifest" in text.lower():
                     found.append((module.name, node.lineno, text))
     assert found == []
+
+
+# -- files that would parse to gigabytes: refused from a count of their bytes, unparsed --------
+
+# A list of empty objects: 3 bytes a value, ~36 bytes once parsed, over the limit of values.
+BOMB = "[" + "{}," * (core.MAX_JSON_VALUES // 2) + "{}]"
+
+
+def test_a_manifest_that_would_parse_to_gigabytes_is_refused_unparsed_by_every_command(
+    pack, tmp_path
+):
+    """A 25 MB manifest of `{}` parsed to 0.6 GB (measured: 90 MB of them took 2.3 GB, and the
+    1 GiB a manifest may be ~27 GB): refused before `json.loads` by every command and the
+    reader, holding little more than its bytes."""
+    folder, document = pack
+    work = tmp_path / "pack"
+    shutil.copytree(folder, work, symlinks=True)
+    manifest = work / "faces.manifest.json"
+    text = json.dumps({**document, "extra": 0}).replace('"extra": 0', f'"extra": {BOMB}')
+    manifest.write_text(text)
+    why = f"{manifest}: not a rectool manifest: its {len(text):,} bytes may hold "
+    tracemalloc.start()
+    try:
+        with pytest.raises(core.InputError) as caught:
+            core.open_dataset(manifest)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(caught.value).startswith(why)
+    assert str(caught.value).endswith(f"over the {core.MAX_JSON_VALUES:,} one may hold")
+    assert peak < 2 * len(text)  # its bytes, not the objects they would make
+    for args in commands(work, folder.parent):
+        result = CliRunner().invoke(cli, args)
+        assert why in result.output, (args, result.output[-500:])
+        assert result.exit_code == 2, args  # an unusable input, whatever the command
+
+
+def test_an_identities_file_that_would_parse_to_gigabytes_is_refused_unparsed(pack, tmp_path):
+    folder, document = pack
+    work = tmp_path / "pack"
+    shutil.copytree(folder, work, symlinks=True)
+    names = work / document["identities"]["file"]
+    names.write_text(BOMB)
+    why = f"{names}: not a rectool identities file: its {names.stat().st_size:,} bytes may hold"
+    with pytest.raises(core.InputError, match=re.escape(why)):
+        read_identities(str(work / "faces.manifest.json"), document)
+    result = CliRunner().invoke(cli, ["unpack", str(work / "faces"), str(tmp_path / "out")])
+    assert why in result.output and result.exit_code == 2, result.output
+
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=40,
+)
+
+
+def values_and_keys(doc):
+    """Count what parsing `doc`'s text makes: each value, and each key of an object."""
+    if isinstance(doc, list):
+        return 1 + sum(values_and_keys(v) for v in doc)
+    if isinstance(doc, dict):
+        return 1 + sum(1 + values_and_keys(v) for v in doc.values())
+    return 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON, st.sampled_from([{}, {"indent": 1}, {"separators": (",", ":")}]), st.booleans())
+def test_the_count_of_json_values_is_never_below_what_parsing_makes(doc, layout, ascii_only):
+    """The refusal above is sound: a file is never parsed into more values than counted."""
+    data = json.dumps(doc, ensure_ascii=ascii_only, **layout).encode()
+    made = values_and_keys(json.loads(data))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(core, "MAX_JSON_VALUES", made - 1)
+        with pytest.raises(core.InputError):
+            core.json_values(data, "x.json", "file")
+        patch.setattr(core, "MAX_JSON_VALUES", made + 4 * len(data))  # a bound it never passes
+        assert core.json_values(data, "x.json", "file") == data

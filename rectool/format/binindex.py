@@ -29,6 +29,7 @@ from ..reader import (
     RecordFile,
     RecordFormatError,
     RectoolError,
+    json_values,
 )
 from .digest import XXH3_128, Digests
 from .headers import (
@@ -337,7 +338,7 @@ def read_identities(manifest_path: str, manifest: Mapping[str, Any]) -> dict[int
     path = os.path.join(os.path.dirname(manifest_path), named["file"])
     data, _ = read_regular(path, "identities file", max_bytes=MAX_IDENTITIES_BYTES)
     try:  # this module is the identities file's one schema
-        doc = json.loads(data)
+        doc = json.loads(json_values(data, path, "identities file"))
         names = {int(k): v for k, v in doc.items() if isinstance(v, str)}
     except (ValueError, UnicodeDecodeError, AttributeError) as exc:
         raise InputError(f"{path}: not an identities file ({exc})") from None
