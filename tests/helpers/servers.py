@@ -126,12 +126,6 @@ class Pace:
             self.current.release()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _range_start(header):
     if header and header.startswith("bytes="):
         return int(header[6:].split("-", 1)[0] or 0)
@@ -304,10 +298,12 @@ class S3Server:
         logging.getLogger("werkzeug").setLevel(logging.CRITICAL)
         self.faults = faults or Faults()
         app = _Middleware(DomainDispatcherApplication(create_backend_app), self.faults)
-        self.port = free_port()
+        # Port 0: the kernel's free port, bound at once (a port found free, then bound, may
+        # be taken meanwhile by another test process running beside this one).
         self.httpd = make_server(
-            "127.0.0.1", self.port, app, threaded=True, request_handler=MotoRequestHandler
+            "127.0.0.1", 0, app, threaded=True, request_handler=MotoRequestHandler
         )
+        self.port = self.httpd.server_port
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.env = {
             "AWS_ENDPOINT_URL": self.endpoint,
