@@ -3,22 +3,18 @@ used shards evicted, never a held one), and never serving a half-downloaded or c
 
 from __future__ import annotations
 
-import _thread
-import fcntl
 import itertools
 import multiprocessing
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers.servers import no_wait
-from helpers.threads import blocked_in
 
 from rectool import open_dataset
 from rectool.remote import Retry, ShardCache
-from rectool.remote.cache import CachedObject, acquire, let_go
+from rectool.remote.cache import CachedObject
 from rectool.remote.order import block_order
 from rectool.training import Loader
 
@@ -311,31 +307,3 @@ def test_a_mirror_copy_counts_against_the_limit_and_is_evicted_whole_once_let_go
     cache.pin(objs[1]).release()  # room made: shard 0, then the copy, are evicted
     assert not os.path.exists(folder) and present(objs)[:2] == [False, True]
     assert cache.usage()[0] == objs[1].size
-
-
-def test_a_ctrl_c_that_misses_the_wait_for_a_shard_lock_still_ends_it(tmp_path):
-    """A process waiting for another's download of a shard (its `.download` lock held) is
-    interrupted by a Ctrl-C that missed the wait (`_thread.interrupt_main` sets the flag a
-    signal handled on another thread sets, and wakes nothing), not once the download ends:
-    as the waits for downloads and uploads (tests/test_remote_upload.py)."""
-    path = str(tmp_path / "faces-00000.rec.download")
-    held = acquire(path, fcntl.LOCK_EX)  # another process's download, under way
-    release, released, waited = threading.Event(), [], []
-
-    def download_that_stalls():
-        waited.append(blocked_in(threading.main_thread(), acquire.__code__))
-        _thread.interrupt_main()  # the flag a signal handled elsewhere sets
-        release.wait(60)  # the stall: a bound; only the signal should end the wait
-        released.append(True)
-        let_go(held, path)
-
-    thread = threading.Thread(target=download_that_stalls)
-    thread.start()
-    try:
-        with pytest.raises(KeyboardInterrupt):
-            acquire(path, fcntl.LOCK_EX)
-        assert waited == [True] and not released  # raised while the lock was held
-    finally:
-        release.set()
-        thread.join()
-    assert not os.path.exists(path)  # let go by its holder, never taken by the waiter

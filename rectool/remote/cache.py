@@ -55,7 +55,7 @@ from ..doors.output import (
 from ..format.digest import DIGEST_NAMES, Digests, file_hexdigest
 from .fetch import download_elsewhere
 from .store import RemoteError, Retry
-from .transfer import WAKE_S, run
+from .transfer import run
 
 if TYPE_CHECKING:
     from _typeshed import StrPath
@@ -106,24 +106,6 @@ def _same_file(fd: int, path: str) -> bool:
     return (st.st_dev, st.st_ino) == (held.st_dev, held.st_ino)
 
 
-def _flock(fd: int, how: int) -> None:
-    """`fcntl.flock(fd, how)`; a blocking wait is made of tries without blocking, a sleep
-    between them (first 1 ms, doubled up to `WAKE_S`): a Ctrl-C that missed the wait is raised
-    within `WAKE_S` (see `transfer.WAKE_S`), not once the holder, a download in another
-    process say, lets go. A lock freed meanwhile is taken within that sleep."""
-    if how & fcntl.LOCK_NB:
-        fcntl.flock(fd, how)
-        return
-    pause = 0.001
-    while True:
-        try:
-            fcntl.flock(fd, how | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            time.sleep(pause)
-            pause = min(2 * pause, WAKE_S)
-
-
 def acquire(path: str, how: int) -> int:
     """Return a descriptor of the lock file at `path` (created if absent) locked `how`
     (`fcntl.LOCK_SH` or `LOCK_EX`, `| LOCK_NB`: `BlockingIOError` when held).
@@ -133,7 +115,7 @@ def acquire(path: str, how: int) -> int:
     while True:
         fd = open_lock_file(path)
         try:
-            _flock(fd, how)
+            fcntl.flock(fd, how)
         except BaseException:
             os.close(fd)
             raise
