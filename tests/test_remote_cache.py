@@ -307,3 +307,23 @@ def test_a_mirror_copy_counts_against_the_limit_and_is_evicted_whole_once_let_go
     cache.pin(objs[1]).release()  # room made: shard 0, then the copy, are evicted
     assert not os.path.exists(folder) and present(objs)[:2] == [False, True]
     assert cache.usage()[0] == objs[1].size
+
+
+def test_a_check_that_fails_lets_the_shards_lock_go(objects, monkeypatch):
+    """A cached shard whose check fails (a read error, a Ctrl-C while it is read whole) lets its
+    lock go: a descriptor left holding it would keep every evictor off that shard, and its
+    lock file in the cache, for as long as the process lives."""
+    objs, make, _ = objects
+    cache = make(None)
+    cache.pin(objs[0]).release()
+    lock = objs[0].path + ".lock"
+    fds = set(os.listdir("/proc/self/fd"))
+
+    def unreadable(obj):
+        raise OSError(5, "Input/output error", obj.path)
+
+    monkeypatch.setattr(ShardCache, "intact", staticmethod(unreadable))
+    with pytest.raises(OSError, match="Input/output error"):
+        cache.pin(objs[0])
+    assert set(os.listdir("/proc/self/fd")) <= fds  # no descriptor kept
+    assert not os.path.exists(lock)  # let go, and removed by its last holder

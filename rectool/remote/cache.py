@@ -116,10 +116,11 @@ def acquire(path: str, how: int) -> int:
         fd = open_lock_file(path)
         try:
             fcntl.flock(fd, how)
-        except BaseException:
+            same = _same_file(fd, path)
+        except BaseException:  # an interruption too: no descriptor left holding the lock
             os.close(fd)
             raise
-        if _same_file(fd, path):
+        if same:
             return fd
         _unlock(fd)
 
@@ -226,7 +227,12 @@ class ShardCache:
             damaged = False
             if os.path.exists(obj.path):
                 fd = acquire(lock, fcntl.LOCK_SH)  # only an evictor's brief hold delays this
-                if self.intact(obj):
+                try:
+                    whole = self.intact(obj)
+                except BaseException:  # (a read error, an interruption): not held for ever
+                    let_go(fd, lock)
+                    raise
+                if whole:
                     break
                 damaged = os.path.exists(obj.path)  # else evicted meanwhile
                 let_go(fd, lock)
