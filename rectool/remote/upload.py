@@ -142,8 +142,9 @@ class ShardUploader:
 
     def wait(self) -> None:
         """Wait until every upload started is done; raise the first error among them. The
-        wait wakes every `WAKE_S` to raise a Ctrl-C that missed it (see `transfer.WAKE_S`):
-        an upload stalled for minutes does not hold the interruption back."""
+        wait wakes every `WAKE_S` to raise a Ctrl-C that missed it (see `transfer.WAKE_S`),
+        not once every upload queued has ended. `close` then drops those not started and
+        lets the running ones end: no object is deleted while its upload runs."""
         for future in self._uploads:
             while not wait_for([future], WAKE_S).done:
                 pass
