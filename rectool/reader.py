@@ -42,8 +42,8 @@ MAGIC_BYTES, LENGTH_MASK = struct.pack("<I", MAGIC), (1 << LENGTH_BITS) - 1
 MAX_RECORD_BYTES, (CFLAG_WHOLE, CFLAG_FIRST, CFLAG_MIDDLE, CFLAG_LAST) = LENGTH_MASK, range(4)
 # MXNet's image header: flag, label, id, id2 (<IfQQ); flag > 0: that many float32 labels follow.
 IMAGE_HEADER_SIZE, _RECORD_HEAD = 24, struct.Struct("<III")  # + magic, lrec: a read's one unpack
-MANIFEST_SUFFIX, MANIFEST_FORMAT, MAX_MANIFEST_BYTES = ".manifest.json", "rectool-manifest", 1 << 30
-MAX_JSON_VALUES = 1 << 24  # 2 a name of 8M identities (format 1, 2); parsed, 1.3 GB at most
+MANIFEST_SUFFIX, MANIFEST_FORMAT, MAX_MANIFEST_BYTES = ".manifest.json", "rectool-manifest", 1 << 28
+MAX_JSON_VALUES = 1 << 24  # 2 a name of 8M identities (format 1, 2); see docs/format.md
 # A prefix with either is an unfinished pack or a replacement not yet finished: not readable.
 STATE_SUFFIX, JOURNAL_SUFFIX = ".pack-state.json", ".commit-journal.json"
 DATASET_LAYOUTS, DECODE_MODES = ("images", "insightface"), ("bgr", "rgb", "gray")

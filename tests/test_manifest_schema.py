@@ -222,7 +222,7 @@ def test_a_manifest_larger_than_the_limit_is_refused_unread(tmp_path):
         with pytest.raises(core.InputError) as caught:
             read(manifest)
         assert str(caught.value) == (
-            f"{manifest}: the manifest is 1,073,741,825 bytes, over 1,073,741,824"
+            f"{manifest}: the manifest is 268,435,457 bytes, over 268,435,456"
         )
 
 
@@ -342,7 +342,7 @@ def test_a_manifest_that_would_parse_to_gigabytes_is_refused_unparsed_by_every_c
     pack, tmp_path
 ):
     """A 25 MB manifest of `{}` parsed to 0.6 GB (measured: 90 MB of them took 2.3 GB, and the
-    1 GiB a manifest may be ~27 GB): refused before `json.loads` by every command and the
+    1 GiB a manifest could be, ~27 GB): refused before `json.loads` by every command and the
     reader, holding little more than its bytes."""
     folder, document = pack
     work = tmp_path / "pack"

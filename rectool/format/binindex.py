@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 
     from .headers import Header
 
-MAX_IDENTITIES_BYTES = 1 << 30  # WebFace42M's 2M names at any length (NAME_MAX), twice over
+MAX_IDENTITIES_BYTES = 1 << 28  # as a manifest (reader.MAX_MANIFEST_BYTES): docs/format.md
 
 
 @dataclass
