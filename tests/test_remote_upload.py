@@ -17,6 +17,7 @@ from helpers.threads import blocked_in
 
 from rectool.cli import cli
 from rectool.doors import output
+from rectool.remote.store import RemoteError
 from rectool.remote.upload import ShardUploader
 
 SHARD_FILES = [f"faces-0000{i}.{kind}" for i in range(4) for kind in ("rec", "idx", "rec.crc")]
@@ -269,6 +270,30 @@ def test_a_ctrl_c_that_misses_the_wait_for_uploads_still_ends_it_while_one_stall
         with pytest.raises(KeyboardInterrupt):
             uploader.wait()
         assert waited == [True] and not ended  # raised while the upload stalled
+    finally:
+        release.set()
+        pool.shutdown()
+
+
+def test_a_failed_upload_is_raised_at_once_though_one_started_before_it_stalls():
+    """The pack ends on the first failure, not once every upload started before it ends: an
+    upload stalled (or just slow, a large shard) before a refused one held the error back."""
+    release, ended = threading.Event(), []
+
+    def stalled_upload():
+        release.wait(60)  # the stall: a bound; the failure must be raised before it ends
+        ended.append(True)
+
+    def refused_upload():
+        raise RemoteError("s3://bucket/faces-00001.rec: refused (403 Forbidden)")
+
+    uploader = ShardUploader.__new__(ShardUploader)  # its store is not what is tested
+    pool = ThreadPoolExecutor(2)
+    uploader._uploads = [pool.submit(stalled_upload), pool.submit(refused_upload)]
+    try:
+        with pytest.raises(RemoteError, match="faces-00001.rec: refused"):
+            uploader.wait()
+        assert not ended  # raised while the first upload still stalled
     finally:
         release.set()
         pool.shutdown()

@@ -27,7 +27,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_for
 from contextlib import AbstractContextManager
 from functools import partial
@@ -141,14 +141,17 @@ class ShardUploader:
         self.retry.call(lambda: self.store.put(name, path), self.store.object_url(name))
 
     def wait(self) -> None:
-        """Wait until every upload started is done; raise the first error among them. The
-        wait wakes every `WAKE_S` to raise a Ctrl-C that missed it (see `transfer.WAKE_S`),
+        """Wait until every upload started is done; raise the error of the first that failed
+        (in the order they were started) as soon as one has, not once those before it end.
+        The wait wakes every `WAKE_S` to raise a Ctrl-C that missed it (see `transfer.WAKE_S`),
         not once every upload queued has ended. `close` then drops those not started and
         lets the running ones end: no object is deleted while its upload runs."""
-        for future in self._uploads:
-            while not wait_for([future], WAKE_S).done:
-                pass
-            future.result()
+        pending: set[Future[None]] = set(self._uploads)
+        while pending:
+            pending = wait_for(pending, WAKE_S, FIRST_EXCEPTION).not_done
+            for future in self._uploads:
+                if future.done() and not future.cancelled() and future.exception():
+                    future.result()  # raises it
 
     def finish(self, manifest_path: StrPath) -> str:
         """Wait for the shards' uploads, upload the pack's other files (those of the manifest's
