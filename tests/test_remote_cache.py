@@ -327,3 +327,26 @@ def test_a_check_that_fails_lets_the_shards_lock_go(objects, monkeypatch):
         cache.pin(objs[0])
     assert set(os.listdir("/proc/self/fd")) <= fds  # no descriptor kept
     assert not os.path.exists(lock)  # let go, and removed by its last holder
+
+
+@pytest.mark.parametrize("when", ["pin", "release"])
+def test_a_use_that_cannot_be_stamped_lets_the_shards_lock_go(objects, monkeypatch, when):
+    """Stamping a shard's last use (for eviction) fails on another user's file in a shared
+    cache (EPERM): the pin, or its release, fails, but never keeps the lock held."""
+    import rectool.remote.cache as cache_module
+    from rectool.errors import RectoolError
+
+    objs, make, _ = objects
+    cache = make(None)
+    cache.pin(objs[0]).release()
+    fds = set(os.listdir("/proc/self/fd"))
+    held = cache.pin(objs[0]) if when == "release" else None
+
+    def refused(path, when):
+        raise RectoolError(f"{path}: cannot write (Operation not permitted)")
+
+    monkeypatch.setattr(cache_module, "set_used", refused)
+    with pytest.raises(RectoolError, match="Operation not permitted"):
+        held.release() if held else cache.pin(objs[0])
+    assert set(os.listdir("/proc/self/fd")) <= fds  # no descriptor kept
+    assert not os.path.exists(objs[0].path + ".lock")  # let go, removed by its last holder

@@ -171,9 +171,11 @@ class Pin:
         if self.pid != os.getpid():  # a forked child never unlocks what its parent holds
             os.close(fd)
             return
-        if touch:
-            set_used(self.path, self._clock())
-        let_go(fd, self.path + LOCK_SUFFIX)
+        try:
+            if touch:
+                set_used(self.path, self._clock())
+        finally:  # a stamp refused (another user's shard) still lets the lock go
+            let_go(fd, self.path + LOCK_SUFFIX)
 
 
 def _folder_bytes(folder: str) -> int:
@@ -257,7 +259,11 @@ class ShardCache:
             finally:
                 let_go(fd, download)
         if touch:
-            set_used(obj.path, self.clock())
+            try:
+                set_used(obj.path, self.clock())
+            except BaseException:  # (another user's shard, say): the lock is not kept
+                let_go(fd, lock)
+                raise
         return Pin(fd, obj.path, self.clock)
 
     def intact(self, obj: CachedObject) -> bool:
