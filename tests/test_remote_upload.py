@@ -297,3 +297,18 @@ def test_a_failed_upload_is_raised_at_once_though_one_started_before_it_stalls()
     finally:
         release.set()
         pool.shutdown()
+
+
+def test_the_wait_ends_when_close_has_cancelled_the_uploads_not_started():
+    """A future that `close` cancelled (`cancel_futures`) is never done to
+    `concurrent.futures.wait`: waiting for it woke every WAKE_S for ever."""
+    release = threading.Event()
+    uploader = ShardUploader.__new__(ShardUploader)  # its store is not what is tested
+    pool = ThreadPoolExecutor(1)
+    uploader._uploads = [pool.submit(release.wait, 60), pool.submit(lambda: None)]
+    pool.shutdown(wait=False, cancel_futures=True)  # as close() does: the second is cancelled
+    release.set()
+    waiter = threading.Thread(target=uploader.wait, daemon=True)
+    waiter.start()
+    waiter.join(60)  # a bound against the hang, not a clock
+    assert not waiter.is_alive() and uploader._uploads[1].cancelled()

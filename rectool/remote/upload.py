@@ -147,10 +147,11 @@ class ShardUploader:
         not once every upload queued has ended. `close` then drops those not started and
         lets the running ones end: no object is deleted while its upload runs."""
         pending: set[Future[None]] = set(self._uploads)
-        while pending:
-            pending = wait_for(pending, WAKE_S, FIRST_EXCEPTION).not_done
+        while pending:  # (a future `close` cancelled is never done: not waited for)
+            waited = wait_for(pending, WAKE_S, FIRST_EXCEPTION).not_done
+            pending = {future for future in waited if not future.cancelled()}
             for future in self._uploads:
-                if future.done() and not future.cancelled() and future.exception():
+                if future.done() and not future.cancelled() and future.exception() is not None:
                     future.result()  # raises it
 
     def finish(self, manifest_path: StrPath) -> str:
