@@ -294,3 +294,31 @@ def test_overwrite_by_a_smaller_pack_replaces_every_index_file(tmp_path):
     assert manifest["identities"] is None
     assert not list(prefix.parent.glob("faces-0000*"))
     assert not (prefix.parent / "faces.identities.json").exists()
+
+
+@pytest.mark.parametrize("limit", ["bytes", "values"])
+def test_identity_names_rectool_could_not_read_back_fail_the_pack(tmp_path, monkeypatch, limit):
+    """The names are written only as a file `read_identities` reads: a pack whose names pass
+    its bounds fails, naming the file, and leaves no pack that could not be read."""
+    from rectool.errors import RectoolError
+    from rectool.format import binindex
+
+    if limit == "bytes":
+        monkeypatch.setattr(binindex, "MAX_IDENTITIES_BYTES", 20)
+    else:
+        monkeypatch.setattr(binindex, "json_values", _json_values_at_most(4))
+    with pytest.raises(RectoolError, match="3 identity names cannot be written as a file that"):
+        make_pack(tmp_path)
+    assert not (tmp_path / "out" / "faces.manifest.json").exists()
+    assert not (tmp_path / "out" / "faces.identities.json").exists()
+
+
+def _json_values_at_most(limit):
+    from rectool import reader
+
+    def check(data, path, what):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(reader, "MAX_JSON_VALUES", limit)
+            return reader.json_values(data, path, what)
+
+    return check
