@@ -324,16 +324,18 @@ def write_pack_index(paths: PackPaths, manifest: dict[str, Any], index: PackInde
 def write_identities(paths: PackPaths, identities: Mapping[int, str]) -> dict[str, Any]:
     """Write a pack's identity names ({label: name}); return the manifest's entry of them."""
     text = json.dumps({str(k): v for k, v in sorted(identities.items())}, ensure_ascii=False)
-    data = text.encode("utf-8")
-    try:  # never a file `read_identities` would refuse
+    data, why = text.encode("utf-8"), ""
+    if len(data) > MAX_IDENTITIES_BYTES:  # never a file that `read_identities` refuses
+        why = f"{paths.identities}: {len(data):,} bytes, over {MAX_IDENTITIES_BYTES:,}"
+    try:
         json_values(data, paths.identities, "identities file")
-        if len(data) > MAX_IDENTITIES_BYTES:
-            raise InputError(f"{len(data):,} bytes, over {MAX_IDENTITIES_BYTES:,}")
     except InputError as exc:
+        why = str(exc)
+    if why:
         raise RectoolError(
-            f"{paths.identities}: {len(identities):,} identity names cannot be written as a file"
-            f" that rectool reads back ({str(exc).rsplit(': ', 1)[-1]}; docs/format.md)"
-        ) from None
+            f"{len(identities):,} identity names cannot be written as a file that rectool reads "
+            f"back: {why} (docs/format.md)"
+        )
     entry = _file_entry(paths.identities, [data])
     return {**entry, "count": len(identities)}
 
