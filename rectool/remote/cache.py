@@ -231,8 +231,10 @@ class ShardCache:
                 fd = acquire(lock, fcntl.LOCK_SH)  # only an evictor's brief hold delays this
                 try:
                     whole = self.intact(obj)
-                except BaseException:  # (a read error, an interruption): not held for ever
-                    let_go(fd, lock)
+                    if whole and touch:  # its use stamped (for eviction) while it is held
+                        set_used(obj.path, self.clock())
+                except BaseException:  # (a read error, another user's shard, an interruption)
+                    let_go(fd, lock)  # not held for ever
                     raise
                 if whole:
                     break
@@ -258,12 +260,6 @@ class ShardCache:
                     self.download(obj)
             finally:
                 let_go(fd, download)
-        if touch:
-            try:
-                set_used(obj.path, self.clock())
-            except BaseException:  # (another user's shard, say): the lock is not kept
-                let_go(fd, lock)
-                raise
         return Pin(fd, obj.path, self.clock)
 
     def intact(self, obj: CachedObject) -> bool:
