@@ -14,6 +14,7 @@ import sys
 
 import pytest
 from helpers.servers import no_wait
+from helpers.threads import blocked_in
 
 from rectool import open_dataset
 from rectool.remote import RemoteError, Retry
@@ -222,14 +223,6 @@ def test_ctrl_c_ends_open_dataset_while_a_download_of_its_index_stalls(remote_pa
     assert (process.returncode, stdout) == (7, "interrupted\n"), stderr
 
 
-def _run_all_condition(ident):
-    """Return the Condition that `run_all`, running in thread `ident`, waits on."""
-    frame = sys._current_frames()[ident]
-    while frame.f_code.co_name != "run_all":
-        frame = frame.f_back
-    return frame.f_locals["done"]
-
-
 def test_a_signal_that_misses_the_wait_still_ends_it_while_a_download_stalls():
     """A Ctrl-C whose handler did not run in the waiting thread's wait still ends it. CPython
     runs a Python handler in the main thread only, and a lock's wait returns early only for a
@@ -242,14 +235,10 @@ def test_a_signal_that_misses_the_wait_still_ends_it_while_a_download_stalls():
 
     from rectool.remote.transfer import run_all
 
-    main, release, ended = threading.get_ident(), threading.Event(), []
+    release, ended = threading.Event(), []
 
     def download(_):
-        done = _run_all_condition(main)
-        for _ in range(10**8):  # a bound, not a clock: until the main thread holds a waiter
-            if done._waiters:
-                break
-            os.sched_yield()
+        blocked_in(threading.main_thread(), run_all.__code__)  # until the main thread waits
         _thread.interrupt_main()  # the flag a signal handled elsewhere sets
         release.wait(60)  # the stall: a bound; only the signal should end the wait
         ended.append(True)
